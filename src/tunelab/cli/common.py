@@ -1,0 +1,56 @@
+"""Shared pieces of the command line: the app, options every command takes, output helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunelab.study import Study
+
+app = typer.Typer(
+    name="tunelab",
+    help="Fine-tuning experiments run as a careful protocol, with the evidence kept.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(highlight=False)
+console_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+StudyDir = Annotated[Path, typer.Option("--study", "-s", help="Study folder (holds study.yaml).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config value: --set training.lr=1e-4 (repeatable)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+def open_study(study: Path, sets: list[str] | None) -> Study:
+    return Study.open(study, sets or [])
+
+
+def emit_json(obj: Any) -> None:
+    # print() rather than rich so that the JSON is never wrapped or styled
+    print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]], **kw: Any) -> Table:
+    t = Table(title=title, title_justify="left", **kw)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    return t
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)

@@ -1,0 +1,140 @@
+"""init, validate, register, runs, env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunelab import hypothesis as hyp
+from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.config import load_config
+from tunelab.env import capture_env
+from tunelab.scaffold import TASK_KINDS, init_study
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="Folder of the new study.")],
+    task: Annotated[
+        str, typer.Option(help=f"Task kind: {' | '.join(TASK_KINDS)}.")
+    ] = "classification",
+    name: Annotated[str | None, typer.Option(help="Study name (default: folder name).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create a study folder with a commented study.yaml for the task kind."""
+    path = init_study(directory, task, name)
+    if json_out:
+        emit_json({"study_yaml": str(path)})
+        return
+    console.print(f"wrote [bold]{path}[/]")
+    console.print("next: edit hypothesis, guardrails, data and model, then `tunelab validate`")
+
+
+@app.command()
+def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Check study.yaml and report every problem at once."""
+    cfg = load_config(study / "study.yaml", sets or [])
+    if json_out:
+        emit_json({"valid": True, "config_sha256": cfg.sha256(), "config": cfg.to_dict()})
+        return
+    console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
+
+
+@app.command()
+def register(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Lock the hypothesis, guardrails and evaluation procedure (a new version when changed)."""
+    s = open_study(study, sets)
+    record, created = hyp.register(s.root, s.config)
+    if created:
+        s.ledger.add_event(
+            None,
+            "hypothesis:registered",
+            {"version": record["version"], "sha256": record["sha256"]},
+        )
+    if json_out:
+        emit_json({"created": created, **record})
+        return
+    v, sha = record["version"], record["sha256"]
+    if not created:
+        console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")
+        return
+    console.print(f"[green]registered[/] records/hypothesis-v{v}.json  sha256 {sha[:12]}")
+    if record["diff"]:
+        rows = [[d["path"], d["old"], d["new"]] for d in record["diff"]]
+        console.print(table(f"amendment of v{v - 1}", ["field", "was", "now"], rows))
+    for g in s.config.guardrails:
+        console.print(f"  guardrail: {g.describe()}")
+
+
+@app.command()
+def runs(
+    study: StudyDir = Path("."),
+    kind: Annotated[
+        str | None, typer.Option(help="Only runs of this kind (train, baseline, ...).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List every attempt, including failed, invalid and interrupted ones, with reasons."""
+    s = open_study(study, None)
+    rows = s.list_runs(kind)
+    if json_out:
+        emit_json([r.to_dict() for r in rows])
+        return
+    colour = {
+        "completed": "green",
+        "running": "cyan",
+        "failed": "red",
+        "invalid": "red",
+        "interrupted": "yellow",
+    }
+    t = table(
+        f"runs of {s.config.name}",
+        ["id", "kind", "name", "parent", "status", "reason", "created"],
+        [],
+    )
+    for r in rows:
+        t.add_row(
+            r.id,
+            r.kind,
+            r.name or "",
+            r.parent or "",
+            f"[{colour.get(r.status, 'white')}]{r.status}[/]",
+            (r.reason or "")[:80],
+            r.created_at,
+        )
+    console.print(t)
+    if not rows:
+        console.print("no runs yet")
+
+
+@app.command()
+def env(json_out: JsonOpt = False) -> None:
+    """The environment: Python, OS, CPU, torch, CUDA/ROCm, GPUs, attention kernels, packages."""
+    e = capture_env()
+    if json_out:
+        emit_json(e)
+        return
+    rows = [
+        ["python", e["python"]],
+        ["os", e["os"]["platform"]],
+        ["cpu", f"{e['cpu']['name']} ({e['cpu']['logical_cores']} cores)"],
+        ["torch", e["torch"]],
+        ["backend", e["backend"]],
+        ["cuda", e["cuda"]],
+        ["rocm", e["rocm"]],
+        ["cudnn", e["cudnn"]],
+        ["nccl", e["nccl"]],
+        ["driver", e["driver"]],
+        [
+            "gpus",
+            ", ".join(f"{g['name']} {g['memory_bytes'] / 2**30:.0f} GiB" for g in e["gpus"])
+            or "none",
+        ],
+        ["bf16", e["bf16_supported"]],
+        ["attention", ", ".join(k for k, v in e["attention"].items() if v)],
+        *[[k, v] for k, v in e["packages"].items()],
+        ["git", e["tunelab_git"] and e["tunelab_git"]["commit"][:12]],
+    ]
+    console.print(table("environment", ["what", "value"], rows))

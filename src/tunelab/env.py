@@ -1,0 +1,166 @@
+"""Environment capture: enough to tell runs on different platforms apart.
+
+The same dictionary is printed by `tunelab env` and saved as env.json with every run. CUDA and
+ROCm fields are present (null) on CPU so that records have one shape everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "safetensors",
+    "tokenizers",
+    "accelerate",
+    "datasets",
+    "numpy",
+    "pydantic",
+    "tunelab",
+)
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> dict[str, Any] | None:
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return Path("/sys/module/amdgpu/version").read_text().strip()
+    except OSError:
+        return None
+
+
+def _attention_kernels(torch: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"sdpa": hasattr(torch.nn.functional, "scaled_dot_product_attention")}
+    if torch.cuda.is_available():
+        b = torch.backends.cuda
+        out.update(
+            flash_sdp=b.flash_sdp_enabled(),
+            mem_efficient_sdp=b.mem_efficient_sdp_enabled(),
+            math_sdp=b.math_sdp_enabled(),
+        )
+    else:
+        out.update(flash_sdp=None, mem_efficient_sdp=None, math_sdp=True)
+    out["flash_attn_package"] = _version("flash-attn") or _version("flash_attn")
+    return out
+
+
+def capture_env() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.version.cuda
+    hip = getattr(torch.version, "hip", None)
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "memory_bytes": p.total_memory,
+                    "capability": f"{p.major}.{p.minor}"
+                    if not hip
+                    else getattr(p, "gcnArchName", None),
+                }
+            )
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - NCCL absent in some builds
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "os": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "platform": platform.platform(),
+        },
+        "cpu": {
+            "name": _cpu_name(),
+            "machine": platform.machine(),
+            "logical_cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "torch": torch.__version__,
+        "backend": "rocm" if hip else ("cuda" if torch.cuda.is_available() else "cpu"),
+        "cuda": cuda,
+        "rocm": hip,
+        "cudnn": cudnn,
+        "nccl": nccl if not hip else None,
+        "rccl": nccl if hip else None,
+        "driver": _driver_version() if torch.cuda.is_available() else None,
+        "gpus": gpus,
+        "bf16_supported": bf16 or (not torch.cuda.is_available() and None),
+        "attention": _attention_kernels(torch),
+        "distributed": {
+            "available": torch.distributed.is_available(),
+            "gloo": torch.distributed.is_available() and torch.distributed.is_gloo_available(),
+            "nccl": torch.distributed.is_available() and torch.distributed.is_nccl_available(),
+        },
+        "packages": {p: _version(p) for p in PACKAGES},
+        "tunelab_git": _git_commit(),
+    }
+
+
+def device_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

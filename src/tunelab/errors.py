@@ -1,0 +1,64 @@
+"""One error family for user mistakes: a message saying what was found and a hint saying the fix.
+
+The library raises these; only the CLI prints them (without a traceback) and exits with code 2.
+"""
+
+from __future__ import annotations
+
+
+class TunelabError(Exception):
+    """A problem the user can fix. `message` says what was found, `hint` what to do next."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class ConfigError(TunelabError):
+    """study.yaml (or a --set override) is invalid."""
+
+
+class StudyError(TunelabError):
+    """The study folder is missing, incomplete, or a required stage has not run."""
+
+
+class HypothesisError(TunelabError):
+    """No registered hypothesis, or one that cannot be registered."""
+
+
+class DataError(TunelabError):
+    """Bad input data: names the file, line/row and field."""
+
+
+class SnapshotError(TunelabError):
+    """A data snapshot is missing or its files no longer match their hashes."""
+
+
+class PreprocessError(TunelabError):
+    """A broken loss mask, truncated target, missing EOS or template mismatch."""
+
+
+class ModelError(TunelabError):
+    """The base model cannot be found, loaded, or does not match its recorded identity."""
+
+
+class RunError(TunelabError):
+    """A run is missing, in the wrong state, or cannot be resumed as asked."""
+
+
+class CheckpointError(TunelabError):
+    """A checkpoint is missing, truncated or does not match its run."""
+
+
+class EvaluationError(TunelabError):
+    """Evaluation cannot run as asked (spec mismatch, sealed split, missing predictions)."""
+
+
+class ExportError(TunelabError):
+    """An export is incomplete, edited, or bound to another base model."""

@@ -1,0 +1,129 @@
+"""Locking the hypothesis, the guardrails and the evaluation procedure before any computing.
+
+`register(study)` writes records/hypothesis-vN.json (content, sha256, UTC time). Registering a
+changed hypothesis makes vN+1 with the diff against vN; earlier versions are never touched.
+Stages that compute on a model call `require_hypothesis(study)` and carry its version and sha.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tunelab.config import StudyConfig, sha256_json
+from tunelab.errors import HypothesisError
+from tunelab.ledger import utc_now
+from tunelab.records import read_json, write_json_atomic
+
+TEMPLATE_MARK = "TODO"
+_VERSION_RE = re.compile(r"^hypothesis-v(\d+)\.json$")
+
+
+def locked_content(cfg: StudyConfig) -> dict[str, Any]:
+    """What registration locks: the question, what must not get worse, and how it is measured."""
+    return {
+        "study": cfg.name,
+        "task_kind": cfg.task.kind,
+        "hypothesis": cfg.hypothesis.model_dump(mode="json"),
+        "guardrails": [g.model_dump(mode="json") for g in cfg.guardrails],
+        "evaluation_spec": cfg.evaluation_spec(),
+    }
+
+
+def evaluation_spec_sha(cfg: StudyConfig) -> str:
+    return sha256_json(cfg.evaluation_spec())
+
+
+def _versions(records: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in records.glob("hypothesis-v*.json"):
+        m = _VERSION_RE.match(p.name)
+        if m:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_hypothesis(records: Path) -> dict[str, Any] | None:
+    versions = _versions(records)
+    return read_json(versions[-1][1]) if versions else None
+
+
+def all_hypotheses(records: Path) -> list[dict[str, Any]]:
+    return [read_json(p) for _, p in _versions(records)]
+
+
+def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
+    """Flat list of {path, old, new} for every leaf that differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out += diff_dicts(old.get(key), new.get(key), path)
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            out += diff_dicts(a, b, f"{prefix}[{i}]")
+        return out
+    return [] if old == new else [{"path": prefix, "old": old, "new": new}]
+
+
+def _check_registrable(cfg: StudyConfig) -> None:
+    problems = []
+    for field, value in cfg.hypothesis.model_dump().items():
+        if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
+            problems.append(f"hypothesis.{field} is still the template ({value!r})")
+    if not cfg.guardrails:
+        problems.append("guardrails is empty: say what must not get worse")
+    if problems:
+        raise HypothesisError(
+            "cannot register: " + "; ".join(problems),
+            hint="edit study.yaml (hypothesis and guardrails), then `tunelab register` again",
+        )
+
+
+def register(study_root: Path, cfg: StudyConfig) -> tuple[dict[str, Any], bool]:
+    """Lock the current hypothesis. Returns (record, created); unchanged content creates nothing."""
+    _check_registrable(cfg)
+    records = Path(study_root) / "records"
+    content = locked_content(cfg)
+    sha = sha256_json(content)
+    previous = latest_hypothesis(records)
+    if previous and previous["sha256"] == sha:
+        return previous, False
+    version = (previous["version"] + 1) if previous else 1
+    record = {
+        "version": version,
+        "sha256": sha,
+        "registered_at": utc_now(),
+        "evaluation_spec_sha256": sha256_json(content["evaluation_spec"]),
+        "content": content,
+        "amends": previous and {"version": previous["version"], "sha256": previous["sha256"]},
+        "diff": diff_dicts(previous["content"], content) if previous else [],
+    }
+    write_json_atomic(records / f"hypothesis-v{version}.json", record)
+    return record, True
+
+
+def require_hypothesis(study_root: Path, cfg: StudyConfig) -> dict[str, Any]:
+    """The registered hypothesis the current config matches; refuses when none or stale."""
+    records = Path(study_root) / "records"
+    latest = latest_hypothesis(records)
+    if latest is None:
+        raise HypothesisError(
+            "no hypothesis is registered for this study",
+            hint="write hypothesis and guardrails in study.yaml, then run `tunelab register`",
+        )
+    current = locked_content(cfg)
+    if sha256_json(current) != latest["sha256"]:
+        changed = ", ".join(d["path"] for d in diff_dicts(latest["content"], current)[:6])
+        raise HypothesisError(
+            f"study.yaml changed what hypothesis v{latest['version']} locked ({changed})",
+            hint="run `tunelab register` to record the amendment as a new version, or undo the edit",
+        )
+    return {
+        "version": latest["version"],
+        "sha256": latest["sha256"],
+        "evaluation_spec_sha256": latest["evaluation_spec_sha256"],
+    }

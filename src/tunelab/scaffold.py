@@ -1,0 +1,190 @@
+"""`tunelab init`: a commented study.yaml per task kind, valid as written except the hypothesis.
+
+The hypothesis fields start as TODO so that `tunelab register` refuses them until a person has
+written the question down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunelab.errors import StudyError
+from tunelab.records import write_bytes_atomic
+
+_HEADER = """\
+# tunelab study: {name}
+# Edit this file, then: tunelab validate -> tunelab register -> tunelab data -> tunelab inspect
+#   -> tunelab baseline -> tunelab smoke -> tunelab size -> tunelab train -> tunelab eval RUN
+#   -> tunelab compare -> tunelab verify RUN -> tunelab export RUN -> tunelab plan -> tunelab report
+# Every key below is known to tunelab; an unknown key is an error. Override any value on the
+# command line with --set section.field=value (e.g. --set training.lr=1e-4).
+name: {name}
+
+task:
+  kind: {task}               # classification | format | extraction
+{task_block}
+# The question, locked by `tunelab register` before any training. Replace every TODO.
+hypothesis:
+  behaviour: "TODO: the behaviour to improve, e.g. 'route support tickets to the right team'"
+  rationale: "TODO: why fine-tuning should improve it"
+  expected_effect: "TODO: expected effect size, e.g. '{metric} +0.05 over the base model'"
+  primary_metric: {metric}   # the metric the decision rests on
+  min_improvement: 0.02       # smallest gain over the baseline that counts
+
+# What must NOT get worse. Each rule: metric, scope (overall | every_category | every_field),
+# op (>=, <=, >, <), value, and relative_to: baseline for a bound relative to the base model.
+guardrails:
+{guardrails}
+data:
+  source:
+    format: {source_format}   # jsonl | csv | parquet | folder (one folder per label) | hf_disk
+    path: {source_path}
+  fields:                     # column names in the source
+    text: text
+    label: {label_field}
+    target: {target_field}
+    split: null               # a column with your own train/validation/test split, if any
+  cleaning:                   # applied in order; `tunelab data` reports what each rule touched
+    - rule: unicode_nfc
+    - rule: normalize_whitespace
+    - rule: drop_empty
+    - rule: drop_longer_than
+      max_chars: 20000
+  splits: {{train: 0.8, validation: 0.1, test: 0.1, seed: 0, stratify: true}}
+  dedup:
+    exact: true
+    near: true
+    threshold: 0.8            # Jaccard similarity of word 5-shingles (MinHash + LSH)
+    policy: drop_eval         # drop_eval | drop_all_but_one | report_only
+
+model:
+  path: {model_path}          # a local transformers folder (no hub access assumed)
+  gguf_file: null             # or a .gguf file inside path, converted once to a cached folder
+  architecture: {architecture}  # auto | encoder | causal_lm
+  trust_remote_code: false
+  dtype: float32
+
+adaptation:
+  method: lora                # full | lora | freeze
+  target_modules: {targets}
+  rank: 8
+  alpha: 16
+  dropout: 0.0
+  modules_to_save: {modules_to_save}
+  trainable: []               # freeze: modules left trainable
+
+preprocess:
+  max_seq_len: {max_seq_len}
+  template: chat              # chat (tokenizer's chat template) | plain (plain_template)
+  truncation_side: right      # which side of the input is cut when too long
+  train_on_prompt: false
+  allow_target_truncation: false
+
+training:
+  seed: 0
+  micro_batch_size: 8
+  grad_accum_steps: 1
+  max_steps: 100
+  optimizer: AdamW
+  lr: {lr}
+  weight_decay: 0.0
+  schedule: linear            # constant | linear | cosine
+  warmup_steps: 5
+  grad_clip: 1.0
+  precision: fp32             # fp32 | bf16 | fp16 (fp16 on CUDA, with a grad scaler)
+  activation_checkpointing: false
+  eval_every_steps: 50
+  checkpoint_every_steps: 50
+  keep_last_checkpoints: 2
+
+evaluation:                   # locked with the hypothesis: every variant is evaluated the same way
+  split: validation
+  batch_size: 16
+  max_new_tokens: 64
+  decoding: greedy
+  seed: 0
+
+budget:
+  rental_days: 7              # 3 | 7 | 30
+  gpu_hour_price: 2.5
+  gpu: "1x H100 80GB"
+  num_variants: 4
+"""
+
+_TASKS = {
+    "classification": dict(
+        task_block="  labels: null               # read from the data when null\n"
+        '  instruction: "Classify the text into one of the categories."\n',
+        metric="macro_f1",
+        guardrails='  - {metric: f1, scope: every_category, op: ">=", value: -0.02, relative_to: baseline}\n',
+        source_format="folder",
+        source_path="data/",
+        label_field="label",
+        target_field="null",
+        model_path="models/all-MiniLM-L6-v2",
+        architecture="encoder",
+        targets="[query, value]",
+        modules_to_save="[classifier]",
+        max_seq_len=256,
+        lr="5.0e-4",
+    ),
+    "format": dict(
+        task_block='  instruction: "Answer with a JSON object."\n'
+        "  json_schema: {type: object, required: [answer], properties: {answer: {type: string}}}\n"
+        "  regex: null                # or a regular expression instead of json_schema\n",
+        metric="format_valid_rate",
+        guardrails='  - {metric: format_valid_rate, scope: overall, op: ">=", value: 0.99}\n',
+        source_format="jsonl",
+        source_path="data/examples.jsonl",
+        label_field="null",
+        target_field="target",
+        model_path="models/smollm2-135m-instruct",
+        architecture="causal_lm",
+        targets="all-linear",
+        modules_to_save="[]",
+        max_seq_len=512,
+        lr="2.0e-4",
+    ),
+    "extraction": dict(
+        task_block='  instruction: "Extract the fields as a JSON object."\n'
+        "  json_schema:\n"
+        "    type: object\n"
+        "    required: [sender, subject]\n"
+        "    properties: {sender: {type: string}, subject: {type: string}}\n",
+        metric="field_micro_f1",
+        guardrails='  - {metric: json_valid_rate, scope: overall, op: ">=", value: 0.99}\n'
+        '  - {metric: field_presence_rate, scope: every_field, op: ">=", value: -0.02, relative_to: baseline}\n',
+        source_format="jsonl",
+        source_path="data/examples.jsonl",
+        label_field="null",
+        target_field="target",
+        model_path="models/smollm2-135m-instruct",
+        architecture="causal_lm",
+        targets="all-linear",
+        modules_to_save="[]",
+        max_seq_len=512,
+        lr="2.0e-4",
+    ),
+}
+
+TASK_KINDS = tuple(_TASKS)
+
+
+def render_study_yaml(task: str, name: str) -> str:
+    if task not in _TASKS:
+        raise StudyError(
+            f"unknown task kind {task!r}", hint=f"choose one of {', '.join(TASK_KINDS)}"
+        )
+    return _HEADER.format(name=name, task=task, **_TASKS[task])
+
+
+def init_study(root: Path, task: str, name: str | None = None) -> Path:
+    root = Path(root)
+    path = root / "study.yaml"
+    if path.exists():
+        raise StudyError(f"{path} already exists", hint="edit it, or init another folder")
+    text = render_study_yaml(task, name or root.resolve().name)
+    root.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, text.encode("utf-8"))
+    (root / "records").mkdir(exist_ok=True)
+    return path

@@ -1,0 +1,149 @@
+"""Tiny real models and tokenizers built in-process, for tests and benchmarks.
+
+They are genuine transformers models (Llama, BERT) with a trained byte-level BPE / WordPiece
+tokenizer, only small: every code path that runs on SmolLM2 or MiniLM runs on them in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Markets rallied as the central bank held interest rates steady.",
+    "The striker scored twice in the second half to win the match.",
+    "A new smartphone with a faster chip and longer battery life was announced.",
+    "The film won the award for best picture at the festival.",
+    "Parliament voted on the new budget after a long debate.",
+    '{"sender": "alice@example.com", "subject": "Meeting tomorrow", "date": "2002-08-22"}',
+    "From: bob@example.org Subject: Re: your account Date: Thu, 22 Aug 2002 12:00:00 +0000",
+    "Extract the fields as a JSON object. Classify the text into one of the categories.",
+    "business entertainment politics sport tech spam ham yes no true false null 0123456789",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ {}[]:;,.!?@#-_'\"/\\<>=+*&%$()",
+]
+
+
+def build_tiny_causal_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer with ChatML specials, like SmolLM2's (pad = eos = <|im_end|>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_encoder_tokenizer(vocab_size: int = 512):
+    """A WordPiece tokenizer with [CLS] ... [SEP] like MiniLM's."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def save_tiny_llama(
+    out: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0
+) -> Path:
+    """A 2-layer Llama (hidden 32) with the tiny ChatML tokenizer, saved as a transformers folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tiny_causal_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def save_tiny_bert(
+    out: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0
+) -> Path:
+    """A 2-layer BERT encoder (hidden 32) with the tiny WordPiece tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    tok = build_tiny_encoder_tokenizer()
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = BertModel(cfg)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

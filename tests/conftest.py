@@ -1,0 +1,77 @@
+"""Shared fixtures: offline guard, tiny models saved once per test run, real packaged assets.
+
+Every test runs offline: HF_HUB_OFFLINE=1 and sockets that reach outside the machine refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_real_connect = socket.socket.connect
+
+
+def _guarded_connect(self, address):  # noqa: ANN001
+    # Loopback and unix sockets stay open: torchrun's rendezvous and gloo use them.
+    host = address[0] if isinstance(address, tuple) else address
+    if isinstance(host, str) and (
+        host in ("localhost", "::1", "") or host.startswith("127.") or "/" in host
+    ):
+        return _real_connect(self, address)
+    raise OSError(f"network access blocked in tests (tried {address!r})")
+
+
+socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A 2-layer Llama (hidden 32) with a ChatML byte-level BPE tokenizer."""
+    from tunelab.tiny import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A 2-layer BERT (hidden 32) with a WordPiece tokenizer."""
+    from tunelab.tiny import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from tunelab.assets import minilm_path
+
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
+def bbc_dir() -> Path:
+    from tunelab.assets import bbc_path
+
+    return bbc_path()
+
+
+@pytest.fixture(scope="session")
+def spam_dir() -> Path:
+    from tunelab.assets import spamassassin_path
+
+    return spamassassin_path()
+
+
+def write_study(root: Path, text: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "study.yaml").write_text(text)
+    return root

@@ -1,0 +1,204 @@
+"""Foundation: init, validate, register/amend, the ledger, runs, env."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+import yaml
+from tests.helpers import fill_hypothesis, run_cli, tree_hashes
+
+from tunelab.config import load_config, validate_config
+from tunelab.errors import ConfigError, HypothesisError
+from tunelab.hypothesis import register, require_hypothesis
+from tunelab.study import Study
+
+
+@pytest.mark.parametrize("task", ["classification", "format", "extraction"])
+def test_init_writes_valid_commented_config(tmp_path, capsys, task):
+    code, out, _ = run_cli(capsys, "init", tmp_path / "s", "--task", task)
+    assert code == 0
+    text = (tmp_path / "s" / "study.yaml").read_text()
+    assert "# " in text and "guardrails:" in text and "budget:" in text
+    cfg = load_config(tmp_path / "s" / "study.yaml")
+    assert cfg.task.kind == task
+    assert cfg.guardrails, "the template carries at least one guardrail"
+
+
+def test_init_refuses_existing(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    code, _, err = run_cli(capsys, "init", tmp_path / "s")
+    assert code == 2 and "already exists" in err
+
+
+def test_validate_reports_every_problem_at_once(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    path = tmp_path / "s" / "study.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["training"]["lr"] = "fast"
+    raw["training"]["micro_batch_size"] = 0
+    raw["data"]["splits"]["train"] = 0.9  # sums to 1.1
+    raw["adaptation"]["rnak"] = 4
+    path.write_text(yaml.safe_dump(raw))
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s")
+    assert code == 2
+    for fragment in (
+        "training.lr",
+        "training.micro_batch_size",
+        "data.splits",
+        "adaptation.rnak",
+        "unknown key",
+    ):
+        assert fragment in err, fragment
+    assert "found" in err and "hint:" in err
+
+
+def test_set_overrides_and_bad_set(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    cfg = load_config(tmp_path / "s" / "study.yaml", ["training.lr=1e-3", "adaptation.rank=16"])
+    assert cfg.training.lr == 1e-3 and cfg.adaptation.rank == 16
+    with pytest.raises(ConfigError, match="no '='"):
+        load_config(tmp_path / "s" / "study.yaml", ["training.lr"])
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s", "--set", "training.nope=1")
+    assert code == 2 and "training.nope" in err
+
+
+def test_contradictions_rejected():
+    base = yaml.safe_load(
+        __import__("tunelab.scaffold", fromlist=["x"]).render_study_yaml("format", "x")
+    )
+    base["task"]["regex"] = "^.*$"  # both json_schema and regex
+    with pytest.raises(ConfigError, match="exactly one of"):
+        validate_config(base)
+
+
+def test_broken_yaml_names_line(tmp_path):
+    p = tmp_path / "study.yaml"
+    p.write_text("name: x\ntraining: [unclosed\n")
+    with pytest.raises(ConfigError, match="line"):
+        load_config(p)
+
+
+def test_register_refuses_template_then_locks_and_amends(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    code, _, err = run_cli(capsys, "register", "-s", tmp_path / "s")
+    assert code == 2 and "template" in err
+    assert not list((tmp_path / "s" / "records").glob("hypothesis-*"))
+
+    fill_hypothesis(tmp_path / "s" / "study.yaml")
+    code, out, _ = run_cli(capsys, "register", "-s", tmp_path / "s", "--json")
+    assert code == 0
+    v1 = json.loads(out)
+    assert v1["version"] == 1 and len(v1["sha256"]) == 64 and v1["registered_at"].endswith("Z")
+    v1_bytes = (tmp_path / "s" / "records" / "hypothesis-v1.json").read_bytes()
+
+    # unchanged: no new version
+    code, out, _ = run_cli(capsys, "register", "-s", tmp_path / "s", "--json")
+    assert json.loads(out)["created"] is False
+
+    # amend: v2 with a diff, v1 untouched
+    path = tmp_path / "s" / "study.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["guardrails"][0]["value"] = -0.01
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(path)
+    with pytest.raises(HypothesisError, match="changed what hypothesis v1 locked"):
+        require_hypothesis(tmp_path / "s", cfg)
+    code, out, _ = run_cli(capsys, "register", "-s", tmp_path / "s")
+    assert code == 0 and "amendment of v1" in out
+    v2 = json.loads((tmp_path / "s" / "records" / "hypothesis-v2.json").read_text())
+    assert v2["amends"]["version"] == 1
+    assert any(d["path"] == "guardrails[0].value" for d in v2["diff"])
+    assert (tmp_path / "s" / "records" / "hypothesis-v1.json").read_bytes() == v1_bytes
+    assert require_hypothesis(tmp_path / "s", cfg)["version"] == 2
+
+
+def test_register_refuses_without_guardrails(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    fill_hypothesis(tmp_path / "s" / "study.yaml")
+    cfg = load_config(tmp_path / "s" / "study.yaml", ["guardrails=[]"])
+    with pytest.raises(HypothesisError, match="guardrails is empty"):
+        register(tmp_path / "s", cfg)
+
+
+def _make_runs(root: str, n: int) -> None:
+    s = Study.open(root)
+    for _ in range(n):
+        run = s.create_run("train")
+        run.set_status("completed")
+
+
+def test_ledger_concurrent_writers_and_runs_listing(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    procs = [
+        mp.get_context("spawn").Process(target=_make_runs, args=(str(tmp_path / "s"), 5))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    s = Study.open(tmp_path / "s")
+    rows = s.list_runs()
+    assert len(rows) == 10 and len({r.id for r in rows}) == 10
+    assert all(r.status == "completed" for r in rows)
+    code, out, _ = run_cli(capsys, "runs", "-s", tmp_path / "s", "--json")
+    assert code == 0 and len(json.loads(out)) == 10
+
+
+def test_stale_running_run_becomes_interrupted(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    s = Study.open(tmp_path / "s")
+    run = s.create_run("train")
+    s.ledger.update_run(run.id, pid=2**22 + 12345)  # a pid that does not exist
+    s2 = Study.open(tmp_path / "s")
+    rows = {r.id: r for r in s2.list_runs()}
+    assert rows[run.id].status == "interrupted" and "killed" in rows[run.id].reason
+    assert json.loads((run.dir / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_env_json_complete(capsys):
+    code, out, _ = run_cli(capsys, "env", "--json")
+    assert code == 0
+    e = json.loads(out)
+    for key in (
+        "python",
+        "os",
+        "cpu",
+        "torch",
+        "cuda",
+        "rocm",
+        "cudnn",
+        "nccl",
+        "rccl",
+        "driver",
+        "gpus",
+        "bf16_supported",
+        "attention",
+        "packages",
+        "tunelab_git",
+    ):
+        assert key in e, key
+    for pkg in (
+        "transformers",
+        "peft",
+        "safetensors",
+        "tokenizers",
+        "accelerate",
+        "datasets",
+        "tunelab",
+    ):
+        assert pkg in e["packages"]
+    assert e["packages"]["transformers"]
+
+
+def test_failed_command_changes_no_record(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    fill_hypothesis(tmp_path / "s" / "study.yaml")
+    run_cli(capsys, "register", "-s", tmp_path / "s")
+    before = tree_hashes(tmp_path / "s")
+    code, _, _ = run_cli(capsys, "register", "-s", tmp_path / "s", "--set", "training.lr=-1")
+    assert code == 2
+    assert tree_hashes(tmp_path / "s") == before
