@@ -12,9 +12,13 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup assets test test-fast test-slow stress lint format demo bench clean
+.PHONY: setup browser assets test test-fast test-slow stress lint format demo bench clean
 
-setup: $(STAMP) $(ASSETS)
+setup: $(STAMP) $(ASSETS) browser
+
+# The dossier test renders the page in headless Chromium (Debian's package); CI runs as root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo 'warning: chromium not installed; the dossier rendering test will be skipped'; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,0 +1,63 @@
+"""Plots of the dossier (matplotlib, Agg): loss curves and per-category / per-field bars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_loss_curves(runs: list[dict[str, Any]], out: Path) -> Path | None:
+    """One line per training run (train loss per step, validation loss as markers)."""
+    series = [(r["row"]["name"] or r["row"]["id"], r["steps"]) for r in runs if r["steps"]]
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, steps in series:
+        xs = [s["step"] for s in steps if "loss" in s and s.get("loss") is not None]
+        ys = [s["loss"] for s in steps if "loss" in s and s.get("loss") is not None]
+        (line,) = ax.plot(xs, ys, label=f"{label} train", linewidth=1.2)
+        vx = [s["step"] for s in steps if s.get("val_loss") is not None]
+        vy = [s["val_loss"] for s in steps if s.get("val_loss") is not None]
+        if vx:
+            ax.plot(
+                vx, vy, "o--", color=line.get_color(), label=f"{label} validation", markersize=4
+            )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (per loss token)")
+    ax.set_title("Loss curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_grouped_bars(
+    groups: list[str], series: dict[str, list[float | None]], title: str, ylabel: str, out: Path
+) -> Path | None:
+    """Bars per group (category or field), one colour per run (baseline first)."""
+    if not groups or not series:
+        return None
+    n = len(series)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) + 2), 4))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
