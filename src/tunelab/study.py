@@ -118,9 +118,10 @@ class Study:
         return self.root / "study.yaml"
 
     def resolve(self, path: str) -> Path:
-        """A path from the config: relative to the study folder unless absolute."""
-        p = Path(os.path.expanduser(path))
-        return p if p.is_absolute() else (self.root / p)
+        """A path from the config: `asset:NAME` (a packaged asset), absolute, or under the study."""
+        from tunelab.assets import resolve_path
+
+        return resolve_path(path, self.root)
 
     # ------------------------------------------------------------ runs
 
