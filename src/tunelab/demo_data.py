@@ -122,3 +122,45 @@ def write_spam_classification(root: Path, out: Path, num_per_class: int, seed: i
             )
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return write_bytes_atomic(out, text.encode("utf-8"), overwrite=True)
+
+
+def write_spam_format(root: Path, out: Path, num_per_class: int, seed: int = 0) -> Path:
+    """JSONL of {id, text, target} where target is the JSON verdict {"verdict": "spam" | "ham"}."""
+    tmp = out.with_suffix(".classification.tmp")
+    write_spam_classification(root, tmp, num_per_class, seed)
+    rows = [json.loads(line) for line in tmp.read_text(encoding="utf-8").splitlines()]
+    tmp.unlink()
+    text = "".join(
+        json.dumps(
+            {"id": r["id"], "text": r["text"], "target": json.dumps({"verdict": r["label"]})}
+        )
+        + "\n"
+        for r in rows
+    )
+    return write_bytes_atomic(out, text.encode("utf-8"), overwrite=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m tunelab.demo_data extraction|classification|format OUT.jsonl [--n N]"""
+    import argparse
+
+    from tunelab.assets import spamassassin_path
+
+    ap = argparse.ArgumentParser(prog="python -m tunelab.demo_data", description=main.__doc__)
+    ap.add_argument("kind", choices=["extraction", "classification", "format"])
+    ap.add_argument("out", type=Path)
+    ap.add_argument(
+        "--n", type=int, default=400, help="examples (per class for classification/format)"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    writer = {
+        "extraction": write_spam_extraction,
+        "classification": write_spam_classification,
+        "format": write_spam_format,
+    }[args.kind]
+    print(writer(spamassassin_path(), args.out, args.n, args.seed))
+
+
+if __name__ == "__main__":
+    main()
