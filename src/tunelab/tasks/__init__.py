@@ -1,0 +1,62 @@
+"""Task kinds behind one interface: `get_task(cfg, labels) -> Task`.
+
+- classification (`ClassificationTask`): the target is the label;
+- format (`FormatTask`): the answer must match a JSON Schema or a regular expression;
+- extraction (`ExtractionTask`): the answer is a JSON object with the schema's required fields.
+"""
+
+from __future__ import annotations
+
+from tunelab.config import StudyConfig
+from tunelab.errors import ConfigError, DataError
+from tunelab.tasks.base import Task
+from tunelab.tasks.classification import ClassificationTask
+from tunelab.tasks.extraction import ExtractionTask, read_json_object
+from tunelab.tasks.format import FormatTask
+
+__all__ = [
+    "ClassificationTask",
+    "ExtractionTask",
+    "FormatTask",
+    "Task",
+    "get_task",
+    "read_json_object",
+]
+
+
+def _resolve_labels(configured: list[str] | None, found: list[str] | None) -> list[str]:
+    if configured:
+        if len(set(configured)) != len(configured):
+            raise ConfigError(
+                f"task.labels has duplicates: {configured}",
+                hint="list each label once in task.labels",
+            )
+        unknown = sorted(set(found or []) - set(configured))
+        if unknown:
+            raise DataError(
+                f"the data has labels not in task.labels: {unknown}",
+                hint="add them to task.labels in study.yaml, or drop those rows with a "
+                "cleaning rule, then rebuild the snapshot with `tunelab data`",
+            )
+        labels = list(configured)
+    else:
+        labels = sorted({str(x) for x in (found or [])})
+    if len(labels) < 2:
+        raise ConfigError(
+            f"a classification task needs at least 2 labels, found {labels}",
+            hint="set task.labels in study.yaml, or check data.fields.label",
+        )
+    return labels
+
+
+def get_task(cfg: StudyConfig, labels: list[str] | None = None) -> Task:
+    """The task of a study. `labels`: the label set found in the data (classification)."""
+    t = cfg.task
+    if t.kind == "classification":
+        return ClassificationTask(_resolve_labels(t.labels, labels), t.instruction)
+    if t.kind == "format":
+        return FormatTask(t.instruction, t.json_schema, t.regex)
+    if t.kind == "extraction":
+        assert t.json_schema is not None  # checked by TaskConfig
+        return ExtractionTask(t.instruction, t.json_schema)
+    raise ConfigError(f"unknown task.kind {t.kind!r}")  # pragma: no cover - config validates

@@ -1,0 +1,125 @@
+"""Format: the answer must respect a format given as a JSON Schema or a regular expression.
+
+Validity is strict: the whole answer (surrounding whitespace aside) must be the JSON value, or
+must match the regular expression in full. Failure kinds: `empty`, `parse_error` (not JSON),
+`schema_error` (JSON that breaks the schema), `no_match` (the regex does not match).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from jsonschema import exceptions as jsonschema_exceptions
+from jsonschema import validators
+
+from tunelab.errors import ConfigError, DataError
+from tunelab.tasks.base import Task, failure
+
+
+def make_validator(schema: dict[str, Any]):
+    """A jsonschema validator for `schema` (its draft from `$schema`, else the latest)."""
+    cls = validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema_exceptions.SchemaError as exc:
+        raise ConfigError(
+            f"task.json_schema is not a valid JSON Schema: {exc.message}",
+            hint="fix task.json_schema in study.yaml (see https://json-schema.org)",
+        ) from None
+    return cls(schema)
+
+
+def schema_errors(validator, value: Any) -> list[str]:
+    """Messages of every schema violation, each prefixed by its JSON path."""
+    out = []
+    for err in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        out.append(f"{where}: {err.message}")
+    return out
+
+
+def target_string(example: dict[str, Any]) -> str:
+    target = example.get("target")
+    if isinstance(target, (dict, list)):
+        return json.dumps(target, ensure_ascii=False)
+    if not isinstance(target, str) or not target:
+        raise DataError(
+            f"example {example.get('id')!r}: no target answer (found {target!r})",
+            hint="set data.fields.target in study.yaml to the column holding the expected "
+            "answer, then rebuild the snapshot with `tunelab data`",
+        )
+    return target
+
+
+class FormatTask(Task):
+    kind = "format"
+
+    def __init__(self, instruction: str, json_schema: dict[str, Any] | None, regex: str | None):
+        super().__init__(None, instruction)
+        self.json_schema = json_schema
+        self.regex = regex
+        self.validator = make_validator(json_schema) if json_schema is not None else None
+        self.pattern = None
+        if regex is not None:
+            try:
+                self.pattern = re.compile(regex, re.DOTALL)
+            except re.error as exc:
+                raise ConfigError(
+                    f"task.regex {regex!r} is not a valid regular expression: {exc}",
+                    hint="fix task.regex in study.yaml (Python `re` syntax)",
+                ) from None
+        base = ("format_valid_rate", "exact_match")
+        self.metric_names = base + (("json_valid_rate",) if json_schema is not None else ())
+
+    def target_text(self, example: dict[str, Any]) -> str:
+        return target_string(example)
+
+    def parse(self, raw_output: str) -> dict[str, Any]:
+        text = (raw_output or "").strip()
+        if not text:
+            return failure("empty", "the output is empty", json_valid=False)
+        if self.pattern is not None:
+            if self.pattern.fullmatch(text) is None:
+                return failure("no_match", f"does not match {self.regex!r}", json_valid=None)
+            return {
+                "valid": True,
+                "failure": None,
+                "error": None,
+                "value": text,
+                "json_valid": None,
+            }
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return failure(
+                "parse_error", f"not JSON: {exc.msg} at char {exc.pos}", json_valid=False
+            )
+        errors = schema_errors(self.validator, value)
+        if errors:
+            return {
+                "valid": False,
+                "failure": "schema_error",
+                "error": "; ".join(errors),
+                "value": value,
+                "json_valid": True,
+            }
+        return {"valid": True, "failure": None, "error": None, "value": value, "json_valid": True}
+
+    def verdicts(self, parsed: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+        gold_text = self.target_text(example)
+        if self.pattern is None:
+            try:
+                gold: Any = json.loads(gold_text)
+            except json.JSONDecodeError:
+                gold = gold_text
+        else:
+            gold = gold_text.strip()
+        exact = parsed.get("value") == gold if parsed.get("failure") != "parse_error" else False
+        return {
+            "valid": bool(parsed.get("valid")),
+            "json_valid": parsed.get("json_valid"),
+            "exact_match": bool(exact),
+            "correct": bool(parsed.get("valid") and exact),
+        }

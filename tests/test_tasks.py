@@ -1,0 +1,210 @@
+"""Task kinds: rendering, parsing (forgiving wrappers, strict content), verdicts, labels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tunelab.config import validate_config
+from tunelab.errors import ConfigError, DataError
+from tunelab.scaffold import render_study_yaml
+from tunelab.tasks import ClassificationTask, ExtractionTask, FormatTask, get_task
+
+
+def make_cfg(kind: str, **task):
+    raw = yaml.safe_load(render_study_yaml(kind, "t"))
+    raw["task"].update(task)
+    return validate_config(raw)
+
+
+# ---------------------------------------------------------------- get_task and labels
+
+
+def test_get_task_per_kind():
+    assert isinstance(get_task(make_cfg("classification"), ["b", "a"]), ClassificationTask)
+    assert isinstance(get_task(make_cfg("format")), FormatTask)
+    assert isinstance(get_task(make_cfg("extraction")), ExtractionTask)
+
+
+def test_labels_from_data_sorted_or_from_config_in_order():
+    assert get_task(make_cfg("classification"), ["tech", "sport", "tech"]).labels == [
+        "sport",
+        "tech",
+    ]
+    cfg = make_cfg("classification", labels=["tech", "sport"])
+    assert get_task(cfg, ["sport"]).labels == ["tech", "sport"]
+
+
+def test_labels_problems_are_named():
+    with pytest.raises(DataError, match="not in task.labels.*'ham'"):
+        get_task(make_cfg("classification", labels=["spam", "eggs"]), ["spam", "ham"])
+    with pytest.raises(ConfigError, match="at least 2 labels"):
+        get_task(make_cfg("classification"), ["only"])
+    with pytest.raises(ConfigError, match="duplicates"):
+        get_task(make_cfg("classification", labels=["a", "a"]), None)
+
+
+def test_metric_names():
+    assert "macro_f1" in get_task(make_cfg("classification"), ["a", "b"]).metric_names
+    assert "format_valid_rate" in get_task(make_cfg("format")).metric_names
+    regex_task = get_task(make_cfg("format", json_schema=None, regex=r"\d+"))
+    assert "json_valid_rate" not in regex_task.metric_names
+    names = get_task(make_cfg("extraction")).metric_names
+    for m in ("json_valid_rate", "schema_valid_rate", "field_presence_rate", "field_accuracy"):
+        assert m in names
+
+
+# ---------------------------------------------------------------- classification
+
+
+@pytest.fixture
+def clf():
+    return get_task(make_cfg("classification", instruction="Pick a topic."), ["sport", "tech"])
+
+
+def test_classification_render(clf):
+    assert clf.render({"id": "1", "text": "goal!", "label": "sport"}) == ("goal!", "sport")
+    assert "sport, tech" in clf.instruction and clf.instruction.startswith("Pick a topic.")
+    with pytest.raises(DataError, match="'7'.*'golf' is not in the label set"):
+        clf.render({"id": "7", "text": "x", "label": "golf"})
+    with pytest.raises(DataError, match="field 'text'"):
+        clf.render({"id": "8", "text": None, "label": "sport"})
+
+
+@pytest.mark.parametrize(
+    "raw,label",
+    [
+        ("sport", "sport"),
+        ("  Tech.\n", "tech"),
+        ('"sport"', "sport"),
+        ("sport, because of the goal", "sport"),
+        ("TECH\nexplanation", "tech"),
+    ],
+)
+def test_classification_parse_maps_to_label(clf, raw, label):
+    parsed = clf.parse(raw)
+    assert parsed["valid"] and parsed["label"] == label and parsed["failure"] is None
+
+
+@pytest.mark.parametrize(
+    "raw,kind", [("", "empty"), ("sports", "not_a_label"), ("golf", "not_a_label")]
+)
+def test_classification_parse_failures(clf, raw, kind):
+    parsed = clf.parse(raw)
+    assert not parsed["valid"] and parsed["failure"] == kind and parsed["label"] is None
+
+
+def test_classification_longest_label_wins():
+    task = ClassificationTask(["tech", "tech news"], "")
+    assert task.parse("tech news today")["label"] == "tech news"
+    assert task.parse("tech today")["label"] == "tech"
+
+
+def test_classification_verdicts(clf):
+    ex = {"id": "1", "text": "x", "label": "tech"}
+    assert clf.verdicts(clf.parse("tech"), ex)["correct"] is True
+    assert clf.verdicts(clf.parse("sport"), ex)["correct"] is False
+
+
+# ---------------------------------------------------------------- format
+
+
+def test_format_json_schema_strict():
+    task = get_task(make_cfg("format"))  # schema: object with required string 'answer'
+    ok = task.parse(' {"answer": "yes"} \n')
+    assert ok["valid"] and ok["value"] == {"answer": "yes"}
+    assert task.parse('{"answer": 3}')["failure"] == "schema_error"
+    assert "answer" in task.parse("{}")["error"]
+    assert task.parse('{"answer": "yes"')["failure"] == "parse_error"
+    # the format must be the whole answer: a code fence breaks it
+    assert task.parse('```json\n{"answer": "yes"}\n```')["failure"] == "parse_error"
+    assert task.parse("   ")["failure"] == "empty"
+    ex = {"id": "1", "text": "q", "target": '{"answer": "yes"}'}
+    assert task.render(ex) == ("q", '{"answer": "yes"}')
+    assert task.verdicts(ok, ex)["exact_match"] is True
+    assert task.verdicts(task.parse('{"answer": "no"}'), ex)["exact_match"] is False
+
+
+def test_format_regex_full_match():
+    task = get_task(make_cfg("format", json_schema=None, regex=r"\d{4}-\d{2}-\d{2}"))
+    assert task.parse("2002-08-22\n")["valid"]
+    assert task.parse("on 2002-08-22")["failure"] == "no_match"
+    assert task.parse("2002-08-22 12:00")["failure"] == "no_match"
+
+
+def test_format_bad_config_is_named():
+    with pytest.raises(ConfigError, match="task.regex"):
+        get_task(make_cfg("format", json_schema=None, regex="(unclosed"))
+    with pytest.raises(ConfigError, match="task.json_schema"):
+        get_task(make_cfg("format", json_schema={"type": "no-such-type"}))
+
+
+def test_format_missing_target_names_example():
+    task = get_task(make_cfg("format"))
+    with pytest.raises(DataError, match="'9'.*no target"):
+        task.render({"id": "9", "text": "q", "target": None})
+
+
+# ---------------------------------------------------------------- extraction
+
+
+@pytest.fixture
+def ext():
+    return get_task(make_cfg("extraction"))  # required: sender, subject (strings)
+
+
+GOLD = {"id": "e1", "text": "mail", "target": '{"sender": "a@b.c", "subject": "Hi there"}'}
+
+
+def test_extraction_code_fence_and_trailing_text(ext):
+    parsed = ext.parse('Sure!\n```json\n{"sender": "a@b.c", "subject": "Hi there"}\n```\nDone.')
+    assert parsed["valid"] and parsed["fields"] == {"sender": "a@b.c", "subject": "Hi there"}
+    parsed = ext.parse('{"sender": "a@b.c", "subject": "Hi"} and some words {"x": 1}')
+    assert parsed["valid"] and parsed["value"] == {"sender": "a@b.c", "subject": "Hi"}
+    # an unclosed fence at the end of a generation still parses
+    assert ext.parse('```json\n{"sender": "a", "subject": "b"}')["valid"]
+
+
+@pytest.mark.parametrize(
+    "raw,kind",
+    [
+        ("", "empty"),
+        ("no json here", "parse_error"),
+        ('{"sender": "a@b.c", "subject": ', "parse_error"),
+        ("{'sender': 'a'}", "parse_error"),
+        ("[1, 2]", "not_an_object"),
+        ('{"sender": "a@b.c"}', "schema_error"),
+        ('{"sender": "a@b.c", "subject": 42}', "schema_error"),
+    ],
+)
+def test_extraction_failure_kinds(ext, raw, kind):
+    parsed = ext.parse(raw)
+    assert not parsed["valid"] and parsed["failure"] == kind
+    assert set(parsed["present"]) == {"sender", "subject"}
+
+
+def test_extraction_presence_per_field(ext):
+    parsed = ext.parse('{"sender": "a@b.c", "subject": ""}')
+    assert parsed["json_valid"] and parsed["present"] == {"sender": True, "subject": False}
+    parsed = ext.parse('{"sender": "a@b.c"}')
+    assert parsed["json_valid"] and not parsed["schema_valid"]
+    assert parsed["present"] == {"sender": True, "subject": False}
+    assert "subject" in parsed["error"]
+
+
+def test_extraction_verdicts(ext):
+    v = ext.verdicts(ext.parse('{"sender": "a@b.c", "subject": "Hi  there"}'), GOLD)
+    assert v["exact_match"] and v["field_correct"] == {"sender": True, "subject": True}
+    v = ext.verdicts(ext.parse('{"sender": "x@y.z", "subject": "Hi there"}'), GOLD)
+    assert v["field_correct"] == {"sender": False, "subject": True} and not v["exact_match"]
+    v = ext.verdicts(ext.parse("garbage"), GOLD)
+    assert not v["json_valid"] and v["present"] == {"sender": False, "subject": False}
+    with pytest.raises(DataError, match="'bad'.*not a JSON object"):
+        ext.verdicts(ext.parse("{}"), {"id": "bad", "text": "t", "target": "oops"})
+
+
+def test_extraction_target_as_object_is_serialized(ext):
+    ex = {"id": "o", "text": "t", "target": {"sender": "a", "subject": "é"}}
+    assert json.loads(ext.render(ex)[1]) == {"sender": "a", "subject": "é"}
