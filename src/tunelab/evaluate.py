@@ -1,0 +1,675 @@
+"""One evaluation procedure for the baseline and every variant: batched inference and metrics.
+
+Inference by architecture and task:
+- encoder classification: the head's logits, argmax (probabilities kept per example);
+- causal-LM classification: each label scored by the summed log-likelihood of its target tokens
+  (label + EOS, rendered by the same Preprocessor as in training) given the prompt; argmax;
+- causal-LM format and extraction: greedy generation with a KV cache and left padding, up to
+  `evaluation.max_new_tokens`, stopping at EOS; only the new tokens are decoded, then parsed by
+  the task.
+
+Batches are formed from examples sorted by length (deterministic), so the same model gives the
+same predictions run after run (`tunelab verify` relies on it).
+
+Every evaluation records the sha256 of its spec: the locked evaluation spec (task,
+preprocessing and evaluation settings, registered with the hypothesis) combined with the
+preprocessor's template sha. Comparisons refuse results whose spec sha differ.
+
+Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a run of kind
+`eval` whose parent is RUN. Each holds `predictions-<split>.jsonl` and `metrics-<split>.json`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from tunelab import metrics as M
+from tunelab.config import StudyConfig, sha256_json
+from tunelab.errors import EvaluationError, RunError
+from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
+
+EVAL_KIND = "eval"
+BASELINE_KIND = "baseline"
+
+
+def spec_sha256(locked_spec_sha: str, template_sha: str) -> str:
+    """The sha an evaluation is compared under: the locked spec and the exact prompt template."""
+    return sha256_json({"evaluation_spec_sha256": locked_spec_sha, "template_sha256": template_sha})
+
+
+# ---------------------------------------------------------------- batching helpers
+
+
+def _batches(order: Sequence[int], size: int) -> list[list[int]]:
+    return [list(order[i : i + size]) for i in range(0, len(order), size)]
+
+
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
+    """[batch, seq] input ids and attention mask, padded on the left or the right."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if not s:
+            continue
+        if left:
+            ids[row, width - len(s) :] = torch.tensor(s)
+            mask[row, width - len(s) :] = 1
+        else:
+            ids[row, : len(s)] = torch.tensor(s)
+            mask[row, : len(s)] = 1
+    return ids, mask
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0  # pragma: no cover
+
+
+def _device(model: Any):
+    return next(model.parameters()).device
+
+
+def _progress(enabled: bool, total: int, what: str):
+    if not enabled:
+        return nullcontext(None)
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn(f"[bold]{what}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+    bar.add_task(what, total=total)
+    return bar
+
+
+class _Ticker:
+    """Advances a rich progress bar (or nothing) by examples done."""
+
+    def __init__(self, bar: Any):
+        self.bar = bar
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.bar.task_ids[0], n)
+
+
+# ---------------------------------------------------------------- inference
+
+
+def predict_encoder(
+    model: Any,
+    encoded: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    pad_id: int,
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[dict[str, Any]]:
+    """Label and per-label probabilities of each encoded example ([CLS] head logits)."""
+    import torch
+
+    out: list[dict[str, Any] | None] = [None] * len(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]["input_ids"]), i))
+    device = _device(model)
+    for batch in _batches(order, batch_size):
+        ids, mask = _pad([encoded[i]["input_ids"] for i in batch], pad_id, left=False)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        probs = torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+        for row, i in enumerate(batch):
+            p = probs[row].tolist()
+            best = max(range(len(p)), key=lambda j: p[j])
+            out[i] = {
+                "label": labels[best],
+                "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
+            }
+        tick(len(batch))
+    return out  # type: ignore[return-value]
+
+
+def score_candidates(
+    model: Any,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[float]:
+    """Summed log-likelihood of the loss positions of each (input_ids, labels) sequence.
+
+    `labels` is -100 except on the target tokens (as in training). Sequences are left-padded so
+    the targets sit at the end of every row, and only the last positions' logits are computed
+    (`logits_to_keep`): the vocabulary projection of the prompt is never materialized.
+    """
+    import torch
+
+    scores: list[float] = [0.0] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i][0]), i))
+    device = _device(model)
+    for batch in _batches(order, batch_size):
+        ids, mask = _pad([sequences[i][0] for i in batch], pad_id, left=True)
+        width = ids.shape[1]
+        # target positions (in padded coordinates) of each row
+        targets = []
+        for i in batch:
+            seq, lab = sequences[i]
+            offset = width - len(seq)
+            targets.append([(offset + t, seq[t]) for t, v in enumerate(lab) if v != -100 and t > 0])
+        first = min((t for row in targets for t, _ in row), default=width - 1)
+        keep = width - (first - 1)  # logits of positions first-1 .. width-1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=position_ids.to(device),
+            logits_to_keep=keep,
+            use_cache=False,
+        ).logits  # [batch, keep, vocab]
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        start = width - keep
+        for row, i in enumerate(batch):
+            scores[i] = float(sum(logp[row, t - 1 - start, tok] for t, tok in targets[row]))
+        tick(len(batch))
+    return scores
+
+
+def generate_outputs(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[str]:
+    """Greedy continuations of each prompt (left padding, KV cache, stop at EOS); only the new
+    tokens are decoded, special tokens dropped."""
+    import torch
+    from transformers import GenerationConfig
+
+    pad_id = _pad_id(tokenizer)
+    eos = tokenizer.eos_token_id
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        use_cache=True,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+    )
+    outputs: list[str] = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    device = _device(model)
+    for batch in _batches(order, batch_size):
+        ids, mask = _pad([prompts[i] for i in batch], pad_id, left=True)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+            )
+        new = out[:, ids.shape[1] :].cpu().tolist()  # [batch, new tokens]
+        for row, i in enumerate(batch):
+            tokens = new[row]
+            if eos is not None and eos in tokens:
+                tokens = tokens[: tokens.index(eos)]
+            outputs[i] = tokenizer.decode(tokens, skip_special_tokens=True)
+        tick(len(batch))
+    return outputs
+
+
+# ---------------------------------------------------------------- the evaluation
+
+
+def _task_labels(study: Any, labels: Sequence[str] | None) -> list[str] | None:
+    if labels is not None:
+        return list(labels)
+    cfg: StudyConfig = study.config
+    if cfg.task.kind != "classification":
+        return None
+    if cfg.task.labels:
+        return list(cfg.task.labels)
+    from tunelab.data import load_snapshot
+
+    return load_snapshot(study).labels
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    base: Any,
+    study: Any,
+    examples: Sequence[dict[str, Any]],
+    split: str,
+    *,
+    labels: Sequence[str] | None = None,
+    progress: bool = False,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Evaluate `model` on `examples` with the study's locked evaluation procedure.
+
+    Args:
+        base: the resolved base model (`.architecture` is "encoder" or "causal_lm").
+        examples: rows of the split; only the first `evaluation.max_examples` are used.
+        labels: the label set of a classification task (default: task.labels, else the latest
+            snapshot's labels).
+    Returns:
+        (record, predictions). record = {"split", "spec_sha256", "evaluation_spec_sha256",
+        "template_sha256", "hypothesis_version", "task_kind", "labels", "fields", "n",
+        "seconds", "examples_per_s", "evaluation", "metrics": {...}}; predictions = one row per
+        example {"id", "gold", "raw_output", "prediction", "correct", "verdicts"}.
+    Raises:
+        HypothesisError when no hypothesis is registered or study.yaml drifted from it;
+        EvaluationError when there is nothing to evaluate.
+    """
+    import torch
+
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    cfg: StudyConfig = study.config
+    hypothesis = require_hypothesis(study.root, cfg)
+    ev = cfg.evaluation
+    rows = list(examples)[: ev.max_examples] if ev.max_examples else list(examples)
+    if not rows:
+        raise EvaluationError(
+            f"the {split} split has no examples to evaluate",
+            hint="check the data snapshot (`tunelab data`) and evaluation.max_examples",
+        )
+    task = get_task(cfg, _task_labels(study, labels))
+    architecture = base.architecture
+    pre = Preprocessor(tokenizer, cfg, task, architecture)
+    torch.manual_seed(ev.seed)
+    was_training = model.training
+    model.eval()
+    started = time.perf_counter()
+    what = f"evaluate {split} ({len(rows)} examples)"
+    try:
+        with _progress(progress, len(rows), what) as bar, torch.inference_mode():
+            tick = _Ticker(bar)
+            predictions = _predict(model, tokenizer, pre, task, cfg, rows, architecture, tick)
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - started
+    metric_values = compute_metrics(task, predictions)
+    record = {
+        "split": split,
+        "spec_sha256": spec_sha256(hypothesis["evaluation_spec_sha256"], pre.template_sha256),
+        "evaluation_spec_sha256": hypothesis["evaluation_spec_sha256"],
+        "template_sha256": pre.template_sha256,
+        "hypothesis_version": hypothesis["version"],
+        "hypothesis_sha256": hypothesis["sha256"],
+        "task_kind": task.kind,
+        "architecture": architecture,
+        "labels": list(task.labels) if task.labels else None,
+        "fields": list(getattr(task, "fields", []) or []) or None,
+        "n": len(rows),
+        "seconds": round(seconds, 3),
+        "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
+        "evaluation": ev.model_dump(mode="json"),
+        "metrics": metric_values,
+    }
+    return record, predictions
+
+
+def _predict(
+    model: Any,
+    tokenizer: Any,
+    pre: Any,
+    task: Any,
+    cfg: StudyConfig,
+    rows: list[dict[str, Any]],
+    architecture: str,
+    tick: Callable[[int], None],
+) -> list[dict[str, Any]]:
+    ev = cfg.evaluation
+    pad_id = _pad_id(tokenizer)
+    if task.kind == "classification":
+        labels = list(task.labels)
+        if architecture == "encoder":
+            encoded = [pre.encode(r) for r in rows]
+            found = predict_encoder(model, encoded, labels, pad_id, ev.batch_size, tick)
+        else:
+            found = _score_labels(model, pre, rows, labels, pad_id, ev.batch_size, tick)
+        out = []
+        for r, f in zip(rows, found, strict=True):
+            gold = task.label_of(r)
+            out.append(
+                {
+                    "id": r["id"],
+                    "gold": gold,
+                    "raw_output": f["label"],
+                    "prediction": f["label"],
+                    "correct": f["label"] == gold,
+                    "verdicts": {"correct": f["label"] == gold},
+                    "scores": f["scores"],
+                }
+            )
+        return out
+    if architecture != "causal_lm":
+        raise EvaluationError(
+            f"a {task.kind} task needs a causal LM, the base model is an {architecture}",
+            hint="set model.path to a causal LM (e.g. SmolLM2) in study.yaml",
+        )
+    prompts = [pre.prompt_ids(r) for r in rows]
+    raw = generate_outputs(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=ev.max_new_tokens,
+        batch_size=ev.batch_size,
+        tick=tick,
+    )
+    return [_judge(task, r, text) for r, text in zip(rows, raw, strict=True)]
+
+
+def _score_labels(
+    model: Any,
+    pre: Any,
+    rows: list[dict[str, Any]],
+    labels: list[str],
+    pad_id: int,
+    batch_size: int,
+    tick: Callable[[int], None],
+) -> list[dict[str, Any]]:
+    """Causal-LM classification: every (example, label) pair scored, argmax per example."""
+    sequences = []
+    for r in rows:
+        candidates = pre.encode_candidates(r)  # one per label, in task.labels order
+        sequences += [(enc["input_ids"], enc["labels"]) for enc in candidates]
+    k = len(labels)
+    done = [0]
+
+    def per_pair(n: int) -> None:  # progress in examples, not pairs
+        done[0] += n
+        whole = done[0] // k
+        if whole:
+            tick(whole)
+            done[0] -= whole * k
+
+    scores = score_candidates(model, sequences, pad_id, max(1, batch_size), per_pair)
+    out = []
+    for e in range(len(rows)):
+        s = scores[e * k : (e + 1) * k]
+        best = max(range(k), key=lambda j: s[j])
+        out.append(
+            {"label": labels[best], "scores": {lab: round(s[j], 4) for j, lab in enumerate(labels)}}
+        )
+    return out
+
+
+def _judge(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, Any]:
+    """Parse one generated output and give its per-metric verdicts."""
+    parsed = task.parse(raw_output)
+    value = parsed.get("value")
+    if task.kind == "extraction":
+        gold = task.gold(row)
+        fv = M.field_verdicts(value if isinstance(value, dict) else None, gold, task.fields)
+        correct = all(fv["normalized"].values())
+        verdicts = {
+            "json_valid": bool(parsed.get("json_valid")),
+            "schema_valid": bool(parsed.get("schema_valid")),
+            "failure": parsed.get("failure"),
+            **fv,
+            "all_fields_match": correct,
+        }
+    else:
+        task_verdicts = task.verdicts(parsed, row)
+        json_schema = getattr(task, "json_schema", None) is not None
+        gold = task.target_text(row)
+        correct = bool(parsed.get("valid"))
+        verdicts = {
+            "format_valid": correct,
+            "json_valid": bool(parsed.get("json_valid")) if json_schema else None,
+            "schema_valid": bool(parsed.get("valid")) if json_schema else None,
+            "exact_match": bool(task_verdicts.get("exact_match")),
+            "failure": parsed.get("failure"),
+        }
+    return {
+        "id": row["id"],
+        "gold": gold,
+        "raw_output": raw_output,
+        "prediction": value,
+        "correct": correct,
+        "verdicts": verdicts,
+        "parse_error": parsed.get("error"),
+    }
+
+
+def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The task's metric suite from prediction rows (the same rows `compare` resamples)."""
+    if task.kind == "classification":
+        return M.classification_metrics(
+            [p["gold"] for p in predictions], [p["prediction"] for p in predictions], task.labels
+        )
+    verdicts = [p["verdicts"] for p in predictions]
+    if task.kind == "extraction":
+        return M.extraction_metrics(
+            [v["json_valid"] for v in verdicts],
+            [v["schema_valid"] for v in verdicts],
+            verdicts,
+            task.fields,
+        )
+    json_schema = getattr(task, "json_schema", None) is not None
+    out = M.format_metrics(
+        [v["format_valid"] for v in verdicts],
+        [v["failure"] for v in verdicts],
+        json_valid=[v["json_valid"] for v in verdicts] if json_schema else None,
+        schema_valid=[v["schema_valid"] for v in verdicts] if json_schema else None,
+        exact=[v["exact_match"] for v in verdicts],
+    )
+    return out
+
+
+# ---------------------------------------------------------------- records
+
+
+def record_evaluation(
+    run: Any, record: dict[str, Any], predictions: Sequence[dict[str, Any]]
+) -> tuple[Path, Path]:
+    """Write predictions-<split>.jsonl then metrics-<split>.json into the run folder (never
+    overwriting: a second evaluation of a run is a new `eval` run)."""
+    split = record["split"]
+    pred_path = write_jsonl_atomic(run.path(f"predictions-{split}.jsonl"), predictions)
+    metrics_path = write_json_atomic(
+        run.path(f"metrics-{split}.json"), {"run_id": run.id, **record}
+    )
+    return pred_path, metrics_path
+
+
+def _load_base_model(study: Any, labels: list[str] | None):
+    from tunelab.models import load_model, load_tokenizer, resolve_base
+
+    base = resolve_base(study)
+    tokenizer = load_tokenizer(base)
+    model = load_model(base, study.config, labels=labels)
+    return model, tokenizer, base
+
+
+def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
+    """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
+    of kind `baseline`. Returns (run, metrics record)."""
+
+    from tunelab.data import load_snapshot
+    from tunelab.env import capture_env
+
+    cfg: StudyConfig = study.config
+    hypothesis = require_hypothesis(study.root, cfg)
+    snapshot = load_snapshot(study)
+    labels = _task_labels_from(cfg, snapshot)
+    split = "validation"
+    examples = snapshot.rows(split)
+    run = study.create_run(
+        BASELINE_KIND,
+        name="baseline",
+        data_snapshot=snapshot.id,
+        hypothesis=hypothesis,
+        env=capture_env(),
+        extra={"split": split, "evaluation_spec_sha256": evaluation_spec_sha(cfg)},
+    )
+    try:
+        # load_model seeds a new classification head from training.seed: the head training
+        # starts from, so the baseline is the untrained starting point of every variant.
+        model, tokenizer, base = _load_base_model(study, labels)
+        record, predictions = evaluate_model(
+            model, tokenizer, base, study, examples, split, labels=labels, progress=progress
+        )
+        record["data_snapshot"] = snapshot.id
+        record["base_identity_sha256"] = (base.identity or {}).get("sha256")
+        record_evaluation(run, record, predictions)
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        run.set_status(status, f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    run.set_status("completed")
+    return run, {"run_id": run.id, **record}
+
+
+def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
+    if cfg.task.kind != "classification":
+        return None
+    return list(cfg.task.labels) if cfg.task.labels else list(snapshot.labels or [])
+
+
+def run_eval(
+    study: Any,
+    run_id: str,
+    *,
+    split: str = "validation",
+    final: bool = False,
+    why: str | None = None,
+    progress: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
+    itself on the test split), recorded as a run of kind `eval` whose parent is RUN.
+
+    The test split opens only with `final=True`, through `tunelab.data.open_test_split` (which
+    logs the opening); the record carries how many openings the study has had.
+    """
+
+    from tunelab.data import load_snapshot, open_test_split
+    from tunelab.env import capture_env
+
+    cfg: StudyConfig = study.config
+    hypothesis = require_hypothesis(study.root, cfg)
+    target = study.get_run(run_id)
+    row = target.row
+    if row.kind == EVAL_KIND:
+        raise RunError(
+            f"{row.id} is itself an evaluation (of {row.parent})",
+            hint=f"evaluate the run it evaluates: `tunelab eval {row.parent}`",
+        )
+    if row.status != "completed":
+        raise RunError(
+            f"run {row.id} is {row.status}" + (f" ({row.reason})" if row.reason else ""),
+            hint="only a completed run can be evaluated; `tunelab runs` lists them",
+        )
+    if split not in ("validation", "test"):
+        raise EvaluationError(
+            f"unknown split {split!r}", hint="use --split validation or --split test --final"
+        )
+    if split == "test" and not final:
+        raise EvaluationError(
+            "the test split is sealed",
+            hint="open it once, for the final decision: `tunelab eval RUN --split test --final`",
+        )
+    if split != "test" and final:
+        raise EvaluationError(
+            "--final is only for the test split", hint="add --split test, or drop --final"
+        )
+    snapshot = load_snapshot(study, row.data_snapshot)
+    labels = _task_labels_from(cfg, snapshot)
+    run = study.create_run(
+        EVAL_KIND,
+        name=f"eval-{split}",
+        parent=row.id,
+        why=why,
+        data_snapshot=snapshot.id,
+        hypothesis=hypothesis,
+        env=capture_env(),
+        extra={"evaluates": row.id, "split": split},
+    )
+    try:
+        openings = None
+        if split == "test":
+            examples = open_test_split(
+                study, snapshot, who="tunelab eval --final", why=why or "final", run_id=run.id
+            )
+            openings = len(study.ledger.test_openings())
+        else:
+            examples = snapshot.rows(split)
+        if row.kind == BASELINE_KIND:
+            model, tokenizer, base = _load_base_model(study, labels)
+        else:
+            from tunelab.train import load_run_model
+
+            model, tokenizer, base = load_run_model(study, target)
+        record, predictions = evaluate_model(
+            model, tokenizer, base, study, examples, split, labels=labels, progress=progress
+        )
+        record["evaluates"] = row.id
+        record["data_snapshot"] = snapshot.id
+        if openings is not None:
+            record["test_openings"] = openings
+            if openings > 1:
+                record["warning"] = (
+                    f"the sealed test split of this study has now been opened {openings} times; "
+                    "results on it are no longer an unbiased estimate"
+                )
+        record_evaluation(run, record, predictions)
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        run.set_status(status, f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    run.set_status("completed")
+    return run, {"run_id": run.id, **record}
+
+
+# ---------------------------------------------------------------- finding evaluations
+
+
+def find_evaluation(study: Any, run_id: str, split: str = "validation") -> dict[str, Any] | None:
+    """The evaluation of run `run_id` on `split`: the newest completed `eval` run of it, else
+    the run's own metrics (a baseline, or a run that evaluated itself). Returns {"eval_run",
+    "dir", "record"} or None."""
+    candidates = [
+        r
+        for r in study.ledger.list_runs(EVAL_KIND)
+        if r.parent == run_id and r.status == "completed"
+    ]
+    for r in sorted(candidates, key=lambda r: (r.created_at, r.id), reverse=True):
+        path = study.runs_dir / r.id / f"metrics-{split}.json"
+        if path.exists():
+            return {"eval_run": r.id, "dir": path.parent, "record": read_json(path)}
+    own = study.runs_dir / run_id / f"metrics-{split}.json"
+    if own.exists():
+        return {"eval_run": run_id, "dir": own.parent, "record": read_json(own)}
+    return None
+
+
+def load_predictions(evaluation: dict[str, Any]) -> list[dict[str, Any]]:
+    split = evaluation["record"]["split"]
+    path = Path(evaluation["dir"]) / f"predictions-{split}.jsonl"
+    if not path.exists():
+        raise EvaluationError(
+            f"{path}: predictions missing next to metrics-{split}.json",
+            hint="the evaluation record is incomplete; run `tunelab eval RUN` again",
+        )
+    return read_jsonl(path)
