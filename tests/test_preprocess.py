@@ -82,6 +82,10 @@ def test_causal_sequence_is_prompt_then_target_then_eos(tiny_tok):
     )
     assert any("pad token == EOS" in n for n in pre.notes)
     pre.check([enc])
+    # the prompt is tokenized as the template's own tokenization does it
+    messages = [{"role": "user", "content": "Extract the fields as a JSON object.\n\n" + MAIL}]
+    native = tiny_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert pre.prompt_ids(ex()) == list(native["input_ids"] if hasattr(native, "keys") else native)
 
 
 def test_prompt_ids_is_prefix_of_encode_for_every_setting(tiny_tok):

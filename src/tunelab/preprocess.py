@@ -227,6 +227,7 @@ class Preprocessor:
                     f"pad token == EOS ({self.eos_token!r}): labels are built from positions, so "
                     "the target's EOS keeps its loss; a collator must not mask labels by value"
                 )
+        self._special_texts = self._find_special_texts()
         self._target_reserve = self._classification_reserve()
         self.template_sha256 = sha256_json(self.recipe())
 
@@ -245,6 +246,17 @@ class Preprocessor:
             except TypeError:  # a tokenizer without split_special_tokens
                 pass
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _find_special_texts(self) -> list[str] | None:
+        """Strings of the special tokens, or None when the tokenizer gives no offsets."""
+        try:
+            self.tokenizer("x", add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, TypeError, ValueError):
+            return None
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        texts = {t.content for t in decoder.values() if getattr(t, "special", False)}
+        texts |= set(getattr(self.tokenizer, "all_special_tokens", []) or [])
+        return sorted(t for t in texts if t)
 
     def _special_wrapping(self) -> tuple[list[int], list[int]]:
         """Tokens the tokenizer puts around a text by itself (BOS, [CLS] ... [SEP])."""
@@ -407,10 +419,49 @@ class Preprocessor:
         return input_ids[: len(input_ids) - cut], cut
 
     def _prompt(self, input_text: str, reserve: int) -> tuple[list[int], int, int]:
-        """(prompt ids, input tokens before the cut, input tokens cut)."""
+        """(prompt ids, input tokens before the cut, input tokens cut).
+
+        The prompt is tokenized as one string, as the template's own tokenization would do it
+        (`apply_chat_template(..., tokenize=True)`), so the base model sees its native tokens.
+        An input holding special-token text is tokenized piecewise instead, with its special
+        tokens split, so that it cannot inject control tokens.
+        """
         input_ids = self._ids(input_text, user_text=True)
-        kept, cut = self._cut_input(input_ids, reserve)
-        return self.prefix_ids + kept + self.suffix_ids, len(input_ids), cut
+        room = max(self.cfg.max_seq_len - reserve, 0)
+        if not self._native_ok(input_text):
+            kept, cut = self._cut_input(input_ids, reserve)
+            return self.prefix_ids + kept + self.suffix_ids, len(input_ids), cut
+        ids = self._native(input_text)
+        if len(ids) <= room:
+            return ids, len(input_ids), 0
+        # Cut whole input tokens (by their character offsets), re-tokenize, repeat if the
+        # boundaries merged differently.
+        offsets = self.tokenizer(input_text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        n = len(input_ids)
+        cut = min(max(self._cut_input(input_ids, reserve)[1], 1), n)
+        while True:
+            if cut >= n:
+                kept_text = ""
+            elif self.cfg.truncation_side == "left":
+                kept_text = input_text[offsets[cut][0] :]
+            else:
+                kept_text = input_text[: offsets[n - cut - 1][1]]
+            ids = self._native(kept_text)
+            if len(ids) <= room or cut >= n:
+                return ids, n, cut
+            cut = min(cut + len(ids) - room, n)
+
+    def _native_ok(self, text: str) -> bool:
+        if self._special_texts is None:
+            return False
+        return not any(special in text for special in self._special_texts)
+
+    def _native(self, input_text: str) -> list[int]:
+        lead = self.lead_ids if self.cfg.template == "plain" else []
+        text = self.prefix_text + input_text + self.suffix_text
+        return lead + list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _encode_causal(self, example: dict[str, Any], input_text: str, target_text: str) -> dict:
         target_ids = self._ids(target_text, user_text=True) + [self.eos_id]
