@@ -294,3 +294,157 @@ def test_example_stats_extraction_reproduce_the_metrics():
         assert stat(ones)[0] == pytest.approx(m[name]), name
     for name, stat in per_field.items():
         assert stat(ones)[0].tolist() == pytest.approx([m["per_field"][f][name] for f in fields])
+
+
+# ---------------------------------------------------------------- the study edge and the CLI
+
+
+def _study(tmp_path):
+    import yaml
+
+    from helpers import FILLED_HYPOTHESIS
+    from tunelab import hypothesis as hyp
+    from tunelab.scaffold import render_study_yaml
+    from tunelab.study import Study
+
+    raw = yaml.safe_load(render_study_yaml("classification", "cmp"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["task"]["labels"] = ["a", "b"]
+    raw["evaluation"]["bootstrap_samples"] = 200
+    root = tmp_path / "study"
+    root.mkdir()
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    return study
+
+
+def _record(study, run, golds, preds, spec="spec-1"):
+    from tunelab.evaluate import record_evaluation
+
+    rows = _cls_rows(golds, preds)
+    record = {
+        "split": "validation",
+        "spec_sha256": spec,
+        "template_sha256": "t",
+        "hypothesis_version": 1,
+        "task_kind": "classification",
+        "labels": ["a", "b"],
+        "fields": None,
+        "n": len(rows),
+        "metrics": M.classification_metrics(golds, preds, ["a", "b"]),
+    }
+    record_evaluation(run, record, rows)
+
+
+GOLDS = ["a", "a", "b", "b"] * 10
+BASE_P = ["a", "b", "a", "b"] * 10  # 50 %
+GOOD_P = ["a", "a", "b", "b"] * 9 + ["a", "b", "a", "b"]  # 95 %
+
+
+def _populate(study):
+    from tunelab.study import Study
+
+    base = study.create_run("baseline", name="baseline", data_snapshot="snap1")
+    _record(study, base, GOLDS, BASE_P)
+    base.set_status("completed")
+    good = study.create_run(
+        "train",
+        name="r16",
+        data_snapshot="snap1",
+        why="more capacity",
+        config=Study.open(study.root, ["adaptation.rank=16"]).config,
+    )
+    good.set_status("completed")
+    ev = study.create_run("eval", parent=good.id, data_snapshot="snap1")
+    _record(study, ev, GOLDS, GOOD_P)
+    ev.set_status("completed")
+    messy = study.create_run(
+        "train",
+        parent=good.id,
+        data_snapshot="snap1",
+        config=Study.open(
+            study.root, ["adaptation.rank=16", "training.lr=1e-3", "training.seed=7"]
+        ).config,
+    )
+    _record(study, messy, GOLDS, BASE_P)  # a run that recorded its own evaluation
+    messy.set_status("completed")
+    failed = study.create_run("train", name="oom", data_snapshot="snap1")
+    failed.set_status("failed", "CUDA out of memory at step 3")
+    other = study.create_run("train", name="other-spec", data_snapshot="snap1")
+    _record(study, other, GOLDS, GOOD_P, spec="spec-2")
+    other.set_status("completed")
+    pending = study.create_run("train", name="pending", data_snapshot="snap1")
+    pending.set_status("completed")
+    return base, good, messy, failed, other, pending
+
+
+def test_compare_study_rows_and_record(tmp_path):
+    from tunelab.compare import compare_study, save_compare
+
+    study = _study(tmp_path)
+    base, good, messy, failed, other, pending = _populate(study)
+    record = compare_study(study)
+    by = {r["run_id"]: r for r in record["runs"]}
+    assert set(by) == {good.id, messy.id, failed.id, other.id, pending.id}
+    g = by[good.id]
+    assert g["compared"] and g["primary"]["metric"] == "macro_f1"
+    assert g["metrics"]["accuracy"]["delta"] == pytest.approx(0.45)
+    assert g["metrics"]["accuracy"]["ci_low"] > 0
+    assert g["flips"]["num_improved"] == 18 and g["flips"]["num_regressed"] == 0
+    assert g["config_diff"]["against"] == base.id
+    assert [c["path"] for c in g["config_diff"]["changes"]] == ["adaptation.rank"]
+    assert g["flags"] == [] and g["guardrails_pass"]
+    m = by[messy.id]
+    assert m["config_diff"]["against"] == good.id
+    assert m["config_diff"]["groups"] == ["optimizer and schedule"]
+    assert m["flags"] == ["seed changed (training.seed) without a --why"]
+    assert m["metrics"]["accuracy"]["delta"] == 0.0
+    assert not by[failed.id]["compared"]
+    assert "CUDA out of memory" in by[failed.id]["not_compared_reason"]
+    assert "evaluation spec differs" in by[other.id]["not_compared_reason"]
+    assert "tunelab eval" in by[pending.id]["not_compared_reason"]
+    path = save_compare(study, record)
+    assert path.parent == study.records / "compare" and path.name == f"{record['id']}.json"
+
+
+def test_compare_refuses_a_named_run_of_another_spec(tmp_path):
+    from tunelab.compare import compare_study
+    from tunelab.errors import EvaluationError
+
+    study = _study(tmp_path)
+    _, good, _, _, other, _ = _populate(study)
+    assert compare_study(study, [good.id])["runs"][0]["compared"]
+    with pytest.raises(EvaluationError, match="refusing to compare.*evaluation spec differs"):
+        compare_study(study, [other.id])
+
+
+def test_compare_without_baseline_says_what_to_run(tmp_path):
+    from tunelab.compare import compare_study
+    from tunelab.errors import EvaluationError
+
+    study = _study(tmp_path)
+    with pytest.raises(EvaluationError) as err:
+        compare_study(study)
+    assert "tunelab baseline" in err.value.hint
+
+
+def test_compare_cli_json_and_tables(tmp_path, capsys):
+    import json
+
+    from helpers import run_cli
+
+    study = _study(tmp_path)
+    _, good, *_ = _populate(study)
+    study.ledger.log_test_opening("a", "first", "snap1", None)
+    study.ledger.log_test_opening("b", "again", "snap1", None)
+    code, out, err = run_cli(capsys, "compare", "-s", study.root, "--json")
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["test_openings"] == 2 and "opened 2 times" in err
+    assert (study.records / "compare" / f"{rec['id']}.json").exists()
+    code, out, err = run_cli(capsys, "compare", good.id, "-s", study.root)
+    assert code == 0, err
+    assert "guardrails" in out and "adaptation.rank" in out and "McNemar" in out
+    code, out, err = run_cli(capsys, "compare", "nope", "-s", study.root)
+    assert code == 2 and "not found" in err

@@ -1,0 +1,152 @@
+"""compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunelab.cli.common import (
+    JsonOpt,
+    StudyDir,
+    app,
+    console,
+    console_err,
+    emit_json,
+    fmt,
+    open_study,
+    table,
+)
+
+
+def _delta(entry: dict[str, Any] | None) -> str:
+    if not entry or entry.get("delta") is None:
+        return "-"
+    text = f"{entry['delta']:+.4f}"
+    if entry.get("ci_low") is not None:
+        text += f" [{entry['ci_low']:+.4f}, {entry['ci_high']:+.4f}]"
+    return text
+
+
+def _print_run(run: dict[str, Any]) -> None:
+    title = f"{run['run_id']}" + (f" ({run['name']})" if run.get("name") else "")
+    rows = [
+        [
+            m,
+            fmt(v["baseline"]),
+            fmt(v["variant"]),
+            _delta(v),
+        ]
+        for m, v in run["metrics"].items()
+    ]
+    console.print(
+        table(
+            f"{title}: metrics vs baseline", ["metric", "baseline", "run", "delta [95% CI]"], rows
+        )
+    )
+    mc = run["mcnemar"]
+    console.print(
+        f"McNemar ({mc['method']}): {mc['c']} examples improved, {mc['b']} regressed, "
+        f"p = {mc['p_value']:.4g}"
+    )
+    for key, what in (("per_category", "category"), ("per_field", "field")):
+        if run.get(key):
+            cols = list(next(iter(run[key].values())).keys())
+            rows = [[item, *(_delta(v.get(c)) for c in cols)] for item, v in run[key].items()]
+            console.print(table(f"per {what} delta [95% CI]", [what, *cols], rows))
+    rules = [
+        [
+            g["rule"],
+            g["item"] or "",
+            fmt(g["value"]),
+            fmt(g["bound"]),
+            "[green]pass[/]" if g["pass"] else "[red]FAIL[/]",
+            g.get("note") or "",
+        ]
+        for g in run["guardrails"]
+    ]
+    console.print(table("guardrails", ["rule", "item", "value", "bound", "verdict", "note"], rules))
+    fl = run["flips"]
+    console.print(
+        f"flips: {fl['num_improved']} improved {fl['improved'][:8]}"
+        f"{' ...' if fl['num_improved'] > 8 else ''}; "
+        f"{fl['num_regressed']} regressed {fl['regressed'][:8]}"
+        f"{' ...' if fl['num_regressed'] > 8 else ''}"
+    )
+    diff = run["config_diff"]
+    changes = [[c["group"], c["path"], c["old"], c["new"]] for c in diff["changes"]]
+    console.print(
+        table(f"config diff against {diff['against']}", ["group", "path", "was", "now"], changes)
+    )
+    if run.get("why"):
+        console.print(f"why: {run['why']}")
+    for flag in run["flags"]:
+        console.print(f"[bold yellow]flag:[/] {flag}")
+    for note in run.get("notes") or []:
+        console.print(f"note: {note}")
+
+
+def print_compare(record: dict[str, Any]) -> None:
+    base = record["baseline"]
+    primary = record["primary_metric"]
+    console.print(
+        f"baseline {base['run_id']} on {record['split']} ({base['n']} examples), "
+        f"primary metric {primary} = {fmt(base['metrics'].get(primary))}"
+    )
+    summary = []
+    for run in record["runs"]:
+        if not run["compared"]:
+            summary.append(
+                [run["run_id"], run["status"], "-", "-", "-", run["not_compared_reason"]]
+            )
+            continue
+        p = run["primary"]
+        meets = p.get("meets_min_improvement")
+        summary.append(
+            [
+                run["run_id"],
+                run["status"],
+                _delta(p),
+                "yes" if meets else ("no" if meets is not None else "-"),
+                "[green]pass[/]" if run["guardrails_pass"] else "[red]FAIL[/]",
+                "; ".join(run["flags"]),
+            ]
+        )
+    console.print(
+        table(
+            f"runs vs baseline: {primary} (min improvement {record['min_improvement']:g})",
+            ["run", "status", "delta [95% CI]", "meets min", "guardrails", "flags / reason"],
+            summary,
+        )
+    )
+    for run in record["runs"]:
+        if run["compared"]:
+            _print_run(run)
+
+
+@app.command()
+def compare(
+    run_ids: Annotated[
+        list[str] | None, typer.Argument(help="Runs to compare (default: every training run).")
+    ] = None,
+    study: StudyDir = Path("."),
+    split: Annotated[str, typer.Option(help="validation or test.")] = "validation",
+    baseline: Annotated[
+        str | None, typer.Option(help="Baseline run (default: the latest completed one).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Runs against the baseline: deltas with paired 95% intervals, guardrails, flips, diffs."""
+    from tunelab.compare import compare_study, save_compare
+
+    s = open_study(study, None)
+    record = compare_study(s, run_ids or None, split=split, baseline=baseline)
+    path = save_compare(s, record)
+    for w in record["warnings"]:
+        console_err.print(f"[bold red on white] WARNING [/] [bold red]{w}[/]")
+    if json_out:
+        emit_json({"record": str(path), **record})
+        return
+    print_compare(record)
+    console.print(f"record: {path}")

@@ -1,0 +1,121 @@
+"""baseline, eval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunelab.cli.common import (
+    JsonOpt,
+    SetOpt,
+    StudyDir,
+    app,
+    console,
+    console_err,
+    emit_json,
+    fmt,
+    open_study,
+    table,
+)
+
+_ORDER = {
+    "classification": ("accuracy", "macro_f1", "weighted_f1", "macro_precision", "macro_recall"),
+    "format": ("format_valid_rate", "json_valid_rate", "schema_valid_rate", "exact_match"),
+    "extraction": (
+        "json_valid_rate",
+        "schema_valid_rate",
+        "field_presence_rate",
+        "field_exact_match",
+        "field_normalized_match",
+        "field_micro_f1",
+        "exact_match",
+        "all_fields_match_rate",
+    ),
+}
+
+
+def print_evaluation(record: dict[str, Any], title: str) -> None:
+    """The overall metrics, the per-category or per-field table and the confusion matrix."""
+    m = record["metrics"]
+    kind = record["task_kind"]
+    rows = [[k, fmt(m[k])] for k in _ORDER.get(kind, ()) if m.get(k) is not None]
+    rows += [
+        ["examples", record["n"]],
+        ["examples/s", fmt(record.get("examples_per_s"), 2)],
+        ["spec sha256", record["spec_sha256"][:12]],
+    ]
+    console.print(table(title, ["metric", "value"], rows))
+    if m.get("per_category"):
+        cats = [
+            [c, fmt(v["precision"]), fmt(v["recall"]), fmt(v["f1"]), v["support"]]
+            for c, v in m["per_category"].items()
+        ]
+        console.print(table("per category", ["category", "precision", "recall", "F1", "n"], cats))
+        conf = m["confusion"]
+        console.print(
+            table(
+                "confusion (rows: gold, columns: predicted)",
+                ["", *conf["predicted"]],
+                [[g, *r] for g, r in zip(conf["labels"], conf["matrix"], strict=True)],
+            )
+        )
+    if m.get("per_field"):
+        cols = ["presence_rate", "exact_match", "normalized_match", "precision", "recall", "f1"]
+        fields = [[f, *(fmt(v[c]) for c in cols)] for f, v in m["per_field"].items()]
+        console.print(table("per field", ["field", *cols], fields))
+    if m.get("failure_counts"):
+        console.print(
+            table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
+        )
+
+
+def _warn_test_openings(record: dict[str, Any]) -> None:
+    if record.get("warning"):
+        console_err.print(f"[bold red on white] WARNING [/] [bold red]{record['warning']}[/]")
+
+
+@app.command()
+def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Evaluate the untouched base model on the validation split (a run of kind baseline)."""
+    from tunelab.evaluate import run_baseline
+
+    s = open_study(study, sets)
+    run, record = run_baseline(s, progress=not json_out)
+    if json_out:
+        emit_json({"record": str(run.dir), **record})
+        return
+    print_evaluation(record, f"baseline {run.id} on {record['split']}")
+    console.print(f"record: {run.dir}")
+    console.print("next: `tunelab smoke`, `tunelab size`, then `tunelab train`")
+
+
+@app.command("eval")
+def eval_(
+    run_id: Annotated[str, typer.Argument(help="The run to evaluate (id, prefix or name).")],
+    study: StudyDir = Path("."),
+    split: Annotated[
+        str, typer.Option(help="validation, or test (sealed: needs --final).")
+    ] = "validation",
+    final: Annotated[
+        bool, typer.Option("--final", help="Open the sealed test split (logged).")
+    ] = False,
+    why: Annotated[str | None, typer.Option(help="Why the test split is opened.")] = None,
+    sets: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Evaluate a run with the baseline's procedure (a run of kind eval, parent RUN)."""
+    from tunelab.evaluate import run_eval
+
+    s = open_study(study, sets)
+    run, record = run_eval(s, run_id, split=split, final=final, why=why, progress=not json_out)
+    _warn_test_openings(record)
+    if json_out:
+        emit_json({"record": str(run.dir), **record})
+        return
+    print_evaluation(record, f"{record['evaluates']} on {record['split']} (record {run.id})")
+    if record.get("test_openings"):
+        console.print(f"test split openings in this study: {record['test_openings']}")
+    console.print(f"record: {run.dir}")
+    console.print("next: `tunelab compare`")
