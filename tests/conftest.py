@@ -75,3 +75,15 @@ def write_study(root: Path, text: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "study.yaml").write_text(text)
     return root
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted once from its GGUF into the tunelab cache.
+
+    The first use converts (20-50 s, 2 GB RAM); later ones find the cached folder. Slow tests only.
+    """
+    from tunelab.assets import smollm2_gguf
+    from tunelab.models import convert_gguf
+
+    return convert_gguf(*smollm2_gguf())

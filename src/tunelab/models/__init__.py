@@ -1,0 +1,71 @@
+"""Base model identity and loading; full / LoRA / freeze adaptation; audit; update check.
+
+- `resolve_base(study) -> BaseModel` (GGUF converted once into a cache, see `models.gguf`)
+- `load_tokenizer(base)`, `load_model(base, cfg, labels)`
+- `adapt(model, cfg.adaptation, architecture) -> (model, audit)`, `audit_table(audit)`
+- `capture_params(model)`, `check_update(before, model, step, method) -> violations`
+- `save_trainable` / `load_trainable` (checkpoints), `compare_fresh_reload` (a new process
+  reloads a saved model and must give the same outputs)
+"""
+
+from tunelab.models.adapt import (
+    adapt,
+    enable_activation_checkpointing,
+    head_module_names,
+    linear_module_names,
+)
+from tunelab.models.audit import audit_table, param_group, parameter_audit, strip_wrappers
+from tunelab.models.gguf import cache_root, convert_gguf
+from tunelab.models.identity import (
+    detect_architecture,
+    hash_file,
+    model_identity,
+    verify_identity,
+)
+from tunelab.models.loading import (
+    BaseModel,
+    load_model,
+    load_tokenizer,
+    resolve_base,
+    resolve_model,
+)
+from tunelab.models.persist import (
+    load_trainable,
+    method_of,
+    save_trainable,
+    saved_method,
+    trainable_dirname,
+)
+from tunelab.models.reload import compare_fresh_reload
+from tunelab.models.update import ParamSnapshot, capture_params, check_update
+
+__all__ = [
+    "BaseModel",
+    "ParamSnapshot",
+    "adapt",
+    "audit_table",
+    "cache_root",
+    "capture_params",
+    "check_update",
+    "compare_fresh_reload",
+    "convert_gguf",
+    "detect_architecture",
+    "enable_activation_checkpointing",
+    "hash_file",
+    "head_module_names",
+    "linear_module_names",
+    "load_model",
+    "load_tokenizer",
+    "load_trainable",
+    "method_of",
+    "model_identity",
+    "param_group",
+    "parameter_audit",
+    "resolve_base",
+    "resolve_model",
+    "save_trainable",
+    "saved_method",
+    "strip_wrappers",
+    "trainable_dirname",
+    "verify_identity",
+]

@@ -1,0 +1,177 @@
+"""The parameter audit: what trains, what stays frozen, how many bytes, what a checkpoint saves.
+
+`parameter_audit` is pure bookkeeping over `model.named_parameters()`; `audit_table` renders it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+PEFT_PREFIX = "base_model.model."
+HEAD_NAMES = {"classifier", "score", "lm_head", "pre_classifier", "qa_outputs", "cls", "head"}
+GROUP_ORDER = [
+    "embeddings",
+    "attention",
+    "mlp",
+    "norm",
+    "pooler",
+    "head",
+    "other",
+    "lora_A",
+    "lora_B",
+    "lora_other",
+]
+
+
+def strip_wrappers(name: str) -> str:
+    """A parameter name as in the plain transformers model (no peft or DDP prefixes/copies)."""
+    if name.startswith("module."):
+        name = name[len("module.") :]
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX) :]
+    return name.replace(".modules_to_save.default.", ".").replace(".original_module.", ".")
+
+
+def param_group(name: str) -> str:
+    """The module group of a parameter: embeddings, attention, mlp, norm, pooler, head, lora_*."""
+    if ".lora_A." in name or ".lora_embedding_A." in name:
+        return "lora_A"
+    if ".lora_B." in name or ".lora_embedding_B." in name:
+        return "lora_B"
+    if ".lora_" in name:
+        return "lora_other"
+    parts = strip_wrappers(name).lower().split(".")[:-1]
+    if parts and parts[0] in HEAD_NAMES:
+        return "head"
+    if any("norm" in p or p.startswith("ln_") for p in parts):
+        return "norm"
+    if any("embed" in p or p in ("wte", "wpe") for p in parts):
+        return "embeddings"
+    if "pooler" in parts:
+        return "pooler"
+    attention = {"attention", "self_attn", "attn", "self", "q_proj", "k_proj", "v_proj", "o_proj"}
+    if any(p in attention or "attn" in p for p in parts):
+        return "attention"
+    mlp = {"mlp", "intermediate", "ffn", "feed_forward", "output", "gate_proj", "up_proj"}
+    if any(p in mlp or p in ("down_proj", "fc1", "fc2", "c_fc") for p in parts):
+        return "mlp"
+    return "other"
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parameter_audit(
+    model: Any,
+    *,
+    method: str,
+    adapted_modules: list[str],
+    modules_to_save: list[str],
+    saves: str,
+    extra: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Counts per module group, totals, bytes by dtype and what will be saved."""
+    groups: dict[str, dict[str, int]] = {}
+    by_dtype: dict[str, dict[str, int]] = {}
+    trainable = frozen = 0
+    trainable_tensors = 0
+    for name, p in model.named_parameters():
+        n = p.numel()
+        g = groups.setdefault(
+            param_group(name), {"trainable": 0, "frozen": 0, "tensors_trainable": 0}
+        )
+        d = by_dtype.setdefault(_dtype_name(p.dtype), {"trainable": 0, "frozen": 0})
+        kind = "trainable" if p.requires_grad else "frozen"
+        g[kind] += n
+        d[kind] += n * p.element_size()
+        if p.requires_grad:
+            trainable += n
+            trainable_tensors += 1
+            g["tensors_trainable"] += 1
+        else:
+            frozen += n
+    total = trainable + frozen
+    if saves == "model":
+        saved_params = total
+    else:
+        saved_params = trainable
+    audit: dict[str, Any] = {
+        "method": method,
+        "groups": {k: groups[k] for k in GROUP_ORDER if k in groups},
+        "totals": {
+            "trainable": trainable,
+            "frozen": frozen,
+            "all": total,
+            "trainable_share": trainable / total if total else 0.0,
+            "trainable_tensors": trainable_tensors,
+        },
+        "bytes_by_dtype": by_dtype,
+        "adapted_modules": list(adapted_modules),
+        "adapted_summary": summarize_modules(adapted_modules),
+        "modules_to_save": list(modules_to_save),
+        "saves": saves,
+        "saved_params": saved_params,
+    }
+    audit.update(extra or {})
+    audit["notes"] = list(notes or [])
+    return audit
+
+
+def summarize_modules(names: list[str]) -> str:
+    """'q_proj x30, v_proj x30' for a list of module names (layer indices folded)."""
+    if not names:
+        return "none"
+    counts = Counter(re.sub(r"\.\d+\.", ".*.", n).split(".")[-1] for n in names)
+    return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(counts.items()))
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+def _fmt_bytes(b: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if b < 1024 or unit == "GB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} GB"
+
+
+def audit_table(audit: dict[str, Any]):
+    """A rich Table of the audit: one row per module group, a total row, and a caption."""
+    from rich.table import Table
+
+    t = audit["totals"]
+    table = Table(title=f"Parameters ({audit['method']})")
+    table.add_column("group")
+    table.add_column("trainable", justify="right")
+    table.add_column("frozen", justify="right")
+    table.add_column("trainable tensors", justify="right")
+    for name, g in audit["groups"].items():
+        table.add_row(name, _fmt(g["trainable"]), _fmt(g["frozen"]), str(g["tensors_trainable"]))
+    table.add_section()
+    table.add_row(
+        f"total ({100 * t['trainable_share']:.2f}% trainable)",
+        _fmt(t["trainable"]),
+        _fmt(t["frozen"]),
+        str(t["trainable_tensors"]),
+        style="bold",
+    )
+    dtypes = "; ".join(
+        f"{k}: {_fmt_bytes(v['trainable'])} trainable, {_fmt_bytes(v['frozen'])} frozen"
+        for k, v in audit["bytes_by_dtype"].items()
+    )
+    lines = [
+        f"adapted: {audit['adapted_summary']}",
+        f"saved in full: {', '.join(audit['modules_to_save']) or 'none'}",
+        f"checkpoint holds: {audit['saves']} ({_fmt(audit['saved_params'])} parameters)",
+        f"bytes: {dtypes}",
+    ]
+    lines += [f"note: {n}" for n in audit.get("notes", [])]
+    table.caption = "\n".join(lines)
+    table.caption_justify = "left"
+    return table

@@ -1,0 +1,159 @@
+"""Resolve the study's base model (folder or converted GGUF) and load its tokenizer and model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunelab.errors import ModelError
+from tunelab.models._quiet import quiet_transformers
+from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
+from tunelab.models.identity import detect_architecture, model_identity, read_model_config
+
+if TYPE_CHECKING:
+    from tunelab.config import ModelConfig, StudyConfig
+    from tunelab.study import Study
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class BaseModel:
+    """A resolved base model: a transformers folder, its architecture and its identity."""
+
+    path: Path
+    architecture: str  # "encoder" | "causal_lm"
+    identity: dict[str, Any]
+    trust_remote_code: bool = False
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def resolve_base(study: Study) -> BaseModel:
+    """The study's base model; a GGUF file is converted once into the cache (see models.gguf)."""
+    return resolve_model(study.config.model, root=study.root)
+
+
+def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel:
+    """`resolve_base` for a bare `model:` config section; relative paths are under `root`."""
+    path = Path(model_cfg.path).expanduser()
+    if not path.is_absolute() and root is not None:
+        path = Path(root) / path
+    if not path.exists():
+        raise ModelError(
+            f"model.path {model_cfg.path!r}: {path} does not exist",
+            hint="set model.path to a local transformers folder (no hub downloads here)",
+        )
+    source = None
+    if model_cfg.gguf_file:
+        gguf = path / model_cfg.gguf_file
+        path = convert_gguf(path, model_cfg.gguf_file)
+        import json
+
+        conversion = json.loads((path / CONVERSION_FILE).read_text())
+        source = {
+            "gguf_file": str(gguf),
+            "gguf_sha256": conversion["gguf_sha256"],
+            "converted_by": {k: conversion[k] for k in ("transformers", "torch")},
+        }
+    elif path.is_file():
+        raise ModelError(
+            f"model.path {model_cfg.path!r} is a file",
+            hint="for a GGUF file set model.path to its folder and model.gguf_file to its name",
+        )
+    config = read_model_config(path)
+    if config.get("auto_map") and not model_cfg.trust_remote_code:
+        raise ModelError(
+            f"{path}/config.json asks for custom code (auto_map) and trust_remote_code is off",
+            hint="read the model's code first; then set model.trust_remote_code: true",
+        )
+    architecture = model_cfg.architecture
+    if architecture == "auto":
+        architecture = detect_architecture(config)
+    identity = model_identity(
+        path,
+        name=model_cfg.name
+        or (Path(model_cfg.path).name if not model_cfg.gguf_file else None)
+        or Path(model_cfg.gguf_file or path.name).stem,
+        revision=model_cfg.revision,
+        trust_remote_code=model_cfg.trust_remote_code,
+        source=source,
+    )
+    identity["architecture"] = architecture
+    return BaseModel(
+        path=path,
+        architecture=architecture,
+        identity=identity,
+        trust_remote_code=model_cfg.trust_remote_code,
+        config=config,
+    )
+
+
+def load_tokenizer(base: BaseModel):
+    """The base's tokenizer; a causal LM without a pad token gets pad = eos."""
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(base.path, trust_remote_code=base.trust_remote_code)
+    except Exception as exc:
+        raise ModelError(
+            f"cannot load the tokenizer from {base.path}: {type(exc).__name__}: {exc}",
+            hint="the folder needs tokenizer.json (or vocab files) and tokenizer_config.json",
+        ) from None
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):
+    """The base model in `cfg.model.dtype`.
+
+    encoder: AutoModelForSequenceClassification with a head for `labels`, initialized from
+    `cfg.training.seed` so that runs are reproducible; causal_lm: AutoModelForCausalLM.
+    The names of newly initialized tensors are kept in `model.tunelab_new_params`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    dtype = getattr(torch, DTYPES[cfg.model.dtype])
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "trust_remote_code": base.trust_remote_code,
+        "output_loading_info": True,
+    }
+    if base.architecture == "encoder":
+        if not labels:
+            raise ModelError(
+                "an encoder needs the label set to build its classification head",
+                hint="set task.labels or build a data snapshot first (`tunelab data`)",
+            )
+        auto = AutoModelForSequenceClassification
+        kwargs.update(
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)},
+        )
+    else:
+        auto = AutoModelForCausalLM
+    torch.manual_seed(cfg.training.seed)  # the new head's initialization
+    try:
+        with quiet_transformers():
+            model, info = auto.from_pretrained(base.path, **kwargs)
+    except Exception as exc:
+        raise ModelError(
+            f"cannot load {base.architecture} model from {base.path}: {type(exc).__name__}: {exc}",
+            hint="check model.architecture and that the folder is a complete transformers model",
+        ) from None
+    if info.get("mismatched_keys"):
+        raise ModelError(
+            f"{base.path}: tensors with unexpected shapes: {sorted(info['mismatched_keys'])[:5]}",
+            hint="the weights do not match config.json; re-export the model folder",
+        )
+    model.tunelab_new_params = sorted(info.get("missing_keys") or [])
+    if base.architecture == "causal_lm" and model.tunelab_new_params:
+        raise ModelError(
+            f"{base.path}: tensors missing from the checkpoint: {model.tunelab_new_params[:5]}",
+            hint="a causal LM must load completely; check the weight files",
+        )
+    return model

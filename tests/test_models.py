@@ -1,0 +1,513 @@
+"""Base model identity, GGUF conversion, loading, full / LoRA / freeze adaptation, audit, update check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunelab.config import AdaptationConfig, ModelConfig, validate_config
+from tunelab.errors import CheckpointError, ModelError
+from tunelab.models import (
+    adapt,
+    audit_table,
+    capture_params,
+    check_update,
+    compare_fresh_reload,
+    detect_architecture,
+    enable_activation_checkpointing,
+    load_model,
+    load_tokenizer,
+    load_trainable,
+    model_identity,
+    param_group,
+    resolve_base,
+    resolve_model,
+    save_trainable,
+    saved_method,
+    verify_identity,
+)
+
+LABELS = ["business", "sport", "tech"]
+
+
+def make_cfg(model_path: Path, **adaptation):
+    raw = {
+        "name": "t",
+        "hypothesis": {
+            "behaviour": "b",
+            "rationale": "r",
+            "expected_effect": "e",
+            "primary_metric": "macro_f1",
+        },
+        "guardrails": [],
+        "data": {"source": {"format": "jsonl", "path": "d.jsonl"}},
+        "model": {"path": str(model_path)},
+        "adaptation": adaptation or {"method": "full"},
+    }
+    return validate_config(raw)
+
+
+def loaded(path: Path, **adaptation):
+    cfg = make_cfg(path, **adaptation)
+    base = resolve_model(cfg.model)
+    labels = LABELS if base.architecture == "encoder" else None
+    model = load_model(base, cfg, labels)
+    model, audit = adapt(model, cfg.adaptation, base.architecture)
+    return cfg, base, model, audit
+
+
+def batch_for(base, n: int = 4, seq: int = 12, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    vocab = base.config["vocab_size"]
+    ids = torch.randint(5, vocab, (n, seq), generator=g)
+    if base.architecture == "encoder":
+        return {"input_ids": ids, "labels": torch.arange(n) % len(LABELS)}
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def train_steps(model, base, num_steps: int, before=None, method=None, lr=1e-2):
+    """AdamW over the parameters with requires_grad; returns violations per step."""
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0
+    )
+    before = before if before is not None else capture_params(model)
+    results = []
+    model.train()
+    for step in range(1, num_steps + 1):
+        loss = model(**batch_for(base, seed=step)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        results.append(check_update(before, model, step, method or model.tunelab_method))
+    return results
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- identity
+
+
+def test_identity_hashes_weights_tokenizer_and_config(tiny_llama_dir, tmp_path):
+    folder = shutil.copytree(tiny_llama_dir, tmp_path / "m")
+    ident = model_identity(folder, name="tiny", revision="abc")
+    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"} <= set(
+        ident["files"]
+    )
+    assert all(len(h) == 64 for h in ident["files"].values())
+    assert ident["name"] == "tiny" and ident["revision"] == "abc"
+    assert ident["trust_remote_code"] is False
+
+    moved = shutil.copytree(folder, tmp_path / "elsewhere")
+    assert model_identity(moved)["sha256"] == ident["sha256"], "location is not identity"
+    verify_identity(ident, moved)
+
+    tok = moved / "tokenizer.json"
+    tok.write_text(tok.read_text().replace("im_end", "im_fin", 1))
+    (moved / "extra.safetensors").write_bytes(b"0")
+    with pytest.raises(ModelError) as err:
+        verify_identity(ident, moved)
+    assert "tokenizer.json" in str(err.value) and "extra.safetensors" in str(err.value)
+    assert model_identity(moved)["sha256"] != ident["sha256"]
+
+    (folder / "config.json").unlink()
+    with pytest.raises(ModelError, match="config.json: missing"):
+        verify_identity(ident, folder)
+
+
+def test_trust_remote_code_recorded_and_required(tiny_llama_dir, tmp_path):
+    folder = shutil.copytree(tiny_llama_dir, tmp_path / "m")
+    on = model_identity(folder, trust_remote_code=True)
+    assert on["trust_remote_code"] and on["sha256"] != model_identity(folder)["sha256"]
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="trust_remote_code"):
+        resolve_model(ModelConfig(path=str(folder)))
+    base = resolve_model(ModelConfig(path=str(folder), trust_remote_code=True))
+    assert base.identity["trust_remote_code"] is True
+
+
+def test_detect_architecture():
+    assert detect_architecture({"architectures": ["BertModel"], "model_type": "bert"}) == "encoder"
+    assert detect_architecture({"model_type": "distilbert"}) == "encoder"
+    assert detect_architecture({"architectures": ["LlamaForCausalLM"]}) == "causal_lm"
+    assert detect_architecture({"architectures": ["GPT2LMHeadModel"]}) == "causal_lm"
+    with pytest.raises(ModelError, match="model.architecture"):
+        detect_architecture({"model_type": "whisper"})
+
+
+def test_resolve_errors(tmp_path, tiny_bert_dir):
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(ModelConfig(path=str(tmp_path / "nope")))
+    (tmp_path / "w.gguf").write_bytes(b"x")
+    with pytest.raises(ModelError, match="is a file"):
+        resolve_model(ModelConfig(path=str(tmp_path / "w.gguf")))
+    with pytest.raises(ModelError, match="not found"):
+        resolve_model(ModelConfig(path=str(tmp_path), gguf_file="missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no weight file"):
+        (tmp_path / "empty" / "config.json").write_text('{"model_type": "bert"}')
+        resolve_model(ModelConfig(path=str(tmp_path / "empty")))
+    base = resolve_model(ModelConfig(path=str(tiny_bert_dir)))
+    with pytest.raises(ModelError, match="label set"):
+        load_model(base, make_cfg(tiny_bert_dir), None)
+
+
+def test_resolve_base_from_study(tmp_path, tiny_bert_dir):
+    from tunelab.study import Study
+
+    cfg = make_cfg(tiny_bert_dir).to_dict()
+    shutil.copytree(tiny_bert_dir, tmp_path / "study" / "base")
+    cfg["model"] = {"path": "base", "name": "tiny-bert", "revision": "r1"}
+    import yaml
+
+    (tmp_path / "study" / "study.yaml").write_text(yaml.safe_dump(cfg))
+    base = resolve_base(Study.open(tmp_path / "study"))
+    assert base.path == (tmp_path / "study" / "base").resolve()
+    assert base.architecture == "encoder"
+    assert base.identity["name"] == "tiny-bert" and base.identity["revision"] == "r1"
+    assert base.identity["architecture"] == "encoder"
+    tok = load_tokenizer(base)
+    assert tok.pad_token == "[PAD]"
+
+
+# ---------------------------------------------------------------- adaptation and audit
+
+
+def test_param_groups():
+    assert param_group("bert.embeddings.word_embeddings.weight") == "embeddings"
+    assert param_group("bert.encoder.layer.0.attention.self.query.weight") == "attention"
+    assert param_group("bert.encoder.layer.0.attention.output.LayerNorm.weight") == "norm"
+    assert param_group("bert.encoder.layer.0.output.dense.weight") == "mlp"
+    assert param_group("model.layers.3.mlp.down_proj.weight") == "mlp"
+    assert param_group("model.norm.weight") == "norm"
+    assert param_group("base_model.model.classifier.modules_to_save.default.bias") == "head"
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert param_group(name) == "lora_A"
+
+
+def test_full_counts_everything(tiny_bert_dir):
+    _, _, model, audit = loaded(tiny_bert_dir, method="full")
+    total = param_count(model)
+    assert audit["totals"]["trainable"] == total and audit["totals"]["frozen"] == 0
+    assert audit["saves"] == "model" and audit["saved_params"] == total
+    assert sum(g["trainable"] for g in audit["groups"].values()) == total
+    assert audit["groups"]["head"]["trainable"] == 32 * 3 + 3
+    assert audit["bytes_by_dtype"]["float32"]["trainable"] == 4 * total
+    assert audit["newly_initialized"] == ["classifier.bias", "classifier.weight"]
+
+
+def test_lora_encoder_adds_head_and_counts(tiny_bert_dir):
+    _, _, model, audit = loaded(
+        tiny_bert_dir, method="lora", target_modules=["query", "value"], rank=4
+    )
+    # 2 layers x (query, value) x r (in + out) = 2 * 2 * 4 * (32 + 32)
+    assert audit["groups"]["lora_A"]["trainable"] + audit["groups"]["lora_B"]["trainable"] == 1024
+    assert audit["groups"]["head"] == {"trainable": 99, "frozen": 99, "tensors_trainable": 2}
+    assert audit["totals"]["trainable"] == 1024 + 99
+    assert audit["modules_to_save"] == ["classifier"]
+    assert audit["modules_to_save_added"] == ["classifier"]
+    assert any("classifier" in n for n in audit["notes"])
+    assert audit["adapted_modules"] == [
+        f"bert.encoder.layer.{i}.attention.self.{m}" for i in (0, 1) for m in ("query", "value")
+    ]
+    assert audit["adapted_summary"] == "query x2, value x2"
+    assert audit["saves"] == "adapter" and audit["saved_params"] == 1123
+    assert audit["groups"]["embeddings"]["trainable"] == 0
+
+
+def test_lora_all_linear_causal_excludes_lm_head(tiny_llama_dir):
+    _, _, model, audit = loaded(tiny_llama_dir, method="lora", target_modules="all-linear")
+    assert len(audit["adapted_modules"]) == 2 * 7
+    assert not any("lm_head" in n for n in audit["adapted_modules"])
+    assert audit["modules_to_save"] == [] and audit["notes"] == []
+
+
+def test_lora_unknown_target_lists_available(tiny_llama_dir):
+    cfg = make_cfg(tiny_llama_dir, method="lora", target_modules=["q_proj", "query"])
+    base = resolve_model(cfg.model)
+    model = load_model(base, cfg)
+    with pytest.raises(ModelError, match=r"\['query'\]") as err:
+        adapt(model, cfg.adaptation, base.architecture)
+    assert "q_proj" in err.value.hint and "gate_proj" in err.value.hint
+    bad_save = AdaptationConfig(method="lora", modules_to_save=["classifyer"])
+    with pytest.raises(ModelError, match="classifyer"):
+        adapt(load_model(base, cfg), bad_save, base.architecture)
+
+
+def test_freeze_trains_only_named(tiny_bert_dir):
+    _, _, model, audit = loaded(
+        tiny_bert_dir, method="freeze", trainable=["layer.1.", "classifier"]
+    )
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("layer.1." in n or "classifier" in n for n in trainable)
+    assert audit["totals"]["trainable"] == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
+    assert audit["saves"] == "trainable" and audit["notes"] == []
+    assert "classifier" in audit["adapted_modules"]
+
+    _, _, _, audit2 = loaded(tiny_bert_dir, method="freeze", trainable=["layer.1."])
+    assert any("random" in n for n in audit2["notes"]), "a frozen new head is flagged"
+
+    cfg = make_cfg(tiny_bert_dir, method="freeze", trainable=["decoder"])
+    base = resolve_model(cfg.model)
+    with pytest.raises(ModelError, match="decoder"):
+        adapt(load_model(base, cfg, LABELS), cfg.adaptation, base.architecture)
+
+
+def test_audit_table_renders(tiny_bert_dir):
+    from rich.console import Console
+
+    _, _, _, audit = loaded(tiny_bert_dir, method="lora", target_modules=["query"])
+    console = Console(width=120, record=True)
+    console.print(audit_table(audit))
+    text = console.export_text()
+    for fragment in ("lora_A", "head", "total", "adapter", "query x2", "classifier"):
+        assert fragment in text, fragment
+    json.dumps(audit)  # the audit goes into run records as JSON
+
+
+def test_head_init_is_seeded(tiny_bert_dir):
+    cfg = make_cfg(tiny_bert_dir)
+    base = resolve_model(cfg.model)
+    a, b = load_model(base, cfg, LABELS), load_model(base, cfg, LABELS)
+    assert torch.equal(a.classifier.weight, b.classifier.weight)
+    assert a.config.id2label == dict(enumerate(LABELS))
+
+
+# ---------------------------------------------------------------- update check
+
+
+@pytest.mark.parametrize(
+    ("path_fixture", "adaptation"),
+    [
+        ("tiny_bert_dir", {"method": "full"}),
+        ("tiny_bert_dir", {"method": "lora", "target_modules": ["query", "value"]}),
+        ("tiny_llama_dir", {"method": "lora", "target_modules": "all-linear"}),
+        ("tiny_llama_dir", {"method": "freeze", "trainable": ["layers.1.", "norm"]}),
+    ],
+)
+def test_update_check_passes_on_correct_training(request, path_fixture, adaptation):
+    _, base, model, _ = loaded(request.getfixturevalue(path_fixture), **adaptation)
+    assert train_steps(model, base, 2) == [[], []]
+
+
+def test_lora_a_may_not_move_before_step_two(tiny_llama_dir):
+    _, base, model, _ = loaded(tiny_llama_dir, method="lora", target_modules=["q_proj"])
+    before = capture_params(model)
+    train_steps(model, base, 1, before=before)
+    a_names = [n for n in before.trainable if ".lora_A." in n]
+    params = dict(model.named_parameters())
+    assert a_names and all(torch.equal(before[n], params[n]) for n in a_names), "A waits a step"
+    # The same state judged as step 2 (or as full fine-tuning) is a violation.
+    late = check_update(before, model, 2, "lora")
+    assert sorted(v.split(":")[0] for v in late) == sorted(a_names)
+
+
+def test_update_check_catches_module_frozen_by_mistake(tiny_llama_dir):
+    _, base, model, _ = loaded(tiny_llama_dir, method="lora", target_modules=["q_proj", "v_proj"])
+    mistaken = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight"
+    dict(model.named_parameters())[mistaken].requires_grad_(False)  # before the optimizer
+    step1, step2 = train_steps(model, base, 2)
+    assert step1 == [f"{mistaken}: meant to train but requires_grad is False"]
+    partner = mistaken.replace("lora_B", "lora_A")
+    assert f"{partner}: trainable but unchanged after 2 step(s)" in step2
+
+
+def test_update_check_without_adapt_record_still_catches(tiny_llama_dir):
+    # A model never passed through adapt: the trainable set comes from requires_grad, and the
+    # LoRA A whose B was frozen never moves.
+    _, base, model, _ = loaded(tiny_llama_dir, method="lora", target_modules=["q_proj"])
+    del model.tunelab_expected_trainable
+    mistaken = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    dict(model.named_parameters())[mistaken].requires_grad_(False)
+    _, step2 = train_steps(model, base, 2, method="lora")
+    assert step2 == [
+        f"{mistaken.replace('lora_B', 'lora_A')}: trainable but unchanged after 2 step(s)"
+    ]
+
+
+@pytest.mark.parametrize("full_copy_limit_bytes", [1 << 30, 0])
+def test_update_check_catches_mutated_frozen_tensor(tiny_bert_dir, full_copy_limit_bytes):
+    _, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query"])
+    before = capture_params(model, full_copy_limit_bytes=full_copy_limit_bytes)
+    assert bool(before.fingerprinted) == (full_copy_limit_bytes == 0)
+    train_steps(model, base, 1, before=before)
+    frozen = "base_model.model.bert.encoder.layer.1.output.dense.weight"
+    with torch.no_grad():
+        dict(model.named_parameters())[frozen][3, 5] += 1e-3
+    assert check_update(before, model, 1, "lora") == [
+        f"{frozen}: frozen but changed after 1 step(s)"
+    ]
+
+
+def test_update_check_catches_parameter_left_out_of_optimizer(tiny_bert_dir):
+    _, base, model, _ = loaded(tiny_bert_dir, method="full")
+    before = capture_params(model)
+    params = dict(model.named_parameters())
+    left_out = "bert.encoder.layer.0.intermediate.dense.bias"
+    opt = torch.optim.AdamW([p for n, p in params.items() if n != left_out], lr=1e-2)
+    model(**batch_for(base)).loss.backward()
+    opt.step()
+    assert check_update(before, model, 1, "full") == [
+        f"{left_out}: trainable but unchanged after 1 step(s)"
+    ]
+
+
+# ---------------------------------------------------------------- checkpointing helpers
+
+
+@pytest.mark.parametrize(
+    ("path_fixture", "adaptation", "files"),
+    [
+        ("tiny_bert_dir", {"method": "lora", "target_modules": ["query"]}, "adapter_model"),
+        ("tiny_llama_dir", {"method": "full"}, "model.safetensors"),
+        ("tiny_llama_dir", {"method": "freeze", "trainable": ["layers.0.mlp"]}, "trainable"),
+    ],
+)
+def test_save_and_load_trainable_round_trip(request, tmp_path, path_fixture, adaptation, files):
+    cfg, base, model, _ = loaded(request.getfixturevalue(path_fixture), **adaptation)
+    train_steps(model, base, 2)
+    out = save_trainable(model, tmp_path / "ckpt", adaptation["method"])
+    assert any(p.name.startswith(files) for p in out.iterdir())
+    assert saved_method(out) == adaptation["method"]
+    labels = LABELS if base.architecture == "encoder" else None
+    fresh = load_trainable(load_model(base, cfg, labels), out)
+    batch = batch_for(base, seed=9)
+    batch.pop("labels")
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, fresh(**batch).logits)
+    # Resume path: load into a freshly adapted model.
+    _, _, again, _ = loaded(request.getfixturevalue(path_fixture), **adaptation)
+    again = load_trainable(again, out)
+    again.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, again(**batch).logits)
+    if adaptation["method"] == "full":
+        n_saved = len(list(out.glob("*.safetensors")))
+        assert n_saved == 1
+
+
+def test_load_trainable_refuses_other_model(tiny_llama_dir, tiny_bert_dir, tmp_path):
+    _, _, model, _ = loaded(tiny_llama_dir, method="freeze", trainable=["layers.0.mlp"])
+    out = save_trainable(model, tmp_path / "ckpt")
+    cfg = make_cfg(tiny_bert_dir)
+    bert = load_model(resolve_model(cfg.model), cfg, LABELS)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        load_trainable(bert, out)
+    with pytest.raises(CheckpointError):
+        load_trainable(bert, tmp_path)
+
+
+def test_fresh_process_reload_matches(tiny_bert_dir, tmp_path):
+    cfg, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query", "value"])
+    train_steps(model, base, 2)
+    out = save_trainable(model, tmp_path / "adapter")
+    batch = {"input_ids": batch_for(base)["input_ids"]}
+    result = compare_fresh_reload(model, cfg, base, out, "lora", batch, labels=LABELS)
+    assert result["ok"] and result["max_abs_diff"] <= 1e-5, result
+
+
+@pytest.mark.slow
+def test_fresh_process_reload_sees_a_damaged_adapter(tiny_bert_dir, tmp_path):
+    cfg, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query", "value"])
+    train_steps(model, base, 2)
+    out = save_trainable(model, tmp_path / "adapter")
+    batch = {"input_ids": batch_for(base)["input_ids"]}
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    key = next(k for k in tensors if "classifier" in k and k.endswith("weight"))
+    tensors[key] = tensors[key] + 0.5
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    bad = compare_fresh_reload(model, cfg, base, out, "lora", batch, labels=LABELS)
+    assert not bad["ok"] and bad["max_abs_diff"] > 1e-3
+
+
+def test_activation_checkpointing_keeps_adapter_grads(tiny_llama_dir):
+    _, base, model, _ = loaded(tiny_llama_dir, method="lora", target_modules=["q_proj", "v_proj"])
+    enable_activation_checkpointing(model)
+    inner = model.get_base_model()
+    assert inner.is_activation_checkpointing and inner.config.use_cache is False
+    model.train()
+    with torch.no_grad():  # give B a value so that A gets a gradient too
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.02)
+    model(**batch_for(base)).loss.backward()
+    lora = {n: p for n, p in model.named_parameters() if ".lora_" in n}
+    assert len(lora) == 8
+    for n, p in lora.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+# ---------------------------------------------------------------- real models (slow)
+
+
+@pytest.mark.slow
+def test_minilm_lora_query_value_step(minilm_dir):
+    cfg, base, model, audit = loaded(
+        minilm_dir, method="lora", target_modules=["query", "value"], rank=8, alpha=16
+    )
+    assert base.architecture == "encoder"
+    assert {"model.safetensors", "tokenizer.json", "vocab.txt"} <= set(base.identity["files"])
+    lora = audit["groups"]["lora_A"]["trainable"] + audit["groups"]["lora_B"]["trainable"]
+    assert lora == 6 * 2 * 8 * (384 + 384)  # 73,728
+    assert audit["groups"]["head"]["trainable"] == 384 * 3 + 3
+    assert audit["modules_to_save"] == ["classifier"]
+    base_params = audit["totals"]["frozen"] - (384 * 3 + 3)  # minus the frozen head original
+    assert 22_000_000 < base_params < 23_000_000
+    tok = load_tokenizer(base)
+    enc = tok(
+        ["Shares rose after the results.", "The match ended in a draw."],
+        padding=True,
+        return_tensors="pt",
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    before = capture_params(model)
+    model.train()
+    model(**enc, labels=torch.tensor([0, 1])).loss.backward()
+    opt.step()
+    assert check_update(before, model, 1, "lora") == []
+
+
+@pytest.mark.slow
+def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
+    from tunelab.assets import smollm2_gguf
+    from tunelab.models import convert_gguf
+
+    folder, name = smollm2_gguf()
+    cfg = make_cfg(folder, method="lora", target_modules=["q_proj", "v_proj"])
+    cfg.model.gguf_file = name
+    base = resolve_model(cfg.model)
+    assert base.path == smollm2_dir and convert_gguf(folder, name) == smollm2_dir
+    assert not [p for p in smollm2_dir.parent.iterdir() if ".tmp-" in p.name]
+    assert base.architecture == "causal_lm"
+    assert base.identity["source"]["gguf_sha256"] == smollm2_dir.name
+    assert {"model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(
+        base.identity["files"]
+    )
+    tok = load_tokenizer(base)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|im_end|>"
+    model = load_model(base, cfg)
+    assert param_count(model) == 134_515_008
+    model, audit = adapt(model, cfg.adaptation, base.architecture)
+    # 30 layers x (q: 8 x (576 + 576) + v: 8 x (576 + 192))
+    assert audit["totals"]["trainable"] == 30 * (8 * 1152 + 8 * 768) == 460_800
+    assert audit["adapted_summary"] == "q_proj x30, v_proj x30"
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], 49_152) and torch.isfinite(logits).all()
