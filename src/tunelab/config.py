@@ -100,6 +100,10 @@ class SourceConfig(Section):
     glob: str = Field(
         "*.txt", description="File pattern inside each label folder (format: folder)."
     )
+    encoding_errors: Literal["error", "replace"] = Field(
+        "error",
+        description="Invalid UTF-8: error (name file and line) or replace the bytes with U+FFFD.",
+    )
 
 
 class FieldsConfig(Section):

@@ -1,0 +1,521 @@
+"""Exact and near-duplicate detection: normalization, word shingles, MinHash, LSH, exact Jaccard.
+
+Pure logic on values (lists of texts in, numpy arrays out); no disk. Vectorized with numpy and
+pyarrow so that a million short documents take seconds, not minutes:
+
+- normalize: NFKC, lower case, runs of whitespace to one space (pyarrow compute kernels).
+- exact duplicates: equal normalized texts (pyarrow dictionary encoding).
+- shingles: every `k` consecutive words, hashed to 32 bits from per-word 64-bit hashes
+  (blake2b of each distinct word, so hashes do not depend on row order or the process).
+- MinHash: `num_perm` strongly universal hash functions h(x) = (a*x + b mod 2**64) >> 32 on the
+  32-bit shingle hashes, minimum per document ([docs, num_perm] uint32).
+- LSH: `bands` x `rows`; the band layout is chosen so that a pair AT the threshold becomes a
+  candidate with probability >= 0.995, and every candidate is then verified by the exact
+  Jaccard similarity of the two shingle sets, so no reported pair is below the threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# Probability that a pair exactly at the threshold becomes an LSH candidate.
+TARGET_CANDIDATE_PROBABILITY = 0.995
+# Buckets holding more documents than this are linked by a sliding window (not every pair).
+MAX_BUCKET_PAIRS_WINDOW = 64
+DEDUP_ALGORITHM_VERSION = 1
+
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+Progress = Callable[[str, float], None]
+
+
+def _noop(stage: str, fraction: float) -> None:
+    pass
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+# ---------------------------------------------------------------- normalization and exact
+
+
+def normalize_texts(texts: Sequence[str] | pa.Array) -> pa.Array:
+    """NFKC, lower case, whitespace runs collapsed to one space, trimmed. Returns a string array."""
+    arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, pa.string())
+    arr = pc.utf8_lower(pc.utf8_normalize(arr, form="NFKC"))
+    words = pc.utf8_split_whitespace(arr)
+    joined = pc.binary_join(words, " ")
+    return pc.utf8_trim_whitespace(joined)
+
+
+def exact_group_ids(normalized: pa.Array | Sequence[str]) -> np.ndarray:
+    """Group id per text: equal normalized texts share an id (ids in order of first appearance)."""
+    arr = normalized if isinstance(normalized, pa.Array) else pa.array(normalized, pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    encoded = pc.dictionary_encode(arr)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+# ---------------------------------------------------------------- shingles
+
+
+def _word_hashes(words: pa.Array) -> np.ndarray:
+    """64-bit hash per word: blake2b of each distinct word (order- and process-independent)."""
+    encoded = pc.dictionary_encode(words)
+    uniques = encoded.dictionary.to_pylist()
+    table = np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest(), "little")
+            for w in uniques
+        ),
+        dtype=np.uint64,
+        count=len(uniques),
+    )
+    idx = encoded.indices.to_numpy(zero_copy_only=False)
+    return table[idx] if len(idx) else np.zeros(0, np.uint64)
+
+
+@dataclass
+class Shingles:
+    """Shingle hashes of every document: doc d owns values[offsets[d]:offsets[d+1]] (uint32)."""
+
+    values: np.ndarray  # [total_shingles] uint32
+    offsets: np.ndarray  # [num_docs + 1] int64
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+def shingle_texts(normalized: pa.Array | Sequence[str], k: int) -> Shingles:
+    """Word k-shingles of normalized texts (words separated by one space), hashed to uint32.
+
+    A text with fewer than k words (but at least one) has one shingle: all its words. An empty
+    text has none.
+    """
+    arr = normalized if isinstance(normalized, pa.Array) else pa.array(normalized, pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    lists = pc.split_pattern(arr, " ")
+    list_len = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    empty = pc.equal(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False)
+    flat = lists.flatten()
+    if empty.any():  # an empty text splits into one empty word
+        flat = flat.filter(pa.array(np.repeat(~empty, list_len)))
+    num_words = np.where(empty, 0, list_len)
+    words = _word_hashes(flat)  # [total_words] uint64
+    word_start = np.zeros(n + 1, np.int64)
+    np.cumsum(num_words, out=word_start[1:])
+
+    num_sh = np.where(num_words >= k, num_words - k + 1, np.minimum(num_words, 1))
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(num_sh, out=offsets[1:])
+    total = int(offsets[-1])
+    if total == 0:
+        return Shingles(np.zeros(0, np.uint32), offsets)
+    # shingle s of doc d starts at word word_start[d] + (s - offsets[d])
+    start = np.arange(total, dtype=np.int64)
+    start += np.repeat(word_start[:-1] - offsets[:-1], num_sh)
+    last = len(words) - 1
+    acc = words[start]
+    for t in range(1, k):
+        acc = acc * _GOLDEN + words[np.minimum(start + t, last)]
+    # texts shorter than k words: their one shingle holds only their own words
+    short = np.flatnonzero((num_words > 0) & (num_words < k))
+    if len(short):
+        st, length = word_start[short], num_words[short]
+        sacc = words[st]
+        for t in range(1, k):
+            sacc = np.where(length > t, sacc * _GOLDEN + words[np.minimum(st + t, last)], sacc)
+        acc[offsets[short]] = sacc
+    values = (_mix64(acc) >> np.uint64(32)).astype(np.uint32)
+    return Shingles(values, offsets)
+
+
+# ---------------------------------------------------------------- MinHash and LSH
+
+
+def _perm_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) | np.uint64(1)  # odd
+    b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
+    return a, b
+
+
+def minhash_signatures(
+    shingles: Shingles,
+    num_perm: int = 128,
+    seed: int = 1,
+    *,
+    num_threads: int | None = None,
+    chunk_shingles: int = 4096,
+    progress: Progress = _noop,
+) -> np.ndarray:
+    """[num_docs, num_perm] uint32 MinHash signatures; documents without shingles get all-max.
+
+    Work is split over `num_threads` threads (numpy releases the GIL in its kernels).
+    """
+    counts = shingles.counts
+    n = len(counts)
+    sig = np.full((n, num_perm), np.iinfo(np.uint32).max, np.uint32)
+    docs = np.flatnonzero(counts > 0)
+    if len(docs) == 0:
+        return sig
+    a, b = _perm_params(num_perm, seed)
+    offsets = shingles.offsets
+    values = shingles.values.astype(np.uint64)
+    ends = offsets[docs + 1]
+    total = int(offsets[-1])
+    biggest = int(counts.max())
+    threads = max(1, min(num_threads or os.cpu_count() or 1, 8))
+    done = [0]
+    lock = threading.Lock()
+
+    def work(part: np.ndarray) -> None:
+        # chunks of about chunk_shingles shingles: the [chunk, num_perm] buffer stays in cache
+        buf = np.empty((chunk_shingles + biggest, num_perm), np.uint64)
+        i = 0
+        part_ends = ends[part[0] : part[-1] + 1]
+        while i < len(part_ends):
+            lo = offsets[docs[part[0] + i]]
+            j = max(int(np.searchsorted(part_ends, lo + chunk_shingles, side="right")), i + 1)
+            chunk_docs = docs[part[0] + i : part[0] + j]
+            hi = offsets[chunk_docs[-1] + 1]
+            h = buf[: hi - lo]
+            np.multiply(values[lo:hi, None], a[None, :], out=h)
+            h += b
+            h >>= np.uint64(32)
+            sig[chunk_docs] = np.minimum.reduceat(h, offsets[chunk_docs] - lo, axis=0)
+            i = j
+            with lock:
+                done[0] += int(hi - lo)
+                progress("minhash", done[0] / total)
+
+    parts = [p for p in np.array_split(np.arange(len(docs)), threads) if len(p)]
+    if len(parts) == 1:
+        work(parts[0])
+    else:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            list(pool.map(work, parts))
+    return sig
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    return 1.0 - (1.0 - similarity**rows) ** bands
+
+
+def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows): the most rows per band (fewest false candidates) that still makes a pair
+    at `threshold` a candidate with probability >= TARGET_CANDIDATE_PROBABILITY."""
+    best = (num_perm, 1)
+    for rows in range(1, num_perm + 1):
+        bands = num_perm // rows
+        if candidate_probability(threshold, bands, rows) >= TARGET_CANDIDATE_PROBABILITY:
+            best = (bands, rows)
+    return best
+
+
+def _band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
+    cols = sig[:, band * rows : (band + 1) * rows].astype(np.uint64)
+    acc = np.full(len(sig), ((band + 1) * int(_GOLDEN)) & int(_MASK64), np.uint64)
+    for c in range(rows):
+        acc = _mix64((acc * _GOLDEN) ^ cols[:, c])
+    return acc
+
+
+def _bucket_pairs(keys: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Pairs of members sharing a key. [P, 2] int64 with pair[:, 0] < pair[:, 1]."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    same_next = k[1:] == k[:-1]
+    if not same_next.any():
+        return np.zeros((0, 2), np.int64)
+    # keep only positions inside a bucket of size >= 2
+    in_bucket = np.zeros(len(k), bool)
+    in_bucket[1:] |= same_next
+    in_bucket[:-1] |= same_next
+    pos = np.flatnonzero(in_bucket)
+    k = k[pos]
+    m = members[order[pos]]
+    run_start = np.r_[True, k[1:] != k[:-1]]
+    run_id = np.cumsum(run_start) - 1
+    out = []
+    for t in range(1, MAX_BUCKET_PAIRS_WINDOW):
+        if t >= len(k):
+            break
+        same = run_id[t:] == run_id[:-t]
+        if not same.any():
+            break
+        out.append(np.stack([m[:-t][same], m[t:][same]], axis=1))
+    pairs = np.concatenate(out)
+    return np.sort(pairs, axis=1)
+
+
+def lsh_candidates(
+    sig: np.ndarray, bands: int, rows: int, active: np.ndarray | None = None
+) -> np.ndarray:
+    """Candidate pairs [P, 2] (i < j, unique) sharing at least one band."""
+    members = np.arange(len(sig), dtype=np.int64) if active is None else active
+    s = sig if active is None else sig[active]
+    found = [_bucket_pairs(_band_keys(s, band, rows), members) for band in range(bands)]
+    pairs = np.concatenate(found) if found else np.zeros((0, 2), np.int64)
+    if len(pairs) == 0:
+        return pairs
+    n = np.int64(len(sig))
+    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def jaccard(shingles: Shingles, pairs: np.ndarray, chunk_entries: int = 4_000_000) -> np.ndarray:
+    """Exact Jaccard similarity of the shingle sets of each pair. [P] float64."""
+    if len(pairs) == 0:
+        return np.zeros(0)
+    # Unique sorted shingle set of every document taking part.
+    docs = np.unique(pairs)
+    local = np.full(len(shingles.counts), -1, np.int64)
+    local[docs] = np.arange(len(docs))
+    cnt = shingles.counts[docs]
+    idx = np.repeat(shingles.offsets[docs], cnt) + (
+        np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    )
+    keys = (
+        np.repeat(np.arange(len(docs), dtype=np.uint64), cnt) << np.uint64(32)
+    ) | shingles.values[idx].astype(np.uint64)
+    keys = np.unique(keys)
+    set_doc = (keys >> np.uint64(32)).astype(np.int64)
+    set_val = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint64)
+    set_cnt = np.bincount(set_doc, minlength=len(docs)).astype(np.int64)
+    set_off = np.zeros(len(docs) + 1, np.int64)
+    np.cumsum(set_cnt, out=set_off[1:])
+
+    li, lj = local[pairs[:, 0]], local[pairs[:, 1]]
+    size_i, size_j = set_cnt[li], set_cnt[lj]
+    inter = np.zeros(len(pairs), np.int64)
+    per_pair = size_i + size_j
+    # chunks of pairs holding about chunk_entries shingles in all
+    bounds = np.searchsorted(np.cumsum(per_pair), np.arange(0, per_pair.sum(), chunk_entries))
+    bounds = np.unique(np.r_[bounds, len(pairs)])
+    lo = 0
+    for hi in bounds:
+        if hi <= lo:
+            continue
+        p = np.arange(lo, hi)
+        parts = []
+        for side in (li[p], lj[p]):
+            c = set_cnt[side]
+            gather = np.repeat(set_off[side], c) + (
+                np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+            )
+            tag = np.repeat((p - lo).astype(np.uint64), c) << np.uint64(32)
+            parts.append(tag | set_val[gather])
+        both = np.sort(np.concatenate(parts))
+        dup = both[1:] == both[:-1]
+        pair_of_dup = (both[1:][dup] >> np.uint64(32)).astype(np.int64)
+        inter[lo:hi] = np.bincount(pair_of_dup, minlength=hi - lo)
+        lo = hi
+    union = size_i + size_j - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
+
+
+@dataclass
+class NearDuplicates:
+    pairs: np.ndarray  # [P, 2] int64, i < j, indices into the input texts
+    similarity: np.ndarray  # [P] float64 exact Jaccard, >= threshold
+    num_candidates: int
+    bands: int
+    rows: int
+
+
+def find_near_duplicates(
+    normalized: pa.Array | Sequence[str],
+    *,
+    threshold: float = 0.8,
+    num_perm: int = 128,
+    shingle_size: int = 5,
+    seed: int = 1,
+    num_threads: int | None = None,
+    progress: Progress = _noop,
+) -> NearDuplicates:
+    """Pairs of texts whose word-shingle sets have Jaccard similarity >= threshold."""
+    sh = shingle_texts(normalized, shingle_size)
+    progress("shingles", 1.0)
+    sig = minhash_signatures(sh, num_perm, seed, num_threads=num_threads, progress=progress)
+    bands, rows = lsh_params(threshold, num_perm)
+    active = np.flatnonzero(sh.counts > 0)
+    cand = lsh_candidates(sig, bands, rows, active)
+    progress("lsh", 1.0)
+    sim = jaccard(sh, cand)
+    keep = sim >= threshold - 1e-12
+    progress("verify", 1.0)
+    return NearDuplicates(cand[keep], sim[keep], len(cand), bands, rows)
+
+
+# ---------------------------------------------------------------- pairs across splits and policy
+
+# Exact groups above this size are reported as a star around their first member.
+MAX_GROUP_ALL_PAIRS = 50
+SPLIT_RANK = {"train": 0, "validation": 1, "test": 2}
+
+
+@dataclass
+class DuplicatePair:
+    a: int  # row index
+    b: int
+    kind: str  # "exact" | "near"
+    similarity: float
+
+
+def find_duplicates(
+    normalized: pa.Array | Sequence[str],
+    *,
+    exact: bool = True,
+    near: bool = True,
+    threshold: float = 0.8,
+    num_perm: int = 128,
+    shingle_size: int = 5,
+    seed: int = 1,
+    progress: Progress = _noop,
+) -> tuple[list[DuplicatePair], dict[str, int]]:
+    """Exact pairs (equal normalized text) and near pairs (exact Jaccard >= threshold) among
+    the rows. Near-duplicate search runs on one representative per exact group. Returns the
+    pairs (row indices a < b) and the LSH layout used."""
+    arr = normalized if isinstance(normalized, pa.Array) else pa.array(normalized, pa.string())
+    n = len(arr)
+    groups = exact_group_ids(arr) if exact else np.arange(n, dtype=np.int64)
+    order = np.argsort(groups, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, groups[order][1:] != groups[order][:-1], True])
+    members = [order[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    pairs: list[DuplicatePair] = []
+    for m in members:
+        if len(m) < 2:
+            continue
+        if len(m) <= MAX_GROUP_ALL_PAIRS:
+            pairs += [
+                DuplicatePair(int(m[i]), int(m[j]), "exact", 1.0)
+                for i in range(len(m))
+                for j in range(i + 1, len(m))
+            ]
+        else:
+            pairs += [DuplicatePair(int(m[0]), int(x), "exact", 1.0) for x in m[1:]]
+    info = {"bands": 0, "rows": 0, "candidates": 0, "representatives": len(members)}
+    if near and n > 1:
+        reps = np.array([m[0] for m in members], dtype=np.int64)
+        rep_texts = arr.take(pa.array(reps))
+        found = find_near_duplicates(
+            rep_texts,
+            threshold=threshold,
+            num_perm=num_perm,
+            shingle_size=shingle_size,
+            seed=seed,
+            progress=progress,
+        )
+        info.update(bands=found.bands, rows=found.rows, candidates=found.num_candidates)
+        for (gi, gj), sim in zip(found.pairs.tolist(), found.similarity.tolist(), strict=True):
+            mi, mj = members[gi], members[gj]
+            if len(mi) * len(mj) > MAX_GROUP_ALL_PAIRS**2:
+                mi, mj = mi[:1], mj[:1]
+            for x in mi.tolist():
+                for y in mj.tolist():
+                    pairs.append(DuplicatePair(min(x, y), max(x, y), "near", float(sim)))
+    pairs.sort(key=lambda p: (p.a, p.b))
+    return pairs, info
+
+
+def apply_policy(
+    pairs: list[DuplicatePair], splits: Sequence[str], policy: str
+) -> dict[int, tuple[int, DuplicatePair | None]]:
+    """Rows to remove: {row: (the row it duplicates, the pair linking them or None)}.
+
+    drop_eval: a validation or test row paired with a training row leaves its split.
+    drop_all_but_one: in every group of rows linked by pairs, one row stays (training first,
+        then validation, then test; the earliest row within a split).
+    report_only: nothing is removed.
+    """
+    removed: dict[int, tuple[int, DuplicatePair | None]] = {}
+    if policy == "report_only":
+        return removed
+    if policy == "drop_eval":
+        for p in pairs:
+            for keep, drop in ((p.a, p.b), (p.b, p.a)):
+                if splits[keep] == "train" and splits[drop] != "train":
+                    best = removed.get(drop)
+                    if best is None or (best[1] is not None and p.similarity > best[1].similarity):
+                        removed[drop] = (keep, p)
+        return removed
+    if policy == "drop_all_but_one":
+        parent: dict[int, int] = {}
+
+        def find(x: int) -> int:
+            parent.setdefault(x, x)
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for p in pairs:
+            ra, rb = find(p.a), find(p.b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+        clusters: dict[int, list[int]] = {}
+        for x in list(parent):
+            clusters.setdefault(find(x), []).append(x)
+        direct: dict[tuple[int, int], DuplicatePair] = {(p.a, p.b): p for p in pairs}
+        for rows in clusters.values():
+            keeper = min(rows, key=lambda r: (SPLIT_RANK[splits[r]], r))
+            for r in rows:
+                if r != keeper:
+                    removed[r] = (keeper, direct.get((min(r, keeper), max(r, keeper))))
+        return removed
+    raise ValueError(f"unknown duplicate policy {policy!r}")
+
+
+def summarize(
+    pairs: list[DuplicatePair], splits: Sequence[str], labels: Sequence[str | None]
+) -> dict[str, object]:
+    """Counts of pairs by kind and by split pair, rows involved, and exact pairs whose labels
+    disagree."""
+    by_splits: dict[str, int] = {}
+    kinds = {"exact": 0, "near": 0}
+    within = across = conflicts = 0
+    rows: set[int] = set()
+    for p in pairs:
+        sa, sb = sorted((splits[p.a], splits[p.b]), key=SPLIT_RANK.__getitem__)
+        by_splits[f"{sa}-{sb}"] = by_splits.get(f"{sa}-{sb}", 0) + 1
+        kinds[p.kind] += 1
+        if sa == sb:
+            within += 1
+        else:
+            across += 1
+        if labels[p.a] != labels[p.b]:
+            conflicts += 1
+        rows.update((p.a, p.b))
+    return {
+        "exact_pairs": kinds["exact"],
+        "near_pairs": kinds["near"],
+        "within_split_pairs": within,
+        "across_split_pairs": across,
+        "pairs_by_split": dict(sorted(by_splits.items())),
+        "rows_involved": len(rows),
+        "label_conflicts": conflicts,
+    }

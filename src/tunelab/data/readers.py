@@ -1,0 +1,379 @@
+"""Readers: JSONL, CSV, Parquet, a folder of text files per label, a `datasets` dataset on disk.
+
+Each reader yields `SourceRow`s (raw id, text, label, target, user split) with `where`, the place
+a message names ("data.jsonl line 12"), and lists the files it read with their sha256. Bad input
+raises `DataError` naming the file, the line (or row) and the field, with the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunelab.config import DataConfig, FieldsConfig
+from tunelab.errors import DataError
+from tunelab.records import sha256_bytes
+
+SPLIT_NAMES = ("train", "validation", "test")
+SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+    "testing": "test",
+}
+# hf_disk: the name of a DatasetDict's split, usable as `fields.split`.
+HF_SPLIT_COLUMN = "__split__"
+EXTENSIONS = {"jsonl": ("*.jsonl", "*.json"), "csv": ("*.csv",), "parquet": ("*.parquet",)}
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class SourceRow:
+    text: str
+    label: str | None
+    target: str | None
+    id: str | None
+    split: str | None
+    where: str
+
+
+@dataclass
+class SourceData:
+    rows: list[SourceRow]
+    files: list[dict[str, Any]]  # {"path": relative to the source root, "sha256", "bytes"}
+    root: Path
+    notes: list[str] = field(default_factory=list)  # warnings for the report
+    replaced_bytes: int = 0  # invalid UTF-8 bytes replaced (encoding_errors: replace)
+
+
+def _noop(n: int) -> None:
+    pass
+
+
+# ---------------------------------------------------------------- field values
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)  # NaN
+
+
+class FieldMapper:
+    """Turns one source record (a mapping) into a SourceRow, checking each mapped field."""
+
+    def __init__(self, fields: FieldsConfig, fmt: str):
+        self.fields = fields
+        self.fmt = fmt
+
+    def mapped(self) -> dict[str, str]:
+        f = self.fields
+        out = {"text": f.text}
+        for key in ("label", "target", "id", "split"):
+            if getattr(f, key):
+                out[key] = getattr(f, key)
+        return out
+
+    def check_columns(self, columns: list[str], where: str) -> None:
+        """Every mapped field must be a column of the source (CSV header, Parquet schema)."""
+        missing = [(k, c) for k, c in self.mapped().items() if c not in columns]
+        if missing:
+            key, col = missing[0]
+            raise DataError(
+                f"{where}: no column {col!r} for field {key!r} (columns: {', '.join(columns)})",
+                hint=f"set data.fields.{key} to one of the columns"
+                + (", or to null if the data has none" if key != "text" else ""),
+            )
+
+    def row(self, rec: Any, where: str) -> SourceRow:
+        if not isinstance(rec, dict):
+            raise DataError(
+                f"{where}: expected an object with fields, found {type(rec).__name__}",
+                hint='each line must be a JSON object like {"text": ..., "label": ...}',
+            )
+        f = self.fields
+        text = self._get(rec, "text", f.text, where, required=True)
+        if not isinstance(text, str):
+            raise DataError(
+                f"{where}: field {f.text!r} (text) must be a string, found {type(text).__name__}",
+                hint="fix the row, or map data.fields.text to the column holding the text",
+            )
+        label = self._scalar(rec, "label", f.label, where) if f.label else None
+        target = None
+        if f.target:
+            value = self._get(rec, "target", f.target, where, required=True)
+            target = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        row_id = self._scalar(rec, "id", f.id, where) if f.id else None
+        split = None
+        if f.split:
+            raw = self._scalar(rec, "split", f.split, where)
+            split = SPLIT_ALIASES.get(str(raw).strip().lower())
+            if split is None:
+                raise DataError(
+                    f"{where}: field {f.split!r} (split) is {raw!r}, not a split name",
+                    hint="use train, validation or test (aliases: valid, val, dev, testing)",
+                )
+        return SourceRow(text, label, target, row_id, split, where)
+
+    def _get(self, rec: dict, key: str, col: str, where: str, required: bool) -> Any:
+        if col not in rec or not _present(rec[col]):
+            if not required:
+                return None
+            state = "missing" if col not in rec else "null"
+            keys = ", ".join(map(str, rec)) or "none"
+            raise DataError(
+                f"{where}: field {col!r} ({key}) is {state} (fields present: {keys})",
+                hint=f"add {col!r} to this row, or set data.fields.{key} to the right column",
+            )
+        return rec[col]
+
+    def _scalar(self, rec: dict, key: str, col: str, where: str) -> str:
+        value = self._get(rec, key, col, where, required=True)
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise DataError(
+                    f"{where}: field {col!r} ({key}) must be a string or an integer, "
+                    f"found {type(value).__name__} {value!r}",
+                    hint=f"fix the value of {col!r} in this row",
+                )
+        text = str(value).strip()
+        if not text:
+            raise DataError(
+                f"{where}: field {col!r} ({key}) is empty",
+                hint=f"give this row a {key}, or remove the row",
+            )
+        return text
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _decode(data: bytes, where: str, errors: str, src: SourceData) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if errors == "replace":
+            src.replaced_bytes += exc.end - exc.start
+            text = data.decode("utf-8", errors="replace")
+            src.replaced_bytes += max(0, text.count("\ufffd") - 1)
+            return text
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(
+            f"{where}: invalid UTF-8 at line {line}, column {col} "
+            f"(byte {data[exc.start]:#04x}, {exc.reason})",
+            hint="re-save the file as UTF-8, or set data.source.encoding_errors: replace "
+            "to replace undecodable bytes with U+FFFD",
+        ) from None
+
+
+def _files_of(path: Path, patterns: tuple[str, ...]) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted({p for pat in patterns for p in path.rglob(pat) if p.is_file()})
+        if not found:
+            raise DataError(
+                f"{path}: no files matching {' or '.join(patterns)}",
+                hint="point data.source.path at a file or a folder holding them",
+            )
+        return found
+    raise DataError(f"{path}: no such file or folder", hint="fix data.source.path in study.yaml")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root)) if path != root else path.name
+    except ValueError:
+        return str(path)
+
+
+def _record_file(src: SourceData, path: Path, data: bytes) -> None:
+    rel = _rel(path, src.root) if src.root.is_dir() else path.name
+    src.files.append({"path": rel, "sha256": sha256_bytes(data), "bytes": len(data)})
+
+
+# ---------------------------------------------------------------- formats
+
+
+def _read_jsonl(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+    data = path.read_bytes()
+    _record_file(src, path, data)
+    name = _rel(path, src.root) if src.root.is_dir() else path.name
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        where = f"{name} line {lineno}"
+        line = _decode(raw, where, errors, src)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{where}, column {exc.colno}: not valid JSON ({exc.msg})",
+                hint="each line must hold one JSON object; fix or remove this line",
+            ) from None
+        src.rows.append(mapper.row(rec, where))
+
+
+def _read_csv(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+    data = path.read_bytes()
+    _record_file(src, path, data)
+    name = _rel(path, src.root) if src.root.is_dir() else path.name
+    text = _decode(data, name, errors, src)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        header = [h.strip() for h in header]
+        mapper.check_columns(header, f"{name} line 1 (header)")
+        start_line = reader.line_num + 1
+        for rec in reader:
+            where = f"{name} line {start_line}"
+            start_line = reader.line_num + 1
+            if not rec or all(not v.strip() for v in rec):
+                continue
+            if len(rec) != len(header):
+                raise DataError(
+                    f"{where}: {len(rec)} fields, the header has {len(header)}",
+                    hint="quote values that contain commas or newlines, or fix the row",
+                )
+            src.rows.append(mapper.row(dict(zip(header, rec, strict=True)), where))
+    except csv.Error as exc:
+        raise DataError(
+            f"{name} line {reader.line_num}: malformed CSV ({exc})",
+            hint="check the quoting on this line (a quote inside a value is written twice)",
+        ) from None
+
+
+def _read_parquet(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    _record_file(src, path, data)
+    name = _rel(path, src.root) if src.root.is_dir() else path.name
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(
+            f"{name}: not a readable Parquet file ({exc})", hint="check the file"
+        ) from None
+    mapper.check_columns(table.column_names, name)
+    cols = {c: table.column(c).to_pylist() for c in set(mapper.mapped().values())}
+    for i in range(table.num_rows):
+        rec = {c: v[i] for c, v in cols.items()}
+        src.rows.append(mapper.row(rec, f"{name} row {i}"))
+
+
+def _read_folder(
+    src: SourceData, cfg: DataConfig, mapper: FieldMapper, errors: str, progress: Progress
+) -> None:
+    root = src.root
+    if not root.is_dir():
+        raise DataError(
+            f"{root}: not a folder (format: folder wants one sub-folder per label)",
+            hint="fix data.source.path, or set data.source.format to the file's format",
+        )
+    labels = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    stray = [p.name for p in root.glob(cfg.source.glob) if p.is_file()]
+    if stray:
+        src.notes.append(
+            f"{len(stray)} file(s) directly in {root} ignored (not in a label folder): "
+            + ", ".join(sorted(stray)[:5])
+        )
+    if not labels:
+        raise DataError(
+            f"{root}: no label folders (format: folder wants {root}/<label>/{cfg.source.glob})",
+            hint="put each category's files in a sub-folder named after the category",
+        )
+    for folder in labels:
+        files = sorted(p for p in folder.glob(cfg.source.glob) if p.is_file())
+        if not files:
+            raise DataError(
+                f"{folder}: label folder {folder.name!r} has no files matching {cfg.source.glob!r}",
+                hint="remove the empty folder, or fix data.source.glob",
+            )
+        for path in files:
+            data = path.read_bytes()
+            _record_file(src, path, data)
+            rel = _rel(path, root)
+            text = _decode(data, f"{rel} (field text)", errors, src)
+            src.rows.append(SourceRow(text, folder.name, None, rel, None, rel))
+            progress(1)
+
+
+def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> None:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a dependency
+        raise DataError(
+            "format hf_disk needs the `datasets` package", hint="pip install datasets"
+        ) from exc
+
+    root = src.root
+    if not root.is_dir():
+        raise DataError(f"{root}: no such folder", hint="fix data.source.path in study.yaml")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        _record_file(src, path, path.read_bytes())
+    try:
+        loaded = datasets.load_from_disk(str(root))
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        raise DataError(
+            f"{root}: not a dataset saved with save_to_disk ({exc})",
+            hint="save it with `Dataset.save_to_disk(path)` or pick another data.source.format",
+        ) from None
+    parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
+    for split_name, ds in parts:
+        cols = list(ds.column_names) + ([HF_SPLIT_COLUMN] if split_name else [])
+        where_ds = f"{root.name}" + (f"[{split_name}]" if split_name else "")
+        mapper.check_columns(cols, where_ds)
+        names: dict[str, Any] = {}
+        for col in mapper.mapped().values():
+            feat = ds.features.get(col)
+            if isinstance(feat, datasets.ClassLabel):
+                names[col] = feat
+        for i, rec in enumerate(ds):
+            rec = dict(rec)
+            if split_name:
+                rec[HF_SPLIT_COLUMN] = split_name
+            for col, feat in names.items():
+                if isinstance(rec.get(col), int) and rec[col] >= 0:
+                    rec[col] = feat.int2str(rec[col])
+            src.rows.append(mapper.row(rec, f"{where_ds} row {i}"))
+            progress(1)
+
+
+def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> SourceData:
+    """Read every row of the configured source. `root` is the resolved data.source.path."""
+    fmt = cfg.source.format
+    errors = cfg.source.encoding_errors
+    mapper = FieldMapper(cfg.fields, fmt)
+    src = SourceData(rows=[], files=[], root=root)
+    if fmt == "folder":
+        _read_folder(src, cfg, mapper, errors, progress)
+    elif fmt == "hf_disk":
+        _read_hf_disk(src, mapper, progress)
+    else:
+        reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
+        for path in _files_of(root, EXTENSIONS[fmt]):
+            before = len(src.rows)
+            reader(src, path, mapper, errors)
+            progress(len(src.rows) - before)
+    return src
+
+
+def iter_texts(rows: list[SourceRow]) -> Iterator[str]:
+    return (r.text for r in rows)
