@@ -1,0 +1,107 @@
+"""export, check-export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunelab.cli.common import (
+    JsonOpt,
+    SetOpt,
+    StudyDir,
+    app,
+    console,
+    emit_json,
+    fmt,
+    open_study,
+    table,
+)
+
+
+@app.command()
+def export(
+    run_id: Annotated[str, typer.Argument(help="The completed training run.")],
+    study: StudyDir = Path("."),
+    out: Annotated[
+        Path | None, typer.Option(help="Destination folder (default records/exports/<id>).")
+    ] = None,
+    notes: Annotated[
+        list[str] | None,
+        typer.Option("--notes", help="A limitation or remark for the model card (repeatable)."),
+    ] = None,
+    sets: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Export the adapter (peft) or the full model (safetensors), tokenizer, manifest, model card."""
+    from tunelab.export import export_run
+
+    s = open_study(study, sets)
+    path, manifest = export_run(s, run_id, out=out, notes=notes or [])
+    if json_out:
+        emit_json({"path": str(path), "manifest": manifest})
+        return
+    res = manifest.get("results") or {}
+    primary = res.get("primary") or {}
+    g = manifest["guardrails"]
+    rows = [
+        ["export", str(path)],
+        ["run", manifest["run_id"]],
+        ["artifact", f"{manifest['artifact']['dir']}/ ({manifest['artifact']['format']})"],
+        ["base", f"{manifest['base'].get('name')} sha256 {manifest['base']['sha256'][:16]}..."],
+        [
+            "primary metric",
+            f"{primary.get('metric')} {fmt(primary.get('baseline'))} -> "
+            f"{fmt(primary.get('variant'))} ({fmt(primary.get('delta'))})"
+            if primary
+            else "not compared",
+        ],
+        ["guardrails", "-" if g["pass"] is None else ("pass" if g["pass"] else "[red]FAIL[/]")],
+        ["files", f"{len(manifest['files'])} with sha256 in tunelab-manifest.json"],
+    ]
+    console.print(table("export", ["", ""], rows, show_header=False))
+    for line in manifest["limitations"]:
+        console.print(f"  limitation: {line}", highlight=False)
+    console.print(
+        f"next: `tunelab check-export {path} --base {manifest['base']['path_at_export']}`"
+    )
+
+
+@app.command("check-export")
+def check_export_cmd(
+    directory: Annotated[Path, typer.Argument(help="The export folder.")],
+    base: Annotated[Path, typer.Option("--base", help="The base model folder to bind it to.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify an export against its manifest and the base by sha256, then run one example.
+
+    Exit code 2 when the export or the base does not match; 1 when the example's output differs
+    from the recorded one.
+    """
+    from tunelab.export import check_export
+
+    result = check_export(directory, base)
+    ex = result["example"]
+    if json_out:
+        emit_json(result)
+    else:
+        rows = [
+            ["export", result["export"]],
+            ["files", f"{result['files']['files_checked']} match the manifest (and its sha256)"],
+            ["base", f"{result['base']['files_checked']} files match {result['base_name']}"],
+            ["loaded", f"{result['artifact']['dir']}/ in {fmt(result['load_s'], 2)} s"],
+        ]
+        if ex:
+            rows += [
+                ["example", f"{ex['id']} (gold {ex['gold']!r})"],
+                ["output", repr(ex["raw_output"])],
+                [
+                    "recorded",
+                    ("same" if ex["matches_recorded"] else f"[red]differs: {ex['recorded']!r}[/]")
+                    + f" (max score diff {fmt(ex['scores_max_diff'], 6)})",
+                ],
+            ]
+        console.print(table("check-export", ["", ""], rows, show_header=False))
+    if ex and not ex["matches_recorded"]:
+        raise typer.Exit(1)

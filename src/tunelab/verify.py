@@ -1,0 +1,571 @@
+"""`tunelab verify`: a checkpoint reloaded in a fresh process must reproduce its recorded predictions.
+
+What is checked, in order:
+
+1. the files of the run's final checkpoint against the sha256 recorded in its state.json (an
+   edited adapter is caught here, before anything is loaded);
+2. a new Python process (`python -m tunelab.verify SPEC`) loads the base and the checkpoint from
+   disk (`tunelab.train.load_run_model`, the same loader evaluation uses), re-evaluates the
+   examples of the recorded evaluation with the study's evaluation procedure and writes its
+   predictions; every prediction and raw output must be identical, every score within `atol`;
+3. the environment against the run's env.json: on another platform (torch, CUDA/ROCm, device)
+   small numeric differences are expected, so the record says so and asks for `tunelab smoke`
+   and `tunelab baseline` to be re-run there.
+
+Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never overwritten).
+`tunelab smoke` uses the same fresh process (`fresh_evaluate`) and adds a logit probe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tunelab.errors import CheckpointError, EvaluationError, RunError
+from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
+
+# Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
+# tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
+SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
+# Raw logits of the smoke probe are compared unrounded.
+LOGIT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2}
+SHOWN_MISMATCHES = 10
+VERIFIABLE_KINDS = ("train", "smoke", "eval", "baseline")
+
+
+# ---------------------------------------------------------------- pure comparisons
+
+
+def _score_diff(recorded: Any, fresh: Any) -> float:
+    """Largest absolute difference between two {label: score} maps (inf when keys differ)."""
+    if recorded is None and fresh is None:
+        return 0.0
+    if not isinstance(recorded, Mapping) or not isinstance(fresh, Mapping):
+        return math.inf
+    if set(recorded) != set(fresh):
+        return math.inf
+    diffs = [abs(float(recorded[k]) - float(fresh[k])) for k in recorded]
+    return max(diffs, default=0.0)
+
+
+def compare_predictions(
+    recorded: Sequence[Mapping[str, Any]],
+    fresh: Sequence[Mapping[str, Any]],
+    *,
+    atol: float,
+) -> dict[str, Any]:
+    """Match prediction rows by id: prediction, raw output and correctness must be identical,
+    scores (where recorded) within `atol`.
+
+    Returns {n, matched, mismatched, missing, max_score_diff, atol, mismatches: [first few
+    {id, field, recorded, fresh}], ok}.
+    """
+    fresh_by_id = {r["id"]: r for r in fresh}
+    mismatches: list[dict[str, Any]] = []
+    missing = []
+    max_diff = 0.0
+    bad_ids: set[Any] = set()
+    for rec in recorded:
+        new = fresh_by_id.get(rec["id"])
+        if new is None:
+            missing.append(rec["id"])
+            bad_ids.add(rec["id"])
+            continue
+        for field in ("prediction", "raw_output", "correct"):
+            if rec.get(field) != new.get(field):
+                bad_ids.add(rec["id"])
+                mismatches.append(
+                    {
+                        "id": rec["id"],
+                        "field": field,
+                        "recorded": rec.get(field),
+                        "fresh": new.get(field),
+                    }
+                )
+        if "scores" in rec or "scores" in new:
+            diff = _score_diff(rec.get("scores"), new.get("scores"))
+            max_diff = max(max_diff, diff)
+            if diff > atol:
+                bad_ids.add(rec["id"])
+                mismatches.append(
+                    {
+                        "id": rec["id"],
+                        "field": "scores",
+                        "recorded": rec.get("scores"),
+                        "fresh": new.get("scores"),
+                        "max_abs_diff": diff,
+                    }
+                )
+    n = len(recorded)
+    return {
+        "n": n,
+        "matched": n - len(bad_ids),
+        "mismatched": len(bad_ids),
+        "missing": missing[:SHOWN_MISMATCHES],
+        "max_score_diff": max_diff if math.isfinite(max_diff) else None,
+        "atol": atol,
+        "mismatches": mismatches[:SHOWN_MISMATCHES],
+        "ok": not bad_ids and n > 0,
+    }
+
+
+def _devices(env: Mapping[str, Any]) -> list[str]:
+    gpus = env.get("gpus") or []
+    if gpus:
+        return [str(g.get("name")) for g in gpus]
+    return [str((env.get("cpu") or {}).get("name"))]
+
+
+def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[dict]:
+    """What differs between a run's env.json and this process's environment, among what changes
+    numerics: torch, backend, CUDA/ROCm versions, device names, transformers and peft."""
+    if not recorded:
+        return [{"field": "env.json", "recorded": None, "current": "present"}]
+
+    def pkg(env: Mapping[str, Any], name: str) -> Any:
+        return (env.get("packages") or {}).get(name)
+
+    fields = {
+        "torch": lambda e: e.get("torch"),
+        "backend": lambda e: e.get("backend"),
+        "cuda": lambda e: e.get("cuda"),
+        "rocm": lambda e: e.get("rocm"),
+        "devices": _devices,
+        "transformers": lambda e: pkg(e, "transformers"),
+        "peft": lambda e: pkg(e, "peft"),
+    }
+    out = []
+    for name, get in fields.items():
+        a, b = get(recorded), get(current)
+        if a != b:
+            out.append({"field": name, "recorded": a, "current": b})
+    return out
+
+
+def env_message(run_id: str, differences: Sequence[Mapping[str, Any]]) -> str | None:
+    if not differences:
+        return None
+    what = ", ".join(f"{d['field']} {d['recorded']} -> {d['current']}" for d in differences)
+    return (
+        f"this environment differs from run {run_id}'s ({what}): outputs may legitimately "
+        "differ on a new platform; re-run `tunelab smoke` and `tunelab baseline` here before "
+        "trusting or comparing results made on it"
+    )
+
+
+def check_checkpoint_files(checkpoint: Path) -> dict[str, Any]:
+    """Every file listed in the checkpoint's state.json against its recorded sha256.
+
+    Returns {path, files_checked, changed: [names], missing: [names], ok}.
+    """
+    state_path = checkpoint / "state.json"
+    if not (checkpoint / "DONE").exists() or not state_path.exists():
+        return {
+            "path": str(checkpoint),
+            "files_checked": 0,
+            "changed": [],
+            "missing": ["DONE" if not (checkpoint / "DONE").exists() else "state.json"],
+            "ok": False,
+        }
+    files = read_json(state_path).get("files") or {}
+    changed, missing = [], []
+    for name, digest in sorted(files.items()):
+        f = checkpoint / name
+        if not f.is_file():
+            missing.append(name)
+        elif sha256_file(f) != digest:
+            changed.append(name)
+    return {
+        "path": str(checkpoint),
+        "files_checked": len(files),
+        "changed": changed,
+        "missing": missing,
+        "ok": bool(files) and not changed and not missing,
+    }
+
+
+# ---------------------------------------------------------------- the fresh process
+
+
+def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict], labels):
+    """Inputs of the logit probe: the evaluation's own encoding of `rows`, padded.
+
+    encoder: right padding, logits [batch, num_labels]; causal LM: the inference prompts, left
+    padding, logits of the last position [batch, vocab].
+    """
+    from tunelab.evaluate import _pad, _pad_id
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config, list(labels) if labels else None)
+    pre = Preprocessor(tokenizer, study.config, task, base.architecture)
+    left = base.architecture == "causal_lm"
+    seqs = [pre.prompt_ids(r) for r in rows]
+    ids, mask = _pad(seqs, _pad_id(tokenizer), left=left)
+    return ids, mask
+
+
+def probe_logits(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict], labels):
+    """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
+    import torch
+
+    ids, mask = _probe_batch(model, tokenizer, base, study, rows, labels)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            kwargs: dict[str, Any] = {
+                "input_ids": ids.to(device),
+                "attention_mask": mask.to(device),
+            }
+            if base.architecture == "causal_lm":
+                kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+                kwargs["use_cache"] = False
+                kwargs["logits_to_keep"] = 1
+            logits = model(**kwargs).logits.float().cpu()
+    finally:
+        model.train(was_training)
+    return logits.reshape(logits.shape[0], -1).contiguous()  # [batch, labels or vocab]
+
+
+def select_rows(snapshot: Any, split: str, ids: Sequence[Any]) -> list[dict[str, Any]]:
+    """The snapshot rows of `split` with these ids, in this order."""
+    if split != "validation":
+        raise EvaluationError(
+            f"verification re-evaluates recorded {split} predictions only on the validation split",
+            hint="the sealed test split is not reopened for verification",
+        )
+    by_id = {r["id"]: r for r in snapshot.rows(split)}
+    absent = [i for i in ids if i not in by_id]
+    if absent:
+        raise EvaluationError(
+            f"{len(absent)} recorded example(s) are not in snapshot {snapshot.id} "
+            f"(e.g. {absent[:3]})",
+            hint="the predictions were recorded on another data snapshot",
+        )
+    return [by_id[i] for i in ids]
+
+
+def load_for_evaluation(study: Any, run: Any, labels: list[str] | None):
+    """(model, tokenizer, base) as evaluation loads them: the untouched base for a baseline,
+    else the run's final checkpoint through `tunelab.train.load_run_model`."""
+    import torch
+
+    if run.row.kind == "baseline":
+        from tunelab.evaluate import _load_base_model
+
+        torch.manual_seed(study.config.evaluation.seed)  # as run_baseline seeds a new head
+        return _load_base_model(study, labels)
+    from tunelab.train import load_run_model
+
+    return load_run_model(study, run)
+
+
+def _worker(spec_path: str) -> None:
+    """Body of the fresh process: load, re-evaluate, write predictions (and probe logits)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tunelab.data import load_snapshot
+    from tunelab.evaluate import evaluate_model
+    from tunelab.records import write_jsonl_atomic
+    from tunelab.study import Study
+
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("num_threads"):
+        torch.set_num_threads(int(spec["num_threads"]))
+    out = Path(spec["out"])
+    study = Study.open(spec["study"], spec.get("overrides") or [])
+    run = study.get_run(spec["run"])
+    snapshot = load_snapshot(study, spec["snapshot"])
+    rows = select_rows(snapshot, spec["split"], spec["ids"])
+    labels = spec.get("labels")
+    started = time.perf_counter()
+    model, tokenizer, base = load_for_evaluation(study, run, labels)
+    load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    record, predictions = evaluate_model(
+        model, tokenizer, base, study, rows, spec["split"], labels=labels
+    )
+    eval_s = time.perf_counter() - started
+    write_jsonl_atomic(out / "predictions.jsonl", predictions)
+    if spec.get("probe_ids"):
+        probe_rows = select_rows(snapshot, spec["split"], spec["probe_ids"])
+        logits = probe_logits(model, tokenizer, base, study, probe_rows, labels)
+        save_file({"logits": logits}, str(out / "probe.safetensors"))
+    val_loss = None
+    if spec.get("val_loss_ids"):
+        from tunelab.config import validate_config
+        from tunelab.smoke import validation_loss_of
+
+        run_cfg = validate_config(read_json(run.path("config.json"))["config"])
+        val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
+        val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
+    write_json_atomic(
+        out / "result.json",
+        {
+            "load_s": round(load_s, 3),
+            "eval_s": round(eval_s, 3),
+            "val_loss": val_loss,
+            "metrics": record["metrics"],
+            "spec_sha256": record["spec_sha256"],
+            "base_identity_sha256": base.identity.get("sha256"),
+            "pid": os.getpid(),
+        },
+    )
+
+
+def fresh_evaluate(
+    study: Any,
+    run_id: str,
+    *,
+    snapshot: str,
+    split: str,
+    ids: Sequence[Any],
+    labels: Sequence[str] | None,
+    probe_ids: Sequence[Any] | None = None,
+    val_loss_ids: Sequence[Any] | None = None,
+    timeout_s: float = 3600,
+) -> dict[str, Any]:
+    """Re-evaluate run `run_id` on the examples `ids` in a new Python process.
+
+    `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
+    the training loop's validation loss on these examples, with the run's own config.
+    Returns {predictions, load_s, eval_s, process_s, metrics, probe_logits (a tensor or None),
+    val_loss (or None), pid}. Raises CheckpointError with the child's error when it fails.
+    """
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory(prefix="tunelab-verify-") as tmp:
+        tmp_path = Path(tmp)
+        spec = {
+            "study": str(study.root),
+            "overrides": list(study.overrides),
+            "run": run_id,
+            "snapshot": snapshot,
+            "split": split,
+            "ids": list(ids),
+            "labels": list(labels) if labels else None,
+            "probe_ids": list(probe_ids) if probe_ids else None,
+            "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
+            "out": str(tmp_path),
+            "num_threads": study.config.training.num_threads,
+        }
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "tunelab.verify", str(tmp_path / "spec.json")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+        )
+        process_s = time.perf_counter() - started
+        if proc.returncode != 0 or not (tmp_path / "result.json").exists():
+            tail = (proc.stderr or proc.stdout).strip()[-3000:]
+            raise CheckpointError(
+                f"the fresh process could not reload and re-evaluate run {run_id}:\n{tail}",
+                hint="the checkpoint or the base model cannot be loaded on its own; the error "
+                "above names the file",
+            )
+        result = read_json(tmp_path / "result.json")
+        result["predictions"] = read_jsonl(tmp_path / "predictions.jsonl")
+        probe = tmp_path / "probe.safetensors"
+        result["probe_logits"] = load_file(str(probe))["logits"] if probe.exists() else None
+        result["process_s"] = round(process_s, 3)
+    return result
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def _target_of(study: Any, run: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(the run whose model is reloaded, its recorded validation evaluation or None)."""
+    from tunelab.evaluate import find_evaluation
+
+    row = run.row
+    if row.kind not in VERIFIABLE_KINDS:
+        raise RunError(
+            f"run {row.id} is of kind {row.kind!r}; verify reloads a trained model",
+            hint="verify a train, smoke, eval or baseline run (`tunelab runs`)",
+        )
+    if row.kind == "eval":
+        target = study.get_run(row.parent)
+        own = run.dir / "metrics-validation.json"
+        if not own.exists():
+            raise EvaluationError(
+                f"eval run {row.id} holds no validation predictions",
+                hint=f"verify the trained run instead: `tunelab verify {row.parent}`",
+            )
+        return target, {"eval_run": row.id, "dir": run.dir, "record": read_json(own)}
+    return run, find_evaluation(study, row.id, "validation")
+
+
+def _checkpoint_of(run: Any) -> Path | None:
+    from tunelab.train.checkpoint import final_checkpoint, latest_checkpoint
+
+    root = run.dir / "checkpoints"
+    return final_checkpoint(root) or latest_checkpoint(root)
+
+
+def next_record_path(run_dir: Path, stem: str = "verify") -> Path:
+    n = 1
+    while (run_dir / f"{stem}-{n}.json").exists():
+        n += 1
+    return run_dir / f"{stem}-{n}.json"
+
+
+def _write_record(run: Any, record: dict[str, Any]) -> Path:
+    from tunelab.errors import StudyError
+
+    for _ in range(20):  # another verify may take the same number: take the next one
+        path = next_record_path(run.dir)
+        record["record"] = path.name
+        try:
+            return write_json_atomic(path, record)
+        except StudyError:
+            continue
+    raise AssertionError("could not find a free verify-<n>.json name")
+
+
+def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
+    """`tunelab verify RUN`: the checks of this module's docstring, recorded.
+
+    Returns the record (with `passed` and `reason`, and `path`). Raises RunError or
+    EvaluationError when the run cannot be verified at all (not completed, no recorded
+    predictions).
+    """
+    from tunelab.env import capture_env
+    from tunelab.evaluate import load_predictions
+    from tunelab.ledger import utc_now
+
+    run = study.get_run(run_id)
+    target, evaluation = _target_of(study, run)
+    trow = target.row
+    if trow.status != "completed":
+        raise RunError(
+            f"run {trow.id} is {trow.status}" + (f" ({trow.reason})" if trow.reason else ""),
+            hint="only a completed run has a final checkpoint to verify",
+        )
+    if evaluation is None:
+        raise EvaluationError(
+            f"run {trow.id} has no recorded validation predictions to reproduce",
+            hint=f"evaluate it first: `tunelab eval {trow.id}`",
+        )
+    recorded = load_predictions(evaluation)
+    eval_record = evaluation["record"]
+    precision = study.config.training.precision
+    if trow.kind != "baseline":
+        precision = (
+            (read_json(target.dir / "config.json").get("config") or {})
+            .get("training", {})
+            .get("precision", precision)
+        )
+    atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
+    started = time.perf_counter()
+    record: dict[str, Any] = {
+        "run_id": run.id,
+        "model_run": trow.id,
+        "model_kind": trow.kind,
+        "evaluation_run": evaluation["eval_run"],
+        "split": eval_record.get("split", "validation"),
+        "data_snapshot": eval_record.get("data_snapshot") or trow.data_snapshot,
+        "spec_sha256": eval_record.get("spec_sha256"),
+        "started_at": utc_now(),
+    }
+
+    # 1. checkpoint files
+    if trow.kind == "baseline":
+        record["checkpoint"] = None
+    else:
+        ckpt = _checkpoint_of(target)
+        if ckpt is None:
+            record["checkpoint"] = {"path": None, "ok": False, "changed": [], "missing": ["all"]}
+        else:
+            record["checkpoint"] = check_checkpoint_files(ckpt)
+
+    # 3. environment (recorded whatever the outcome)
+    env_path = target.dir / "env.json"
+    current_env = capture_env()
+    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
+    record["environment"] = {
+        "same": not differences,
+        "differences": differences,
+        "message": env_message(trow.id, differences),
+        "torch": current_env["torch"],
+        "backend": current_env["backend"],
+        "devices": _devices(current_env),
+    }
+
+    # 2. the fresh process
+    ck = record["checkpoint"]
+    if ck is not None and not ck["ok"]:
+        bad = ck["changed"] + ck["missing"]
+        record["predictions"] = None
+        record["passed"] = False
+        record["reason"] = (
+            f"checkpoint {ck['path']} does not match the sha256 recorded when it was written: "
+            + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad)
+        )
+    else:
+        fresh = fresh_evaluate(
+            study,
+            trow.id,
+            snapshot=record["data_snapshot"],
+            split=record["split"],
+            ids=[r["id"] for r in recorded],
+            labels=eval_record.get("labels"),
+        )
+        cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
+        record["predictions"] = cmp
+        record["timings"] = {
+            "load_s": fresh["load_s"],
+            "eval_s": fresh["eval_s"],
+            "process_s": fresh["process_s"],
+        }
+        record["fresh_spec_sha256"] = fresh["spec_sha256"]
+        record["passed"] = cmp["ok"]
+        if cmp["ok"]:
+            record["reason"] = (
+                f"{cmp['n']} recorded predictions reproduced in a fresh process "
+                f"(max score difference {cmp['max_score_diff']:.2g}, atol {atol:g})"
+            )
+        else:
+            first = cmp["mismatches"][0] if cmp["mismatches"] else {"id": cmp["missing"][:1]}
+            record["reason"] = (
+                f"{cmp['mismatched']} of {cmp['n']} recorded predictions not reproduced "
+                f"(first: example {first.get('id')!r}, {first.get('field', 'missing')})"
+            )
+            if differences:
+                record["reason"] += "; the environment differs from the run's (see environment)"
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    record["finished_at"] = utc_now()
+    path = _write_record(run, record)
+    record["path"] = str(path)
+    study.ledger.add_event(
+        run.id,
+        "verify",
+        {"record": path.name, "passed": record["passed"], "reason": record["reason"][:300]},
+    )
+    return record
+
+
+if __name__ == "__main__":
+    from tunelab.errors import TunelabError
+
+    try:
+        _worker(sys.argv[1])
+    except TunelabError as exc:  # the parent shows this text; no traceback for a user error
+        print(str(exc), file=sys.stderr)
+        sys.exit(exc.exit_code)
