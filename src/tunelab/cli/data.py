@@ -1,0 +1,162 @@
+"""`tunelab data`: build (or verify) the study's data snapshot and print what happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunelab.cli.common import (
+    JsonOpt,
+    SetOpt,
+    StudyDir,
+    app,
+    console,
+    emit_json,
+    open_study,
+    table,
+)
+from tunelab.data import build_snapshot, load_snapshot
+from tunelab.data.splits import SPLITS
+
+
+@app.command()
+def data(
+    study: StudyDir = Path("."),
+    sets: SetOpt = None,
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Only check a snapshot's files against its manifest."),
+    ] = False,
+    snapshot: Annotated[
+        str | None, typer.Option(help="Snapshot id (or prefix) for --verify; default latest.")
+    ] = None,
+    pairs: Annotated[int, typer.Option(help="How many duplicate pairs to show.")] = 10,
+    progress: Annotated[bool, typer.Option(help="Progress bar on large inputs.")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Read, clean, split and deduplicate the data into a sealed, content-addressed snapshot."""
+    s = open_study(study, sets)
+    if verify:
+        snap = load_snapshot(s, snapshot)
+        if json_out:
+            emit_json({"snapshot_id": snap.id, "verified": True, "files": snap.manifest["files"]})
+            return
+        console.print(
+            f"[green]verified[/] snapshot {snap.id}: {len(snap.manifest['files'])} files match "
+            "their sha256"
+        )
+        return
+    manifest = build_snapshot(s, progress=progress and not json_out)
+    sid = manifest["snapshot_id"]
+    path = s.records / "data" / sid
+    if json_out:
+        emit_json({**manifest, "path": str(path)})
+        return
+    _print_summary(manifest, path, pairs)
+
+
+def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
+    c = m["counts"]
+    if m.get("unchanged"):
+        console.print(f"snapshot [bold]{m['snapshot_id']}[/] unchanged (same inputs and rules)")
+    src = m["source"]
+    console.print(
+        f"read {c['rows_read']} rows from {src['num_files']} file(s) ({src['format']}: "
+        f"{src['path']})"
+    )
+    if src.get("replaced_invalid_utf8_bytes"):
+        console.print(
+            f"[yellow]replaced {src['replaced_invalid_utf8_bytes']} invalid UTF-8 byte(s)[/]"
+        )
+
+    rules = m["cleaning"]["rules"]
+    if rules:
+        rows = [[r["rule"], _params(r), r["changed"], r["dropped"]] for r in m["cleaning"]["rules"]]
+        console.print(
+            table("cleaning rules (in order)", ["rule", "args", "changed", "dropped"], rows)
+        )
+    if c["sampled_out"]:
+        console.print(f"max_examples: {c['sampled_out']} rows left out by the seeded sample")
+
+    before, final = c["before_dedup"], c["per_category"]
+    labels = sorted({lab for s in SPLITS for lab in before[s]})
+    rows = []
+    for lab in labels:
+        row: list[Any] = [lab]
+        for s in SPLITS:
+            b, f = before[s].get(lab, 0), final[s].get(lab, 0)
+            row.append(f"{f}" if b == f else f"{f} (-{b - f})")
+        rows.append(row)
+    rows.append(["[bold]total[/]", *(str(c["final"][s]) for s in SPLITS)])
+    method = m["splits"]["method"]
+    cfg = m["splits"]["config"]
+    title = (
+        f"examples per split and category (split by {'your column' if method == 'column' else 'hash'}"
+        + (
+            f", {cfg['train']:g}/{cfg['validation']:g}/{cfg['test']:g} seed {cfg['seed']})"
+            if method == "hash"
+            else ")"
+        )
+    )
+    console.print(table(title, ["category", *SPLITS], rows))
+
+    d = m["duplicates"]
+    console.print(
+        table(
+            f"duplicates (policy {m['dedup']['policy']}, near = Jaccard >= "
+            f"{m['dedup']['config']['threshold']:g} on word {m['dedup']['config']['shingle_size']}"
+            "-shingles)",
+            ["", "pairs"],
+            [
+                ["exact", d["exact_pairs"]],
+                ["near", d["near_pairs"]],
+                ["within a split", d["within_split_pairs"]],
+                ["across splits", d["across_split_pairs"]],
+                *[[f"  {k}", v] for k, v in d["pairs_by_split"].items()],
+                ["rows involved", d["rows_involved"]],
+                ["exact pairs with different labels", d["label_conflicts"]],
+                [
+                    "[bold]removed[/]",
+                    f"{d['removed']} ("
+                    + ", ".join(f"{s} {n}" for s, n in d["removed_by_split"].items())
+                    + ")",
+                ],
+            ],
+        )
+    )
+    if num_pairs > 0 and (d["exact_pairs"] or d["near_pairs"]):
+        from tunelab.records import read_json
+
+        dup = read_json(path / "duplicates.json")
+        shown = sorted(
+            dup["pairs"], key=lambda p: (p["split_a"] == p["split_b"], -p["similarity"])
+        )[:num_pairs]
+        console.print(
+            table(
+                f"duplicate pairs (first {len(shown)}; all in duplicates.json)",
+                ["a", "split", "b", "split", "kind", "jaccard"],
+                [
+                    [
+                        p["a"],
+                        p["split_a"],
+                        p["b"],
+                        p["split_b"],
+                        p["kind"],
+                        f"{p['similarity']:.3f}",
+                    ]
+                    for p in shown
+                ],
+            )
+        )
+    for note in m.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"snapshot [bold]{m['snapshot_id']}[/] -> {path}")
+    console.print("the test split is sealed: it opens only with `tunelab eval RUN --final`")
+
+
+def _params(rule: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k}={v!r}" for k, v in rule.items() if k not in ("rule", "changed", "dropped")
+    )
