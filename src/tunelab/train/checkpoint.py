@@ -46,45 +46,19 @@ def step_dir_name(step: int) -> str:
 # ------------------------------------------------------------------ weights
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: p.detach().cpu().contiguous()
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    }
+def save_weights(model: torch.nn.Module, folder: Path, method: str) -> Path:
+    """The trained tensors: `adapter/` (LoRA, peft format) or `model/` (full, freeze)."""
+    from tunelab.models import save_trainable, trainable_dirname
+
+    return save_trainable(model, folder / trainable_dirname(method), method)
 
 
-def save_weights(model: torch.nn.Module, folder: Path) -> None:
-    """The trainable weights: the models module's format (adapter/ or model/) when it offers it."""
-    try:
-        from tunelab.models import save_trainable  # type: ignore[attr-defined]
-    except ImportError:
-        save_trainable = None
-    if save_trainable is not None:
-        save_trainable(model, folder)
-        return
-    save_file(trainable_state(model), str(folder / "trainable.safetensors"))
+def load_weights(model: torch.nn.Module, folder: Path, method: str) -> torch.nn.Module:
+    """Load a checkpoint's trained tensors into an adapted model (resume) or a fresh base model
+    (evaluation); returns the model to use."""
+    from tunelab.models import load_trainable, trainable_dirname
 
-
-def load_weights(model: torch.nn.Module, folder: Path) -> None:
-    if (folder / "trainable.safetensors").exists():
-        tensors = load_file(str(folder / "trainable.safetensors"))
-        params = dict(model.named_parameters())
-        missing = [n for n, p in params.items() if p.requires_grad and n not in tensors]
-        unknown = [n for n in tensors if n not in params]
-        if missing or unknown:
-            raise CheckpointError(
-                f"{folder}: weights do not match the model (missing {missing[:3]}, unknown "
-                f"{unknown[:3]})",
-                hint="the checkpoint was written for another model or adaptation",
-            )
-        with torch.no_grad():
-            for name, t in tensors.items():
-                params[name].copy_(t)
-        return
-    from tunelab.models import load_trainable  # type: ignore[attr-defined]
-
-    load_trainable(model, folder)
+    return load_trainable(model, folder / trainable_dirname(method), method)
 
 
 # ------------------------------------------------------------------ optimizer
@@ -150,7 +124,7 @@ def restore_rng(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ save / load
 
 
-def _test_kill(point: str, step: int) -> None:
+def kill_for_test(point: str, step: int) -> None:
     """Only for the test suite: SIGKILL this process at a named point (TUNELAB_TEST_KILL_AT)."""
     if os.environ.get("TUNELAB_TEST_KILL_AT") == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -164,6 +138,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
+    method: str,
     state: dict[str, Any],
 ) -> Path:
     """Write checkpoints/step-XXXXXX atomically; `state` holds step, position, config sha, ..."""
@@ -172,11 +147,11 @@ def save_checkpoint(
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_beside(final)
-    save_weights(model, tmp)
+    save_weights(model, tmp, method)
     opt_tensors, opt_rest = flatten_optimizer(optimizer.state_dict())
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     write_json_atomic(tmp / "optimizer.json", opt_rest)
-    _test_kill("save", step)
+    kill_for_test("save", step)
     write_json_atomic(tmp / "scheduler.json", scheduler.state_dict())
     rng_tensors, rng_rest = capture_rng()
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
@@ -277,11 +252,13 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    method: str,
     restore_rng_state: bool = True,
 ) -> dict[str, Any]:
     """Load a checkpoint into the given objects; returns its state.json."""
     state = read_checkpoint_state(path)
-    load_weights(model, path)
+    loaded = load_weights(model, path, method)
+    assert loaded is model, "resume loads into the adapted model in place"
     if optimizer is not None:
         meta = read_json(path / "optimizer.json")
         optimizer.load_state_dict(
