@@ -129,6 +129,8 @@ def check_collated(
         want = list(ex["labels"])
         got = _as_list(row)
         n = len(want)
+        if n:  # position 0 never carries loss (nothing before it): a collator may drop it
+            want[0] = IGNORE_INDEX
         if len(got) < n:
             problems.append(
                 _problem(
@@ -137,7 +139,11 @@ def check_collated(
             )
             continue
         # Right padding first, then left padding: keep the alignment with fewer differences.
-        best = min((got[:n], got[len(got) - n :]), key=lambda g: _count_diff(g, want))
+        right, left = got[:n], got[len(got) - n :]
+        for g in (right, left):
+            if g:
+                g[0] = IGNORE_INDEX
+        best = min((right, left), key=lambda g: _count_diff(g, want))
         if best == want:
             continue
         lost = [
@@ -602,8 +608,8 @@ class Preprocessor:
                     needed=needed,
                 )
             )
-        if ex.get("target_truncated") and allowed_cut:
-            return out
+        if ex.get("target_truncated"):
+            return out  # the cut explains the missing EOS and the shorter loss span
         if any(labels[i] != ids[i] for i in positions):
             return out + [
                 _problem(

@@ -1,0 +1,154 @@
+"""inspect: examples after the exact preprocessing of training; stops on a broken mask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.rule import Rule
+from rich.text import Text
+
+from tunelab.cli.common import (
+    JsonOpt,
+    SetOpt,
+    StudyDir,
+    app,
+    console,
+    console_err,
+    emit_json,
+    open_study,
+    table,
+)
+from tunelab.errors import DataError
+from tunelab.preprocess import Problem, raise_problems
+
+SPLITS = ("train", "validation")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def token_text(ex: dict[str, Any]) -> Text:
+    """The example's tokens: loss positions on green, special tokens magenta, cut point red."""
+    out = Text()
+    for i, t in enumerate(ex["tokens"]):
+        if ex["truncation_at"] == i:
+            out.append(" \u2702 ", style="bold white on red")
+        piece = t["text"].replace("\n", "\u21b5\n")
+        style = "bold magenta" if t["special"] else ""
+        if t["loss"]:
+            style = (style + " on dark_green").strip()
+        out.append(piece, style=style or None)
+    return out
+
+
+def print_record(record: dict[str, Any]) -> None:
+    pre = record["preprocess"]
+    console.print(
+        f"[bold]{escape(str(record['study']))}[/] split {record['split']}, "
+        f"snapshot {record['snapshot_id']}, "
+        f"task {record['task']['kind']}, {pre['architecture']}, template {pre['template']} "
+        f"(sha256 {record['template_sha256'][:12]}), max_seq_len {pre['max_seq_len']}, "
+        f"cut side {pre['truncation_side']}"
+    )
+    console.print(
+        Text.assemble(
+            "legend: ",
+            ("loss", "on dark_green"),
+            "  ",
+            ("<special>", "bold magenta"),
+            "  \u21b5 newline  ",
+            (" \u2702 ", "bold white on red"),
+            " truncation point",
+        )
+    )
+    for ex in record["examples"]:
+        cut = (
+            f", input cut {ex['input_tokens_cut']}/{ex['input_tokens']} tokens"
+            if ex["truncated"]
+            else ""
+        )
+        console.print(
+            Rule(
+                Text(
+                    f"{ex['id']} [{ex['category']}, {ex['why_shown']}] {ex['num_tokens']} "
+                    f"tokens, {ex['num_loss_tokens']} under the loss{cut}"
+                ),
+                align="left",
+            )
+        )
+        console.print(token_text(ex))
+        if ex.get("loss_decoded") is not None:
+            mark = (
+                "[green]\u2713[/]"
+                if ex["check"] == "ok"
+                else f"[red]\u2717 {escape(ex['check'])}[/]"
+            )
+            console.print(Text("loss decodes to: ") + Text(repr(ex["loss_decoded"]), style="green"))
+            console.print(f"target check: {mark}")
+        elif "label_index" in ex:
+            console.print(Text(f"label: {ex['target_text']} (index {ex['label_index']})"))
+    s = record["stats"]
+    rows = [["all", s["n"], s["p50"], s["p95"], s["max"], _pct(s["share_truncated"])]]
+    for name, c in record["category_stats"].items():
+        rows.append([name, c["n"], c["p50"], c["p95"], c["max"], _pct(c["share_truncated"])])
+    console.print(
+        table("lengths (tokens)", ["category", "n", "p50", "p95", "max", "truncated"], rows)
+    )
+    for note in pre["notes"]:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    if not record["collator"]["checked"]:
+        why = escape(str(record["collator"]["why"]))
+        console.print(f"[yellow]note:[/] collator check skipped: {why}")
+    console.print(Text(f"record: {record['json_path']}\npage:   {record['html_path']}"))
+    if record["ok"]:
+        console.print(f"[green]all checks pass[/] on {s['n']} examples")
+
+
+@app.command("inspect")
+def inspect_cmd(
+    study: StudyDir = Path("."),
+    per_category: Annotated[
+        int, typer.Option("--per-category", min=1, help="Examples shown per category.")
+    ] = 2,
+    split: Annotated[str, typer.Option(help="train | validation (test is sealed).")] = "train",
+    snapshot: Annotated[
+        str | None, typer.Option(help="Data snapshot id (default: the latest).")
+    ] = None,
+    sets: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show examples after the exact preprocessing of training, and stop on a broken mask."""
+    from tunelab.inspect import run_inspect
+
+    if split not in SPLITS:
+        raise DataError(
+            f"--split {split!r}: inspect reads train or validation",
+            hint="the test split is sealed; it opens only with `tunelab eval --final`",
+        )
+    s = open_study(study, sets)
+    with Progress(
+        TextColumn("encoding {task.fields[split]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console_err,
+        transient=True,
+        disable=json_out,
+    ) as bar:
+        task_id = bar.add_task("encode", total=None, split=split)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task_id, completed=done, total=total)
+
+        record = run_inspect(
+            s, split=split, per_category=per_category, snapshot_id=snapshot, progress=tick
+        )
+    if json_out:
+        emit_json(record)
+    else:
+        print_record(record)
+    raise_problems([Problem(**p) for p in record["problems"]], what="inspect checks")

@@ -1,0 +1,142 @@
+"""`tunelab inspect`: examples per category after the exact training preprocessing, the
+stop conditions over the whole split, the record and its HTML page."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from tunelab.config import validate_config
+from tunelab.inspect import inspect_rows, render_html, select_examples
+from tunelab.preprocess import IGNORE_INDEX, Preprocessor, length_stats
+from tunelab.scaffold import render_study_yaml
+from tunelab.tasks import get_task
+
+LABELS = ["business", "sport", "tech"]
+TEXTS = {
+    "business": "Markets rallied as the central bank held interest rates steady.",
+    "sport": "The striker scored twice in the second half to win the match.",
+    "tech": "A new smartphone with a faster chip and longer battery life was announced.",
+}
+
+
+def make(tok, kind="classification", arch="causal_lm", preprocess=None, labels=LABELS):
+    raw = yaml.safe_load(render_study_yaml(kind, "t"))
+    raw["preprocess"].update(preprocess or {})
+    cfg = validate_config(raw)
+    task = get_task(cfg, labels if kind == "classification" else None)
+    return Preprocessor(tok, cfg, task, arch), task
+
+
+def clf_rows(n_per_label=4):
+    rows = []
+    for k in range(n_per_label):
+        for label in LABELS:
+            rows.append(
+                {
+                    "id": f"{label}-{k}",
+                    "text": TEXTS[label] * (k + 1),
+                    "label": label,
+                    "target": None,
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny_tok(tiny_llama_dir):
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def test_select_examples_per_category():
+    rows = clf_rows(4)
+    picked = select_examples(rows, 2)
+    assert [rows[i]["id"] for i in picked] == [
+        "business-0", "business-1", "sport-0", "sport-1", "tech-0", "tech-1",
+    ]  # fmt: skip
+    assert select_examples([{"id": "a", "label": None}] * 5, 3) == [0, 1, 2]
+
+
+def test_inspect_shows_every_category_with_loss_positions(tiny_tok):
+    pre, task = make(tiny_tok, preprocess={"max_seq_len": 120})
+    rows = clf_rows(4)
+    rec = inspect_rows(pre, task, rows, per_category=2)
+    assert rec["ok"] and rec["problems"] == [] and rec["collator"]["checked"]
+    cats = [e["category"] for e in rec["examples"] if e["why_shown"] == "category"]
+    assert cats == ["business"] * 2 + ["sport"] * 2 + ["tech"] * 2
+    longest = [e for e in rec["examples"] if e["why_shown"] == "longest"]
+    assert [e["id"] for e in longest] == ["tech-3"] and longest[0]["truncated"]
+    assert longest[0]["truncation_at"] is not None
+    for e in rec["examples"]:
+        loss = "".join(t["text"] for t in e["tokens"] if t["loss"])
+        assert loss == e["loss_decoded"] == e["category"] + "<|im_end|>" == e["expected_loss_text"]
+        assert e["check"] == "ok" and e["num_tokens"] == len(e["tokens"]) <= 120
+        assert e["rendered"].startswith("<|im_start|>user\n")
+        assert any(t["special"] and t["text"] == "<|im_start|>" for t in e["tokens"])
+    encoded = [pre.encode(r) for r in rows]
+    assert rec["stats"] == length_stats(encoded)
+    assert set(rec["category_stats"]) == set(LABELS)
+    assert rec["template_sha256"] == pre.template_sha256
+
+
+def test_inspect_stops_on_truncated_targets_and_names_them(tiny_tok):
+    pre, task = make(tiny_tok, "extraction", preprocess={"max_seq_len": 48})
+    target = '{"sender": "alice@example.com", "subject": "Meeting tomorrow"}'
+    rows = [
+        {"id": "short", "text": "hi", "label": None, "target": '{"sender": "a", "subject": "b"}'},
+        {"id": "long-answer", "text": "hello", "label": None, "target": target},
+    ]
+    rec = inspect_rows(pre, task, rows, per_category=1)
+    assert not rec["ok"]
+    assert [(p["example_id"], p["kind"]) for p in rec["problems"]] == [
+        ("long-answer", "target_truncated")
+    ]
+    shown = {e["id"]: e for e in rec["examples"]}
+    assert shown["long-answer"]["check"] == "target_truncated"
+    assert shown["short"]["check"] == "ok"
+    assert rec["stats"]["target_truncated"] == 1
+
+
+def test_inspect_train_on_prompt_passes_the_training_collator(tiny_tok):
+    pre, task = make(tiny_tok, preprocess={"train_on_prompt": True})
+    rec = inspect_rows(pre, task, clf_rows(2), per_category=1)
+    assert rec["ok"] and rec["collator"]["checked"]
+    e = rec["examples"][0]
+    assert all(t["loss"] for t in e["tokens"])
+
+
+def test_inspect_encoder_truncation_point(tiny_bert_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    pre, task = make(tok, arch="encoder", preprocess={"max_seq_len": 10})
+    rec = inspect_rows(pre, task, clf_rows(2), per_category=1)
+    assert rec["ok"] and not rec["collator"]["checked"]
+    for e in rec["examples"]:
+        assert e["tokens"][0]["text"] == "[CLS]" and e["tokens"][-1]["text"] == "[SEP]"
+        assert e["label_index"] == LABELS.index(e["category"])
+        assert e["truncated"] and e["truncation_at"] == 9  # right cut: just before [SEP]
+        assert not any(t["loss"] for t in e["tokens"])
+
+
+def test_html_page_escapes_user_strings(tiny_tok):
+    pre, task = make(tiny_tok, "extraction")
+    rows = [
+        {
+            "id": "<img src=x onerror=alert(1)>",
+            "text": "<script>alert('x')</script> & more",
+            "label": "<b>cat</b>",
+            "target": '{"sender": "</span><script>", "subject": "x"}',
+        }
+    ]
+    rec = inspect_rows(pre, task, rows, per_category=1)
+    rec.update(inspect_id="inspect-x", study="<study>", split="train", snapshot_id="s")
+    page = render_html(rec)
+    assert "<script" not in page and "<img" not in page and "<b>cat" not in page
+    assert "&lt;script&gt;" in page and "&lt;img src=x" in page
+    assert page.count("class='tokens'") == 1
+    # the loss-coloured spans are exactly the target tokens
+    n_loss = sum(1 for t in rec["examples"][0]["tokens"] if t["loss"])
+    assert page.count('class="t loss') == n_loss
+    assert rec["examples"][0]["tokens"][-1]["id"] == tiny_tok.eos_token_id
+    assert [t["loss"] for t in rec["examples"][0]["tokens"]][-1]
+    assert IGNORE_INDEX not in [t["id"] for t in rec["examples"][0]["tokens"]]
