@@ -1,0 +1,385 @@
+"""DDP and FSDP2 strategies for the training loop, and the process group they run in.
+
+A distributed run is the single-process loop started once per rank by torchrun
+(`tunelab.train.launch`). The strategies implement `tunelab.train.strategy.Strategy`:
+
+- data: every rank reads the same seeded order; an optimizer step takes the next
+  `micro * accum * world_size` indices and rank r keeps `indices[r::world_size]`, so micro-step k
+  of all ranks together holds exactly the examples of micro-step k of one process with a micro
+  batch `world_size` times larger;
+- loss: the step's loss-token count is all-reduced, the loop divides each rank's summed loss by
+  `tokens / world_size`, and DDP / FSDP average gradients over ranks, so the gradient is the
+  global token sum divided by the global token count: N ranks x micro b equal 1 rank x N*b;
+- gradients are synchronized on the last micro-step of an accumulation only (DDP `no_sync`,
+  FSDP2 `set_requires_gradient_sync`).
+
+FSDP2 (`fully_shard`) shards each decoder layer then the root; its checkpoints go through
+torch.distributed.checkpoint (each rank writes its shards). Only rank 0 writes records; a rank
+that fails writes `rank-<k>.json` into the launch folder (`TUNELAB_LAUNCH_DIR`), which the
+launcher copies into the run's `ranks/` folder and names in the run's status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tunelab.errors import ConfigError, RunError
+
+STRATEGIES = ("ddp", "fsdp")
+LAUNCH_DIR_ENV = "TUNELAB_LAUNCH_DIR"
+# How long a collective waits for a missing rank before failing (torchrun usually stops the
+# other ranks first, when one exits with an error).
+TIMEOUT_S = float(os.environ.get("TUNELAB_DIST_TIMEOUT_S", "600"))
+
+
+# ------------------------------------------------------------------ process group
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def pick_backend(device: torch.device) -> str:
+    """nccl on CUDA (RCCL on ROCm answers to the same name), gloo on CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def backend_version(backend: str) -> dict[str, Any]:
+    """The communication library and its version: gloo (bundled with torch), NCCL or RCCL."""
+    if backend == "nccl":
+        name = "rccl" if getattr(torch.version, "hip", None) else "nccl"
+        try:
+            v = torch.cuda.nccl.version()
+            version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - builds without NCCL
+            version = None
+        return {"library": name, "version": version}
+    # gloo has no version of its own; it is compiled into torch.
+    return {"library": "gloo", "version": f"bundled with torch {torch.__version__}"}
+
+
+def init_process_group() -> tuple[int, int, int, torch.device, str]:
+    """Join the process group torchrun prepared: (rank, world_size, local_rank, device, backend).
+
+    Raises RunError outside torchrun.
+    """
+    if not under_torchrun():
+        raise RunError(
+            "a distributed strategy needs the processes torchrun starts",
+            hint="run `tunelab train --nproc N --strategy ddp|fsdp` (it calls torchrun)",
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = pick_backend(device)
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=TIMEOUT_S)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(backend, **kwargs)
+    return rank, world, local_rank, device, backend
+
+
+def destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ strategies
+
+
+class Distributed:
+    """What DDP and FSDP share: ranks, sharding of each step's examples, reductions."""
+
+    name = "distributed"
+
+    def __init__(self, precision: str = "fp32"):
+        self.rank, self.world_size, self.local_rank, self.device, self.backend = (
+            init_process_group()
+        )
+        self.precision = precision
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard_indices(self, indices: list[int]) -> list[int]:
+        """This rank's share of one optimizer step's examples: every world_size-th from rank."""
+        if len(indices) % self.world_size:
+            raise RunError(
+                f"{len(indices)} examples in a step cannot be split over {self.world_size} ranks",
+                hint="examples per step are micro_batch_size x grad_accum_steps x nproc",
+            )
+        return indices[self.rank :: self.world_size]
+
+    def all_reduce_sum(self, value: float) -> float:
+        # float64: token counts stay exact integers, loss sums keep their digits
+        t = torch.tensor(float(value), dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return float(t.item())
+
+    @property
+    def comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (e.g. the run folder that rank 0 created)."""
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def describe(self) -> dict[str, Any]:
+        """The `distributed` entry of env.json; a collective: every rank must call it."""
+        me = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "device": _device_name(self.device),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        return {
+            "strategy": self.name,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "backend_version": backend_version(self.backend),
+            "ranks": self.gather_objects(me),
+        }
+
+
+class DDP(Distributed):
+    """DistributedDataParallel: a full replica per rank, gradients all-reduced (averaged)."""
+
+    name = "ddp"
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = model.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal.
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model)
+
+    def accumulate(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if last else model.no_sync()
+
+
+class FSDP(Distributed):
+    """FSDP2: parameters, gradients and optimizer states sharded over ranks (`fully_shard`)."""
+
+    name = "fsdp"
+
+    def __init__(self, precision: str = "fp32"):
+        super().__init__(precision)
+        if precision == "fp16":
+            raise ConfigError(
+                "training.precision: fp16 is not supported with --strategy fsdp",
+                hint="use --set training.precision=bf16 (CUDA) or fp32",
+            )
+
+    def mixed_precision(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.precision == "bf16":
+            # compute in bf16, reduce gradients and keep the sharded master weights in fp32
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(self.device)
+        # fully_shard keeps each rank's own values: start every rank from rank 0's weights
+        # (newly initialized heads and LoRA matrices differ when seeds differ).
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+        policy = self.mixed_precision()
+        layers = decoder_layers(model)
+        if not layers:
+            raise RunError(
+                f"--strategy fsdp found no decoder layers in {type(unwrap_peft(model)).__name__}",
+                hint="FSDP shards per transformer block (the model's _no_split_modules); use "
+                "--strategy ddp for this model",
+            )
+        for layer in layers:
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+
+    def accumulate(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        # Gradients are reduce-scattered only after the last micro-step's backward.
+        model.set_requires_gradient_sync(last)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+
+def make_strategy(name: str, precision: str = "fp32") -> Distributed:
+    """The strategy `--strategy` names, joined to torchrun's process group."""
+    if name == "ddp":
+        return DDP(precision)
+    if name == "fsdp":
+        return FSDP(precision)
+    raise ConfigError(
+        f"--strategy {name!r}: unknown", hint=f"use one of: single, {', '.join(STRATEGIES)}"
+    )
+
+
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks FSDP shards one by one: modules whose class the model lists in
+    `_no_split_modules` (transformers' own unit of placement)."""
+    base = unwrap_peft(model)
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+# ------------------------------------------------------------------ FSDP checkpoints (DCP)
+
+DCP_DIR = "dcp"
+
+
+def _state_options(full: bool = False, load: bool = False) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen base weights never change: a LoRA checkpoint holds the adapter and its optimizer.
+    # Loading such a state dict must not be strict (the frozen keys are absent on purpose);
+    # dcp.load has already refused a checkpoint missing any trainable key.
+    return StateDictOptions(
+        ignore_frozen_params=True, full_state_dict=full, cpu_offload=full, strict=not load
+    )
+
+
+def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Path:
+    """Every rank writes its shards of the trainable weights and optimizer states to
+    `folder/dcp` (torch.distributed.checkpoint). A collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
+    out = folder / DCP_DIR
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(out))
+    return out
+
+
+def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load `folder/dcp` into the sharded model and optimizer (any world size). A collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    src = folder / DCP_DIR
+    if not (src / ".metadata").exists():
+        raise RunError(
+            f"{src}: no torch.distributed.checkpoint here",
+            hint="this checkpoint was not written by --strategy fsdp; resume it with the "
+            "strategy that wrote it",
+        )
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(src))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_state_options(load=True),
+    )
+
+
+def full_trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable tensors gathered whole on CPU (rank 0 gets them; others an empty dict).
+    A collective."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_state_options(full=True))
+
+
+# ------------------------------------------------------------------ failures of ranks
+
+
+def launch_dir() -> Path | None:
+    value = os.environ.get(LAUNCH_DIR_ENV)
+    return Path(value) if value else None
+
+
+def write_rank_failure(exc: BaseException) -> Path | None:
+    """Leave `rank-<k>.json` (exception and traceback) in the launch folder, for the launcher."""
+    folder = launch_dir()
+    if folder is None or not under_torchrun():
+        return None
+    rank = int(os.environ["RANK"])
+    record = {
+        "rank": rank,
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "error": f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}",
+        "hint": getattr(exc, "hint", None),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank-{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def report_rank_failure() -> Iterator[None]:
+    """Around a rank's work: an exception leaves its record for the launcher, then propagates."""
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit) or exc.code not in (0, None):
+            write_rank_failure(exc)
+        raise
+
+
+def announce_run(run_id: str, run_dir: Path) -> None:
+    """Rank 0 tells the launcher which run this launch created (`run.json` in the launch dir)."""
+    folder = launch_dir()
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "run.json.tmp"
+    tmp.write_text(json.dumps({"run_id": run_id, "run_dir": str(run_dir)}))
+    os.replace(tmp, folder / "run.json")
