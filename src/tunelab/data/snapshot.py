@@ -30,9 +30,9 @@ from tunelab.data.cleaning import clean_texts, compile_rules, rules_sha256
 from tunelab.data.readers import SourceRow, read_source
 from tunelab.data.splits import (
     SPLITS,
-    check_coverage,
     check_user_splits,
     counts_by_category,
+    ensure_coverage,
     sample_by_hash,
     split_by_hash,
 )
@@ -251,6 +251,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         texts = cleaned.texts
         normalized = dedup.normalize_texts(texts)
         keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
+        # (the same keys as splits.content_keys(texts), without normalizing twice)
 
         sampled_out = 0
         if cfg.max_examples is not None and cfg.max_examples < len(kept):
@@ -262,6 +263,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             normalized = normalized.take(pick)
 
         labels = [rows[i].label for i in kept]
+        moved: list[dict[str, Any]] = []
         if cfg.fields.split:
             splits = [rows[i].split or "" for i in kept]
             method = "column"
@@ -269,9 +271,10 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         else:
             splits = split_by_hash(keys, cfg.splits)
             method = "hash"
-            notes += check_coverage(
-                splits, labels, cfg.splits, strict=cfg.splits.stratify and has_label
+            splits, moved, warnings = ensure_coverage(
+                splits, keys, labels, cfg.splits, strict=cfg.splits.stratify and has_label
             )
+            notes += warnings
         if "train" not in splits:
             raise DataError(
                 f"{source_path}: no row in the train split ({len(kept)} rows)",
@@ -302,6 +305,12 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         examples[splits[k]].append(
             {"id": row_ids[k], "text": texts[k], "label": r.label, "target": r.target}
         )
+    final_labels = {s: {e["label"] for e in examples[s]} for s in SPLITS}
+    fractions = cfg.splits.model_dump()
+    for lab in sorted({lab for lab in labels if lab is not None}) if method == "hash" else []:
+        gone = [s for s in SPLITS if fractions[s] > 0 and lab not in final_labels[s]]
+        if gone and not any(f"category {lab!r}" in n for n in notes):
+            notes.append(f"category {lab!r} has no row left in {', '.join(gone)} after dedup")
     removed_list = [
         {
             "id": row_ids[k],
@@ -384,6 +393,9 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             "config": cfg.splits.model_dump(mode="json"),
             "method": method,
             "sha256": sha256_json({"config": cfg.splits.model_dump(mode="json"), "m": method}),
+            "moved_to_cover_small_categories": [
+                {**mv, "row": ids[kept[mv["row"]]]} for mv in moved
+            ],
         },
         "dedup": {
             "config": dedup_config,

@@ -4,9 +4,11 @@ A row's split is a function of its content key (sha256 of its normalized text) a
 only: u = sha256(seed, key) read as a number in [0, 1), then train if u < f_train, validation
 if u < f_train + f_validation, else test. Adding, removing or editing other rows never moves a
 row, and rows with the same normalized text always share a split. Every category is split with
-the same fractions (stratification in expectation); with `stratify: true` a category that ends
-up with no row in a split whose fraction is above zero is an error naming the category, since
-per-category metrics on that split would silently miss it.
+the same fractions (stratified in expectation). With `stratify: true`, a category so small that
+the hash left one of the splits (fraction above zero) without any of its rows gets the row whose
+hash lies nearest to that split moved into it, and the move is recorded: per-category metrics
+on that split would otherwise silently miss the category. Only rows of such small categories
+can move when rows are added; a category with fewer rows than splits is an error naming it.
 
 Pure: keys in, split names out.
 """
@@ -27,6 +29,15 @@ def unit_hash(key: str, seed: int, purpose: str = "split") -> float:
     """A number in [0, 1) from (purpose, seed, key); uniform and stable across runs."""
     digest = hashlib.sha256(f"tunelab:{purpose}:{seed}:{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def content_keys(texts: Sequence[str]) -> list[str]:
+    """The key each row is split by: sha256 of its normalized text (see dedup.normalize_texts)."""
+    from tunelab.data.dedup import normalize_texts
+
+    return [
+        hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalize_texts(texts).to_pylist()
+    ]
 
 
 def split_by_hash(keys: Sequence[str], cfg: SplitConfig) -> list[str]:
@@ -58,38 +69,71 @@ def counts_by_category(
     return {s: dict(sorted(c.items())) for s, c in table.items()}
 
 
-def check_coverage(
-    splits: Sequence[str], labels: Sequence[str | None], cfg: SplitConfig, *, strict: bool
-) -> list[str]:
-    """Every category must have a row in every split whose fraction is above zero.
+def _distance(u: float, lo: float, hi: float) -> float:
+    """How far u lies outside [lo, hi) on the unit circle (0 inside)."""
+    if lo <= u < hi:
+        return 0.0
+    gap = min(abs(u - lo), abs(u - hi))
+    return min(gap, 1.0 - gap)
 
-    strict (stratify: true): raise DataError naming the first category that misses a split.
-    Otherwise: return the problems as warnings.
+
+def ensure_coverage(
+    splits: Sequence[str],
+    keys: Sequence[str],
+    labels: Sequence[str | None],
+    cfg: SplitConfig,
+    *,
+    strict: bool,
+) -> tuple[list[str], list[dict[str, object]], list[str]]:
+    """Give every category a row in every split whose fraction is above zero.
+
+    strict (stratify: true): a category that the hash left without a row in such a split gets
+    the row whose hash lies nearest to that split's interval, taken from a split where the
+    category has more than one row; a category with fewer rows than non-empty splits is a
+    DataError naming it. Not strict: nothing moves and the gaps come back as warnings.
+    Returns (splits, moved rows, warnings).
     """
     fractions = {"train": cfg.train, "validation": cfg.validation, "test": cfg.test}
-    table = counts_by_category(splits, labels)
-    totals = Counter("(none)" if lab is None else lab for lab in labels)
-    problems = []
-    for label, n in sorted(totals.items()):
-        for split in SPLITS:
-            if fractions[split] > 0 and table[split].get(label, 0) == 0:
-                problems.append((label, n, split))
-    if problems and strict:
-        label, n, split = problems[0]
-        need = max(1, round(3 / min(f for f in fractions.values() if f > 0)))
-        others = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise DataError(
-            f"category {label!r} is too small to stratify: {n} row(s), none in the {split} "
-            f"split (fractions train {cfg.train:g} / validation {cfg.validation:g} / test "
-            f"{cfg.test:g}, seed {cfg.seed}){others}",
-            hint=f"give the category more rows (about {need} or more), merge it with another, "
-            "give your own split column (data.fields.split), or set data.splits.stratify: false "
-            "to accept a category missing from a split",
-        )
-    return [
-        f"category {label!r} ({n} rows) has no row in the {split} split"
-        for label, n, split in problems
-    ]
+    intervals = {
+        "train": (0.0, cfg.train),
+        "validation": (cfg.train, cfg.train + cfg.validation),
+        "test": (cfg.train + cfg.validation, 1.0),
+    }
+    wanted = [sp for sp in SPLITS if fractions[sp] > 0]
+    out = list(splits)
+    by_label: dict[str, list[int]] = {}
+    for i, lab in enumerate(labels):
+        by_label.setdefault("(none)" if lab is None else lab, []).append(i)
+    moved: list[dict[str, object]] = []
+    warnings: list[str] = []
+    for label, rows in sorted(by_label.items()):
+        have = Counter(out[i] for i in rows)
+        missing = [sp for sp in wanted if not have.get(sp)]
+        if not missing:
+            continue
+        if not strict:
+            warnings += [
+                f"category {label!r} ({len(rows)} rows) has no row in the {sp} split"
+                for sp in missing
+            ]
+            continue
+        if len(rows) < len(wanted):
+            raise DataError(
+                f"category {label!r} is too small to stratify: {len(rows)} row(s) for "
+                f"{len(wanted)} splits ({', '.join(wanted)})",
+                hint="give the category more rows, merge it with another, give your own split "
+                "column (data.fields.split), or set data.splits.stratify: false to accept a "
+                "category missing from a split",
+            )
+        for sp in missing:
+            lo, hi = intervals[sp]
+            donors = [i for i in rows if have[out[i]] > 1]
+            pick = min(donors, key=lambda i: (_distance(unit_hash(keys[i], cfg.seed), lo, hi), i))
+            moved.append({"row": pick, "category": label, "from": out[pick], "to": sp})
+            have[out[pick]] -= 1
+            have[sp] += 1
+            out[pick] = sp
+    return out, moved, warnings
 
 
 def check_user_splits(splits: Sequence[str]) -> list[str]:
