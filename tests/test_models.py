@@ -177,6 +177,161 @@ def test_resolve_base_from_study(tmp_path, tiny_bert_dir):
     assert tok.pad_token == "[PAD]"
 
 
+# ---------------------------------------------------------------- GGUF conversion
+
+
+def _permute(w, n_head: int):
+    # llama.cpp's q/k layout, which transformers reverses on load
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_tiny_gguf(src: Path, out: Path) -> Path:
+    """The tiny Llama written as an F32 GGUF file (llama architecture, gpt2 tokenizer)."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    tok = json.loads((src / "tokenizer.json").read_text())
+    sd = {k: v.numpy() for k, v in load_file(str(src / "model.safetensors")).items()}
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name("tiny-llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    specials = {t["id"]: t["content"] for t in tok["added_tokens"]}
+    tokens = [""] * cfg["vocab_size"]
+    for t, i in {**tok["model"]["vocab"]}.items():
+        tokens[i] = t
+    for i, t in specials.items():
+        tokens[i] = t
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i in specials else 1 for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_pad_token_id(cfg["pad_token_id"])
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        blocks = {
+            "attn_q": _permute(sd[p + "self_attn.q_proj.weight"], nh),
+            "attn_k": _permute(sd[p + "self_attn.k_proj.weight"], nkv),
+            "attn_v": sd[p + "self_attn.v_proj.weight"],
+            "attn_output": sd[p + "self_attn.o_proj.weight"],
+            "ffn_gate": sd[p + "mlp.gate_proj.weight"],
+            "ffn_up": sd[p + "mlp.up_proj.weight"],
+            "ffn_down": sd[p + "mlp.down_proj.weight"],
+            "attn_norm": sd[p + "input_layernorm.weight"],
+            "ffn_norm": sd[p + "post_attention_layernorm.weight"],
+        }
+        for k, v in blocks.items():
+            w.add_tensor(f"blk.{i}.{k}.weight", np.ascontiguousarray(v))
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_llama_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("gguf")
+    return write_tiny_gguf(tiny_llama_dir, folder / "tiny.Q0.gguf")
+
+
+def test_gguf_converts_to_the_same_model(tiny_gguf, tiny_llama_dir, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    cfg = make_cfg(tiny_gguf.parent, method="lora", target_modules=["q_proj"])
+    cfg.model.gguf_file = tiny_gguf.name
+    base = resolve_model(cfg.model)
+    assert base.path.parent == tmp_path / "cache" / "gguf"
+    assert base.architecture == "causal_lm"
+    assert base.identity["source"]["gguf_sha256"] == base.path.name
+    assert base.identity["name"] == "tiny.Q0"
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(base.identity["files"])
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    converted = load_model(base, cfg)
+    text = 'The quick brown fox <|im_end|> {"sender": "a@b.c"}'
+    ids = load_tokenizer(base)(text, return_tensors="pt").input_ids
+    assert (
+        ids[0].tolist()
+        == load_tokenizer(resolve_model(ModelConfig(path=str(tiny_llama_dir))))(text).input_ids
+    )
+    with torch.no_grad():
+        assert torch.equal(original(ids).logits, converted(ids).logits)
+
+    # Deterministic: a second conversion into another cache is byte-identical.
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache2"))
+    again = resolve_model(cfg.model)
+    assert again.path != base.path and again.identity["sha256"] == base.identity["sha256"]
+
+
+def test_gguf_cache_is_reused_and_survives_kills_and_races(tiny_gguf, tmp_path, monkeypatch):
+    import threading
+
+    from tunelab.models import convert_gguf
+    from tunelab.models.gguf import CONVERSION_FILE, gguf_sha256
+
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    digest = gguf_sha256(tiny_gguf)
+    gguf_dir = tmp_path / "cache" / "gguf"
+    # A killed conversion left a temporary folder and an older writer half a final folder.
+    (gguf_dir / f".{digest}.tmp-dead").mkdir(parents=True)
+    (gguf_dir / f".{digest}.tmp-dead" / "model.safetensors").write_bytes(b"half")
+    (gguf_dir / digest).mkdir()
+    (gguf_dir / digest / "config.json").write_text("{")
+
+    results: list[Path] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(convert_gguf(tiny_gguf.parent, tiny_gguf.name))
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [gguf_dir / digest] * 2
+    assert sorted(p.name for p in gguf_dir.iterdir()) == [f".{digest}.lock", digest]
+    done = gguf_dir / digest / CONVERSION_FILE
+    stamp = done.stat().st_mtime_ns
+    assert convert_gguf(tiny_gguf.parent, tiny_gguf.name) == gguf_dir / digest
+    assert done.stat().st_mtime_ns == stamp, "the cached folder is reused, not rewritten"
+    assert json.loads(done.read_text())["gguf_sha256"] == digest
+    index = list((tmp_path / "cache" / "gguf-hashes").iterdir())
+    assert len(index) == 1 and json.loads(index[0].read_text())["sha256"] == digest
+
+
+def test_gguf_unreadable_file_is_a_model_error(tmp_path, monkeypatch):
+    from tunelab.models import convert_gguf
+
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF but not really")
+    with pytest.raises(ModelError, match="cannot read GGUF"):
+        convert_gguf(tmp_path, "bad.gguf")
+    assert not [p for p in (tmp_path / "cache" / "gguf").iterdir() if ".tmp-" in p.name]
+
+
 # ---------------------------------------------------------------- adaptation and audit
 
 

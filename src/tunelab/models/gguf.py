@@ -13,6 +13,7 @@ so a concurrent or killed conversion never leaves half a folder.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -37,8 +38,7 @@ def gguf_sha256(path: Path) -> str:
     path = Path(path).resolve()
     st = path.stat()
     index_dir = cache_root() / "gguf-hashes"
-    key = str(path).encode("utf-8").hex()[-120:]
-    index = index_dir / f"{key}.json"
+    index = index_dir / f"{hashlib.sha256(str(path).encode('utf-8')).hexdigest()[:32]}.json"
     try:
         known = json.loads(index.read_text())
         if known["size"] == st.st_size and known["mtime_ns"] == st.st_mtime_ns:
@@ -77,6 +77,9 @@ def convert_gguf(folder: Path | str, filename: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the folder
         if (final / CONVERSION_FILE).is_file():
             return final
+        # Holding the lock, any temporary folder for this file is a killed conversion's.
+        for stale in final.parent.glob(f".{digest}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = final.with_name(f".{digest}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             _convert_into(source, tmp, digest)
