@@ -57,6 +57,12 @@ EXAMPLE_FILE = "example.json"
 UNLISTED = {MANIFEST, "DONE"}
 
 
+class ExampleMismatch(ExportError):
+    """The exported model's output on the recorded example differs from the recording (exit 1)."""
+
+    exit_code = 1
+
+
 # ---------------------------------------------------------------- pure parts
 
 

@@ -32,6 +32,12 @@ SMOKE_KIND = "smoke"
 VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
 
 
+class SmokeFailed(RunError):
+    """A smoke check failed (exit code 1); smoke.json says which."""
+
+    exit_code = 1
+
+
 @dataclass
 class SnapshotSample:
     """A seeded sample of a snapshot's train and validation rows; same id, labels, manifest."""

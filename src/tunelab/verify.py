@@ -38,6 +38,14 @@ SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
 # Raw logits of the smoke probe are compared unrounded.
 LOGIT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2}
 SHOWN_MISMATCHES = 10
+
+
+class VerifyFailed(CheckpointError):
+    """The reloaded checkpoint did not reproduce the recorded predictions (exit code 1)."""
+
+    exit_code = 1
+
+
 VERIFIABLE_KINDS = ("train", "smoke", "eval", "baseline")
 
 

@@ -79,7 +79,7 @@ def check_export_cmd(
     Exit code 2 when the export or the base does not match; 1 when the example's output differs
     from the recorded one.
     """
-    from tunelab.export import check_export
+    from tunelab.export import ExampleMismatch, check_export
 
     result = check_export(directory, base)
     ex = result["example"]
@@ -104,4 +104,9 @@ def check_export_cmd(
             ]
         console.print(table("check-export", ["", ""], rows, show_header=False))
     if ex and not ex["matches_recorded"]:
-        raise typer.Exit(1)
+        raise ExampleMismatch(
+            f"the exported model gave {ex['output']!r} on example {ex['id']}, "
+            f"recorded {ex['recorded']!r}",
+            hint="on another platform small differences are possible; on the same one the "
+            "export does not reproduce its run",
+        )

@@ -35,7 +35,7 @@ def smoke(
 
     Exit code 1 when a check fails (the record says which).
     """
-    from tunelab.smoke import run_smoke
+    from tunelab.smoke import SmokeFailed, run_smoke
 
     s = open_study(study, sets)
     run, record = run_smoke(
@@ -70,4 +70,6 @@ def smoke(
         console.print(f"smoke {verdict}: {record['reason']}")
         console.print(f"record: {record['path']}")
     if not record["passed"]:
-        raise typer.Exit(1)
+        raise SmokeFailed(
+            f"smoke {run.id} failed: {record['reason']}", hint=f"the record is {record['path']}"
+        )

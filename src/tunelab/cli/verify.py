@@ -35,7 +35,7 @@ def verify(
 
     Exit code 1 when it does not (the record verify-<n>.json says why).
     """
-    from tunelab.verify import verify_run
+    from tunelab.verify import VerifyFailed, verify_run
 
     s = open_study(study, sets)
     record = verify_run(s, run_id, atol=atol)
@@ -87,4 +87,7 @@ def verify(
         verdict = "[green]passed[/]" if record["passed"] else "[red]FAILED[/]"
         console.print(f"verify {verdict}: {record['reason']}", highlight=False)
     if not record["passed"]:
-        raise typer.Exit(1)
+        raise VerifyFailed(
+            f"run {record['model_run']} not verified: {record['reason']}",
+            hint=f"the record is {record['path']}",
+        )
