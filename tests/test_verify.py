@@ -1,0 +1,245 @@
+"""tunelab verify: a real checkpoint reproduces its predictions in a fresh process; a tampered
+one (one byte, or edited weights with rewritten hashes) fails with a clear reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import FILLED_HYPOTHESIS, run_cli
+from tunelab.verify import compare_env, compare_predictions, env_message
+
+LABELS = ["business", "sport", "tech"]
+TEXTS = {
+    "business": [
+        "Markets rallied as the central bank held interest rates steady",
+        "Shares fell after the company reported lower profits this quarter",
+        "The bank raised its forecast for growth and inflation next year",
+        "Oil prices climbed as traders bet on stronger demand",
+        "The retailer cut jobs after sales dropped over the holidays",
+        "Investors sold bonds as the budget deficit widened",
+    ],
+    "sport": [
+        "The striker scored twice in the second half to win the match",
+        "The team lost the final after extra time and penalties",
+        "The champion won the race by two seconds on a wet track",
+        "The coach praised the defence after a clean sheet at home",
+        "The keeper saved a late penalty to secure the draw",
+        "The club signed a young winger before the transfer deadline",
+    ],
+    "tech": [
+        "A new smartphone with a faster chip and longer battery life was announced",
+        "The software update fixes a security flaw in the browser",
+        "Researchers built a robot that learns to sort parcels",
+        "The chip maker unveiled a processor for laptops and servers",
+        "The social network changed how it ranks posts in the feed",
+        "Engineers tested a battery that charges in five minutes",
+    ],
+}
+
+
+# ---------------------------------------------------------------- a small trained study
+
+
+def write_study(
+    root: Path, model_dir: Path, *, method: str = "lora", max_steps: int = 4, **sections
+) -> Path:
+    """A registered classification study on the tiny BERT with its data as JSONL."""
+    from tunelab.scaffold import render_study_yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    # the user's own split: 8 train, 3 validation, 1 test per label
+    rows = []
+    for label, texts in TEXTS.items():
+        variants = texts + [f"{t} today" for t in texts]
+        for i, text in enumerate(variants[:12]):
+            split = "train" if i < 8 else "validation" if i < 11 else "test"
+            rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(render_study_yaml("classification", "verify-test"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["task"]["labels"] = LABELS
+    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
+    raw["data"]["dedup"]["near"] = False
+    raw["model"]["path"] = str(model_dir)
+    raw["model"]["architecture"] = "encoder"
+    raw["adaptation"]["method"] = method
+    raw["adaptation"]["target_modules"] = ["query", "value"]
+    raw["preprocess"]["max_seq_len"] = 32
+    raw["training"].update(
+        micro_batch_size=4,
+        max_steps=max_steps,
+        lr=5e-3,
+        warmup_steps=0,
+        eval_every_steps=None,
+        checkpoint_every_steps=None,
+    )
+    raw["evaluation"]["batch_size"] = 4
+    raw["evaluation"]["bootstrap_samples"] = 50
+    for key, value in sections.items():
+        raw.setdefault(key, {}).update(value)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+def trained_study(root: Path, model_dir: Path, **kw) -> tuple[Path, str]:
+    """register -> data -> baseline -> train -> eval; returns (study dir, train run id)."""
+    from tunelab import hypothesis as hyp
+    from tunelab.data import build_snapshot
+    from tunelab.evaluate import run_baseline, run_eval
+    from tunelab.study import Study
+    from tunelab.train import train_run
+
+    write_study(root, model_dir, **kw)
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    build_snapshot(study, progress=False)
+    run_baseline(study)
+    run = train_run(study, name="lora")
+    run_eval(study, run.id)
+    return root, run.id
+
+
+@pytest.fixture(scope="module")
+def lora_study(tmp_path_factory, tiny_bert_dir):
+    """A trained and evaluated LoRA run on the tiny BERT (built once for this file)."""
+    return trained_study(tmp_path_factory.mktemp("verify") / "s", tiny_bert_dir)
+
+
+# ---------------------------------------------------------------- pure comparisons
+
+
+def _row(i, pred, scores=None, raw=None):
+    return {
+        "id": i,
+        "gold": "a",
+        "prediction": pred,
+        "raw_output": raw if raw is not None else pred,
+        "correct": pred == "a",
+        "scores": scores,
+    }
+
+
+def test_compare_predictions_identical_and_changed():
+    rec = [_row("x", "a", {"a": 0.9, "b": 0.1}), _row("y", "b", {"a": 0.2, "b": 0.8})]
+    same = compare_predictions(rec, [dict(r) for r in rec], atol=1e-4)
+    assert same["ok"] and same["matched"] == 2 and same["max_score_diff"] == 0.0
+
+    drift = [_row("x", "a", {"a": 0.90005, "b": 0.09995}), rec[1]]
+    assert compare_predictions(rec, drift, atol=1e-4)["ok"]
+    too_far = [_row("x", "a", {"a": 0.8, "b": 0.2}), rec[1]]
+    cmp = compare_predictions(rec, too_far, atol=1e-4)
+    assert not cmp["ok"] and cmp["mismatched"] == 1
+    assert cmp["mismatches"][0]["field"] == "scores"
+    assert cmp["mismatches"][0]["max_abs_diff"] == pytest.approx(0.1)
+
+    flipped = [_row("x", "b", {"a": 0.9, "b": 0.1}), rec[1]]
+    cmp = compare_predictions(rec, flipped, atol=1e-4)
+    fields = {m["field"] for m in cmp["mismatches"]}
+    assert not cmp["ok"] and {"prediction", "raw_output", "correct"} <= fields
+
+    missing = compare_predictions(rec, rec[:1], atol=1e-4)
+    assert not missing["ok"] and missing["missing"] == ["y"]
+    assert not compare_predictions([], [], atol=1e-4)["ok"]  # nothing reproduced is no pass
+
+
+def test_generated_outputs_compared_exactly():
+    rec = [_row("x", {"sender": "a@b"}, raw='{"sender": "a@b"}')]
+    rec[0].pop("scores")
+    other = [dict(rec[0], raw_output='{"sender":  "a@b"}')]
+    cmp = compare_predictions(rec, other, atol=1.0)
+    assert not cmp["ok"] and cmp["mismatches"][0]["field"] == "raw_output"
+
+
+def test_environment_differences_are_named():
+    from tunelab.env import capture_env
+
+    env = capture_env()
+    assert compare_env(env, env) == []
+    other = json.loads(json.dumps(env))
+    other["torch"] = "2.0.0"
+    other["backend"] = "cuda"
+    other["cuda"] = "12.1"
+    other["gpus"] = [{"name": "NVIDIA H100 80GB HBM3"}]
+    diff = {d["field"]: d for d in compare_env(other, env)}
+    assert set(diff) == {"torch", "backend", "cuda", "devices"}
+    assert diff["devices"]["recorded"] == ["NVIDIA H100 80GB HBM3"]
+    msg = env_message("train-1", list(diff.values()))
+    assert "torch 2.0.0 -> " in msg and "tunelab smoke" in msg and "tunelab baseline" in msg
+    assert env_message("train-1", []) is None
+    assert compare_env(None, env)[0]["field"] == "env.json"
+
+
+# ---------------------------------------------------------------- on a real checkpoint
+
+
+def test_verify_passes_then_catches_a_changed_byte(lora_study, capsys):
+    root, run_id = lora_study
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", root, "--json")
+    assert code == 0, (out, err)
+    rec = json.loads(out)
+    assert rec["passed"] and rec["checkpoint"]["ok"] and rec["environment"]["same"]
+    assert rec["predictions"]["n"] == rec["predictions"]["matched"] > 0
+    assert rec["model_run"] == run_id and rec["evaluation_run"] != run_id  # the eval run's rows
+    first = root / "records" / "runs" / run_id / "verify-1.json"
+    assert json.loads(first.read_text())["passed"] is True
+
+    # One byte of the adapter changed: refused by hash before anything is loaded.
+    work = root.parent / "byte"
+    shutil.copytree(root, work)
+    ckpt = work / "records" / "runs" / run_id / "checkpoints" / "final"
+    weights = ckpt / "adapter" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work, "--json")
+    assert code == 1, (out, err)
+    rec = json.loads(out)
+    assert not rec["passed"] and rec["checkpoint"]["changed"] == [
+        "adapter/adapter_model.safetensors"
+    ]
+    assert "does not match the sha256 recorded" in rec["reason"]
+    assert rec["predictions"] is None
+    # both records kept: the earlier pass is never overwritten
+    names = sorted(p.name for p in (work / "records" / "runs" / run_id).glob("verify-*.json"))
+    assert names == ["verify-1.json", "verify-2.json"]
+
+
+def test_verify_catches_edited_weights_with_rewritten_hashes(lora_study, capsys):
+    """Someone edits the adapter and rewrites state.json's hashes: the predictions give it away."""
+    from safetensors.torch import load_file, save_file
+
+    from tunelab.records import sha256_file
+
+    root, run_id = lora_study
+    work = root.parent / "edited"
+    shutil.copytree(root, work)
+    ckpt = (work / "records" / "runs" / run_id / "checkpoints" / "final").resolve()
+    weights = ckpt / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    head = [k for k in tensors if "classifier" in k and k.endswith("weight")]
+    assert head, f"the classification head must be in the adapter: {sorted(tensors)}"
+    tensors[head[0]] = tensors[head[0]] * -3.0
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    state = json.loads((ckpt / "state.json").read_text())
+    state["files"]["adapter/adapter_model.safetensors"] = sha256_file(weights)
+    (ckpt / "state.json").write_text(json.dumps(state))
+
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work, "--json")
+    assert code == 1, (out, err)
+    rec = json.loads(out)
+    assert rec["checkpoint"]["ok"]  # the hashes were made to agree ...
+    assert not rec["passed"] and rec["predictions"]["mismatched"] > 0  # ... the outputs do not
+    assert "not reproduced" in rec["reason"]
+    assert rec["predictions"]["mismatches"][0]["field"] in ("prediction", "scores")
+
+
+def test_verify_refuses_what_it_cannot_verify(lora_study, capsys):
+    root, run_id = lora_study
+    code, _, err = run_cli(capsys, "verify", "no-such-run", "-s", root)
+    assert code == 2 and "not found" in err
