@@ -140,3 +140,117 @@ def test_html_page_escapes_user_strings(tiny_tok):
     assert rec["examples"][0]["tokens"][-1]["id"] == tiny_tok.eos_token_id
     assert [t["loss"] for t in rec["examples"][0]["tokens"]][-1]
     assert IGNORE_INDEX not in [t["id"] for t in rec["examples"][0]["tokens"]]
+
+
+# ---------------------------------------------------------------- the command on a study
+
+
+def write_study(root, model_dir, rows, task, preprocess=None, data=None):
+    import json
+
+    root.mkdir(parents=True)
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {
+        "name": "inspect-test",
+        "task": task,
+        "hypothesis": {
+            "behaviour": "b",
+            "rationale": "r",
+            "expected_effect": "e",
+            "primary_metric": "macro_f1",
+        },
+        "guardrails": [],
+        "data": {
+            "source": {"format": "jsonl", "path": "data.jsonl"},
+            "fields": {
+                "text": "text",
+                "label": "label",
+                "target": "target" if task["kind"] != "classification" else None,
+            },
+            "dedup": {"near": False},
+            **(data or {}),
+        },
+        "model": {"path": str(model_dir)},
+        "preprocess": preprocess or {},
+    }
+    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return root
+
+
+def email_rows(n=30):
+    rows = []
+    for i in range(n):
+        label = ["spam", "ham"][i % 2]
+        target = f'{{"sender": "user{i}@example.com", "subject": "Meeting {i}"}}'
+        rows.append(
+            {"text": f"From: user{i}@example.com Subject: Meeting {i} " + "word " * (i % 7 * 9),
+             "label": label, "target": target}
+        )  # fmt: skip
+    return rows
+
+
+def test_inspect_command_on_a_study(tmp_path, capsys, tiny_llama_dir):
+    import json
+
+    from tests.helpers import run_cli
+
+    task = {"kind": "extraction", "instruction": "Extract the fields as a JSON object.",
+            "json_schema": {"type": "object", "required": ["sender", "subject"]}}  # fmt: skip
+    root = write_study(tmp_path / "s", tiny_llama_dir, email_rows(), task, {"max_seq_len": 160})
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "2")
+    assert code == 0, err
+    assert "all checks pass" in out and "lengths (tokens)" in out
+    assert "<|im_start|>assistant" in out and "p95" in out
+    files = sorted((root / "records" / "inspect").iterdir())
+    assert [f.suffix for f in files] == [".html", ".json"]
+    rec = json.loads(files[1].read_text())
+    assert rec["ok"] and rec["split"] == "train" and rec["sha256"]
+    shown = [e["category"] for e in rec["examples"] if e["why_shown"] == "category"]
+    assert shown == ["ham", "ham", "spam", "spam"]
+    assert rec["stats"]["n"] == sum(s["n"] for s in rec["category_stats"].values())
+    html_page = files[0].read_text()
+    assert "all checks pass" in html_page and "ham" in html_page
+
+    # JSON output, validation split
+    code, out, _ = run_cli(capsys, "inspect", "-s", root, "--split", "validation", "--json")
+    assert code == 0 and json.loads(out)["split"] == "validation"
+    # the test split stays sealed
+    code, _, err = run_cli(capsys, "inspect", "-s", root, "--split", "test")
+    assert code == 2 and "sealed" in err
+
+    # a max_seq_len that cuts answers: exit 2, the record is still written, examples named
+    before = len(list((root / "records" / "inspect").iterdir()))
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--set", "preprocess.max_seq_len=30")
+    assert code == 2
+    assert "target_truncated" in err and "example '" in err and "max_seq_len" in err
+    assert len(list((root / "records" / "inspect").iterdir())) == before + 2
+
+
+@pytest.mark.slow
+def test_inspect_real_bbc_minilm_study_shows_each_category(tmp_path, capsys, minilm_dir, bbc_dir):
+    import json
+    import shutil
+
+    from tests.helpers import run_cli
+
+    rows = []
+    for label in sorted(p.name for p in bbc_dir.iterdir() if p.is_dir()):
+        for f in sorted((bbc_dir / label).glob("*.txt"))[:12]:
+            rows.append({"text": f.read_text(errors="replace"), "label": label})
+    task = {"kind": "classification", "instruction": "Classify the news article by topic."}
+    root = write_study(tmp_path / "bbc", minilm_dir, rows, task, {"max_seq_len": 128})
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "1")
+    assert code == 0, err
+    rec = json.loads(next((root / "records" / "inspect").glob("*.json")).read_text())
+    categories = [e["category"] for e in rec["examples"] if e["why_shown"] == "category"]
+    assert categories == sorted(p.name for p in bbc_dir.iterdir() if p.is_dir())
+    assert len(categories) == 5
+    for e in rec["examples"]:
+        assert e["tokens"][0]["text"] == "[CLS]" and e["tokens"][-1]["text"] == "[SEP]"
+        assert e["truncated"] and e["num_tokens"] == 128  # news articles are long
+    assert rec["stats"]["share_truncated"] > 0.9 and rec["stats"]["max"] == 128
+    for label in categories:
+        assert label in out
+    shutil.rmtree(root)

@@ -80,7 +80,8 @@ def raise_problems(problems: Sequence[Problem], what: str = "preprocessing check
     """Raise one PreprocessError naming every broken example (the first 10) and the fixes."""
     if not problems:
         return
-    shown = [f"  - example {p.example_id!r} [{p.kind}]: {p.message}" for p in problems[:10]]
+    # no square brackets: the CLI prints messages with rich markup
+    shown = [f"  - example {p.example_id!r} ({p.kind}): {p.message}" for p in problems[:10]]
     more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
     fixes = []
     for p in problems:
@@ -591,12 +592,9 @@ class Preprocessor:
                 )
             ]
         positions = [i for i, lab in enumerate(labels) if lab != IGNORE_INDEX]
-        if not positions:
-            return [_problem(eid, "no_loss_positions", "no position carries loss")]
         if len(ids) > self.cfg.max_seq_len:
             out.append(_problem(eid, "too_long", f"{len(ids)} > {self.cfg.max_seq_len} tokens"))
-        allowed_cut = self.cfg.allow_target_truncation
-        if ex.get("target_truncated") and not allowed_cut:
+        if ex.get("target_truncated") and not self.cfg.allow_target_truncation:
             needed = ex.get("min_seq_len_needed", "?")
             kept = len(ids) - ex.get("prompt_len", 0)
             out.append(
@@ -608,8 +606,11 @@ class Preprocessor:
                     needed=needed,
                 )
             )
-        if ex.get("target_truncated"):
             return out  # the cut explains the missing EOS and the shorter loss span
+        if not positions:
+            return out + [_problem(eid, "no_loss_positions", "no position carries loss")]
+        if ex.get("target_truncated"):
+            return out
         if any(labels[i] != ids[i] for i in positions):
             return out + [
                 _problem(
