@@ -429,12 +429,23 @@ def test_audit_table_renders(tiny_bert_dir):
     json.dumps(audit)  # the audit goes into run records as JSON
 
 
-def test_head_init_is_seeded(tiny_bert_dir):
+def test_head_init_is_seeded(tiny_bert_dir, tmp_path):
     cfg = make_cfg(tiny_bert_dir)
     base = resolve_model(cfg.model)
     a, b = load_model(base, cfg, LABELS), load_model(base, cfg, LABELS)
     assert torch.equal(a.classifier.weight, b.classifier.weight)
     assert a.config.id2label == dict(enumerate(LABELS))
+    # A checkpoint whose head has another label set gets a new head, reported as new.
+    a.save_pretrained(tmp_path / "clf")
+    load_tokenizer(base).save_pretrained(tmp_path / "clf")
+    cfg2 = make_cfg(tmp_path / "clf")
+    five = load_model(resolve_model(cfg2.model), cfg2, LABELS + ["x", "y"])
+    assert five.classifier.weight.shape[0] == 5
+    assert five.tunelab_new_params == ["classifier.bias", "classifier.weight"]
+    same = load_model(resolve_model(cfg2.model), cfg2, LABELS)
+    assert same.tunelab_new_params == [] and torch.equal(
+        same.classifier.weight, a.classifier.weight
+    )
 
 
 # ---------------------------------------------------------------- update check

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import ModelError
 from tunelab.models._quiet import quiet_transformers
+from tunelab.models.adapt import head_module_names
 from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
 from tunelab.models.identity import detect_architecture, model_identity, read_model_config
 
@@ -48,8 +50,6 @@ def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel
     if model_cfg.gguf_file:
         gguf = path / model_cfg.gguf_file
         path = convert_gguf(path, model_cfg.gguf_file)
-        import json
-
         conversion = json.loads((path / CONVERSION_FILE).read_text())
         source = {
             "gguf_file": str(gguf),
@@ -72,9 +72,7 @@ def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel
         architecture = detect_architecture(config)
     identity = model_identity(
         path,
-        name=model_cfg.name
-        or (Path(model_cfg.path).name if not model_cfg.gguf_file else None)
-        or Path(model_cfg.gguf_file or path.name).stem,
+        name=model_cfg.name or _default_name(model_cfg),
         revision=model_cfg.revision,
         trust_remote_code=model_cfg.trust_remote_code,
         source=source,
@@ -87,6 +85,13 @@ def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel
         trust_remote_code=model_cfg.trust_remote_code,
         config=config,
     )
+
+
+def _default_name(model_cfg: ModelConfig) -> str:
+    """The GGUF file's stem, else the folder's name."""
+    if model_cfg.gguf_file:
+        return Path(model_cfg.gguf_file).stem
+    return Path(model_cfg.path).expanduser().resolve().name
 
 
 def load_tokenizer(base: BaseModel):
@@ -130,6 +135,7 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
             )
         auto = AutoModelForSequenceClassification
         kwargs.update(
+            ignore_mismatched_sizes=True,  # a checkpoint's head for another label set is replaced
             num_labels=len(labels),
             id2label=dict(enumerate(labels)),
             label2id={label: i for i, label in enumerate(labels)},
@@ -145,12 +151,17 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
             f"cannot load {base.architecture} model from {base.path}: {type(exc).__name__}: {exc}",
             hint="check model.architecture and that the folder is a complete transformers model",
         ) from None
-    if info.get("mismatched_keys"):
+    mismatched = sorted(
+        k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())
+    )
+    heads = head_module_names(model, base.architecture)
+    outside_head = [k for k in mismatched if k.split(".")[0] not in heads]
+    if outside_head:
         raise ModelError(
-            f"{base.path}: tensors with unexpected shapes: {sorted(info['mismatched_keys'])[:5]}",
+            f"{base.path}: tensors with unexpected shapes: {outside_head[:5]}",
             hint="the weights do not match config.json; re-export the model folder",
         )
-    model.tunelab_new_params = sorted(info.get("missing_keys") or [])
+    model.tunelab_new_params = sorted(set(info.get("missing_keys") or []) | set(mismatched))
     if base.architecture == "causal_lm" and model.tunelab_new_params:
         raise ModelError(
             f"{base.path}: tensors missing from the checkpoint: {model.tunelab_new_params[:5]}",
