@@ -204,6 +204,7 @@ def run_smoke(
         if getattr(exc, "exit_code", 2) >= 128:  # interrupted by a signal: stop here
             raise
         checks.append(_check("smoke", False, f"{type(exc).__name__}: {exc.message}"))
+        record["hint"] = exc.hint
     record["checks"] = checks
     record.update(timings)
     record["total_s"] = round(time.perf_counter() - started, 3)

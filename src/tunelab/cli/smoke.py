@@ -71,5 +71,7 @@ def smoke(
         console.print(f"record: {record['path']}")
     if not record["passed"]:
         raise SmokeFailed(
-            f"smoke {run.id} failed: {record['reason']}", hint=f"the record is {record['path']}"
+            f"smoke {run.id} failed: {record['reason']}",
+            hint=(record.get("hint") + "; " if record.get("hint") else "")
+            + f"the record is {record['path']}",
         )
