@@ -8,7 +8,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from tunelab.config import validate_config
-from tunelab.inspect import inspect_rows, render_html, select_examples
+from tunelab.inspect import categorize, inspect_rows, render_html, select_examples
 from tunelab.preprocess import IGNORE_INDEX, Preprocessor, length_stats
 from tunelab.scaffold import render_study_yaml
 from tunelab.tasks import get_task
@@ -49,13 +49,21 @@ def tiny_tok(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def test_select_examples_per_category():
+def test_categories_and_selection():
     rows = clf_rows(4)
-    picked = select_examples(rows, 2)
+    cats = categorize(rows)
+    assert cats == [r["label"] for r in rows]
+    picked = select_examples(cats, 2)
     assert [rows[i]["id"] for i in picked] == [
         "business-0", "business-1", "sport-0", "sport-1", "tech-0", "tech-1",
     ]  # fmt: skip
-    assert select_examples([{"id": "a", "label": None}] * 5, 3) == [0, 1, 2]
+    # unlabelled rows: few distinct targets are the categories (a format task's verdicts)
+    verdicts = [{"id": str(i), "label": None, "target": ["yes", "no"][i % 2]} for i in range(6)]
+    assert categorize(verdicts) == ["yes", "no"] * 3
+    # many distinct targets: one category
+    free = [{"id": str(i), "label": None, "target": f"t{i}"} for i in range(30)]
+    assert categorize(free) == ["all"] * 30
+    assert select_examples(["all"] * 5, 3) == [0, 1, 2]
 
 
 def test_inspect_shows_every_category_with_loss_positions(tiny_tok):

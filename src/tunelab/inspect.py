@@ -1,7 +1,8 @@
 """`tunelab inspect`: look at examples after the exact preprocessing of training, and stop on a
 broken mask.
 
-For N examples of every category (the label; "all" when the task has none) plus the longest
+For N examples of every category (the label; for unlabelled rows the target when the split has
+few distinct ones, else "all") plus the longest
 example of the split, the record holds the exact rendered text with special tokens visible, the
 token count, which positions carry loss, where truncation cut, and whether the tokens under the
 loss decode to the expected target. Length statistics and the stop conditions cover the whole
@@ -37,16 +38,25 @@ Progress = Callable[[int, int], None]
 # ---------------------------------------------------------------- pure logic
 
 
-def category_of(example: dict[str, Any]) -> str:
-    label = example.get("label")
-    return NO_CATEGORY if label is None else str(label)
+MAX_TARGET_CATEGORIES = 20
 
 
-def select_examples(rows: Sequence[dict[str, Any]], per_category: int) -> list[int]:
+def categorize(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The category of each row: its label; for rows without labels, the target itself when
+    the split has few distinct targets (e.g. a format task's verdicts); else "all"."""
+    if any(r.get("label") is not None for r in rows):
+        return [NO_CATEGORY if r.get("label") is None else str(r["label"]) for r in rows]
+    targets = {str(r.get("target")) for r in rows if r.get("target") is not None}
+    if 1 < len(targets) <= MAX_TARGET_CATEGORIES:
+        return [NO_CATEGORY if r.get("target") is None else str(r["target"]) for r in rows]
+    return [NO_CATEGORY] * len(rows)
+
+
+def select_examples(categories: Sequence[str], per_category: int) -> list[int]:
     """Indices of the first `per_category` rows of each category, categories sorted."""
     chosen: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        picked = chosen.setdefault(category_of(row), [])
+    for i, category in enumerate(categories):
+        picked = chosen.setdefault(category, [])
         if len(picked) < per_category:
             picked.append(i)
     return [i for category in sorted(chosen) for i in chosen[category]]
@@ -159,7 +169,8 @@ def inspect_rows(
     by_id: dict[str, list[Problem]] = {}
     for p in problems:
         by_id.setdefault(p.example_id, []).append(p)
-    reasons = {i: "category" for i in select_examples(rows, per_category)}
+    cats = categorize(rows)
+    reasons = {i: "category" for i in select_examples(cats, per_category)}
     if encoded:
         # the longest input before any cut: where truncation bites hardest
         longest = max(
@@ -175,13 +186,13 @@ def inspect_rows(
     examples = []
     for i in shown:
         found = by_id.get(str(encoded[i]["id"]), [])
-        d = describe_example(pre, encoded[i], category_of(rows[i]), found)
+        d = describe_example(pre, encoded[i], cats[i], found)
         d["why_shown"] = reasons[i]
         examples.append(d)
     collator = collator_problems(pre, [encoded[i] for i in shown])
     categories: dict[str, list[dict[str, Any]]] = {}
-    for row, enc in zip(rows, encoded, strict=True):
-        categories.setdefault(category_of(row), []).append(enc)
+    for category, enc in zip(cats, encoded, strict=True):
+        categories.setdefault(category, []).append(enc)
     all_problems = [p.to_dict() for p in problems] + collator["problems"]
     return {
         "task": task.describe(),

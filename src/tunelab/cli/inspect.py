@@ -72,13 +72,12 @@ def print_record(record: dict[str, Any]) -> None:
             if ex["truncated"]
             else ""
         )
+        console.print(Rule(Text(f"{ex['id']}  {ex['category']}"), align="left"))
         console.print(
-            Rule(
-                Text(
-                    f"{ex['id']} [{ex['category']}, {ex['why_shown']}] {ex['num_tokens']} "
-                    f"tokens, {ex['num_loss_tokens']} under the loss{cut}"
-                ),
-                align="left",
+            Text(
+                f"shown for: {ex['why_shown']}; {ex['num_tokens']} tokens, "
+                f"{ex['num_loss_tokens']} under the loss{cut}",
+                style="dim",
             )
         )
         console.print(token_text(ex))
@@ -94,7 +93,8 @@ def print_record(record: dict[str, Any]) -> None:
             console.print(Text(f"label: {ex['target_text']} (index {ex['label_index']})"))
     s = record["stats"]
     rows = [["all", s["n"], s["p50"], s["p95"], s["max"], _pct(s["share_truncated"])]]
-    for name, c in record["category_stats"].items():
+    per_category = record["category_stats"] if len(record["category_stats"]) > 1 else {}
+    for name, c in per_category.items():
         rows.append([name, c["n"], c["p50"], c["p95"], c["max"], _pct(c["share_truncated"])])
     console.print(
         table("lengths (tokens)", ["category", "n", "p50", "p95", "max", "truncated"], rows)
