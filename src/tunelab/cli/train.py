@@ -20,6 +20,22 @@ from tunelab.cli.common import (
 )
 from tunelab.study import Run
 
+# Distributed training (tunelab.train.launch): torchrun starts the same command once per rank.
+StrategyOpt = Annotated[
+    str | None,
+    typer.Option(help="single, ddp (a replica per rank) or fsdp (sharded); with --nproc."),
+]
+NprocOpt = Annotated[
+    int | None, typer.Option("--nproc", help="Processes (GPUs) on this node, through torchrun.")
+]
+NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes (torchrun --nnodes).")]
+NodeRankOpt = Annotated[
+    int | None, typer.Option("--node-rank", help="This node's rank; node 0 writes the records.")
+]
+RdzvOpt = Annotated[
+    str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (several nodes).")
+]
+
 
 def _summary(run: Run) -> dict[str, Any]:
     status = run.status()
@@ -57,12 +73,25 @@ def train(
     why: Annotated[str | None, typer.Option(help="What this run changes and why.")] = None,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
+    strategy: StrategyOpt = None,
+    nproc: NprocOpt = None,
+    nnodes: NnodesOpt = 1,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: RdzvOpt = None,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
     from tunelab.train import train_run
+    from tunelab.train.launch import Launch, forward_options, rank_strategy, relaunch
 
     s = open_study(study, sets)
-    run = train_run(s, name=name, parent=parent, why=why, progress=not json_out)
+    launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
+    ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
+    if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
+        return
+    with rank_strategy(launch, s.config.training.precision) as ranks:
+        run = train_run(s, name=name, parent=parent, why=why, progress=not json_out, strategy=ranks)
+    if ranks is not None and not ranks.is_main:
+        return
     summary = _summary(run)
     if json_out:
         emit_json(summary)
@@ -75,12 +104,36 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="The stopped run (id, prefix or name).")],
     study: StudyDir = Path("."),
     json_out: JsonOpt = False,
+    strategy: StrategyOpt = None,
+    nproc: NprocOpt = None,
+    nnodes: NnodesOpt = 1,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: RdzvOpt = None,
 ) -> None:
-    """Continue an interrupted run from its latest checkpoint, to the same result."""
+    """Continue an interrupted run from its latest checkpoint, to the same result (a
+    distributed run relaunches with its recorded --strategy and --nproc)."""
     from tunelab.train import resume_run
+    from tunelab.train.launch import (
+        forward_options,
+        rank_strategy,
+        recorded_precision,
+        relaunch,
+        resume_launch,
+    )
 
     s = open_study(study, None)
-    run = resume_run(s, run_id, progress=not json_out)
+    stopped = s.get_run(run_id)
+    launch = resume_launch(
+        stopped.dir, strategy=strategy, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+    )  # fmt: skip
+    ranks_cmd = forward_options(study=s.root, json=json_out)
+    if relaunch(launch, s.root, ["resume", stopped.id, *ranks_cmd]):
+        return
+    with rank_strategy(launch, recorded_precision(stopped.dir)) as ranks:
+        run = resume_run(s, stopped.id, progress=not json_out, strategy=ranks)
+    if ranks is not None and not ranks.is_main:
+        return
     summary = _summary(run)
     if json_out:
         emit_json(summary)

@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import json
 import os
+import signal
 import socket
 import traceback
 from collections.abc import Iterator
@@ -33,14 +34,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
-from tunelab.errors import ConfigError, RunError
+from tunelab.errors import CheckpointError, ConfigError, RunError
+from tunelab.ledger import utc_now
+from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
+from tunelab.study import Run, Study
+from tunelab.train import checkpoint as ckpt
+from tunelab.train.strategy import SingleProcess, Strategy
 
 STRATEGIES = ("ddp", "fsdp")
 LAUNCH_DIR_ENV = "TUNELAB_LAUNCH_DIR"
 # How long a collective waits for a missing rank before failing (torchrun usually stops the
 # other ranks first, when one exits with an error).
-TIMEOUT_S = float(os.environ.get("TUNELAB_DIST_TIMEOUT_S", "600"))
+TIMEOUT_S = float(os.environ.get("TUNELAB_DIST_TIMEOUT_S", "1800"))
 
 
 # ------------------------------------------------------------------ process group
@@ -181,6 +188,7 @@ class DDP(Distributed):
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
+        fail_for_test(self.rank)
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal.
@@ -217,6 +225,7 @@ class FSDP(Distributed):
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import fully_shard
 
+        fail_for_test(self.rank)
         model = model.to(self.device)
         # fully_shard keeps each rank's own values: start every rank from rank 0's weights
         # (newly initialized heads and LoRA matrices differ when seeds differ).
@@ -332,7 +341,208 @@ def full_trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_state_options(full=True))
 
 
+# ------------------------------------------------------------------ runs: only rank 0 writes
+
+
+class FollowerRun(Run):
+    """The run as ranks other than 0 hold it: same folder, but statuses and heartbeats are
+    rank 0's to write."""
+
+    def set_status(self, status: str, reason: str | None = None, **extra: Any) -> None:
+        pass
+
+    def heartbeat(self) -> None:
+        pass
+
+
+def environment(strategy: Strategy | None) -> dict[str, Any]:
+    """env.json of a run; a distributed run adds every rank's device and the backend with its
+    version under `distributed`. A collective under a distributed strategy."""
+    from tunelab.env import capture_env
+
+    env = capture_env()
+    if isinstance(strategy, Distributed):
+        env["distributed"] = {**env.get("distributed", {}), **strategy.describe()}
+    return env
+
+
+def create_run(strategy: Strategy | None, study: Study, kind: str, **kwargs: Any) -> Run:
+    """`study.create_run(kind, **kwargs)` on rank 0; the other ranks get the same run as a
+    FollowerRun (they write no record)."""
+    if not isinstance(strategy, Distributed):
+        return study.create_run(kind, **kwargs)
+    run = study.create_run(kind, **kwargs) if strategy.is_main else None
+    if run is not None:
+        announce_run(run.id, run.dir)
+    run_id, run_dir = strategy.broadcast_object((run.id, str(run.dir)) if run else None)
+    return run if run is not None else FollowerRun(study, run_id, Path(run_dir))
+
+
+def follow(strategy: Strategy | None, run: Run) -> Run:
+    """Before a resumed run goes on: the strategy and world size must be the recorded ones;
+    every rank has finished its checks; ranks other than 0 get a FollowerRun."""
+    from tunelab.train.launch import recorded_launch
+
+    strategy = strategy or SingleProcess()
+    recorded = recorded_launch(run.dir)
+    name = strategy.name if isinstance(strategy, Distributed) else "single"
+    if (recorded.strategy, recorded.world_size) != (name, strategy.world_size):
+        raise RunError(
+            f"run {run.id} was trained with --strategy {recorded.strategy} on "
+            f"{recorded.world_size} process(es), not {name} on {strategy.world_size}",
+            hint=f"`tunelab resume {run.id}` (it relaunches with the recorded strategy), or "
+            "start a new run: the global batch depends on the number of processes",
+        )
+    if not isinstance(strategy, Distributed):
+        return run
+    strategy.barrier()
+    if strategy.is_main:
+        announce_run(run.id, run.dir)
+        return run
+    return FollowerRun(run.study, run.id, run.dir)
+
+
+def agreed_stop(strategy: Strategy, signum: int | None) -> int | None:
+    """A stop signal seen by any rank stops every rank after the same step (their checkpoint
+    save is collective)."""
+    if not isinstance(strategy, Distributed):
+        return signum
+    if strategy.all_reduce_sum(1.0 if signum is not None else 0.0) > 0:
+        return signum if signum is not None else int(signal.SIGTERM)
+    return None
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def save_checkpoint(strategy: Strategy, root: Path, step: int, **kwargs: Any) -> Path:
+    """`checkpoint.save_checkpoint` for any strategy (same keyword arguments).
+
+    Single process: as is. DDP: rank 0 writes the (identical) replica's checkpoint. FSDP: every
+    rank writes its shards of weights and optimizer through torch.distributed.checkpoint into
+    `dcp/`; rank 0 adds the gathered trainable weights (`adapter/` or `model/`, for evaluation
+    and export), scheduler, RNG and state.json. Every rank returns the same path.
+    """
+    if not isinstance(strategy, Distributed):
+        return ckpt.save_checkpoint(root, step, **kwargs)
+    kwargs["state"] = {
+        **kwargs["state"],
+        "strategy": strategy.name,
+        "world_size": strategy.world_size,
+    }
+    if isinstance(strategy, FSDP):
+        path = _save_fsdp(strategy, root, step, **kwargs)
+    else:
+        path = None
+        if strategy.is_main:
+            kwargs["model"] = strategy.unwrap(kwargs["model"])
+            path = ckpt.save_checkpoint(root, step, **kwargs)
+        path = strategy.broadcast_object(str(path) if path else None)
+    return Path(path)
+
+
+def load_checkpoint(strategy: Strategy, path: Path, **kwargs: Any) -> dict[str, Any]:
+    """`checkpoint.load_checkpoint` for any strategy: every rank loads the same checkpoint
+    (FSDP: its own shards, through torch.distributed.checkpoint)."""
+    state = ckpt.read_checkpoint_state(path)
+    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
+    name = strategy.name if isinstance(strategy, Distributed) else "single"
+    if saved != (name, strategy.world_size):
+        raise CheckpointError(
+            f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
+            f"{name} on {strategy.world_size}",
+            hint="resume with the strategy and --nproc the run was started with",
+        )
+    if not isinstance(strategy, Distributed):
+        return ckpt.load_checkpoint(path, **kwargs)
+    if isinstance(strategy, DDP):
+        kwargs["model"] = strategy.unwrap(kwargs["model"])
+        return ckpt.load_checkpoint(path, **kwargs)
+    load_sharded(path, kwargs["model"], kwargs["optimizer"])
+    if kwargs.get("scheduler") is not None:
+        kwargs["scheduler"].load_state_dict(read_json(path / "scheduler.json"))
+    if kwargs.get("restore_rng_state", True):
+        ckpt.restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
+    return state
+
+
+def _save_fsdp(
+    strategy: FSDP,
+    root: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    method: str,
+    state: dict[str, Any],
+) -> Path:
+    from tunelab.models import trainable_dirname
+
+    final = root / ckpt.step_dir_name(step)
+    if strategy.broadcast_object(final.exists()):
+        return final
+    tmp = None
+    if strategy.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temp_dir_beside(final)
+    tmp = Path(strategy.broadcast_object(str(tmp) if tmp else None))
+    save_sharded(tmp, model, optimizer)
+    weights = full_trainable_state(model)  # [full tensors on rank 0's CPU]
+    if strategy.is_main:
+        write_trainable(model, weights, tmp / trainable_dirname(method), method)
+        ckpt.kill_for_test("save", step)
+        write_json_atomic(tmp / "scheduler.json", scheduler.state_dict())
+        rng_tensors, rng_rest = ckpt.capture_rng()
+        save_file(rng_tensors, str(tmp / "rng.safetensors"))
+        files = {
+            str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
+        }
+        record = {
+            **state,
+            "step": step,
+            "rng": rng_rest,
+            "grad_scaler": None,
+            "optimizer": f"{DCP_DIR}/ (torch.distributed.checkpoint, sharded)",
+            "saved_at": utc_now(),
+            "files": files,
+        }
+        write_json_atomic(tmp / "state.json", record)
+        publish_dir(tmp, final)
+    strategy.barrier()
+    return final
+
+
+def write_trainable(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], out: Path, method: str
+) -> Path:
+    """Gathered trainable weights in the format `tunelab.models.save_trainable` writes, so that
+    evaluation, verify and export load an FSDP run like any other."""
+    from tunelab.models._quiet import quiet_transformers
+    from tunelab.models.persist import FREEZE_FILE
+
+    out.mkdir(parents=True, exist_ok=True)
+    with quiet_transformers():
+        if method in ("lora", "full"):
+            # peft and transformers write these tensors instead of reading the sharded model
+            model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        else:
+            tensors = {n: t.contiguous() for n, t in weights.items()}
+            save_file(tensors, str(out / FREEZE_FILE), metadata={"format": "pt"})
+            (out / "trainable.json").write_text(
+                json.dumps({"method": "freeze", "tensors": sorted(tensors)}, indent=2) + "\n"
+            )
+    return out
+
+
 # ------------------------------------------------------------------ failures of ranks
+
+
+def fail_for_test(rank: int) -> None:
+    """Only for the test suite: TUNELAB_TEST_FAIL_RANK=k makes rank k raise when wrapping."""
+    if os.environ.get("TUNELAB_TEST_FAIL_RANK") == str(rank):
+        raise RuntimeError(f"failure injected on rank {rank} for the test")
 
 
 def launch_dir() -> Path | None:
@@ -341,16 +551,21 @@ def launch_dir() -> Path | None:
 
 
 def write_rank_failure(exc: BaseException) -> Path | None:
-    """Leave `rank-<k>.json` (exception and traceback) in the launch folder, for the launcher."""
+    """Leave `rank-<k>.json` (exception and traceback) in the launch folder, for the launcher.
+
+    An interruption (SIGINT/SIGTERM) is recorded with kind "interrupted", not as a failure.
+    """
     folder = launch_dir()
     if folder is None or not under_torchrun():
         return None
     rank = int(os.environ["RANK"])
+    interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "exit_code", 0) >= 128
     record = {
         "rank": rank,
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "kind": "interrupted" if interrupted else "failed",
         "error": f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}",
         "hint": getattr(exc, "hint", None),
         "traceback": "".join(traceback.format_exception(exc)),

@@ -46,6 +46,7 @@ from tunelab.records import (
 )
 from tunelab.study import Run, Study
 from tunelab.train import checkpoint as ckpt
+from tunelab.train import distributed
 from tunelab.train.batches import DataOrder, Position, StepSource, eval_batches
 from tunelab.train.loop import (
     InvalidRun,
@@ -220,10 +221,10 @@ def train_run(
     """
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
-    from tunelab.env import capture_env
-
     prep = _prepare(study)
-    run = study.create_run(
+    run = distributed.create_run(  # rank 0 writes the record; the other ranks follow it
+        strategy,
+        study,
         RUN_KIND,
         config=prep.cfg,
         name=name,
@@ -231,7 +232,7 @@ def train_run(
         why=why,
         data_snapshot=prep.snapshot.id,
         hypothesis=prep.hypothesis,
-        env=capture_env(),
+        env=distributed.environment(strategy),
         extra={
             "labels": prep.labels,
             "base_model": prep.base.identity,
@@ -304,6 +305,7 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
+    run = distributed.follow(strategy, run)
     run.set_status(
         "running",
         f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
@@ -358,7 +360,8 @@ def _execute(
         )
         raise RunFailed(f"run {run.id} failed: {reason}", hint=hint) from exc
     run.set_status("completed", None, **summary)
-    (run.dir / "DONE").write_text("")
+    if strategy is None or strategy.is_main:
+        (run.dir / "DONE").write_text("")
 
 
 def _truncate_metrics(run: Run, step: int) -> None:
@@ -397,21 +400,23 @@ def _train(
         torch.set_num_threads(t.num_threads)
     _encode(prep)
     pre = prep.preprocessor
-    _write_once(
-        run.path("preprocess.json"),
-        {
-            **pre.describe(),
-            "train": length_stats(prep.train),
-            "validation": length_stats(prep.validation),
-            "loss_tokens": sum(
-                sum(1 for x in e["labels"][1:] if x != -100) if "labels" in e else 1
-                for e in prep.train
-            ),
-        },
-    )
+    if strategy.is_main:
+        _write_once(
+            run.path("preprocess.json"),
+            {
+                **pre.describe(),
+                "train": length_stats(prep.train),
+                "validation": length_stats(prep.validation),
+                "loss_tokens": sum(
+                    sum(1 for x in e["labels"][1:] if x != -100) if "labels" in e else 1
+                    for e in prep.train
+                ),
+            },
+        )
     device = _device()
     model, audit = _build_model(prep, device)
-    _write_once(run.path("audit.json"), audit)
+    if strategy.is_main:
+        _write_once(run.path("audit.json"), audit)
     method = cfg.adaptation.method
     arch = prep.base.architecture
     packing = t.packing and arch == "causal_lm"
@@ -445,7 +450,8 @@ def _train(
     state = TrainState()
     elapsed_before = 0.0
     if resume is not None:
-        saved = ckpt.load_checkpoint(
+        saved = distributed.load_checkpoint(
+            strategy,
             resume,
             model=model,
             optimizer=optimizer,
@@ -461,7 +467,8 @@ def _train(
             last_loss=saved["last_loss"],
         )
         elapsed_before = saved.get("elapsed_s", 0.0)
-    _truncate_metrics(run, state.step)
+    if strategy.is_main:
+        _truncate_metrics(run, state.step)
 
     before = capture_params(model) if state.step < t.update_check_steps else None
     update_check: dict[str, Any] = {"after_step": t.update_check_steps, "violations": None}
@@ -469,7 +476,8 @@ def _train(
         update_check["note"] = "resumed after the check step; checked in the first attempt"
     val = {"initial": None, "last": None}
     if val_batches and state.step == 0:
-        loss, n = validation_loss(model, val_batches, arch, t.precision, strategy)
+        # every rank evaluates the whole split (an FSDP forward is collective): no reduction
+        loss, n = validation_loss(model, val_batches, arch, t.precision)
         val["initial"] = loss
         if strategy.is_main:
             append_jsonl(run.path("metrics.jsonl"), {"step": 0, "val_loss": loss, "val_tokens": n})
@@ -479,7 +487,8 @@ def _train(
     bar = _Progress(steps, state.step) if progress and strategy.is_main else None
 
     def save(s: TrainState) -> Path:
-        path = ckpt.save_checkpoint(
+        path = distributed.save_checkpoint(
+            strategy,
             root,
             s.step,
             model=model,
@@ -498,7 +507,8 @@ def _train(
                 "elapsed_s": elapsed_before + time.perf_counter() - started,
             },
         )
-        ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
+        if strategy.is_main:
+            ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
         return path
 
     def on_step(s: TrainState, row: dict[str, Any]) -> None:
@@ -515,7 +525,7 @@ def _train(
                 )
         if val_batches and (s.step % t.eval_every_steps == 0 or s.step == steps):
             row["val_loss"], row["val_tokens"] = validation_loss(
-                model, val_batches, arch, t.precision, strategy
+                model, val_batches, arch, t.precision
             )
             val["last"] = row["val_loss"]
         if strategy.is_main:
@@ -528,19 +538,22 @@ def _train(
         now = time.perf_counter()
         if now - last_beat[0] >= HEARTBEAT_EVERY_S or saved_now:
             last_beat[0] = now
-            _beat(run, s.step, steps)
+            if strategy.is_main:
+                _beat(run, s.step, steps)
         if bar is not None:
             bar.update(s.step, row)
-        if stop.signum is not None and s.step < steps:
+        signum = distributed.agreed_stop(strategy, stop.signum)
+        if signum is not None and s.step < steps:
             path = save(s)
-            name = signal.Signals(stop.signum).name
+            name = signal.Signals(signum).name
             raise RunInterrupted(
                 f"run {run.id} stopped by {name} after step {s.step}; checkpoint {path.name} saved",
                 hint=f"`tunelab resume {run.id}` continues it to the same result",
-                signum=stop.signum,
+                signum=signum,
             )
 
-    _beat(run, state.step, steps)
+    if strategy.is_main:
+        _beat(run, state.step, steps)
     try:
         if state.step < steps:
             train_loop(loop, state, on_step)
@@ -551,11 +564,12 @@ def _train(
             bar.close()
     final = ckpt.latest_checkpoint(root)
     assert final is not None and final.name == ckpt.step_dir_name(steps)
-    ckpt.mark_final(root, steps)
-    ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
+    if strategy.is_main:
+        ckpt.mark_final(root, steps)
+        ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
     rows = [r for r in read_jsonl(run.path("metrics.jsonl")) if "loss" in r]
     elapsed = elapsed_before + time.perf_counter() - started
-    if update_check["violations"] == [] or update_check["violations"] is None:
+    if strategy.is_main and update_check["violations"] in ([], None):
         study.ledger.add_event(run.id, "update_check", update_check)
     return {
         "steps": steps,
