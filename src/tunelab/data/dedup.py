@@ -133,20 +133,25 @@ def shingle_texts(normalized: pa.Array | Sequence[str], k: int) -> Shingles:
     total = int(offsets[-1])
     if total == 0:
         return Shingles(np.zeros(0, np.uint32), offsets)
-    # shingle s of doc d starts at word word_start[d] + (s - offsets[d])
+    # Window hash at every word position of the flat word array (contiguous slices, no
+    # gathers), then keep the windows that start a shingle: shingle s of doc d starts at word
+    # word_start[d] + (s - offsets[d]).
+    num_total = len(words)
+    padded = np.concatenate([words, np.zeros(k, np.uint64)])
+    window = padded[:num_total].copy()
+    for t in range(1, k):
+        window *= _GOLDEN
+        window += padded[t : num_total + t]
     start = np.arange(total, dtype=np.int64)
     start += np.repeat(word_start[:-1] - offsets[:-1], num_sh)
-    last = len(words) - 1
-    acc = words[start]
-    for t in range(1, k):
-        acc = acc * _GOLDEN + words[np.minimum(start + t, last)]
+    acc = window[start]
     # texts shorter than k words: their one shingle holds only their own words
     short = np.flatnonzero((num_words > 0) & (num_words < k))
     if len(short):
         st, length = word_start[short], num_words[short]
         sacc = words[st]
         for t in range(1, k):
-            sacc = np.where(length > t, sacc * _GOLDEN + words[np.minimum(st + t, last)], sacc)
+            sacc = np.where(length > t, sacc * _GOLDEN + padded[st + t], sacc)
         acc[offsets[short]] = sacc
     values = (_mix64(acc) >> np.uint64(32)).astype(np.uint32)
     return Shingles(values, offsets)
@@ -162,18 +167,32 @@ def _perm_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
+def _padded_lengths(counts: np.ndarray) -> np.ndarray:
+    """Round shingle counts up (at most 12.5 %) so documents fall into few length buckets."""
+    c = np.maximum(counts, 1)
+    step = 2 ** np.maximum(0, np.floor(np.log2(c)).astype(np.int64) - 3)
+    return -(-c // step) * step
+
+
+# elements of one [docs, padded_len, num_perm] uint64 block (2 MiB: stays in cache)
+_BLOCK_ELEMENTS = 1 << 18
+
+
 def minhash_signatures(
     shingles: Shingles,
     num_perm: int = 128,
     seed: int = 1,
     *,
     num_threads: int | None = None,
-    chunk_shingles: int = 4096,
     progress: Progress = _noop,
 ) -> np.ndarray:
     """[num_docs, num_perm] uint32 MinHash signatures; documents without shingles get all-max.
 
-    Work is split over `num_threads` threads (numpy releases the GIL in its kernels).
+    h_i(x) = ((a_i * x + b_i) mod 2**64) >> 32 on 32-bit shingle hashes x (strongly universal).
+    Documents are grouped by (padded) length so that each block is a dense
+    [docs, length, num_perm] array reduced with one min over its length axis; padding repeats a
+    document's last shingle, which cannot change its minimum. Blocks are spread over
+    `num_threads` threads (numpy releases the GIL in its kernels).
     """
     counts = shingles.counts
     n = len(counts)
@@ -184,39 +203,51 @@ def minhash_signatures(
     a, b = _perm_params(num_perm, seed)
     offsets = shingles.offsets
     values = shingles.values.astype(np.uint64)
-    ends = offsets[docs + 1]
-    total = int(offsets[-1])
-    biggest = int(counts.max())
-    threads = max(1, min(num_threads or os.cpu_count() or 1, 8))
+    padded = _padded_lengths(counts[docs])
+    order = np.argsort(padded, kind="stable")
+    docs, padded = docs[order], padded[order]
+    blocks: list[tuple[np.ndarray, int]] = []
+    edges = np.flatnonzero(np.r_[True, padded[1:] != padded[:-1], True])
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        length = int(padded[lo])
+        per_block = max(1, _BLOCK_ELEMENTS // (length * num_perm))
+        for s in range(lo, hi, per_block):
+            blocks.append((docs[s : min(hi, s + per_block)], length))
+    shift = np.uint64(32)
+    seg = max(1, _BLOCK_ELEMENTS // num_perm)  # shingles per piece of a very long document
     done = [0]
     lock = threading.Lock()
 
-    def work(part: np.ndarray) -> None:
-        # chunks of about chunk_shingles shingles: the [chunk, num_perm] buffer stays in cache
-        buf = np.empty((chunk_shingles + biggest, num_perm), np.uint64)
-        i = 0
-        part_ends = ends[part[0] : part[-1] + 1]
-        while i < len(part_ends):
-            lo = offsets[docs[part[0] + i]]
-            j = max(int(np.searchsorted(part_ends, lo + chunk_shingles, side="right")), i + 1)
-            chunk_docs = docs[part[0] + i : part[0] + j]
-            hi = offsets[chunk_docs[-1] + 1]
-            h = buf[: hi - lo]
-            np.multiply(values[lo:hi, None], a[None, :], out=h)
+    def run(block: tuple[np.ndarray, int]) -> None:
+        chunk, length = block
+        if length * num_perm <= _BLOCK_ELEMENTS:
+            last = counts[chunk] - 1
+            idx = offsets[chunk][:, None] + np.minimum(np.arange(length)[None, :], last[:, None])
+            h = values[idx][:, :, None] * a  # [docs, length, num_perm]
             h += b
-            h >>= np.uint64(32)
-            sig[chunk_docs] = np.minimum.reduceat(h, offsets[chunk_docs] - lo, axis=0)
-            i = j
-            with lock:
-                done[0] += int(hi - lo)
-                progress("minhash", done[0] / total)
+            sig[chunk] = (h.min(axis=1) >> shift).astype(np.uint32)
+        else:  # one long document, in pieces
+            (d,) = chunk
+            best = np.full(num_perm, np.iinfo(np.uint64).max, np.uint64)
+            for lo in range(int(offsets[d]), int(offsets[d + 1]), seg):
+                h = values[lo : min(lo + seg, int(offsets[d + 1]))][:, None] * a
+                h += b
+                np.minimum(best, h.min(axis=0), out=best)
+            sig[d] = (best >> shift).astype(np.uint32)
+        with lock:
+            done[0] += len(chunk)
+            progress("minhash", done[0] / len(docs))
 
-    parts = [p for p in np.array_split(np.arange(len(docs)), threads) if len(p)]
-    if len(parts) == 1:
-        work(parts[0])
+    def run_many(part: list[tuple[np.ndarray, int]]) -> None:
+        for block in part:
+            run(block)
+
+    threads = max(1, min(num_threads or os.cpu_count() or 1, 16, len(blocks)))
+    if threads == 1:
+        run_many(blocks)
     else:
-        with ThreadPoolExecutor(len(parts)) as pool:
-            list(pool.map(work, parts))
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run_many, [blocks[t::threads] for t in range(threads)]))
     return sig
 
 
@@ -236,39 +267,44 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
 
 
 def _band_keys(sig: np.ndarray, band: int, rows: int) -> np.ndarray:
-    cols = sig[:, band * rows : (band + 1) * rows].astype(np.uint64)
     acc = np.full(len(sig), ((band + 1) * int(_GOLDEN)) & int(_MASK64), np.uint64)
-    for c in range(rows):
-        acc = _mix64((acc * _GOLDEN) ^ cols[:, c])
-    return acc
+    for c in range(band * rows, (band + 1) * rows):
+        acc *= _GOLDEN
+        acc += sig[:, c]
+    return _mix64(acc)
+
+
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """np.unique by sorting (numpy's hash-based unique is slower on large integer arrays)."""
+    if len(x) == 0:
+        return x
+    x = np.sort(x)
+    return x[np.r_[True, x[1:] != x[:-1]]]
 
 
 def _bucket_pairs(keys: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Pairs of members sharing a key. [P, 2] int64 with pair[:, 0] < pair[:, 1]."""
-    order = np.argsort(keys, kind="stable")
-    k = keys[order]
-    same_next = k[1:] == k[:-1]
-    if not same_next.any():
+    sk = np.sort(keys)
+    same = sk[1:] == sk[:-1]
+    if not same.any():
         return np.zeros((0, 2), np.int64)
-    # keep only positions inside a bucket of size >= 2
-    in_bucket = np.zeros(len(k), bool)
-    in_bucket[1:] |= same_next
-    in_bucket[:-1] |= same_next
-    pos = np.flatnonzero(in_bucket)
-    k = k[pos]
-    m = members[order[pos]]
-    run_start = np.r_[True, k[1:] != k[:-1]]
-    run_id = np.cumsum(run_start) - 1
+    shared = _sorted_unique(sk[1:][same])
+    # only the (few) rows whose key is shared get sorted by key
+    pos = np.minimum(np.searchsorted(shared, keys), len(shared) - 1)
+    rows = np.flatnonzero(shared[pos] == keys)
+    order = rows[np.argsort(keys[rows], kind="stable")]
+    k = keys[order]
+    m = members[order]
+    run_id = np.cumsum(np.r_[True, k[1:] != k[:-1]]) - 1
     out = []
     for t in range(1, MAX_BUCKET_PAIRS_WINDOW):
         if t >= len(k):
             break
-        same = run_id[t:] == run_id[:-t]
-        if not same.any():
+        same_run = run_id[t:] == run_id[:-t]
+        if not same_run.any():
             break
-        out.append(np.stack([m[:-t][same], m[t:][same]], axis=1))
-    pairs = np.concatenate(out)
-    return np.sort(pairs, axis=1)
+        out.append(np.stack([m[:-t][same_run], m[t:][same_run]], axis=1))
+    return np.sort(np.concatenate(out), axis=1)
 
 
 def lsh_candidates(
@@ -282,7 +318,7 @@ def lsh_candidates(
     if len(pairs) == 0:
         return pairs
     n = np.int64(len(sig))
-    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    codes = _sorted_unique(pairs[:, 0] * n + pairs[:, 1])
     return np.stack([codes // n, codes % n], axis=1)
 
 
@@ -291,7 +327,7 @@ def jaccard(shingles: Shingles, pairs: np.ndarray, chunk_entries: int = 4_000_00
     if len(pairs) == 0:
         return np.zeros(0)
     # Unique sorted shingle set of every document taking part.
-    docs = np.unique(pairs)
+    docs = _sorted_unique(pairs.ravel())
     local = np.full(len(shingles.counts), -1, np.int64)
     local[docs] = np.arange(len(docs))
     cnt = shingles.counts[docs]
@@ -301,7 +337,7 @@ def jaccard(shingles: Shingles, pairs: np.ndarray, chunk_entries: int = 4_000_00
     keys = (
         np.repeat(np.arange(len(docs), dtype=np.uint64), cnt) << np.uint64(32)
     ) | shingles.values[idx].astype(np.uint64)
-    keys = np.unique(keys)
+    keys = _sorted_unique(keys)
     set_doc = (keys >> np.uint64(32)).astype(np.int64)
     set_val = (keys & np.uint64(0xFFFFFFFF)).astype(np.uint64)
     set_cnt = np.bincount(set_doc, minlength=len(docs)).astype(np.int64)
