@@ -505,13 +505,25 @@ def test_update_check_catches_mutated_frozen_tensor(tiny_bert_dir, full_copy_lim
     _, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query"])
     before = capture_params(model, full_copy_limit_bytes=full_copy_limit_bytes)
     assert bool(before.fingerprinted) == (full_copy_limit_bytes == 0)
-    train_steps(model, base, 1, before=before)
+    assert bool(before.fingerprinted & before.trainable) == (full_copy_limit_bytes == 0)
+    assert train_steps(model, base, 2, before=before) == [[], []]
     frozen = "base_model.model.bert.encoder.layer.1.output.dense.weight"
     with torch.no_grad():
         dict(model.named_parameters())[frozen][3, 5] += 1e-3
-    assert check_update(before, model, 1, "lora") == [
-        f"{frozen}: frozen but changed after 1 step(s)"
+    assert check_update(before, model, 2, "lora") == [
+        f"{frozen}: frozen but changed after 2 step(s)"
     ]
+
+
+def test_fingerprint_sees_one_bit_anywhere():
+    from tunelab.models.update import fingerprint
+
+    for dtype in (torch.float32, torch.bfloat16):
+        t = torch.randn(1_000, 1_003, generator=torch.Generator().manual_seed(0)).to(dtype)
+        before = fingerprint(t)
+        assert torch.equal(fingerprint(t.clone()), before)
+        t[777, 77] = -t[777, 77]  # the sign bit of one element
+        assert not torch.equal(fingerprint(t), before)
 
 
 def test_update_check_catches_parameter_left_out_of_optimizer(tiny_bert_dir):
