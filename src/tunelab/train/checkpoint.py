@@ -125,9 +125,16 @@ def restore_rng(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
 
 
 def kill_for_test(point: str, step: int) -> None:
-    """Only for the test suite: SIGKILL this process at a named point (TUNELAB_TEST_KILL_AT)."""
-    if os.environ.get("TUNELAB_TEST_KILL_AT") == f"{point}:{step}":
+    """Only for the test suite: signal this process at a named point, from
+    TUNELAB_TEST_KILL_AT="step:5" (SIGKILL after step 5), "save:6" (SIGKILL in the middle of
+    writing checkpoint 6) or "term:5" (SIGTERM after step 5)."""
+    wanted = os.environ.get("TUNELAB_TEST_KILL_AT")
+    if not wanted:
+        return
+    if wanted == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if point == "step" and wanted == f"term:{step}":
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def save_checkpoint(

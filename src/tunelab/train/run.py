@@ -347,7 +347,10 @@ def _execute(
         run.set_status("failed", exc.message, error=type(exc).__name__)
         raise
     except Exception as exc:  # noqa: BLE001 - every exception becomes a recorded status
-        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+        text = str(exc).lower()
+        oom = isinstance(exc, torch.OutOfMemoryError | MemoryError) or any(
+            m in text for m in ("out of memory", "can't allocate memory")
+        )
         reason = f"{'out of memory: ' if oom else ''}{type(exc).__name__}: {exc}".strip()
         run.set_status(
             "failed", reason[:2000], error=type(exc).__name__, traceback=traceback.format_exc()
