@@ -138,6 +138,8 @@ def test_smoke_real_minilm_bbc(tmp_path, minilm_dir, bbc_dir, capsys):
     root = tmp_path / "bbc"
     root.mkdir()
     raw = yaml.safe_load((repo / "examples" / "classification-bbc" / "study.yaml").read_text())
+    raw["model"]["path"] = str(minilm_dir)
+    raw["data"]["source"]["path"] = str(bbc_dir)
     raw["data"]["max_examples"] = 150
     raw["data"]["dedup"]["near"] = False
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

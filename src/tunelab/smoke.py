@@ -19,6 +19,7 @@ The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_exa
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -178,6 +179,9 @@ def run_smoke(
         "architecture": prep.base.architecture,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "torch_threads": torch.get_num_threads(),
+        # timings taken on a busy machine are slower than the hardware: say how busy it was
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "logical_cores": os.cpu_count(),
     }
     run = smoke_study.create_run(
         SMOKE_KIND,
