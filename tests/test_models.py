@@ -115,6 +115,9 @@ def test_identity_hashes_weights_tokenizer_and_config(tiny_llama_dir, tmp_path):
     assert "tokenizer.json" in str(err.value) and "extra.safetensors" in str(err.value)
     assert model_identity(moved)["sha256"] != ident["sha256"]
 
+    snapshot = shutil.copytree(folder, tmp_path / "hub" / "snapshots" / "0123abc")
+    assert model_identity(snapshot)["revision"] == "0123abc"
+
     (folder / "config.json").unlink()
     with pytest.raises(ModelError, match="config.json: missing"):
         verify_identity(ident, folder)

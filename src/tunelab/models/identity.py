@@ -109,6 +109,8 @@ def model_identity(
             hint="point model.path at a transformers model folder (config.json + weights)",
         )
     files = {n: hash_file(path / n) for n in names}
+    if revision is None and path.parent.name == "snapshots":
+        revision = path.name  # a Hugging Face cache folder: snapshots/<commit>/
     identity: dict[str, Any] = {
         "name": name or path.name,
         "revision": revision,
