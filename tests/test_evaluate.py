@@ -274,3 +274,143 @@ def test_judge_format_outputs():
     assert m["json_valid_rate"] == 0.75
     assert m["exact_match"] == 0.25
     assert m["failure_counts"] == {"parse_error": 1, "schema_error": 1}
+
+
+# ---------------------------------------------------------------- the stage: baseline, eval, compare
+
+
+WORDS = (
+    "market bank rate profit shares match goal team player season phone chip software data "
+    "network film award stage music actor vote party minister budget debate"
+).split()
+
+
+@pytest.fixture(scope="module")
+def stage_study(tmp_path_factory, tiny_bert_dir):
+    """A registered classification study on the tiny BERT with a data snapshot (60 rows)."""
+    import random
+
+    import torch
+
+    from tunelab.data import build_snapshot
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("stage") / "s"
+    root.mkdir()
+    rng = random.Random(0)
+    rows = [
+        {
+            "id": f"n{i}",
+            "text": f"{LABELS[i % 3]} story {i}: " + " ".join(rng.choice(WORDS) for _ in range(12)),
+            "label": LABELS[i % 3],
+        }
+        for i in range(60)
+    ]
+    (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(render_study_yaml("classification", "stage"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
+    raw["data"]["cleaning"] = []
+    raw["data"]["dedup"]["near"] = False
+    raw["data"]["splits"] = {"train": 0.6, "validation": 0.2, "test": 0.2, "seed": 0}
+    raw["model"]["path"] = str(tiny_bert_dir)
+    raw["adaptation"] = {"method": "full"}
+    raw["preprocess"]["max_seq_len"] = 48
+    raw["training"].update(
+        micro_batch_size=4,
+        max_steps=3,
+        lr=1e-2,
+        warmup_steps=0,
+        eval_every_steps=None,
+        checkpoint_every_steps=None,
+        num_threads=1,
+    )
+    raw["evaluation"].update(batch_size=8, bootstrap_samples=200)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    build_snapshot(study, progress=False)
+    return root
+
+
+def test_baseline_eval_compare_commands(stage_study, capsys):
+    from helpers import run_cli
+    from tunelab.data import load_snapshot
+    from tunelab.records import read_json, read_jsonl
+    from tunelab.train import train_run
+
+    code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
+    assert code == 0, err
+    base = json.loads(out)
+    study = Study.open(stage_study)
+    run_dir = study.runs_dir / base["run_id"]
+    assert study.get_run(base["run_id"]).row.kind == "baseline"
+    assert read_json(run_dir / "status.json")["status"] == "completed"
+    preds = read_jsonl(run_dir / "predictions-validation.jsonl")
+    metrics = read_json(run_dir / "metrics-validation.json")
+    n_val = len(load_snapshot(study).rows("validation"))
+    assert len(preds) == metrics["n"] == n_val >= 10
+    assert set(metrics["metrics"]["per_category"]) == set(LABELS)
+    assert metrics["data_snapshot"] == read_json(run_dir / "config.json")["data_snapshot"]
+
+    # the tables
+    code, out, err = run_cli(capsys, "baseline", "-s", stage_study)
+    assert code == 0, err
+    assert "per category" in out and "confusion" in out and "examples/s" in out
+
+    trained = train_run(Study.open(stage_study), name="v1", why="first")
+    code, out, err = run_cli(capsys, "eval", trained.id, "-s", stage_study, "--json")
+    assert code == 0, err
+    ev = json.loads(out)
+    assert ev["evaluates"] == trained.id and ev["spec_sha256"] == base["spec_sha256"]
+    eval_row = study.get_run(ev["run_id"]).row
+    assert eval_row.kind == "eval" and eval_row.parent == trained.id
+
+    code, out, err = run_cli(capsys, "compare", "-s", stage_study, "--json")
+    assert code == 0, err
+    rec = json.loads(out)
+    (row,) = [r for r in rec["runs"] if r["run_id"] == trained.id]
+    assert row["compared"] and row["eval_run"] == ev["run_id"] and row["n_paired"] == n_val
+    assert row["config_diff"]["against"] == rec["baseline"]["run_id"]
+    assert {g["item"] for g in row["guardrails"]} == set(LABELS)
+    assert row["metrics"]["accuracy"]["delta"] == pytest.approx(
+        ev["metrics"]["accuracy"] - base["metrics"]["accuracy"]
+    )
+
+    # a run that is not completed cannot be evaluated
+    failed = study.create_run("train", name="broken")
+    failed.set_status("failed", "diverged")
+    code, out, err = run_cli(capsys, "eval", failed.id, "-s", stage_study)
+    assert code == 2 and "failed (diverged)" in err
+
+
+def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
+    from helpers import run_cli
+
+    code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
+    base_id = json.loads(out)["run_id"]
+    study = Study.open(stage_study)
+    before = len(study.ledger.test_openings())
+    code, out, err = run_cli(capsys, "eval", base_id, "-s", stage_study, "--split", "test")
+    assert code == 2 and "sealed" in err and "--final" in err
+    assert len(study.ledger.test_openings()) == before
+    code, out, err = run_cli(capsys, "eval", base_id, "-s", stage_study, "--final")
+    assert code == 2 and "only for the test split" in err
+
+    args = ["eval", base_id, "-s", stage_study, "--split", "test", "--final", "--json"]
+    code, out, err = run_cli(capsys, *args, "--why", "final numbers")
+    assert code == 0, err
+    first = json.loads(out)
+    assert first["split"] == "test" and first["test_openings"] == before + 1
+    assert "WARNING" not in err and "warning" not in first
+    openings = study.ledger.test_openings()
+    assert openings[-1]["why"] == "final numbers" and openings[-1]["run_id"] == first["run_id"]
+
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    second = json.loads(out)
+    assert second["test_openings"] == before + 2
+    assert "WARNING" in err and "opened" in second["warning"]
+    code, out, err = run_cli(capsys, "compare", "-s", stage_study, "--json")
+    assert json.loads(out)["test_openings"] == before + 2 and "WARNING" in err
