@@ -411,8 +411,9 @@ def test_freeze_trains_only_named(tiny_bert_dir):
     assert audit["saves"] == "trainable" and audit["notes"] == []
     assert "classifier" in audit["adapted_modules"]
 
-    _, _, _, audit2 = loaded(tiny_bert_dir, method="freeze", trainable=["layer.1."])
+    _, _, _, audit2 = loaded(tiny_bert_dir, method="freeze", trainable=["layer.1."], rank=4)
     assert any("random" in n for n in audit2["notes"]), "a frozen new head is flagged"
+    assert "ignored for method freeze: adaptation.rank" in audit2["notes"]
 
     cfg = make_cfg(tiny_bert_dir, method="freeze", trainable=["decoder"])
     base = resolve_model(cfg.model)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from tunelab.config import AdaptationConfig
 
 
+LORA_FIELDS = {"target_modules", "rank", "alpha", "dropout", "modules_to_save"}
+SETTINGS = LORA_FIELDS | {"trainable"}
+
+
 def linear_module_names(model: Any) -> list[str]:
     """Names of the linear layers LoRA can adapt (nn.Linear and GPT-2 style Conv1D)."""
     import torch
@@ -104,6 +108,12 @@ def adapt(model: Any, adaptation: AdaptationConfig, architecture: str) -> tuple[
             )
     else:  # the config validates the method; an unknown one here is a programming error
         raise AssertionError(f"unknown adaptation method {method!r}")
+    used = {"full": set(), "lora": LORA_FIELDS, "freeze": {"trainable"}}[method]
+    ignored = sorted((set(adaptation.model_fields_set) & SETTINGS) - used)
+    if ignored:
+        notes.append(
+            f"ignored for method {method}: " + ", ".join(f"adaptation.{f}" for f in ignored)
+        )
     extra["newly_initialized"] = new_params
     model.tunelab_expected_trainable = frozenset(
         n for n, p in model.named_parameters() if p.requires_grad
