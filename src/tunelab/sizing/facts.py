@@ -1,0 +1,160 @@
+"""What the memory model needs to know about a loaded (and adapted) model: `model_facts`.
+
+The roles of the parameters of each transformer block (q k v o gate up down norm1 norm2) are
+read from their names, so the estimate knows which linear layers train in full, which carry a
+LoRA adapter and which are frozen. Also `count_saved_bytes`: the bytes autograd really keeps for
+backward during a forward pass, to check the analytic walk against.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tunelab.sizing.memory import ModelFacts
+
+_LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "granite"}
+_BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
+_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+_ROLES_LLAMA = {
+    "self_attn.q_proj": "q",
+    "self_attn.k_proj": "k",
+    "self_attn.v_proj": "v",
+    "self_attn.o_proj": "o",
+    "mlp.gate_proj": "gate",
+    "mlp.up_proj": "up",
+    "mlp.down_proj": "down",
+    "input_layernorm": "norm1",
+    "post_attention_layernorm": "norm2",
+}
+_ROLES_BERT = {
+    "attention.self.query": "q",
+    "attention.self.key": "k",
+    "attention.self.value": "v",
+    "attention.output.dense": "o",
+    "attention.output.LayerNorm": "norm1",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+    "output.LayerNorm": "norm2",
+}
+
+
+def _plain(name: str) -> str:
+    """A parameter name without peft's wrappers: adapters and saved-module copies removed."""
+    name = name.removeprefix("module.").removeprefix("base_model.model.")
+    name = re.sub(r"\.lora_[AB]\.[^.]+\.", ".", name)
+    name = name.replace(".modules_to_save.default.", ".").replace(".original_module.", ".")
+    return name.replace(".base_layer.", ".")
+
+
+def _role(name: str, roles: dict[str, str]) -> str | None:
+    """'model.layers.3.self_attn.q_proj.weight' -> 'q' (the module path after the layer index)."""
+    module = name.rsplit(".", 1)[0]
+    parts = _LAYER.split(module, maxsplit=1)
+    return roles.get(parts[-1]) if len(parts) == 3 else None
+
+
+def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropout: float = 0.0):
+    """ModelFacts of `model` as adapted (trainable flags read from requires_grad)."""
+    cfg = model.config
+    model_type = getattr(cfg, "model_type", "")
+    family = "bert" if model_type in _BERT_TYPES else "llama"
+    approximate = model_type not in _LLAMA_TYPES | _BERT_TYPES
+    roles = _ROLES_BERT if family == "bert" else _ROLES_LLAMA
+    layers = int(getattr(cfg, "num_hidden_layers", 0))
+    heads = int(getattr(cfg, "num_attention_heads", 1))
+    hidden = int(cfg.hidden_size)
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    layer_training: list[dict[str, str]] = [{} for _ in range(layers)]
+    weight_bytes: dict[str, int] = {}
+    trainable = trainable_bytes = largest = total = 0
+    top: dict[str, str | None] = {"embed": None, "final_norm": None, "pooler": None, "head": None}
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        dtype = str(p.dtype).removeprefix("torch.")
+        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + p.numel() * p.element_size()
+        total += p.numel()
+        if not p.requires_grad:
+            continue
+        trainable += p.numel()
+        trainable_bytes += p.numel() * p.element_size()
+        largest = max(largest, p.numel() * p.element_size())
+        kind = "lora" if ".lora_" in name else "weight"
+        plain = _plain(name)
+        m = _LAYER.search(plain)
+        if m:
+            role = _role(plain, roles)
+            if role is not None and int(m.group(1)) < layers:
+                current = layer_training[int(m.group(1))].get(role)
+                layer_training[int(m.group(1))][role] = "weight" if current == "weight" else kind
+            continue
+        module = plain.rsplit(".", 1)[0]
+        if "embed" in module or module.startswith(("wte", "wpe")):
+            top["embed"] = "weight"
+        elif "pooler" in module:
+            top["pooler"] = kind
+        elif module.split(".")[0] in ("lm_head", "classifier", "score"):
+            top["head"] = kind
+        elif "norm" in module.lower():
+            top["final_norm"] = kind
+    tied = bool(getattr(cfg, "tie_word_embeddings", False)) and architecture == "causal_lm"
+    if tied and top["embed"] and not top["head"]:
+        top["head"] = top["embed"]
+    dropout_attn = float(getattr(cfg, "attention_probs_dropout_prob", None) or 0.0)
+    dropout_hidden = float(getattr(cfg, "hidden_dropout_prob", None) or 0.0)
+    if family == "llama":
+        dropout_attn = float(getattr(cfg, "attention_dropout", 0.0) or 0.0)
+        dropout_hidden = 0.0
+    return ModelFacts(
+        family=family,
+        architecture=architecture,
+        hidden=hidden,
+        intermediate=int(getattr(cfg, "intermediate_size", 4 * hidden)),
+        layers=layers,
+        heads=heads,
+        kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=head_dim,
+        vocab=int(cfg.vocab_size),
+        num_labels=int(getattr(cfg, "num_labels", 0) or 0) if architecture == "encoder" else 0,
+        tied_embeddings=tied,
+        attention_dropout=dropout_attn,
+        hidden_dropout=dropout_hidden,
+        param_dtype=max(weight_bytes, key=lambda d: weight_bytes[d]) if weight_bytes else "float32",
+        weight_bytes=weight_bytes,
+        num_params=total,
+        trainable_params=trainable,
+        trainable_bytes=trainable_bytes,
+        largest_trainable_bytes=largest,
+        layer_training=tuple(layer_training),
+        lora_rank=lora_rank,
+        lora_dropout=lora_dropout,
+        approximate=approximate,
+        **top,
+    )
+
+
+def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:
+    """Bytes of the distinct tensors autograd saves while `forward()` runs (parameters excluded).
+
+    Tensors are told apart by their storage, so views of one tensor count once.
+    """
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in params and key not in seen:
+            seen[key] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return sum(seen.values())

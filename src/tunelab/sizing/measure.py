@@ -1,0 +1,439 @@
+"""One configuration measured in its own process: `python -m tunelab.sizing.measure SPEC`.
+
+A fresh process per configuration, so that one measurement does not inherit the allocator state,
+the caches or the peak of another. The child loads the study's model through `tunelab.models`,
+adapts it, builds synthetic examples of exactly the asked length, and runs real optimizer steps
+through the training loop itself (`tunelab.train.loop.train_loop`: forward, token-normalized
+loss, backward, gradient clipping, optimizer step, zero grad): a warm-up step, then the measured
+steps. It prints one line `TUNELAB_SIZING_RESULT {json}`.
+
+Memory:
+- CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
+  reset after the warm-up), and the allocated bytes before the first step (weights and batch).
+- CPU (Linux): the resident set size. `idle` is the RSS once the model, the optimizer and the
+  batches exist, before the first step; the peak high-water mark (VmHWM) is reset after the
+  warm-up (`/proc/self/clear_refs` 5) and read after the measured steps. The measured increase
+  `peak - idle` is what a training step adds to the process: optimizer states, gradients,
+  activations, logits and temporaries, the part the analytic model predicts.
+
+Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or an RSS above
+`memory_budget_bytes` (a watchdog thread stops the child at once) is reported as
+`status: does_not_fit`, never as a crash of the caller.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MARKER = "TUNELAB_SIZING_RESULT "
+# glibc serves blocks above this size with mmap and returns them to the system when freed. Its
+# default threshold moves up (to 32 MiB) after the first frees, and freed activations then stay in
+# the heap: the RSS keeps the warm-up's peak and grows with fragmentation instead of following the
+# live tensors. Pinning it makes the RSS of the child measure what the step's tensors need.
+MMAP_THRESHOLD = 65536
+_OOM_WORDS = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+)
+
+
+# ------------------------------------------------------------------ process memory (Linux)
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int | None:
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb * 1024
+
+
+def hwm_bytes() -> int | None:
+    kb = _status_kb("VmHWM")
+    return None if kb is None else kb * 1024
+
+
+def reset_hwm() -> bool:
+    """Reset the RSS high-water mark to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _Watchdog(threading.Thread):
+    """Stops the process as soon as its RSS passes the budget, after printing the verdict."""
+
+    def __init__(self, budget: int, base: dict[str, Any]):
+        super().__init__(daemon=True)
+        self.budget = budget
+        self.base = base
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.002):
+            rss = rss_bytes()
+            if rss is not None and rss > self.budget:
+                _emit(
+                    {
+                        **self.base,
+                        "status": "does_not_fit",
+                        "reason": f"RSS {rss / 2**20:.0f} MiB passed the memory budget "
+                        f"{self.budget / 2**20:.0f} MiB",
+                        "measured": {"peak_rss": rss},
+                    }
+                )
+                os._exit(0)
+
+
+def _emit(result: dict[str, Any]) -> None:
+    sys.stdout.write(MARKER + json.dumps(result, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------ synthetic examples
+
+
+def synthetic_examples(
+    count: int,
+    seq_len: int,
+    architecture: str,
+    *,
+    vocab: int,
+    num_labels: int = 2,
+    loss_fraction: float = 1.0,
+    seed: int = 0,
+    low_id: int = 5,
+) -> list[dict[str, Any]]:
+    """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
+
+    causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    hi = max(low_id + 1, vocab)
+    out = []
+    for i in range(count):
+        ids = torch.randint(low_id, hi, (seq_len,), generator=g).tolist()
+        e: dict[str, Any] = {"id": f"synthetic-{i}", "input_ids": ids, "truncated": False}
+        if architecture == "causal_lm":
+            prompt = min(seq_len - 2, max(0, round(seq_len * (1.0 - loss_fraction))))
+            e["labels"] = [-100] * prompt + ids[prompt:]
+        else:
+            e["label"] = i % max(1, num_labels)
+        out.append(e)
+    return out
+
+
+# ------------------------------------------------------------------ the child
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
+
+
+def _build(spec: dict[str, Any]):
+    """Config, base, model (adapted as training adapts it), facts."""
+    import torch
+
+    from tunelab.config import validate_config
+    from tunelab.models import adapt, enable_activation_checkpointing, load_model, resolve_model
+    from tunelab.sizing.facts import model_facts
+
+    raw = json.loads(json.dumps(spec["config"]))
+    t = raw.setdefault("training", {})
+    t.update(
+        micro_batch_size=spec["micro_batch"],
+        grad_accum_steps=spec.get("grad_accum", 1),
+        precision=spec.get("precision", t.get("precision", "fp32")),
+        activation_checkpointing=bool(spec.get("checkpointing", False)),
+        packing=bool(spec.get("packing", t.get("packing", True))),
+    )
+    cfg = validate_config(raw, source="sizing spec")
+    root = Path(spec["root"]) if spec.get("root") else None
+    base = resolve_model(cfg.model, root=root)
+    torch.manual_seed(cfg.training.seed)
+    model = load_model(base, cfg, spec.get("labels"))
+    model, _audit = adapt(model, cfg.adaptation, base.architecture)
+    if cfg.training.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    lora = cfg.adaptation.method == "lora"
+    facts = model_facts(
+        model,
+        base.architecture,
+        lora_rank=cfg.adaptation.rank if lora else 0,
+        lora_dropout=cfg.adaptation.dropout if lora else 0.0,
+    )
+    return cfg, base, model, facts
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure one configuration in this process (the body of `python -m tunelab.sizing.measure`)."""
+    import torch
+
+    from tunelab.sizing.facts import count_saved_bytes
+    from tunelab.train.batches import DataOrder, StepSource
+    from tunelab.train.loop import (
+        Loop,
+        TrainState,
+        build_optimizer,
+        build_scheduler,
+        make_grad_scaler,
+        train_loop,
+    )
+
+    threads = spec.get("num_threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    want_cuda = spec.get("device", "auto") in ("cuda", "auto") and torch.cuda.is_available()
+    device = torch.device("cuda" if want_cuda else "cpu")
+    result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
+    budget = spec.get("memory_budget_bytes")
+    if device.type == "cuda" and budget:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    try:
+        cfg, base, model, facts = _build(spec)
+    except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
+        if _is_oom(exc):
+            return {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
+        raise
+    result["facts"] = facts.to_dict()
+    t = cfg.training
+    arch = base.architecture
+    packing = bool(t.packing and arch == "causal_lm")
+    warmup = int(spec.get("warmup_steps", 1))
+    steps = int(spec.get("measure_steps", 1))
+    per_step = t.micro_batch_size * t.grad_accum_steps
+    encoded = synthetic_examples(
+        per_step,
+        int(spec["seq_len"]),
+        arch,
+        vocab=facts.vocab,
+        num_labels=max(2, facts.num_labels),
+        loss_fraction=float(spec.get("loss_fraction", 1.0)),
+        seed=t.seed,
+    )
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, t)
+    scheduler = build_scheduler(optimizer, t, warmup + steps)
+    source = StepSource(
+        encoded=encoded,
+        order=DataOrder(len(encoded), t.seed),
+        micro_batch_size=t.micro_batch_size,
+        grad_accum_steps=t.grad_accum_steps,
+        pad_id=0,
+        architecture=arch,
+        packing=packing,
+    )
+    loop = Loop(model, optimizer, scheduler, source, t, warmup, arch)
+    loop.scaler = make_grad_scaler(t.precision, device)
+    state = TrainState()
+    metrics: list[dict[str, Any]] = []
+
+    def on_step(_state: TrainState, row: dict[str, Any]) -> None:
+        metrics.append(row)
+
+    # the bytes autograd keeps, counted on one extra forward (no step): the activations term
+    saved = None
+    if spec.get("count_saved", True):
+        from tunelab.train.loop import autocast, loss_sum, to_device
+
+        batch = to_device(source.next(state.position)[0][0], device)
+        model.train()  # dropout and checkpointing act only in training mode
+        with torch.enable_grad():
+            saved = count_saved_bytes(
+                model, lambda: _forward(model, batch, arch, t.precision, device, autocast, loss_sum)
+            )
+        del batch
+    model.train()
+    if spec.get("prime", True):
+        _prime(model, source, arch, t.precision, device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        idle_alloc = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    idle = rss_bytes()
+    watchdog = None
+    if device.type == "cpu" and budget and idle is not None:
+        watchdog = _Watchdog(int(budget), {**result, "idle_rss": idle})
+        watchdog.start()
+    try:
+        state = train_loop(loop, state, on_step)  # warm-up: optimizer states, lazy init
+        gc.collect()
+        idle_after_warmup = rss_bytes()
+        hwm_reset = reset_hwm()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            warm_alloc = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        loop.total_steps = warmup + steps
+        started = time.perf_counter()
+        state = train_loop(loop, state, on_step)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    except Exception as exc:  # noqa: BLE001
+        if _is_oom(exc):
+            out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
+            if device.type == "cuda":
+                out["measured"] = {"max_allocated": torch.cuda.max_memory_allocated(device)}
+            return out
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.stop.set()
+    measured_rows = metrics[warmup:]
+    seconds = [r["seconds"] for r in measured_rows]
+    step_s = statistics.median(seconds) if seconds else wall / max(1, steps)
+    tokens = measured_rows[0]["tokens"] if measured_rows else 0
+    measured: dict[str, Any] = {
+        "step_s": step_s,
+        "step_s_all": seconds,
+        "warmup_step_s": metrics[0]["seconds"] if metrics else None,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_s if step_s else None,
+        "examples_per_s": per_step / step_s if step_s else None,
+        "saved_activation_bytes": saved,
+        "loss": measured_rows[-1]["loss"] if measured_rows else None,
+    }
+    if device.type == "cuda":
+        measured.update(
+            idle_allocated=idle_alloc,
+            warmup_max_allocated=warm_alloc,
+            max_allocated=torch.cuda.max_memory_allocated(device),
+            max_reserved=torch.cuda.max_memory_reserved(device),
+            total_memory=torch.cuda.get_device_properties(device).total_memory,
+        )
+        measured["peak_total"] = measured["max_allocated"]
+        measured["increase"] = measured["max_allocated"] - idle_alloc
+    else:
+        peak = hwm_bytes() if hwm_reset else None
+        measured.update(
+            idle_rss=idle,
+            idle_rss_after_warmup=idle_after_warmup,
+            peak_rss=peak,
+            peak_total=peak,
+            increase=(peak - idle) if peak is not None and idle is not None else None,
+        )
+        if budget and peak and peak > budget:
+            return {
+                **result,
+                "status": "does_not_fit",
+                "reason": f"peak RSS {peak / 2**20:.0f} MiB above the budget",
+                "measured": measured,
+            }
+    return {**result, "status": "ok", "measured": measured}
+
+
+def _prime(model, source, arch, precision, device) -> None:  # noqa: ANN001
+    """One forward and backward on a 16-token slice before `idle` is read, with no optimizer
+    step: the lazy one-time allocations of the runtime (autograd engine, thread pools, kernel
+    caches) then sit in `idle` rather than in the measured increase."""
+    from tunelab.train.batches import Position
+    from tunelab.train.loop import autocast, loss_sum, to_device
+
+    first = source.next(Position())[0][0]
+    batch = {k: v[:1, :16] if v.dim() == 2 else v[:1] for k, v in first.items() if v.dim() > 0}
+    batch = to_device(batch, device)
+    with autocast(precision, device):
+        loss = loss_sum(model, batch, arch)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    del loss, batch
+
+
+def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa: ANN001
+    with autocast(precision, device):
+        return loss_sum(model, batch, arch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print("usage: python -m tunelab.sizing.measure SPEC.json | '{...}'", file=sys.stderr)
+        return 2
+    arg = argv[0]
+    spec = json.loads(arg if arg.lstrip().startswith("{") else Path(arg).read_text())
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        result = run_child(spec)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
+        import traceback
+
+        result = {
+            "label": spec.get("label"),
+            "status": "error",
+            "reason": f"{type(exc).__name__}: {exc}"[:2000],
+            "traceback": traceback.format_exc()[-4000:],
+        }
+    _emit(result)
+    return 0
+
+
+# ------------------------------------------------------------------ the parent side
+
+
+def measure_in_subprocess(
+    spec: dict[str, Any], *, timeout_s: float = 1800.0, python: str | None = None
+) -> dict[str, Any]:
+    """Run one configuration in a fresh `python -m tunelab.sizing.measure` and return its result.
+
+    A child killed by the kernel (SIGKILL: the out-of-memory killer) is reported as does_not_fit;
+    a timeout or a crash without a result as status error with the end of its stderr.
+    """
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if spec.get("allocator", "pinned") == "pinned":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    cmd = [python or sys.executable, "-m", "tunelab.sizing.measure", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"label": spec.get("label"), "status": "error", "reason": f"timeout {timeout_s}s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER) :])
+    if proc.returncode in (-9, 137):
+        return {
+            "label": spec.get("label"),
+            "status": "does_not_fit",
+            "reason": "the process was killed (SIGKILL: most likely the kernel's out-of-memory "
+            "killer)",
+        }
+    return {
+        "label": spec.get("label"),
+        "status": "error",
+        "reason": f"exit {proc.returncode} without a result: {proc.stderr[-1500:]}",
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

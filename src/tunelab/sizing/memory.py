@@ -1,0 +1,572 @@
+"""The analytic memory model of one training step: pure arithmetic over the architecture.
+
+`estimate_memory(facts, case)` predicts, for one model, adaptation and step configuration:
+
+- weights by dtype, gradients of the trainable parameters, optimizer states;
+- activations: what autograd keeps for backward at the end of the forward pass. They are
+  counted by walking the forward pass of one transformer block op by op (`_Trace`) with the
+  rule autograd follows: an op keeps an input only when the gradient of another input needs it
+  (a linear layer keeps its input only when its weight trains, a product `a * b` keeps `b` only
+  when `a` needs a gradient). So LoRA on a frozen base keeps far less than full fine-tuning, and
+  layers before the first trainable parameter keep almost nothing;
+- the logits and loss buffers (the `[tokens, vocab]` tensors of the cross-entropy, which dominate
+  a small model with a large vocabulary) and the temporaries of backward and of the optimizer;
+- the peak: the largest of the forward end, the loss backward, the layer backward and the
+  optimizer step, each with what is alive at that moment.
+
+Two block families are walked: `llama` (pre-norm RMSNorm, RoPE, fused attention, gated SiLU MLP:
+Llama, Mistral, Qwen2, SmolLM2) and `bert` (post-norm LayerNorm, GELU MLP, dropout). Other
+models use the `llama` walk and are marked approximate. No torch import: values in, values out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int8": 1, "uint8": 1}
+# Optimizer states kept per trainable parameter, in the parameter's dtype.
+OPTIMIZER_STATES = {
+    "AdamW": 2,
+    "Adam": 2,
+    "Adamax": 2,
+    "NAdam": 2,
+    "RAdam": 2,
+    "Adagrad": 1,
+    "RMSprop": 1,
+    "Adadelta": 2,
+    "SGD": 0,
+    "ASGD": 2,
+    "Rprop": 2,
+    "LBFGS": 2,
+}
+# Roles of the parameters of one transformer block.
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+NORM_ROLES = ("norm1", "norm2")
+FAMILIES = ("llama", "bert")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the estimate needs to know about a model and its adaptation (see measure.model_facts).
+
+    `layer_training[i]` maps a role of block i (q k v o gate up down norm1 norm2) to "weight"
+    (the weight trains), "lora" (a LoRA adapter trains beside the frozen weight) or is absent
+    (frozen). `embed`, `final_norm`, `pooler` and `head` are "weight", "lora" or None.
+    """
+
+    family: str
+    architecture: str  # "causal_lm" | "encoder"
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    num_labels: int = 0
+    tied_embeddings: bool = False
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    param_dtype: str = "float32"
+    weight_bytes: dict[str, int] = field(default_factory=dict)
+    num_params: int = 0
+    trainable_params: int = 0
+    trainable_bytes: int = 0
+    largest_trainable_bytes: int = 0
+    layer_training: tuple[dict[str, str], ...] = ()
+    lora_rank: int = 0
+    lora_dropout: float = 0.0
+    embed: str | None = None
+    final_norm: str | None = None
+    pooler: str | None = None
+    head: str | None = None
+    approximate: bool = False
+
+    @property
+    def total_weight_bytes(self) -> int:
+        return sum(self.weight_bytes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_training"] = [dict(x) for x in self.layer_training]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelFacts:
+        d = dict(d)
+        d["layer_training"] = tuple(dict(x) for x in d.get("layer_training", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One step configuration: every example of the micro-batch is `seq_len` tokens long.
+
+    `loss_fraction`: share of the positions that carry loss (causal LM; the rest is prompt).
+    `packing`: the micro-batch is one row of micro_batch * seq_len tokens with a block mask
+    (transformers then builds a dense [tokens, tokens] mask per layer with sdpa).
+    `masked`: padded rows need an attention mask (unequal lengths); equal lengths need none.
+    """
+
+    seq_len: int
+    micro_batch: int
+    grad_accum: int = 1
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast over the param dtype)
+    checkpointing: bool = False
+    packing: bool = False
+    masked: bool = False
+    loss_fraction: float = 1.0
+    optimizer: str = "AdamW"
+    device: str = "cpu"  # cpu | cuda (attention kernels and dropout masks differ)
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.micro_batch
+
+
+@dataclass
+class Estimate:
+    """Predicted bytes. `peak_total` is everything alive at the peak; `peak_increase` the part a
+    training step adds to a process holding the weights and the batch (what CPU RSS shows)."""
+
+    weights: int
+    weights_by_dtype: dict[str, int]
+    gradients: int
+    optimizer_states: int
+    activations: int
+    activations_detail: dict[str, int]
+    logits_loss: int
+    backward_temporaries: int
+    optimizer_temporaries: int
+    peak_phase: str
+    phases: dict[str, int]
+    peak_total: int
+    peak_increase: int
+    rule_x4: int
+    approximate: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ the forward walk
+
+
+@dataclass(frozen=True)
+class _T:
+    """A symbolic tensor: element count, bytes per element, whether it needs a gradient."""
+
+    key: int
+    numel: int
+    size: int
+    rg: bool
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.size
+
+
+class _Trace:
+    """Walks a forward pass op by op and records the tensors autograd saves for backward."""
+
+    def __init__(self, facts: ModelFacts, case: Case):
+        self.f = facts
+        self.c = case
+        self.pb = DTYPE_BYTES.get(facts.param_dtype, 4)
+        self.autocast = case.precision in ("bf16", "fp16")
+        self.cd = 2 if self.autocast else self.pb  # dtype of matmul inputs and outputs
+        self.cuda = case.device == "cuda"
+        self.saved: dict[int, int] = {}
+        self.groups: dict[str, int] = {}
+        self._group = "embeddings"
+        self._n = 0
+
+    # tensors
+    def new(self, numel: int, size: int, rg: bool) -> _T:
+        self._n += 1
+        return _T(self._n, int(numel), size, rg)
+
+    def save(self, *ts: _T) -> None:
+        for t in ts:
+            if t.key not in self.saved:
+                self.saved[t.key] = t.nbytes
+                self.groups[self._group] = self.groups.get(self._group, 0) + t.nbytes
+
+    def save_bytes(self, nbytes: int) -> None:
+        self.save(self.new(nbytes, 1, False))
+
+    def group(self, name: str) -> None:
+        self._group = name
+
+    @property
+    def total(self) -> int:
+        return sum(self.saved.values())
+
+    # ops
+    def cast(self, x: _T, size: int) -> _T:
+        return x if x.size == size else self.new(x.numel, size, x.rg)
+
+    def linear(self, x: _T, fan_in: int, fan_out: int, train: str | None) -> _T:
+        """x @ W.T (+ LoRA B(A(dropout(x))) * scale); x has x.numel // fan_in rows."""
+        rows = x.numel // fan_in
+        xin = self.cast(x, self.cd) if self.autocast else x
+        if train == "weight":
+            self.save(xin)  # grad W = g.T @ x
+        if self.autocast and x.rg:
+            self.save_bytes(fan_in * fan_out * self.cd)  # the low-precision weight copy
+        out_size = self.cd if self.autocast else max(self.pb, x.size if train else self.pb)
+        out = self.new(rows * fan_out, out_size, x.rg or train is not None)
+        if train == "lora":
+            r = self.f.lora_rank
+            lora_size = 4 if (self.pb < 4 and not self.autocast) else self.pb
+            xa = x if self.autocast else self.cast(x, lora_size)
+            if self.f.lora_dropout > 0:
+                if xa.rg:
+                    self.save(self.new(xa.numel, 1 if self.cuda else xa.size, False))
+                xa = self.new(xa.numel, xa.size, xa.rg)
+            a_in = self.cast(xa, self.cd) if self.autocast else xa
+            self.save(a_in)  # grad A = g.T @ x
+            a = self.new(rows * r, self.cd if self.autocast else lora_size, True)
+            self.save(a)  # grad B = g.T @ A(x)
+            if self.autocast:
+                self.save_bytes(r * fan_out * self.cd)
+                if xa.rg:
+                    self.save_bytes(fan_in * r * self.cd)
+        return out
+
+    def rmsnorm(self, x: _T, train: str | None) -> _T:
+        """Llama RMSNorm: computed in fp32, `weight * (x * rsqrt(mean(x^2) + eps))`."""
+        tokens = x.numel // self.f.hidden
+        xf = self.cast(x, 4)
+        if x.rg:
+            self.save(xf, self.new(tokens, 4, True))  # x and rsqrt
+        y = self.cast(self.new(x.numel, 4, x.rg), x.size)
+        if train:
+            self.save(y)
+        return self.new(x.numel, max(self.pb, y.size), x.rg or bool(train))
+
+    def layernorm(self, x: _T, train: str | None) -> _T:
+        tokens = x.numel // self.f.hidden
+        if x.rg or train:
+            self.save(x, self.new(tokens, 4, False), self.new(tokens, 4, False))  # x, mean, rstd
+        return self.new(x.numel, max(self.pb, x.size), x.rg or bool(train))
+
+    def dropout(self, x: _T, p: float) -> _T:
+        if p <= 0:
+            return x
+        if x.rg:  # CPU keeps the scaled noise tensor, CUDA a boolean mask
+            self.save(self.new(x.numel, 1 if self.cuda else x.size, False))
+        return self.new(x.numel, x.size, x.rg)
+
+    def pointwise_saving_input(self, x: _T) -> _T:  # silu, gelu
+        if x.rg:
+            self.save(x)
+        return self.new(x.numel, x.size, x.rg)
+
+    def mul(self, a: _T, b: _T) -> _T:
+        if a.rg:
+            self.save(b)
+        if b.rg:
+            self.save(a)
+        return self.new(max(a.numel, b.numel), max(a.size, b.size), a.rg or b.rg)
+
+    def add(self, a: _T, b: _T) -> _T:
+        return self.new(max(a.numel, b.numel), max(a.size, b.size), a.rg or b.rg)
+
+    # attention
+    def attention(self, q: _T, k: _T, v: _T, *, dropout: float, rows: int, s: int) -> _T:
+        """Scaled dot-product attention over `rows` rows of `s` tokens; returns [tokens, heads*hd].
+
+        Fused kernels (flash / memory-efficient; CPU flash when there is no dropout) keep q, k, v,
+        the output and the log-sum-exp. The math fallback (CPU with dropout) keeps the scaled q and
+        k, the softmax, the dropout noise and the dropped probabilities: [rows, heads, s, s] each.
+        """
+        f, c = self.f, self.c
+        heads = f.heads
+        rg = q.rg or k.rg or v.rg
+        masked = c.packing or c.masked
+        if f.family == "llama" and f.kv_heads != heads and masked:
+            # transformers repeats k and v to every head when there is a mask (no enable_gqa)
+            k = self.new(k.numel * heads // f.kv_heads, k.size, k.rg)
+            v = self.new(v.numel * heads // f.kv_heads, v.size, v.rg)
+        if dropout > 0 and not self.cuda:
+            # CPU math path, computed in fp32 whatever the input dtype
+            qs, ks, vs = (self.new(t.numel, 4, t.rg) for t in (q, k, v))
+            if q.rg:
+                self.save(ks)
+            if k.rg:
+                self.save(qs)
+            probs = self.new(rows * heads * s * s, 4, rg)
+            if rg:
+                self.save(probs)
+            probs = self.dropout(probs, dropout)
+            if probs.rg:
+                self.save(vs)
+            if v.rg:
+                self.save(probs)
+            size = self.cd if self.autocast else max(q.size, v.size)
+            return self.new(q.numel, size, rg)  # [b, s, h*d]: a copy of the transposed output
+        size = self.cd if self.autocast else max(q.size, k.size, v.size)
+        q, k, v = self.cast(q, size), self.cast(k, size), self.cast(v, size)
+        out = self.new(q.numel, size, rg)
+        if rg:
+            self.save(q, k, v, out, self.new(rows * heads * s, 4, False))
+            if masked:
+                # the boolean mask is converted to q's dtype in every layer
+                self.save_bytes(rows * s * s * size)
+        return out  # [b, s, h, d] layout: the reshape for o_proj is a view
+
+    # blocks
+    def llama_block(self, x: _T, train: dict[str, str]) -> _T:
+        f = self.f
+        hd, rows, s = f.head_dim, self.rows, self.s
+        h = self.rmsnorm(x, train.get("norm1"))
+        q = self.linear(h, f.hidden, f.heads * hd, train.get("q"))
+        k = self.linear(h, f.hidden, f.kv_heads * hd, train.get("k"))
+        v = self.linear(h, f.hidden, f.kv_heads * hd, train.get("v"))
+        # RoPE: q * cos + rotate_half(q) * sin with cos/sin in the stream dtype (kept once, shared)
+        q = self.new(q.numel, max(q.size, x.size), q.rg)
+        k = self.new(k.numel, max(k.size, x.size), k.rg)
+        if (q.rg or k.rg) and not self.rope_saved:
+            self.rope_saved = True
+            self.save_bytes(2 * self.rows_pos * s * hd * x.size)
+        a = self.attention(q, k, v, dropout=0.0, rows=rows, s=s)
+        o = self.linear(a, f.heads * hd, f.hidden, train.get("o"))
+        x = self.add(x, o)
+        h = self.rmsnorm(x, train.get("norm2"))
+        g = self.linear(h, f.hidden, f.intermediate, train.get("gate"))
+        u = self.linear(h, f.hidden, f.intermediate, train.get("up"))
+        m = self.mul(self.pointwise_saving_input(g), u)
+        d = self.linear(m, f.intermediate, f.hidden, train.get("down"))
+        return self.add(x, d)
+
+    def bert_block(self, x: _T, train: dict[str, str]) -> _T:
+        f = self.f
+        q = self.linear(x, f.hidden, f.hidden, train.get("q"))
+        k = self.linear(x, f.hidden, f.hidden, train.get("k"))
+        v = self.linear(x, f.hidden, f.hidden, train.get("v"))
+        a = self.attention(q, k, v, dropout=f.attention_dropout, rows=self.rows, s=self.s)
+        o = self.dropout(self.linear(a, f.hidden, f.hidden, train.get("o")), f.hidden_dropout)
+        y = self.layernorm(self.add(o, x), train.get("norm1"))
+        i = self.pointwise_saving_input(self.linear(y, f.hidden, f.intermediate, train.get("up")))
+        d = self.linear(i, f.intermediate, f.hidden, train.get("down"))
+        d = self.dropout(d, f.hidden_dropout)
+        return self.layernorm(self.add(d, y), train.get("norm2"))
+
+    # the whole model
+    def run(self) -> dict[str, int]:
+        f, c = self.f, self.c
+        self.rows, self.s = (1, c.tokens) if c.packing else (c.micro_batch, c.seq_len)
+        self.rows_pos = 1
+        self.rope_saved = False
+        tokens = c.tokens
+        ids_bytes = tokens * 8
+        self.group("embeddings")
+        emb_rg = bool(f.embed)
+        if emb_rg:
+            self.save_bytes(ids_bytes * (3 if f.family == "bert" else 1))  # index tensors
+        x = self.new(tokens * f.hidden, self.pb, emb_rg)
+        if f.family == "bert":
+            x = self.dropout(self.layernorm(x, f.embed), f.hidden_dropout)
+        per_layer: list[int] = []
+        block = self.bert_block if f.family == "bert" else self.llama_block
+        for i in range(f.layers):
+            train = f.layer_training[i] if i < len(f.layer_training) else {}
+            self.group(f"layer.{i}")
+            before = self.total
+            if c.checkpointing:
+                # only the block input is kept; the block runs again during backward
+                self.save(x)
+                sub = _Trace(f, c)
+                sub.rows, sub.s, sub.rows_pos, sub.rope_saved = self.rows, self.s, 1, True
+                out = sub.bert_block(x, train) if f.family == "bert" else sub.llama_block(x, train)
+                self.recompute = max(getattr(self, "recompute", 0), sub.total)
+                x = self.new(out.numel, out.size, out.rg)
+            else:
+                x = block(x, train)
+            per_layer.append(self.total - before)
+        self.group("final")
+        if f.family == "bert":
+            pooled_rg = x.rg or bool(f.pooler)
+            if f.pooler:
+                self.save(x)  # the pooler keeps a view of the last hidden states
+            p = self.new(c.micro_batch * f.hidden, self.pb, pooled_rg)
+            if pooled_rg:
+                self.save(p)  # tanh output
+            p = self.dropout(p, f.hidden_dropout)
+            self.linear(p, f.hidden, max(1, f.num_labels), f.head)
+        else:
+            h = self.rmsnorm(x, f.final_norm)
+            head = f.head or (f.embed if f.tied_embeddings else None)
+            if head == "weight":
+                self.save(self.cast(h, self.cd) if self.autocast else h)
+            if self.autocast and h.rg:
+                self.save_bytes(f.vocab * f.hidden * self.cd)
+        self.per_layer = per_layer
+        return dict(self.groups)
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def logits_bytes(facts: ModelFacts, case: Case) -> dict[str, int]:
+    """The cross-entropy buffers of tunelab's loss (train.loop.loss_sum).
+
+    causal LM: logits [tokens, vocab] in the compute dtype; the loss positions are gathered into
+    [loss_tokens, vocab], lifted to fp32, and log_softmax keeps its fp32 output for backward.
+    """
+    if facts.architecture != "causal_lm":
+        n = case.micro_batch * max(1, facts.num_labels) * 4
+        return {"logits": n, "loss_tokens": case.micro_batch, "forward": 3 * n, "backward": 3 * n}
+    cd = 2 if case.precision in ("bf16", "fp16") else DTYPE_BYTES.get(facts.param_dtype, 4)
+    tokens, v = case.tokens, facts.vocab
+    shifted = case.micro_batch * (case.seq_len - 1) if not case.packing else tokens - 1
+    n = max(1, round(shifted * min(1.0, max(0.0, case.loss_fraction))))
+    logits = tokens * v * cd
+    gathered = n * v * cd
+    lifted = n * v * 4 if cd != 4 else 0
+    log_probs = n * v * 4
+    forward = logits + gathered + lifted + log_probs
+    # backward of the loss: nll grad + log_softmax grad beside the kept log-probs, then the
+    # scatter back into [batch, seq-1, vocab] and the slice back into [batch, seq, vocab]
+    backward = max(3 * n * v * 4, n * v * 4 + shifted * v * cd, shifted * v * cd + logits)
+    return {
+        "logits": logits,
+        "loss_tokens": n,
+        "log_probs": log_probs,
+        "forward": forward,
+        "backward": backward,
+    }
+
+
+def _block_backward_temporaries(facts: ModelFacts, case: Case) -> int:
+    """Working memory while one block runs backward: gradients of its largest intermediates."""
+    cd = 2 if case.precision in ("bf16", "fp16") else DTYPE_BYTES.get(facts.param_dtype, 4)
+    tokens = case.tokens
+    rows, s = (1, tokens) if case.packing else (case.micro_batch, case.seq_len)
+    widest = max(facts.intermediate, facts.hidden, facts.heads * facts.head_dim)
+    temps = 3 * tokens * widest * cd
+    if facts.family == "bert" and facts.attention_dropout > 0 and case.device != "cuda":
+        temps = max(temps, 2 * rows * facts.heads * s * s * 4)
+    return temps
+
+
+def optimizer_state_bytes(facts: ModelFacts, optimizer: str) -> tuple[int, bool]:
+    """(bytes, known): optimizer states in the parameters' dtype (AdamW: exp_avg, exp_avg_sq)."""
+    known = optimizer in OPTIMIZER_STATES
+    per_param = OPTIMIZER_STATES.get(optimizer, 2)
+    return per_param * facts.trainable_bytes, known
+
+
+def rule_x4(facts: ModelFacts) -> int:
+    """The common rule of thumb (accelerate estimate-memory): weights x 4 for Adam training."""
+    return 4 * facts.total_weight_bytes
+
+
+def _embedding_bytes(facts: ModelFacts) -> int:
+    """Weights outside the blocks: embeddings, and an untied output layer."""
+    pb = DTYPE_BYTES.get(facts.param_dtype, 4)
+    untied_head = facts.architecture == "causal_lm" and not facts.tied_embeddings
+    return facts.vocab * facts.hidden * pb * (2 if untied_head else 1)
+
+
+def estimate_memory(
+    facts: ModelFacts, case: Case, *, strategy: str = "single", ranks: int = 1
+) -> Estimate:
+    """Predict the memory of one optimizer step of `case` for the model and adaptation `facts`.
+
+    `strategy` "ddp": one full replica per rank plus DDP's gradient buckets (a flat copy of the
+    gradients); "fsdp": weights, gradients and optimizer states sharded over `ranks`, plus the
+    block being computed gathered whole (twice with prefetch, or the root's embeddings) and its
+    unsharded gradient before the reduce-scatter. Per rank, with `case.micro_batch` per rank.
+    """
+    if facts.family not in FAMILIES:
+        raise ValueError(f"unknown block family {facts.family!r}")
+    if strategy not in ("single", "ddp", "fsdp"):
+        raise ValueError(f"unknown strategy {strategy!r}")
+    ranks = max(1, int(ranks))
+    shard = ranks if strategy == "fsdp" else 1
+    notes: list[str] = []
+    trace = _Trace(facts, case)
+    detail = trace.run()
+    activations = trace.total
+    recompute = getattr(trace, "recompute", 0)
+    per_layer = trace.per_layer
+    pb = DTYPE_BYTES.get(facts.param_dtype, 4)
+    weights = facts.total_weight_bytes // shard
+    grads = facts.trainable_bytes // shard
+    opt_full, known = optimizer_state_bytes(facts, case.optimizer)
+    opt = opt_full // shard
+    if not known:
+        notes.append(f"optimizer {case.optimizer}: states assumed 2 per parameter")
+    n = max(1, facts.layers)
+    block = max(0, facts.total_weight_bytes - _embedding_bytes(facts)) // n
+    gathered = max(_embedding_bytes(facts), 2 * block) if shard > 1 else 0
+    gathered_grad = facts.trainable_bytes // n if shard > 1 else 0
+    buckets = facts.trainable_bytes if strategy == "ddp" and ranks > 1 else 0
+    loss = logits_bytes(facts, case)
+    temps = _block_backward_temporaries(facts, case)
+    # the optimizer step: foreach kernels (CUDA) make a temporary per trainable tensor at once;
+    # the CPU loop one tensor at a time
+    opt_temps = grads if case.device == "cuda" else 2 * facts.largest_trainable_bytes
+    batch = case.tokens * 8 * 3
+    # With accumulation, the gradients of earlier micro-steps are alive in later forwards.
+    held = grads if case.grad_accum > 1 else 0
+    # The head's gradient (tied embeddings: vocab x hidden) is made when backward starts.
+    head_grad = 0
+    if facts.architecture == "causal_lm" and (facts.head == "weight" or facts.embed == "weight"):
+        head_grad = facts.vocab * facts.hidden * pb // shard
+    layer_grads = max(0, grads - head_grad)
+    phases = {
+        "forward_end": activations + loss["forward"] + held + gathered,
+        "loss_backward": activations + loss["backward"] + max(held, head_grad) + gathered,
+    }
+    # layer backward: block i runs with the activations of blocks < i still kept, the gradients
+    # of the blocks above already made, and its own recomputed activations when checkpointing
+    kept_below = activations - sum(per_layer)
+    best = 0
+    for i in range(n - 1, -1, -1):
+        below = sum(per_layer[:i])
+        grads_done = head_grad + layer_grads * (n - 1 - i) / n
+        own = per_layer[i] if i < len(per_layer) else 0
+        live = kept_below + below + own + recompute + max(held, grads_done) + temps
+        best = max(best, live + gathered + gathered_grad)
+    phases["layer_backward"] = int(best)
+    phases["optimizer_step"] = grads + opt_temps
+    peak_phase = max(phases, key=lambda k: phases[k])
+    transient = phases[peak_phase]
+    if facts.approximate:
+        notes.append("activations estimated with the Llama-like block: the measurement decides")
+    if case.packing:
+        notes.append(
+            "packed rows: transformers builds a dense [tokens, tokens] mask per layer with sdpa"
+        )
+    return Estimate(
+        weights=weights,
+        weights_by_dtype={k: v // shard for k, v in facts.weight_bytes.items()},
+        gradients=grads,
+        optimizer_states=opt,
+        activations=activations,
+        activations_detail={**detail, "recompute_one_block": recompute},
+        logits_loss=max(loss["forward"], loss["backward"]),
+        backward_temporaries=temps,
+        optimizer_temporaries=opt_temps,
+        peak_phase=peak_phase,
+        phases=phases,
+        peak_total=weights + batch + opt + buckets + transient,
+        peak_increase=opt + buckets + transient,
+        rule_x4=rule_x4(facts),
+        approximate=facts.approximate,
+        notes=notes,
+    )
+
+
+def project_per_rank(facts: ModelFacts, case: Case, ranks: int) -> dict[str, int]:
+    """Per-rank peak bytes over `ranks` ranks, each with `case.micro_batch`: DDP and FSDP."""
+    return {
+        "ranks": ranks,
+        "ddp": estimate_memory(facts, case, strategy="ddp", ranks=ranks).peak_total,
+        "fsdp": estimate_memory(facts, case, strategy="fsdp", ranks=ranks).peak_total,
+    }
