@@ -693,3 +693,26 @@ def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     assert logits.shape == (1, ids.shape[1], 49_152) and torch.isfinite(logits).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_update_check_on_gpu_with_fingerprints(tiny_llama_dir):
+    _, base, model, _ = loaded(tiny_llama_dir, method="lora", target_modules="all-linear")
+    model.to("cuda")
+    before = capture_params(model, full_copy_limit_bytes=0)  # the on-device fingerprint path
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0
+    )
+    for step in (1, 2):
+        batch = {k: v.cuda() for k, v in batch_for(base, seed=step).items()}
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        assert check_update(before, model, step, "lora") == []
+    frozen = "base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"
+    with torch.no_grad():
+        dict(model.named_parameters())[frozen][1, 2] += 1e-3
+    assert check_update(before, model, 2, "lora") == [
+        f"{frozen}: frozen but changed after 2 step(s)"
+    ]
