@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.assets import resolve_path
 from tunelab.errors import ModelError
 from tunelab.models._quiet import quiet_transformers
 from tunelab.models.adapt import head_module_names
@@ -38,9 +39,7 @@ def resolve_base(study: Study) -> BaseModel:
 
 def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel:
     """`resolve_base` for a bare `model:` config section; relative paths are under `root`."""
-    path = Path(model_cfg.path).expanduser()
-    if not path.is_absolute() and root is not None:
-        path = Path(root) / path
+    path = resolve_path(model_cfg.path, root)  # also `asset:NAME` (packaged assets)
     if not path.exists():
         raise ModelError(
             f"model.path {model_cfg.path!r}: {path} does not exist",
