@@ -70,10 +70,20 @@ def token_view(pre: Preprocessor, enc: dict[str, Any]) -> list[dict[str, Any]]:
     special_ids |= {i for i, t in decoder.items() if getattr(t, "special", False)}
     labels = enc.get("labels")
     out = []
-    for i, token_id in enumerate(enc["input_ids"]):
+    ids = list(enc["input_ids"])
+    previous = ""
+    for i, token_id in enumerate(ids):
+        # A token decoded alone loses the space before it (WordPiece "##" pieces, SentencePiece);
+        # the growth of the decoded prefix keeps it, so the view reads like the text.
+        prefix = tok.decode(ids[: i + 1], skip_special_tokens=False)
+        if prefix.startswith(previous):
+            text = prefix[len(previous) :]
+        else:
+            text = tok.decode([token_id], skip_special_tokens=False)
+        previous = prefix
         out.append(
             {
-                "text": tok.decode([token_id], skip_special_tokens=False),
+                "text": text,
                 "id": int(token_id),
                 "special": token_id in special_ids,
                 "loss": labels is not None and labels[i] != IGNORE_INDEX,
