@@ -76,7 +76,7 @@ def token_view(pre: Preprocessor, enc: dict[str, Any]) -> list[dict[str, Any]]:
         # A token decoded alone loses the space before it (WordPiece "##" pieces, SentencePiece);
         # the growth of the decoded prefix keeps it, so the view reads like the text.
         prefix = tok.decode(ids[: i + 1], skip_special_tokens=False)
-        if prefix.startswith(previous):
+        if prefix.startswith(previous) and token_id not in special_ids:
             text = prefix[len(previous) :]
         else:
             text = tok.decode([token_id], skip_special_tokens=False)
