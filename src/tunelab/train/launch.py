@@ -173,11 +173,33 @@ def read_rank_records(launch_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+# What a rank reports when another rank died under it: a consequence, not the cause.
+_PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker crashing",
+    "remote process exited",
+    "broken pipe",
+)
+
+
+def root_causes(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failures that are not just a rank losing its peer (all of them if none is)."""
+    causes = [f for f in failures if not any(m in f["error"].lower() for m in _PEER_GONE)]
+    return causes or failures
+
+
 def failure_reason(failures: list[dict[str, Any]], returncode: int) -> str:
-    """'rank 1: RuntimeError: ...; rank 3: ...' or the exit code when no rank left a record."""
+    """'rank 1: RuntimeError: ...; rank 0: ...' (root causes first), or the exit code when no
+    rank left a record."""
     if failures:
-        return "; ".join(f"rank {f['rank']}: {f['error']}" for f in failures)[:2000]
-    return f"torchrun exited with code {returncode} and no rank recorded an error"
+        causes = root_causes(failures)
+        ordered = causes + [f for f in failures if f not in causes]
+        return "; ".join(f"rank {f['rank']}: {f['error']}" for f in ordered)[:2000]
+    return (
+        f"torchrun exited with code {returncode} and no rank recorded an error (a rank killed "
+        "by a signal or out of memory; torchrun's report names it)"
+    )
 
 
 def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
@@ -223,12 +245,15 @@ def raise_for_result(result: LaunchResult) -> None:
             f"{where}: {failure_reason(result.rank_failures, result.returncode)}",
             hint=f"`tunelab resume {result.run_id}` continues from its latest checkpoint",
         )
+    causes = root_causes(result.rank_failures)
+    if result.run_dir and causes:
+        hint = f"each failed rank's traceback is in {result.run_dir / 'ranks'}"
+    else:
+        hint = "the ranks' tracebacks and torchrun's report are printed above"
     raise RunError(
-        f"distributed training failed ({where}): "
-        f"{failure_reason(result.rank_failures, result.returncode)}",
-        hint=(f"each rank's traceback is in {result.run_dir / 'ranks'}" if result.run_dir else
-              "the ranks' tracebacks are printed above"),
-    )  # fmt: skip
+        f"distributed training failed ({where}): {failure_reason(causes, result.returncode)}",
+        hint=hint,
+    )
 
 
 def recorded_launch(run_dir: Path) -> Launch:
@@ -314,10 +339,21 @@ def resume_launch(
     recorded = recorded_launch(run_dir)
     if under_torchrun():
         nproc = nproc or 1  # the ranks already exist; torchrun set the world size
-    return Launch(
+    launch = Launch(
         nproc=nproc or max(1, recorded.world_size // nnodes),
         strategy=strategy or recorded.strategy,
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
     )
+    if not under_torchrun() and (launch.strategy, launch.world_size) != (
+        recorded.strategy,
+        recorded.world_size,
+    ):
+        raise RunError(
+            f"run {run_dir.name} was trained with --strategy {recorded.strategy} on "
+            f"{recorded.world_size} process(es), not {launch.strategy} on {launch.world_size}",
+            hint=f"`tunelab resume {run_dir.name}` relaunches it as it was started; the global "
+            "batch depends on the number of processes",
+        )
+    return launch

@@ -1,0 +1,385 @@
+"""Distributed training through torchrun on CPU (gloo, 2 processes) against the single process.
+
+Global batch = nproc x micro_batch_size x grad_accum_steps: 2 ranks x micro 2 x accum 2 must
+give the loss curve (and gradient norm, which AdamW's scale invariance would otherwise hide) of
+1 process x micro 4 x accum 2 within 1e-5 in fp32. The tests start `python -m tunelab train
+--nproc 2 ...` as users do; each torchrun launch costs 20-40 s of start-up on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tunelab.errors import ConfigError, RunError
+from tunelab.records import read_json, read_jsonl
+from tunelab.train.distributed import shard_step
+from tunelab.train.launch import (
+    Launch,
+    failure_reason,
+    forward_options,
+    root_causes,
+    torchrun_command,
+)
+
+TOL = 1e-5
+BASE_SETS = ["training.micro_batch_size=2"]  # per rank; the single process takes 4
+
+
+# ------------------------------------------------------------------ pure pieces (no processes)
+
+
+def test_shard_step_makes_each_micro_step_the_single_process_one():
+    world, b, accum = 2, 2, 3
+    step = list(range(100, 100 + world * b * accum))  # one step of the seeded order
+    shards = [shard_step(step, r, world) for r in range(world)]
+    assert sorted(sum(shards, [])) == step  # disjoint, complete
+    for k in range(accum):
+        together = sorted(i for s in shards for i in s[k * b : (k + 1) * b])
+        assert together == step[k * b * world : (k + 1) * b * world]
+    with pytest.raises(RunError, match="cannot be split over 4 ranks"):
+        shard_step(list(range(6)), 0, 4)
+
+
+def test_torchrun_command_single_node_and_multi_node():
+    cmd = torchrun_command(Launch(nproc=4, strategy="ddp"), ["train", "--study", "s"])
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "4" and "--standalone" in cmd
+    assert cmd[-5:] == ["-m", "tunelab", "train", "--study", "s"]
+    multi = Launch(nproc=8, strategy="fsdp", nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+    cmd = torchrun_command(multi, ["train"])
+    for flag, value in [("--nnodes", "2"), ("--node_rank", "1"), ("--rdzv_backend", "static"),
+                        ("--rdzv_endpoint", "10.0.0.1:29500")]:  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    assert "--standalone" not in cmd and multi.world_size == 16
+
+
+@pytest.mark.parametrize(
+    "launch, message",
+    [
+        (Launch(nproc=2), "needs a distributed strategy"),
+        (Launch(nproc=2, strategy="zero3"), "unknown"),
+        (Launch(nproc=2, strategy="ddp", nnodes=2), "needs --node-rank and --rdzv-endpoint"),
+        (Launch(strategy="ddp", nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "outside 0..1"),
+    ],
+)
+def test_launch_options_refused(launch, message):
+    with pytest.raises(ConfigError, match=message):
+        launch.check()
+
+
+def test_forward_options_and_failure_reason():
+    assert forward_options(study=Path("s"), name=None, set=["a=1", "b=2"], json=True) == [
+        "--study", "s", "--set", "a=1", "--set", "b=2", "--json",
+    ]  # fmt: skip
+    failures = [
+        {"rank": 0, "error": "RuntimeError: Connection closed by peer [127.0.0.1]:5"},
+        {"rank": 1, "error": "ValueError: bad"},
+    ]
+    assert root_causes(failures) == [failures[1]]
+    assert failure_reason(failures, 1).startswith("rank 1: ValueError: bad; rank 0: Runtime")
+    assert "no rank recorded an error" in failure_reason([], 1)
+
+
+# ------------------------------------------------------------------ a tiny study
+
+
+def email_rows(n: int = 32) -> list[dict]:
+    rows = []
+    for i in range(n):
+        target = json.dumps({"sender": f"user{i}@example.com", "subject": f"Meeting {i}"})
+        text = f"From: user{i}@example.com Subject: Meeting {i} " + "word " * (i % 5 * 3)
+        rows.append({"text": text, "label": ["spam", "ham"][i % 2], "target": target})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
+    from tunelab.data import build_snapshot
+    from tunelab.hypothesis import register
+    from tunelab.study import Study
+
+    root = tmp_path_factory.mktemp("dist-study")
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in email_rows()))
+    cfg = {
+        "name": "distributed",
+        "task": {
+            "kind": "extraction",
+            "instruction": "Extract the fields as a JSON object.",
+            "json_schema": {"type": "object", "required": ["sender", "subject"]},
+        },
+        "hypothesis": {
+            "behaviour": "b",
+            "rationale": "r",
+            "expected_effect": "e",
+            "primary_metric": "field_micro_f1",
+        },  # fmt: skip
+        "guardrails": [{"metric": "json_valid_rate", "op": ">=", "value": 0.0}],
+        "data": {
+            "source": {"format": "jsonl", "path": "data.jsonl"},
+            "fields": {"text": "text", "label": "label", "target": "target"},
+            "dedup": {"near": False},
+        },
+        "model": {"path": str(tiny_llama_dir)},
+        "preprocess": {"max_seq_len": 128},
+        "training": {
+            "micro_batch_size": 4,
+            "grad_accum_steps": 2,
+            "max_steps": 4,
+            "lr": 0.01,
+            "eval_every_steps": 2,
+            "checkpoint_every_steps": 2,
+            "num_threads": 1,
+        },
+    }
+    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    study = Study.open(root)
+    build_snapshot(study, progress=False)
+    register(study.root, study.config)
+    return root
+
+
+def single_process_run(root: Path, sets: list[str]) -> Path:
+    """The reference: one process, micro batch 4 x accumulation 2, in this process."""
+    from tunelab.study import Study
+    from tunelab.train import train_run
+
+    threads = torch.get_num_threads()
+    try:
+        return train_run(Study.open(root, sets)).dir
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference_lora(study_root) -> Path:
+    return single_process_run(study_root, [])
+
+
+@pytest.fixture(scope="module")
+def reference_full(study_root) -> Path:
+    return single_process_run(study_root, ["adaptation.method=full"])
+
+
+def tunelab(*args: object, env: dict[str, str] | None = None, timeout: float = 240):
+    """`python -m tunelab ARGS` in a child process, as a user runs it."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "tunelab", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
+def only_run_since(root: Path, before: set[str]) -> Path:
+    new = sorted(set(os.listdir(root / "records" / "runs")) - before)
+    assert len(new) == 1, new
+    return root / "records" / "runs" / new[0]
+
+
+def runs(root: Path) -> set[str]:
+    folder = root / "records" / "runs"
+    return set(os.listdir(folder)) if folder.exists() else set()
+
+
+def assert_same_curve(run_dir: Path, reference: Path) -> float:
+    """Every step's loss and gradient norm, and the validation losses, within TOL; returns the
+    largest loss difference."""
+    got = {
+        (r["step"], "val_loss" in r and "loss" not in r): r
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+    }
+    want = {(r["step"], "val_loss" in r and "loss" not in r): r for r in read_jsonl(reference / "metrics.jsonl")}  # fmt: skip
+    assert got.keys() == want.keys() and len(got) == 5  # step 0 (validation) + 4 steps
+    worst = 0.0
+    for key, w in want.items():
+        g = got[key]
+        for name in ("loss", "grad_norm", "val_loss"):
+            if name in w:
+                assert abs(g[name] - w[name]) < TOL, (key, name, g[name], w[name])
+                worst = max(worst, abs(g[name] - w[name])) if name == "loss" else worst
+        for name in ("tokens", "loss_tokens", "val_tokens", "lr", "epoch"):
+            assert g.get(name) == w.get(name), (key, name)
+    return worst
+
+
+def adapter_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(
+        str(run_dir / "checkpoints" / "final" / "adapter" / "adapter_model.safetensors")
+    )
+
+
+# ------------------------------------------------------------------ DDP
+
+
+@pytest.mark.distributed
+def test_ddp_two_ranks_equal_single_process(study_root, reference_lora):
+    before = runs(study_root)
+    out = tunelab("train", "-s", study_root, "--nproc", 2, "--strategy", "ddp",
+                  "--set", BASE_SETS[0], "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = only_run_since(study_root, before)
+    assert json.loads(out.stdout)["run_id"] == run_dir.name  # rank 0 printed one summary
+    worst = assert_same_curve(run_dir, reference_lora)
+    print(f"DDP vs single process: max loss difference {worst:.2e}")
+    got, want = adapter_tensors(run_dir), adapter_tensors(reference_lora)
+    assert got.keys() == want.keys()
+    assert max((got[k] - want[k]).abs().max().item() for k in got) < TOL
+
+    env = read_json(run_dir / "env.json")["distributed"]
+    assert env["strategy"] == "ddp" and env["world_size"] == 2 and env["backend"] == "gloo"
+    assert env["backend_version"]["library"] == "gloo" and env["backend_version"]["version"]
+    assert [r["rank"] for r in env["ranks"]] == [0, 1]
+    assert all(r["device"] == "cpu" and r["host"] for r in env["ranks"])
+    # only rank 0 wrote: the same record files as the single process, one line per step
+    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(reference_lora))
+    assert read_json(run_dir / "status.json")["status"] == "completed"
+    state = read_json(run_dir / "checkpoints" / "final" / "state.json")
+    assert (state["strategy"], state["world_size"]) == ("ddp", 2)
+
+
+# ------------------------------------------------------------------ FSDP
+
+
+@pytest.mark.distributed
+def test_fsdp_lora_equals_single_process_and_evaluates(study_root, reference_lora):
+    before = runs(study_root)
+    out = tunelab("train", "-s", study_root, "--nproc", 2, "--strategy", "fsdp",
+                  "--set", BASE_SETS[0], "--set", "training.packing=false", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = only_run_since(study_root, before)
+    # padded batches here, packed in the reference: the same loss positions either way
+    assert_same_curve(run_dir, reference_lora)
+    final = run_dir / "checkpoints" / "final"
+    assert (final / "dcp" / ".metadata").exists()  # sharded weights + optimizer
+    assert not (final / "optimizer.safetensors").exists()
+    got, want = adapter_tensors(run_dir), adapter_tensors(reference_lora)
+    assert got.keys() == want.keys()  # gathered adapter in peft's format, same keys
+    assert max((got[k] - want[k]).abs().max().item() for k in got) < TOL
+
+    # the gathered adapter loads like any run's (evaluation, verify, export use this)
+    from tunelab.study import Study
+    from tunelab.train import load_run_model
+
+    model, _, _ = load_run_model(Study.open(study_root), run_dir.name)
+    lora = {n: p for n, p in model.named_parameters() if "lora_B" in n}
+    assert lora and any(p.abs().sum() > 0 for p in lora.values())
+
+
+@pytest.fixture(scope="module")
+def fsdp_full_killed(study_root) -> Path:
+    """Full fine-tuning under FSDP, every rank SIGKILLed after step 2 (checkpoint 2 saved)."""
+    before = runs(study_root)
+    out = tunelab("train", "-s", study_root, "--nproc", 2, "--strategy", "fsdp",
+                  "--set", BASE_SETS[0], "--set", "adaptation.method=full",
+                  env={"TUNELAB_TEST_KILL_AT": "step:2"})  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "no rank recorded an error" in out.stderr
+    return only_run_since(study_root, before)
+
+
+@pytest.mark.distributed
+def test_fsdp_full_killed_run_is_failed_with_a_sharded_checkpoint(fsdp_full_killed):
+    status = read_json(fsdp_full_killed / "status.json")
+    assert status["status"] == "failed" and status["torchrun_exit_code"] != 0
+    ckpt = fsdp_full_killed / "checkpoints" / "step-000002"
+    assert (ckpt / "DONE").exists() and (ckpt / "dcp" / ".metadata").exists()
+    assert len(list((ckpt / "dcp").glob("*.distcp"))) == 2  # one shard file per rank
+    assert (ckpt / "model" / "model.safetensors").exists()  # gathered for evaluation
+    assert not (fsdp_full_killed / "checkpoints" / "step-000004").exists()
+
+
+@pytest.mark.distributed
+def test_fsdp_full_resume_equals_single_process(study_root, fsdp_full_killed, reference_full):
+    # `tunelab resume` relaunches with the recorded strategy and world size
+    out = tunelab("resume", fsdp_full_killed.name, "-s", study_root, "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["status"] == "completed"
+    assert_same_curve(fsdp_full_killed, reference_full)
+    # resuming with another world size would change the global batch: refused
+    out = tunelab("resume", fsdp_full_killed.name, "-s", study_root, "--nproc", 1)
+    assert out.returncode == 2 and "--strategy fsdp on 2 process(es), not fsdp on 1" in out.stderr
+
+
+# ------------------------------------------------------------------ failures
+
+
+@pytest.mark.distributed
+def test_a_failed_rank_is_named_in_the_status(study_root):
+    before = runs(study_root)
+    out = tunelab("train", "-s", study_root, "--nproc", 2, "--strategy", "ddp",
+                  "--set", BASE_SETS[0], env={"TUNELAB_TEST_FAIL_RANK": "1"})  # fmt: skip
+    assert out.returncode == 2
+    assert "rank 1: RuntimeError: failure injected on rank 1" in out.stderr
+    run_dir = only_run_since(study_root, before)
+    status = read_json(run_dir / "status.json")
+    assert status["status"] == "failed"
+    assert status["reason"].startswith("rank 1: RuntimeError: failure injected on rank 1")
+    assert 1 in [r["rank"] for r in status["ranks"]]
+    record = read_json(run_dir / "ranks" / "rank-1.json")
+    assert record["kind"] == "failed" and "fail_for_test" in record["traceback"]
+
+
+# ------------------------------------------------------------------ two nodes on one machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_nodes_one_process_each_equal_single_process(study_root, reference_lora):
+    """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here."""
+    before = runs(study_root)
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tunelab",
+                "train",
+                "-s",
+                str(study_root),
+                "--nproc",
+                "1",
+                "--strategy",
+                "ddp",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--rdzv-endpoint",
+                endpoint,
+                "--set",
+                BASE_SETS[0],
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert json.loads(outs[0][0])["status"] == "completed" and outs[1][0].strip() == ""
+    run_dir = only_run_since(study_root, before)
+    assert_same_curve(run_dir, reference_lora)
+    assert read_json(run_dir / "env.json")["distributed"]["world_size"] == 2
