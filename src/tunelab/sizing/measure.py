@@ -218,6 +218,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda" and budget:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    load_started = time.perf_counter()
     try:
         cfg, base, model, facts = _build(spec)
     except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
@@ -225,6 +226,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             return {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
         raise
     result["facts"] = facts.to_dict()
+    load_s = time.perf_counter() - load_started
     t = cfg.training
     arch = base.architecture
     packing = bool(t.packing and arch == "causal_lm")
@@ -311,6 +313,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if watchdog is not None:
             watchdog.stop.set()
+    forward_s = _time_forward(model, source, arch, t.precision, device)
     measured_rows = metrics[warmup:]
     seconds = [r["seconds"] for r in measured_rows]
     step_s = statistics.median(seconds) if seconds else wall / max(1, steps)
@@ -323,6 +326,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": tokens / step_s if step_s else None,
         "examples_per_s": per_step / step_s if step_s else None,
         "saved_activation_bytes": saved,
+        "forward_s": forward_s,
+        "load_s": load_s,
         "loss": measured_rows[-1]["loss"] if measured_rows else None,
     }
     if device.type == "cuda":
@@ -369,6 +374,27 @@ def _prime(model, source, arch, precision, device) -> None:  # noqa: ANN001
     loss.backward()
     model.zero_grad(set_to_none=True)
     del loss, batch
+
+
+def _time_forward(model, source, arch, precision, device) -> float:  # noqa: ANN001
+    """Seconds of one no-grad forward of a micro-batch in eval mode (validation loss)."""
+    import torch
+
+    from tunelab.train.batches import Position
+    from tunelab.train.loop import validation_loss
+
+    batch = source.next(Position())[0][:1]
+    model.eval()
+    with torch.no_grad():
+        validation_loss(model, batch, arch, precision)  # warm
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        validation_loss(model, batch, arch, precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    model.train()
+    return time.perf_counter() - started
 
 
 def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa: ANN001

@@ -1,0 +1,451 @@
+"""`tunelab size`: measure real steps of the study's model, set beside the analytic breakdown.
+
+1. Representative lengths: the training split of the latest data snapshot goes through the
+   study's own preprocessing; its p95 and maximum token counts (or `--seq-len`) and the share of
+   positions carrying loss are what the synthetic examples of the measurement reproduce.
+2. Configurations (`recommend.configurations`): the study's own at each length, then each
+   option alone at the longest length (activation checkpointing, micro-batch sizes, precision),
+   then combined. Each runs in its own process (`measure.measure_in_subprocess`).
+3. For each: the analytic estimate (`memory.estimate_memory`), the measurement, the error in
+   percent, and what the weights x 4 rule would have said.
+4. The recommendation (micro-batch, accumulation, within the memory budget) with its measured
+   tokens/s, and the per-rank projection for DDP and FSDP over N ranks.
+5. `records/sizing/<id>.json` (never overwritten), read by `tunelab plan`.
+
+What is compared: on CUDA the predicted peak total against `max_memory_allocated`; on CPU the
+predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
+measured peak RSS above the idle process (model, optimizer and batch loaded).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tunelab.errors import SnapshotError, StudyError, TunelabError
+from tunelab.ledger import utc_now
+from tunelab.records import read_json, write_json_atomic
+from tunelab.sizing.measure import MMAP_THRESHOLD, measure_in_subprocess
+from tunelab.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
+from tunelab.sizing.recommend import Option, calibration, configurations, recommend
+from tunelab.study import Study
+
+DEFAULT_RANKS = (2, 4, 8)
+
+
+def sizing_dir(study: Study) -> Path:
+    return study.records / "sizing"
+
+
+def new_sizing_id() -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"size-{stamp}-{secrets.token_hex(3)}"
+
+
+def list_sizings(study: Study) -> list[Path]:
+    """Sizing records, oldest first."""
+    folder = sizing_dir(study)
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("size-*.json"), key=lambda p: p.name)
+
+
+def latest_sizing(study: Study) -> dict[str, Any] | None:
+    found = list_sizings(study)
+    return read_json(found[-1]) if found else None
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of the device: the GPU's, or the machine's RAM on CPU."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def representative_lengths(study: Study, labels_out: list[Any] | None = None) -> dict[str, Any]:
+    """Token counts of the training split after the study's preprocessing (latest snapshot)."""
+    from tunelab.data import load_snapshot
+    from tunelab.models import load_tokenizer, resolve_base
+    from tunelab.preprocess import Preprocessor, length_stats
+    from tunelab.tasks import get_task
+
+    cfg = study.config
+    try:
+        snapshot = load_snapshot(study)
+    except SnapshotError as exc:
+        raise SnapshotError(
+            f"no representative lengths: {exc.message}",
+            hint="build the snapshot with `tunelab data`, or give lengths with --seq-len 256,512",
+        ) from None
+    base = resolve_base(study)
+    task = get_task(cfg, snapshot.labels)
+    pre = Preprocessor(load_tokenizer(base), cfg, task, base.architecture)
+    started = time.perf_counter()
+    encoded = [pre.encode(r) for r in snapshot.rows("train")]
+    encode_s = time.perf_counter() - started
+    stats = length_stats(encoded)
+    if not stats["n"]:
+        raise SnapshotError(
+            f"snapshot {snapshot.id} has no training examples",
+            hint="check data.splits, then `tunelab data`",
+        )
+    positions = sum(max(0, len(e["input_ids"]) - 1) for e in encoded)
+    loss = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in encoded if "labels" in e)
+    return {
+        "source": f"snapshot {snapshot.id}",
+        "snapshot": snapshot.id,
+        **stats,
+        "loss_fraction": (loss / positions)
+        if positions and base.architecture == "causal_lm"
+        else 1.0,
+        "labels": list(task.labels) if getattr(task, "labels", None) else None,
+        "split_counts": dict(snapshot.manifest.get("counts", {}).get("final", {})),
+        "encode_train_s": encode_s,
+    }
+
+
+def _labels(study: Study) -> list[str] | None:
+    cfg = study.config
+    if cfg.task.kind != "classification":
+        return None
+    if cfg.task.labels:
+        return list(cfg.task.labels)
+    from tunelab.data import load_snapshot
+
+    try:
+        return list(load_snapshot(study).labels or [])
+    except SnapshotError:
+        raise SnapshotError(
+            "an encoder classifier needs its label set to be sized",
+            hint="set task.labels in study.yaml or build the snapshot with `tunelab data`",
+        ) from None
+
+
+def _pct(pred: float | None, real: float | None) -> float | None:
+    if not pred or not real:
+        return None
+    return round(100.0 * (pred - real) / real, 2)
+
+
+def compare_row(
+    facts: ModelFacts, case: Case, measured: dict[str, Any] | None, device: str
+) -> dict[str, Any]:
+    """Predicted breakdown, the measured figure it is compared with, error %, the x4 rule's."""
+    est = estimate_memory(facts, case)
+    cuda = device == "cuda"
+    predicted = {**est.to_dict(), "compared": est.peak_total if cuda else est.peak_increase}
+    # The rule says weights x 4 in all; over a process already holding the weights: x 3.
+    rule = est.rule_x4 if cuda else est.rule_x4 - est.weights
+    real = (measured or {}).get("peak_total" if cuda else "increase")
+    out = {
+        "predicted": predicted,
+        "rule_x4": {"bytes": rule, "error_pct": _pct(rule, real)},
+        "error_pct": _pct(predicted["compared"], real),
+        "compared": "max_allocated" if cuda else "peak RSS - idle RSS",
+    }
+    if measured is not None:
+        measured["compared"] = real
+    return out
+
+
+def run_sizing(
+    study: Study,
+    *,
+    seq_lens: list[int] | None = None,
+    micro_batches: list[int] | None = None,
+    precisions: list[str] | None = None,
+    memory_budget: int | None = None,
+    ranks: tuple[int, ...] = DEFAULT_RANKS,
+    measure_steps: int = 1,
+    allocator: str = "pinned",
+    timeout_s: float = 1800.0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """Measure, compare, recommend and record (see the module docstring).
+
+    Returns (record, path). Raises TunelabError when nothing could be measured or lengths are
+    unknown; an out-of-memory configuration is a row with status does_not_fit.
+    """
+    import torch
+
+    from tunelab.env import capture_env
+    from tunelab.hypothesis import require_hypothesis
+
+    cfg = study.config
+    hypothesis = require_hypothesis(study.root, cfg)
+    started = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if seq_lens:
+        lengths: dict[str, Any] = {"source": "--seq-len", "loss_fraction": 1.0}
+        sizes = sorted(set(seq_lens))
+        labels = _labels(study)
+    else:
+        lengths = representative_lengths(study)
+        sizes = sorted({int(lengths["p95"]), int(lengths["max"])})
+        labels = lengths.pop("labels")
+    t = cfg.training
+    effective = t.micro_batch_size * t.grad_accum_steps
+    options = configurations(
+        lengths=sizes,
+        micro_batch=t.micro_batch_size,
+        effective_batch=effective,
+        precision=t.precision,
+        checkpointing=t.activation_checkpointing,
+        packing=t.packing,
+        micro_batches=micro_batches,
+        precisions=precisions,
+    )
+    budget = memory_budget or device_memory_bytes(device)
+    base_spec = {
+        "config": cfg.to_dict(),
+        "root": str(study.root),
+        "labels": labels,
+        "loss_fraction": float(lengths.get("loss_fraction") or 1.0),
+        "warmup_steps": 1,
+        "measure_steps": measure_steps,
+        "num_threads": t.num_threads,
+        "device": device,
+        "memory_budget_bytes": budget,
+        "allocator": allocator,
+    }
+    rows: list[dict[str, Any]] = []
+    facts: ModelFacts | None = None
+    total = len(options) + 1  # + the recommended configuration, when not measured yet
+
+    def run_option(o: Option) -> dict[str, Any]:
+        nonlocal facts
+        if progress:
+            progress(len(rows), total, o.label)
+        # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
+        measured_accum = min(o.grad_accum, 2)
+        spec = {
+            **base_spec,
+            "label": o.label,
+            "seq_len": o.seq_len,
+            "micro_batch": o.micro_batch,
+            "grad_accum": measured_accum,
+            "precision": o.precision,
+            "checkpointing": o.checkpointing,
+            "packing": o.packing,
+        }
+        result = measure_in_subprocess(spec, timeout_s=timeout_s)
+        if result.get("facts"):
+            facts = facts or ModelFacts.from_dict(result["facts"])
+        row: dict[str, Any] = {
+            "label": o.label,
+            "options": {**o.to_dict(), "measured_accum": measured_accum},
+            "status": result.get("status"),
+            "reason": result.get("reason"),
+            "measured": result.get("measured"),
+        }
+        m = row["measured"]
+        if m and m.get("step_s"):
+            micro_s = m["step_s"] / measured_accum
+            m["micro_step_s"] = micro_s
+            m["projected_step_s"] = micro_s * o.grad_accum
+        rows.append(row)
+        return row
+
+    for o in options:
+        run_option(o)
+    if facts is None:
+        reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
+        raise TunelabError(
+            f"no configuration could be measured: {reasons[:1500]}",
+            hint="lower --micro-batch / --seq-len, or raise --memory-budget",
+        )
+    loss_fraction = base_spec["loss_fraction"]
+
+    def case_of(opts: dict[str, Any], accum: int | None = None) -> Case:
+        return Case(
+            seq_len=opts["seq_len"],
+            micro_batch=opts["micro_batch"],
+            grad_accum=accum or opts.get("measured_accum", opts["grad_accum"]),
+            precision=opts["precision"],
+            checkpointing=opts["checkpointing"],
+            packing=bool(opts["packing"] and facts.architecture == "causal_lm"),
+            loss_fraction=loss_fraction,
+            optimizer=t.optimizer,
+            device=device,
+        )
+
+    for row in rows:
+        row.update(compare_row(facts, case_of(row["options"]), row["measured"], device))
+    # the recommendation, sized at the longest length with the study's precision and packing
+    ok = [r for r in rows if r["status"] == "ok"]
+    template = case_of({**options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)
+    template = replace(template, checkpointing=t.activation_checkpointing)
+    idle = [r["measured"].get("idle_rss") for r in ok if r["measured"].get("idle_rss")]
+    rec = recommend(
+        facts,
+        template,
+        effective_batch=effective,
+        budget_bytes=budget,
+        fixed_bytes=0 if device == "cuda" else max(idle or [0]),
+        compare_total=device == "cuda",
+        scale=calibration(rows),
+    )
+    if rec["fits"]:
+        match = next(
+            (
+                r
+                for r in rows
+                if r["options"]["seq_len"] == sizes[-1]
+                and r["options"]["micro_batch"] == rec["micro_batch"]
+                and r["options"]["checkpointing"] == rec["checkpointing"]
+                and r["options"]["precision"] == rec["precision"]
+            ),
+            None,
+        )
+        if match is None:
+            o = Option(
+                "recommended",
+                sizes[-1],
+                rec["micro_batch"],
+                rec["grad_accum"],
+                rec["precision"],
+                rec["checkpointing"],
+                t.packing,
+            )
+            match = run_option(o)
+            match.update(compare_row(facts, case_of(match["options"]), match["measured"], device))
+        rec["row"] = match["label"]
+        rec["measured_status"] = match["status"]
+        if match["status"] == "ok":
+            m = match["measured"]
+            rec.update(
+                tokens_per_s=m.get("tokens_per_s"),
+                step_s=m.get("projected_step_s"),
+                micro_step_s=m.get("micro_step_s"),
+                measured_peak_bytes=m.get("peak_total"),
+            )
+    projection = []
+    if rec.get("fits"):
+        per_rank = replace(
+            template, micro_batch=rec["micro_batch"], checkpointing=rec["checkpointing"]
+        )
+        for n in ranks:
+            # the effective batch stays: each rank takes micro-batches of at most the
+            # recommended size, the accumulation shrinks with the rank count
+            micro = max(1, min(rec["micro_batch"], effective // n))
+            accum = max(1, -(-effective // (micro * n)))
+            case = replace(per_rank, micro_batch=micro, grad_accum=accum)
+            projection.append(
+                {**project_per_rank(facts, case, n), "micro_batch": micro, "grad_accum": accum}
+            )
+    throughput = _throughput(rows, rec, sizes)
+    record = {
+        "id": new_sizing_id(),
+        "kind": "sizing",
+        "created_at": utc_now(),
+        "seconds": None,
+        "config_sha256": cfg.sha256(),
+        "hypothesis_version": hypothesis["version"],
+        "hypothesis_sha256": hypothesis["sha256"],
+        "data_snapshot": lengths.get("snapshot"),
+        "device": device,
+        "env": _env_summary(capture_env()),
+        "model": {"path": cfg.model.path, "architecture": facts.architecture},
+        "adaptation": cfg.adaptation.model_dump(mode="json"),
+        "training": {
+            "micro_batch_size": t.micro_batch_size,
+            "grad_accum_steps": t.grad_accum_steps,
+            "effective_batch": effective,
+            "precision": t.precision,
+            "activation_checkpointing": t.activation_checkpointing,
+            "packing": t.packing,
+            "optimizer": t.optimizer,
+        },
+        "lengths": lengths,
+        "seq_lens": sizes,
+        "memory_budget_bytes": budget,
+        "allocator": (
+            f"glibc mmap threshold pinned at {MMAP_THRESHOLD} bytes in the measuring process"
+            if allocator == "pinned"
+            else "default"
+        ),
+        "facts": facts.to_dict(),
+        "configurations": rows,
+        "max_error_pct": _max_abs(r.get("error_pct") for r in rows),
+        "rule_x4_max_error_pct": _max_abs(r["rule_x4"]["error_pct"] for r in rows),
+        "recommendation": rec,
+        "projection": projection,
+        "throughput": throughput,
+        "step_s": throughput.get("step_s"),
+        "tokens_per_s": throughput.get("tokens_per_s"),
+    }
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
+    study.ledger.add_event(
+        None,
+        "sizing:recorded",
+        {
+            "id": record["id"],
+            "max_error_pct": record["max_error_pct"],
+            "seconds": record["seconds"],
+        },
+    )
+    return record, path
+
+
+def _throughput(
+    rows: list[dict[str, Any]], rec: dict[str, Any], sizes: list[int]
+) -> dict[str, Any]:
+    """The step time and tokens/s the planner uses: the study's own configuration at the most
+    typical length measured (the first), and the recommended one's when it was measured."""
+    own = next((r for r in rows if r["label"] == f"config @{sizes[0]}"), None)
+    out: dict[str, Any] = {}
+    if own and own["status"] == "ok":
+        m = own["measured"]
+        out = {
+            "row": own["label"],
+            "seq_len": own["options"]["seq_len"],
+            "step_s": m.get("projected_step_s"),
+            "micro_step_s": m.get("micro_step_s"),
+            "tokens_per_s": m.get("tokens_per_s"),
+            "examples_per_s": m.get("examples_per_s"),
+        }
+    if rec.get("tokens_per_s"):
+        out["recommended_tokens_per_s"] = rec["tokens_per_s"]
+    return out
+
+
+def _max_abs(values: Any) -> float | None:
+    """The error of largest magnitude, with its sign."""
+    found = [v for v in values if v is not None]
+    return round(max(found, key=abs), 2) if found else None
+
+
+def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "torch": env.get("torch"),
+        "backend": env.get("backend"),
+        "cpu": env.get("cpu"),
+        "gpus": env.get("gpus"),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "packages": env.get("packages"),
+    }
+
+
+def require_sizing(study: Study) -> dict[str, Any]:
+    record = latest_sizing(study)
+    if record is None:
+        raise StudyError(
+            "no sizing record in records/sizing/", hint="measure the step first: `tunelab size`"
+        )
+    return record
