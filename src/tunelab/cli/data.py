@@ -116,7 +116,7 @@ def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
                 ["across splits", d["across_split_pairs"]],
                 *[[f"  {k}", v] for k, v in d["pairs_by_split"].items()],
                 ["rows involved", d["rows_involved"]],
-                ["exact pairs with different labels", d["label_conflicts"]],
+                ["pairs with different labels", d["label_conflicts"]],
                 [
                     "[bold]removed[/]",
                     f"{d['removed']} ("
