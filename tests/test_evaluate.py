@@ -414,3 +414,110 @@ def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
     assert "WARNING" in err and "opened" in second["warning"]
     code, out, err = run_cli(capsys, "compare", "-s", stage_study, "--json")
     assert json.loads(out)["test_openings"] == before + 2 and "WARNING" in err
+
+
+# ---------------------------------------------------------------- real models and data (slow)
+
+
+def _real_study(root: Path, example: str, **changes) -> Path:
+    """A copy of examples/<example>/study.yaml with explicit asset paths and smaller sizes."""
+    repo = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((repo / "examples" / example / "study.yaml").read_text())
+    for section, values in changes.items():
+        raw[section] = {**(raw.get(section) or {}), **values}
+    root.mkdir(parents=True)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+@pytest.mark.slow
+def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
+    from helpers import run_cli
+    from tunelab.records import read_json
+
+    root = _real_study(
+        tmp_path / "bbc",
+        "classification-bbc",
+        model={"path": str(minilm_dir)},
+        data={
+            "source": {
+                "format": "folder",
+                "path": str(bbc_dir),
+                "glob": "*.txt",
+                "encoding_errors": "replace",
+            },
+            "max_examples": 300,
+        },
+        training={"num_threads": 1},
+    )
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "baseline", "-s", root)
+    assert code == 0, err
+    labels = ["business", "entertainment", "politics", "sports", "tech"]
+    for label in labels:
+        assert label in out
+    assert "per category" in out and "confusion" in out
+    (run_dir,) = (root / "records" / "runs").iterdir()
+    rec = read_json(run_dir / "metrics-validation.json")
+    m = rec["metrics"]
+    assert list(m["per_category"]) == labels
+    assert sum(c["support"] for c in m["per_category"].values()) == rec["n"] >= 40
+    assert sum(map(sum, m["confusion"]["matrix"])) == rec["n"]
+    # an untrained head: the point of the baseline is that it is near chance
+    assert 0.0 <= m["accuracy"] <= 0.6 and rec["examples_per_s"] > 0
+    print(
+        json.dumps(
+            {
+                "n": rec["n"],
+                "examples_per_s": rec["examples_per_s"],
+                **{k: m[k] for k in ("accuracy", "macro_f1", "weighted_f1")},
+            }
+        )
+    )
+
+
+@pytest.mark.slow
+def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
+    from helpers import run_cli
+    from tunelab.assets import smollm2_gguf
+    from tunelab.records import read_json, read_jsonl
+
+    folder, gguf = smollm2_gguf()
+    repo = Path(__file__).resolve().parents[1]
+    emails = repo / "examples" / "extraction-email" / "data" / "emails.jsonl"
+    root = _real_study(
+        tmp_path / "mail",
+        "extraction-email",
+        model={"path": str(folder), "gguf_file": gguf},
+        data={"source": {"format": "jsonl", "path": str(emails)}, "max_examples": 60},
+        evaluation={"max_examples": 3, "max_new_tokens": 32, "batch_size": 3},
+        training={"num_threads": 1},
+    )
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "baseline", "-s", root)
+    assert code == 0, err
+    assert "per field" in out
+    for field in ("sender", "subject", "date", "list"):
+        assert field in out
+    (run_dir,) = (root / "records" / "runs").iterdir()
+    rec = read_json(run_dir / "metrics-validation.json")
+    preds = read_jsonl(run_dir / "predictions-validation.jsonl")
+    assert rec["n"] == len(preds) == 3 and rec["fields"] == ["sender", "subject", "date", "list"]
+    m = rec["metrics"]
+    assert set(m["per_field"]) == set(rec["fields"])
+    for p in preds:
+        assert p["raw_output"].strip()  # the model answered something
+        assert set(p["gold"]) == set(rec["fields"])
+    for key in ("json_valid_rate", "schema_valid_rate", "field_presence_rate", "field_micro_f1"):
+        assert 0.0 <= m[key] <= 1.0
+    print(
+        json.dumps(
+            {
+                "n": rec["n"],
+                "examples_per_s": rec["examples_per_s"],
+                **{k: v for k, v in m.items() if k not in ("per_field", "n")},
+            }
+        )
+    )

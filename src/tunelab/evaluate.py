@@ -323,6 +323,8 @@ def evaluate_model(
         "n": len(rows),
         "seconds": round(seconds, 3),
         "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
+        "device": str(_device(model)),
+        "torch_threads": torch.get_num_threads(),
         "evaluation": ev.model_dump(mode="json"),
         "metrics": metric_values,
     }
@@ -503,6 +505,14 @@ def _load_base_model(study: Any, labels: list[str] | None):
     return model, tokenizer, base
 
 
+def _set_threads(cfg: StudyConfig) -> None:
+    """Use training.num_threads for inference too (CPU oversubscription slows both alike)."""
+    if cfg.training.num_threads:
+        import torch
+
+        torch.set_num_threads(cfg.training.num_threads)
+
+
 def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
@@ -512,6 +522,7 @@ def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, 
 
     cfg: StudyConfig = study.config
     hypothesis = require_hypothesis(study.root, cfg)
+    _set_threads(cfg)
     snapshot = load_snapshot(study)
     labels = _task_labels_from(cfg, snapshot)
     split = "validation"
@@ -594,6 +605,7 @@ def run_eval(
         raise EvaluationError(
             "--final is only for the test split", hint="add --split test, or drop --final"
         )
+    _set_threads(cfg)
     snapshot = load_snapshot(study, row.data_snapshot)
     labels = _task_labels_from(cfg, snapshot)
     run = study.create_run(
