@@ -35,6 +35,7 @@ HF_SPLIT_COLUMN = "__split__"
 EXTENSIONS = {"jsonl": ("*.jsonl", "*.json"), "csv": ("*.csv",), "parquet": ("*.parquet",)}
 
 Progress = Callable[[int], None]
+PROGRESS_EVERY = 10_000  # rows between progress updates
 
 
 @dataclass
@@ -206,7 +207,9 @@ def _record_file(src: SourceData, path: Path, data: bytes) -> None:
 # ---------------------------------------------------------------- formats
 
 
-def _read_jsonl(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+def _read_jsonl(
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
     name = _rel(path, src.root) if src.root.is_dir() else path.name
@@ -223,9 +226,13 @@ def _read_jsonl(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -
                 hint="each line must hold one JSON object; fix or remove this line",
             ) from None
         src.rows.append(mapper.row(rec, where))
+        if len(src.rows) % PROGRESS_EVERY == 0:
+            progress(PROGRESS_EVERY)
 
 
-def _read_csv(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+def _read_csv(
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
     name = _rel(path, src.root) if src.root.is_dir() else path.name
@@ -251,6 +258,8 @@ def _read_csv(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> 
                     hint="quote values that contain commas or newlines, or fix the row",
                 )
             src.rows.append(mapper.row(dict(zip(header, rec, strict=True)), where))
+            if len(src.rows) % PROGRESS_EVERY == 0:
+                progress(PROGRESS_EVERY)
     except csv.Error as exc:
         raise DataError(
             f"{name} line {reader.line_num}: malformed CSV ({exc})",
@@ -258,7 +267,9 @@ def _read_csv(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> 
         ) from None
 
 
-def _read_parquet(src: SourceData, path: Path, mapper: FieldMapper, errors: str) -> None:
+def _read_parquet(
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -276,6 +287,8 @@ def _read_parquet(src: SourceData, path: Path, mapper: FieldMapper, errors: str)
     for i in range(table.num_rows):
         rec = {c: v[i] for c, v in cols.items()}
         src.rows.append(mapper.row(rec, f"{name} row {i}"))
+        if len(src.rows) % PROGRESS_EVERY == 0:
+            progress(PROGRESS_EVERY)
 
 
 def _read_folder(
@@ -369,9 +382,7 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
     else:
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
         for path in _files_of(root, EXTENSIONS[fmt]):
-            before = len(src.rows)
-            reader(src, path, mapper, errors)
-            progress(len(src.rows) - before)
+            reader(src, path, mapper, errors, progress)
     return src
 
 
