@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from tunelab.config import TrainingConfig
 from tunelab.errors import ConfigError, RunError
 from tunelab.train.batches import (
-    IGNORE,
     Position,
     StepSource,
     count_input_tokens,
     count_loss_tokens,
 )
+from tunelab.train.losses import causal_lm_loss_sum
 from tunelab.train.strategy import SingleProcess, Strategy
 
 
@@ -124,17 +124,8 @@ def loss_sum(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], architecture: str
 ) -> torch.Tensor:
     """Summed cross-entropy of a collated batch (not divided: the caller normalizes)."""
-    if architecture == "causal_lm":
-        inputs = {"input_ids": batch["input_ids"], "use_cache": False}
-        if "position_ids" in batch:  # packed: attention stays inside each example
-            inputs["position_ids"] = batch["position_ids"]
-        else:
-            inputs["attention_mask"] = batch["attention_mask"]
-        logits = model(**inputs).logits  # [batch, seq, vocab]
-        labels = batch["labels"][:, 1:]  # position t predicts token t + 1
-        keep = labels != IGNORE
-        # only loss positions are lifted to fp32: [loss_tokens, vocab]
-        return F.cross_entropy(logits[:, :-1][keep].float(), labels[keep], reduction="sum")
+    if architecture == "causal_lm":  # padded or packed; logits only at loss positions
+        return causal_lm_loss_sum(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return F.cross_entropy(
         logits.float(), batch["labels"], reduction="sum"

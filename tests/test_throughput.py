@@ -1,0 +1,266 @@
+"""Exactness of the throughput paths: padding-free packing and logits only at loss positions.
+
+Every faster path must give the loss and the gradients of the plain one (full logits over a
+padded batch) to float tolerance, on examples of unequal lengths, plain and with peft LoRA.
+The speed itself is measured by benchmarks/throughput.py, not here.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tunelab.config import TrainingConfig
+from tunelab.train import losses
+from tunelab.train.batches import DataOrder, StepSource, collate, count_loss_tokens
+from tunelab.train.loop import Loop, TrainState, build_optimizer, build_scheduler, train_loop
+
+VOCAB = 300
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_llama(seed: int = 0, attn: str = "sdpa", cls_name: str = "Llama", **extra):
+    import transformers
+
+    config_cls = getattr(transformers, f"{cls_name}Config")
+    model_cls = getattr(transformers, f"{cls_name}ForCausalLM")
+    config = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **extra,
+    )
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    # random weights give logits near 0; scale the head so logits and differences are large
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model
+
+
+def lora(model, targets=("q_proj", "k_proj", "v_proj", "o_proj")):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
+    # B starts at zero; move it so the adapters change the outputs and get gradients everywhere
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return peft_model
+
+
+def examples(n: int = 6, seed: int = 0) -> list[dict]:
+    """Unequal lengths, unequal prompts (labels -100 on the prompt), one without any loss."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(4, 40)
+        prompt = length if i == 2 else rng.randint(1, length - 2)
+        ids = [rng.randrange(3, VOCAB) for _ in range(length)]
+        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    assert len({len(e["input_ids"]) for e in out}) > 3
+    return out
+
+
+def reference_loss_sum(model, batch) -> torch.Tensor:
+    """The plain computation: full logits of a padded batch, cross-entropy at loss positions."""
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).logits
+    labels = batch["labels"][:, 1:]
+    keep = labels != -100
+    return F.cross_entropy(logits[:, :-1][keep].float(), labels[keep], reduction="sum")
+
+
+def loss_and_grads(model, fn) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = fn()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.item(), grads
+
+
+def assert_same(a: tuple, b: tuple, tol: float = 1e-5) -> None:
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    assert loss_a == pytest.approx(loss_b, rel=tol, abs=tol)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        scale = 1.0 + grads_a[name].abs().max().item()
+        diff = (grads_a[name] - grads_b[name]).abs().max().item()
+        assert diff <= tol * scale, f"{name}: gradient differs by {diff}"
+
+
+@pytest.mark.parametrize("adapter", [None, "lora"])
+@pytest.mark.parametrize("route", ["split", "hook", "full"])
+def test_packed_loss_position_logits_equal_padded_full_logits(adapter, route):
+    model = tiny_llama()
+    if adapter:
+        model = lora(model)
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    assert packed["input_ids"].shape[0] == 1 and "attention_mask" not in packed
+    assert count_loss_tokens(packed) == count_loss_tokens(padded)
+    expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
+    if adapter:
+        assert all("lora" in n for n in expected[1])
+    for b in (padded, packed):
+        got = loss_and_grads(model, lambda b=b: losses.causal_lm_loss_sum(model, b, route=route))
+        assert_same(got, expected)
+
+
+def test_best_route_is_split_and_a_wrong_packing_would_be_caught():
+    model = tiny_llama()
+    packed = collate(examples(), 0, "causal_lm", packing=True)
+    assert losses.choose_route(model, packed["input_ids"]) == "split"
+    assert losses.packing_is_exact(model, packed["input_ids"])
+    # The same packed row without its restarting positions lets examples attend to each other:
+    # the loss differs by far more than the tolerance of the equality tests (1e-5).
+    leaky = dict(packed, position_ids=torch.arange(packed["input_ids"].shape[1]).unsqueeze(0))
+    with torch.no_grad():
+        right = losses.causal_lm_loss_sum(model, packed).item()
+        wrong = losses.causal_lm_loss_sum(model, leaky).item()
+    assert abs(right - wrong) > 20 * 1e-5 * abs(right)
+
+
+def test_lora_on_lm_head():
+    model = lora(tiny_llama(), targets=("q_proj", "v_proj", "lm_head"))
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
+    assert any("lm_head.lora" in n for n in expected[1])
+    assert losses.choose_route(model, packed["input_ids"]) == "split"
+    got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
+    assert_same(got, expected)
+
+
+@pytest.mark.parametrize("adapter", [None, "lora_head"])
+def test_chunked_cross_entropy_equals_unchunked(adapter):
+    model = tiny_llama()
+    if adapter:
+        model = lora(model, targets=("q_proj", "lm_head"))
+    packed = collate(examples(8), 0, "causal_lm", packing=True)
+    n = count_loss_tokens(packed)
+    whole = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
+    # chunks of 7 rows, the last one short
+    chunked = loss_and_grads(
+        model, lambda: losses.causal_lm_loss_sum(model, packed, chunk_logits=7 * VOCAB)
+    )
+    assert n > 7 * 3 and n % 7
+    assert_same(chunked, whole)
+
+
+def test_chunks_hold_one_chunk_of_logits_alive():
+    """The chunked path saves no logits for backward: its saved tensors are far smaller."""
+    model = tiny_llama()
+    hidden = torch.randn(400, 32, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (400,))
+    head = model.get_output_embeddings()
+
+    def saved_numel(chunk):
+        sizes = []
+
+        def pack(t):
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            losses.cross_entropy_sum(head, hidden, targets, chunk_logits=chunk)
+        return sum(sizes)
+
+    assert saved_numel(50 * VOCAB) < saved_numel(10**9) / 4
+
+
+def test_model_scaling_logits_after_its_head_avoids_the_split_route():
+    """Granite divides logits by `logits_scaling` in its forward: body + head alone would be
+    wrong, the check sees it and the head is applied inside the model's own forward."""
+    model = tiny_llama(cls_name="Granite", logits_scaling=4.0)
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    assert losses.lm_parts(model) is not None
+    assert losses.choose_route(model, packed["input_ids"]) == "hook"
+    expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
+    got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
+    assert_same(got, expected)
+    split = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed, route="split"))
+    assert abs(split[0] - expected[0]) > 1e-2 * expected[0]
+
+
+def test_model_that_ignores_packing_gets_padded_batches():
+    """An attention that only knows "causal" (no block mask) would leak across packed examples;
+    the packing check catches it, warns, and the batch is unpacked: the loss stays exact."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def causal_only(module, q, k, v, attention_mask, **kw):
+        # causal is enough for right-padded rows, not for packed ones
+        return sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kw)
+
+    AttentionInterface.register("tunelab_test_causal_only", causal_only)
+    model = tiny_llama(attn="tunelab_test_causal_only")
+    model.config._attn_implementation = "tunelab_test_causal_only"
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
+    with pytest.warns(UserWarning, match="packed examples attend to each other"):
+        assert not losses.packing_is_exact(model, packed["input_ids"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per model, not per batch
+        got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
+    assert_same(got, expected)
+
+
+def test_unpack_restores_the_padded_batch():
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    unpacked = losses.unpack(collate(batch, 0, "causal_lm", packing=True))
+    assert torch.equal(unpacked["attention_mask"], padded["attention_mask"])
+    keep = padded["attention_mask"].bool()
+    assert torch.equal(unpacked["input_ids"][keep], padded["input_ids"][keep])
+    assert torch.equal(unpacked["labels"][:, 1:], padded["labels"][:, 1:])
+
+
+def train(model, packing: bool, steps: int = 3) -> list[float]:
+    cfg = TrainingConfig(micro_batch_size=3, grad_accum_steps=2, max_steps=steps, lr=1e-2)
+    data = examples(12, seed=3)
+    source = StepSource(data, DataOrder(len(data), 0), 3, 2, 0, "causal_lm", packing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, cfg)
+    loop = Loop(
+        model, optimizer, build_scheduler(optimizer, cfg, steps), source, cfg, steps, "causal_lm"
+    )
+    rows: list[dict] = []
+    train_loop(loop, TrainState(), lambda state, row: rows.append(row))
+    return [r["loss"] for r in rows]
+
+
+def test_loop_packed_training_follows_the_padded_trajectory():
+    """Packing is the default (training.packing: true) because it is exact: three AdamW steps
+    of LoRA, packed, give the losses of the padded run."""
+    assert TrainingConfig().packing is True
+    padded = train(lora(tiny_llama()), packing=False)
+    packed = train(lora(tiny_llama()), packing=True)
+    assert len(set(padded)) == 3
+    assert packed == pytest.approx(padded, rel=1e-5)
