@@ -104,6 +104,10 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
             f"snapshot {snapshot.id} has no training examples",
             hint="check data.splits, then `tunelab data`",
         )
+    counts = sorted(len(e["input_ids"]) for e in encoded)
+    quantiles = [
+        counts[min(len(counts) - 1, round(q * (len(counts) - 1) / 100))] for q in range(101)
+    ]
     positions = sum(max(0, len(e["input_ids"]) - 1) for e in encoded)
     loss = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in encoded if "labels" in e)
     return {
@@ -116,6 +120,7 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
         "labels": list(task.labels) if getattr(task, "labels", None) else None,
         "split_counts": dict(snapshot.manifest.get("counts", {}).get("final", {})),
         "encode_train_s": encode_s,
+        "quantiles": quantiles,
     }
 
 

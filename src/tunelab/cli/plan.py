@@ -1,0 +1,119 @@
+"""plan: a rental plan from the measured figures; --review sets it against the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+
+
+def _h(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+@app.command()
+def plan(
+    study: StudyDir = Path("."),
+    days: Annotated[
+        int | None,
+        typer.Option(help="Rental length: 3, 7 or 30 days (default budget.rental_days)."),
+    ] = None,
+    gpu_hour_price: Annotated[
+        float | None, typer.Option(help="Price per GPU hour (default budget.gpu_hour_price).")
+    ] = None,
+    speedup: Annotated[
+        float, typer.Option(help="How many times faster the rented device computes than this one.")
+    ] = 1.0,
+    step_time_s: Annotated[
+        float | None, typer.Option(help="Optimizer step time on the rented device, if known.")
+    ] = None,
+    review: Annotated[
+        bool, typer.Option("--review", help="Planned against actual durations from the ledger.")
+    ] = False,
+    sets: SetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A rental plan by phase from the measured step, evaluation and checkpoint times: margins,
+    cost, how many variants fit, and a Gantt chart (records/plans/<id>.png)."""
+    from tunelab.plan import make_plan, review_plan
+
+    s = open_study(study, sets)
+    if review:
+        result = review_plan(s)
+        if json_out:
+            emit_json(result)
+            return
+        rows = [
+            [
+                r["phase"],
+                r["what"],
+                _h(r["planned_s"]),
+                _h(r["actual_s"]),
+                "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%",
+            ]
+            for r in result["rows"]
+        ]
+        console.print(
+            table(
+                f"plan {result['plan']}: planned vs actual (the units that ran)",
+                ["phase", "what ran", "planned", "actual", "error"],
+                rows,
+            )
+        )
+        if result["max_error_pct"] is not None:
+            console.print(f"largest phase error {result['max_error_pct']:.1f}%")
+        return
+    record, path, png = make_plan(
+        s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s
+    )
+    if json_out:
+        emit_json({**record, "path": str(path), "chart_path": str(png)})
+        return
+    print_plan(record)
+    console.print(f"record: {path}\nchart:  {png}")
+
+
+def print_plan(record: dict[str, Any]) -> None:
+    v = record["variant"]
+    rows = [
+        [p["phase"], _h(p["start_s"]), _h(p["planned_s"]), f"+{p['margin_pct']}%", _h(p["total_s"])]
+        for p in record["phases"]
+    ]
+    console.print(
+        table(
+            f"{record['days']}-day plan on {record['gpu']} ({record['num_variants']} variants)",
+            ["phase", "starts at", "planned", "margin", "with margin"],
+            rows,
+        )
+    )
+    console.print(
+        f"one variant: {v['steps']} steps x {record['step_time_s']:.3f} s + "
+        f"{v['validation_passes']} validation passes + {v['checkpoint_saves']} checkpoint saves "
+        f"+ {_h(v['startup_s'])} start = {_h(v['total_s'])}"
+    )
+    c = record["cost"]
+    console.print(
+        f"busy {_h(record['busy_s'])} of a {record['window_s'] / 3600:.0f} h window; "
+        f"{record['variants_that_fit']} variants fit; cost {c['busy_cost']:,.2f} busy, "
+        f"{c['rental_cost']:,.2f} for the whole rental ({c['rental_hours']} h x "
+        f"{record['gpu_hour_price']:g})"
+    )
+    sources = record["figures"]
+    for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s"):
+        fig = sources.get(key) or {}
+        value = fig.get("value")
+        console.print(
+            f"  {key}: {'-' if value is None else f'{value:.4g}'}  ({fig.get('source', '')})",
+            style="dim",
+        )
+    for w in record["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")

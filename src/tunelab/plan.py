@@ -1,0 +1,572 @@
+"""`tunelab plan`: a rental plan built from measured figures, and its review against the ledger.
+
+The figures (each kept with where it came from):
+- step time and throughput, model load time, validation forward time: the latest sizing record
+  (`tunelab size`), scaled from the measured length to the data's own token counts;
+- generation evaluation time per example, checkpoint save time, fresh-process reload time:
+  the latest smoke record (`tunelab smoke`), else the baseline's evaluation;
+- the durations of smoke, sizing and baseline themselves, from the ledger and the records.
+
+The plan (`build_plan`, pure) lays out the phases of a rental: initial check (environment,
+smoke, sizing, baseline), experiments (each variant's training run as the ledger times it:
+tokenization, model load, steps, validation losses, checkpoint saves), evaluation (each
+variant's validation evaluation, a fresh-process verification, the one final test), a
+resumption margin (one interruption per variant: the lost half checkpoint interval, a restart,
+and a checkpoint re-inspected in a new process), and export. Each phase carries an explicit
+margin. It says how many variants fit the rental window and warns when the registered number
+does not, gives the cost, and draws a Gantt chart.
+
+The figures are those of the machine that measured them: planned on CPU, the plan is for this
+CPU. `speedup` (compute x times faster on the rented GPU) or `step_time_s` project it there.
+
+`review_plan` sets the planned durations against the actual ones of the ledger (created_at ->
+finished_at of each run, the records' own durations), phase by phase, for the units that ran.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tunelab.errors import StudyError
+from tunelab.ledger import utc_now
+from tunelab.records import read_json, write_bytes_atomic, write_json_atomic
+from tunelab.study import Study
+
+PHASES = ("initial check", "experiments", "evaluation", "resumption margin", "export")
+# Margin added to each phase for run-to-run variation (the resumption phase is itself a margin).
+MARGINS = {
+    "initial check": 0.10,
+    "experiments": 0.15,
+    "evaluation": 0.10,
+    "resumption margin": 0.0,
+    "export": 0.25,
+}
+ENV_CHECK_S = 5.0
+DEFAULT_EVAL_S_PER_EXAMPLE = None
+
+
+# ------------------------------------------------------------------ figures
+
+
+@dataclass
+class Figure:
+    value: float | None
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def run_seconds(row: Any) -> float | None:
+    """created_at -> finished_at of a ledger row, in seconds (None while it runs)."""
+    start, end = _parse_time(row.created_at), _parse_time(row.finished_at)
+    return (end - start).total_seconds() if start and end else None
+
+
+def expected_max(quantiles: list[int], m: int) -> float:
+    """E[max of m lengths drawn from the quantile function]: the padded length of a batch of m."""
+    if not quantiles:
+        return 0.0
+    n = len(quantiles) - 1
+    total = 0.0
+    for i in range(n):
+        u0, u1 = i / n, (i + 1) / n
+        total += (quantiles[i] + quantiles[i + 1]) / 2 * (u1**m - u0**m)
+    return total
+
+
+def _latest_smoke(study: Study) -> tuple[dict[str, Any] | None, Any]:
+    rows = [r for r in study.ledger.list_runs("smoke") if r.status == "completed"]
+    for row in reversed(rows):
+        path = study.runs_dir / row.id / "smoke.json"
+        if path.exists():
+            return read_json(path), row
+    return None, None
+
+
+def _split_counts(study: Study, recorded: dict[str, Any]) -> dict[str, int]:
+    """Examples per split: the latest snapshot's manifest, else what the sizing recorded."""
+    from tunelab.data import load_snapshot
+    from tunelab.errors import SnapshotError
+
+    try:
+        final = load_snapshot(study).manifest.get("counts", {}).get("final", {})
+    except SnapshotError:
+        final = recorded
+    return {k: int(final.get(k) or recorded.get(k) or 0) for k in ("train", "validation", "test")}
+
+
+def gather_figures(study: Study) -> dict[str, Any]:
+    """The measured inputs of a plan, each with its source. Needs a sizing record."""
+    from tunelab.sizing.stage import require_sizing
+
+    cfg = study.config
+    t = cfg.training
+    sizing = require_sizing(study)
+    thr = sizing.get("throughput") or {}
+    own = next((r for r in sizing["configurations"] if r["label"] == thr.get("row")), None)
+    if own is None or own["status"] != "ok" or not thr.get("step_s"):
+        raise StudyError(
+            f"sizing {sizing['id']} has no measured step of the study's configuration",
+            hint="run `tunelab size` again (its first configuration must fit)",
+        )
+    m = own["measured"]
+    lengths = sizing.get("lengths") or {}
+    counts = lengths.get("split_counts") or {}
+    quant = lengths.get("quantiles") or []
+    measured_len = own["options"]["seq_len"]
+    packing = bool(t.packing and sizing["facts"]["architecture"] == "causal_lm")
+    micro = t.micro_batch_size
+    if quant:
+        typical = lengths.get("mean") if packing else expected_max(quant, micro)
+        how = "mean length (packed)" if packing else f"expected longest of {micro} (padded)"
+    else:
+        typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
+    scale = (typical or measured_len) / measured_len
+    sid = f"sizing {sizing['id']}"
+    f: dict[str, Any] = {
+        "device": sizing["device"],
+        "sizing_id": sizing["id"],
+        "step_s": Figure(
+            thr["step_s"] * scale,
+            f"{sid}: {thr['step_s']:.3f} s at {measured_len} tokens/example x {scale:.3f} ({how})",
+        ),
+        "forward_s": Figure(
+            (m.get("forward_s") or 0.0) * scale, f"{sid}: one validation forward of a micro-batch"
+        ),
+        "load_s": Figure(m.get("load_s"), f"{sid}: model load and adaptation"),
+        "encode_s": Figure(lengths.get("encode_train_s"), f"{sid}: tokenizing the training split"),
+        "sizing_s": Figure(sizing.get("seconds"), f"{sid}: its own duration"),
+        "tokens_per_s": Figure(thr.get("tokens_per_s"), sid),
+        "counts": _split_counts(study, counts),
+        "lengths": {k: lengths.get(k) for k in ("p50", "p95", "max", "mean")},
+    }
+    smoke, smoke_row = _latest_smoke(study)
+    if smoke is not None:
+        sm = f"smoke {smoke_row.id}"
+        f["eval_s_per_example"] = Figure(smoke.get("eval_s_per_example"), sm)
+        f["checkpoint_save_s"] = Figure(smoke.get("checkpoint_save_s"), sm)
+        f["reload_s"] = Figure(smoke.get("reload_s"), f"{sm}: fresh-process load")
+        f["smoke_s"] = Figure(run_seconds(smoke_row) or smoke.get("total_s"), f"{sm}: ledger")
+    else:
+        f["eval_s_per_example"] = Figure(None, "no smoke record")
+        f["checkpoint_save_s"] = Figure(None, "no smoke record")
+        f["reload_s"] = Figure(f["load_s"].value, "no smoke record: the sizing load time")
+        f["smoke_s"] = Figure(None, "no smoke record (run `tunelab smoke`)")
+    baselines = [r for r in study.ledger.list_runs("baseline") if r.status == "completed"]
+    if baselines:
+        row = baselines[-1]
+        f["baseline_s"] = Figure(run_seconds(row), f"baseline {row.id}: ledger")
+        ev = study.runs_dir / row.id / "metrics-validation.json"
+        if f["eval_s_per_example"].value is None and ev.exists():
+            rec = read_json(ev)
+            if rec.get("seconds") and rec.get("n"):
+                f["eval_s_per_example"] = Figure(
+                    rec["seconds"] / rec["n"], f"baseline {row.id}: evaluation"
+                )
+    else:
+        f["baseline_s"] = Figure(None, "no baseline yet: estimated")
+    if f["eval_s_per_example"].value is None:
+        # a forward per example: right for a classifier, low for generation
+        f["eval_s_per_example"] = Figure(
+            f["forward_s"].value / max(1, micro), "estimated from the validation forward (low)"
+        )
+    if f["checkpoint_save_s"].value is None:
+        f["checkpoint_save_s"] = Figure(1.0, "assumed 1 s (no smoke record)")
+    return f
+
+
+# ------------------------------------------------------------------ the plan (pure)
+
+
+def _v(fig: Any) -> float:
+    if isinstance(fig, Figure):
+        return float(fig.value or 0.0)
+    if isinstance(fig, dict):
+        return float(fig.get("value") or 0.0)
+    return float(fig or 0.0)
+
+
+def training_steps(max_steps: int | None, num_epochs: float, n_train: int, effective: int) -> int:
+    if max_steps:
+        return int(max_steps)
+    return max(1, math.ceil(num_epochs * n_train / max(1, effective)))
+
+
+def build_plan(
+    figures: dict[str, Any],
+    *,
+    training: dict[str, Any],
+    budget: dict[str, Any],
+    days: int,
+    gpu_hour_price: float | None = None,
+    speedup: float = 1.0,
+    step_time_s: float | None = None,
+) -> dict[str, Any]:
+    """Phases, durations (s), margins, what fits, cost. Pure: values in, values out."""
+    speedup = float(speedup or 1.0)
+    price = float(budget["gpu_hour_price"] if gpu_hour_price is None else gpu_hour_price)
+    counts = figures["counts"]
+    n_train, n_val, n_test = counts["train"], counts["validation"], counts["test"]
+    micro, accum = training["micro_batch_size"], training["grad_accum_steps"]
+    steps = training_steps(training["max_steps"], training["num_epochs"], n_train, micro * accum)
+    step_s = step_time_s if step_time_s else _v(figures["step_s"]) / speedup
+    forward_s = _v(figures["forward_s"]) / speedup
+    eval_per_ex = _v(figures["eval_s_per_example"]) / speedup
+    load_s, save_s, reload_s = (
+        _v(figures["load_s"]),
+        _v(figures["checkpoint_save_s"]),
+        _v(figures["reload_s"]),
+    )
+    encode_s = _v(figures["encode_s"]) * (n_train + n_val) / max(1, n_train)
+    every_eval, every_ckpt = (
+        training.get("eval_every_steps"),
+        training.get("checkpoint_every_steps"),
+    )
+    n_val_passes = 0
+    if every_eval and n_val:
+        n_val_passes = 1 + steps // every_eval + (1 if steps % every_eval else 0)
+    val_pass_s = math.ceil(n_val / micro) * forward_s if n_val else 0.0
+    n_saves = (steps // every_ckpt + (1 if steps % every_ckpt else 0)) if every_ckpt else 1
+    variant = {
+        "startup_s": encode_s + load_s,
+        "steps": steps,
+        "steps_s": steps * step_s,
+        "validation_passes": n_val_passes,
+        "validation_s": n_val_passes * val_pass_s,
+        "checkpoint_saves": n_saves,
+        "checkpoints_s": n_saves * save_s,
+    }
+    variant["total_s"] = (
+        variant["startup_s"]
+        + variant["steps_s"]
+        + variant["validation_s"]
+        + variant["checkpoints_s"]
+    )
+    eval_run_s = reload_s + n_val * eval_per_ex
+    final_test_s = reload_s + n_test * eval_per_ex
+    verify_s = 2 * reload_s + n_val * eval_per_ex
+    interval = min(every_ckpt or steps, steps)
+    resume_each = interval / 2 * step_s + variant["startup_s"] + reload_s
+    export_s = 2 * save_s + reload_s + 2.0
+    initial = {
+        "environment": ENV_CHECK_S,
+        "smoke": _v(figures.get("smoke_s")) or (variant["startup_s"] + 4 * step_s + eval_run_s),
+        "sizing": _v(figures.get("sizing_s")),
+        "baseline": _v(figures.get("baseline_s")) or (load_s + n_val * eval_per_ex),
+    }
+    n_var = int(budget["num_variants"])
+    raw = {
+        "initial check": sum(initial.values()),
+        "experiments": n_var * variant["total_s"],
+        "evaluation": n_var * eval_run_s + verify_s + final_test_s,
+        "resumption margin": n_var * resume_each,
+        "export": export_s,
+    }
+    phases = []
+    clock = 0.0
+    for name in PHASES:
+        base = raw[name]
+        margin = MARGINS[name] * base
+        phases.append(
+            {
+                "phase": name,
+                "start_s": clock,
+                "planned_s": base,
+                "margin_s": margin,
+                "margin_pct": round(100 * MARGINS[name]),
+                "total_s": base + margin,
+            }
+        )
+        clock += base + margin
+    window_s = days * float(budget["hours_per_day"]) * 3600.0
+    busy_s = clock
+    per_variant_s = (
+        variant["total_s"] * (1 + MARGINS["experiments"])
+        + eval_run_s * (1 + MARGINS["evaluation"])
+        + resume_each
+    )
+    fixed_s = busy_s - n_var * per_variant_s
+    fit = max(0, int((window_s - fixed_s) // per_variant_s)) if per_variant_s > 0 else n_var
+    warnings = []
+    if fit < n_var:
+        warnings.append(
+            f"{n_var} registered variants do not fit {days} days x {budget['hours_per_day']:g} "
+            f"h: {fit} fit (each needs {per_variant_s / 3600:.2f} h with margins)"
+        )
+    if figures.get("device") == "cpu" and speedup == 1.0 and not step_time_s:
+        warnings.append(
+            "figures measured on CPU: this is a plan for this CPU; pass --speedup X or "
+            "--step-time-s S to project the rented GPU"
+        )
+    return {
+        "days": days,
+        "hours_per_day": budget["hours_per_day"],
+        "gpu": budget.get("gpu"),
+        "gpu_hour_price": price,
+        "speedup": speedup,
+        "step_time_s": step_s,
+        "num_variants": n_var,
+        "variants_that_fit": fit,
+        "fits": fit >= n_var,
+        "variant": variant,
+        "per_variant_with_margins_s": per_variant_s,
+        "evaluation_run_s": eval_run_s,
+        "final_test_s": final_test_s,
+        "verify_s": verify_s,
+        "resume_each_s": resume_each,
+        "export_s": export_s,
+        "initial": initial,
+        "phases": phases,
+        "margins": dict(MARGINS),
+        "busy_s": busy_s,
+        "window_s": window_s,
+        "cost": {
+            "busy_hours": busy_s / 3600,
+            "busy_cost": busy_s / 3600 * price,
+            "rental_hours": days * 24,
+            "rental_cost": days * 24 * price,
+        },
+        "warnings": warnings,
+    }
+
+
+# ------------------------------------------------------------------ records and chart
+
+
+def plans_dir(study: Study) -> Path:
+    return study.records / "plans"
+
+
+def latest_plan(study: Study) -> dict[str, Any] | None:
+    found = sorted(plans_dir(study).glob("plan-*.json")) if plans_dir(study).is_dir() else []
+    return read_json(found[-1]) if found else None
+
+
+def draw_gantt(plan: dict[str, Any], path: Path) -> Path:
+    """The phases on a time axis (hours), each variant a bar, margins hatched, the window's end."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {
+        "initial check": "#4C72B0",
+        "experiments": "#55A868",
+        "evaluation": "#8172B2",
+        "resumption margin": "#CCB974",
+        "export": "#C44E52",
+    }
+    rows: list[tuple[str, float, float, float, str]] = []  # label, start, length, margin, phase
+    for ph in plan["phases"]:
+        name, start = ph["phase"], ph["start_s"] / 3600
+        if name == "experiments" and plan["num_variants"] > 0:
+            each = ph["planned_s"] / plan["num_variants"] / 3600
+            each_margin = ph["margin_s"] / plan["num_variants"] / 3600
+            for i in range(plan["num_variants"]):
+                rows.append((f"variant {i + 1}", start, each, each_margin, name))
+                start += each + each_margin
+        else:
+            rows.append((name, start, ph["planned_s"] / 3600, ph["margin_s"] / 3600, name))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
+    for y, (_label, start, length, margin, phase) in enumerate(rows):
+        ax.barh(y, length, left=start, color=colours[phase], edgecolor="black", linewidth=0.4)
+        if margin > 0:
+            ax.barh(
+                y,
+                margin,
+                left=start + length,
+                color="white",
+                edgecolor=colours[phase],
+                hatch="///",
+                linewidth=0.6,
+            )
+    window_h = plan["window_s"] / 3600
+    end_h = plan["busy_s"] / 3600
+    if window_h <= 1.5 * end_h:
+        ax.axvline(window_h, color="red", linestyle="--", linewidth=1)
+        ax.text(window_h, -0.8, " end of rental", color="red", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("hours from the start of the rental (hatched: margin)")
+    status = "fits" if plan["fits"] else "DOES NOT FIT"
+    ax.set_title(
+        f"{plan['days']}-day plan on {plan['gpu'] or 'the device'}: {end_h:.2f} h busy of "
+        f"{window_h:.0f} h, {plan['num_variants']} variants ({status}), "
+        f"{plan['cost']['rental_cost']:,.0f} rental",
+        fontsize=9,
+    )
+    ax.grid(axis="x", linewidth=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
+
+
+def make_plan(
+    study: Study,
+    *,
+    days: int | None = None,
+    gpu_hour_price: float | None = None,
+    speedup: float = 1.0,
+    step_time_s: float | None = None,
+) -> tuple[dict[str, Any], Path, Path]:
+    """Gather the figures, build the plan, write records/plans/<id>.json and <id>.png."""
+    from tunelab.errors import ConfigError
+
+    cfg = study.config
+    days = int(days or cfg.budget.rental_days)
+    if days not in (3, 7, 30):
+        raise ConfigError(f"--days {days}: plans are for 3, 7 or 30 days", hint="--days 3|7|30")
+    if speedup <= 0 or (step_time_s is not None and step_time_s <= 0):
+        raise ConfigError("--speedup and --step-time-s must be positive", hint="e.g. --speedup 20")
+    figures = gather_figures(study)
+    plan = build_plan(
+        figures,
+        training=cfg.training.model_dump(mode="json"),
+        budget=cfg.budget.model_dump(mode="json"),
+        days=days,
+        gpu_hour_price=gpu_hour_price,
+        speedup=speedup,
+        step_time_s=step_time_s,
+    )
+    plan_id = f"plan-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    record = {
+        "id": plan_id,
+        "kind": "plan",
+        "created_at": utc_now(),
+        "config_sha256": cfg.sha256(),
+        "figures": {k: (v.to_dict() if isinstance(v, Figure) else v) for k, v in figures.items()},
+        **plan,
+        "chart": f"{plan_id}.png",
+    }
+    folder = plans_dir(study)
+    png = draw_gantt(plan, folder / f"{plan_id}.png")
+    path = write_json_atomic(folder / f"{plan_id}.json", record)
+    study.ledger.add_event(
+        None, "plan:recorded", {"id": plan_id, "fits": plan["fits"], "busy_s": plan["busy_s"]}
+    )
+    return record, path, png
+
+
+# ------------------------------------------------------------------ review
+
+
+def _verify_seconds(study: Study) -> list[float]:
+    out = []
+    for path in sorted(study.runs_dir.glob("*/verify*.json")) if study.runs_dir.is_dir() else []:
+        rec = read_json(path)
+        if isinstance(rec, dict) and rec.get("seconds") and rec.get("model_run"):
+            out.append(float(rec["seconds"]))
+    return out
+
+
+def _export_seconds(study: Study) -> list[float]:
+    done = {}
+    for e in study.ledger.events():
+        if e["kind"] == "export" and e["detail"]:
+            import json
+
+            try:
+                done[json.loads(e["detail"]).get("export_id")] = _parse_time(e["at"])
+            except (ValueError, AttributeError):
+                continue
+    out = []
+    for export_id, end in done.items():
+        manifest = study.records / "exports" / str(export_id) / "manifest.json"
+        if manifest.exists() and end is not None:
+            start = _parse_time(read_json(manifest).get("created_at"))
+            if start is not None:
+                out.append(max(0.0, (end - start).total_seconds()))
+    return out
+
+
+def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Planned against actual, phase by phase, for the units the ledger holds."""
+    from tunelab.sizing.stage import list_sizings
+
+    plan = plan or latest_plan(study)
+    if plan is None:
+        raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
+    runs = study.list_runs()
+
+    def durations(kind: str, **where: Any) -> list[float]:
+        out = []
+        for r in runs:
+            if r.kind != kind or r.status == "running":
+                continue
+            if where.get("name_prefix") and not (r.name or "").startswith(where["name_prefix"]):
+                continue
+            s = run_seconds(r)
+            if s is not None:
+                out.append(s)
+        return out
+
+    smoke = durations("smoke")
+    baseline = durations("baseline")
+    sizing = [read_json(p).get("seconds") or 0.0 for p in list_sizings(study)]
+    train = durations("train")
+    evals = durations("eval")
+    verify = _verify_seconds(study)
+    exports = _export_seconds(study)
+    init = plan["initial"]
+    rows = [
+        {
+            "phase": "initial check",
+            "what": f"{len(smoke)} smoke, {len(sizing)} sizing, {len(baseline)} baseline",
+            "planned_s": (init["smoke"] if smoke else 0)
+            + (init["sizing"] if sizing else 0)
+            + (init["baseline"] if baseline else 0),
+            "actual_s": (smoke[-1] if smoke else 0)
+            + (sizing[-1] if sizing else 0)
+            + (baseline[-1] if baseline else 0),
+        },
+        {
+            "phase": "experiments",
+            "what": f"{len(train)} of {plan['num_variants']} training runs",
+            "planned_s": len(train) * plan["variant"]["total_s"],
+            "actual_s": sum(train),
+        },
+        {
+            "phase": "evaluation",
+            "what": f"{len(evals)} evaluations, {len(verify)} verifications",
+            "planned_s": len(evals) * plan["evaluation_run_s"] + len(verify) * plan["verify_s"],
+            "actual_s": sum(evals) + sum(verify),
+        },
+        {
+            "phase": "resumption margin",
+            "what": f"{sum(1 for r in runs if r.kind == 'train' and r.status == 'interrupted')}"
+            " interrupted runs",
+            "planned_s": plan["resume_each_s"] * plan["num_variants"],
+            "actual_s": None,
+        },
+        {
+            "phase": "export",
+            "what": f"{len(exports)} exports",
+            "planned_s": len(exports) * plan["export_s"],
+            "actual_s": sum(exports),
+        },
+    ]
+    for r in rows:
+        p, a = r["planned_s"], r["actual_s"]
+        r["error_pct"] = round(100 * (p - a) / a, 1) if p and a else None
+    measured = [r for r in rows if r["error_pct"] is not None]
+    return {
+        "plan": plan["id"],
+        "rows": rows,
+        "max_error_pct": max((abs(r["error_pct"]) for r in measured), default=None),
+    }
