@@ -118,6 +118,18 @@ def test_evaluation_refuses_a_drifted_study(tmp_path, tiny_bert_dir):
         evaluate_model(model, tok, base, drifted, cls_examples(), "validation")
 
 
+def test_evaluation_refuses_another_template_than_training(tmp_path, tiny_bert_dir):
+    from tunelab.errors import PreprocessError
+    from tunelab.evaluate import evaluate_model
+
+    study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
+    model, tok, base = load(study, LABELS)
+    with pytest.raises(PreprocessError, match="template mismatch"):
+        evaluate_model(
+            model, tok, base, study, cls_examples(), "validation", expect_template_sha256="0" * 64
+        )
+
+
 # ---------------------------------------------------------------- causal-LM label scoring
 
 

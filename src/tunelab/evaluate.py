@@ -262,6 +262,7 @@ def evaluate_model(
     *,
     labels: Sequence[str] | None = None,
     progress: bool = False,
+    expect_template_sha256: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on `examples` with the study's locked evaluation procedure.
 
@@ -270,6 +271,8 @@ def evaluate_model(
         examples: rows of the split; only the first `evaluation.max_examples` are used.
         labels: the label set of a classification task (default: task.labels, else the latest
             snapshot's labels).
+        expect_template_sha256: the template sha the model was trained with (its run's
+            preprocess.json); a different rendering now is refused before any inference.
     Returns:
         (record, predictions). record = {"split", "spec_sha256", "evaluation_spec_sha256",
         "template_sha256", "hypothesis_version", "task_kind", "labels", "fields", "n",
@@ -281,7 +284,7 @@ def evaluate_model(
     """
     import torch
 
-    from tunelab.preprocess import Preprocessor
+    from tunelab.preprocess import Preprocessor, check_template_match
     from tunelab.tasks import get_task
 
     cfg: StudyConfig = study.config
@@ -296,6 +299,7 @@ def evaluate_model(
     task = get_task(cfg, _task_labels(study, labels))
     architecture = base.architecture
     pre = Preprocessor(tokenizer, cfg, task, architecture)
+    check_template_match(expect_template_sha256, pre.template_sha256)
     torch.manual_seed(ev.seed)
     was_training = model.training
     model.eval()
@@ -633,8 +637,19 @@ def run_eval(
             from tunelab.train import load_run_model
 
             model, tokenizer, base = load_run_model(study, target)
+        trained_with = target.path("preprocess.json")
         record, predictions = evaluate_model(
-            model, tokenizer, base, study, examples, split, labels=labels, progress=progress
+            model,
+            tokenizer,
+            base,
+            study,
+            examples,
+            split,
+            labels=labels,
+            progress=progress,
+            expect_template_sha256=read_json(trained_with).get("template_sha256")
+            if trained_with.exists()
+            else None,
         )
         record["evaluates"] = row.id
         record["data_snapshot"] = snapshot.id

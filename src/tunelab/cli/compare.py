@@ -30,7 +30,7 @@ def _delta(entry: dict[str, Any] | None) -> str:
 
 
 def _print_run(run: dict[str, Any]) -> None:
-    title = f"{run['run_id']}" + (f" ({run['name']})" if run.get("name") else "")
+    console.print(f"\n[bold]{run['run_id']}[/]" + (f" ({run['name']})" if run.get("name") else ""))
     rows = [
         [
             m,
@@ -40,11 +40,7 @@ def _print_run(run: dict[str, Any]) -> None:
         ]
         for m, v in run["metrics"].items()
     ]
-    console.print(
-        table(
-            f"{title}: metrics vs baseline", ["metric", "baseline", "run", "delta [95% CI]"], rows
-        )
-    )
+    console.print(table("vs baseline", ["metric", "baseline", "run", "delta [95% CI]"], rows))
     mc = run["mcnemar"]
     console.print(
         f"McNemar ({mc['method']}): {mc['c']} examples improved, {mc['b']} regressed, "

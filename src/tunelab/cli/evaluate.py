@@ -86,8 +86,8 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
-    print_evaluation(record, f"baseline {run.id} on {record['split']}")
-    console.print(f"record: {run.dir}")
+    print_evaluation(record, f"baseline on {record['split']}")
+    console.print(f"run {run.id}, record: {run.dir}")
     console.print("next: `tunelab smoke`, `tunelab size`, then `tunelab train`")
 
 
@@ -114,8 +114,9 @@ def eval_(
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
-    print_evaluation(record, f"{record['evaluates']} on {record['split']} (record {run.id})")
+    print_evaluation(record, f"{record['split']} evaluation")
+    console.print(f"evaluated run {record['evaluates']}")
     if record.get("test_openings"):
         console.print(f"test split openings in this study: {record['test_openings']}")
-    console.print(f"record: {run.dir}")
+    console.print(f"run {run.id}, record: {run.dir}")
     console.print("next: `tunelab compare`")
