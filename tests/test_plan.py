@@ -1,0 +1,206 @@
+"""The rental plan: phase arithmetic from the measured figures, what fits, the cost, the chart,
+the refusals, and the review of planned against actual durations from the ledger."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import FILLED_HYPOTHESIS, run_cli
+from tunelab.plan import Figure, build_plan, expected_max, training_steps
+from tunelab.records import write_json_atomic
+from tunelab.study import Study
+
+TRAINING = {
+    "micro_batch_size": 8,
+    "grad_accum_steps": 2,
+    "max_steps": 100,
+    "num_epochs": 1.0,
+    "eval_every_steps": 40,
+    "checkpoint_every_steps": 50,
+}
+BUDGET = {"gpu_hour_price": 2.0, "gpu": "1x H100", "hours_per_day": 24.0, "num_variants": 4}
+
+
+def figures(step_s: float = 2.0, device: str = "cpu") -> dict:
+    return {
+        "device": device,
+        "step_s": Figure(step_s, "sizing"),
+        "forward_s": Figure(0.5, "sizing"),
+        "load_s": Figure(3.0, "sizing"),
+        "encode_s": Figure(4.0, "sizing"),
+        "sizing_s": Figure(60.0, "sizing"),
+        "eval_s_per_example": Figure(0.2, "smoke"),
+        "checkpoint_save_s": Figure(1.5, "smoke"),
+        "reload_s": Figure(2.0, "smoke"),
+        "smoke_s": Figure(30.0, "ledger"),
+        "baseline_s": Figure(25.0, "ledger"),
+        "counts": {"train": 800, "validation": 100, "test": 100},
+    }
+
+
+def test_phase_arithmetic():
+    plan = build_plan(figures(), training=TRAINING, budget=BUDGET, days=3)
+    v = plan["variant"]
+    assert v["steps"] == 100 and v["steps_s"] == pytest.approx(200.0)
+    # validation losses at step 0, 40, 80 and the last; saves at 50 and 100
+    assert v["validation_passes"] == 4
+    assert v["validation_s"] == pytest.approx(4 * 13 * 0.5)  # ceil(100 / 8) forwards each
+    assert v["checkpoint_saves"] == 2 and v["checkpoints_s"] == pytest.approx(3.0)
+    assert v["startup_s"] == pytest.approx(4.0 * 900 / 800 + 3.0)
+    assert v["total_s"] == pytest.approx(
+        v["startup_s"] + v["steps_s"] + v["validation_s"] + v["checkpoints_s"]
+    )
+    names = [p["phase"] for p in plan["phases"]]
+    assert names == ["initial check", "experiments", "evaluation", "resumption margin", "export"]
+    exp = plan["phases"][1]
+    assert exp["planned_s"] == pytest.approx(4 * v["total_s"])
+    assert exp["margin_s"] == pytest.approx(0.15 * exp["planned_s"]) and exp["margin_pct"] == 15
+    # phases follow each other; the evaluation holds one final test evaluation
+    for a, b in zip(plan["phases"], plan["phases"][1:], strict=False):
+        assert b["start_s"] == pytest.approx(a["start_s"] + a["total_s"])
+    assert plan["final_test_s"] == pytest.approx(2.0 + 100 * 0.2)
+    assert plan["initial"] == {"environment": 5.0, "smoke": 30.0, "sizing": 60.0, "baseline": 25.0}
+    assert plan["cost"]["rental_cost"] == pytest.approx(3 * 24 * 2.0)
+    assert plan["cost"]["busy_cost"] == pytest.approx(plan["busy_s"] / 3600 * 2.0)
+    assert plan["fits"] and plan["variants_that_fit"] > 4
+    assert any("measured on CPU" in w for w in plan["warnings"])
+
+
+def test_too_slow_warns_and_speedup_projects():
+    slow = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3)
+    assert not slow["fits"] and slow["variants_that_fit"] < 4
+    assert any("do not fit" in w for w in slow["warnings"])
+    fast = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3, speedup=30)
+    assert fast["step_time_s"] == pytest.approx(30.0) and fast["fits"]
+    assert not any("measured on CPU" in w for w in fast["warnings"])
+    fixed = build_plan(figures(), training=TRAINING, budget=BUDGET, days=7, step_time_s=0.1)
+    assert fixed["variant"]["steps_s"] == pytest.approx(10.0)
+    assert fixed["window_s"] == 7 * 24 * 3600
+
+
+def test_steps_and_padded_lengths():
+    assert training_steps(None, 2.0, 800, 16) == 100
+    assert training_steps(30, 2.0, 800, 16) == 30
+    flat = [128] * 101
+    assert expected_max(flat, 16) == pytest.approx(128)
+    ramp = list(range(0, 101))
+    assert expected_max(ramp, 1) == pytest.approx(50, abs=0.5)  # one example: the mean
+    assert expected_max(ramp, 1) < expected_max(ramp, 4) < expected_max(ramp, 16) < 100
+
+
+# ------------------------------------------------------------------ a study with records
+
+
+def _study(root: Path, model_dir: Path) -> Study:
+    from tunelab import hypothesis as hyp
+    from tunelab.scaffold import render_study_yaml
+
+    root.mkdir(parents=True)
+    raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
+    raw["model"]["path"] = str(model_dir)
+    raw["training"].update(
+        micro_batch_size=4, grad_accum_steps=1, max_steps=20, eval_every_steps=10
+    )
+    raw["training"]["checkpoint_every_steps"] = 10
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    return study
+
+
+def _sizing_record(study: Study, step_s: float = 0.5) -> dict:
+    """A sizing record as `tunelab size` writes it (the fields the planner reads)."""
+    record = {
+        "id": "size-20260101-000000-abcdef",
+        "device": "cpu",
+        "seconds": 40.0,
+        "facts": {"architecture": "causal_lm"},
+        "lengths": {
+            "p50": 60,
+            "p95": 100,
+            "max": 120,
+            "mean": 64.0,
+            "quantiles": list(range(20, 121)),
+            "encode_train_s": 2.0,
+            "split_counts": {"train": 160, "validation": 20, "test": 20},
+        },
+        "configurations": [
+            {
+                "label": "config @100",
+                "status": "ok",
+                "options": {"seq_len": 100, "micro_batch": 4, "grad_accum": 1},
+                "measured": {"forward_s": 0.1, "load_s": 1.5, "projected_step_s": step_s},
+            }
+        ],
+        "throughput": {"row": "config @100", "step_s": step_s, "tokens_per_s": 800.0},
+    }
+    write_json_atomic(study.records / "sizing" / f"{record['id']}.json", record)
+    return record
+
+
+def _finished_run(study: Study, kind: str, seconds: float, status: str = "completed") -> str:
+    run = study.create_run(kind, name=kind)
+    run.set_status(status)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def iso(t: datetime) -> str:
+        return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    end = start + timedelta(seconds=seconds)
+    study.ledger.update_run(run.id, created_at=iso(start), finished_at=iso(end))
+    return run.id
+
+
+def test_plan_cli_record_chart_and_refusals(tmp_path, tiny_llama_dir, capsys):
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    code, _, err = run_cli(capsys, "plan", "-s", study.root)
+    assert code == 2 and "tunelab size" in err  # no sizing yet
+    _sizing_record(study)
+    code, _, err = run_cli(capsys, "plan", "-s", study.root, "--days", "5")
+    assert code == 2 and "3, 7 or 30" in err
+    code, out, err = run_cli(
+        capsys, "plan", "-s", study.root, "--days", "7", "--gpu-hour-price", "3", "--json"
+    )
+    assert code == 0, err
+    plan = json.loads(out[out.index("{") :])
+    assert Path(plan["path"]).parent == study.root / "records" / "plans"
+    png = Path(plan["chart_path"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert plan["cost"]["rental_cost"] == pytest.approx(7 * 24 * 3)
+    # packed causal LM: the step time follows the mean length, 64 of the measured 100 tokens
+    assert plan["step_time_s"] == pytest.approx(0.5 * 64 / 100)
+    assert plan["figures"]["step_s"]["source"].startswith("sizing size-")
+    assert plan["variant"]["steps"] == 20 and plan["variant"]["validation_passes"] == 3
+    code, out, _ = run_cli(capsys, "plan", "-s", study.root)
+    assert code == 0 and "initial check" in out and "variants fit" in out
+
+
+def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    _finished_run(study, "smoke", 30.0)
+    _finished_run(study, "baseline", 12.0)
+    from tunelab.plan import make_plan, review_plan
+
+    plan, _, _ = make_plan(study, days=3)
+    per_variant = plan["variant"]["total_s"]
+    _finished_run(study, "train", per_variant * 1.05)
+    _finished_run(study, "train", per_variant * 1.15)
+    _finished_run(study, "train", per_variant * 0.2, status="failed")  # time spent all the same
+    review = review_plan(study)
+    rows = {r["phase"]: r for r in review["rows"]}
+    exp = rows["experiments"]
+    assert exp["what"].startswith("3 of 4")
+    assert exp["actual_s"] == pytest.approx(per_variant * 2.4, abs=0.01)
+    assert exp["planned_s"] == pytest.approx(per_variant * 3)
+    assert exp["error_pct"] == pytest.approx(100 * (3 - 2.4) / 2.4, abs=0.2)
+    assert rows["initial check"]["actual_s"] == pytest.approx(30 + 40 + 12)
+    code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
+    assert code == 0 and "planned vs actual" in out and "experiments" in out
