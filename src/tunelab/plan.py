@@ -455,6 +455,16 @@ def make_plan(
         "chart": f"{plan_id}.png",
     }
     folder = plans_dir(study)
+    record["gantt_png"] = str(folder / f"{plan_id}.png")
+    # what the ledger already holds, set against this plan (the report shows it)
+    record["review"] = review_plan(study, record)
+    actual = {r["phase"]: r["actual_s"] for r in record["review"]["rows"]}
+    for ph in record["phases"]:
+        ph["name"] = ph["phase"]
+        ph["planned_h"] = round(ph["total_s"] / 3600, 4)
+        ph["actual_h"] = (
+            None if not actual.get(ph["phase"]) else round(actual[ph["phase"]] / 3600, 4)
+        )
     png = draw_gantt(plan, folder / f"{plan_id}.png")
     path = write_json_atomic(folder / f"{plan_id}.json", record)
     study.ledger.add_event(

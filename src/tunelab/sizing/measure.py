@@ -337,6 +337,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             max_allocated=torch.cuda.max_memory_allocated(device),
             max_reserved=torch.cuda.max_memory_reserved(device),
             total_memory=torch.cuda.get_device_properties(device).total_memory,
+            cuda_major=torch.cuda.get_device_properties(device).major,
         )
         measured["peak_total"] = measured["max_allocated"]
         measured["increase"] = measured["max_allocated"] - idle_alloc

@@ -119,6 +119,7 @@ class Case:
     loss_fraction: float = 1.0
     optimizer: str = "AdamW"
     device: str = "cpu"  # cpu | cuda (attention kernels and dropout masks differ)
+    cuda_major: int = 9  # compute capability: the cuBLAS workspace size depends on it
 
     @property
     def tokens(self) -> int:
@@ -465,6 +466,14 @@ def rule_x4(facts: ModelFacts) -> int:
     return 4 * facts.total_weight_bytes
 
 
+def cuda_workspace_bytes(major: int) -> int:
+    """cuBLAS workspaces, allocated through PyTorch's caching allocator: one per thread that
+    runs matmuls (the forward's and the autograd engine's), 32 MiB each from Hopper on, else
+    4 MiB x 2 + 16 KiB x 8 (PyTorch's defaults without CUBLAS_WORKSPACE_CONFIG)."""
+    each = 32 * 2**20 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return 2 * each
+
+
 def _embedding_bytes(facts: ModelFacts) -> int:
     """Weights outside the blocks: embeddings, and an untied output layer."""
     pb = DTYPE_BYTES.get(facts.param_dtype, 4)
@@ -512,6 +521,7 @@ def estimate_memory(
     # the CPU loop one tensor at a time
     opt_temps = grads if case.device == "cuda" else 2 * facts.largest_trainable_bytes
     batch = case.tokens * 8 * 3
+    runtime = cuda_workspace_bytes(case.cuda_major) if case.device == "cuda" else 0
     # With accumulation, the gradients of earlier micro-steps are alive in later forwards.
     held = grads if case.grad_accum > 1 else 0
     # The head's gradient (tied embeddings: vocab x hidden) is made when backward starts.
@@ -555,8 +565,8 @@ def estimate_memory(
         optimizer_temporaries=opt_temps,
         peak_phase=peak_phase,
         phases=phases,
-        peak_total=weights + batch + opt + buckets + transient,
-        peak_increase=opt + buckets + transient,
+        peak_total=weights + batch + runtime + opt + buckets + transient,
+        peak_increase=runtime + opt + buckets + transient,
         rule_x4=rule_x4(facts),
         approximate=facts.approximate,
         notes=notes,

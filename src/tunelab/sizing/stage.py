@@ -275,6 +275,9 @@ def run_sizing(
             hint="lower --micro-batch / --seq-len, or raise --memory-budget",
         )
     loss_fraction = base_spec["loss_fraction"]
+    cuda_major = next(
+        (r["measured"]["cuda_major"] for r in rows if (r["measured"] or {}).get("cuda_major")), 9
+    )
 
     def case_of(opts: dict[str, Any], accum: int | None = None) -> Case:
         return Case(
@@ -287,10 +290,12 @@ def run_sizing(
             loss_fraction=loss_fraction,
             optimizer=t.optimizer,
             device=device,
+            cuda_major=cuda_major,
         )
 
     for row in rows:
         row.update(compare_row(facts, case_of(row["options"]), row["measured"], device))
+        _flat(row)
     # the recommendation, sized at the longest length with the study's precision and packing
     ok = [r for r in rows if r["status"] == "ok"]
     template = case_of({**options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)
@@ -329,6 +334,7 @@ def run_sizing(
             )
             match = run_option(o)
             match.update(compare_row(facts, case_of(match["options"]), match["measured"], device))
+            _flat(match)
         rec["row"] = match["label"]
         rec["measured_status"] = match["status"]
         if match["status"] == "ok":
@@ -406,6 +412,18 @@ def run_sizing(
         },
     )
     return record, path
+
+
+def _flat(row: dict[str, Any]) -> None:
+    """Flat copies of the figures a table shows (the report reads them)."""
+    m = row.get("measured") or {}
+    row.update(
+        seq_len=row["options"]["seq_len"],
+        micro_batch=row["options"]["micro_batch"],
+        predicted_mb=round(row["predicted"]["compared"] / 2**20, 2),
+        measured_mb=round(m["compared"] / 2**20, 2) if m.get("compared") else None,
+        step_s=m.get("projected_step_s"),
+    )
 
 
 def _throughput(
