@@ -497,7 +497,7 @@ def _export_seconds(study: Study) -> list[float]:
                 continue
     out = []
     for export_id, end in done.items():
-        manifest = study.records / "exports" / str(export_id) / "manifest.json"
+        manifest = study.records / "exports" / str(export_id) / "tunelab-manifest.json"
         if manifest.exists() and end is not None:
             start = _parse_time(read_json(manifest).get("created_at"))
             if start is not None:
