@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
 from tunelab.verify import compare_env, compare_predictions, env_message
 
 LABELS = ["business", "sport", "tech"]
@@ -243,3 +243,33 @@ def test_verify_refuses_what_it_cannot_verify(lora_study, capsys):
     root, run_id = lora_study
     code, _, err = run_cli(capsys, "verify", "no-such-run", "-s", root)
     assert code == 2 and "not found" in err
+
+
+def test_verify_records_a_model_that_cannot_be_reloaded(lora_study, capsys):
+    """The fresh process cannot load the run's model (here: the recorded base identity no longer
+    matches the base folder): a failed verification with the child's reason, not a crash."""
+    root, run_id = lora_study
+    work = root.parent / "base-changed"
+    shutil.copytree(root, work)
+    config = work / "records" / "runs" / run_id / "config.json"
+    record = json.loads(config.read_text())
+    record["base_model"]["sha256"] = "0" * 64
+    config.write_text(json.dumps(record))
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work, "--json")
+    assert code == 1, (out, err)
+    rec = json.loads(out)
+    assert not rec["passed"] and rec["predictions"] is None
+    assert "could not be reloaded" in rec["reason"] and "base model" in rec["reason"]
+
+
+def test_verify_refuses_a_drifted_study(lora_study, capsys):
+    root, run_id = lora_study
+    work = root.parent / "drifted"
+    shutil.copytree(root, work)
+    raw = yaml.safe_load((work / "study.yaml").read_text())
+    raw["evaluation"]["batch_size"] = 3
+    (work / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    before = tree_hashes(work / "records" / "runs")
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work)
+    assert code == 2 and "evaluation.batch_size" in err
+    assert tree_hashes(work / "records" / "runs") == before  # nothing recorded

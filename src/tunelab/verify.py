@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunelab.errors import CheckpointError, EvaluationError, RunError
+from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
 
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
@@ -332,6 +332,16 @@ def _worker(spec_path: str) -> None:
     )
 
 
+def child_error(info: Mapping[str, Any]) -> Exception:
+    """The fresh process's TunelabError, rebuilt in this process with its kind, message, hint."""
+    from tunelab import errors
+
+    kind = getattr(errors, str(info.get("kind")), None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.TunelabError)):
+        kind = errors.TunelabError
+    return kind(f"in the fresh process: {info.get('message')}", info.get("hint"))
+
+
 def fresh_evaluate(
     study: Any,
     run_id: str,
@@ -380,6 +390,9 @@ def fresh_evaluate(
             timeout=timeout_s,
         )
         process_s = time.perf_counter() - started
+        error = tmp_path / "error.json"
+        if error.exists():  # a TunelabError in the child: raised here as the same kind
+            raise child_error(read_json(error))
         if proc.returncode != 0 or not (tmp_path / "result.json").exists():
             tail = (proc.stderr or proc.stdout).strip()[-3000:]
             raise CheckpointError(
@@ -447,6 +460,55 @@ def _write_record(run: Any, record: dict[str, Any]) -> Path:
     raise AssertionError("could not find a free verify-<n>.json name")
 
 
+def _reproduce(
+    study: Any,
+    model_run: str,
+    record: Mapping[str, Any],
+    recorded: list[dict[str, Any]],
+    eval_record: Mapping[str, Any],
+    atol: float,
+) -> dict[str, Any]:
+    """Re-evaluate in a fresh process and compare: {predictions, timings, passed, reason}.
+
+    A checkpoint or base model the new process cannot load is a failed verification; a study
+    that cannot evaluate at all (hypothesis drifted, snapshot gone) raises.
+    """
+    try:
+        fresh = fresh_evaluate(
+            study,
+            model_run,
+            snapshot=record["data_snapshot"],
+            split=record["split"],
+            ids=[r["id"] for r in recorded],
+            labels=eval_record.get("labels"),
+        )
+    except (CheckpointError, ModelError) as exc:
+        return {
+            "predictions": None,
+            "passed": False,
+            "reason": f"the checkpoint could not be reloaded: {exc.message}"[:2000],
+        }
+    cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
+    out: dict[str, Any] = {
+        "predictions": cmp,
+        "timings": {k: fresh[k] for k in ("load_s", "eval_s", "process_s")},
+        "fresh_spec_sha256": fresh["spec_sha256"],
+        "passed": cmp["ok"],
+    }
+    if cmp["ok"]:
+        out["reason"] = (
+            f"{cmp['n']} recorded predictions reproduced in a fresh process "
+            f"(max score difference {cmp['max_score_diff']:.2g}, atol {atol:g})"
+        )
+    else:
+        first = cmp["mismatches"][0] if cmp["mismatches"] else {"id": cmp["missing"][:1]}
+        out["reason"] = (
+            f"{cmp['mismatched']} of {cmp['n']} recorded predictions not reproduced "
+            f"(first: example {first.get('id')!r}, {first.get('field', 'missing')})"
+        )
+    return out
+
+
 def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
@@ -456,8 +518,10 @@ def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[st
     """
     from tunelab.env import capture_env
     from tunelab.evaluate import load_predictions
+    from tunelab.hypothesis import require_hypothesis
     from tunelab.ledger import utc_now
 
+    require_hypothesis(study.root, study.config)  # the evaluation procedure must be the locked one
     run = study.get_run(run_id)
     target, evaluation = _target_of(study, run)
     trow = target.row
@@ -520,43 +584,17 @@ def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[st
     ck = record["checkpoint"]
     if ck is not None and not ck["ok"]:
         bad = ck["changed"] + ck["missing"]
-        record["predictions"] = None
-        record["passed"] = False
-        record["reason"] = (
-            f"checkpoint {ck['path']} does not match the sha256 recorded when it was written: "
-            + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad)
+        record.update(
+            predictions=None,
+            passed=False,
+            reason=f"checkpoint {ck['path']} does not match the sha256 recorded when it was "
+            "written: "
+            + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad),
         )
     else:
-        fresh = fresh_evaluate(
-            study,
-            trow.id,
-            snapshot=record["data_snapshot"],
-            split=record["split"],
-            ids=[r["id"] for r in recorded],
-            labels=eval_record.get("labels"),
-        )
-        cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
-        record["predictions"] = cmp
-        record["timings"] = {
-            "load_s": fresh["load_s"],
-            "eval_s": fresh["eval_s"],
-            "process_s": fresh["process_s"],
-        }
-        record["fresh_spec_sha256"] = fresh["spec_sha256"]
-        record["passed"] = cmp["ok"]
-        if cmp["ok"]:
-            record["reason"] = (
-                f"{cmp['n']} recorded predictions reproduced in a fresh process "
-                f"(max score difference {cmp['max_score_diff']:.2g}, atol {atol:g})"
-            )
-        else:
-            first = cmp["mismatches"][0] if cmp["mismatches"] else {"id": cmp["missing"][:1]}
-            record["reason"] = (
-                f"{cmp['mismatched']} of {cmp['n']} recorded predictions not reproduced "
-                f"(first: example {first.get('id')!r}, {first.get('field', 'missing')})"
-            )
-            if differences:
-                record["reason"] += "; the environment differs from the run's (see environment)"
+        record.update(_reproduce(study, trow.id, record, recorded, eval_record, atol))
+        if not record["passed"] and differences:
+            record["reason"] += "; the environment differs from the run's (see environment)"
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["finished_at"] = utc_now()
     path = _write_record(run, record)
@@ -574,6 +612,11 @@ if __name__ == "__main__":
 
     try:
         _worker(sys.argv[1])
-    except TunelabError as exc:  # the parent shows this text; no traceback for a user error
+    except TunelabError as exc:  # the parent raises it again; no traceback for a user error
+        out = Path(json.loads(Path(sys.argv[1]).read_text())["out"])
+        kind = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == "tunelab.errors")
+        write_json_atomic(
+            out / "error.json", {"kind": kind, "message": exc.message, "hint": exc.hint}
+        )
         print(str(exc), file=sys.stderr)
         sys.exit(exc.exit_code)
