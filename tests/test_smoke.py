@@ -161,13 +161,14 @@ def test_smoke_real_smollm2_lora(tmp_path, smollm2_dir, capsys):
     root = tmp_path / "spam"
     shutil.copytree(src, root)
     raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["model"] = {**raw["model"], "path": str(smollm2_dir), "gguf_file": None}
     raw["data"]["max_examples"] = 60
     raw["data"]["dedup"]["near"] = False
     raw["preprocess"]["max_seq_len"] = 192
     raw["evaluation"]["max_new_tokens"] = 16
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     prepare(root, capsys)
-    code, record, err = smoke(root, capsys, "--eval-examples", "2")
+    code, record, err = smoke(root, capsys, "--train-examples", "4", "--eval-examples", "2")
     assert code == 0, (record, err)
     assert_passed(record, root)
     print(
