@@ -105,7 +105,12 @@ def straight(study_dir):
     return run
 
 
-KILLS = {"kill-step5": "step:5", "kill-in-save6": "save:6", "term-step5": "term:5"}
+KILLS = {
+    "kill-step5": "step:5",
+    "kill-in-save6": "save:6",
+    "term-step5": "term:5",
+    "kill-step2": "step:2",  # before the first checkpoint (step 3)
+}
 
 
 @pytest.fixture(scope="module")
@@ -330,6 +335,16 @@ def test_sigterm_saves_a_checkpoint_then_resume_is_bit_exact(study_dir, straight
     run = resume_run(Study.open(study_dir), run_dir.name)
     assert not (run_dir / "metrics-replayed.jsonl").exists()  # nothing after step 5 to redo
     assert_same_result(run.dir, straight.dir)
+
+
+def test_kill_before_the_first_checkpoint_resumes_from_the_start(study_dir, straight, killed):
+    code, _, run_dir = killed["kill-step2"]
+    assert code == -signal.SIGKILL
+    assert not ckpt.list_checkpoints(run_dir / "checkpoints")
+    run = resume_run(Study.open(study_dir), run_dir.name)
+    assert_same_result(run.dir, straight.dir)  # one step-0 line, steps 1..8 once
+    replayed = read_jsonl(run_dir / "metrics-replayed.jsonl")
+    assert [r["step"] for r in replayed] == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- invalid and failed

@@ -368,12 +368,13 @@ def _execute(
 
 
 def _truncate_metrics(run: Run, step: int) -> None:
-    """Keep metrics of steps <= `step`; later lines (replayed by the resume) move aside."""
+    """Keep metrics of steps <= `step`; later lines (replayed by the resume) move aside. From
+    step 0 (no checkpoint yet) everything is redone, the first validation loss included."""
     path = run.path("metrics.jsonl")
     if not path.exists():
         return
     rows = read_jsonl(path)
-    keep = [r for r in rows if r.get("step", 0) <= step]
+    keep = [r for r in rows if r.get("step", 0) <= step] if step > 0 else []
     if len(keep) == len(rows):
         return
     for r in rows[len(keep) :]:
@@ -471,7 +472,8 @@ def _train(
         )
         elapsed_before = saved.get("elapsed_s", 0.0)
     if strategy.is_main:
-        _truncate_metrics(run, state.step)
+        # a resume without a checkpoint redoes step 0 (the initial validation loss) too
+        _truncate_metrics(run, state.step if state.step > 0 else -1)
 
     before = capture_params(model) if state.step < t.update_check_steps else None
     update_check: dict[str, Any] = {"after_step": t.update_check_steps, "violations": None}
