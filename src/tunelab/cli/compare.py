@@ -71,7 +71,8 @@ def _print_run(run: dict[str, Any]) -> None:
         f"{' ...' if fl['num_regressed'] > 8 else ''}"
     )
     diff = run["config_diff"]
-    changes = [[c["group"], c["path"], c["old"], c["new"]] for c in diff["changes"]]
+    shown = lambda v: "null" if v is None else v  # noqa: E731
+    changes = [[c["group"], c["path"], shown(c["old"]), shown(c["new"])] for c in diff["changes"]]
     console.print(
         table(f"config diff against {diff['against']}", ["group", "path", "was", "now"], changes)
     )
