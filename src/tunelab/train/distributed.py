@@ -21,6 +21,7 @@ launcher copies into the run's `ranks/` folder and names in the run's status.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import json
@@ -220,14 +221,15 @@ class FSDP(Distributed):
         if precision == "fp16":
             raise ConfigError(
                 "training.precision: fp16 is not supported with --strategy fsdp",
-                hint="use --set training.precision=bf16 (CUDA) or fp32",
+                hint="use --set training.precision=bf16 or fp32",
             )
 
     def mixed_precision(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.precision == "bf16":
-            # compute in bf16, reduce gradients and keep the sharded master weights in fp32
+            # compute in bf16; reduce gradients in fp32; the sharded weights keep the model's
+            # dtype (fp32 masters when model.dtype is float32)
             return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return MixedPrecisionPolicy()
 
@@ -245,9 +247,9 @@ class FSDP(Distributed):
         layers = decoder_layers(model)
         if not layers:
             raise RunError(
-                f"--strategy fsdp found no decoder layers in {type(unwrap_peft(model)).__name__}",
-                hint="FSDP shards per transformer block (the model's _no_split_modules); use "
-                "--strategy ddp for this model",
+                f"--strategy fsdp found no transformer blocks in {type(unwrap_peft(model)).__name__}",
+                hint="FSDP shards per transformer block (the model's _no_split_modules or its "
+                "list of layers); use --strategy ddp for this model",
             )
         for layer in layers:
             fully_shard(layer, mp_policy=policy)
@@ -289,10 +291,18 @@ def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks FSDP shards one by one: modules whose class the model lists in
-    `_no_split_modules` (transformers' own unit of placement)."""
+    `_no_split_modules` (transformers' own unit of placement), else the entries of the
+    ModuleList holding the most parameters (BERT's `encoder.layer` lists no such class)."""
     base = unwrap_peft(model)
     names = set(getattr(base, "_no_split_modules", None) or [])
-    return [m for m in model.modules() if type(m).__name__ in names]
+    found = [m for m in model.modules() if type(m).__name__ in names]
+    if found:
+        return found
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(biggest)
 
 
 def _device_name(device: torch.device) -> str:
@@ -449,6 +459,9 @@ def save_checkpoint(strategy: Strategy, root: Path, step: int, **kwargs: Any) ->
         **kwargs["state"],
         "strategy": strategy.name,
         "world_size": strategy.world_size,
+        # rank 0's generators go to rng.safetensors; every other rank's (its dropout masks
+        # differ) here, so that a resumed run draws what the uninterrupted one would have
+        "rank_rng": strategy.gather_objects(_encode_rng())[1:],
     }
     if isinstance(strategy, FSDP):
         path = _save_fsdp(strategy, root, step, **kwargs)
@@ -477,13 +490,39 @@ def load_checkpoint(strategy: Strategy, path: Path, **kwargs: Any) -> dict[str, 
         return ckpt.load_checkpoint(path, **kwargs)
     if isinstance(strategy, DDP):
         kwargs["model"] = strategy.unwrap(kwargs["model"])
-        return ckpt.load_checkpoint(path, **kwargs)
-    load_sharded(path, kwargs["model"], kwargs["optimizer"])
-    if kwargs.get("scheduler") is not None:
-        kwargs["scheduler"].load_state_dict(read_json(path / "scheduler.json"))
-    if kwargs.get("restore_rng_state", True):
-        ckpt.restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
+        ckpt.load_checkpoint(path, **kwargs)
+    else:
+        load_sharded(path, kwargs["model"], kwargs["optimizer"])
+        if kwargs.get("scheduler") is not None:
+            kwargs["scheduler"].load_state_dict(read_json(path / "scheduler.json"))
+        if kwargs.get("restore_rng_state", True):
+            ckpt.restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
+    if kwargs.get("restore_rng_state", True) and strategy.rank > 0:
+        _decode_rng(state["rank_rng"][strategy.rank - 1])
     return state
+
+
+def _encode_rng() -> dict[str, Any]:
+    """This process's generator states as JSON (small: a few KB)."""
+    tensors, rest = ckpt.capture_rng()
+    encoded = {
+        name: {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "base64": base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii"),
+        }
+        for name, t in tensors.items()
+    }
+    return {"tensors": encoded, "rest": rest}
+
+
+def _decode_rng(saved: dict[str, Any]) -> None:
+    tensors = {
+        name: torch.frombuffer(
+            bytearray(base64.b64decode(t["base64"])), dtype=getattr(torch, t["dtype"])
+        )
+        for name, t in saved["tensors"].items()
+    }
+    ckpt.restore_rng(tensors, saved["rest"])
 
 
 def _save_fsdp(

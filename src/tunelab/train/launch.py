@@ -240,9 +240,10 @@ def raise_for_result(result: LaunchResult) -> None:
     if result.returncode == 0:
         return
     where = f"run {result.run_id} {result.status}" if result.run_id else "no run was created"
-    if result.run_id and result.status == "interrupted":
+    if result.run_dir and result.status == "interrupted":
+        reason = read_json(result.run_dir / "status.json").get("reason")
         raise RunError(
-            f"{where}: {failure_reason(result.rank_failures, result.returncode)}",
+            reason or where,
             hint=f"`tunelab resume {result.run_id}` continues from its latest checkpoint",
         )
     causes = root_causes(result.rank_failures)
