@@ -231,7 +231,7 @@ def _stages(task: str) -> list[Callable[[dict[str, Any]], Stage]]:
             capture="v2",
         ),
         lambda r: Stage("evaluate variant 1", ["eval", r["v1"]["run_id"]]),
-        lambda r: Stage("evaluate variant 2", ["eval", r["v2"]["run_id"], *variant_change]),
+        lambda r: Stage("evaluate variant 2", ["eval", r["v2"]["run_id"]]),
         lambda r: Stage("compare with guardrails", ["compare"]),
         lambda r: Stage("verify variant 1 in a fresh process", ["verify", r["v1"]["run_id"]]),
         lambda r: Stage("export variant 1 bound to its base", ["export", r["v1"]["run_id"]]),
