@@ -285,6 +285,28 @@ def test_cli_train_with_parent_and_why(study_dir, straight, capsys):
     assert code == 2 and "parent run 'nope' not found" in err
 
 
+def test_heartbeat_beats_between_steps(study_dir, monkeypatch):
+    """A slow step must not look like a dead process: the heartbeat runs in its own thread."""
+    import time
+
+    from tunelab.train import run as run_mod
+
+    monkeypatch.setattr(run_mod, "HEARTBEAT_EVERY_S", 0.05)
+    study = Study.open(study_dir)
+    run = study.create_run("train")
+    with run_mod.Heartbeat(run) as beat:
+        beat.step, beat.total_steps = 3, 8
+        first = study.ledger.get_run(run.id).heartbeat_at
+        time.sleep(0.5)  # no step ends meanwhile
+        later = study.ledger.get_run(run.id).heartbeat_at
+    assert later > first
+    status = read_json(run.dir / "status.json")
+    assert status["status"] == "running" and status["step"] == 3 and status["pid"] == os.getpid()
+    run.set_status("interrupted", "test run")
+    time.sleep(0.2)
+    assert read_json(run.dir / "status.json")["status"] == "interrupted"  # stopped for good
+
+
 # ---------------------------------------------------------------- kills and resumes
 
 

@@ -18,6 +18,7 @@ import os
 import random
 import resource
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -327,9 +328,10 @@ def _execute(
     strategy: Strategy | None,
 ) -> None:
     """Train and record the outcome as a status; every exit path leaves one."""
+    strategy = strategy or SingleProcess()
     try:
-        with SignalStop() as stop:
-            summary = _train(study, run, prep, resume, stop, progress, strategy or SingleProcess())
+        with SignalStop() as stop, Heartbeat(run, enabled=strategy.is_main) as beat:
+            summary = _train(study, run, prep, resume, stop, beat, progress, strategy)
     except RunInterrupted as exc:
         run.set_status("interrupted", exc.message)
         raise
@@ -363,7 +365,7 @@ def _execute(
         )
         raise RunFailed(f"run {run.id} failed: {reason}", hint=hint) from exc
     run.set_status("completed", None, **summary)
-    if strategy is None or strategy.is_main:
+    if strategy.is_main:
         (run.dir / "DONE").write_text("")
 
 
@@ -393,6 +395,7 @@ def _train(
     prep: Prepared,
     resume: Path | None,
     stop: SignalStop,
+    beat: Heartbeat,
     progress: bool,
     strategy: Strategy,
 ) -> dict[str, Any]:
@@ -488,7 +491,6 @@ def _train(
             append_jsonl(run.path("metrics.jsonl"), {"step": 0, "val_loss": loss, "val_tokens": n})
 
     started = time.perf_counter()
-    last_beat = [0.0]
     bar = _Progress(steps, state.step) if progress and strategy.is_main else None
 
     def save(s: TrainState) -> Path:
@@ -540,11 +542,9 @@ def _train(
             save(s)
             saved_now = True
         ckpt.kill_for_test("step", s.step)
-        now = time.perf_counter()
-        if now - last_beat[0] >= HEARTBEAT_EVERY_S or saved_now:
-            last_beat[0] = now
-            if strategy.is_main:
-                _beat(run, s.step, steps)
+        beat.step = s.step
+        if saved_now:
+            beat.beat()
         if bar is not None:
             bar.update(s.step, row)
         signum = distributed.agreed_stop(strategy, stop.signum)
@@ -557,8 +557,7 @@ def _train(
                 signum=signum,
             )
 
-    if strategy.is_main:
-        _beat(run, state.step, steps)
+    beat.step, beat.total_steps = state.step, steps
     try:
         if state.step < steps:
             train_loop(loop, state, on_step)
@@ -598,23 +597,60 @@ def _initial_val(run: Run) -> float | None:
     return None
 
 
-def _beat(run: Run, step: int, steps: int) -> None:
-    """Heartbeat: the ledger row and status.json say the run is alive, and where it is."""
-    run.heartbeat()
-    write_json_atomic(
-        run.path("status.json"),
-        {
-            "run_id": run.id,
-            "status": "running",
-            "reason": None,
-            "at": utc_now(),
-            "heartbeat_at": utc_now(),
-            "pid": os.getpid(),
-            "step": step,
-            "total_steps": steps,
-        },
-        overwrite=True,
-    )
+class Heartbeat:
+    """Says the run is alive every HEARTBEAT_EVERY_S from a background thread (ledger and
+    status.json, with the current step), so a slow step, a long evaluation or a big checkpoint
+    never looks like a dead process to `Study.reconcile`. Stopped before the final status."""
+
+    def __init__(self, run: Run, enabled: bool = True):
+        self.run = run
+        self.enabled = enabled
+        self.step = 0
+        self.total_steps: int | None = None
+        self.reason = run.row.reason if enabled else None  # e.g. "resumed from step-000003"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="tunelab-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        if self.enabled:
+            self.beat()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY_S):
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - a missed beat (busy disk, locked ledger) is retried
+                pass
+
+    def beat(self) -> None:
+        with self._lock:
+            if self._stop.is_set() or not self.enabled:
+                return
+            now = utc_now()
+            self.run.heartbeat()
+            write_json_atomic(
+                self.run.path("status.json"),
+                {
+                    "run_id": self.run.id,
+                    "status": "running",
+                    "reason": self.reason,
+                    "at": now,
+                    "heartbeat_at": now,
+                    "pid": os.getpid(),
+                    "step": self.step,
+                    "total_steps": self.total_steps,
+                },
+                overwrite=True,
+            )
 
 
 class _Progress:
