@@ -202,3 +202,9 @@ def test_failed_command_changes_no_record(tmp_path, capsys):
     code, _, _ = run_cli(capsys, "register", "-s", tmp_path / "s", "--set", "training.lr=-1")
     assert code == 2
     assert tree_hashes(tmp_path / "s") == before
+
+
+def test_error_messages_are_not_read_as_markup(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "[/bold]missing[/x]")
+    assert code == 2
+    assert "[/bold]missing[/x]" in err

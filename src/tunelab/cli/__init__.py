@@ -13,6 +13,8 @@ import os
 import pkgutil
 import sys
 
+from rich.markup import escape
+
 from tunelab.cli.common import app, console_err
 from tunelab.errors import TunelabError
 
@@ -29,9 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=False)
     except TunelabError as exc:
-        console_err.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+        # Messages quote user data and library errors ("[/path:553]"): never read them as markup.
+        console_err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
         if exc.hint:
-            console_err.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+            console_err.print(f"[yellow]hint:[/] {escape(exc.hint)}", highlight=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         console_err.print("[red]interrupted[/]")
