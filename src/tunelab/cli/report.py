@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunelab.cli.common import JsonOpt, StudyDir, app, console, emit_json, open_study
-from tunelab.report import build_report
 
 
 @app.command()
 def report(study: StudyDir = Path("."), json_out: JsonOpt = False) -> None:
     """Build report/dossier.html and report/dossier.md from the study's records."""
+    from tunelab.report import build_report  # matplotlib: imported only when a report is built
+
     s = open_study(study, None)
     paths = build_report(s)
     if json_out:
