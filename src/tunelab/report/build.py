@@ -50,15 +50,64 @@ def _label(runs_by_id: dict[str, dict[str, Any]], run_id: str) -> str:
     return r["row"]["name"] or r["row"]["id"]
 
 
+def _fmt_ci(d: dict[str, Any]) -> str:
+    if d.get("ci_low") is None or d.get("ci_high") is None:
+        return "-"
+    return f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+
+
+def decide(compare: dict[str, Any]) -> str:
+    """The decision the records support: the compared variant with the largest gain in the
+    primary metric that meets the registered minimum improvement with a 95 % interval above 0
+    and passes every guardrail; otherwise keep the baseline, saying why."""
+    metric = compare.get("primary_metric")
+    candidates, reasons = [], []
+    for r in compare.get("runs", []):
+        name = r.get("name") or r.get("run_id")
+        if not r.get("compared"):
+            reasons.append(
+                f"{name}: not compared ({r.get('not_compared_reason') or r.get('reason') or r.get('status')})"
+            )
+            continue
+        p = r.get("primary") or {}
+        failed = [g for g in r.get("guardrails", []) if not g.get("pass")]
+        if failed:
+            reasons.append(
+                f"{name}: {len(failed)} guardrail(s) fail, e.g. {failed[0].get('rule')} "
+                f"on {failed[0].get('item') or 'overall'}"
+            )
+        elif not p.get("meets_min_improvement"):
+            reasons.append(
+                f"{name}: {metric} delta {p.get('delta')} is below the registered minimum "
+                f"{compare.get('min_improvement')}"
+            )
+        elif not p.get("significant"):
+            reasons.append(f"{name}: the 95 % interval of the {metric} delta includes 0")
+        else:
+            candidates.append((p.get("delta") or 0.0, name, r))
+    if candidates:
+        delta, name, r = max(candidates, key=lambda c: c[0])
+        p = r["primary"]
+        flags = f" Flags: {'; '.join(r['flags'])}." if r.get("flags") else ""
+        return (
+            f"Adopt {name} (run {r['run_id']}): {metric} {p.get('baseline'):.4f} -> "
+            f"{p.get('variant'):.4f} (delta {delta:+.4f}, 95 % CI {_fmt_ci(p)}), all "
+            f"{len(r.get('guardrails', []))} guardrail checks pass.{flags}"
+        )
+    return (
+        "Keep the baseline: " + ("; ".join(reasons) if reasons else "no variant was compared") + "."
+    )
+
+
 def _decision(data: dict[str, Any]) -> list[str]:
-    compares = data["compares"]
-    if not compares:
+    if not data["compares"]:
         return ["No comparison has been recorded yet: no decision. Run `tunelab compare`."]
-    latest = compares[-1]
-    if latest.get("decision"):
-        d = latest["decision"]
-        return [d] if isinstance(d, str) else [str(d.get("summary", d))]
-    return [f"Latest comparison: {Path(latest.get('_path', '')).name}; see the comparison section."]
+    latest = data["compares"][-1]
+    return [
+        decide(latest),
+        f"From comparison {latest.get('id')} on the {latest.get('split')} split "
+        f"(hypothesis v{latest.get('hypothesis_version')}).",
+    ]
 
 
 def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[Section]:
@@ -280,42 +329,62 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     if not data["compares"]:
         sec.text("No comparison recorded.")
     for cmp in data["compares"][-1:]:
-        for variant in cmp.get("variants", cmp.get("runs", [])):
-            if not isinstance(variant, dict):
-                continue
-            name = variant.get("name") or variant.get("run_id")
-            if variant.get("status") not in (None, "completed"):
+        base = cmp.get("baseline") or {}
+        sec.text(
+            f"Baseline {base.get('run_id')} ({base.get('n')} examples); paired bootstrap "
+            f"{(cmp.get('bootstrap') or {}).get('samples')} samples, 95 % intervals."
+        )
+        for w in cmp.get("warnings") or []:
+            sec.text(f"warning: {w}")
+        for v in cmp.get("runs", []):
+            name = v.get("name") or v.get("run_id")
+            if not v.get("compared"):
                 sec.text(
-                    f"{name}: {variant.get('status')} ({variant.get('reason')}) - not compared."
+                    f"{name} ({v.get('run_id')}): not compared - {v.get('not_compared_reason') or v.get('reason') or v.get('status')}"
                 )
                 continue
-            deltas = variant.get("deltas") or {}
-            if deltas:
-                sec.table(
-                    ["metric", "baseline", "variant", "delta", "95% CI"],
-                    [
+            rows = [
+                [k, d.get("baseline"), d.get("variant"), d.get("delta"), _fmt_ci(d)]
+                for k, d in (v.get("metrics") or {}).items()
+                if isinstance(d, dict)
+            ]
+            sec.table(
+                ["metric", "baseline", "variant", "delta", "95% CI"],
+                rows,
+                caption=f"{name} ({v.get('run_id')}) against the baseline",
+            )
+            for key, label in (("per_category", "category"), ("per_field", "field")):
+                per = v.get(key) or {}
+                if per:
+                    stat = "f1" if key == "per_category" else "exact_match"
+                    sec.table(
+                        [label, f"baseline {stat}", f"variant {stat}", "delta", "95% CI"],
                         [
-                            k,
-                            d.get("baseline"),
-                            d.get("variant"),
-                            d.get("delta"),
-                            f"[{d.get('ci_low', float('nan')):.4f}, {d.get('ci_high', float('nan')):.4f}]"
-                            if d.get("ci_low") is not None
-                            else "-",
-                        ]
-                        for k, d in deltas.items()
-                        if isinstance(d, dict)
-                    ],
-                    caption=f"{name} against the baseline",
+                            [
+                                item,
+                                (m.get(stat) or {}).get("baseline"),
+                                (m.get(stat) or {}).get("variant"),
+                                (m.get(stat) or {}).get("delta"),
+                                _fmt_ci(m.get(stat) or {}),
+                            ]
+                            for item, m in per.items()
+                        ],
+                        caption=f"{name}: {stat} per {label}",
+                    )
+            mc = v.get("mcnemar") or {}
+            if mc:
+                sec.text(
+                    f"{name}: McNemar ({mc.get('method', '')}) p = {mc.get('p_value')}, "
+                    f"{mc.get('b', mc.get('improved', '-'))}/{mc.get('c', mc.get('regressed', '-'))} discordant."
                 )
-            guards = variant.get("guardrails") or []
+            guards = v.get("guardrails") or []
             if guards:
                 sec.table(
                     ["rule", "item", "value", "bound", "verdict"],
                     [
                         [
                             g.get("rule"),
-                            g.get("item"),
+                            g.get("item") or "overall",
                             g.get("value"),
                             g.get("bound"),
                             "pass" if g.get("pass") else "fail",
@@ -324,18 +393,24 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
                     ],
                     caption=f"{name} guardrails",
                 )
-            flips = variant.get("flips") or {}
-            if flips:
+            fl = v.get("flips") or {}
+            if fl:
                 sec.table(
-                    ["direction", "count", "example ids"],
+                    ["direction", "count", "example ids (first 10)"],
                     [
-                        [k, len(v), ", ".join(map(str, v[:10]))]
-                        for k, v in flips.items()
-                        if isinstance(v, list)
+                        [k, len(fl.get(k) or []), ", ".join(map(str, (fl.get(k) or [])[:10]))]
+                        for k in ("improved", "regressed")
                     ],
                     caption=f"{name} flipped examples",
                 )
-            for flag in variant.get("flags") or []:
+            diff = (v.get("config_diff") or {}).get("changes") or []
+            if diff:
+                sec.table(
+                    ["group", "field", "parent", "variant"],
+                    [[c.get("group"), c.get("path"), c.get("old"), c.get("new")] for c in diff],
+                    caption=f"{name}: config against {(v.get('config_diff') or {}).get('against')}",
+                )
+            for flag in v.get("flags") or []:
                 sec.text(f"warning ({name}): {flag}")
     sections.append(sec)
 
@@ -365,12 +440,24 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     if not data["plans"]:
         sec.text("No plan recorded.")
     for p in data["plans"][-1:]:
-        phases = p.get("phases") or []
+        cost = p.get("cost") or {}
+        sec.text(
+            f"{p.get('days')} days on {p.get('gpu')} at {p.get('gpu_hour_price')}/h: "
+            f"{p.get('variants_that_fit')} of {p.get('num_variants')} variants fit; busy "
+            f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
+            f"{cost.get('rental_cost', 0):.2f}."
+        )
+        review = {r.get("phase"): r for r in ((p.get("review") or {}).get("rows") or [])}
         sec.table(
-            ["phase", "planned h", "actual h"],
+            ["phase", "planned s", "actual s", "error %"],
             [
-                [ph.get("name"), ph.get("hours") or ph.get("planned_h"), ph.get("actual_h")]
-                for ph in phases
+                [
+                    ph.get("phase") or ph.get("name"),
+                    review.get(ph.get("phase"), {}).get("planned_s", ph.get("total_s")),
+                    review.get(ph.get("phase"), {}).get("actual_s"),
+                    review.get(ph.get("phase"), {}).get("error_pct"),
+                ]
+                for ph in p.get("phases") or []
                 if isinstance(ph, dict)
             ],
         )
