@@ -155,7 +155,7 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     for m in data["data"][-1:]:
         sec.text(f"Snapshot {m.get('snapshot_id')} created {m.get('created_at')}.")
         counts = m.get("counts") or {}
-        per = counts.get("per_split_category") or counts.get("by_split_and_label") or {}
+        per = counts.get("per_category") or {}
         if per:
             cats = sorted({c for split in per.values() for c in split})
             sec.table(
@@ -164,6 +164,11 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
                 caption="examples per split and category",
             )
         dup = m.get("duplicates") or {}
+        sec.text(
+            f"{counts.get('rows_read')} rows read, {counts.get('dropped_by_cleaning')} dropped by cleaning, "
+            f"{counts.get('sampled_out', 0)} sampled out, {counts.get('removed_as_duplicates')} removed as "
+            f"duplicates (policy {(m.get('dedup') or {}).get('policy')})."
+        )
         if dup:
             sec.table(
                 ["what", "value"],
@@ -177,16 +182,31 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     if not data["inspections"]:
         sec.text("No inspection recorded.")
     for ins in data["inspections"][-1:]:
-        stats = ins.get("length_stats") or ins.get("stats") or {}
         sec.text(
-            f"Inspection {ins.get('inspect_id', ins.get('id', ''))}: template sha256 "
-            f"{_short(ins.get('template_sha256'))}, {len(ins.get('examples', []))} examples shown."
-        )
-        if stats:
-            sec.table(
-                ["statistic", "value"],
-                [[k, v] for k, v in stats.items() if not isinstance(v, dict | list)],
+            f"Inspection {ins.get('inspect_id')} of the {ins.get('split')} split ({ins.get('n')} examples, "
+            f"template sha256 {_short(ins.get('template_sha256'))}): "
+            + (
+                "every check passed."
+                if ins.get("ok")
+                else f"{len(ins.get('problems') or [])} problem(s) found."
             )
+        )
+        cats = {"all": ins.get("stats") or {}, **(ins.get("category_stats") or {})}
+        sec.table(
+            ["category", "n", "p50 tokens", "p95", "max", "truncated share", "target truncated"],
+            [
+                [
+                    c,
+                    st.get("n"),
+                    st.get("p50"),
+                    st.get("p95"),
+                    st.get("max"),
+                    st.get("share_truncated"),
+                    st.get("target_truncated"),
+                ]
+                for c, st in cats.items()
+            ],
+        )
     sections.append(sec)
 
     # ---- baseline and results
@@ -196,7 +216,12 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     metric_names: list[str] = []
     for ev in evaluated.values():
         for k, v in (ev.get("metrics") or {}).items():
-            if isinstance(v, int | float) and k not in metric_names:
+            if (
+                isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and k not in metric_names
+                and k != "n"
+            ):
                 metric_names.append(k)
     if evaluated:
         order = [r["row"]["id"] for r in baselines] + [
