@@ -34,7 +34,7 @@ MODELS = {
     # name: (architecture, LoRA targets, lengths, micro-batch)
     "tiny": ("causal_lm", ["q_proj", "v_proj"], [64, 128, 256], 8),
     "minilm": ("encoder", ["query", "value"], [64, 128, 256], 8),
-    "smollm2": ("causal_lm", ["q_proj", "v_proj"], [128, 256, 512], 4),
+    "smollm2": ("causal_lm", ["q_proj", "v_proj"], [128, 256, 512], 2),
 }
 
 
