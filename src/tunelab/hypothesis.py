@@ -44,13 +44,25 @@ def _versions(records: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def read_hypothesis(path: Path) -> dict[str, Any]:
+    """A hypothesis record, refused when its locked content no longer matches its sha256."""
+    record = read_json(path)
+    if not isinstance(record, dict) or sha256_json(record.get("content")) != record.get("sha256"):
+        raise HypothesisError(
+            f"{path}: edited after registration (its content no longer matches its sha256)",
+            hint="restore the file from a copy; to change the hypothesis, edit study.yaml and run "
+            "`tunelab register` (a new version)",
+        )
+    return record
+
+
 def latest_hypothesis(records: Path) -> dict[str, Any] | None:
     versions = _versions(records)
-    return read_json(versions[-1][1]) if versions else None
+    return read_hypothesis(versions[-1][1]) if versions else None
 
 
 def all_hypotheses(records: Path) -> list[dict[str, Any]]:
-    return [read_json(p) for _, p in _versions(records)]
+    return [read_hypothesis(p) for _, p in _versions(records)]
 
 
 def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ import importlib
 import os
 import pkgutil
 import sys
+from types import ModuleType
+from typing import Any
 
 from rich.markup import escape
 
@@ -42,13 +44,42 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and aborts carry their own exit codes
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        click = _click_exceptions()
+        if isinstance(exc, click.UsageError) and not exc.format_message().strip():
+            sys.exit(exc.exit_code)  # no arguments: the help was printed
+        if isinstance(exc, click.UsageError):  # unknown command or option, bad or missing value
+            console_err.print(
+                f"[bold red]error:[/] {escape(exc.format_message())}", highlight=False
+            )
+            console_err.print(
+                f"[yellow]hint:[/] `{escape(_command_path(exc.ctx))} --help` lists the "
+                "commands, arguments and options",
+                highlight=False,
+            )
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, click.Abort):
             sys.exit(1)
-        if isinstance(exc, click.exceptions.Exit):
+        if isinstance(exc, click.Exit):
             sys.exit(exc.exit_code)
         raise
+
+
+def _click_exceptions() -> ModuleType:
+    """The click that typer runs on: its own vendored copy in recent typer, else click."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+def _command_path(ctx: Any) -> str:
+    """`tunelab train` for a usage error in `train`; `tunelab` for one in the group."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["tunelab", *reversed(names)])

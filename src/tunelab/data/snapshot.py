@@ -247,6 +247,15 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
                 f"({by_rule})",
                 hint="loosen data.cleaning (e.g. drop_longer_than max_chars)",
             )
+        empty = [i for i, t in zip(cleaned.kept, cleaned.texts, strict=True) if not t.strip()]
+        if empty:
+            first = rows[empty[0]]
+            raise DataError(
+                f"{first.where}: field {cfg.fields.text!r} (text) is empty"
+                + (" after the cleaning rules" if first.text.strip() else "")
+                + (f" ({len(empty)} rows in all)" if len(empty) > 1 else ""),
+                hint="fix the row, or add `- rule: drop_empty` to data.cleaning to drop such rows",
+            )
         kept = cleaned.kept
         texts = cleaned.texts
         normalized = dedup.normalize_texts(texts)

@@ -192,8 +192,19 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def final_checkpoint(root: Path) -> Path | None:
+    """The checkpoint `final` points at; a link leading out of this run's checkpoints (an
+    edited run folder) is refused rather than followed."""
     link = root / FINAL
-    return link.resolve() if link.exists() else None
+    if not link.exists():
+        return None
+    target = link.resolve()
+    if target.parent != root.resolve() or not _STEP_RE.match(target.name):
+        raise CheckpointError(
+            f"{link} points at {target}, which is not a checkpoint of this run",
+            hint="the run folder was edited; point it back at its last step-XXXXXX folder, or "
+            "start a new run",
+        )
+    return target
 
 
 def mark_final(root: Path, step: int) -> None:
