@@ -264,3 +264,61 @@ def test_loop_packed_training_follows_the_padded_trajectory():
     packed = train(lora(tiny_llama()), packing=True)
     assert len(set(padded)) == 3
     assert packed == pytest.approx(padded, rel=1e-5)
+
+
+def test_packed_rows_use_per_example_attention():
+    """A model on "sdpa" is switched to per-example attention for packed rows; it equals the
+    block-diagonal mask it replaces and the examples run apart (GQA: 4 heads over 2 kv heads)."""
+    from tunelab.train.attention import PACKED_SDPA, segment_bounds
+
+    model = tiny_llama()
+    model.eval()
+    batch = examples()
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    ids, positions = packed["input_ids"], packed["position_ids"]
+    with torch.no_grad():
+        block_mask = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        apart = torch.cat(
+            [model(input_ids=torch.tensor([e["input_ids"]])).logits for e in batch], dim=1
+        )
+        assert losses.packing_is_exact(model, ids)
+        assert model.config._attn_implementation == PACKED_SDPA
+        bounds = segment_bounds(positions)
+        assert bounds == (0, *torch.tensor([len(e["input_ids"]) for e in batch]).cumsum(0).tolist())
+        inputs = losses._model_inputs(model, packed)
+        assert inputs["tunelab_segments"] == bounds
+        per_example = model(**inputs).logits
+        # wrong boundaries change the result: the boundaries are what the attention uses
+        wrong = model(**dict(inputs, tunelab_segments=(0, bounds[2], bounds[-1]))).logits
+    assert (per_example - block_mask).abs().max() < 1e-5
+    assert (per_example - apart).abs().max() < 1e-5
+    assert (wrong - per_example).abs().max() > 1e-2
+
+
+def test_per_example_attention_leaves_padded_batches_and_generation_alone():
+    model, reference = tiny_llama(), tiny_llama()
+    model.eval(), reference.eval()
+    packed = collate(examples(), 0, "causal_lm", packing=True)
+    assert losses.packing_is_exact(model, packed["input_ids"])
+    padded = collate(examples(), 0, "causal_lm", packing=False)
+    with torch.no_grad():
+        a = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+        b = reference(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+    assert torch.equal(a, b)
+    prompt = torch.tensor([examples()[0]["input_ids"][:6]])
+    kw = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(model.generate(prompt, **kw), reference.generate(prompt, **kw))
+
+
+def test_per_example_attention_under_activation_checkpointing():
+    """Recomputed layers see the same example boundaries: same loss and gradients."""
+    from tunelab.models import enable_activation_checkpointing
+
+    batch = examples()
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    plain = lora(tiny_llama())
+    expected = loss_and_grads(plain, lambda: losses.causal_lm_loss_sum(plain, packed))
+    recomputed = lora(tiny_llama())
+    enable_activation_checkpointing(recomputed)
+    got = loss_and_grads(recomputed, lambda: losses.causal_lm_loss_sum(recomputed, packed))
+    assert_same(got, expected)

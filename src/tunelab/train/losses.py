@@ -39,11 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tunelab.train.attention import restore_sdpa, segment_bounds, use_packed_sdpa
+
 IGNORE = -100
 CHUNK_LOGITS = 1 << 26  # logits per chunk of cross-entropy (256 MB in fp32)
 
 _ROUTES: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+_PARTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 _PACKING_EXACT: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+_PACKED_ATTENTION: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def causal_lm_loss_sum(
@@ -66,10 +70,10 @@ def causal_lm_loss_sum(
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     keep = labels != IGNORE  # [rows, seq - 1]
     targets = labels[keep]  # [loss_tokens]
-    inputs = _model_inputs(batch)
+    inputs = _model_inputs(model, batch)
     route = route or choose_route(model, batch["input_ids"])
     if route == "split":
-        body, head = lm_parts(model)  # type: ignore[misc]
+        body, head = _PARTS.get(model) or lm_parts(model)  # type: ignore[misc]
         hidden = body(**inputs)[0]  # [rows, seq, hidden]
         return cross_entropy_sum(head, hidden[:, :-1][keep], targets, chunk_logits)
     if route == "hook":
@@ -128,10 +132,12 @@ def _out_features(head: torch.nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _model_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}
     if "position_ids" in batch:  # packed: attention stays inside each example
         inputs["position_ids"] = batch["position_ids"]
+        if _PACKED_ATTENTION.get(model):
+            inputs["tunelab_segments"] = segment_bounds(batch["position_ids"])
     else:
         inputs["attention_mask"] = batch["attention_mask"]
     return inputs
@@ -200,6 +206,7 @@ def choose_route(model: torch.nn.Module, input_ids: torch.Tensor) -> str:
             parts = lm_parts(model)
             if parts is not None and _split_agrees(model, parts, _probe_ids(input_ids)):
                 route = "split"
+                _PARTS[model] = parts
         _ROUTES[model] = route
     return route
 
@@ -260,18 +267,21 @@ def _split_agrees(
 def packing_is_exact(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
     """Whether `model` keeps packed examples apart; checked once per model.
 
-    Two sequences packed in one row (positions restarting at 0, no mask, no cache) must give the
-    logits of the same two sequences run separately.
+    A model on "sdpa" is first switched to per-example attention (`tunelab.train.attention`).
+    Two sequences packed in one row (positions restarting at 0, no mask, no cache) must then give
+    the logits of the same two sequences run separately; if the per-example attention fails
+    that, the model goes back to "sdpa" and is checked again.
     """
     exact = _PACKING_EXACT.get(model)
     if exact is None:
-        ids = _probe_ids(input_ids, 11)
-        a, b = ids[:, :5], ids[:, 5:]
-        positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0).to(ids.device)
-        with _Probe(model, ids.device):
-            packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-            apart = torch.cat([model(input_ids=x, use_cache=False).logits for x in (a, b)], dim=1)
-        exact = _PACKING_EXACT[model] = _close(apart, packed)
+        inner = _unwrap(model)
+        _PACKED_ATTENTION[model] = use_packed_sdpa(inner)
+        exact = _packing_agrees(model, input_ids)
+        if not exact and _PACKED_ATTENTION[model]:
+            restore_sdpa(inner)
+            _PACKED_ATTENTION[model] = False
+            exact = _packing_agrees(model, input_ids)
+        _PACKING_EXACT[model] = exact
         if not exact:
             warnings.warn(
                 f"{type(_unwrap(model)).__name__} lets packed examples attend to each other "
@@ -280,6 +290,18 @@ def packing_is_exact(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
                 stacklevel=3,
             )
     return exact
+
+
+def _packing_agrees(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
+    ids = _probe_ids(input_ids, 11)
+    positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0).to(ids.device)
+    packed_batch = {"input_ids": ids, "position_ids": positions}
+    with _Probe(model, ids.device):
+        packed = model(**_model_inputs(model, packed_batch)).logits
+        apart = torch.cat(
+            [model(input_ids=x, use_cache=False).logits for x in (ids[:, :5], ids[:, 5:])], dim=1
+        )
+    return _close(apart, packed)
 
 
 def unpack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
