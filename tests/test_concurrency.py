@@ -1,6 +1,6 @@
 """Two `tunelab train` processes in one study at once: both finish, get distinct ids, and leave a
 consistent ledger (rows, events and status files agree; SQLite's integrity check passes); a
-`tunelab runs` in the middle never marks a live run interrupted. Two `tunelab data` at once
+`tunelab runs` in the middle never marks a live run interrupted. Three `tunelab data` at once
 agree on one snapshot."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_two_trains_at_once(study_dir, launcher):
     assert harness.curve(study.runs_dir / ids[0]) == harness.curve(study.runs_dir / ids[1])
 
 
-def test_two_data_builds_at_once_agree(study_dir, launcher):
+def test_three_data_builds_at_once_agree(study_dir, launcher):
     from tunelab.data import load_snapshot
     from tunelab.study import Study
 
@@ -109,11 +109,11 @@ def test_two_data_builds_at_once_agree(study_dir, launcher):
             )
             + "\n"
         )
-    procs = [launcher.start("data", "-s", study_dir, "--json") for _ in range(2)]
+    procs = [launcher.start("data", "-s", study_dir, "--json") for _ in range(3)]
     for p in procs:
         p.join(300)
     outputs = [harness.output(p) for p in procs]
-    assert [p.exitcode for p in procs] == [0, 0], outputs
+    assert [p.exitcode for p in procs] == [0, 0, 0], outputs
     ids = {json_of(o)["snapshot_id"] for o in outputs}
     assert len(ids) == 1
     (sid,) = ids

@@ -36,7 +36,7 @@ from tunelab.data.splits import (
     sample_by_hash,
     split_by_hash,
 )
-from tunelab.errors import DataError, EvaluationError, SnapshotError
+from tunelab.errors import DataError, EvaluationError, SnapshotError, StudyError
 from tunelab.ledger import utc_now
 from tunelab.records import (
     dumps_json,
@@ -451,6 +451,14 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             write_bytes_atomic(tmp / name, data)
         write_bytes_atomic(tmp / "manifest.json", dumps_json(manifest).encode("utf-8"))
         publish_dir(tmp, final_dir)
+    except (StudyError, OSError):
+        remove_tree(tmp)
+        if not (final_dir / "DONE").exists():
+            raise
+        # a concurrent `tunelab data` published the same snapshot first (one atomic rename)
+        existing = load_snapshot(study, snapshot_id)
+        _record_event(study, existing.manifest, reused=True)
+        return {**existing.manifest, "unchanged": True}
     except BaseException:
         remove_tree(tmp)
         raise
