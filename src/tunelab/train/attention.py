@@ -41,18 +41,20 @@ def packed_sdpa_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
-    groups = query.shape[1] // key.shape[1]
+    gqa = query.shape[1] != key.shape[1]
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    # split, not slices: the backward of a split is one concatenation, that of each slice a
+    # zero-filled tensor of the whole row
     outputs = [
         F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
-            scale=scaling,
-            is_causal=True,
-            enable_gqa=groups > 1,
+            q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa
         )
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        for q, k, v in zip(
+            query.split(lengths, dim=2),
+            key.split(lengths, dim=2),
+            value.split(lengths, dim=2),
+            strict=True,
+        )
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 

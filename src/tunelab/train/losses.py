@@ -75,7 +75,7 @@ def causal_lm_loss_sum(
     if route == "split":
         body, head = _PARTS.get(model) or lm_parts(model)  # type: ignore[misc]
         hidden = body(**inputs)[0]  # [rows, seq, hidden]
-        return cross_entropy_sum(head, hidden[:, :-1][keep], targets, chunk_logits)
+        return cross_entropy_sum(head, gather_rows(hidden, keep), targets, chunk_logits)
     if route == "hook":
         head = _unwrap(model).get_output_embeddings()
 
@@ -94,6 +94,15 @@ def causal_lm_loss_sum(
         return F.cross_entropy(logits.float(), targets, reduction="sum")
     logits = model(**inputs).logits  # [rows, seq, vocab]
     return F.cross_entropy(logits[:, :-1][keep].float(), targets, reduction="sum")
+
+
+def gather_rows(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Hidden states [rows, seq, hidden] at the positions `keep` [rows, seq - 1] marks, as
+    [n, hidden], in the order of `labels[:, 1:][keep]` (one index_select: its backward is a
+    single index_add)."""
+    rows, seq = hidden.shape[:2]
+    index = (keep.nonzero() * torch.tensor([seq, 1], device=keep.device)).sum(1)
+    return hidden.reshape(rows * seq, -1).index_select(0, index)
 
 
 def cross_entropy_sum(
