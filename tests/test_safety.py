@@ -66,3 +66,117 @@ def test_remote_code_only_from_config():
                     assert not (isinstance(k.value, ast.Constant) and k.value.value is True), (
                         f"{path}:{call.lineno} hard-codes trust_remote_code=True"
                     )
+
+
+def _assignments(tree: ast.AST) -> dict[str, list[ast.expr]]:
+    """name -> every expression assigned to it anywhere in the module."""
+    out: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out.setdefault(target.id, []).append(node.value)
+    return out
+
+
+def test_remote_code_flag_comes_from_the_config_or_a_record():
+    """Every trust_remote_code passed to transformers is read from model.trust_remote_code (the
+    config), a base identity or an export manifest that recorded it; never computed or literal."""
+    found = 0
+    for path, tree in _sources():
+        assigned = _assignments(tree)
+        values = [
+            (call.lineno, k.value)
+            for call in _calls(tree)
+            for k in call.keywords
+            if k.arg == "trust_remote_code"
+        ]
+        values += [
+            (node.lineno, v)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Dict)
+            for key, v in zip(node.keys, node.values, strict=True)
+            if isinstance(key, ast.Constant) and key.value == "trust_remote_code"
+        ]
+        for lineno, value in values:
+            found += 1
+            sources = [value]
+            if isinstance(value, ast.Name) and value.id in assigned:
+                sources = assigned[value.id]
+            for src in sources:
+                assert "trust_remote_code" in ast.unparse(src), (
+                    f"{path}:{lineno} trust_remote_code={ast.unparse(value)} does not come from "
+                    "the config or a record"
+                )
+    assert found >= 3
+
+
+def test_no_unsafe_deserializers():
+    """Nothing that can run code while reading: YAML only through safe_load, no numpy pickles,
+    no marshal/shelve, no eval/exec, no transformers weights outside safetensors on purpose."""
+    banned_calls = {
+        "yaml.load",
+        "yaml.unsafe_load",
+        "yaml.full_load",
+        "marshal.loads",
+        "marshal.load",
+        "shelve.open",
+        "eval",
+        "exec",
+    }
+    for path, tree in _sources():
+        for call in _calls(tree):
+            name = _name(call.func)
+            assert name not in banned_calls, f"{path}:{call.lineno} calls {name}"
+            for k in call.keywords:
+                if k.arg == "allow_pickle":
+                    assert isinstance(k.value, ast.Constant) and k.value.value is False, (
+                        f"{path}:{call.lineno} allow_pickle"
+                    )
+                if k.arg == "use_safetensors":
+                    assert isinstance(k.value, ast.Constant) and k.value.value is True, (
+                        f"{path}:{call.lineno} use_safetensors={ast.unparse(k.value)}"
+                    )
+
+
+def test_safe_join_keeps_paths_inside(tmp_path):
+    from tunelab.errors import StudyError
+    from tunelab.records import safe_join
+
+    root = tmp_path / "export"
+    (root / "adapter").mkdir(parents=True)
+    (root / "adapter" / "a.json").write_text("{}")
+    assert safe_join(root, "adapter/a.json") == (root / "adapter" / "a.json").resolve()
+    assert safe_join(root, "adapter/../adapter/a.json") == (root / "adapter" / "a.json").resolve()
+    (tmp_path / "secret.txt").write_text("x")
+    (root / "link").symlink_to(tmp_path / "secret.txt")
+    (root / "dirlink").symlink_to(tmp_path)
+    for bad in ("../secret.txt", "/etc/passwd", "adapter/../../secret.txt", "link", "dirlink/x"):
+        try:
+            safe_join(root, bad)
+        except StudyError as exc:
+            assert "escapes" in exc.message
+        else:
+            raise AssertionError(f"{bad!r} was let out of {root}")
+
+
+def test_record_readers_refuse_paths_out_of_their_folder():
+    """Where a record names a path (export manifests, checkpoints/final), the reader goes through
+    safe_join or an equivalent check; tests/bad_inputs/cases.yaml exercises each one."""
+    export = (SRC / "export.py").read_text(encoding="utf-8")
+    assert "safe_join" in export
+    checkpoint = (SRC / "train" / "checkpoint.py").read_text(encoding="utf-8")
+    assert "not a checkpoint of this run" in checkpoint
+    import yaml
+
+    cases = yaml.safe_load(
+        (SRC.parents[1] / "tests" / "bad_inputs" / "cases.yaml").read_text(encoding="utf-8")
+    )
+    names = {c["name"] for c in cases}
+    assert {
+        "export_manifest_path_escape",
+        "export_symlink_escape",
+        "checkpoint_final_link_escapes_run",
+        "cli_snapshot_id_escapes",
+        "cli_run_id_escapes",
+    } <= names
