@@ -246,13 +246,13 @@ class Preprocessor:
         if user_text:
             try:
                 return list(
-                    self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
-                        "input_ids"
-                    ]
+                    self.tokenizer(
+                        text, add_special_tokens=False, verbose=False, split_special_tokens=True
+                    )["input_ids"]
                 )
             except TypeError:  # a tokenizer without split_special_tokens
                 pass
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
     def _find_special_texts(self) -> list[str] | None:
         """Strings of the special tokens, or None when the tokenizer gives no offsets."""
@@ -443,9 +443,9 @@ class Preprocessor:
             return ids, len(input_ids), 0
         # Cut whole input tokens (by their character offsets), re-tokenize, repeat if the
         # boundaries merged differently.
-        offsets = self.tokenizer(input_text, add_special_tokens=False, return_offsets_mapping=True)[
-            "offset_mapping"
-        ]
+        offsets = self.tokenizer(
+            input_text, add_special_tokens=False, verbose=False, return_offsets_mapping=True
+        )["offset_mapping"]
         n = len(input_ids)
         cut = min(max(self._cut_input(input_ids, reserve)[1], 1), n)
         while True:
@@ -466,9 +466,13 @@ class Preprocessor:
         return not any(special in text for special in self._special_texts)
 
     def _native(self, input_text: str) -> list[int]:
+        # verbose=False: inputs longer than the model's maximum are expected here; they are cut
+        # by the truncation policy, so the tokenizer's length warning would only be noise.
         lead = self.lead_ids if self.cfg.template == "plain" else []
         text = self.prefix_text + input_text + self.suffix_text
-        return lead + list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return lead + list(
+            self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+        )
 
     def _encode_causal(self, example: dict[str, Any], input_text: str, target_text: str) -> dict:
         target_ids = self._ids(target_text, user_text=True) + [self.eos_id]
