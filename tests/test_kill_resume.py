@@ -55,7 +55,7 @@ def test_three_sigkills_then_resume_is_bit_exact(study_dir, launcher, straight):
         kills=3,
         save_kills={1},
         seed=1,
-        step_s=0.1,
+        step_s=harness.median_step_s(straight),
     )
     assert len(report.kills) == 3 and report.attempts == 4
     assert report.in_save >= 1, report.kills  # the save-aimed kill left a temporary folder

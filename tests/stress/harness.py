@@ -241,9 +241,18 @@ def _past_step(run_dir: Path, step: int) -> bool:
     return last_step(run_dir) >= step
 
 
+def median_step_s(run_dir: Path) -> float:
+    """The median seconds of a run's steps (metrics.jsonl)."""
+    from tunelab.records import read_jsonl
+
+    times = sorted(r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl") if "seconds" in r)
+    return times[len(times) // 2]
+
+
 def kill_targets(rng: random.Random, steps: int, kills: int, gap: int) -> list[int]:
-    """`kills` increasing steps in [1, steps - 1], at least `gap` apart, at random."""
-    slack = steps - 1 - gap * (kills - 1) - 1
+    """`kills` increasing steps in [1, steps - 2], at least `gap` apart, at random (the last
+    step and its final checkpoint stay ahead, so a kill never comes after the run ended)."""
+    slack = steps - 2 - gap * (kills - 1) - 1
     assert slack >= 0, "too many kills for the run's length"
     cuts = sorted(rng.randint(0, slack) for _ in range(kills))
     return [1 + c + gap * i for i, c in enumerate(cuts)]
@@ -298,7 +307,7 @@ def kill_and_resume(
         if mode == "save":
             _wait_until(partial(saving, ckpt_root), proc, timeout_s, 0.0005)
         else:
-            time.sleep(rng.uniform(0.0, 1.5 * step_s))
+            time.sleep(rng.uniform(0.0, step_s))
         at_step = last_step(run_dir)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(60)

@@ -40,7 +40,6 @@ def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
 
 
 def test_twenty_sigkills_then_resume_is_bit_exact(study_dir, launcher):
-    from tunelab.records import read_jsonl
     from tunelab.study import Study
 
     proc = launcher.start("train", "--name", "straight", "-s", study_dir, "--json")
@@ -48,8 +47,7 @@ def test_twenty_sigkills_then_resume_is_bit_exact(study_dir, launcher):
     assert proc.exitcode == 0, harness.output(proc)[-3000:]
     (row,) = [r for r in Study.open(study_dir).ledger.list_runs() if r.name == "straight"]
     straight = study_dir / "records" / "runs" / row.id
-    steps_s = [r["seconds"] for r in read_jsonl(straight / "metrics.jsonl") if "seconds" in r]
-    step_s = sorted(steps_s)[len(steps_s) // 2]
+    step_s = harness.median_step_s(straight)
 
     seed = int(os.environ.get("TUNELAB_STRESS_SEED", "20"))
     report = harness.kill_and_resume(
