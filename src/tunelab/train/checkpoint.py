@@ -192,13 +192,14 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def final_checkpoint(root: Path) -> Path | None:
-    """The checkpoint `final` points at; a link leading out of this run's checkpoints (an
-    edited run folder) is refused rather than followed."""
+    """The checkpoint `final` points at (or `final` itself, a folder where a copy of the study
+    did not keep the link); a link leading out of this run's checkpoints (an edited run folder)
+    is refused rather than followed."""
     link = root / FINAL
     if not link.exists():
         return None
     target = link.resolve()
-    if target.parent != root.resolve() or not _STEP_RE.match(target.name):
+    if target.parent != root.resolve() or not (_STEP_RE.match(target.name) or target.name == FINAL):
         raise CheckpointError(
             f"{link} points at {target}, which is not a checkpoint of this run",
             hint="the run folder was edited; point it back at its last step-XXXXXX folder, or "
