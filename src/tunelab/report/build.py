@@ -28,11 +28,12 @@ def _evaluation(run: dict[str, Any], split: str = "validation") -> dict[str, Any
 
 
 def _evaluated_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """run id -> its validation evaluation record; eval runs are attributed to their parent."""
+    """run id -> its validation evaluation record; eval runs are attributed to their parent.
+    Smoke runs are left out: they evaluate a handful of examples to test the pipeline."""
     out: dict[str, dict[str, Any]] = {}
     for r in runs:
         ev = _evaluation(r)
-        if ev is None:
+        if ev is None or r["row"]["kind"] == "smoke":
             continue
         target = (
             r["row"]["parent"]
