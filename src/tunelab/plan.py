@@ -47,6 +47,7 @@ MARGINS = {
     "export": 0.25,
 }
 ENV_CHECK_S = 5.0
+PROCESS_START_S = 5.0  # a new Python process importing torch and transformers
 DEFAULT_EVAL_S_PER_EXAMPLE = None
 
 
@@ -153,35 +154,45 @@ def gather_figures(study: Study) -> dict[str, Any]:
         "lengths": {k: lengths.get(k) for k in ("p50", "p95", "max", "mean")},
     }
     smoke, smoke_row = _latest_smoke(study)
+    f["eval_s_per_example"] = Figure(None, "")
     if smoke is not None:
         sm = f"smoke {smoke_row.id}"
-        f["eval_s_per_example"] = Figure(smoke.get("eval_s_per_example"), sm)
         f["checkpoint_save_s"] = Figure(smoke.get("checkpoint_save_s"), sm)
-        f["reload_s"] = Figure(smoke.get("reload_s"), f"{sm}: fresh-process load")
+        f["reload_s"] = Figure(smoke.get("reload_s"), f"{sm}: load in a fresh process")
         f["smoke_s"] = Figure(run_seconds(smoke_row) or smoke.get("total_s"), f"{sm}: ledger")
+        fresh = (smoke.get("fresh_process_s") or 0) - (smoke.get("fresh_eval_s") or 0)
+        f["fresh_process_s"] = Figure(
+            fresh or None, f"{sm}: a new process started and the model loaded"
+        )
     else:
-        f["eval_s_per_example"] = Figure(None, "no smoke record")
         f["checkpoint_save_s"] = Figure(None, "no smoke record")
-        f["reload_s"] = Figure(f["load_s"].value, "no smoke record: the sizing load time")
+        f["reload_s"] = Figure(f["load_s"].value, "no smoke record: the sizing's load time")
         f["smoke_s"] = Figure(None, "no smoke record (run `tunelab smoke`)")
+        f["fresh_process_s"] = Figure(None, "no smoke record")
     baselines = [r for r in study.ledger.list_runs("baseline") if r.status == "completed"]
     if baselines:
         row = baselines[-1]
         f["baseline_s"] = Figure(run_seconds(row), f"baseline {row.id}: ledger")
         ev = study.runs_dir / row.id / "metrics-validation.json"
-        if f["eval_s_per_example"].value is None and ev.exists():
-            rec = read_json(ev)
-            if rec.get("seconds") and rec.get("n"):
-                f["eval_s_per_example"] = Figure(
-                    rec["seconds"] / rec["n"], f"baseline {row.id}: evaluation"
-                )
+        rec = read_json(ev) if ev.exists() else {}
+        if rec.get("seconds") and rec.get("n"):
+            # the very procedure every variant's evaluation repeats, on the whole split
+            f["eval_s_per_example"] = Figure(
+                rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
+            )
     else:
         f["baseline_s"] = Figure(None, "no baseline yet: estimated")
+    if f["eval_s_per_example"].value is None and smoke is not None:
+        f["eval_s_per_example"] = Figure(
+            smoke.get("eval_s_per_example"), f"smoke {smoke_row.id}: a few examples (high)"
+        )
     if f["eval_s_per_example"].value is None:
         # a forward per example: right for a classifier, low for generation
         f["eval_s_per_example"] = Figure(
             f["forward_s"].value / max(1, micro), "estimated from the validation forward (low)"
         )
+    f["load_avg_at_sizing"] = (sizing.get("env") or {}).get("load_avg_1m")
+    f["logical_cores"] = ((sizing.get("env") or {}).get("cpu") or {}).get("logical_cores")
     if f["checkpoint_save_s"].value is None:
         f["checkpoint_save_s"] = Figure(1.0, "assumed 1 s (no smoke record)")
     return f
@@ -254,12 +265,15 @@ def build_plan(
         + variant["validation_s"]
         + variant["checkpoints_s"]
     )
-    eval_run_s = reload_s + n_val * eval_per_ex
-    final_test_s = reload_s + n_test * eval_per_ex
-    verify_s = 2 * reload_s + n_val * eval_per_ex
+    # an evaluation run is the baseline's unit of work again (load, the split, the records)
+    baseline_s = _v(figures.get("baseline_s")) / speedup
+    eval_run_s = baseline_s if baseline_s else reload_s + n_val * eval_per_ex
+    overhead_s = max(0.0, eval_run_s - n_val * eval_per_ex)
+    final_test_s = overhead_s + n_test * eval_per_ex
+    verify_s = eval_run_s + PROCESS_START_S  # the same evaluation in a new process
     interval = min(every_ckpt or steps, steps)
     resume_each = interval / 2 * step_s + variant["startup_s"] + reload_s
-    export_s = 2 * save_s + reload_s + 2.0
+    export_s = 2 * save_s + 1.0  # the trained weights copied and hashed, the manifest
     initial = {
         "environment": ENV_CHECK_S,
         "smoke": _v(figures.get("smoke_s")) or (variant["startup_s"] + 4 * step_s + eval_run_s),
@@ -304,6 +318,12 @@ def build_plan(
         warnings.append(
             f"{n_var} registered variants do not fit {days} days x {budget['hours_per_day']:g} "
             f"h: {fit} fit (each needs {per_variant_s / 3600:.2f} h with margins)"
+        )
+    load, cores = figures.get("load_avg_at_sizing"), figures.get("logical_cores")
+    if load and cores and load > cores:
+        warnings.append(
+            f"the step was measured on a busy machine (load average {load:g} on {cores} cores): "
+            "durations scale with the load at run time; `tunelab plan --review` shows both"
         )
     if figures.get("device") == "cpu" and speedup == 1.0 and not step_time_s:
         warnings.append(
@@ -505,78 +525,123 @@ def _export_seconds(study: Study) -> list[float]:
     return out
 
 
+def _mean_step_s(study: Study, run_id: str) -> float | None:
+    """Mean seconds of a training run's optimizer steps, from its metrics.jsonl."""
+    path = study.runs_dir / run_id / "metrics.jsonl"
+    if not path.exists():
+        return None
+    from tunelab.records import read_jsonl
+
+    steps = [r["seconds"] for r in read_jsonl(path) if "loss" in r and r.get("seconds")]
+    return sum(steps) / len(steps) if steps else None
+
+
+def _eval_s_per_example(study: Study, run_id: str) -> float | None:
+    for path in sorted((study.runs_dir / run_id).glob("metrics-*.json")):
+        rec = read_json(path)
+        if isinstance(rec, dict) and rec.get("seconds") and rec.get("n"):
+            return rec["seconds"] / rec["n"]
+    return None
+
+
+def _pct(planned: float | None, actual: float | None) -> float | None:
+    return round(100 * (planned - actual) / actual, 1) if planned and actual else None
+
+
 def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Planned against actual, phase by phase, for the units the ledger holds."""
+    """Planned against actual, phase by phase, for the units the ledger holds.
+
+    Each row also gives the plan recomputed at the speed the runs themselves measured (their
+    own mean step time, their own evaluation seconds per example): on a machine whose load
+    changes between sizing and training, the first error mixes the speed change with the
+    plan's arithmetic, the second shows the arithmetic alone.
+    """
     from tunelab.sizing.stage import list_sizings
 
     plan = plan or latest_plan(study)
     if plan is None:
         raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
-    runs = study.list_runs()
+    runs = [r for r in study.list_runs() if r.status != "running" and run_seconds(r) is not None]
 
-    def durations(kind: str, **where: Any) -> list[float]:
-        out = []
-        for r in runs:
-            if r.kind != kind or r.status == "running":
-                continue
-            if where.get("name_prefix") and not (r.name or "").startswith(where["name_prefix"]):
-                continue
-            s = run_seconds(r)
-            if s is not None:
-                out.append(s)
-        return out
+    def of(kind: str) -> list[Any]:
+        return [r for r in runs if r.kind == kind]
 
-    smoke = durations("smoke")
-    baseline = durations("baseline")
+    smoke, baseline = of("smoke"), of("baseline")
     sizing = [read_json(p).get("seconds") or 0.0 for p in list_sizings(study)]
-    train = durations("train")
-    evals = durations("eval")
+    train, evals = of("train"), of("eval")
     verify = _verify_seconds(study)
     exports = _export_seconds(study)
-    init = plan["initial"]
+    init, v = plan["initial"], plan["variant"]
+    # experiments at each run's own speed: compute scaled, checkpoint saves as planned
+    at_speed_train = 0.0
+    for r in train:
+        step = _mean_step_s(study, r.id)
+        factor = step / plan["step_time_s"] if step and plan["step_time_s"] else 1.0
+        compute = v["startup_s"] + v["steps_s"] + v["validation_s"]
+        at_speed_train += compute * factor + v["checkpoints_s"]
+    eval_factors = []
+    per_example = (plan.get("figures") or {}).get("eval_s_per_example", {}).get("value")
+    for r in evals:
+        actual = _eval_s_per_example(study, r.id)
+        eval_factors.append(actual / per_example if actual and per_example else 1.0)
+    mean_factor = sum(eval_factors) / len(eval_factors) if eval_factors else 1.0
+    planned_eval = len(evals) * plan["evaluation_run_s"] + len(verify) * plan["verify_s"]
+    at_speed_eval = (
+        sum(f * plan["evaluation_run_s"] for f in eval_factors)
+        + len(verify) * plan["verify_s"] * mean_factor
+    )
     rows = [
         {
             "phase": "initial check",
-            "what": f"{len(smoke)} smoke, {len(sizing)} sizing, {len(baseline)} baseline",
+            "what": f"{len(smoke)} smoke, {len(sizing)} sizing, {len(baseline)} baseline "
+            "(measured before planning)",
             "planned_s": (init["smoke"] if smoke else 0)
             + (init["sizing"] if sizing else 0)
             + (init["baseline"] if baseline else 0),
-            "actual_s": (smoke[-1] if smoke else 0)
+            "actual_s": (run_seconds(smoke[-1]) if smoke else 0)
             + (sizing[-1] if sizing else 0)
-            + (baseline[-1] if baseline else 0),
+            + (run_seconds(baseline[-1]) if baseline else 0),
+            "planned_at_run_speed_s": None,
         },
         {
             "phase": "experiments",
             "what": f"{len(train)} of {plan['num_variants']} training runs",
-            "planned_s": len(train) * plan["variant"]["total_s"],
-            "actual_s": sum(train),
+            "planned_s": len(train) * v["total_s"],
+            "actual_s": sum(run_seconds(r) for r in train),
+            "planned_at_run_speed_s": at_speed_train if train else None,
         },
         {
             "phase": "evaluation",
             "what": f"{len(evals)} evaluations, {len(verify)} verifications",
-            "planned_s": len(evals) * plan["evaluation_run_s"] + len(verify) * plan["verify_s"],
-            "actual_s": sum(evals) + sum(verify),
+            "planned_s": planned_eval,
+            "actual_s": sum(run_seconds(r) for r in evals) + sum(verify),
+            "planned_at_run_speed_s": at_speed_eval if evals else None,
         },
         {
             "phase": "resumption margin",
-            "what": f"{sum(1 for r in runs if r.kind == 'train' and r.status == 'interrupted')}"
-            " interrupted runs",
+            "what": f"{sum(1 for r in train if r.status == 'interrupted')} interrupted runs",
             "planned_s": plan["resume_each_s"] * plan["num_variants"],
             "actual_s": None,
+            "planned_at_run_speed_s": None,
         },
         {
             "phase": "export",
             "what": f"{len(exports)} exports",
             "planned_s": len(exports) * plan["export_s"],
             "actual_s": sum(exports),
+            "planned_at_run_speed_s": None,
         },
     ]
     for r in rows:
-        p, a = r["planned_s"], r["actual_s"]
-        r["error_pct"] = round(100 * (p - a) / a, 1) if p and a else None
-    measured = [r for r in rows if r["error_pct"] is not None]
+        r["error_pct"] = _pct(r["planned_s"], r["actual_s"])
+        r["error_at_run_speed_pct"] = _pct(r["planned_at_run_speed_s"], r["actual_s"])
+    measured = [r for r in rows if r["error_pct"] is not None and r["phase"] != "initial check"]
+    at_speed = [r for r in rows if r["error_at_run_speed_pct"] is not None]
     return {
         "plan": plan["id"],
         "rows": rows,
         "max_error_pct": max((abs(r["error_pct"]) for r in measured), default=None),
+        "max_error_at_run_speed_pct": max(
+            (abs(r["error_at_run_speed_pct"]) for r in at_speed), default=None
+        ),
     }

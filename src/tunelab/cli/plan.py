@@ -10,6 +10,10 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
 def _h(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -58,19 +62,24 @@ def plan(
                 r["what"],
                 _h(r["planned_s"]),
                 _h(r["actual_s"]),
-                "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%",
+                _pct(r["error_pct"]),
+                _h(r["planned_at_run_speed_s"]),
+                _pct(r["error_at_run_speed_pct"]),
             ]
             for r in result["rows"]
         ]
         console.print(
             table(
                 f"plan {result['plan']}: planned vs actual (the units that ran)",
-                ["phase", "what ran", "planned", "actual", "error"],
+                ["phase", "what ran", "planned", "actual", "error", "at run speed", "error"],
                 rows,
             )
         )
         if result["max_error_pct"] is not None:
-            console.print(f"largest phase error {result['max_error_pct']:.1f}%")
+            console.print(
+                f"largest phase error {result['max_error_pct']:.1f}%; at the runs' own measured "
+                f"speed {_pct(result['max_error_at_run_speed_pct'])}"
+            )
         return
     record, path, png = make_plan(
         s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s

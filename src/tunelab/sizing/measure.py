@@ -361,15 +361,15 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prime(model, source, arch, precision, device) -> None:  # noqa: ANN001
-    """One forward and backward on a 16-token slice before `idle` is read, with no optimizer
+    """One forward and backward of a micro-batch before `idle` is read, with no optimizer
     step: the lazy one-time allocations of the runtime (autograd engine, thread pools, kernel
-    caches) then sit in `idle` rather than in the measured increase."""
+    and primitive caches for these shapes) then sit in `idle` rather than in the measured
+    increase, which keeps what a step adds: optimizer states, gradients, activations."""
     from tunelab.train.batches import Position
     from tunelab.train.loop import autocast, loss_sum, to_device
 
     first = source.next(Position())[0][0]
-    batch = {k: v[:1, :16] if v.dim() == 2 else v[:1] for k, v in first.items() if v.dim() > 0}
-    batch = to_device(batch, device)
+    batch = to_device({k: v for k, v in first.items() if v.dim() > 0}, device)
     with autocast(precision, device):
         loss = loss_sum(model, batch, arch)
     loss.backward()

@@ -21,6 +21,7 @@ models use the `llama` walk and are marked approximate. No torch import: values 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -155,6 +156,9 @@ class Estimate:
 # ------------------------------------------------------------------ the forward walk
 
 
+_KEYS = itertools.count(1)  # tensor identities, unique across traces (a block re-traced shares x)
+
+
 @dataclass(frozen=True)
 class _T:
     """A symbolic tensor: element count, bytes per element, whether it needs a gradient."""
@@ -182,12 +186,10 @@ class _Trace:
         self.saved: dict[int, int] = {}
         self.groups: dict[str, int] = {}
         self._group = "embeddings"
-        self._n = 0
 
     # tensors
     def new(self, numel: int, size: int, rg: bool) -> _T:
-        self._n += 1
-        return _T(self._n, int(numel), size, rg)
+        return _T(next(_KEYS), int(numel), size, rg)
 
     def save(self, *ts: _T) -> None:
         for t in ts:
@@ -278,6 +280,11 @@ class _Trace:
 
     # attention
     def attention(self, q: _T, k: _T, v: _T, *, dropout: float, rows: int, s: int) -> _T:
+        out = self._attention(q, k, v, dropout=dropout, rows=rows, s=s)
+        self.attention_mark = self.total
+        return out
+
+    def _attention(self, q: _T, k: _T, v: _T, *, dropout: float, rows: int, s: int) -> _T:
         """Scaled dot-product attention over `rows` rows of `s` tokens; returns [tokens, heads*hd].
 
         Fused kernels (flash / memory-efficient; CPU flash when there is no dropout) keep q, k, v,
@@ -287,7 +294,8 @@ class _Trace:
         f, c = self.f, self.c
         heads = f.heads
         rg = q.rg or k.rg or v.rg
-        masked = c.packing or c.masked
+        # packed rows run SDPA once per example (tunelab.train.attention): no mask, no repeat
+        masked = c.masked and not c.packing
         if f.family == "llama" and f.kv_heads != heads and masked:
             # transformers repeats k and v to every head when there is a mask (no enable_gqa)
             k = self.new(k.numel * heads // f.kv_heads, k.size, k.rg)
@@ -317,9 +325,14 @@ class _Trace:
             if masked:
                 # the boolean mask is converted to q's dtype in every layer
                 self.save_bytes(rows * s * s * size)
+        if c.packing:
+            return self.new(q.numel, size, rg)  # the examples' outputs concatenated: a copy
         return out  # [b, s, h, d] layout: the reshape for o_proj is a view
 
     # blocks
+    def block(self, x: _T, train: dict[str, str]) -> _T:
+        return self.bert_block(x, train) if self.f.family == "bert" else self.llama_block(x, train)
+
     def llama_block(self, x: _T, train: dict[str, str]) -> _T:
         f = self.f
         hd, rows, s = f.head_dim, self.rows, self.s
@@ -372,7 +385,9 @@ class _Trace:
         if f.family == "bert":
             x = self.dropout(self.layernorm(x, f.embed), f.hidden_dropout)
         per_layer: list[int] = []
-        block = self.bert_block if f.family == "bert" else self.llama_block
+        # per block: (bytes its backward holds, bytes held up to its attention core)
+        self.blocks: list[tuple[int, int]] = []
+        self.recompute = 0
         for i in range(f.layers):
             train = f.layer_training[i] if i < len(f.layer_training) else {}
             self.group(f"layer.{i}")
@@ -382,11 +397,14 @@ class _Trace:
                 self.save(x)
                 sub = _Trace(f, c)
                 sub.rows, sub.s, sub.rows_pos, sub.rope_saved = self.rows, self.s, 1, True
-                out = sub.bert_block(x, train) if f.family == "bert" else sub.llama_block(x, train)
-                self.recompute = max(getattr(self, "recompute", 0), sub.total)
+                out = sub.block(x, train)
+                self.recompute = max(self.recompute, sub.total)
+                self.blocks.append((sub.total, getattr(sub, "attention_mark", 0)))
                 x = self.new(out.numel, out.size, out.rg)
             else:
-                x = block(x, train)
+                self.attention_mark = before
+                x = self.block(x, train)
+                self.blocks.append((self.total - before, self.attention_mark - before))
             per_layer.append(self.total - before)
         self.group("final")
         if f.family == "bert":
@@ -399,12 +417,14 @@ class _Trace:
             p = self.dropout(p, f.hidden_dropout)
             self.linear(p, f.hidden, max(1, f.num_labels), f.head)
         else:
+            # tunelab.train.losses: hidden states gathered at the loss positions before the head
             h = self.rmsnorm(x, f.final_norm)
+            n = loss_token_count(c)
+            if h.rg:
+                self.save_bytes(n * 8)  # the gather's index
+            gathered = self.new(n * f.hidden, h.size, h.rg)
             head = f.head or (f.embed if f.tied_embeddings else None)
-            if head == "weight":
-                self.save(self.cast(h, self.cd) if self.autocast else h)
-            if self.autocast and h.rg:
-                self.save_bytes(f.vocab * f.hidden * self.cd)
+            self.linear(gathered, f.hidden, f.vocab, head)
         self.per_layer = per_layer
         return dict(self.groups)
 
@@ -412,46 +432,63 @@ class _Trace:
 # ------------------------------------------------------------------ the estimate
 
 
-def logits_bytes(facts: ModelFacts, case: Case) -> dict[str, int]:
-    """The cross-entropy buffers of tunelab's loss (train.loop.loss_sum).
+CHUNK_LOGITS = 1 << 26  # tunelab.train.losses: logits computed at once above which CE is chunked
 
-    causal LM: logits [tokens, vocab] in the compute dtype; the loss positions are gathered into
-    [loss_tokens, vocab], lifted to fp32, and log_softmax keeps its fp32 output for backward.
+
+def loss_token_count(case: Case) -> int:
+    """Positions carrying loss in a micro-batch (the shift drops one position per example)."""
+    shifted = case.micro_batch * (case.seq_len - 1)
+    return max(1, round(shifted * min(1.0, max(0.0, case.loss_fraction))))
+
+
+def logits_bytes(facts: ModelFacts, case: Case) -> dict[str, int]:
+    """The cross-entropy buffers of tunelab's loss (tunelab.train.losses).
+
+    causal LM: the head runs on the loss positions only, [n, vocab] logits in the compute dtype,
+    lifted to fp32, log_softmax keeping its fp32 output for backward; above CHUNK_LOGITS logits
+    the rows go in chunks recomputed in backward, so one chunk is alive at a time. Backward:
+    the log-probabilities beside the gradients of nll and log_softmax.
     """
     if facts.architecture != "causal_lm":
         n = case.micro_batch * max(1, facts.num_labels) * 4
         return {"logits": n, "loss_tokens": case.micro_batch, "forward": 3 * n, "backward": 3 * n}
     cd = 2 if case.precision in ("bf16", "fp16") else DTYPE_BYTES.get(facts.param_dtype, 4)
-    tokens, v = case.tokens, facts.vocab
-    shifted = case.micro_batch * (case.seq_len - 1) if not case.packing else tokens - 1
-    n = max(1, round(shifted * min(1.0, max(0.0, case.loss_fraction))))
-    logits = tokens * v * cd
-    gathered = n * v * cd
-    lifted = n * v * 4 if cd != 4 else 0
-    log_probs = n * v * 4
-    forward = logits + gathered + lifted + log_probs
-    # backward of the loss: nll grad + log_softmax grad beside the kept log-probs, then the
-    # scatter back into [batch, seq-1, vocab] and the slice back into [batch, seq, vocab]
-    backward = max(3 * n * v * 4, n * v * 4 + shifted * v * cd, shifted * v * cd + logits)
+    v = facts.vocab
+    n = loss_token_count(case)
+    chunked = n * v > CHUNK_LOGITS
+    rows = max(1, CHUNK_LOGITS // v) if chunked else n
+    logits = rows * v * cd
+    lifted = rows * v * 4 if cd != 4 else 0
+    log_probs = rows * v * 4
     return {
         "logits": logits,
         "loss_tokens": n,
-        "log_probs": log_probs,
-        "forward": forward,
-        "backward": backward,
+        "chunk_rows": rows,
+        "log_probs": 0 if chunked else log_probs,  # kept from forward to backward
+        "forward": logits + lifted + log_probs,
+        "backward": 3 * rows * v * 4 + (logits if chunked else 0),
     }
 
 
-def _block_backward_temporaries(facts: ModelFacts, case: Case) -> int:
-    """Working memory while one block runs backward: gradients of its largest intermediates."""
+def _block_backward_temporaries(facts: ModelFacts, case: Case) -> tuple[int, int]:
+    """Working memory while one block runs backward, (MLP part, attention part).
+
+    The MLP runs backward first, with the whole block's saved tensors still held, making one
+    [tokens, intermediate] gradient at a time; the attention runs when the MLP's saved tensors
+    are gone, with the gradients of q, k, v (fused kernels) or of the [rows, heads, s, s] scores
+    (the CPU math path with dropout).
+    """
     cd = 2 if case.precision in ("bf16", "fp16") else DTYPE_BYTES.get(facts.param_dtype, 4)
     tokens = case.tokens
     rows, s = (1, tokens) if case.packing else (case.micro_batch, case.seq_len)
-    widest = max(facts.intermediate, facts.hidden, facts.heads * facts.head_dim)
-    temps = 3 * tokens * widest * cd
+    # the gated MLP's backward holds the gradients of gate and up beside each other
+    mlp = (
+        (2 if facts.family == "llama" else 1) * tokens * max(facts.intermediate, facts.hidden) * cd
+    )
+    attention = 3 * tokens * facts.heads * facts.head_dim * cd
     if facts.family == "bert" and facts.attention_dropout > 0 and case.device != "cuda":
-        temps = max(temps, 2 * rows * facts.heads * s * s * 4)
-    return temps
+        attention = 2 * rows * facts.heads * s * s * 4
+    return mlp, attention
 
 
 def optimizer_state_bytes(facts: ModelFacts, optimizer: str) -> tuple[int, bool]:
@@ -501,7 +538,7 @@ def estimate_memory(
     trace = _Trace(facts, case)
     detail = trace.run()
     activations = trace.total
-    recompute = getattr(trace, "recompute", 0)
+    recompute = trace.recompute
     per_layer = trace.per_layer
     pb = DTYPE_BYTES.get(facts.param_dtype, 4)
     weights = facts.total_weight_bytes // shard
@@ -524,24 +561,38 @@ def estimate_memory(
     runtime = cuda_workspace_bytes(case.cuda_major) if case.device == "cuda" else 0
     # With accumulation, the gradients of earlier micro-steps are alive in later forwards.
     held = grads if case.grad_accum > 1 else 0
-    # The head's gradient (tied embeddings: vocab x hidden) is made when backward starts.
-    head_grad = 0
-    if facts.architecture == "causal_lm" and (facts.head == "weight" or facts.embed == "weight"):
-        head_grad = facts.vocab * facts.hidden * pb // shard
-    layer_grads = max(0, grads - head_grad)
+    # When gradients appear: the output layer's at the start of backward (with tied embeddings
+    # that is the embedding's: vocab x hidden), the blocks' one block at a time, the input
+    # embedding's (untied) at the very end.
+    vocab_bytes = facts.vocab * facts.hidden * pb
+    if facts.architecture == "causal_lm":
+        first = vocab_bytes if (facts.head == "weight" or facts.embed == "weight") else 0
+        last = vocab_bytes if facts.embed == "weight" and not facts.tied_embeddings else 0
+    else:
+        pooler = facts.hidden * facts.hidden * pb if facts.pooler == "weight" else 0
+        first = max(1, facts.num_labels) * facts.hidden * pb + pooler if facts.head else 0
+        last = vocab_bytes if facts.embed == "weight" else 0
+    first, last = first // shard, last // shard
+    block_grads = max(0, grads - first - last)
     phases = {
         "forward_end": activations + loss["forward"] + held + gathered,
-        "loss_backward": activations + loss["backward"] + max(held, head_grad) + gathered,
+        "loss_backward": activations + loss["backward"] + max(held, first) + gathered,
     }
-    # layer backward: block i runs with the activations of blocks < i still kept, the gradients
-    # of the blocks above already made, and its own recomputed activations when checkpointing
-    kept_below = activations - sum(per_layer)
+    # layer backward: block i runs with the activations of blocks < i still kept and the
+    # gradients of the blocks above already made; inside it, the MLP runs backward first with
+    # the block's saved tensors held, the attention later without the MLP's
+    mlp_temp, attention_temp = temps
+    flowing = 2 * case.tokens * facts.hidden * pb
+    kept_below = detail.get("embeddings", 0)
     best = 0
     for i in range(n - 1, -1, -1):
         below = sum(per_layer[:i])
-        grads_done = head_grad + layer_grads * (n - 1 - i) / n
-        own = per_layer[i] if i < len(per_layer) else 0
-        live = kept_below + below + own + recompute + max(held, grads_done) + temps
+        saved, upto_attention = trace.blocks[i] if i < len(trace.blocks) else (0, 0)
+        own_input = per_layer[i] if case.checkpointing and i < len(per_layer) else 0
+        # + the gradient arriving at the block's output and the one leaving its input
+        inner = max(saved + mlp_temp, upto_attention + attention_temp) + flowing
+        grads_done = first + block_grads * (n - 1 - i) / n
+        live = kept_below + below + own_input + inner + max(held, grads_done)
         best = max(best, live + gathered + gathered_grad)
     phases["layer_backward"] = int(best)
     phases["optimizer_step"] = grads + opt_temps
@@ -561,7 +612,7 @@ def estimate_memory(
         activations=activations,
         activations_detail={**detail, "recompute_one_block": recompute},
         logits_loss=max(loss["forward"], loss["backward"]),
-        backward_temporaries=temps,
+        backward_temporaries=max(temps),
         optimizer_temporaries=opt_temps,
         peak_phase=peak_phase,
         phases=phases,
