@@ -146,7 +146,8 @@ def test_breakdown_terms(llama_facts):
     ckpt = estimate_memory(full, replace(case, checkpointing=True))
     assert ckpt.activations < e_full.activations / 3
     assert ckpt.activations_detail["recompute_one_block"] > 0
-    # packing: a dense [tokens, tokens] mask per layer; accumulation keeps the gradients alive
+    # packing: per-example attention copies the outputs (o_proj's input is kept when o trains);
+    # accumulation keeps the gradients alive in the next micro-step's forward
     packed = estimate_memory(full, replace(case, packing=True))
     assert packed.activations > e_full.activations
     accum = estimate_memory(full, replace(case, grad_accum=2))

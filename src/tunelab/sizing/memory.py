@@ -9,8 +9,9 @@
   (a linear layer keeps its input only when its weight trains, a product `a * b` keeps `b` only
   when `a` needs a gradient). So LoRA on a frozen base keeps far less than full fine-tuning, and
   layers before the first trainable parameter keep almost nothing;
-- the logits and loss buffers (the `[tokens, vocab]` tensors of the cross-entropy, which dominate
-  a small model with a large vocabulary) and the temporaries of backward and of the optimizer;
+- the logits and loss buffers: tunelab's loss runs the head on the loss positions only, in
+  chunks above 2^26 logits (`tunelab.train.losses`), so these are `[loss tokens, vocab]`
+  tensors; and the temporaries of backward and of the optimizer;
 - the peak: the largest of the forward end, the loss backward, the layer backward and the
   optimizer step, each with what is alive at that moment.
 
@@ -105,8 +106,8 @@ class Case:
     """One step configuration: every example of the micro-batch is `seq_len` tokens long.
 
     `loss_fraction`: share of the positions that carry loss (causal LM; the rest is prompt).
-    `packing`: the micro-batch is one row of micro_batch * seq_len tokens with a block mask
-    (transformers then builds a dense [tokens, tokens] mask per layer with sdpa).
+    `packing`: the micro-batch is one row of micro_batch * seq_len tokens; attention runs once
+    per example (tunelab.train.attention), so no mask, and the examples' outputs are copied.
     `masked`: padded rows need an attention mask (unequal lengths); equal lengths need none.
     """
 
@@ -600,10 +601,6 @@ def estimate_memory(
     transient = phases[peak_phase]
     if facts.approximate:
         notes.append("activations estimated with the Llama-like block: the measurement decides")
-    if case.packing:
-        notes.append(
-            "packed rows: transformers builds a dense [tokens, tokens] mask per layer with sdpa"
-        )
     return Estimate(
         weights=weights,
         weights_by_dtype={k: v // shard for k, v in facts.weight_bytes.items()},
