@@ -39,7 +39,7 @@ def figures(step_s: float = 2.0, device: str = "cpu") -> dict:
         "reload_s": Figure(2.0, "smoke"),
         "smoke_s": Figure(30.0, "ledger"),
         "baseline_s": Figure(25.0, "ledger"),
-        "counts": {"train": 800, "validation": 100, "test": 100},
+        "counts": {"train": 800, "validation": 100, "test": 50},
     }
 
 
@@ -63,7 +63,10 @@ def test_phase_arithmetic():
     # phases follow each other; the evaluation holds one final test evaluation
     for a, b in zip(plan["phases"], plan["phases"][1:], strict=False):
         assert b["start_s"] == pytest.approx(a["start_s"] + a["total_s"])
-    assert plan["final_test_s"] == pytest.approx(2.0 + 100 * 0.2)
+    # an evaluation is the baseline's unit of work (25 s for 100 examples at 0.2 s each)
+    assert plan["evaluation_run_s"] == pytest.approx(25.0)
+    assert plan["final_test_s"] == pytest.approx(25.0 - 100 * 0.2 + 50 * 0.2)
+    assert plan["verify_s"] == pytest.approx(25.0 + 5.0)
     assert plan["initial"] == {"environment": 5.0, "smoke": 30.0, "sizing": 60.0, "baseline": 25.0}
     assert plan["cost"]["rental_cost"] == pytest.approx(3 * 24 * 2.0)
     assert plan["cost"]["busy_cost"] == pytest.approx(plan["busy_s"] / 3600 * 2.0)
@@ -191,9 +194,14 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
 
     plan, _, _ = make_plan(study, days=3)
     per_variant = plan["variant"]["total_s"]
-    _finished_run(study, "train", per_variant * 1.05)
+    slow = _finished_run(study, "train", per_variant * 1.05)
     _finished_run(study, "train", per_variant * 1.15)
     _finished_run(study, "train", per_variant * 0.2, status="failed")  # time spent all the same
+    # one run stepped twice as slowly as sized (a busier machine): the plan at its own speed
+    step = plan["step_time_s"] * 2
+    (study.runs_dir / slow / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "loss": 1.0, "seconds": step}) + "\n" for i in (1, 2))
+    )
     review = review_plan(study)
     rows = {r["phase"]: r for r in review["rows"]}
     exp = rows["experiments"]
@@ -201,6 +209,10 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert exp["actual_s"] == pytest.approx(per_variant * 2.4, abs=0.01)
     assert exp["planned_s"] == pytest.approx(per_variant * 3)
     assert exp["error_pct"] == pytest.approx(100 * (3 - 2.4) / 2.4, abs=0.2)
+    v = plan["variant"]
+    compute = v["startup_s"] + v["steps_s"] + v["validation_s"]
+    assert exp["planned_at_run_speed_s"] == pytest.approx(3 * per_variant + compute, rel=1e-6)
+    assert exp["error_at_run_speed_pct"] is not None
     assert rows["initial check"]["actual_s"] == pytest.approx(30 + 40 + 12)
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out
