@@ -54,8 +54,12 @@ def classification_study(root: Path) -> dict[str, Any]:
             {"metric": "accuracy", "scope": "overall", "op": ">=", "value": 0.6},
         ],
         "data": {
-            "source": {"format": "folder", "path": str(assets.bbc_path()), "glob": "*.txt",
-                       "encoding_errors": "replace"},
+            "source": {
+                "format": "folder",
+                "path": str(assets.bbc_path()),
+                "glob": "*.txt",
+                "encoding_errors": "replace",
+            },
             "fields": {"text": "text", "label": "label"},
             "cleaning": [
                 {"rule": "unicode_nfc"},
