@@ -44,7 +44,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 test: setup lint
-	$(PY) -m pytest -m "not stress and not gpu"
+	$(PY) -m pytest -m "not stress and not gpu" --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not stress and not distributed and not gpu"
