@@ -193,18 +193,30 @@ def test_chunks_hold_one_chunk_of_logits_alive():
 
 def test_model_scaling_logits_after_its_head_avoids_the_split_route():
     """Granite divides logits by `logits_scaling` in its forward: body + head alone would be
-    wrong, the check sees it and the head is applied inside the model's own forward."""
+    wrong; the config field and the check on the logits both see it, and the head is applied
+    inside the model's own forward."""
     model = tiny_llama(cls_name="Granite", logits_scaling=4.0)
     batch = examples()
     padded = collate(batch, 0, "causal_lm", packing=False)
     packed = collate(batch, 0, "causal_lm", packing=True)
-    assert losses.lm_parts(model) is not None
+    assert losses.lm_parts(model) is None  # its config declares logits_scaling
     assert losses.choose_route(model, packed["input_ids"]) == "hook"
+    # and the check on the logits alone would have caught it
+    assert not losses._split_agrees(
+        model, (model.get_decoder(), model.get_output_embeddings()), packed["input_ids"][:, :12]
+    )
     expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
     got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
     assert_same(got, expected)
-    split = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed, route="split"))
-    assert abs(split[0] - expected[0]) > 1e-2 * expected[0]
+    with torch.no_grad():  # what body + head alone would have given
+        hidden = model.get_decoder()(**losses._model_inputs(model, packed))[0]
+        keep = packed["labels"][:, 1:] != -100
+        split = losses.cross_entropy_sum(
+            model.get_output_embeddings(),
+            losses.gather_rows(hidden, keep),
+            packed["labels"][:, 1:][keep],
+        )
+    assert abs(split.item() - expected[0]) > 1e-2 * expected[0]
 
 
 def test_model_that_ignores_packing_gets_padded_batches():

@@ -184,11 +184,27 @@ def _prompt_learning(model: torch.nn.Module) -> bool:
     return bool(getattr(cfg[active], "is_prompt_learning", False))
 
 
+# config fields of models that transform the logits after the head (soft-capping, scaling)
+POST_HEAD_FIELDS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier",
+    "lm_head_multiplier",
+)
+
+
 def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder body, LM head) of a plain or peft causal LM; None when not separable."""
+    """(decoder body, LM head) of a plain or peft causal LM; None when not separable or when
+    the model's config declares a transformation of the logits after the head."""
     if _is_wrapped(model) or _prompt_learning(model):
         return None
     inner = _unwrap(model)
+    config = getattr(inner, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    if any(getattr(config, name, None) is not None for name in POST_HEAD_FIELDS):
+        return None
     get_decoder = getattr(inner, "get_decoder", None)
     get_head = getattr(inner, "get_output_embeddings", None)
     if get_decoder is None or get_head is None:
