@@ -207,7 +207,9 @@ def assert_same_curve(run_dir: Path, reference: Path) -> float:
         g = got[key]
         for name in ("loss", "grad_norm", "val_loss"):
             if name in w:
-                assert abs(g[name] - w[name]) < TOL, (key, name, g[name], w[name])
+                # The gradient norm is a sum over shards in another order: relative tolerance.
+                tol = TOL * max(1.0, abs(w[name])) if name == "grad_norm" else TOL
+                assert abs(g[name] - w[name]) < tol, (key, name, g[name], w[name])
                 worst = max(worst, abs(g[name] - w[name])) if name == "loss" else worst
         for name in ("tokens", "loss_tokens", "val_tokens", "lr", "epoch"):
             assert g.get(name) == w.get(name), (key, name)
