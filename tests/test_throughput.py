@@ -193,23 +193,18 @@ def test_chunks_hold_one_chunk_of_logits_alive():
 
 def test_model_scaling_logits_after_its_head_avoids_the_split_route():
     """Granite divides logits by `logits_scaling` in its forward: body + head alone would be
-    wrong; the config field and the check on the logits both see it, and the head is applied
-    inside the model's own forward."""
+    wrong; its config field says so, and the head is applied inside the model's own forward."""
     model = tiny_llama(cls_name="Granite", logits_scaling=4.0)
     batch = examples()
     padded = collate(batch, 0, "causal_lm", packing=False)
     packed = collate(batch, 0, "causal_lm", packing=True)
     assert losses.lm_parts(model) is None  # its config declares logits_scaling
     assert losses.choose_route(model, packed["input_ids"]) == "hook"
-    # and the check on the logits alone would have caught it
-    assert not losses._split_agrees(
-        model, (model.get_decoder(), model.get_output_embeddings()), packed["input_ids"][:, :12]
-    )
     expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
     got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
     assert_same(got, expected)
     with torch.no_grad():  # what body + head alone would have given
-        hidden = model.get_decoder()(**losses._model_inputs(model, packed))[0]
+        hidden = model.get_decoder()(**losses._model_inputs(packed, True))[0]
         keep = packed["labels"][:, 1:] != -100
         split = losses.cross_entropy_sum(
             model.get_output_embeddings(),
@@ -217,6 +212,30 @@ def test_model_scaling_logits_after_its_head_avoids_the_split_route():
             packed["labels"][:, 1:][keep],
         )
     assert abs(split.item() - expected[0]) > 1e-2 * expected[0]
+
+
+def test_undeclared_change_after_the_head_is_caught_by_the_logits_check():
+    """A model whose forward changes the logits after its head without saying so in its config:
+    body + head disagree with its own logits on the check, so its head runs inside its forward."""
+    from transformers import LlamaForCausalLM
+
+    class HalvedLogits(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 0.5
+            return out
+
+    donor = tiny_llama()
+    model = HalvedLogits(donor.config)
+    model.load_state_dict(donor.state_dict())
+    batch = examples()
+    padded = collate(batch, 0, "causal_lm", packing=False)
+    packed = collate(batch, 0, "causal_lm", packing=True)
+    assert losses.lm_parts(model) is not None
+    assert losses.choose_route(model, packed["input_ids"]) == "hook"
+    expected = loss_and_grads(model, lambda: reference_loss_sum(model, padded))
+    got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
+    assert_same(got, expected)
 
 
 def test_model_that_ignores_packing_gets_padded_batches():
@@ -297,7 +316,7 @@ def test_packed_rows_use_per_example_attention():
         assert model.config._attn_implementation == PACKED_SDPA
         bounds = segment_bounds(positions)
         assert bounds == (0, *torch.tensor([len(e["input_ids"]) for e in batch]).cumsum(0).tolist())
-        inputs = losses._model_inputs(model, packed)
+        inputs = losses._model_inputs(packed, losses.check_model(model, ids).packed_attention)
         assert inputs["tunelab_segments"] == bounds
         per_example = model(**inputs).logits
         # wrong boundaries change the result: the boundaries are what the attention uses

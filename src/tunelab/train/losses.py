@@ -10,14 +10,16 @@ Two things make a step of supervised fine-tuning cheaper without changing its re
   backward, so at most one chunk of `[rows, vocab]` logits is alive at a time.
 - Padding-free batches (`collate(..., packing=True)`): several examples in one row, positions
   restarting at 0 per example, no attention mask; transformers (sdpa, eager, flash) keeps
-  attention inside each example when `use_cache=False`.
+  attention inside each example when `use_cache=False`, and a model on "sdpa" is switched to
+  per-example attention (`tunelab.train.attention`), which skips the work of the block mask.
 
-Both are exact, and both are checked on the model itself once (a few tokens, no gradient, no
-randomness used) before they are relied on: the split body + head must reproduce the model's own
-logits (a model that rescales or soft-caps logits after its head fails that and gets the head
-applied inside its own forward instead), and a packed pair of sequences must give the logits of
-the two sequences run apart (a model that lets packed examples see each other fails that and its
-packed batches are unpacked into padded ones, with a warning).
+Both are exact, and both are checked on the model itself once (`check_model`: a few tokens, no
+gradient, no randomness used) before they are relied on: the split body + head must reproduce
+the model's own logits (a model that rescales or soft-caps logits after its head fails that, or
+declares it in its config, and gets the head applied inside its own forward instead), and a
+packed pair of sequences must give the logits of the same pair as a padded batch (a model that
+lets packed examples see each other fails that and its packed batches are unpacked into padded
+ones, with a warning).
 
 Routes, best first:
 - split: `body(...)` -> gather -> `head` -> (chunked) cross-entropy. A plain model or a peft
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,10 +47,18 @@ from tunelab.train.attention import restore_sdpa, segment_bounds, use_packed_sdp
 IGNORE = -100
 CHUNK_LOGITS = 1 << 26  # logits per chunk of cross-entropy (256 MB in fp32)
 
-_ROUTES: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
-_PARTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
-_PACKING_EXACT: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-_PACKED_ATTENTION: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True)
+class ModelChecks:
+    """What the checks found for one model (see the module doc)."""
+
+    route: str  # "split" | "hook" | "full"
+    parts: tuple[torch.nn.Module, torch.nn.Module] | None  # (body, head) on the split route
+    packing_exact: bool
+    packed_attention: bool  # per-example attention (tunelab.train.attention) in use
+
+
+_CHECKS: weakref.WeakKeyDictionary[torch.nn.Module, ModelChecks] = weakref.WeakKeyDictionary()
 
 
 def causal_lm_loss_sum(
@@ -65,15 +76,16 @@ def causal_lm_loss_sum(
     or "full" (tests); by default the best route the model passed is used.
     Returns a 0-dim fp32 tensor, the sum (the caller divides by the step's loss tokens).
     """
-    if "position_ids" in batch and not packing_is_exact(model, batch["input_ids"]):
+    checks = check_model(model, batch["input_ids"])
+    if "position_ids" in batch and not checks.packing_exact:
         batch = unpack(batch)
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     keep = labels != IGNORE  # [rows, seq - 1]
     targets = labels[keep]  # [loss_tokens]
-    inputs = _model_inputs(model, batch)
-    route = route or choose_route(model, batch["input_ids"])
+    inputs = _model_inputs(batch, checks.packed_attention)
+    route = route or checks.route
     if route == "split":
-        body, head = _PARTS.get(model) or lm_parts(model)  # type: ignore[misc]
+        body, head = checks.parts or lm_parts(model)  # type: ignore[misc]
         hidden = body(**inputs)[0]  # [rows, seq, hidden]
         return cross_entropy_sum(head, gather_rows(hidden, keep), targets, chunk_logits)
     if route == "hook":
@@ -141,11 +153,11 @@ def _out_features(head: torch.nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _model_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _model_inputs(batch: dict[str, torch.Tensor], packed_attention: bool) -> dict[str, Any]:
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}
     if "position_ids" in batch:  # packed: attention stays inside each example
         inputs["position_ids"] = batch["position_ids"]
-        if _PACKED_ATTENTION.get(model):
+        if packed_attention:
             inputs["tunelab_segments"] = segment_bounds(batch["position_ids"])
     else:
         inputs["attention_mask"] = batch["attention_mask"]
@@ -220,20 +232,63 @@ def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] 
     return body, head
 
 
+def check_model(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
+    """The route and the packing of `model`, checked on its first batch, then remembered.
+
+    Three forward passes on 11 tokens of `input_ids` (no gradient, eval mode, no autocast, no
+    randomness consumed): two sequences as a padded batch of 2 rows (the reference), the same
+    two packed in one row, and the decoder body alone on the padded batch. A model on "sdpa" is
+    switched to per-example attention first and back to "sdpa" if packing is then not exact.
+    Warns once when packing cannot be exact (its packed batches are then unpacked).
+    """
+    checks = _CHECKS.get(model)
+    if checks is None:
+        checks = _CHECKS[model] = _run_checks(model, input_ids)
+        if not checks.packing_exact:
+            warnings.warn(
+                f"{type(_unwrap(model)).__name__} lets packed examples attend to each other "
+                "(its attention ignores position_ids restarts); training.packing is ignored and "
+                "batches are padded instead",
+                stacklevel=3,
+            )
+    return checks
+
+
 def choose_route(model: torch.nn.Module, input_ids: torch.Tensor) -> str:
-    """ "split", "hook" or "full" for `model`, checked once per model (see the module doc)."""
-    route = _ROUTES.get(model)
-    if route is None:
-        route = "full"
-        head = _unwrap(model).get_output_embeddings() if _has_head(model) else None
-        if head is not None:
-            route = "hook"
-            parts = lm_parts(model)
-            if parts is not None and _split_agrees(model, parts, _probe_ids(input_ids)):
-                route = "split"
-                _PARTS[model] = parts
-        _ROUTES[model] = route
-    return route
+    """ "split", "hook" or "full" for `model` (see `check_model`)."""
+    return check_model(model, input_ids).route
+
+
+def packing_is_exact(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
+    """Whether `model` keeps packed examples apart (see `check_model`)."""
+    return check_model(model, input_ids).packing_exact
+
+
+def _run_checks(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
+    ids = _probe_ids(input_ids, 11)  # [1, 11]: sequences of 5 and 6 tokens
+    padded = torch.cat([torch.cat([ids[:, :5], ids[:, :1]], dim=1), ids[:, 5:]])  # [2, 6]
+    mask = torch.ones_like(padded)
+    mask[0, 5] = 0
+    positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0).to(ids.device)
+    packed = {"input_ids": ids, "position_ids": positions}
+    inner = _unwrap(model)
+    packed_attention = use_packed_sdpa(inner)
+    parts = lm_parts(model) if _has_head(model) else None
+    with _Probe(model, ids.device):
+        reference = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
+        apart = torch.cat([reference[0, :5], reference[1]])  # [11, vocab]
+        exact = _close(apart, model(**_model_inputs(packed, packed_attention)).logits[0])
+        if not exact and packed_attention:
+            restore_sdpa(inner)
+            packed_attention = False
+            exact = _close(apart, model(**_model_inputs(packed, False)).logits[0])
+        split = False
+        if parts is not None:
+            body, head = parts
+            logits = head(body(input_ids=padded, attention_mask=mask, use_cache=False)[0])
+            split = _close(reference[0, :5], logits[0, :5]) and _close(reference[1], logits[1])
+    route = "split" if split else "hook" if _has_head(model) else "full"
+    return ModelChecks(route, parts if split else None, exact, packed_attention)
 
 
 def _has_head(model: torch.nn.Module) -> bool:
@@ -274,59 +329,6 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     rel = 1e-4 if a.dtype == torch.float32 else 2e-2
     a, b = a.float(), b.float()
     return a.shape == b.shape and float((a - b).abs().max()) <= rel * (1.0 + float(a.abs().max()))
-
-
-def _split_agrees(
-    model: torch.nn.Module, parts: tuple[torch.nn.Module, torch.nn.Module], ids: torch.Tensor
-) -> bool:
-    body, head = parts
-    with _Probe(model, ids.device):
-        full = model(input_ids=ids, use_cache=False).logits  # [1, n, vocab]
-        split = head(body(input_ids=ids, use_cache=False)[0])
-    return _close(full, split)
-
-
-# ------------------------------------------------------------------ packing
-
-
-def packing_is_exact(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
-    """Whether `model` keeps packed examples apart; checked once per model.
-
-    A model on "sdpa" is first switched to per-example attention (`tunelab.train.attention`).
-    Two sequences packed in one row (positions restarting at 0, no mask, no cache) must then give
-    the logits of the same two sequences run separately; if the per-example attention fails
-    that, the model goes back to "sdpa" and is checked again.
-    """
-    exact = _PACKING_EXACT.get(model)
-    if exact is None:
-        inner = _unwrap(model)
-        _PACKED_ATTENTION[model] = use_packed_sdpa(inner)
-        exact = _packing_agrees(model, input_ids)
-        if not exact and _PACKED_ATTENTION[model]:
-            restore_sdpa(inner)
-            _PACKED_ATTENTION[model] = False
-            exact = _packing_agrees(model, input_ids)
-        _PACKING_EXACT[model] = exact
-        if not exact:
-            warnings.warn(
-                f"{type(_unwrap(model)).__name__} lets packed examples attend to each other "
-                "(its attention ignores position_ids restarts); training.packing is ignored and "
-                "batches are padded instead",
-                stacklevel=3,
-            )
-    return exact
-
-
-def _packing_agrees(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
-    ids = _probe_ids(input_ids, 11)
-    positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0).to(ids.device)
-    packed_batch = {"input_ids": ids, "position_ids": positions}
-    with _Probe(model, ids.device):
-        packed = model(**_model_inputs(model, packed_batch)).logits
-        apart = torch.cat(
-            [model(input_ids=x, use_cache=False).logits for x in (ids[:, :5], ids[:, 5:])], dim=1
-        )
-    return _close(apart, packed)
 
 
 def unpack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
