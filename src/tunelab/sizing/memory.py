@@ -379,12 +379,16 @@ class _Trace:
         tokens = c.tokens
         ids_bytes = tokens * 8
         self.group("embeddings")
-        emb_rg = bool(f.embed)
-        if emb_rg:
+        # with checkpointing, transformers makes the embeddings' output require a gradient
+        # (enable_input_require_grads) so that frozen layers pass gradients through
+        emb_rg = bool(f.embed) or c.checkpointing
+        if f.embed:
             self.save_bytes(ids_bytes * (3 if f.family == "bert" else 1))  # index tensors
         x = self.new(tokens * f.hidden, self.pb, emb_rg)
         if f.family == "bert":
             x = self.dropout(self.layernorm(x, f.embed), f.hidden_dropout)
+        elif c.checkpointing and not f.embed:
+            x = self.new(x.numel, x.size, True)
         per_layer: list[int] = []
         # per block: (bytes its backward holds, bytes held up to its attention core)
         self.blocks: list[tuple[int, int]] = []
