@@ -218,10 +218,17 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda" and budget:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    watchdog = None
+    if device.type == "cpu" and budget and rss_bytes() is not None:
+        # the whole process counts, from the start: loading included
+        watchdog = _Watchdog(int(budget), result)
+        watchdog.start()
     load_started = time.perf_counter()
     try:
         cfg, base, model, facts = _build(spec)
     except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
+        if watchdog is not None:
+            watchdog.stop.set()
         if _is_oom(exc):
             return {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
         raise
@@ -284,10 +291,6 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         idle_alloc = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     idle = rss_bytes()
-    watchdog = None
-    if device.type == "cpu" and budget and idle is not None:
-        watchdog = _Watchdog(int(budget), {**result, "idle_rss": idle})
-        watchdog.start()
     try:
         state = train_loop(loop, state, on_step)  # warm-up: optimizer states, lazy init
         gc.collect()
