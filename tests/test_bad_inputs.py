@@ -43,39 +43,10 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
+from helpers import register_study, run_cli, tree_hashes, write_topic_study
 
 HERE = Path(__file__).resolve().parent / "bad_inputs"
 CASES = yaml.safe_load((HERE / "cases.yaml").read_text(encoding="utf-8"))
-LABELS = ["business", "sport", "tech"]
-TEXTS = {
-    "business": [
-        "Markets rallied as the central bank held interest rates steady",
-        "Shares fell after the company reported lower profits this quarter",
-        "The bank raised its forecast for growth and inflation next year",
-        "Oil prices climbed as traders bet on stronger demand",
-        "The retailer cut jobs after sales dropped over the holidays",
-        "Investors sold bonds as the budget deficit widened",
-    ],
-    "sport": [
-        "The striker scored twice in the second half to win the match",
-        "The team lost the final after extra time and penalties",
-        "The champion won the race by two seconds on a wet track",
-        "The coach praised the defence after a clean sheet at home",
-        "The keeper saved a late penalty to secure the draw",
-        "The club signed a young winger before the transfer deadline",
-    ],
-    "tech": [
-        "A new smartphone with a faster chip and longer battery life was announced",
-        "The software update fixes a security flaw in the browser",
-        "Researchers built a robot that learns to sort parcels",
-        "The chip maker unveiled a processor for laptops and servers",
-        "The social network changed how it ranks posts in the feed",
-        "Engineers tested a battery that charges in five minutes",
-    ],
-}
-
-
 # ---------------------------------------------------------------- the finished study
 
 
@@ -83,45 +54,15 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     """register -> data -> baseline -> train -> eval -> export, plus a run stopped by SIGTERM
     after step 2. The base model is copied into the study (`base/`) so a case may damage it.
     Returns the ids the cases refer to."""
-    from tunelab import hypothesis as hyp
     from tunelab.data import build_snapshot
     from tunelab.evaluate import run_baseline, run_eval
     from tunelab.export import export_run
-    from tunelab.scaffold import render_study_yaml
-    from tunelab.study import Study
     from tunelab.train import RunInterrupted, train_run
 
     root.mkdir(parents=True)
     shutil.copytree(bert_dir, root / "base")
-    rows = []
-    for label, texts in TEXTS.items():
-        variants = texts + [f"{t} today" for t in texts]
-        for i, text in enumerate(variants[:12]):
-            split = "train" if i < 8 else "validation" if i < 11 else "test"
-            rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "bad-inputs"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
-    raw["task"]["labels"] = LABELS
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"].update(path="base", architecture="encoder")
-    raw["adaptation"].update(method="lora", target_modules=["query", "value"])
-    raw["preprocess"]["max_seq_len"] = 32
-    raw["training"].update(
-        micro_batch_size=4,
-        max_steps=4,
-        lr=5e-3,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
-        num_threads=1,
-    )
-    raw["evaluation"].update(batch_size=4, bootstrap_samples=50)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.register(study.root, study.config)
+    write_topic_study(root, "base", "bad-inputs", training={"num_threads": 1})
+    study = register_study(root, snapshot=False)
     snapshot = build_snapshot(study, progress=False)["snapshot_id"]
     baseline, _ = run_baseline(study)
     run = train_run(study, name="lora")

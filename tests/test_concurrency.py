@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent / "stress"))
 
 import harness  # noqa: E402
+
+from helpers import kill_harness_fixtures  # noqa: E402
 
 STEPS = 8
 
@@ -25,19 +25,7 @@ def json_of(log: str) -> dict:
     return json.JSONDecoder().raw_decode(log[log.index("{\n") :])[0]
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    return harness.Launcher(tmp_path_factory.mktemp("concurrency-logs"))
-
-
-@pytest.fixture(scope="module")
-def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
-    return harness.write_study(
-        tmp_path_factory.mktemp("concurrency") / "s",
-        tiny_llama_dir,
-        steps=STEPS,
-        checkpoint_every=3,
-    )
+launcher, study_dir = kill_harness_fixtures("concurrency", steps=STEPS, checkpoint_every=3)
 
 
 def test_two_trains_at_once(study_dir, launcher):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS
+from helpers import FILLED_HYPOTHESIS, register_study
 from tunelab import hypothesis as hyp
 from tunelab import metrics as M
 from tunelab.scaffold import render_study_yaml
@@ -304,8 +304,6 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
 
     import torch
 
-    from tunelab.data import build_snapshot
-
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("stage") / "s"
     root.mkdir()
@@ -340,9 +338,7 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
     )
     raw["evaluation"].update(batch_size=8, bootstrap_samples=200)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.register(study.root, study.config)
-    build_snapshot(study, progress=False)
+    register_study(root)
     return root
 
 

@@ -14,23 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "stress"))
 
 import harness  # noqa: E402
 
+from helpers import kill_harness_fixtures  # noqa: E402
+
 STEPS = 12
 CHECKPOINT_EVERY = 3
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    return harness.Launcher(tmp_path_factory.mktemp("kill-logs"))
-
-
-@pytest.fixture(scope="module")
-def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
-    return harness.write_study(
-        tmp_path_factory.mktemp("kill") / "s",
-        tiny_llama_dir,
-        steps=STEPS,
-        checkpoint_every=CHECKPOINT_EVERY,
-    )
+launcher, study_dir = kill_harness_fixtures("kill", steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
 
 
 @pytest.fixture(scope="module")

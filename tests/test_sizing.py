@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import FILLED_HYPOTHESIS, run_cli, write_extraction_study
 from tunelab.errors import ConfigError
 from tunelab.sizing.facts import count_saved_bytes, model_facts
 from tunelab.sizing.measure import measure_in_subprocess, synthetic_examples
@@ -295,12 +294,6 @@ def test_over_budget_is_does_not_fit(tiny_llama_dir):
 
 def write_study(root: Path, model_dir: Path) -> Path:
     """A registered extraction study on the tiny Llama, with its data snapshot."""
-    from tunelab import hypothesis as hyp
-    from tunelab.data import build_snapshot
-    from tunelab.scaffold import render_study_yaml
-    from tunelab.study import Study
-
-    root.mkdir(parents=True)
     rng = random.Random(0)
     rows = []
     for i in range(30):
@@ -308,22 +301,8 @@ def write_study(root: Path, model_dir: Path) -> Path:
         text = f"From: {who}@example.com\nSubject: s{i}\n\nMessage {i}: " + "word " * (i % 9)
         target = json.dumps({"sender": f"{who}@example.com", "subject": f"s{i}"})
         rows.append({"id": f"m{i}", "text": text, "target": target})
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("extraction", "size-test"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = str(model_dir)
-    raw["adaptation"].update(target_modules=["q_proj", "v_proj"])
-    raw["preprocess"]["max_seq_len"] = 128
-    raw["training"].update(micro_batch_size=4, grad_accum_steps=1, max_steps=4, num_threads=1)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.register(study.root, study.config)
-    build_snapshot(study, progress=False)
-    return root
+    training = {"micro_batch_size": 4, "grad_accum_steps": 1, "max_steps": 4, "num_threads": 1}
+    return write_extraction_study(root, model_dir, "size-test", rows, training=training)
 
 
 def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_dir):

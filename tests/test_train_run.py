@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import run_cli, write_email_study
 from tunelab.errors import PreprocessError, RunError
 from tunelab.records import read_json, read_jsonl
 from tunelab.study import Study
@@ -46,50 +45,15 @@ def one_thread():
 
 def write_study(root: Path, model_dir: Path, **training) -> Path:
     """A registered extraction study (sender, subject) on the tiny Llama with a snapshot."""
-    from tunelab import hypothesis as hyp
-    from tunelab.data import build_snapshot
-    from tunelab.scaffold import render_study_yaml
-
-    root.mkdir(parents=True)
-    rng = random.Random(0)
-    names = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
-    subjects = ["Meeting tomorrow", "Re: your account", "Budget", "Lunch on Friday"]
-    rows = []
-    for i in range(40):
-        sender, subject = rng.choice(names), rng.choice(subjects)
-        text = f"From: {sender}@example.com\nSubject: {subject}\n\nMessage {i}: " + "word " * (
-            i % 7
-        )
-        target = json.dumps({"sender": f"{sender}@example.com", "subject": subject})
-        rows.append({"id": f"m{i}", "text": text, "target": target})
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("extraction", "train-test"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = str(model_dir)
-    raw["adaptation"].update(target_modules=["q_proj", "v_proj"], dropout=0.1)  # uses the RNG
-    raw["preprocess"]["max_seq_len"] = 128
-    raw["training"].update(
-        micro_batch_size=2,
-        grad_accum_steps=2,
+    return write_email_study(
+        root,
+        model_dir,
+        "train-test",
         max_steps=STEPS,
-        lr=2e-2,
-        warmup_steps=2,
-        schedule="cosine",
         eval_every_steps=4,
         checkpoint_every_steps=3,
-        keep_last_checkpoints=2,
-        num_threads=1,
         **training,
     )
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.register(study.root, study.config)
-    build_snapshot(study, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -10,95 +10,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
+from helpers import register_study, run_cli, tree_hashes, write_topic_study
 from tunelab.verify import compare_env, compare_predictions, env_message
-
-LABELS = ["business", "sport", "tech"]
-TEXTS = {
-    "business": [
-        "Markets rallied as the central bank held interest rates steady",
-        "Shares fell after the company reported lower profits this quarter",
-        "The bank raised its forecast for growth and inflation next year",
-        "Oil prices climbed as traders bet on stronger demand",
-        "The retailer cut jobs after sales dropped over the holidays",
-        "Investors sold bonds as the budget deficit widened",
-    ],
-    "sport": [
-        "The striker scored twice in the second half to win the match",
-        "The team lost the final after extra time and penalties",
-        "The champion won the race by two seconds on a wet track",
-        "The coach praised the defence after a clean sheet at home",
-        "The keeper saved a late penalty to secure the draw",
-        "The club signed a young winger before the transfer deadline",
-    ],
-    "tech": [
-        "A new smartphone with a faster chip and longer battery life was announced",
-        "The software update fixes a security flaw in the browser",
-        "Researchers built a robot that learns to sort parcels",
-        "The chip maker unveiled a processor for laptops and servers",
-        "The social network changed how it ranks posts in the feed",
-        "Engineers tested a battery that charges in five minutes",
-    ],
-}
-
 
 # ---------------------------------------------------------------- a small trained study
 
 
-def write_study(
-    root: Path, model_dir: Path, *, method: str = "lora", max_steps: int = 4, **sections
-) -> Path:
-    """A registered classification study on the tiny BERT with its data as JSONL."""
-    from tunelab.scaffold import render_study_yaml
-
-    root.mkdir(parents=True, exist_ok=True)
-    # the user's own split: 8 train, 3 validation, 1 test per label
-    rows = []
-    for label, texts in TEXTS.items():
-        variants = texts + [f"{t} today" for t in texts]
-        for i, text in enumerate(variants[:12]):
-            split = "train" if i < 8 else "validation" if i < 11 else "test"
-            rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "verify-test"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
-    raw["task"]["labels"] = LABELS
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = str(model_dir)
-    raw["model"]["architecture"] = "encoder"
-    raw["adaptation"]["method"] = method
-    raw["adaptation"]["target_modules"] = ["query", "value"]
-    raw["preprocess"]["max_seq_len"] = 32
-    raw["training"].update(
-        micro_batch_size=4,
-        max_steps=max_steps,
-        lr=5e-3,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
-    )
-    raw["evaluation"]["batch_size"] = 4
-    raw["evaluation"]["bootstrap_samples"] = 50
-    for key, value in sections.items():
-        raw.setdefault(key, {}).update(value)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
+def write_study(root: Path, model_dir: Path, **kw) -> Path:
+    """A classification study on the tiny BERT with its data as JSONL (not registered)."""
+    return write_topic_study(root, model_dir, "verify-test", **kw)
 
 
 def trained_study(root: Path, model_dir: Path, **kw) -> tuple[Path, str]:
     """register -> data -> baseline -> train -> eval; returns (study dir, train run id)."""
-    from tunelab import hypothesis as hyp
-    from tunelab.data import build_snapshot
     from tunelab.evaluate import run_baseline, run_eval
-    from tunelab.study import Study
     from tunelab.train import train_run
 
     write_study(root, model_dir, **kw)
-    study = Study.open(root)
-    hyp.register(study.root, study.config)
-    build_snapshot(study, progress=False)
+    study = register_study(root)
     run_baseline(study)
     run = train_run(study, name="lora")
     run_eval(study, run.id)

@@ -11,10 +11,11 @@ Set TUNELAB_STRESS_SEED to replay another schedule; the schedule and timings are
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import harness
 import pytest
+
+from helpers import kill_harness_fixtures
 
 pytestmark = pytest.mark.stress
 
@@ -24,19 +25,9 @@ KILLS = 20
 SAVE_KILLS = {2, 5, 9, 12, 16, 18}
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    return harness.Launcher(tmp_path_factory.mktemp("stress-logs"))
-
-
-@pytest.fixture(scope="module")
-def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
-    return harness.write_study(
-        tmp_path_factory.mktemp("stress") / "s",
-        tiny_llama_dir,
-        steps=STEPS,
-        checkpoint_every=CHECKPOINT_EVERY,
-    )
+launcher, study_dir = kill_harness_fixtures(
+    "stress", steps=STEPS, checkpoint_every=CHECKPOINT_EVERY
+)
 
 
 def test_twenty_sigkills_then_resume_is_bit_exact(study_dir, launcher):
