@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.study import Run
+
+if TYPE_CHECKING:
+    from tunelab.train.distributed import Distributed
 
 # Distributed training (tunelab.train.launch): torchrun starts the same command once per rank.
 StrategyOpt = Annotated[
@@ -63,6 +66,17 @@ def _print(summary: dict[str, Any], title: str) -> None:
     console.print(f"next: `tunelab eval {summary['run_id']}`")
 
 
+def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> None:
+    """The finished run's summary, as JSON or a table; only the main rank prints."""
+    if ranks is not None and not ranks.is_main:
+        return
+    summary = _summary(run)
+    if json_out:
+        emit_json(summary)
+        return
+    _print(summary, title)
+
+
 @app.command()
 def train(
     study: StudyDir = Path("."),
@@ -90,13 +104,7 @@ def train(
         return
     with rank_strategy(launch, s.config.training.precision) as ranks:
         run = train_run(s, name=name, parent=parent, why=why, progress=not json_out, strategy=ranks)
-    if ranks is not None and not ranks.is_main:
-        return
-    summary = _summary(run)
-    if json_out:
-        emit_json(summary)
-        return
-    _print(summary, "training run")
+    _report(run, ranks, json_out, "training run")
 
 
 @app.command()
@@ -132,10 +140,4 @@ def resume(
         return
     with rank_strategy(launch, recorded_precision(stopped.dir)) as ranks:
         run = resume_run(s, stopped.id, progress=not json_out, strategy=ranks)
-    if ranks is not None and not ranks.is_main:
-        return
-    summary = _summary(run)
-    if json_out:
-        emit_json(summary)
-        return
-    _print(summary, "resumed run")
+    _report(run, ranks, json_out, "resumed run")
