@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TOPIC_LABELS as LABELS
 from helpers import run_cli
-from test_verify import LABELS, trained_study
+from test_verify import trained_study
 from tunelab.export import MANIFEST, failure_kinds, limitation_lines, manifest_sha256, regressions
 
 

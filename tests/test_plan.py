@@ -74,6 +74,26 @@ def test_phase_arithmetic():
     assert any("measured on CPU" in w for w in plan["warnings"])
 
 
+def test_evaluation_and_export_estimates():
+    base = build_plan(figures(), training=TRAINING, budget=BUDGET, days=3)
+    # an evaluation run is the baseline's run again; an export tokenizes train + validation,
+    # saves the weights and writes its records
+    assert base["evaluation_run_s"] == pytest.approx(25.0)
+    assert base["export_s"] == pytest.approx(4.0 * 900 / 800 + 2 * 1.5 + 1.0)
+    f = {
+        **figures(),
+        "adapted_extra_s_per_example": Figure(0.05, "smoke"),
+        "base_hash_s": Figure(0.5, "hash rate"),
+        "method": "full",
+    }
+    plan = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
+    # the adapted model's extra seconds per example over the 100 validation examples
+    assert plan["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05)
+    assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 5.0)
+    # the base hashed twice; full fine-tuning loads the run's model to save it whole
+    assert plan["export_s"] == pytest.approx(base["export_s"] + 2 * 0.5 + 3.0)
+
+
 def test_too_slow_warns_and_speedup_projects():
     slow = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3)
     assert not slow["fits"] and slow["variants_that_fit"] < 4
@@ -214,5 +234,10 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert exp["planned_at_run_speed_s"] == pytest.approx(3 * per_variant + compute, rel=1e-6)
     assert exp["error_at_run_speed_pct"] is not None
     assert rows["initial check"]["actual_s"] == pytest.approx(30 + 40 + 12)
+    # an export times itself in its ledger event
+    study.ledger.add_event(slow, "export", {"export_id": "export-x", "seconds": 2.5})
+    rows = {r["phase"]: r for r in review_plan(study)["rows"]}
+    assert rows["export"]["actual_s"] == pytest.approx(2.5)
+    assert rows["export"]["planned_s"] == pytest.approx(plan["export_s"])
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out

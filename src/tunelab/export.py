@@ -305,6 +305,7 @@ def export_run(
     Refuses a run that is not a completed training run, a damaged checkpoint, a base model that
     changed since training, and an existing destination.
     """
+    started = time.perf_counter()
     from tunelab import __version__
     from tunelab.data import load_snapshot
     from tunelab.env import capture_env
@@ -468,8 +469,15 @@ def export_run(
     except BaseException:
         remove_tree(tmp)
         raise
+    # its duration, for `tunelab plan --review` (the manifest's created_at is taken mid-way)
     study.ledger.add_event(
-        row.id, "export", {"export_id": manifest["export_id"], "path": str(path)}
+        row.id,
+        "export",
+        {
+            "export_id": manifest["export_id"],
+            "path": str(path),
+            "seconds": round(time.perf_counter() - started, 3),
+        },
     )
     return path, manifest
 

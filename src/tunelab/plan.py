@@ -48,6 +48,7 @@ MARGINS = {
 }
 ENV_CHECK_S = 5.0
 PROCESS_START_S = 5.0  # a new Python process importing torch and transformers
+EXPORT_FIXED_S = 1.0  # tokenizer load, records read, manifest and model card written
 DEFAULT_EVAL_S_PER_EXAMPLE = None
 
 
@@ -180,6 +181,14 @@ def gather_figures(study: Study) -> dict[str, Any]:
             f["eval_s_per_example"] = Figure(
                 rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
             )
+            adapted = (smoke or {}).get("eval_s_per_example")
+            if adapted and adapted > f["eval_s_per_example"].value:
+                # a variant is the base plus its adaptation (unmerged LoRA layers, a new head):
+                # the smoke evaluated that adapted model, the baseline the bare one
+                f["adapted_extra_s_per_example"] = Figure(
+                    adapted - f["eval_s_per_example"].value,
+                    f"smoke {smoke_row.id}: {adapted:.4f} s per example on the adapted model",
+                )
     else:
         f["baseline_s"] = Figure(None, "no baseline yet: estimated")
     if f["eval_s_per_example"].value is None and smoke is not None:
@@ -191,6 +200,8 @@ def gather_figures(study: Study) -> dict[str, Any]:
         f["eval_s_per_example"] = Figure(
             f["forward_s"].value / max(1, micro), "estimated from the validation forward (low)"
         )
+    f["base_hash_s"] = _base_hash_seconds(study)
+    f["method"] = cfg.adaptation.method
     f["load_avg_at_sizing"] = (sizing.get("env") or {}).get("load_avg_1m")
     f["logical_cores"] = ((sizing.get("env") or {}).get("cpu") or {}).get("logical_cores")
     if f["checkpoint_save_s"].value is None:
@@ -199,6 +210,23 @@ def gather_figures(study: Study) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the plan (pure)
+
+
+def _base_hash_seconds(study: Study) -> Figure:
+    """Seconds to sha256 the base model's files: their size over a hashing rate measured now."""
+    import hashlib
+    import time
+
+    from tunelab.assets import resolve_path
+
+    path = resolve_path(study.config.model.path, study.root)
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+    size = sum(p.stat().st_size for p in files)
+    block = bytes(16 * 2**20)
+    started = time.perf_counter()
+    hashlib.sha256(block).hexdigest()
+    rate = len(block) / max(1e-9, time.perf_counter() - started)
+    return Figure(size / rate, f"{size / 2**20:.0f} MiB of base files at {rate / 2**20:.0f} MiB/s")
 
 
 def _v(fig: Any) -> float:
@@ -267,13 +295,22 @@ def build_plan(
     )
     # an evaluation run is the baseline's unit of work again (load, the split, the records)
     baseline_s = _v(figures.get("baseline_s")) / speedup
-    eval_run_s = baseline_s if baseline_s else reload_s + n_val * eval_per_ex
+    adapted_extra = _v(figures.get("adapted_extra_s_per_example")) / speedup
+    eval_run_s = (baseline_s if baseline_s else reload_s + n_val * eval_per_ex) + (
+        n_val * adapted_extra
+    )
     overhead_s = max(0.0, eval_run_s - n_val * eval_per_ex)
     final_test_s = overhead_s + n_test * eval_per_ex
     verify_s = eval_run_s + PROCESS_START_S  # the same evaluation in a new process
     interval = min(every_ckpt or steps, steps)
     resume_each = interval / 2 * step_s + variant["startup_s"] + reload_s
-    export_s = 2 * save_s + 1.0  # the trained weights copied and hashed, the manifest
+    # an export tokenizes train and validation again (the truncation it reports), hashes the
+    # base twice (its identity, then the check that it did not change), writes and hashes the
+    # trained weights; full fine-tuning loads the run's model to save it whole
+    hash_s = _v(figures.get("base_hash_s"))
+    export_s = encode_s + 2 * hash_s + 2 * save_s + EXPORT_FIXED_S
+    if figures.get("method", "lora") != "lora":
+        export_s += load_s
     initial = {
         "environment": ENV_CHECK_S,
         "smoke": _v(figures.get("smoke_s")) or (variant["startup_s"] + 4 * step_s + eval_run_s),
@@ -506,17 +543,22 @@ def _verify_seconds(study: Study) -> list[float]:
 
 
 def _export_seconds(study: Study) -> list[float]:
-    done = {}
+    done, seconds = {}, {}
     for e in study.ledger.events():
         if e["kind"] == "export" and e["detail"]:
             import json
 
             try:
-                done[json.loads(e["detail"]).get("export_id")] = _parse_time(e["at"])
+                detail = json.loads(e["detail"])
+                done[detail.get("export_id")] = _parse_time(e["at"])
+                if isinstance(detail.get("seconds"), int | float):
+                    seconds[detail.get("export_id")] = float(detail["seconds"])
             except (ValueError, AttributeError):
                 continue
-    out = []
+    out = [s for s in seconds.values() if s is not None]
     for export_id, end in done.items():
+        if export_id in seconds:
+            continue  # timed by the export itself
         manifest = study.records / "exports" / str(export_id) / "tunelab-manifest.json"
         if manifest.exists() and end is not None:
             start = _parse_time(read_json(manifest).get("created_at"))
