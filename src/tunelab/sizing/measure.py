@@ -16,7 +16,7 @@ Memory:
   `peak - idle` is what a training step adds to the process: optimizer states, gradients,
   activations, logits and temporaries, the part the analytic model predicts.
 
-Time: the median of `time_steps` (2) further steps. On CPU the parent pins glibc's mmap threshold
+Time: the median of `time_steps` (3) further steps. On CPU the parent pins glibc's mmap threshold
 so that the RSS follows the live tensors, which also makes every large allocation a page-faulting
 mmap; before the timed steps the child gives glibc its usual thresholds back and runs one step to
 let the heap grow, so the step time is that of a training run.
@@ -258,7 +258,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, t)
     # room for the timed steps that follow the measured ones
-    scheduler = build_scheduler(optimizer, t, warmup + steps + 1 + int(spec.get("time_steps", 2)))
+    scheduler = build_scheduler(optimizer, t, warmup + steps + 1 + int(spec.get("time_steps", 3)))
     source = StepSource(
         encoded=encoded,
         order=DataOrder(len(encoded), t.seed),
@@ -329,7 +329,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     # fresh mmap with its page faults (a CPU step about twice as slow as in a training run).
     # The step time comes from further steps with glibc's usual thresholds, after one step
     # that lets the heap grow.
-    timed = int(spec.get("time_steps", 2)) if memory_step_s else 0
+    timed = int(spec.get("time_steps", 3)) if memory_step_s else 0
     if budget and peak_now and peak_now > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
     allocator = "as measured"
