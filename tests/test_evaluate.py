@@ -243,9 +243,9 @@ GOLD_ROW = {
     ],
 )
 def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid, correct, failure):
-    from tunelab.evaluate import _judge
+    from tunelab.evaluate import judge_output
 
-    row = _judge(extraction_task, GOLD_ROW, raw)
+    row = judge_output(extraction_task, GOLD_ROW, raw)
     v = row["verdicts"]
     assert (v["json_valid"], v["schema_valid"], row["correct"], v["failure"]) == (
         json_valid,
@@ -259,9 +259,9 @@ def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid
 
 
 def test_judge_schema_error_still_scores_present_fields(extraction_task):
-    from tunelab.evaluate import _judge
+    from tunelab.evaluate import judge_output
 
-    row = _judge(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
+    row = judge_output(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
     assert row["verdicts"]["presence"] == {"sender": True, "subject": False}
     assert row["verdicts"]["normalized"] == {"sender": True, "subject": False}
     assert row["verdicts"]["tp"] == 1
@@ -269,16 +269,16 @@ def test_judge_schema_error_still_scores_present_fields(extraction_task):
 
 def test_judge_format_outputs():
     from tunelab.config import validate_config
-    from tunelab.evaluate import _judge, compute_metrics
+    from tunelab.evaluate import compute_metrics, judge_output
     from tunelab.tasks import get_task
 
     task = get_task(validate_config(yaml.safe_load(render_study_yaml("format", "t"))))
     row = {"id": "f", "text": "q", "target": '{"answer": "yes"}'}
     rows = [
-        _judge(task, row, '{"answer": "yes"}'),
-        _judge(task, row, '{"answer": 3}'),
-        _judge(task, row, "yes"),
-        _judge(task, row, '{"answer": "no"}'),
+        judge_output(task, row, '{"answer": "yes"}'),
+        judge_output(task, row, '{"answer": 3}'),
+        judge_output(task, row, "yes"),
+        judge_output(task, row, '{"answer": "no"}'),
     ]
     assert [r["correct"] for r in rows] == [True, False, False, True]
     m = compute_metrics(task, rows)

@@ -204,7 +204,7 @@ def test_model_scaling_logits_after_its_head_avoids_the_split_route():
     got = loss_and_grads(model, lambda: losses.causal_lm_loss_sum(model, packed))
     assert_same(got, expected)
     with torch.no_grad():  # what body + head alone would have given
-        hidden = model.get_decoder()(**losses._model_inputs(packed, True))[0]
+        hidden = model.get_decoder()(**losses.forward_inputs(packed, True))[0]
         keep = packed["labels"][:, 1:] != -100
         split = losses.cross_entropy_sum(
             model.get_output_embeddings(),
@@ -316,7 +316,7 @@ def test_packed_rows_use_per_example_attention():
         assert model.config._attn_implementation == PACKED_SDPA
         bounds = segment_bounds(positions)
         assert bounds == (0, *torch.tensor([len(e["input_ids"]) for e in batch]).cumsum(0).tolist())
-        inputs = losses._model_inputs(packed, losses.check_model(model, ids).packed_attention)
+        inputs = losses.forward_inputs(packed, losses.check_model(model, ids).packed_attention)
         assert inputs["tunelab_segments"] == bounds
         per_example = model(**inputs).logits
         # wrong boundaries change the result: the boundaries are what the attention uses

@@ -49,8 +49,11 @@ def _batches(order: Sequence[int], size: int) -> list[list[int]]:
     return [list(order[i : i + size]) for i in range(0, len(order), size)]
 
 
-def _pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
-    """[batch, seq] input ids and attention mask, padded on the left or the right."""
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
+    """[batch, seq] input ids and attention mask, padded on the left or the right.
+
+    Rows keep their token order; padding positions hold `pad_id` and mask 0, tokens mask 1.
+    """
     import torch
 
     width = max(len(s) for s in seqs)
@@ -68,7 +71,8 @@ def _pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
     return ids, mask
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id_for(tokenizer: Any) -> int:
+    """The id to pad with: the pad token, else EOS, else 0; always an int."""
     for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if tid is not None:
             return int(tid)
@@ -134,7 +138,7 @@ def predict_encoder(
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]["input_ids"]), i))
     device = _device(model)
     for batch in _batches(order, batch_size):
-        ids, mask = _pad([encoded[i]["input_ids"] for i in batch], pad_id, left=False)
+        ids, mask = pad_sequences([encoded[i]["input_ids"] for i in batch], pad_id, left=False)
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         probs = torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
         for row, i in enumerate(batch):
@@ -167,7 +171,7 @@ def score_candidates(
     order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i][0]), i))
     device = _device(model)
     for batch in _batches(order, batch_size):
-        ids, mask = _pad([sequences[i][0] for i in batch], pad_id, left=True)
+        ids, mask = pad_sequences([sequences[i][0] for i in batch], pad_id, left=True)
         width = ids.shape[1]
         # target positions (in padded coordinates) of each row
         targets = []
@@ -207,7 +211,7 @@ def generate_outputs(
     import torch
     from transformers import GenerationConfig
 
-    pad_id = _pad_id(tokenizer)
+    pad_id = pad_id_for(tokenizer)
     eos = tokenizer.eos_token_id
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
@@ -221,7 +225,7 @@ def generate_outputs(
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     device = _device(model)
     for batch in _batches(order, batch_size):
-        ids, mask = _pad([prompts[i] for i in batch], pad_id, left=True)
+        ids, mask = pad_sequences([prompts[i] for i in batch], pad_id, left=True)
         with torch.inference_mode():
             out = model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
@@ -308,7 +312,7 @@ def evaluate_model(
     try:
         with _progress(progress, len(rows), what) as bar, torch.inference_mode():
             tick = _Ticker(bar)
-            predictions = _predict(model, tokenizer, pre, task, cfg, rows, architecture, tick)
+            predictions = predict_rows(model, tokenizer, pre, task, cfg, rows, architecture, tick)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - started
@@ -335,7 +339,7 @@ def evaluate_model(
     return record, predictions
 
 
-def _predict(
+def predict_rows(
     model: Any,
     tokenizer: Any,
     pre: Any,
@@ -345,8 +349,14 @@ def _predict(
     architecture: str,
     tick: Callable[[int], None],
 ) -> list[dict[str, Any]]:
+    """Predict and judge `rows`: one prediction dict per row, in the order of `rows`.
+
+    Classification scores the labels (an encoder head, or a causal LM's label likelihoods);
+    other tasks generate with a causal LM and are judged by `judge_output`. `tick(n)` is called
+    as rows finish. Raises EvaluationError for a generative task on a non-causal model.
+    """
     ev = cfg.evaluation
-    pad_id = _pad_id(tokenizer)
+    pad_id = pad_id_for(tokenizer)
     if task.kind == "classification":
         labels = list(task.labels)
         if architecture == "encoder":
@@ -383,7 +393,7 @@ def _predict(
         batch_size=ev.batch_size,
         tick=tick,
     )
-    return [_judge(task, r, text) for r, text in zip(rows, raw, strict=True)]
+    return [judge_output(task, r, text) for r, text in zip(rows, raw, strict=True)]
 
 
 def _score_labels(
@@ -421,8 +431,12 @@ def _score_labels(
     return out
 
 
-def _judge(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, Any]:
-    """Parse one generated output and give its per-metric verdicts."""
+def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, Any]:
+    """Parse one generated output and give its per-metric verdicts.
+
+    Pure: the returned prediction row (id, gold, raw_output, prediction, verdicts, ...) depends
+    only on the task, the gold row and the text.
+    """
     parsed = task.parse(raw_output)
     value = parsed.get("value")
     if task.kind == "extraction":
@@ -500,7 +514,11 @@ def record_evaluation(
     return pred_path, metrics_path
 
 
-def _load_base_model(study: Any, labels: list[str] | None):
+def load_base_model(study: Any, labels: list[str] | None):
+    """`(model, tokenizer, base)` for the study's base model, untrained, as evaluation loads it.
+
+    `labels` sizes an encoder's classification head; the model stays where `load_model` puts it.
+    """
     from tunelab.models import load_model, load_tokenizer, resolve_base
 
     base = resolve_base(study)
@@ -542,7 +560,7 @@ def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, 
     try:
         # load_model seeds a new classification head from training.seed: the head training
         # starts from, so the baseline is the untrained starting point of every variant.
-        model, tokenizer, base = _load_base_model(study, labels)
+        model, tokenizer, base = load_base_model(study, labels)
         record, predictions = evaluate_model(
             model, tokenizer, base, study, examples, split, labels=labels, progress=progress
         )
@@ -632,7 +650,7 @@ def run_eval(
         else:
             examples = snapshot.rows(split)
         if row.kind == BASELINE_KIND:
-            model, tokenizer, base = _load_base_model(study, labels)
+            model, tokenizer, base = load_base_model(study, labels)
         else:
             from tunelab.train import load_run_model
 

@@ -745,7 +745,7 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
 def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example: dict) -> dict:
     """The recorded example through the exported model with the study's evaluation procedure."""
     from tunelab.config import validate_config
-    from tunelab.evaluate import _predict
+    from tunelab.evaluate import predict_rows
     from tunelab.preprocess import Preprocessor
     from tunelab.tasks import get_task
 
@@ -757,7 +757,7 @@ def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example
 
     torch.manual_seed(cfg.evaluation.seed)
     with torch.inference_mode():
-        return _predict(model, tokenizer, pre, task, cfg, [example], arch, lambda n: None)[0]
+        return predict_rows(model, tokenizer, pre, task, cfg, [example], arch, lambda n: None)[0]
 
 
 def check_export(

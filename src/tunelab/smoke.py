@@ -158,7 +158,7 @@ def run_smoke(
     overrides = smoke_overrides(study.config, num_train, num_steps)
     smoke_study = Study.open(study.root, list(study.overrides) + overrides)
     cfg = smoke_study.config
-    prep = train_run_mod._prepare(smoke_study)
+    prep = train_run_mod.prepare_run(smoke_study)
     sample = SnapshotSample(
         prep.snapshot, {"train": num_train, "validation": num_eval}, cfg.training.seed
     )
@@ -260,7 +260,7 @@ def _smoke_body(
     # ---- training: the real run code, 2 steps, a checkpoint
     train_started = time.perf_counter()
     try:
-        train_run_mod._execute(study, run, prep, resume=None, progress=progress, strategy=None)
+        train_run_mod.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
     finally:
         timings["train_s"] = round(time.perf_counter() - train_started, 3)
         rows = read_jsonl(run.path("metrics.jsonl")) if run.path("metrics.jsonl").exists() else []

@@ -209,7 +209,7 @@ def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[d
     encoder: right padding, logits [batch, num_labels]; causal LM: the inference prompts, left
     padding, logits of the last position [batch, vocab].
     """
-    from tunelab.evaluate import _pad, _pad_id
+    from tunelab.evaluate import pad_id_for, pad_sequences
     from tunelab.preprocess import Preprocessor
     from tunelab.tasks import get_task
 
@@ -217,7 +217,7 @@ def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[d
     pre = Preprocessor(tokenizer, study.config, task, base.architecture)
     left = base.architecture == "causal_lm"
     seqs = [pre.prompt_ids(r) for r in rows]
-    ids, mask = _pad(seqs, _pad_id(tokenizer), left=left)
+    ids, mask = pad_sequences(seqs, pad_id_for(tokenizer), left=left)
     return ids, mask
 
 
@@ -269,10 +269,10 @@ def load_for_evaluation(study: Any, run: Any, labels: list[str] | None):
     import torch
 
     if run.row.kind == "baseline":
-        from tunelab.evaluate import _load_base_model
+        from tunelab.evaluate import load_base_model
 
         torch.manual_seed(study.config.evaluation.seed)  # as run_baseline seeds a new head
-        return _load_base_model(study, labels)
+        return load_base_model(study, labels)
     from tunelab.train import load_run_model
 
     return load_run_model(study, run)

@@ -17,9 +17,9 @@ import tunelab.models  # noqa: F401
 import tunelab.preprocess  # noqa: F401
 import tunelab.tasks  # noqa: F401
 import tunelab.train.run  # noqa: F401
-from tunelab.cli import _load_commands, main
+from tunelab.cli import load_commands, main
 
-_load_commands()
+load_commands()
 # transformers imports lazily; touch what a tiny Llama / BERT run needs (imports only: no torch
 # op runs here, so the forked children start with fresh thread pools)
 for _name in (

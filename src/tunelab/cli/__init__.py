@@ -21,7 +21,8 @@ from tunelab.cli.common import app, console_err
 from tunelab.errors import TunelabError
 
 
-def _load_commands() -> None:
+def load_commands() -> None:
+    """Import every `tunelab.cli.<stage>` module so its commands are registered on `app`."""
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name != "common" and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
@@ -29,7 +30,7 @@ def _load_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _load_commands()
+    load_commands()
     try:
         app(args=argv, standalone_mode=False)
     except TunelabError as exc:

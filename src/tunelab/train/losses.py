@@ -82,7 +82,7 @@ def causal_lm_loss_sum(
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     keep = labels != IGNORE  # [rows, seq - 1]
     targets = labels[keep]  # [loss_tokens]
-    inputs = _model_inputs(batch, checks.packed_attention)
+    inputs = forward_inputs(batch, checks.packed_attention)
     route = route or checks.route
     if route == "split":
         body, head = checks.parts or lm_parts(model)  # type: ignore[misc]
@@ -153,7 +153,12 @@ def _out_features(head: torch.nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _model_inputs(batch: dict[str, torch.Tensor], packed_attention: bool) -> dict[str, Any]:
+def forward_inputs(batch: dict[str, torch.Tensor], packed_attention: bool) -> dict[str, Any]:
+    """Keyword arguments for the model's forward on `batch`, without labels and with no cache.
+
+    A packed batch (one with `position_ids`) passes positions, plus `tunelab_segments` when
+    `packed_attention` so attention stays inside each example; a padded one passes its mask.
+    """
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}
     if "position_ids" in batch:  # packed: attention stays inside each example
         inputs["position_ids"] = batch["position_ids"]
@@ -277,11 +282,11 @@ def _run_checks(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
     with _Probe(model, ids.device):
         reference = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
         apart = torch.cat([reference[0, :5], reference[1]])  # [11, vocab]
-        exact = _close(apart, model(**_model_inputs(packed, packed_attention)).logits[0])
+        exact = _close(apart, model(**forward_inputs(packed, packed_attention)).logits[0])
         if not exact and packed_attention:
             restore_sdpa(inner)
             packed_attention = False
-            exact = _close(apart, model(**_model_inputs(packed, False)).logits[0])
+            exact = _close(apart, model(**forward_inputs(packed, False)).logits[0])
         split = False
         if parts is not None:
             body, head = parts

@@ -151,7 +151,13 @@ class Prepared:
     validation: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _prepare(study: Study, snapshot_id: str | None = None) -> Prepared:
+def prepare_run(study: Study, snapshot_id: str | None = None) -> Prepared:
+    """Check a study is ready to train and gather what the run is built from.
+
+    Raises TunelabError if the hypothesis, the data snapshot (`snapshot_id`, or the latest) or
+    the base model is missing; loads no tokenizer or weights and encodes nothing, so callers may
+    replace `Prepared.snapshot` before `execute_run` tokenizes it.
+    """
     from tunelab.data import load_snapshot
     from tunelab.models import resolve_base
     from tunelab.tasks import get_task
@@ -222,7 +228,7 @@ def train_run(
     """
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
-    prep = _prepare(study)
+    prep = prepare_run(study)
     run = distributed.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -240,7 +246,7 @@ def train_run(
             "hypothesis_evaluation_spec_sha256": prep.hypothesis["evaluation_spec_sha256"],
         },
     )
-    _execute(study, run, prep, resume=None, progress=progress, strategy=strategy)
+    execute_run(study, run, prep, resume=None, progress=progress, strategy=strategy)
     return run
 
 
@@ -287,7 +293,7 @@ def resume_run(
             f"({record['data_snapshot'][:12]} -> {latest.id[:12]})",
             hint="a resumed run must see the same data; start a new run with `tunelab train`",
         )
-    prep = _prepare(resumed, record["data_snapshot"])
+    prep = prepare_run(resumed, record["data_snapshot"])
     if prep.base.identity["sha256"] != record["base_model"]["sha256"]:
         raise RunError(
             f"the base model changed since run {run.id} started ({prep.base.path})",
@@ -311,14 +317,14 @@ def resume_run(
         "running",
         f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
     )
-    _execute(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
+    execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
     return run
 
 
 # ------------------------------------------------------------------ the run
 
 
-def _execute(
+def execute_run(
     study: Study,
     run: Run,
     prep: Prepared,
@@ -327,7 +333,12 @@ def _execute(
     progress: bool,
     strategy: Strategy | None,
 ) -> None:
-    """Train and record the outcome as a status; every exit path leaves one."""
+    """Train `prep` into `run` and record the outcome as the run's status.
+
+    Every exit path leaves one status (completed, interrupted, invalid or failed); a failure is
+    re-raised as a TunelabError (RunInterrupted, RunFailed, ...). `resume` is a checkpoint
+    directory to continue from; `strategy=None` trains in this process.
+    """
     strategy = strategy or SingleProcess()
     try:
         with SignalStop() as stop, Heartbeat(run, enabled=strategy.is_main) as beat:
@@ -755,9 +766,12 @@ def read_metrics(run: Run) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "Prepared",
     "RunFailed",
     "RunInterrupted",
+    "execute_run",
     "load_run_model",
+    "prepare_run",
     "read_metrics",
     "resume_run",
     "train_run",
