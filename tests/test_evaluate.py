@@ -359,6 +359,7 @@ def test_baseline_eval_compare_commands(stage_study, capsys):
     metrics = read_json(run_dir / "metrics-validation.json")
     n_val = len(load_snapshot(study).rows("validation"))
     assert len(preds) == metrics["n"] == n_val >= 10
+    assert metrics["load_s"] > 0  # the planner sets it against the smoke's reload
     assert set(metrics["metrics"]["per_category"]) == set(LABELS)
     assert metrics["data_snapshot"] == read_json(run_dir / "config.json")["data_snapshot"]
 

@@ -83,12 +83,14 @@ def test_evaluation_and_export_estimates():
     f = {
         **figures(),
         "adapted_extra_s_per_example": Figure(0.05, "smoke"),
+        "adapted_load_extra_s": Figure(1.5, "smoke reload against the baseline's load"),
         "base_hash_s": Figure(0.5, "hash rate"),
         "method": "full",
     }
     plan = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
-    # the adapted model's extra seconds per example over the 100 validation examples
-    assert plan["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05)
+    # the adapted model's extra seconds per example over the 100 validation examples, and its
+    # longer load (trained weights, peft)
+    assert plan["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05 + 1.5)
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 5.0)
     # the base hashed twice; full fine-tuning loads the run's model to save it whole
     assert plan["export_s"] == pytest.approx(base["export_s"] + 2 * 0.5 + 3.0)

@@ -560,10 +560,15 @@ def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, 
     try:
         # load_model seeds a new classification head from training.seed: the head training
         # starts from, so the baseline is the untrained starting point of every variant.
+        started = time.perf_counter()
         model, tokenizer, base = load_base_model(study, labels)
+        load_s = time.perf_counter() - started
         record, predictions = evaluate_model(
             model, tokenizer, base, study, examples, split, labels=labels, progress=progress
         )
+        # the model's load (libraries included), which `tunelab plan` sets against the smoke's
+        # fresh-process load of an adapted checkpoint
+        record["load_s"] = round(load_s, 3)
         record["data_snapshot"] = snapshot.id
         record["base_identity_sha256"] = (base.identity or {}).get("sha256")
         record_evaluation(run, record, predictions)
@@ -649,12 +654,14 @@ def run_eval(
             openings = len(study.ledger.test_openings())
         else:
             examples = snapshot.rows(split)
+        started = time.perf_counter()
         if row.kind == BASELINE_KIND:
             model, tokenizer, base = load_base_model(study, labels)
         else:
             from tunelab.train import load_run_model
 
             model, tokenizer, base = load_run_model(study, target)
+        load_s = time.perf_counter() - started
         trained_with = target.path("preprocess.json")
         record, predictions = evaluate_model(
             model,
@@ -670,6 +677,7 @@ def run_eval(
             else None,
         )
         record["evaluates"] = row.id
+        record["load_s"] = round(load_s, 3)
         record["data_snapshot"] = snapshot.id
         if openings is not None:
             record["test_openings"] = openings

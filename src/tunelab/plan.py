@@ -181,6 +181,15 @@ def gather_figures(study: Study) -> dict[str, Any]:
             f["eval_s_per_example"] = Figure(
                 rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
             )
+            reload, base_load = (smoke or {}).get("reload_s"), rec.get("load_s")
+            if reload is not None and base_load is not None:
+                # a variant's evaluation loads the base and its trained weights (peft too):
+                # the smoke timed that load in a fresh process, the baseline its own
+                f["adapted_load_extra_s"] = Figure(
+                    reload - base_load,
+                    f"smoke {smoke_row.id}: adapted checkpoint loaded in {reload:.2f} s, "
+                    f"the baseline's model in {base_load:.2f} s",
+                )
             adapted = (smoke or {}).get("eval_s_per_example")
             if adapted and adapted > f["eval_s_per_example"].value:
                 # a variant is the base plus its adaptation (unmerged LoRA layers, a new head):
@@ -296,8 +305,9 @@ def build_plan(
     # an evaluation run is the baseline's unit of work again (load, the split, the records)
     baseline_s = _v(figures.get("baseline_s")) / speedup
     adapted_extra = _v(figures.get("adapted_extra_s_per_example")) / speedup
+    load_extra = _v(figures.get("adapted_load_extra_s")) if baseline_s else 0.0
     eval_run_s = (baseline_s if baseline_s else reload_s + n_val * eval_per_ex) + (
-        n_val * adapted_extra
+        n_val * adapted_extra + load_extra
     )
     overhead_s = max(0.0, eval_run_s - n_val * eval_per_ex)
     final_test_s = overhead_s + n_test * eval_per_ex
