@@ -229,8 +229,11 @@ def _base_hash_seconds(study: Study) -> Figure:
     from tunelab.assets import resolve_path
 
     path = resolve_path(study.config.model.path, study.root)
-    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
-    size = sum(p.stat().st_size for p in files)
+    try:
+        files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+        size = sum(p.stat().st_size for p in files)
+    except OSError as exc:
+        return Figure(None, f"base files not readable ({exc.strerror}): hashing not counted")
     block = bytes(16 * 2**20)
     started = time.perf_counter()
     hashlib.sha256(block).hexdigest()
