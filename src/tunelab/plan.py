@@ -25,6 +25,7 @@ finished_at of each run, the records' own durations), phase by phase, for the un
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from dataclasses import dataclass
@@ -181,23 +182,8 @@ def gather_figures(study: Study) -> dict[str, Any]:
             f["eval_s_per_example"] = Figure(
                 rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
             )
-            reload, base_load = (smoke or {}).get("reload_s"), rec.get("load_s")
-            if reload is not None and base_load is not None:
-                # a variant's evaluation loads the base and its trained weights (peft too):
-                # the smoke timed that load in a fresh process, the baseline its own
-                f["adapted_load_extra_s"] = Figure(
-                    reload - base_load,
-                    f"smoke {smoke_row.id}: adapted checkpoint loaded in {reload:.2f} s, "
-                    f"the baseline's model in {base_load:.2f} s",
-                )
-            adapted = (smoke or {}).get("eval_s_per_example")
-            if adapted and adapted > f["eval_s_per_example"].value:
-                # a variant is the base plus its adaptation (unmerged LoRA layers, a new head):
-                # the smoke evaluated that adapted model, the baseline the bare one
-                f["adapted_extra_s_per_example"] = Figure(
-                    adapted - f["eval_s_per_example"].value,
-                    f"smoke {smoke_row.id}: {adapted:.4f} s per example on the adapted model",
-                )
+            if smoke is not None:
+                f.update(_adapted_costs(smoke, smoke_row.id, rec))
     else:
         f["baseline_s"] = Figure(None, "no baseline yet: estimated")
     if f["eval_s_per_example"].value is None and smoke is not None:
@@ -219,6 +205,25 @@ def gather_figures(study: Study) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the plan (pure)
+
+
+def _adapted_costs(smoke: dict[str, Any], smoke_id: str, rec: dict[str, Any]) -> dict[str, Figure]:
+    """What a variant's evaluation costs over the baseline's: the smoke evaluated and loaded the
+    adapted model (unmerged LoRA layers, trained weights, peft), the baseline the bare one."""
+    out: dict[str, Figure] = {}
+    reload, base_load = smoke.get("reload_s"), rec.get("load_s")
+    if reload is not None and base_load is not None:
+        out["adapted_load_extra_s"] = Figure(
+            reload - base_load,
+            f"smoke {smoke_id}: adapted checkpoint loaded in {reload:.2f} s, "
+            f"the baseline's model in {base_load:.2f} s",
+        )
+    adapted, bare = smoke.get("eval_s_per_example"), rec["seconds"] / rec["n"]
+    if adapted and adapted > bare:
+        out["adapted_extra_s_per_example"] = Figure(
+            adapted - bare, f"smoke {smoke_id}: {adapted:.4f} s per example on the adapted model"
+        )
+    return out
 
 
 def _base_hash_seconds(study: Study) -> Figure:
@@ -559,8 +564,6 @@ def _export_seconds(study: Study) -> list[float]:
     done, seconds = {}, {}
     for e in study.ledger.events():
         if e["kind"] == "export" and e["detail"]:
-            import json
-
             try:
                 detail = json.loads(e["detail"])
                 done[detail.get("export_id")] = _parse_time(e["at"])
@@ -568,7 +571,7 @@ def _export_seconds(study: Study) -> list[float]:
                     seconds[detail.get("export_id")] = float(detail["seconds"])
             except (ValueError, AttributeError):
                 continue
-    out = [s for s in seconds.values() if s is not None]
+    out = list(seconds.values())
     for export_id, end in done.items():
         if export_id in seconds:
             continue  # timed by the export itself

@@ -244,6 +244,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     packing = bool(t.packing and arch == "causal_lm")
     warmup = int(spec.get("warmup_steps", 1))
     steps = int(spec.get("measure_steps", 1))
+    time_steps = int(spec.get("time_steps", 3))  # after the memory steps, see the module doc
     per_step = t.micro_batch_size * t.grad_accum_steps
     encoded = synthetic_examples(
         per_step,
@@ -258,7 +259,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, t)
     # room for the timed steps that follow the measured ones
-    scheduler = build_scheduler(optimizer, t, warmup + steps + 1 + int(spec.get("time_steps", 3)))
+    scheduler = build_scheduler(optimizer, t, warmup + steps + 1 + time_steps)
     source = StepSource(
         encoded=encoded,
         order=DataOrder(len(encoded), t.seed),
@@ -329,13 +330,13 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     # fresh mmap with its page faults (a CPU step about twice as slow as in a training run).
     # The step time comes from further steps with glibc's usual thresholds, after one step
     # that lets the heap grow.
-    timed = int(spec.get("time_steps", 3)) if memory_step_s else 0
+    timed = time_steps if memory_step_s else 0
     if budget and peak_now and peak_now > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
     allocator = "as measured"
     if timed and device.type == "cpu" and release_mmap_threshold():
         allocator = "released"
-        loop.total_steps = warmup + steps + 1
+        loop.total_steps = len(metrics) + 1  # one step to let the heap grow, not timed
         state = train_loop(loop, state, on_step)
     if timed:
         loop.total_steps = len(metrics) + timed
