@@ -213,6 +213,32 @@ def test_check_export_refuses_an_edited_export(exported, tiny_bert_dir, tmp_path
     assert code == 2 and "outside the export" in err
 
 
+def test_truncation_is_read_from_the_run_and_equals_encoding_again(tmp_path, tiny_bert_dir):
+    """The export's truncation counts come from the run's preprocess.json; they equal what
+    encoding both splits again with the run's tokenizer, config and snapshot gives."""
+    from types import SimpleNamespace
+
+    from helpers import register_study, write_topic_study
+    from tunelab.data import load_snapshot
+    from tunelab.export import _truncation
+    from tunelab.models import resolve_model
+    from tunelab.train import train_run
+
+    root = write_topic_study(
+        tmp_path / "s", tiny_bert_dir, "trunc", max_steps=1, preprocess={"max_seq_len": 8}
+    )
+    study = register_study(root)
+    run = study.get_run(train_run(study, name="short").id)
+    cfg, snapshot = study.config, load_snapshot(study)
+    base = resolve_model(cfg.model, root=study.root)
+    recorded = _truncation(study, run, cfg, base, snapshot, LABELS)
+    no_record = SimpleNamespace(path=lambda name: tmp_path / "absent" / name)
+    encoded = _truncation(study, no_record, cfg, base, snapshot, LABELS)
+    assert recorded == encoded
+    assert 0 < recorded["train"]["truncated"] <= recorded["train"]["n"] == 24
+    assert recorded["validation"]["n"] == 9
+
+
 def test_export_refusals(exported, capsys):
     root, run_id, path, _ = exported
     code, _, err = run_cli(capsys, "export", run_id, "-s", root, "--out", path)

@@ -230,8 +230,28 @@ def _write_full_model(study: Any, run: Any, ckpt: Path, dst: Path, method: str) 
         model.save_pretrained(dst, safe_serialization=True)
 
 
-def _truncation(study: Any, cfg: Any, base: Any, snapshot: Any, labels: Any) -> dict[str, Any]:
-    """Share of train and validation examples cut by preprocess.max_seq_len."""
+def _truncation(
+    study: Any, run: Any, cfg: Any, base: Any, snapshot: Any, labels: Any
+) -> dict[str, Any]:
+    """Share of train and validation examples cut by preprocess.max_seq_len.
+
+    The run counted them when it encoded its splits (preprocess.json) with the tokenizer whose
+    hash the export has just checked, its own config and its own snapshot: the same numbers as
+    encoding again, without loading the tokenizer. Runs recorded before it counted both splits
+    are encoded again."""
+    recorded = (
+        read_json(run.path("preprocess.json")) if run.path("preprocess.json").exists() else {}
+    )
+    splits = {s: recorded.get(s) for s in ("train", "validation")}
+    if all(isinstance(v, dict) and "truncated" in v and "n" in v for v in splits.values()):
+        return {
+            s: {
+                "n": v["n"],
+                "truncated": v["truncated"],
+                "share": v["truncated"] / v["n"] if v["n"] else 0.0,
+            }
+            for s, v in splits.items()
+        }
     from tunelab.models import load_tokenizer
     from tunelab.preprocess import Preprocessor
     from tunelab.tasks import get_task
@@ -305,6 +325,8 @@ def export_run(
     Refuses a run that is not a completed training run, a damaged checkpoint, a base model that
     changed since training, and an existing destination.
     """
+    import torch  # noqa: F401 (capture_env reads its build; imported before the timer starts)
+
     from tunelab import __version__
     from tunelab.data import load_snapshot
     from tunelab.env import capture_env
@@ -312,7 +334,7 @@ def export_run(
     from tunelab.hypothesis import latest_hypothesis
     from tunelab.models import resolve_model, verify_identity
     from tunelab.models.identity import TOKENIZER_FILES
-    from tunelab.train.checkpoint import final_checkpoint
+    from tunelab.train.layout import final_checkpoint
     from tunelab.verify import check_checkpoint_files
 
     # the export's own work, timed like the ledger times a run: after its libraries are imported
@@ -383,7 +405,7 @@ def export_run(
         "regressed": regressions(comparison),
         "guardrails_failed": [v for v in verdicts if not v["pass"]],
         "failure_kinds": failure_kinds(predictions),
-        "truncation": _truncation(study, cfg, base, snapshot, labels),
+        "truncation": _truncation(study, run, cfg, base, snapshot, labels),
         "test_openings": len(openings),
         "test_openings_log": openings,
         "verify": _latest_verify(run),

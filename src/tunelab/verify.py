@@ -284,6 +284,7 @@ def _worker(spec_path: str) -> None:
     from safetensors.torch import save_file
 
     from tunelab.data import load_snapshot
+    from tunelab.env import capture_env
     from tunelab.evaluate import evaluate_model
     from tunelab.records import write_jsonl_atomic
     from tunelab.study import Study
@@ -328,6 +329,7 @@ def _worker(spec_path: str) -> None:
             "spec_sha256": record["spec_sha256"],
             "base_identity_sha256": base.identity.get("sha256"),
             "pid": os.getpid(),
+            "env": capture_env(),
         },
     )
 
@@ -359,10 +361,9 @@ def fresh_evaluate(
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
     the training loop's validation loss on these examples, with the run's own config.
     Returns {predictions, load_s, eval_s, process_s, metrics, probe_logits (a tensor or None),
-    val_loss (or None), pid}. Raises CheckpointError with the child's error when it fails.
+    val_loss (or None), pid, env (the fresh process's capture_env)}. Raises CheckpointError
+    with the child's error when it fails.
     """
-    from safetensors.torch import load_file
-
     with tempfile.TemporaryDirectory(prefix="tunelab-verify-") as tmp:
         tmp_path = Path(tmp)
         spec = {
@@ -403,7 +404,11 @@ def fresh_evaluate(
         result = read_json(tmp_path / "result.json")
         result["predictions"] = read_jsonl(tmp_path / "predictions.jsonl")
         probe = tmp_path / "probe.safetensors"
-        result["probe_logits"] = load_file(str(probe))["logits"] if probe.exists() else None
+        result["probe_logits"] = None
+        if probe.exists():
+            from safetensors.torch import load_file  # torch: only the smoke's probe needs it
+
+            result["probe_logits"] = load_file(str(probe))["logits"]
         result["process_s"] = round(process_s, 3)
     return result
 
@@ -434,7 +439,7 @@ def _target_of(study: Any, run: Any) -> tuple[Any, dict[str, Any] | None]:
 
 
 def _checkpoint_of(run: Any) -> Path | None:
-    from tunelab.train.checkpoint import final_checkpoint, latest_checkpoint
+    from tunelab.train.layout import final_checkpoint, latest_checkpoint
 
     root = run.dir / "checkpoints"
     return final_checkpoint(root) or latest_checkpoint(root)
@@ -493,6 +498,7 @@ def _reproduce(
         "predictions": cmp,
         "timings": {k: fresh[k] for k in ("load_s", "eval_s", "process_s")},
         "fresh_spec_sha256": fresh["spec_sha256"],
+        "fresh_env": fresh.get("env"),
         "passed": cmp["ok"],
     }
     if cmp["ok"]:
@@ -567,19 +573,6 @@ def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[st
         else:
             record["checkpoint"] = check_checkpoint_files(ckpt)
 
-    # 3. environment (recorded whatever the outcome)
-    env_path = target.dir / "env.json"
-    current_env = capture_env()
-    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
-    record["environment"] = {
-        "same": not differences,
-        "differences": differences,
-        "message": env_message(trow.id, differences),
-        "torch": current_env["torch"],
-        "backend": current_env["backend"],
-        "devices": _devices(current_env),
-    }
-
     # 2. the fresh process
     ck = record["checkpoint"]
     if ck is not None and not ck["ok"]:
@@ -593,8 +586,22 @@ def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[st
         )
     else:
         record.update(_reproduce(study, trow.id, record, recorded, eval_record, atol))
-        if not record["passed"] and differences:
-            record["reason"] += "; the environment differs from the run's (see environment)"
+
+    # 3. environment (recorded whatever the outcome): the fresh process's own, which is the one
+    # that re-evaluated; this process's where none ran (it then imports torch for it)
+    current_env = record.pop("fresh_env", None) or capture_env()
+    env_path = target.dir / "env.json"
+    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
+    record["environment"] = {
+        "same": not differences,
+        "differences": differences,
+        "message": env_message(trow.id, differences),
+        "torch": current_env["torch"],
+        "backend": current_env["backend"],
+        "devices": _devices(current_env),
+    }
+    if not record["passed"] and differences:
+        record["reason"] += "; the environment differs from the run's (see environment)"
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["finished_at"] = utc_now()
     path = _write_record(run, record)
