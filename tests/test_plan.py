@@ -66,7 +66,7 @@ def test_phase_arithmetic():
     # an evaluation is the baseline's unit of work (25 s for 100 examples at 0.2 s each)
     assert plan["evaluation_run_s"] == pytest.approx(25.0)
     assert plan["final_test_s"] == pytest.approx(25.0 - 100 * 0.2 + 50 * 0.2)
-    assert plan["verify_s"] == pytest.approx(25.0 + 5.0)
+    assert plan["verify_s"] == pytest.approx(25.0 + 3.0)  # no smoke figure: the default start
     assert plan["initial"] == {"environment": 5.0, "smoke": 30.0, "sizing": 60.0, "baseline": 25.0}
     assert plan["cost"]["rental_cost"] == pytest.approx(3 * 24 * 2.0)
     assert plan["cost"]["busy_cost"] == pytest.approx(plan["busy_s"] / 3600 * 2.0)
@@ -76,24 +76,28 @@ def test_phase_arithmetic():
 
 def test_evaluation_and_export_estimates():
     base = build_plan(figures(), training=TRAINING, budget=BUDGET, days=3)
-    # an evaluation run is the baseline's run again; an export tokenizes train + validation,
-    # saves the weights and writes its records
+    # an evaluation run is the baseline's run again; an export copies and hashes the weights
+    # and writes its records
     assert base["evaluation_run_s"] == pytest.approx(25.0)
-    assert base["export_s"] == pytest.approx(4.0 * 900 / 800 + 2 * 1.5 + 1.0)
+    assert base["export_s"] == pytest.approx(2 * 1.5 + 0.1)
     f = {
         **figures(),
         "adapted_extra_s_per_example": Figure(0.05, "smoke"),
         "adapted_load_extra_s": Figure(1.5, "smoke reload against the baseline's load"),
+        "process_start_s": Figure(2.5, "smoke's fresh process less its load and evaluation"),
         "base_hash_s": Figure(0.5, "hash rate"),
-        "method": "full",
+        "method": "freeze",
     }
     plan = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
     # the adapted model's extra seconds per example over the 100 validation examples, and its
     # longer load (trained weights, peft)
     assert plan["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05 + 1.5)
-    assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 5.0)
-    # the base hashed twice; full fine-tuning loads the run's model to save it whole
-    assert plan["export_s"] == pytest.approx(base["export_s"] + 2 * 0.5 + 3.0)
+    # verify: the same evaluation in a new process, started as fast as the smoke's
+    assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 2.5)
+    # the base hashed once; a freeze run loads the run's model to save it whole
+    assert plan["export_s"] == pytest.approx(base["export_s"] + 0.5 + 3.0)
+    full = build_plan({**f, "method": "full"}, training=TRAINING, budget=BUDGET, days=3)
+    assert full["export_s"] == pytest.approx(base["export_s"] + 0.5)  # the checkpoint copied
 
 
 def test_too_slow_warns_and_speedup_projects():

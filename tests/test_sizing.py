@@ -352,6 +352,12 @@ def test_size_cli_records_and_refuses_without_lengths(tmp_path, tiny_llama_dir, 
     assert rec["tokens_per_s"] > 0 and rec["measured_status"] == "ok"
     assert [p["ranks"] for p in saved["projection"]] == [2, 4, 8]
     assert saved["step_s"] > 0 and saved["tokens_per_s"] > 0
+    # the step time the planner uses comes from more timed steps than the other rows'
+    from tunelab.sizing.stage import PLANNED_TIME_STEPS
+
+    timed = {c["label"]: len(c["measured"]["step_s_all"]) for c in saved["configurations"]}
+    assert timed.pop("config @48") == PLANNED_TIME_STEPS > 3
+    assert set(timed.values()) == {3}
     # without a snapshot nor --seq-len: a clear refusal (exit 2) naming both ways out
     (root / "records" / "data").rename(root / "records" / "data-moved")
     code, _, err = run_cli(capsys, "size", "-s", root)
