@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import run_cli
+from helpers import run_cli
 from tunelab.config import CleaningRule, SplitConfig
 from tunelab.data import build_snapshot, latest_snapshot_id, load_snapshot, open_test_split
 from tunelab.data.cleaning import clean_texts

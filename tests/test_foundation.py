@@ -8,7 +8,7 @@ import multiprocessing as mp
 import pytest
 import yaml
 
-from tests.helpers import fill_hypothesis, run_cli, tree_hashes
+from helpers import fill_hypothesis, run_cli, tree_hashes
 from tunelab.config import load_config, validate_config
 from tunelab.errors import ConfigError, HypothesisError
 from tunelab.hypothesis import register, require_hypothesis

@@ -200,7 +200,7 @@ def email_rows(n=30):
 def test_inspect_command_on_a_study(tmp_path, capsys, tiny_llama_dir):
     import json
 
-    from tests.helpers import run_cli
+    from helpers import run_cli
 
     task = {"kind": "extraction", "instruction": "Extract the fields as a JSON object.",
             "json_schema": {"type": "object", "required": ["sender", "subject"]}}  # fmt: skip
@@ -240,7 +240,7 @@ def test_inspect_real_bbc_minilm_study_shows_each_category(tmp_path, capsys, min
     import json
     import shutil
 
-    from tests.helpers import run_cli
+    from helpers import run_cli
 
     rows = []
     for label in sorted(p.name for p in bbc_dir.iterdir() if p.is_dir()):

@@ -79,7 +79,7 @@ def test_evaluation_and_export_estimates():
     # an evaluation run is the baseline's run again; an export copies and hashes the weights
     # and writes its records
     assert base["evaluation_run_s"] == pytest.approx(25.0)
-    assert base["export_s"] == pytest.approx(2 * 1.5 + 0.1)
+    assert base["export_s"] == pytest.approx(1.5 + 0.05)
     f = {
         **figures(),
         "adapted_extra_s_per_example": Figure(0.05, "smoke"),
@@ -245,5 +245,26 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     rows = {r["phase"]: r for r in review_plan(study)["rows"]}
     assert rows["export"]["actual_s"] == pytest.approx(2.5)
     assert rows["export"]["planned_s"] == pytest.approx(plan["export_s"])
+    assert not rows["export"]["below_resolution"]
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out
+
+
+def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):
+    from tunelab.plan import RESOLUTION_S, make_plan, review_plan
+
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    _finished_run(study, "smoke", 30.0)
+    _finished_run(study, "baseline", 12.0)
+    plan, _, _ = make_plan(study, days=3)
+    run = _finished_run(study, "train", plan["variant"]["total_s"] * 1.05)
+    study.ledger.add_event(run, "export", {"export_id": "export-x", "seconds": 0.2})
+    review = review_plan(study, {**plan, "export_s": 0.1})
+    rows = {r["phase"]: r for r in review["rows"]}
+    assert rows["export"]["error_pct"] == pytest.approx(-50.0)
+    assert rows["export"]["below_resolution"] and 0.2 < RESOLUTION_S
+    assert not rows["experiments"]["below_resolution"]
+    assert review["max_error_pct"] == pytest.approx(abs(rows["experiments"]["error_pct"]))
+    # a phase with nothing measured is not an error under a second
+    assert rows["evaluation"]["error_pct"] is None and not rows["evaluation"]["below_resolution"]

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.helpers import fill_hypothesis, run_cli
+from helpers import fill_hypothesis, run_cli
 from tunelab.report import build_report
 from tunelab.study import Study
 

@@ -48,7 +48,7 @@ def plan(
 ) -> None:
     """A rental plan by phase from the measured step, evaluation and checkpoint times: margins,
     cost, how many variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.plan import make_plan, review_plan
+    from tunelab.plan import RESOLUTION_S, make_plan, review_plan
 
     s = open_study(study, sets)
     if review:
@@ -62,7 +62,7 @@ def plan(
                 r["what"],
                 _h(r["planned_s"]),
                 _h(r["actual_s"]),
-                _pct(r["error_pct"]),
+                _pct(r["error_pct"]) + ("*" if r.get("below_resolution") else ""),
                 _h(r["planned_at_run_speed_s"]),
                 _pct(r["error_at_run_speed_pct"]),
             ]
@@ -79,6 +79,11 @@ def plan(
             console.print(
                 f"largest phase error {result['max_error_pct']:.1f}%; at the runs' own measured "
                 f"speed {_pct(result['max_error_at_run_speed_pct'])}"
+                + (
+                    f" (* under {RESOLUTION_S:g} s both planned and actual: shown, not counted)"
+                    if any(r.get("below_resolution") for r in result["rows"])
+                    else ""
+                )
             )
         return
     record, path, png = make_plan(
