@@ -165,7 +165,7 @@ def test_record_readers_refuse_paths_out_of_their_folder():
     safe_join or an equivalent check; tests/bad_inputs/cases.yaml exercises each one."""
     export = (SRC / "export.py").read_text(encoding="utf-8")
     assert "safe_join" in export
-    checkpoint = (SRC / "train" / "checkpoint.py").read_text(encoding="utf-8")
+    checkpoint = (SRC / "train" / "layout.py").read_text(encoding="utf-8")
     assert "not a checkpoint of this run" in checkpoint
     import yaml
 
