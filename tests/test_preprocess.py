@@ -31,6 +31,8 @@ def make_cfg(kind: str, preprocess: dict | None = None, **task):
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
     raw["task"].update(task)
     raw["preprocess"].update(preprocess or {})
+    if raw["preprocess"]["max_seq_len"] <= raw["evaluation"]["max_new_tokens"]:
+        raw["evaluation"]["max_new_tokens"] = raw["preprocess"]["max_seq_len"] // 2
     return validate_config(raw)
 
 
@@ -104,6 +106,23 @@ def test_prompt_ids_is_prefix_of_encode_for_every_setting(tiny_tok):
                 )
                 assert len(enc["input_ids"]) <= 120
             assert any(pre.encode(e)["truncated"] for e in examples)
+
+
+def test_inference_prompt_does_not_depend_on_the_gold_answer(tiny_tok):
+    """With `generate=N` the cut keeps room for N generated tokens: two examples with the same
+    input and answers of different lengths get the same prompt (without it, the longer gold
+    answer would cut more of the input)."""
+    pre = make_pre(tiny_tok, preprocess={"max_seq_len": 120})
+    long_mail = MAIL * 6
+    short, long = ex(0, long_mail, '{"a": 1}'), ex(1, long_mail, TARGET * 3)
+    assert pre.encode(short)["truncated"] and pre.encode(long)["truncated"]
+    assert len(pre.prompt_ids(short)) > len(pre.prompt_ids(long))  # training's cut: by answer
+    a, b = pre.prompt_ids(short, generate=32), pre.prompt_ids(long, generate=32)
+    assert a == b and 120 - 32 - 4 <= len(a) <= 120 - 32
+    assert pre.prompt_ids(ex(2, long_mail, None), generate=32) == a  # no answer at all
+    assert len(pre.prompt_ids(short, generate=16)) > len(a)  # a smaller budget keeps more input
+    untouched = ex(3, MAIL, TARGET)  # not cut: the same prompt either way
+    assert pre.prompt_ids(untouched, generate=32) == pre.prompt_ids(untouched)
 
 
 def test_truncation_cuts_input_on_configured_side_never_the_target(tiny_tok):

@@ -384,7 +384,8 @@ def predict_rows(
             f"a {task.kind} task needs a causal LM, the base model is an {architecture}",
             hint="set model.path to a causal LM (e.g. SmolLM2) in study.yaml",
         )
-    prompts = [pre.prompt_ids(r) for r in rows]
+    # room for what generation may add, not for the gold answer (see Preprocessor.prompt_ids)
+    prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
     raw = generate_outputs(
         model,
         tokenizer,

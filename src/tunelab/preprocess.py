@@ -544,17 +544,22 @@ class Preprocessor:
             raise PreprocessError("encode_candidates is for classification with a causal LM")
         return [self.encode_with_target(example, label) for label in self.task.labels]
 
-    def prompt_ids(self, example: dict[str, Any]) -> list[int]:
-        """The inference prompt: the same rendering and cut as `encode`, without the target.
+    def prompt_ids(self, example: dict[str, Any], *, generate: int | None = None) -> list[int]:
+        """The prompt: the same rendering and cut as `encode`, without the target.
 
         For format/extraction the cut keeps room for the example's target when it has one (so
         this is exactly the prefix of `encode(example)["input_ids"]`), else for EOS only.
+        `generate=N` is the inference prompt: the cut keeps room for the N tokens generation may
+        add, whatever the example's target, so that the gold answer's length never decides how
+        much of the input the model sees (causal classification keeps its label room).
         """
         if self.architecture == "encoder":
             return self._encode_encoder(example)["input_ids"]
         input_text = self.task.input_text(example)
         if self._target_reserve is not None:
             reserve = self._target_reserve
+        elif generate is not None:
+            reserve = int(generate)
         elif example.get("target") not in (None, ""):
             reserve = len(self._ids(self.task.target_text(example), user_text=True)) + 1
         else:
