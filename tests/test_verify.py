@@ -133,10 +133,30 @@ def test_verify_passes_then_catches_a_changed_byte(lora_study, capsys):
         "adapter/adapter_model.safetensors"
     ]
     assert "does not match the sha256 recorded" in rec["reason"]
+    # no fresh process ran: the environment is still recorded, this process's own
+    assert rec["environment"]["same"] and rec["environment"]["torch"]
     assert rec["predictions"] is None
     # both records kept: the earlier pass is never overwritten
     names = sorted(p.name for p in (work / "records" / "runs" / run_id).glob("verify-*.json"))
     assert names == ["verify-1.json", "verify-2.json"]
+
+
+def test_verify_compares_the_fresh_process_environment(lora_study, capsys):
+    """The environment compared is the one of the process that re-evaluated: a run recorded on
+    another torch is reproduced here, and the record names the difference."""
+    root, run_id = lora_study
+    work = root.parent / "other-torch"
+    shutil.copytree(root, work)
+    env_path = work / "records" / "runs" / run_id / "env.json"
+    env = json.loads(env_path.read_text())
+    env["torch"] = "1.0.0-elsewhere"
+    env_path.write_text(json.dumps(env))
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work, "--json")
+    assert code == 0, (out, err)
+    rec = json.loads(out)
+    assert rec["passed"] and not rec["environment"]["same"]
+    assert any("torch" in json.dumps(d) for d in rec["environment"]["differences"])
+    assert rec["environment"]["torch"] != "1.0.0-elsewhere"
 
 
 def test_verify_catches_edited_weights_with_rewritten_hashes(lora_study, capsys):
