@@ -246,8 +246,13 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert rows["export"]["actual_s"] == pytest.approx(2.5)
     assert rows["export"]["planned_s"] == pytest.approx(plan["export_s"])
     assert not rows["export"]["below_resolution"]
+    # the stated margins: the training runs fit inside theirs, the export went past its 25 %
+    assert rows["experiments"]["within_margin"] and rows["experiments"]["margin_pct"] == 15
+    assert plan["export_s"] * 1.25 < 2.5 and rows["export"]["within_margin"] is False
+    assert rows["resumption margin"]["within_margin"] is None  # nothing measured
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out
+    assert "export took" in out and "(margin 25%)" in out
 
 
 def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):

@@ -655,6 +655,7 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         sum(f * plan["evaluation_run_s"] for f in eval_factors)
         + len(verify) * plan["verify_s"] * mean_factor
     )
+    margins = {ph["phase"]: ph.get("margin_pct") for ph in plan.get("phases") or []}
     rows = [
         {
             "phase": "initial check",
@@ -702,6 +703,14 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         r["error_at_run_speed_pct"] = _pct(r["planned_at_run_speed_s"], r["actual_s"])
         r["below_resolution"] = bool(
             r["error_pct"] is not None and max(r["planned_s"], r["actual_s"]) < RESOLUTION_S
+        )
+        # did the phase's stated margin absorb what it took? (what a rental schedule needs)
+        margin = margins.get(r["phase"])
+        r["margin_pct"] = margin
+        r["within_margin"] = (
+            r["actual_s"] <= r["planned_s"] * (1 + margin / 100)
+            if r["error_pct"] is not None and margin is not None
+            else None
         )
     measured = [
         r

@@ -85,6 +85,16 @@ def plan(
                     else ""
                 )
             )
+        over = [
+            f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
+            f"planned (margin {r['margin_pct']}%)"
+            for r in result["rows"]
+            if r.get("within_margin") is False and not r.get("below_resolution")
+        ]
+        if any(r.get("within_margin") is not None for r in result["rows"]):
+            console.print(
+                "; ".join(over) if over else "the plan's margins absorbed every measured phase"
+            )
         return
     record, path, png = make_plan(
         s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s
