@@ -474,14 +474,24 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             f"{cost.get('rental_cost', 0):.2f}."
         )
         review = {r.get("phase"): r for r in ((p.get("review") or {}).get("rows") or [])}
+
+        def within(r: dict[str, Any]) -> str:
+            if r.get("within_margin") is None:
+                return ""
+            return ("yes" if r["within_margin"] else "no") + (
+                " (under 1 s)" if r.get("below_resolution") else ""
+            )
+
         sec.table(
-            ["phase", "planned s", "actual s", "error %"],
+            ["phase", "planned s", "margin %", "actual s", "error %", "within margin"],
             [
                 [
                     ph.get("phase") or ph.get("name"),
                     review.get(ph.get("phase"), {}).get("planned_s", ph.get("total_s")),
+                    ph.get("margin_pct"),
                     review.get(ph.get("phase"), {}).get("actual_s"),
                     review.get(ph.get("phase"), {}).get("error_pct"),
+                    within(review.get(ph.get("phase"), {})),
                 ]
                 for ph in p.get("phases") or []
                 if isinstance(ph, dict)
