@@ -31,8 +31,6 @@ def make_cfg(kind: str, preprocess: dict | None = None, **task):
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
     raw["task"].update(task)
     raw["preprocess"].update(preprocess or {})
-    if raw["preprocess"]["max_seq_len"] <= raw["evaluation"]["max_new_tokens"]:
-        raw["evaluation"]["max_new_tokens"] = raw["preprocess"]["max_seq_len"] // 2
     return validate_config(raw)
 
 

@@ -309,19 +309,6 @@ class StudyConfig(Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     budget: BudgetConfig = BudgetConfig()
 
-    @model_validator(mode="after")
-    def _check_generation_room(self) -> StudyConfig:
-        # the inference prompt is cut to leave room for what generation may add
-        ev, pre = self.evaluation, self.preprocess
-        if self.task.kind != "classification" and ev.max_new_tokens >= pre.max_seq_len:
-            raise ValueError(
-                f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
-                f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room "
-                "for the generated tokens; set max_new_tokens just above the longest answer "
-                "(`tunelab inspect` shows the target lengths) or raise max_seq_len"
-            )
-        return self
-
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 

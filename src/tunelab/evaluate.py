@@ -536,6 +536,21 @@ def _set_threads(cfg: StudyConfig) -> None:
         torch.set_num_threads(cfg.training.num_threads)
 
 
+def require_generation_room(cfg: StudyConfig) -> None:
+    """A generating task's prompt is cut to leave room for `max_new_tokens`
+    (`Preprocessor.prompt_ids(generate=)`): a budget as long as the window leaves none for the
+    input. Checked before an evaluation records anything."""
+    ev, pre = cfg.evaluation, cfg.preprocess
+    if cfg.task.kind != "classification" and ev.max_new_tokens >= pre.max_seq_len:
+        raise EvaluationError(
+            f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
+            f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for "
+            "the generated tokens",
+            hint="set evaluation.max_new_tokens just above the longest answer (`tunelab "
+            "inspect` shows the target lengths) or raise preprocess.max_seq_len",
+        )
+
+
 def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
@@ -544,6 +559,7 @@ def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, 
     from tunelab.env import capture_env
 
     cfg: StudyConfig = study.config
+    require_generation_room(cfg)
     hypothesis = require_hypothesis(study.root, cfg)
     _set_threads(cfg)
     snapshot = load_snapshot(study)
@@ -607,6 +623,7 @@ def run_eval(
     from tunelab.env import capture_env
 
     cfg: StudyConfig = study.config
+    require_generation_room(cfg)
     hypothesis = require_hypothesis(study.root, cfg)
     target = study.get_run(run_id)
     row = target.row

@@ -155,6 +155,9 @@ def run_smoke(
             "smoke needs at least 1 step, 1 training and 1 evaluation example",
             hint="e.g. tunelab smoke --steps 2 --train-examples 8 --eval-examples 4",
         )
+    from tunelab.evaluate import require_generation_room
+
+    require_generation_room(study.config)
     overrides = smoke_overrides(study.config, num_train, num_steps)
     smoke_study = Study.open(study.root, list(study.overrides) + overrides)
     cfg = smoke_study.config
