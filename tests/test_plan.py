@@ -273,3 +273,19 @@ def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_ll
     assert review["max_error_pct"] == pytest.approx(abs(rows["experiments"]["error_pct"]))
     # a phase with nothing measured is not an error under a second
     assert rows["evaluation"]["error_pct"] is None and not rows["evaluation"]["below_resolution"]
+
+
+def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_path, tiny_llama_dir):
+    from tunelab.plan import gather_figures, make_plan
+
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    smoke = _finished_run(study, "smoke", 30.0)
+    parts = {"reload_s": 3.0, "fresh_eval_s": 0.2, "fresh_checks_s": 0.8}
+    write_json_atomic(
+        study.runs_dir / smoke / "smoke.json", {**parts, "fresh_process_s": 7.0, "total_s": 30.0}
+    )
+    figures = gather_figures(study)
+    assert figures["process_start_s"].value == pytest.approx(3.0)
+    plan, _, _ = make_plan(study, days=3)
+    assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)

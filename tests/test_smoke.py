@@ -46,6 +46,9 @@ def assert_passed(record: dict, root: Path) -> None:
     for key in TIMING_KEYS:
         assert isinstance(record[key], float) and record[key] >= 0, key
     assert record["reload_logits_max_abs_diff"] <= 1e-5
+    # the fresh process's parts: the plan takes its start as what is left of it
+    parts = record["reload_s"] + record["fresh_eval_s"] + record["fresh_checks_s"]
+    assert record["fresh_checks_s"] > 0 and record["fresh_process_s"] > parts
     run_dir = root / "records" / "runs" / record["run_id"]
     on_disk = json.loads((run_dir / "smoke.json").read_text())
     assert on_disk["passed"] and on_disk["step_s"] == record["step_s"]

@@ -167,10 +167,11 @@ def gather_figures(study: Study) -> dict[str, Any]:
         f["reload_s"] = Figure(smoke.get("reload_s"), f"{sm}: load in a fresh process")
         f["smoke_s"] = Figure(run_seconds(smoke_row) or smoke.get("total_s"), f"{sm}: ledger")
         start = (smoke.get("fresh_process_s") or 0) - (smoke.get("reload_s") or 0)
-        start -= smoke.get("fresh_eval_s") or 0
+        start -= (smoke.get("fresh_eval_s") or 0) + (smoke.get("fresh_checks_s") or 0)
         f["process_start_s"] = Figure(
             start if start > 0 else None,
-            f"{sm}: its fresh process less the load and the evaluation (start, imports, records)",
+            f"{sm}: its fresh process less the load, the evaluation and the smoke's own checks "
+            "(start, imports, records)",
         )
     else:
         f["checkpoint_save_s"] = Figure(None, "no smoke record")

@@ -359,6 +359,7 @@ def _smoke_body(
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]
     timings["fresh_process_s"] = fresh["process_s"]
+    timings["fresh_checks_s"] = fresh.get("checks_s")
     precision = t.precision
     cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
     record["reload_predictions"] = cmp

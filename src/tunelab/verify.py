@@ -307,6 +307,7 @@ def _worker(spec_path: str) -> None:
     )
     eval_s = time.perf_counter() - started
     write_jsonl_atomic(out / "predictions.jsonl", predictions)
+    started = time.perf_counter()  # the smoke's extra checks, apart from the evaluation
     if spec.get("probe_ids"):
         probe_rows = select_rows(snapshot, spec["split"], spec["probe_ids"])
         logits = probe_logits(model, tokenizer, base, study, probe_rows, labels)
@@ -319,11 +320,13 @@ def _worker(spec_path: str) -> None:
         run_cfg = validate_config(read_json(run.path("config.json"))["config"])
         val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
         val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
+    checks_s = time.perf_counter() - started
     write_json_atomic(
         out / "result.json",
         {
             "load_s": round(load_s, 3),
             "eval_s": round(eval_s, 3),
+            "checks_s": round(checks_s, 3),
             "val_loss": val_loss,
             "metrics": record["metrics"],
             "spec_sha256": record["spec_sha256"],
@@ -360,8 +363,9 @@ def fresh_evaluate(
 
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
     the training loop's validation loss on these examples, with the run's own config.
-    Returns {predictions, load_s, eval_s, process_s, metrics, probe_logits (a tensor or None),
-    val_loss (or None), pid, env (the fresh process's capture_env)}. Raises CheckpointError
+    Returns {predictions, load_s, eval_s, checks_s (the probe and validation loss), process_s,
+    metrics, probe_logits (a tensor or None), val_loss (or None), pid, env (the fresh
+    process's capture_env)}. Raises CheckpointError
     with the child's error when it fails.
     """
     with tempfile.TemporaryDirectory(prefix="tunelab-verify-") as tmp:
