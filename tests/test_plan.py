@@ -289,3 +289,16 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
     assert figures["process_start_s"].value == pytest.approx(3.0)
     plan, _, _ = make_plan(study, days=3)
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)
+
+
+def test_adapted_costs_are_never_negative():
+    """A smoke reload faster than the baseline's load, or a cheaper adapted example, is noise
+    between two processes: the adapted model is the base plus its trained weights."""
+    from tunelab.plan import _adapted_costs
+
+    baseline = {"load_s": 4.0, "seconds": 2.5, "n": 100}
+    faster = _adapted_costs({"reload_s": 3.0, "eval_s_per_example": 0.02}, "smoke-x", baseline)
+    assert faster == {}
+    slower = _adapted_costs({"reload_s": 5.0, "eval_s_per_example": 0.03}, "smoke-x", baseline)
+    assert slower["adapted_load_extra_s"].value == pytest.approx(1.0)
+    assert slower["adapted_extra_s_per_example"].value == pytest.approx(0.005)

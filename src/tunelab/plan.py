@@ -219,7 +219,9 @@ def _adapted_costs(smoke: dict[str, Any], smoke_id: str, rec: dict[str, Any]) ->
     adapted model (unmerged LoRA layers, trained weights, peft), the baseline the bare one."""
     out: dict[str, Figure] = {}
     reload, base_load = smoke.get("reload_s"), rec.get("load_s")
-    if reload is not None and base_load is not None:
+    # the adapted model is the base plus its trained weights: never cheaper to load (a smaller
+    # sample is the machine's noise between the two processes, not a saving)
+    if reload is not None and base_load is not None and reload > base_load:
         out["adapted_load_extra_s"] = Figure(
             reload - base_load,
             f"smoke {smoke_id}: adapted checkpoint loaded in {reload:.2f} s, "
