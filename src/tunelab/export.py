@@ -239,17 +239,13 @@ def _truncation(
     hash the export has just checked, its own config and its own snapshot: the same numbers as
     encoding again, without loading the tokenizer. Runs recorded before it counted both splits
     are encoded again."""
-    recorded = (
-        read_json(run.path("preprocess.json")) if run.path("preprocess.json").exists() else {}
-    )
+    path = run.path("preprocess.json")
+    recorded = read_json(path) if path.exists() else {}
     splits = {s: recorded.get(s) for s in ("train", "validation")}
     if all(isinstance(v, dict) and "truncated" in v and "n" in v for v in splits.values()):
+        # length_stats' share_truncated, None for an empty split
         return {
-            s: {
-                "n": v["n"],
-                "truncated": v["truncated"],
-                "share": v["truncated"] / v["n"] if v["n"] else 0.0,
-            }
+            s: {"n": v["n"], "truncated": v["truncated"], "share": v["share_truncated"] or 0.0}
             for s, v in splits.items()
         }
     from tunelab.models import load_tokenizer

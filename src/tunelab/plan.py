@@ -241,10 +241,12 @@ def _base_hash_seconds(study: Study) -> Figure:
     import time
 
     from tunelab.assets import resolve_path
+    from tunelab.models.identity import identity_files
 
     path = resolve_path(study.config.model.path, study.root)
     try:
-        files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+        # the files the export's identity check hashes
+        files = [path / n for n in identity_files(path)] if path.is_dir() else [path]
         size = sum(p.stat().st_size for p in files)
     except OSError as exc:
         return Figure(None, f"base files not readable ({exc.strerror}): hashing not counted")

@@ -365,8 +365,7 @@ def fresh_evaluate(
     the training loop's validation loss on these examples, with the run's own config.
     Returns {predictions, load_s, eval_s, checks_s (the probe and validation loss), process_s,
     metrics, probe_logits (a tensor or None), val_loss (or None), pid, env (the fresh
-    process's capture_env)}. Raises CheckpointError
-    with the child's error when it fails.
+    process's capture_env)}. Raises CheckpointError with the child's error when it fails.
     """
     with tempfile.TemporaryDirectory(prefix="tunelab-verify-") as tmp:
         tmp_path = Path(tmp)

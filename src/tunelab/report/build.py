@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
+from tunelab.plan import RESOLUTION_S
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.document import Section, render_html, render_markdown
@@ -108,6 +109,24 @@ def _decision(data: dict[str, Any]) -> list[str]:
         decide(latest),
         f"From comparison {latest.get('id')} on the {latest.get('split')} split "
         f"(hypothesis v{latest.get('hypothesis_version')}).",
+    ]
+
+
+def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any]:
+    """A plan phase against the review row of the same phase (planned, margin, actual)."""
+    r = review.get(ph.get("phase"), {})
+    within = ""
+    if r.get("within_margin") is not None:
+        within = ("yes" if r["within_margin"] else "no") + (
+            f" (under {RESOLUTION_S:g} s)" if r.get("below_resolution") else ""
+        )
+    return [
+        ph.get("phase") or ph.get("name"),
+        r.get("planned_s", ph.get("total_s")),
+        ph.get("margin_pct"),
+        r.get("actual_s"),
+        r.get("error_pct"),
+        within,
     ]
 
 
@@ -475,27 +494,9 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
         )
         review = {r.get("phase"): r for r in ((p.get("review") or {}).get("rows") or [])}
 
-        def within(r: dict[str, Any]) -> str:
-            if r.get("within_margin") is None:
-                return ""
-            return ("yes" if r["within_margin"] else "no") + (
-                " (under 1 s)" if r.get("below_resolution") else ""
-            )
-
         sec.table(
             ["phase", "planned s", "margin %", "actual s", "error %", "within margin"],
-            [
-                [
-                    ph.get("phase") or ph.get("name"),
-                    review.get(ph.get("phase"), {}).get("planned_s", ph.get("total_s")),
-                    ph.get("margin_pct"),
-                    review.get(ph.get("phase"), {}).get("actual_s"),
-                    review.get(ph.get("phase"), {}).get("error_pct"),
-                    within(review.get(ph.get("phase"), {})),
-                ]
-                for ph in p.get("phases") or []
-                if isinstance(ph, dict)
-            ],
+            [_plan_row(ph, review) for ph in p.get("phases") or [] if isinstance(ph, dict)],
         )
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")

@@ -98,6 +98,11 @@ class Option:
         return d
 
 
+def own_label(seq_len: int) -> str:
+    """The row label of the study's own configuration measured at `seq_len` tokens."""
+    return f"config @{seq_len}"
+
+
 def configurations(
     *,
     lengths: list[int],
@@ -121,7 +126,7 @@ def configurations(
         checkpointing,
         packing,
     )
-    out = [replace(base, label=f"config @{n}", seq_len=n) for n in lengths]
+    out = [replace(base, label=own_label(n), seq_len=n) for n in lengths]
     alone: list[Option] = []
     ck = "ckpt " + ("off" if checkpointing else "on")
     alone.append(replace(base, label=ck, checkpointing=not checkpointing, changes=(ck,)))

@@ -33,7 +33,7 @@ from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
 from tunelab.sizing.measure import MMAP_THRESHOLD, measure_in_subprocess
 from tunelab.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
-from tunelab.sizing.recommend import Option, calibration, configurations, recommend
+from tunelab.sizing.recommend import Option, calibration, configurations, own_label, recommend
 from tunelab.study import Study
 
 # Timed steps of the study's own configuration, whose step time the planner multiplies by every
@@ -252,7 +252,7 @@ def run_sizing(
             "checkpointing": o.checkpointing,
             "packing": o.packing,
         }
-        if o.label == f"config @{sizes[0]}":
+        if o.label == own_label(sizes[0]):
             spec["time_steps"] = PLANNED_TIME_STEPS
         result = measure_in_subprocess(spec, timeout_s=timeout_s)
         if result.get("facts"):
@@ -437,7 +437,7 @@ def _throughput(
 ) -> dict[str, Any]:
     """The step time and tokens/s the planner uses: the study's own configuration at the most
     typical length measured (the first), and the recommended one's when it was measured."""
-    own = next((r for r in rows if r["label"] == f"config @{sizes[0]}"), None)
+    own = next((r for r in rows if r["label"] == own_label(sizes[0])), None)
     out: dict[str, Any] = {}
     if own and own["status"] == "ok":
         m = own["measured"]
