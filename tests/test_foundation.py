@@ -179,8 +179,12 @@ def test_env_json_complete(capsys):
         "attention",
         "packages",
         "tunelab_git",
+        "compute_device",
     ):
         assert key in e, key
+    import torch
+
+    assert e["compute_device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     for pkg in (
         "transformers",
         "peft",
@@ -192,6 +196,29 @@ def test_env_json_complete(capsys):
     ):
         assert pkg in e["packages"]
     assert e["packages"]["transformers"]
+
+
+def test_tunelab_device_chooses_and_a_bad_one_stops_every_command(tmp_path, capsys, monkeypatch):
+    """TUNELAB_DEVICE=cpu keeps a GPU machine's work on the CPU; a value tunelab does not know,
+    or cuda without a GPU, stops with exit 2 before anything is recorded."""
+    import torch
+
+    from tunelab.models import compute_device
+
+    run_cli(capsys, "init", tmp_path / "s")
+    before = tree_hashes(tmp_path / "s")
+    monkeypatch.setenv("TUNELAB_DEVICE", "cpu")
+    assert compute_device() == torch.device("cpu")
+    code, out, _ = run_cli(capsys, "env", "--json")
+    assert code == 0 and json.loads(out)["compute_device"] == "cpu"
+    monkeypatch.setenv("TUNELAB_DEVICE", "tpu")
+    code, _, err = run_cli(capsys, "register", "-s", tmp_path / "s")
+    assert code == 2 and "TUNELAB_DEVICE='tpu'" in err and "hint:" in err
+    assert tree_hashes(tmp_path / "s") == before
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TUNELAB_DEVICE", "cuda")
+        code, _, err = run_cli(capsys, "env")
+        assert code == 2 and "sees no CUDA device" in err
 
 
 def test_failed_command_changes_no_record(tmp_path, capsys):

@@ -141,6 +141,7 @@ def capture_env() -> dict[str, Any]:
         },
         "torch": torch.__version__,
         "backend": "rocm" if hip else ("cuda" if torch.cuda.is_available() else "cpu"),
+        "compute_device": device_kind(),  # where tunelab computes (TUNELAB_DEVICE may say cpu)
         "cuda": cuda,
         "rocm": hip,
         "cudnn": cudnn,
@@ -160,7 +161,36 @@ def capture_env() -> dict[str, Any]:
     }
 
 
+DEVICE_ENV = "TUNELAB_DEVICE"
+
+
+def requested_device() -> str | None:
+    """`TUNELAB_DEVICE` checked: "cpu" or "cuda", None when unset (CUDA when present). The CLI
+    checks it before any command runs, so a typo stops before anything is recorded."""
+    from tunelab.errors import ConfigError
+
+    wanted = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if wanted not in ("", "cpu", "cuda"):
+        raise ConfigError(
+            f"{DEVICE_ENV}={wanted!r} is not a device tunelab knows",
+            hint=f"set {DEVICE_ENV} to cpu or cuda, or unset it to use CUDA when present",
+        )
+    return wanted or None
+
+
 def device_kind() -> str:
+    """Where tunelab trains and evaluates: "cuda" when torch sees a GPU, else "cpu";
+    `TUNELAB_DEVICE` decides instead when set."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    from tunelab.errors import ConfigError
+
+    wanted = requested_device()
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"{DEVICE_ENV}=cuda but torch {torch.__version__} sees no CUDA device",
+            hint=f"unset {DEVICE_ENV} or install a CUDA build of torch",
+        )
+    if wanted == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return "cuda"

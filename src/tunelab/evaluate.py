@@ -518,13 +518,14 @@ def record_evaluation(
 def load_base_model(study: Any, labels: list[str] | None):
     """`(model, tokenizer, base)` for the study's base model, untrained, as evaluation loads it.
 
-    `labels` sizes an encoder's classification head; the model stays where `load_model` puts it.
+    `labels` sizes an encoder's classification head; the model is on `compute_device()`, where
+    the runs it is compared with are evaluated.
     """
-    from tunelab.models import load_model, load_tokenizer, resolve_base
+    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_base
 
     base = resolve_base(study)
     tokenizer = load_tokenizer(base)
-    model = load_model(base, study.config, labels=labels)
+    model = load_model(base, study.config, labels=labels).to(compute_device())
     return model, tokenizer, base
 
 

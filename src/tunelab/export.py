@@ -225,7 +225,7 @@ def _write_full_model(study: Any, run: Any, ckpt: Path, dst: Path, method: str) 
     from tunelab.models._quiet import quiet_transformers
     from tunelab.train import load_run_model
 
-    model, _, _ = load_run_model(study, run)
+    model, _, _ = load_run_model(study, run, device="cpu")  # merged and saved, not computed on
     with quiet_transformers():
         model.save_pretrained(dst, safe_serialization=True)
 

@@ -90,9 +90,7 @@ def validation_loss_of(
     model: Any, tokenizer: Any, base: Any, cfg: Any, rows: list[dict[str, Any]], labels: Any
 ) -> float:
     """The training loop's validation loss of `model` on `rows` (same encoding and batches as
-    the run's `val_loss`), on the training device."""
-    import torch
-
+    the run's `val_loss`), on the model's device."""
     from tunelab.preprocess import Preprocessor
     from tunelab.tasks import get_task
     from tunelab.train.batches import eval_batches
@@ -104,8 +102,6 @@ def validation_loss_of(
     packing = t.packing and base.architecture == "causal_lm"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = eval_batches(encoded, t.micro_batch_size, pad_id, base.architecture, packing)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
     loss, _ = validation_loss(model, batches, base.architecture, t.precision)
     return float(loss)
 
@@ -147,6 +143,7 @@ def run_smoke(
     import torch
 
     from tunelab.env import capture_env
+    from tunelab.models import compute_device
     from tunelab.study import Study
     from tunelab.train import run as train_run_mod
 
@@ -180,7 +177,7 @@ def run_smoke(
         "precision": cfg.training.precision,
         "method": cfg.adaptation.method,
         "architecture": prep.base.architecture,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "device": compute_device().type,
         "torch_threads": torch.get_num_threads(),
         # timings taken on a busy machine are slower than the hardware: say how busy it was
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -134,7 +134,7 @@ def _devices(env: Mapping[str, Any]) -> list[str]:
 
 def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[dict]:
     """What differs between a run's env.json and this process's environment, among what changes
-    numerics: torch, backend, CUDA/ROCm versions, device names, transformers and peft."""
+    numerics: torch, backend, the device computed on, CUDA/ROCm versions, device names, transformers and peft."""
     if not recorded:
         return [{"field": "env.json", "recorded": None, "current": "present"}]
 
@@ -144,6 +144,8 @@ def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) 
     fields = {
         "torch": lambda e: e.get("torch"),
         "backend": lambda e: e.get("backend"),
+        # records from before TUNELAB_DEVICE computed where the backend was
+        "compute_device": lambda e: e.get("compute_device", e.get("backend")),
         "cuda": lambda e: e.get("cuda"),
         "rocm": lambda e: e.get("rocm"),
         "devices": _devices,

@@ -18,6 +18,7 @@ from typing import Any
 from rich.markup import escape
 
 from tunelab.cli.common import app, console_err
+from tunelab.env import requested_device
 from tunelab.errors import TunelabError
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load_commands()
     try:
+        requested_device()  # a bad TUNELAB_DEVICE stops every command before it records
         app(args=argv, standalone_mode=False)
     except TunelabError as exc:
         # Messages quote user data and library errors ("[/path:553]"): never read them as markup.

@@ -1,7 +1,7 @@
 """Base model identity and loading; full / LoRA / freeze adaptation; audit; update check.
 
 - `resolve_base(study) -> BaseModel` (GGUF converted once into a cache, see `models.gguf`)
-- `load_tokenizer(base)`, `load_model(base, cfg, labels)`
+- `load_tokenizer(base)`, `load_model(base, cfg, labels)`, `compute_device()` (CUDA when present)
 - `adapt(model, cfg.adaptation, architecture) -> (model, audit)`, `audit_table(audit)`
 - `capture_params(model)`, `check_update(before, model, step, method) -> violations`
 - `save_trainable` / `load_trainable` (checkpoints), `compare_fresh_reload` (a new process
@@ -24,6 +24,7 @@ from tunelab.models.identity import (
 )
 from tunelab.models.loading import (
     BaseModel,
+    compute_device,
     load_model,
     load_tokenizer,
     resolve_base,
@@ -48,6 +49,7 @@ __all__ = [
     "capture_params",
     "check_update",
     "compare_fresh_reload",
+    "compute_device",
     "convert_gguf",
     "detect_architecture",
     "enable_activation_checkpointing",

@@ -110,6 +110,18 @@ def load_tokenizer(base: BaseModel):
     return tok
 
 
+def compute_device():
+    """Where tunelab trains and evaluates (`tunelab.env.device_kind`: CUDA when present, or
+    what TUNELAB_DEVICE says). Training, the baseline, `tunelab eval`, the smoke's reload and
+    verify's fresh process all ask here, so that a checkpoint is evaluated again on the kind of
+    device its recorded predictions came from."""
+    import torch
+
+    from tunelab.env import device_kind
+
+    return torch.device(device_kind())
+
+
 def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):
     """The base model in `cfg.model.dtype`.
 

@@ -216,8 +216,10 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     threads = spec.get("num_threads")
     if threads:
         torch.set_num_threads(int(threads))
-    want_cuda = spec.get("device", "auto") in ("cuda", "auto") and torch.cuda.is_available()
-    device = torch.device("cuda" if want_cuda else "cpu")
+    from tunelab.models import compute_device
+
+    wanted = spec.get("device", "auto")
+    device = compute_device() if wanted == "auto" else torch.device(wanted)
     result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
     budget = spec.get("memory_budget_bytes")
     if device.type == "cuda" and budget:

@@ -190,7 +190,6 @@ def run_sizing(
     Returns (record, path). Raises TunelabError when nothing could be measured or lengths are
     unknown; an out-of-memory configuration is a row with status does_not_fit.
     """
-    import torch
 
     from tunelab.env import capture_env
     from tunelab.hypothesis import require_hypothesis
@@ -198,7 +197,9 @@ def run_sizing(
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)
     started = time.perf_counter()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from tunelab.models import compute_device
+
+    device = compute_device().type
     if seq_lens:
         lengths: dict[str, Any] = {"source": "--seq-len", "loss_fraction": 1.0}
         sizes = sorted(set(seq_lens))

@@ -204,7 +204,9 @@ def _build_model(prep: Prepared, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from tunelab.models import compute_device
+
+    return compute_device()
 
 
 # ------------------------------------------------------------------ public API
@@ -709,15 +711,20 @@ class _Progress:
 
 
 def load_run_model(
-    study: Study, run: Run | str, checkpoint: str | int | None = None
+    study: Study,
+    run: Run | str,
+    checkpoint: str | int | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.nn.Module, Any, Any]:
     """The base model with a run's trained weights, in eval mode: (model, tokenizer, base).
+
+    `device`: where the model goes; None for `compute_device()`, where evaluation runs.
 
     `checkpoint`: None for the final checkpoint, a step number, or a folder name
     ("step-000010"). Raises CheckpointError when the run has no such checkpoint and ModelError
     when the base model no longer matches the one the run trained.
     """
-    from tunelab.models import load_model, load_tokenizer, resolve_model
+    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_model
 
     run = study.get_run(run) if isinstance(run, str) else run
     record = read_json(run.path("config.json"))
@@ -756,7 +763,7 @@ def load_run_model(
     seed_everything(cfg.training.seed)
     model = load_model(base, cfg, record.get("labels"))
     model = ckpt.load_weights(model, path, cfg.adaptation.method)
-    model.eval()
+    model.to(device if device is not None else compute_device()).eval()
     return model, tokenizer, base
 
 
