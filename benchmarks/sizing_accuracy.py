@@ -215,6 +215,8 @@ def main() -> int:
                     errors.append(err)
                     rule_errors.append(rule["error_pct"])
                     rows.append({"label": spec["label"], "device": device, **row, "measured": m})
+                    if args.json_out:  # after every row: a run stopped midway keeps its rows
+                        Path(args.json_out).write_text(json.dumps(rows, indent=1, default=str))
                     print(
                         f"{name:13} {method:6} {'on' if ckpt else 'off':4} {length:>4} "
                         f"{micro:>5} {row['predicted']['compared'] / 2**20:>13.1f} "
@@ -223,8 +225,6 @@ def main() -> int:
                         f"{m['step_s']:>7.3f} {m['tokens_per_s']:>9.0f}",
                         flush=True,
                     )
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rows, indent=1, default=str))
     if not errors:
         print("no row measured")
         return 1

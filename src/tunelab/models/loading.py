@@ -119,7 +119,10 @@ def compute_device():
 
     from tunelab.env import device_kind
 
-    return torch.device(device_kind())
+    if device_kind() == "cuda":
+        # with its index: some CUDA calls (set_per_process_memory_fraction) refuse a bare "cuda"
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):

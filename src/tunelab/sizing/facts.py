@@ -140,21 +140,33 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
 def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:
     """Bytes of the distinct tensors autograd saves while `forward()` runs (parameters excluded).
 
-    Tensors are told apart by their storage, so views of one tensor count once.
+    Tensors are told apart by their storage, so views of one tensor count once. The forward is
+    for counting only: its graph keeps nothing (backward through it raises), so every activation
+    is freed when it returns. A pack hook that returned the tensor itself would keep the tensors
+    an op saves of its own output (softmax, SiLU, ...) in a reference cycle through the C++
+    graph that Python's garbage collector cannot see: on CUDA that was the whole forward's
+    activations still allocated when the measured step began.
     """
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
+    # The storages stay alive until the forward ends, as the graph would keep them: no freed
+    # block's address is reused by a later tensor and taken for one already counted.
+    held: list[Any] = []
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> int:
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in params and key not in seen:
             seen[key] = storage.nbytes()
-        return t
+            held.append(storage)
+        return key
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_key: int) -> torch.Tensor:
+        raise RuntimeError("count_saved_bytes counts a forward's saved tensors; no backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = forward()
-    del out
+    del out, held[:]
     return sum(seen.values())

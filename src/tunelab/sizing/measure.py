@@ -220,6 +220,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     wanted = spec.get("device", "auto")
     device = compute_device() if wanted == "auto" else torch.device(wanted)
+    if device.type == "cuda" and device.index is None:  # the memory-fraction call needs one
+        device = torch.device("cuda", torch.cuda.current_device())
     result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
     budget = spec.get("memory_budget_bytes")
     if device.type == "cuda" and budget:

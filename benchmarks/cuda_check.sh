@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The CUDA path on a GPU machine, in one pass (about 6 minutes on one H200):
+#   1. `tunelab env`: what torch sees, and where tunelab computes (compute_device)
+#   2. the tests marked gpu: bf16/fp16 training steps, the update check's on-device
+#      fingerprints, the sizing's peak within 10 % of max_memory_allocated
+#   3. sizing against measured bf16 steps on SmolLM2-135M's and Llama-3.2-1B's shapes (random
+#      weights, no download): predicted peak vs max_memory_allocated, step time, tokens/s
+#   4. the classification demo end to end on the GPU, then `tunelab plan --review`
+#
+#   bash benchmarks/cuda_check.sh OUTDIR [DEMO_DIR]
+# Every step writes under OUTDIR; a failed step is reported and the next one still runs.
+set -u
+out=${1:?usage: cuda_check.sh OUTDIR [DEMO_DIR]}
+demo=${2:-/tmp/tunelab-cuda-demo}
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+step() {  # step NAME TIMEOUT_S COMMAND...: timed, logged, never stops the script
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "=== $name"
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$out/$name.log"
+    echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+step env 40 $py -m tunelab env --json
+step gpu-tests 100 $py -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_sizing.py tests/test_train_loop.py tests/test_models.py
+step sizing-bf16 190 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
+    --models smollm2-shape,llama1b-shape --lengths 2048 --micro-batch 8 --threads 8 \
+    --json-out "$out/sizing-bf16.json"
+rm -rf "$demo"
+step demo 190 $py -m tunelab demo --dir "$demo"
+step plan-review 40 $py -m tunelab plan --review --study "$demo" --json
+cp "$demo/report/dossier.md" "$out/" 2>/dev/null || true
