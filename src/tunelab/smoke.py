@@ -142,8 +142,7 @@ def run_smoke(
     """
     import torch
 
-    from tunelab.env import capture_env
-    from tunelab.models import compute_device
+    from tunelab.env import capture_env, device_kind
     from tunelab.study import Study
     from tunelab.train import run as train_run_mod
 
@@ -177,7 +176,7 @@ def run_smoke(
         "precision": cfg.training.precision,
         "method": cfg.adaptation.method,
         "architecture": prep.base.architecture,
-        "device": compute_device().type,
+        "device": device_kind(),  # the kind only: no CUDA context in this process for it
         "torch_threads": torch.get_num_threads(),
         # timings taken on a busy machine are slower than the hardware: say how busy it was
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -191,15 +191,13 @@ def run_sizing(
     unknown; an out-of-memory configuration is a row with status does_not_fit.
     """
 
-    from tunelab.env import capture_env
+    from tunelab.env import capture_env, device_kind
     from tunelab.hypothesis import require_hypothesis
 
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)
     started = time.perf_counter()
-    from tunelab.models import compute_device
-
-    device = compute_device().type
+    device = device_kind()  # the steps run in child processes: no CUDA context here
     if seq_lens:
         lengths: dict[str, Any] = {"source": "--seq-len", "loss_fraction": 1.0}
         sizes = sorted(set(seq_lens))
