@@ -22,6 +22,8 @@ def _name(func: ast.expr) -> str:
         func = func.value
     if isinstance(func, ast.Name):
         parts.append(func.id)
+    else:  # a method of a computed value (`model.to(d).eval()`), not the builtin `eval`
+        parts.append("<expr>")
     return ".".join(reversed(parts))
 
 
