@@ -82,16 +82,20 @@ def test_evaluation_and_export_estimates():
     assert base["export_s"] == pytest.approx(1.5 + 0.05)
     f = {
         **figures(),
-        "adapted_extra_s_per_example": Figure(0.05, "smoke"),
-        "adapted_load_extra_s": Figure(1.5, "smoke reload against the baseline's load"),
+        "adapted_extra_s_per_example": Figure(0.05, "LoRA's share of the parameters"),
+        "baseline_load_s": Figure(6.0, "the baseline's load"),
+        "eval_load_s": Figure(4.5, "the smoke's fresh-process load of its checkpoint"),
         "process_start_s": Figure(2.5, "smoke's fresh process less its load and evaluation"),
         "base_hash_s": Figure(0.5, "hash rate"),
         "method": "freeze",
     }
     plan = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
-    # the adapted model's extra seconds per example over the 100 validation examples, and its
-    # longer load (trained weights, peft)
-    assert plan["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05 + 1.5)
+    # the baseline's run with a variant's load in place of its own, and the adapted model's
+    # extra seconds per example over the 100 validation examples
+    assert plan["evaluation_run_s"] == pytest.approx(25.0 - 6.0 + 4.5 + 100 * 0.05)
+    # a faster GPU speeds up the evaluation, not the load (files and imports)
+    fast = build_plan(f, training=TRAINING, budget=BUDGET, days=3, speedup=2.0)
+    assert fast["evaluation_run_s"] == pytest.approx((25.0 - 6.0) / 2 + 4.5 + 100 * 0.05 / 2)
     # verify: the same evaluation in a new process, started as fast as the smoke's
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 2.5)
     # the base hashed once; a freeze run loads the run's model to save it whole
@@ -291,14 +295,23 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)
 
 
-def test_adapted_costs_are_never_negative():
-    """A smoke reload faster than the baseline's load, or a cheaper adapted example, is noise
-    between two processes: the adapted model is the base plus its trained weights."""
+def test_a_variants_evaluation_cost():
+    """A variant's evaluation loads as the smoke's fresh process did (after the baseline, which
+    reads the files first), faster or slower than the baseline; per example, LoRA adds its share
+    of the parameters, and full fine-tuning nothing: the smoke's one small batch is not a
+    per-example figure."""
     from tunelab.plan import _adapted_costs
 
-    baseline = {"load_s": 4.0, "seconds": 2.5, "n": 100}
-    faster = _adapted_costs({"reload_s": 3.0, "eval_s_per_example": 0.02}, "smoke-x", baseline)
-    assert faster == {}
-    slower = _adapted_costs({"reload_s": 5.0, "eval_s_per_example": 0.03}, "smoke-x", baseline)
-    assert slower["adapted_load_extra_s"].value == pytest.approx(1.0)
-    assert slower["adapted_extra_s_per_example"].value == pytest.approx(0.005)
+    baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
+    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    smoke = {"reload_s": 5.1, "eval_s_per_example": 0.055}
+    lora = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
+    assert lora["eval_load_s"].value == pytest.approx(5.1)
+    assert lora["baseline_load_s"].value == pytest.approx(6.6)
+    assert lora["adapted_extra_s_per_example"].value == pytest.approx(4.3 / 127 * 0.01)
+    slower = _adapted_costs({"reload_s": 8.0}, "smoke-x", baseline, "base-x", facts, "lora")
+    assert slower["eval_load_s"].value == pytest.approx(8.0)
+    full = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "full")
+    assert "adapted_extra_s_per_example" not in full
+    alone = _adapted_costs(None, None, baseline, "base-x", facts, "lora")
+    assert "eval_load_s" not in alone and alone["baseline_load_s"].value == pytest.approx(6.6)
