@@ -145,6 +145,28 @@ def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
     assert alive == [], [tuple(t.shape) for t in alive]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_counting_saved_bytes_gives_back_cuda_memory(tiny_llama_dir):
+    """On CUDA the leak showed as allocated memory: after counting, what is allocated is what
+    was allocated before (the model and the batch)."""
+    import gc
+
+    from transformers import AutoModelForCausalLM
+
+    from tunelab.train.loop import to_device
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).cuda().train()
+    encoded = synthetic_examples(8, 256, "causal_lm", vocab=model.config.vocab_size, num_labels=2)
+    data = to_device(collate(encoded, 0, "causal_lm", True), torch.device("cuda"))
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    saved = count_saved_bytes(model, lambda: loss_sum(model, data, "causal_lm"))
+    gc.collect()
+    torch.cuda.synchronize()
+    assert saved > 0 and torch.cuda.memory_allocated() - before < 2**20
+
+
 @pytest.mark.parametrize("row", LLAMA_CASES, ids=lambda r: "-".join(map(str, r)))
 def test_activation_walk_matches_autograd_llama(tiny_llama_dir, row):
     """The op-by-op walk predicts the bytes autograd keeps, whatever trains."""
