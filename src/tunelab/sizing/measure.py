@@ -219,9 +219,10 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     from tunelab.models import compute_device
 
     wanted = spec.get("device", "auto")
-    device = compute_device() if wanted == "auto" else torch.device(wanted)
-    if device.type == "cuda" and device.index is None:  # the memory-fraction call needs one
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = {  # CUDA with its index: the memory-fraction call below refuses a bare "cuda"
+        "auto": compute_device,
+        "cuda": lambda: torch.device("cuda", torch.cuda.current_device()),
+    }.get(wanted, lambda: torch.device(wanted))()
     result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
     budget = spec.get("memory_budget_bytes")
     if device.type == "cuda" and budget:

@@ -203,12 +203,6 @@ def _build_model(prep: Prepared, device: torch.device) -> tuple[torch.nn.Module,
     return model.to(device), audit
 
 
-def _device() -> torch.device:
-    from tunelab.models import compute_device
-
-    return compute_device()
-
-
 # ------------------------------------------------------------------ public API
 
 
@@ -433,7 +427,9 @@ def _train(
                 ),
             },
         )
-    device = _device()
+    from tunelab.models import compute_device
+
+    device = compute_device()
     model, audit = _build_model(prep, device)
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
