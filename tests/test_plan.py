@@ -279,6 +279,44 @@ def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_ll
     assert rows["evaluation"]["error_pct"] is None and not rows["evaluation"]["below_resolution"]
 
 
+def test_review_measures_the_spread_of_repeated_evaluations():
+    from tunelab.plan import repeat_spread
+
+    assert repeat_spread([8.0]) is None and repeat_spread([]) is None
+    assert repeat_spread([8.0, 10.0]) == pytest.approx(22.2)
+    assert repeat_spread([7.5, 9.9, 8.7]) == pytest.approx(100 * 2.4 / 8.7, abs=0.05)
+
+
+def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, tiny_llama_dir):
+    """The demo plans after the initial check; the dossier reviews that plan against the ledger
+    as it is when the dossier is built, not as it was when the plan was made."""
+    from tunelab.plan import make_plan, review_plan
+    from tunelab.report import build_report
+
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    _finished_run(study, "smoke", 30.0)
+    _finished_run(study, "baseline", 12.0)
+    plan, _, _ = make_plan(study, days=3)
+    stored = {r["phase"]: r for r in plan["review"]["rows"]}
+    assert stored["experiments"]["error_pct"] is None  # nothing trained yet when planned
+    _finished_run(study, "train", plan["variant"]["total_s"] * 1.1)
+    _finished_run(study, "eval", 8.0)
+    _finished_run(study, "eval", 10.0)
+    rows = {r["phase"]: r for r in review_plan(study)["rows"]}
+    evaluation = rows["evaluation"]
+    assert sorted(evaluation["repeats_s"]) == pytest.approx([8.0, 10.0])
+    assert evaluation["repeat_spread_pct"] == pytest.approx(22.2)
+    assert evaluation["within_repeat_spread"] == (abs(evaluation["error_pct"]) <= 22.2)
+    assert rows["experiments"]["repeat_spread_pct"] is None  # one run: no spread
+    md = build_report(study)["markdown"].read_text()
+    section = md[md.index("## Rental plan") :]
+    section = section[: section.index("\n## ")]
+    line = next(x for x in section.splitlines() if x.startswith("| experiments"))
+    assert f"{rows['experiments']['error_pct']:g}" in line  # the actual, measured after planning
+    assert "2 evaluations of one split took" in section and "a spread of 22.2 %" in section
+
+
 def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_path, tiny_llama_dir):
     from tunelab.plan import gather_figures, make_plan
 

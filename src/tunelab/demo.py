@@ -218,6 +218,9 @@ def _stages(task: str) -> list[Callable[[dict[str, Any]], Stage]]:
         lambda r: Stage("baseline of the untouched model", ["baseline"]),
         lambda r: Stage("smoke: two steps, eval, fresh-process reload", ["smoke"]),
         lambda r: Stage("size a full training step", ["size"]),
+        # planned from the initial check, before any experiment: the dossier sets it against
+        # what the later stages took
+        lambda r: Stage("rental plan", ["plan", "--days", "3"]),
         lambda r: Stage("train variant 1", ["train", "--name", "v1", "--json"], capture="v1"),
         lambda r: Stage(
             "train variant 2 (one change)",
@@ -239,7 +242,6 @@ def _stages(task: str) -> list[Callable[[dict[str, Any]], Stage]]:
         lambda r: Stage("compare with guardrails", ["compare"]),
         lambda r: Stage("verify variant 1 in a fresh process", ["verify", r["v1"]["run_id"]]),
         lambda r: Stage("export variant 1 bound to its base", ["export", r["v1"]["run_id"]]),
-        lambda r: Stage("rental plan", ["plan", "--days", "3"]),
         lambda r: Stage("dossier", ["report"]),
     ]
 

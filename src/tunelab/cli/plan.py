@@ -85,6 +85,20 @@ def plan(
                     else ""
                 )
             )
+        for r in result["rows"]:
+            if r.get("repeat_spread_pct") is None:
+                continue
+            times = " and ".join(f"{x:.1f}" for x in r["repeats_s"])
+            verdict = (
+                "inside it: the plan is as close as the runs are to each other"
+                if r["within_repeat_spread"]
+                else "outside it"
+            )
+            console.print(
+                f"{r['phase']}: its {len(r['repeats_s'])} evaluations of one split took {times} s, "
+                f"a spread of "
+                f"{r['repeat_spread_pct']:.1f}%; the phase's error {_pct(r['error_pct'])} is {verdict}"
+            )
         over = [
             f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
             f"planned (margin {r['margin_pct']}%)"

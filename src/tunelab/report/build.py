@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
-from tunelab.plan import RESOLUTION_S
+from tunelab.plan import RESOLUTION_S, review_plan
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.document import Section, render_html, render_markdown
@@ -120,12 +120,20 @@ def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any
         within = ("yes" if r["within_margin"] else "no") + (
             f" (under {RESOLUTION_S:g} s)" if r.get("below_resolution") else ""
         )
+
+    def seconds(x: float | None) -> str | None:
+        return None if x is None else f"{x:.1f}"
+
+    def pct(x: float | None) -> str | None:
+        return None if x is None else f"{x:+.1f}"
+
     return [
         ph.get("phase") or ph.get("name"),
-        r.get("planned_s", ph.get("total_s")),
+        seconds(r.get("planned_s", ph.get("total_s"))),
         ph.get("margin_pct"),
-        r.get("actual_s"),
-        r.get("error_pct"),
+        seconds(r.get("actual_s")),
+        pct(r.get("error_pct")),
+        pct(r.get("error_at_run_speed_pct")),
         within,
     ]
 
@@ -492,12 +500,29 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
             f"{cost.get('rental_cost', 0):.2f}."
         )
-        review = {r.get("phase"): r for r in ((p.get("review") or {}).get("rows") or [])}
-
+        # against the ledger as it is now: a plan made after the initial check has no actual
+        # experiments in the review it stored
+        review = {r.get("phase"): r for r in review_plan(study, p)["rows"]}
         sec.table(
-            ["phase", "planned s", "margin %", "actual s", "error %", "within margin"],
+            [
+                "phase",
+                "planned s",
+                "margin %",
+                "actual s",
+                "error %",
+                "error % at the runs' speed",
+                "within margin",
+            ],
             [_plan_row(ph, review) for ph in p.get("phases") or [] if isinstance(ph, dict)],
         )
+        for r in review.values():
+            if r.get("repeat_spread_pct") is not None:
+                times = " and ".join(f"{x:.1f}" for x in r["repeats_s"])
+                sec.text(
+                    f"The {r['phase']} phase's {len(r['repeats_s'])} evaluations of one split "
+                    f"took {times} s, a spread of {r['repeat_spread_pct']:.1f} %: an error "
+                    "inside it is the machine's run-to-run variation, not the plan's arithmetic."
+                )
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
         for w in p.get("warnings") or []:
