@@ -360,6 +360,12 @@ def test_baseline_eval_compare_commands(stage_study, capsys):
     n_val = len(load_snapshot(study).rows("validation"))
     assert len(preds) == metrics["n"] == n_val >= 10
     assert metrics["load_s"] > 0  # the planner sets it against the smoke's reload
+    # the CPU time its threads had: process CPU seconds over wall seconds x threads
+    assert metrics["cpu_s"] > 0 and metrics["torch_threads"] >= 1
+    assert 0 < metrics["cpu_share"] <= 1.05
+    assert metrics["cpu_share"] == pytest.approx(
+        metrics["cpu_s"] / (metrics["seconds"] * metrics["torch_threads"]), abs=0.01
+    )
     assert set(metrics["metrics"]["per_category"]) == set(LABELS)
     assert metrics["data_snapshot"] == read_json(run_dir / "config.json")["data_snapshot"]
 

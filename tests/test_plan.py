@@ -104,6 +104,24 @@ def test_evaluation_and_export_estimates():
     assert full["export_s"] == pytest.approx(base["export_s"] + 0.5)  # the checkpoint copied
 
 
+def test_a_baseline_measured_on_shared_cores_is_flagged():
+    from tunelab.evaluate import BUSY_CPU_SHARE, cpu_share
+
+    # one of two cores busy with another process: the demo's evaluation fell from 0.96 to 0.59
+    assert cpu_share(5.9, 5.0, 2, "cpu") == pytest.approx(0.59)
+    assert cpu_share(0.4, 5.0, 2, "cuda:0") is None  # the host thread waits on the device
+    busy = build_plan(
+        {**figures(), "baseline_cpu_share": 0.59}, training=TRAINING, budget=BUDGET, days=3
+    )
+    assert any("59 % of its threads' CPU time" in w for w in busy["warnings"])
+    for share in (0.95, None):
+        quiet = build_plan(
+            {**figures(), "baseline_cpu_share": share}, training=TRAINING, budget=BUDGET, days=3
+        )
+        assert not any("threads' CPU time" in w for w in quiet["warnings"])
+    assert 0.59 < BUSY_CPU_SHARE < 0.95
+
+
 def test_too_slow_warns_and_speedup_projects():
     slow = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3)
     assert not slow["fits"] and slow["variants_that_fit"] < 4

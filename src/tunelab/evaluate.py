@@ -307,7 +307,7 @@ def evaluate_model(
     torch.manual_seed(ev.seed)
     was_training = model.training
     model.eval()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     what = f"evaluate {split} ({len(rows)} examples)"
     try:
         with _progress(progress, len(rows), what) as bar, torch.inference_mode():
@@ -316,6 +316,7 @@ def evaluate_model(
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     metric_values = compute_metrics(task, predictions)
     record = {
         "split": split,
@@ -333,10 +334,27 @@ def evaluate_model(
         "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
         "device": str(_device(model)),
         "torch_threads": torch.get_num_threads(),
+        "cpu_s": round(cpu_s, 3),
+        "cpu_share": cpu_share(cpu_s, seconds, torch.get_num_threads(), _device(model)),
         "evaluation": ev.model_dump(mode="json"),
         "metrics": metric_values,
     }
     return record, predictions
+
+
+# Below this share of its threads' CPU time an evaluation on the CPU shared the cores with
+# another process (0.96 quiet, 0.59 with one of two cores busy: 2.4 times slower).
+BUSY_CPU_SHARE = 0.8
+
+
+def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
+    """The share of its threads' time an evaluation on the CPU had: process CPU seconds over wall
+    seconds x threads. About 0.95 on a quiet machine; another process on the cores lowers it
+    (one busy core of two: 0.96 -> 0.59, and the same evaluation took 2.4 times as long). None
+    off the CPU, where the host thread waits on the device."""
+    if getattr(device, "type", str(device)) != "cpu" or seconds <= 0 or threads <= 0:
+        return None
+    return round(cpu_s / (seconds * threads), 3)
 
 
 def predict_rows(

@@ -184,6 +184,7 @@ def gather_figures(study: Study) -> dict[str, Any]:
         f["baseline_s"] = Figure(run_seconds(row), f"baseline {row.id}: ledger")
         ev = study.runs_dir / row.id / "metrics-validation.json"
         rec = read_json(ev) if ev.exists() else {}
+        f["baseline_cpu_share"] = rec.get("cpu_share")
         if rec.get("seconds") and rec.get("n"):
             # the very procedure every variant's evaluation repeats, on the whole split
             f["eval_s_per_example"] = Figure(
@@ -422,6 +423,16 @@ def build_plan(
         warnings.append(
             f"the step was measured on a busy machine (load average {load:g} on {cores} cores): "
             "durations scale with the load at run time; `tunelab plan --review` shows both"
+        )
+    from tunelab.evaluate import BUSY_CPU_SHARE
+
+    share = figures.get("baseline_cpu_share")
+    if share is not None and share < BUSY_CPU_SHARE:
+        warnings.append(
+            f"the baseline evaluated with {100 * share:.0f} % of its threads' CPU time (about "
+            "95 % on a quiet machine): another process shared the cores, and every evaluation "
+            "in this plan is priced at that slower speed; run `tunelab baseline` again on a "
+            "quiet machine, then plan"
         )
     if figures.get("device") == "cpu" and speedup == 1.0 and not step_time_s:
         warnings.append(

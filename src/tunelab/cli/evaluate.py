@@ -46,6 +46,8 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         ["examples/s", fmt(record.get("examples_per_s"), 2)],
         ["spec sha256", record["spec_sha256"][:12]],
     ]
+    if record.get("cpu_share") is not None:
+        rows.insert(-1, ["CPU share of its threads", fmt(record["cpu_share"], 2)])
     console.print(table(title, ["metric", "value"], rows))
     if m.get("per_category"):
         cats = [
@@ -68,6 +70,15 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
     if m.get("failure_counts"):
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
+        )
+    from tunelab.evaluate import BUSY_CPU_SHARE
+
+    share = record.get("cpu_share")
+    if share is not None and share < BUSY_CPU_SHARE:
+        console_err.print(
+            f"[yellow]note:[/] this evaluation had {100 * share:.0f} % of its threads' CPU time: "
+            "another process shared the cores, so its timing is high (`tunelab plan` prices "
+            "evaluations from the baseline's)"
         )
 
 
