@@ -105,7 +105,7 @@ def test_evaluation_and_export_estimates():
 
 
 def test_a_baseline_measured_on_shared_cores_is_flagged():
-    from tunelab.evaluate import BUSY_CPU_SHARE, cpu_share
+    from tunelab.env import BUSY_CPU_SHARE, cpu_share
 
     # one of two cores busy with another process: the demo's evaluation fell from 0.96 to 0.59
     assert cpu_share(5.9, 5.0, 2, "cpu") == pytest.approx(0.59)
@@ -113,7 +113,11 @@ def test_a_baseline_measured_on_shared_cores_is_flagged():
     busy = build_plan(
         {**figures(), "baseline_cpu_share": 0.59}, training=TRAINING, budget=BUDGET, days=3
     )
-    assert any("59 % of its threads' CPU time" in w for w in busy["warnings"])
+    assert any("baseline's evaluation had 59 % of its threads' CPU" in w for w in busy["warnings"])
+    steps = build_plan(
+        {**figures(), "step_cpu_share": 0.6}, training=TRAINING, budget=BUDGET, days=3
+    )
+    assert any("timed steps had 60 %" in w and "tunelab size" in w for w in steps["warnings"])
     for share in (0.95, None):
         quiet = build_plan(
             {**figures(), "baseline_cpu_share": share}, training=TRAINING, budget=BUDGET, days=3

@@ -326,6 +326,8 @@ def test_measured_step_in_child_matches_estimate(tiny_llama_dir):
     # the time comes from three further steps with glibc's own thresholds, not the pinned ones
     assert m["step_s_allocator"] == "released" and len(m["step_s_all"]) == 3
     assert len(m["memory_step_s"]) == 1 and m["step_s"] == statistics.median(m["step_s_all"])
+    # the timed steps' share of their thread's CPU time (one thread here), which the plan reads
+    assert 0 < m["cpu_share"] <= 1.05
     from tunelab.sizing.memory import ModelFacts
 
     facts = ModelFacts.from_dict(result["facts"])

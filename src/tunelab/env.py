@@ -194,3 +194,18 @@ def device_kind() -> str:
     if wanted == "cpu" or not torch.cuda.is_available():
         return "cpu"
     return "cuda"
+
+
+# Below this share of its threads' CPU time, work on the CPU (an evaluation, timed training
+# steps) shared the cores with another process (0.96 quiet; 0.59 with one of two cores busy,
+# and the same evaluation took 2.4 times as long).
+BUSY_CPU_SHARE = 0.8
+
+
+def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
+    """The share of its threads' time some work on the CPU had: process CPU seconds over wall
+    seconds x threads. About 0.95 on a quiet machine; another process on the cores lowers it.
+    None off the CPU, where the host thread waits on the device."""
+    if getattr(device, "type", str(device)) != "cpu" or seconds <= 0 or threads <= 0:
+        return None
+    return round(cpu_s / (seconds * threads), 3)

@@ -288,6 +288,7 @@ def evaluate_model(
     """
     import torch
 
+    from tunelab.env import cpu_share
     from tunelab.preprocess import Preprocessor, check_template_match
     from tunelab.tasks import get_task
 
@@ -340,21 +341,6 @@ def evaluate_model(
         "metrics": metric_values,
     }
     return record, predictions
-
-
-# Below this share of its threads' CPU time an evaluation on the CPU shared the cores with
-# another process (0.96 quiet, 0.59 with one of two cores busy: 2.4 times slower).
-BUSY_CPU_SHARE = 0.8
-
-
-def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
-    """The share of its threads' time an evaluation on the CPU had: process CPU seconds over wall
-    seconds x threads. About 0.95 on a quiet machine; another process on the cores lowers it
-    (one busy core of two: 0.96 -> 0.59, and the same evaluation took 2.4 times as long). None
-    off the CPU, where the host thread waits on the device."""
-    if getattr(device, "type", str(device)) != "cpu" or seconds <= 0 or threads <= 0:
-        return None
-    return round(cpu_s / (seconds * threads), 3)
 
 
 def predict_rows(

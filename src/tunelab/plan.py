@@ -153,6 +153,7 @@ def gather_figures(study: Study) -> dict[str, Any]:
             (m.get("forward_s") or 0.0) * scale, f"{sid}: one validation forward of a micro-batch"
         ),
         "load_s": Figure(m.get("load_s"), f"{sid}: model load and adaptation"),
+        "step_cpu_share": m.get("cpu_share"),
         "encode_s": Figure(lengths.get("encode_train_s"), f"{sid}: tokenizing the training split"),
         "sizing_s": Figure(sizing.get("seconds"), f"{sid}: its own duration"),
         "tokens_per_s": Figure(thr.get("tokens_per_s"), sid),
@@ -424,16 +425,20 @@ def build_plan(
             f"the step was measured on a busy machine (load average {load:g} on {cores} cores): "
             "durations scale with the load at run time; `tunelab plan --review` shows both"
         )
-    from tunelab.evaluate import BUSY_CPU_SHARE
+    from tunelab.env import BUSY_CPU_SHARE
 
-    share = figures.get("baseline_cpu_share")
-    if share is not None and share < BUSY_CPU_SHARE:
-        warnings.append(
-            f"the baseline evaluated with {100 * share:.0f} % of its threads' CPU time (about "
-            "95 % on a quiet machine): another process shared the cores, and every evaluation "
-            "in this plan is priced at that slower speed; run `tunelab baseline` again on a "
-            "quiet machine, then plan"
-        )
+    measured_busy = {  # what was timed: (its CPU share, what it prices, the command again)
+        "the sizing's timed steps": (figures.get("step_cpu_share"), "training step", "size"),
+        "the baseline's evaluation": (figures.get("baseline_cpu_share"), "evaluation", "baseline"),
+    }
+    for what, (share, priced, command) in measured_busy.items():
+        if share is not None and share < BUSY_CPU_SHARE:
+            warnings.append(
+                f"{what} had {100 * share:.0f} % of its threads' CPU time (about 95 % on a "
+                f"quiet machine): another process shared the cores, and every {priced} in this "
+                f"plan is priced at that slower speed; run `tunelab {command}` again on a quiet "
+                "machine, then plan"
+            )
     if figures.get("device") == "cpu" and speedup == 1.0 and not step_time_s:
         warnings.append(
             "figures measured on CPU: this is a plan for this CPU; pass --speedup X or "

@@ -71,7 +71,7 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
         )
-    from tunelab.evaluate import BUSY_CPU_SHARE
+    from tunelab.env import BUSY_CPU_SHARE
 
     share = record.get("cpu_share")
     if share is not None and share < BUSY_CPU_SHARE:

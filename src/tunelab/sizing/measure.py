@@ -202,6 +202,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration in this process (the body of `python -m tunelab.sizing.measure`)."""
     import torch
 
+    from tunelab.env import cpu_share
     from tunelab.sizing.facts import count_saved_bytes
     from tunelab.train.batches import DataOrder, StepSource
     from tunelab.train.loop import (
@@ -343,9 +344,17 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         allocator = "released"
         loop.total_steps = len(metrics) + 1  # one step to let the heap grow, not timed
         state = train_loop(loop, state, on_step)
+    timed_cpu = None
     if timed:
         loop.total_steps = len(metrics) + timed
+        wall_started, cpu_started = time.perf_counter(), time.process_time()
         state = train_loop(loop, state, on_step)
+        timed_cpu = cpu_share(
+            time.process_time() - cpu_started,
+            time.perf_counter() - wall_started,
+            torch.get_num_threads(),
+            device,
+        )
     seconds = [r["seconds"] for r in metrics[len(metrics) - timed :]] if timed else memory_step_s
     forward_s = _time_forward(model, source, arch, t.precision, device)
     step_s = statistics.median(seconds) if seconds else wall / max(1, steps)
@@ -362,6 +371,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         "saved_activation_bytes": saved,
         "forward_s": forward_s,
         "load_s": load_s,
+        # the timed steps' share of their threads' CPU time: low when another process shared
+        # the cores, and the step time with it (tunelab plan warns)
+        "cpu_share": timed_cpu,
         "loss": measured_rows[-1]["loss"] if measured_rows else None,
     }
     if device.type == "cuda":
