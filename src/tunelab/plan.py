@@ -677,6 +677,18 @@ def repeat_spread(seconds: list[float]) -> float | None:
     return round(100 * (max(seconds) - min(seconds)) / mean, 1) if mean > 0 else None
 
 
+def describe_repeats(row: dict[str, Any]) -> str | None:
+    """'2 evaluations of one split took 8.7 and 7.5 s, a spread of 15.0 %' for a review row
+    whose unit ran more than once, else None (the CLI and the dossier print it)."""
+    if row.get("repeat_spread_pct") is None:
+        return None
+    times = " and ".join(f"{x:.1f}" for x in row["repeats_s"])
+    return (
+        f"{len(row['repeats_s'])} evaluations of one split took {times} s, a spread of "
+        f"{row['repeat_spread_pct']:.1f} %"
+    )
+
+
 def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """Planned against actual, phase by phase, for the units the ledger holds.
 

@@ -48,7 +48,7 @@ def plan(
 ) -> None:
     """A rental plan by phase from the measured step, evaluation and checkpoint times: margins,
     cost, how many variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.plan import RESOLUTION_S, make_plan, review_plan
+    from tunelab.plan import RESOLUTION_S, describe_repeats, make_plan, review_plan
 
     s = open_study(study, sets)
     if review:
@@ -86,18 +86,12 @@ def plan(
                 )
             )
         for r in result["rows"]:
-            if r.get("repeat_spread_pct") is None:
+            if (repeats := describe_repeats(r)) is None:
                 continue
-            times = " and ".join(f"{x:.1f}" for x in r["repeats_s"])
-            verdict = (
-                "inside it: the plan is as close as the runs are to each other"
-                if r["within_repeat_spread"]
-                else "outside it"
-            )
+            inside = "inside it: the plan is as close as the runs are to each other"
             console.print(
-                f"{r['phase']}: its {len(r['repeats_s'])} evaluations of one split took {times} s, "
-                f"a spread of "
-                f"{r['repeat_spread_pct']:.1f}%; the phase's error {_pct(r['error_pct'])} is {verdict}"
+                f"{r['phase']}: its {repeats}; the phase's error {_pct(r['error_pct'])} is "
+                + (inside if r["within_repeat_spread"] else "outside it")
             )
         over = [
             f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
-from tunelab.plan import RESOLUTION_S, review_plan
+from tunelab.plan import RESOLUTION_S, describe_repeats, review_plan
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.document import Section, render_html, render_markdown
@@ -516,12 +516,10 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             [_plan_row(ph, review) for ph in p.get("phases") or [] if isinstance(ph, dict)],
         )
         for r in review.values():
-            if r.get("repeat_spread_pct") is not None:
-                times = " and ".join(f"{x:.1f}" for x in r["repeats_s"])
+            if (repeats := describe_repeats(r)) is not None:
                 sec.text(
-                    f"The {r['phase']} phase's {len(r['repeats_s'])} evaluations of one split "
-                    f"took {times} s, a spread of {r['repeat_spread_pct']:.1f} %: an error "
-                    "inside it is the machine's run-to-run variation, not the plan's arithmetic."
+                    f"The {r['phase']} phase's {repeats}: an error inside it is the machine's "
+                    "run-to-run variation, not the plan's arithmetic."
                 )
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
