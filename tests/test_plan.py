@@ -357,9 +357,9 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
 
 def test_a_variants_evaluation_cost():
     """A variant's evaluation loads as the smoke's fresh process did (after the baseline, which
-    reads the files first), faster or slower than the baseline; per example, LoRA adds its share
-    of the parameters, and full fine-tuning nothing: the smoke's one small batch is not a
-    per-example figure."""
+    reads the files first), faster or slower than the baseline; per example, LoRA adds what the
+    smoke measured with its adapter off and on (else its share of the parameters), and full
+    fine-tuning nothing: the smoke's one small batch is not a per-example figure."""
     from tunelab.plan import _adapted_costs
 
     baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
@@ -375,3 +375,13 @@ def test_a_variants_evaluation_cost():
     assert "adapted_extra_s_per_example" not in full
     alone = _adapted_costs(None, None, baseline, "base-x", facts, "lora")
     assert "eval_load_s" not in alone and alone["baseline_load_s"].value == pytest.approx(6.6)
+    # measured by the smoke (adapter off, then on), the ratio replaces the parameter share
+    timed = _adapted_costs(
+        {**smoke, "adapter_time_ratio": 1.22}, "smoke-x", baseline, "base-x", facts, "lora"
+    )
+    assert timed["adapted_extra_s_per_example"].value == pytest.approx(4.3 / 127 * 0.22)
+    assert "1.22 times as long" in timed["adapted_extra_s_per_example"].source
+    noise = _adapted_costs(
+        {**smoke, "adapter_time_ratio": 0.97}, "smoke-x", baseline, "base-x", facts, "lora"
+    )
+    assert noise["adapted_extra_s_per_example"].value == 0.0  # an adapter is never free

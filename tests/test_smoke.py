@@ -96,6 +96,8 @@ def test_smoke_tiny_bert_lora(tmp_path, tiny_bert_dir, capsys):
     assert_passed(record, root)
     assert record["settings"]["architecture"] == "encoder"
     assert record["reload_predictions"]["n"] == 4
+    # its examples evaluated again with the LoRA adapter off, then on: the plan's adapted cost
+    assert 0 < record["adapter_time_ratio"] < 10
     # the table is printed without --json too, and the smoke is listed as a run
     code, out, _ = run_cli(capsys, "runs", "-s", root, "--kind", "smoke", "--json")
     assert [r["id"] for r in json.loads(out)] == [record["run_id"]]
@@ -115,6 +117,7 @@ def test_smoke_tiny_llama_lora_packed(tmp_path, tiny_llama_dir, capsys):
     assert_passed(record, root)
     assert record["settings"]["architecture"] == "causal_lm"
     assert record["settings"]["num_train"] == 6 and record["reload_predictions"]["n"] == 3
+    assert 0 < record["adapter_time_ratio"] < 10
 
 
 def test_smoke_fails_on_a_diverging_run(tmp_path, tiny_bert_dir, capsys):
