@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tunelab.env import BUSY_CPU_SHARE
 from tunelab.errors import StudyError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_bytes_atomic, write_json_atomic
@@ -248,6 +249,7 @@ def _adapted_costs(
       demo, while the variants' evaluations took 0.031-0.033 s).
     """
     out: dict[str, Figure] = {}
+    per_example = rec["seconds"] / rec["n"]
     if rec.get("load_s") is not None:
         out["baseline_load_s"] = Figure(rec["load_s"], f"baseline {baseline_id}: its model load")
     reload = (smoke or {}).get("reload_s")
@@ -261,14 +263,14 @@ def _adapted_costs(
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
     if method == "lora" and ratio is not None:
         out["adapted_extra_s_per_example"] = Figure(
-            rec["seconds"] / rec["n"] * max(0.0, ratio - 1.0),
+            per_example * max(0.0, ratio - 1.0),
             f"smoke {smoke_id}: its examples took {ratio:.2f} times as long with the adapter on "
             "as with it off",
         )
     elif method == "lora" and 0 < trainable < total:
         share = trainable / (total - trainable)
         out["adapted_extra_s_per_example"] = Figure(
-            rec["seconds"] / rec["n"] * share,
+            per_example * share,
             f"LoRA's unmerged matmuls: {trainable:,} parameters over the base's "
             f"{total - trainable:,} ({100 * share:.2f} % more per example)",
         )
@@ -436,8 +438,6 @@ def build_plan(
             f"the step was measured on a busy machine (load average {load:g} on {cores} cores): "
             "durations scale with the load at run time; `tunelab plan --review` shows both"
         )
-    from tunelab.env import BUSY_CPU_SHARE
-
     measured_busy = {  # what was timed: (its CPU share, what it prices, the command again)
         "the sizing's timed steps": (figures.get("step_cpu_share"), "training step", "size"),
         "the baseline's evaluation": (figures.get("baseline_cpu_share"), "evaluation", "baseline"),

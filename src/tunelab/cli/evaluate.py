@@ -19,6 +19,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.env import BUSY_CPU_SHARE
 
 _ORDER = {
     "classification": ("accuracy", "macro_f1", "weighted_f1", "macro_precision", "macro_recall"),
@@ -71,8 +72,6 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
         )
-    from tunelab.env import BUSY_CPU_SHARE
-
     share = record.get("cpu_share")
     if share is not None and share < BUSY_CPU_SHARE:
         console_err.print(
