@@ -206,6 +206,69 @@ def test_generation_batched_left_padding_equals_single(tmp_path, tiny_llama_dir)
     for key in ("json_valid_rate", "schema_valid_rate", "field_presence_rate", "field_micro_f1"):
         assert 0.0 <= m[key] <= 1.0
     assert record["fields"] == ["sender", "subject"]
+    # the generation is timed batch by batch, beside the gold answers' length
+    gen = record["generation"]
+    assert [b["n"] for b in gen["batches"]] == [3, 2]  # evaluation.batch_size 3
+    assert all(1 <= b["steps"] <= 8 for b in gen["batches"])
+    # what a model emitting the gold answers (tokens and EOS) would take, capped by the budget;
+    # batches are formed from the prompts sorted by length
+    prompts = [pre.prompt_ids(ex, generate=8) for ex in examples]
+    order = sorted(range(5), key=lambda i: (len(prompts[i]), i))
+    answers = [pre.encode(ex)["target_len"] for ex in examples]
+    expected = [min(8, max(answers[i] for i in rows)) for rows in (order[:3], order[3:])]
+    assert [b["answer_steps"] for b in gen["batches"]] == expected
+    assert gen["answer_steps"] == sum(expected)
+    assert gen["prefill_s"] > 0 and gen["s_per_step"] > 0
+
+
+def test_generation_steps_are_the_new_tokens_generate_returns(tmp_path, tiny_llama_dir):
+    """The step clock counts what `generate` really produced in each batch, and splits its time
+    into the prefill (up to the first new token) and the decoding after it."""
+    import torch
+
+    from tunelab.evaluate import generate_outputs, pad_id_for, pad_sequences
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
+    model, tok, _ = load(study)
+    pre = Preprocessor(tok, study.config, get_task(study.config), "causal_lm")
+    prompts = [pre.prompt_ids(ex, generate=8) for ex in extraction_examples()]
+    for budget in (1, 3, 8):
+        stats: list = []
+        generate_outputs(model, tok, prompts, max_new_tokens=budget, batch_size=2, stats=stats)
+        assert sorted(i for b in stats for i in b["rows"]) == [0, 1, 2, 3, 4]
+        for b in stats:
+            ids, mask = pad_sequences([prompts[i] for i in b["rows"]], pad_id_for(tok), left=True)
+            with torch.inference_mode():
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=budget,
+                    do_sample=False,
+                    pad_token_id=pad_id_for(tok),
+                )
+            assert b["steps"] == out.shape[1] - ids.shape[1]
+            assert b["prompt_tokens"] == ids.shape[1]
+            assert b["prefill_s"] > 0
+            assert (b["decode_s"] > 0) == (b["steps"] > 1)
+
+
+def test_generation_timing_prices_the_longest_answer_of_each_batch():
+    from tunelab.evaluate import generation_timing
+
+    batches = [
+        {"rows": [0, 1], "prompt_tokens": 9, "steps": 64, "prefill_s": 2.0, "decode_s": 6.3},
+        {"rows": [2], "prompt_tokens": 7, "steps": 11, "prefill_s": 1.0, "decode_s": 1.0},
+    ]
+    gen = generation_timing(batches, [30, 41, 90], max_new_tokens=64)
+    assert [b["answer_steps"] for b in gen["batches"]] == [41, 64]  # the longest, capped
+    assert [b["n"] for b in gen["batches"]] == [2, 1]
+    assert "rows" not in gen["batches"][0]
+    assert gen["steps"] == 75 and gen["answer_steps"] == 105
+    assert gen["answers_over_budget"] == 1  # 90 tokens against 64
+    assert gen["prefill_s"] == pytest.approx(3.0) and gen["decode_s"] == pytest.approx(7.3)
+    assert gen["s_per_step"] == pytest.approx(7.3 / (63 + 10))
 
 
 # ---------------------------------------------------------------- judging outputs

@@ -234,6 +234,17 @@ def test_inspect_command_on_a_study(tmp_path, capsys, tiny_llama_dir):
     assert "target_truncated" in err and "example '" in err and "max_seq_len" in err
     assert len(list((root / "records" / "inspect").iterdir())) == before + 2
 
+    # answers measured against the generation budget: all fit in 64 new tokens, not in 8
+    assert rec["answer_budget"]["over"] == 0 and "max_new_tokens" not in out
+    code, out, err = run_cli(
+        capsys, "inspect", "-s", root, "--set", "evaluation.max_new_tokens=8", "--json"
+    )
+    budget = json.loads(out)["answer_budget"]
+    assert code == 0 and budget["max_new_tokens"] == 8
+    assert budget["over"] == budget["n"] == rec["stats"]["n"] and budget["longest"] > 8
+    code, out, _ = run_cli(capsys, "inspect", "-s", root, "--set", "evaluation.max_new_tokens=8")
+    assert "longer than evaluation.max_new_tokens (8)" in " ".join(out.split())
+
 
 @pytest.mark.slow
 def test_inspect_real_bbc_minilm_study_shows_each_category(tmp_path, capsys, minilm_dir, bbc_dir):

@@ -385,3 +385,83 @@ def test_a_variants_evaluation_cost():
         {**smoke, "adapter_time_ratio": 0.97}, "smoke-x", baseline, "base-x", facts, "lora"
     )
     assert noise["adapted_extra_s_per_example"].value == 0.0  # an adapter is never free
+
+
+def test_an_evaluation_reads_at_most_max_examples():
+    """`evaluation.max_examples` caps every evaluation (the variants', the final test), not the
+    training run's validation passes: the extraction demo evaluates 20 of its 33 validation
+    emails, and its plan priced a variant's extra cost on all 33."""
+    f = {**figures(), "adapted_extra_s_per_example": Figure(0.05, "measured")}
+    capped = build_plan({**f, "eval_max_examples": 20}, training=TRAINING, budget=BUDGET, days=3)
+    whole = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
+    assert whole["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05)
+    assert capped["evaluation_run_s"] == pytest.approx(25.0 + 20 * 0.05)
+    per_example = 0.2 + 0.05
+    assert capped["final_test_s"] == pytest.approx(25.0 + 20 * 0.05)  # 20 of the 50 test rows
+    assert whole["final_test_s"] == pytest.approx(
+        whole["evaluation_run_s"] - 100 * per_example + 50 * per_example
+    )
+    assert capped["variant"]["validation_s"] == whole["variant"]["validation_s"]
+
+
+def test_a_generating_variant_is_priced_at_its_answers_length():
+    """The base model rambles to max_new_tokens; a variant stops after the answer it learned.
+    The baseline's batches are priced again at the gold answers' longest per batch, at their
+    own prefill and step times, then the adapter's ratio applies to that."""
+    from tunelab.plan import _adapted_costs, _answer_length_cost
+
+    gen = {
+        "steps": 75,
+        "answer_steps": 51,
+        "s_per_step": 0.1,
+        "batches": [
+            {"n": 2, "steps": 64, "answer_steps": 41, "prefill_s": 2.0, "decode_s": 6.3},
+            {"n": 1, "steps": 11, "answer_steps": 10, "prefill_s": 1.0, "decode_s": 1.0},
+        ],
+    }
+    baseline = {"load_s": 5.0, "seconds": 10.3, "n": 3, "generation": gen}
+    length = _answer_length_cost(baseline, "base-x")
+    answered = (2.0 + 40 * 6.3 / 63) + (1.0 + 9 * 1.0 / 10)
+    assert length.value == pytest.approx((answered - 10.3) / 3)
+    assert length.value < 0 and "75 generated tokens" in length.source
+    assert _answer_length_cost({"seconds": 4.3, "n": 127}, "base-x") is None  # classification
+    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    costs = _adapted_costs(
+        {"reload_s": 5.1, "adapter_time_ratio": 1.25}, "smoke-x", baseline, "base-x", facts, "lora"
+    )
+    assert costs["answer_length_s_per_example"].value == pytest.approx(length.value)
+    # the adapter's matmuls on what the variant generates, not on what the base generated
+    assert costs["adapted_extra_s_per_example"].value == pytest.approx(answered / 3 * 0.25)
+    assert costs["variant_s_per_step"].value == pytest.approx(0.1 * 1.25)
+    plan = build_plan(
+        {**figures(), "counts": {"train": 800, "validation": 3, "test": 3}, **costs},
+        training=TRAINING,
+        budget=BUDGET,
+        days=3,
+    )
+    assert plan["evaluation_run_s"] == pytest.approx(25.0 - 5.0 + 5.1 + answered * 1.25 - 10.3)
+
+
+def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
+    """At the runs' own speed, a generating evaluation is scaled by its seconds per decoding
+    step against the plan's (its number of steps is the plan's to get right); any other by its
+    seconds per example."""
+    from types import SimpleNamespace
+
+    from tunelab.plan import _eval_speed_factor
+
+    figures_ = {
+        "eval_s_per_example": {"value": 0.5},
+        "variant_s_per_step": {"value": 0.125},
+    }
+    gen = tmp_path / "eval-gen"
+    write_json_atomic(
+        gen / "metrics-validation.json",
+        {"seconds": 30.0, "n": 20, "generation": {"s_per_step": 0.15}},
+    )
+    cls = tmp_path / "eval-cls"
+    write_json_atomic(cls / "metrics-validation.json", {"seconds": 12.0, "n": 20})
+    study = SimpleNamespace(runs_dir=tmp_path)
+    assert _eval_speed_factor(study, "eval-gen", figures_) == pytest.approx(0.15 / 0.125)
+    assert _eval_speed_factor(study, "eval-cls", figures_) == pytest.approx(12.0 / 20 / 0.5)
+    assert _eval_speed_factor(study, "eval-none", figures_) == 1.0

@@ -197,6 +197,30 @@ def score_candidates(
     return scores
 
 
+class _StepClock:
+    """A generation streamer that only keeps time: `generate` hands it the prompt, then each
+    step's new tokens, once they are on the host (so a GPU step has finished)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        self.times.append(time.perf_counter())
+
+    def split(self) -> dict[str, Any]:
+        # times: [prompt, token 1, ..., token k, end]; the prefill forward yields token 1
+        t = self.times
+        steps = max(0, len(t) - 2)
+        return {
+            "steps": steps,
+            "prefill_s": round(t[1] - t[0], 4) if steps else 0.0,
+            "decode_s": round(t[-2] - t[1], 4) if steps else 0.0,
+        }
+
+
 def generate_outputs(
     model: Any,
     tokenizer: Any,
@@ -205,9 +229,14 @@ def generate_outputs(
     max_new_tokens: int,
     batch_size: int,
     tick: Callable[[int], None] = lambda n: None,
+    stats: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """Greedy continuations of each prompt (left padding, KV cache, stop at EOS); only the new
-    tokens are decoded, special tokens dropped."""
+    tokens are decoded, special tokens dropped.
+
+    `stats`, when given, receives one entry per batch: `rows` (indices into `prompts`),
+    `prompt_tokens` (the padded width), `steps` (tokens generated: the batch runs until its
+    longest answer ends), `prefill_s` (up to the first new token) and `decode_s` (the rest)."""
     import torch
     from transformers import GenerationConfig
 
@@ -226,11 +255,17 @@ def generate_outputs(
     device = _device(model)
     for batch in _batches(order, batch_size):
         ids, mask = pad_sequences([prompts[i] for i in batch], pad_id, left=True)
+        clock = _StepClock()
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                streamer=clock if stats is not None else None,
             )
         new = out[:, ids.shape[1] :].cpu().tolist()  # [batch, new tokens]
+        if stats is not None:
+            stats.append({"rows": list(batch), "prompt_tokens": int(ids.shape[1]), **clock.split()})
         for row, i in enumerate(batch):
             tokens = new[row]
             if eos is not None and eos in tokens:
@@ -308,12 +343,15 @@ def evaluate_model(
     torch.manual_seed(ev.seed)
     was_training = model.training
     model.eval()
+    timing: dict[str, Any] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
     what = f"evaluate {split} ({len(rows)} examples)"
     try:
         with _progress(progress, len(rows), what) as bar, torch.inference_mode():
             tick = _Ticker(bar)
-            predictions = predict_rows(model, tokenizer, pre, task, cfg, rows, architecture, tick)
+            predictions = predict_rows(
+                model, tokenizer, pre, task, cfg, rows, architecture, tick, timing
+            )
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - started
@@ -339,6 +377,7 @@ def evaluate_model(
         "cpu_share": cpu_share(cpu_s, seconds, torch.get_num_threads(), _device(model)),
         "evaluation": ev.model_dump(mode="json"),
         "metrics": metric_values,
+        "generation": timing or None,
     }
     return record, predictions
 
@@ -352,12 +391,14 @@ def predict_rows(
     rows: list[dict[str, Any]],
     architecture: str,
     tick: Callable[[int], None],
+    timing: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Predict and judge `rows`: one prediction dict per row, in the order of `rows`.
 
     Classification scores the labels (an encoder head, or a causal LM's label likelihoods);
     other tasks generate with a causal LM and are judged by `judge_output`. `tick(n)` is called
-    as rows finish. Raises EvaluationError for a generative task on a non-causal model.
+    as rows finish; a generating task fills `timing` (`generation_timing`). Raises
+    EvaluationError for a generative task on a non-causal model.
     """
     ev = cfg.evaluation
     pad_id = pad_id_for(tokenizer)
@@ -390,6 +431,7 @@ def predict_rows(
         )
     # room for what generation may add, not for the gold answer (see Preprocessor.prompt_ids)
     prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
+    batches: list[dict[str, Any]] = []
     raw = generate_outputs(
         model,
         tokenizer,
@@ -397,8 +439,47 @@ def predict_rows(
         max_new_tokens=ev.max_new_tokens,
         batch_size=ev.batch_size,
         tick=tick,
+        stats=batches,
     )
+    if timing is not None:
+        answers = [pre.encode(r)["target_len"] for r in rows]  # the answer's tokens and EOS
+        timing.update(generation_timing(batches, answers, ev.max_new_tokens))
     return [judge_output(task, r, text) for r, text in zip(rows, raw, strict=True)]
+
+
+def generation_timing(
+    batches: list[dict[str, Any]], answer_tokens: Sequence[int], max_new_tokens: int
+) -> dict[str, Any]:
+    """An evaluation's generation, batch by batch, beside what a model emitting the gold answers
+    would generate.
+
+    A batch decodes until its longest output ends, so its cost follows its longest answer. The
+    base model often rambles to `max_new_tokens` (SmolLM2 on the extraction demo: 64 steps in
+    every batch), while a trained variant stops after the answer it learned: `answer_steps`, the
+    gold answers' longest (tokens and EOS) per batch, is what the planner prices a variant's
+    evaluation from (`tunelab.plan`)."""
+    out = []
+    for b in batches:
+        answer = min(max_new_tokens, max(answer_tokens[i] for i in b["rows"]))
+        out.append(
+            {
+                **{k: v for k, v in b.items() if k != "rows"},
+                "n": len(b["rows"]),
+                "answer_steps": answer,
+            }
+        )
+    steps = sum(b["steps"] for b in out)
+    decode_steps = sum(max(0, b["steps"] - 1) for b in out)
+    decode_s = sum(b["decode_s"] for b in out)
+    return {
+        "batches": out,
+        "steps": steps,
+        "answer_steps": sum(b["answer_steps"] for b in out),
+        "answers_over_budget": sum(1 for a in answer_tokens if a > max_new_tokens),
+        "prefill_s": round(sum(b["prefill_s"] for b in out), 4),
+        "decode_s": round(decode_s, 4),
+        "s_per_step": round(decode_s / decode_steps, 5) if decode_steps else None,
+    }
 
 
 def _score_labels(

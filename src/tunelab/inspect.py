@@ -15,6 +15,7 @@ the tokenizer, and writes the records.
 from __future__ import annotations
 
 import html
+import math
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -160,6 +161,46 @@ def collator_problems(pre: Preprocessor, encoded: Sequence[dict[str, Any]]) -> d
     return {"checked": True, "why": None, "problems": [p.to_dict() for p in problems]}
 
 
+def answer_budget(
+    encoded: Sequence[dict[str, Any]], task_kind: str, max_new_tokens: int
+) -> dict[str, Any] | None:
+    """How the split's answers (target tokens and EOS, as trained) compare with the evaluation's
+    generation budget, `evaluation.max_new_tokens`: an answer longer than it is cut by every
+    evaluation, so its JSON or format can never be judged right. None for a task that does not
+    generate (classification) or an encoder.
+
+    The extraction demo first ran with 64 new tokens: 66 of its 324 training answers and 4 of
+    its 20 evaluated validation answers were longer (a long subject or list name), and no
+    variant could get them right."""
+    lengths = [e["target_len"] for e in encoded if e.get("target_len") is not None]
+    if task_kind == "classification" or not lengths:
+        return None
+    over = [str(e["id"]) for e in encoded if (e.get("target_len") or 0) > max_new_tokens]
+    ranked = sorted(lengths)
+    return {
+        "max_new_tokens": max_new_tokens,
+        "n": len(lengths),
+        "over": len(over),
+        "over_ids": over[:10],
+        "longest": ranked[-1],
+        "p95": ranked[max(math.ceil(0.95 * len(ranked)) - 1, 0)],
+    }
+
+
+def describe_answer_budget(budget: dict[str, Any] | None) -> str | None:
+    """The warning `tunelab inspect` prints (and its page shows) when answers exceed the
+    generation budget; None when they all fit."""
+    if not budget or not budget["over"]:
+        return None
+    return (
+        f"{budget['over']} of {budget['n']} answers (tokens and EOS) are longer than "
+        f"evaluation.max_new_tokens ({budget['max_new_tokens']}), the longest "
+        f"{budget['longest']}: generation stops before their end, so they can never be judged "
+        f"right. Set evaluation.max_new_tokens to at least {budget['longest']} (p95 "
+        f"{budget['p95']}) and keep preprocess.max_seq_len above the prompt plus it."
+    )
+
+
 def inspect_rows(
     pre: Preprocessor,
     task: Task,
@@ -167,9 +208,13 @@ def inspect_rows(
     *,
     per_category: int = 2,
     progress: Progress | None = None,
+    max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Encode every row, check all of them, and describe `per_category` examples per category
-    plus the longest one. Returns the inspect record (without ids and paths)."""
+    plus the longest one. Returns the inspect record (without ids and paths).
+
+    `max_new_tokens` (`evaluation.max_new_tokens`) is the generation budget the answers are
+    measured against (`answer_budget`); None skips that check."""
     encoded = []
     for i, row in enumerate(rows):
         encoded.append(pre.encode(row))
@@ -210,6 +255,9 @@ def inspect_rows(
         "template_sha256": pre.template_sha256,
         "n": len(rows),
         "stats": length_stats(encoded),
+        "answer_budget": (
+            None if max_new_tokens is None else answer_budget(encoded, task.kind, max_new_tokens)
+        ),
         "category_stats": {c: length_stats(v) for c, v in sorted(categories.items())},
         "examples": examples,
         "collator": {k: v for k, v in collator.items() if k != "problems"},
@@ -285,6 +333,9 @@ def render_html(record: dict[str, Any]) -> str:
                 f"{e(p['message'])}<br><span class='meta'>fix: {e(p['fix'])}</span></li>"
             )
         parts.append("</ul>")
+    budget = describe_answer_budget(record.get("answer_budget"))
+    if budget:
+        parts.append(f"<h2>Generation budget</h2><p class='bad'>{e(budget)}</p>")
     if pre.get("notes"):
         parts.append("<h2>Notes</h2><ul>")
         parts += [f"<li>{e(n)}</li>" for n in pre["notes"]]
@@ -355,7 +406,14 @@ def run_inspect(
     tokenizer, architecture = load_base_tokenizer(study)
     task = get_task(study.config, snapshot.labels)
     pre = Preprocessor(tokenizer, study.config, task, architecture)
-    body = inspect_rows(pre, task, rows, per_category=per_category, progress=progress)
+    body = inspect_rows(
+        pre,
+        task,
+        rows,
+        per_category=per_category,
+        progress=progress,
+        max_new_tokens=study.config.evaluation.max_new_tokens,
+    )
     inspect_id = new_inspect_id()
     out_dir = study.records / "inspect"
     record = {

@@ -215,6 +215,7 @@ def gather_figures(study: Study) -> dict[str, Any]:
         )
     f["base_hash_s"] = _base_hash_seconds(study)
     f["method"] = cfg.adaptation.method
+    f["eval_max_examples"] = cfg.evaluation.max_examples
     f["load_avg_at_sizing"] = (sizing.get("env") or {}).get("load_avg_1m")
     f["logical_cores"] = ((sizing.get("env") or {}).get("cpu") or {}).get("logical_cores")
     if f["checkpoint_save_s"].value is None:
@@ -250,6 +251,10 @@ def _adapted_costs(
     """
     out: dict[str, Figure] = {}
     per_example = rec["seconds"] / rec["n"]
+    length = _answer_length_cost(rec, baseline_id)
+    if length is not None:
+        out["answer_length_s_per_example"] = length
+        per_example = max(0.0, per_example + length.value)
     if rec.get("load_s") is not None:
         out["baseline_load_s"] = Figure(rec["load_s"], f"baseline {baseline_id}: its model load")
     reload = (smoke or {}).get("reload_s")
@@ -261,6 +266,14 @@ def _adapted_costs(
         )
     ratio = (smoke or {}).get("adapter_time_ratio")
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
+    step = ((rec.get("generation") or {}).get("s_per_step")) or None
+    if step is not None:
+        adapted = ratio if method == "lora" and ratio is not None else 1.0
+        out["variant_s_per_step"] = Figure(
+            step * max(1.0, adapted),
+            f"baseline {baseline_id}: {1000 * step:.0f} ms a decoding step"
+            + (f", x {adapted:.2f} with the adapter" if adapted != 1.0 else ""),
+        )
     if method == "lora" and ratio is not None:
         out["adapted_extra_s_per_example"] = Figure(
             per_example * max(0.0, ratio - 1.0),
@@ -275,6 +288,31 @@ def _adapted_costs(
             f"{total - trainable:,} ({100 * share:.2f} % more per example)",
         )
     return out
+
+
+def _answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
+    """Per example, what generating the gold answers' length takes beyond what the baseline
+    generated (negative: less), at the baseline's own prefill and step times, batch by batch.
+
+    A trained variant stops after the answer it learned; the base model may ramble to
+    `max_new_tokens`. On the extraction demo SmolLM2 generated 64 tokens in each of its 3
+    batches, while the answers' longest per batch were about 40: priced at the baseline's
+    length, the variants' evaluations came out a third too long. None for a task that does not
+    generate (classification) or a record without generation timings."""
+    gen = rec.get("generation") or {}
+    batches = gen.get("batches") or []
+    if not batches or not rec.get("n"):
+        return None
+    answered = 0.0
+    for b in batches:
+        step = b["decode_s"] / (b["steps"] - 1) if b["steps"] > 1 else gen.get("s_per_step") or 0
+        answered += b["prefill_s"] + max(0, b["answer_steps"] - 1) * step
+    generated = sum(b["prefill_s"] + b["decode_s"] for b in batches)
+    return Figure(
+        (answered - generated) / rec["n"],
+        f"baseline {baseline_id}: {gen['steps']} generated tokens in {len(batches)} batches; "
+        f"the validation answers (tokens and EOS) take {gen['answer_steps']}",
+    )
 
 
 def _base_hash_seconds(study: Study) -> Figure:
@@ -328,6 +366,10 @@ def build_plan(
     price = float(budget["gpu_hour_price"] if gpu_hour_price is None else gpu_hour_price)
     counts = figures["counts"]
     n_train, n_val, n_test = counts["train"], counts["validation"], counts["test"]
+    # an evaluation reads the first `evaluation.max_examples` of its split; training's
+    # validation passes read all of it
+    cap = figures.get("eval_max_examples") or max(n_val, n_test)
+    eval_val, eval_test = min(n_val, cap), min(n_test, cap)
     micro, accum = training["micro_batch_size"], training["grad_accum_steps"]
     steps = training_steps(training["max_steps"], training["num_epochs"], n_train, micro * accum)
     step_s = step_time_s if step_time_s else _v(figures["step_s"]) / speedup
@@ -366,16 +408,21 @@ def build_plan(
     # an evaluation run is the baseline's unit of work again (the split, the records), with a
     # variant's load (see _adapted_costs); a load is files and imports: no faster GPU speeds it
     baseline_s = _v(figures.get("baseline_s"))
-    adapted_extra = _v(figures.get("adapted_extra_s_per_example")) / speedup
+    # a variant's example beside the baseline's: the length it generates, the adapter's matmuls
+    variant_extra = (
+        _v(figures.get("answer_length_s_per_example"))
+        + _v(figures.get("adapted_extra_s_per_example"))
+    ) / speedup
     if baseline_s:
         base_load = _v(figures.get("baseline_load_s"))
         eval_load = _v(figures.get("eval_load_s")) or base_load
         eval_run_s = max(0.0, baseline_s - base_load) / speedup + eval_load
     else:
-        eval_run_s = reload_s + n_val * eval_per_ex
-    eval_run_s += n_val * adapted_extra
-    overhead_s = max(0.0, eval_run_s - n_val * eval_per_ex)
-    final_test_s = overhead_s + n_test * eval_per_ex
+        eval_run_s = reload_s + eval_val * eval_per_ex
+    eval_run_s = max(0.0, eval_run_s + eval_val * variant_extra)
+    variant_per_ex = max(0.0, eval_per_ex + variant_extra)
+    overhead_s = max(0.0, eval_run_s - eval_val * variant_per_ex)
+    final_test_s = overhead_s + eval_test * variant_per_ex
     # the same evaluation in a new process: its start and imports as the smoke's fresh one took
     verify_s = eval_run_s + (_v(figures.get("process_start_s")) or PROCESS_START_S)
     interval = min(every_ckpt or steps, steps)
@@ -391,7 +438,7 @@ def build_plan(
         "environment": ENV_CHECK_S,
         "smoke": _v(figures.get("smoke_s")) or (variant["startup_s"] + 4 * step_s + eval_run_s),
         "sizing": _v(figures.get("sizing_s")),
-        "baseline": _v(figures.get("baseline_s")) or (load_s + n_val * eval_per_ex),
+        "baseline": _v(figures.get("baseline_s")) or (load_s + eval_val * eval_per_ex),
     }
     n_var = int(budget["num_variants"])
     raw = {
@@ -664,12 +711,27 @@ def _mean_step_s(study: Study, run_id: str) -> float | None:
     return sum(steps) / len(steps) if steps else None
 
 
-def _eval_s_per_example(study: Study, run_id: str) -> float | None:
+def _eval_speed_factor(study: Study, run_id: str, figures: dict[str, Any]) -> float:
+    """How fast an evaluation ran against the plan's unit of work: a generating one by its
+    seconds per decoding step (how many steps it took is the plan's to get right), any other
+    by its seconds per example. 1.0 when either side is missing."""
+
+    def value(key: str) -> float | None:
+        return (figures.get(key) or {}).get("value")
+
     for path in sorted((study.runs_dir / run_id).glob("metrics-*.json")):
         rec = read_json(path)
-        if isinstance(rec, dict) and rec.get("seconds") and rec.get("n"):
-            return rec["seconds"] / rec["n"]
-    return None
+        if not (isinstance(rec, dict) and rec.get("seconds") and rec.get("n")):
+            continue
+        step, planned_step = (
+            (rec.get("generation") or {}).get("s_per_step"),
+            value("variant_s_per_step"),
+        )
+        if step and planned_step:
+            return step / planned_step
+        per_example = value("eval_s_per_example")
+        return rec["seconds"] / rec["n"] / per_example if per_example else 1.0
+    return 1.0
 
 
 def _pct(planned: float | None, actual: float | None) -> float | None:
@@ -731,11 +793,7 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         factor = step / plan["step_time_s"] if step and plan["step_time_s"] else 1.0
         compute = v["startup_s"] + v["steps_s"] + v["validation_s"]
         at_speed_train += compute * factor + v["checkpoints_s"]
-    eval_factors = []
-    per_example = (plan.get("figures") or {}).get("eval_s_per_example", {}).get("value")
-    for r in evals:
-        actual = _eval_s_per_example(study, r.id)
-        eval_factors.append(actual / per_example if actual and per_example else 1.0)
+    eval_factors = [_eval_speed_factor(study, r.id, plan.get("figures") or {}) for r in evals]
     mean_factor = sum(eval_factors) / len(eval_factors) if eval_factors else 1.0
     planned_eval = len(evals) * plan["evaluation_run_s"] + len(verify) * plan["verify_s"]
     at_speed_eval = (

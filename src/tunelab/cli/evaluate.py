@@ -49,6 +49,16 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
     ]
     if record.get("cpu_share") is not None:
         rows.insert(-1, ["CPU share of its threads", fmt(record["cpu_share"], 2)])
+    gen = record.get("generation")
+    if gen:
+        rows.insert(
+            -1,
+            [
+                "generated tokens (gold answers')",
+                f"{gen['steps']} in {len(gen['batches'])} batches ({gen['answer_steps']})",
+            ],
+        )
+        rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
     console.print(table(title, ["metric", "value"], rows))
     if m.get("per_category"):
         cats = [
@@ -71,6 +81,14 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
     if m.get("failure_counts"):
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
+        )
+    over = (gen or {}).get("answers_over_budget")
+    if over:
+        console_err.print(
+            f"[yellow]warning:[/] {over} of {record['n']} gold answers are longer than "
+            f"evaluation.max_new_tokens ({record['evaluation']['max_new_tokens']}): generation "
+            "stops before their end and they cannot be judged right (`tunelab inspect` names "
+            "the longest)"
         )
     share = record.get("cpu_share")
     if share is not None and share < BUSY_CPU_SHARE:

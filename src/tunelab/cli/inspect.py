@@ -23,6 +23,7 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.errors import DataError
+from tunelab.inspect import describe_answer_budget
 from tunelab.preprocess import Problem, raise_problems
 
 SPLITS = ("train", "validation")
@@ -99,6 +100,9 @@ def print_record(record: dict[str, Any]) -> None:
     console.print(
         table("lengths (tokens)", ["category", "n", "p50", "p95", "max", "truncated"], rows)
     )
+    budget = describe_answer_budget(record.get("answer_budget"))
+    if budget:
+        console.print(f"[yellow]warning:[/] {escape(budget)}")
     for note in pre["notes"]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if not record["collator"]["checked"]:
