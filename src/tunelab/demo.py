@@ -165,7 +165,8 @@ def extraction_study(root: Path) -> dict[str, Any]:
             "alpha": 16,
             "dropout": 0.0,
         },
-        "preprocess": {"max_seq_len": 256, "template": "chat", "truncation_side": "right"},
+        # evaluating, the prompt keeps max_seq_len - max_new_tokens = 192 tokens (the headers)
+        "preprocess": {"max_seq_len": 288, "template": "chat", "truncation_side": "right"},
         "training": {
             "seed": 0,
             "micro_batch_size": 8,
@@ -181,7 +182,8 @@ def extraction_study(root: Path) -> dict[str, Any]:
         "evaluation": {
             "split": "validation",
             "batch_size": 8,
-            "max_new_tokens": 64,
+            # the longest training answer with its EOS (at 64, a fifth were cut short)
+            "max_new_tokens": 96,
             "max_examples": 20,
         },
         "budget": {
