@@ -240,6 +240,8 @@ def _adapted_costs(
       baseline's own load. The baseline is the first process to read the model's files and to
       import its modules after the data stages, and loaded 1.3-1.6 s slower than every later
       evaluation on the demo; the smoke's reload comes after it and loads what a variant loads.
+    - per example, for a generating task: the length it will generate, its answers' and not the
+      baseline's (`_answer_length_cost`); the adapter's cost below applies to that.
     - per example: unmerged LoRA layers add their own matmuls and calls. The smoke measures
       it: its examples evaluated with the adapter off, then on (`adapter_time_ratio`);
       SmolLM2 with LoRA on every linear layer decoded 1.22 times as slowly, for 1.82 % more
@@ -268,9 +270,9 @@ def _adapted_costs(
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
     step = ((rec.get("generation") or {}).get("s_per_step")) or None
     if step is not None:
-        adapted = ratio if method == "lora" and ratio is not None else 1.0
+        adapted = max(1.0, ratio) if method == "lora" and ratio is not None else 1.0
         out["variant_s_per_step"] = Figure(
-            step * max(1.0, adapted),
+            step * adapted,
             f"baseline {baseline_id}: {1000 * step:.0f} ms a decoding step"
             + (f", x {adapted:.2f} with the adapter" if adapted != 1.0 else ""),
         )

@@ -555,6 +555,19 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             ["at", "who", "why", "run"],
             [[o["at"], o["who"], o["why"], o["run_id"]] for o in openings],
         )
+    # answers the generation budget cuts: every model is scored wrong on them
+    over: dict[str, tuple[int, int, Any]] = {}
+    for r in runs:
+        for split, ev in r["evaluations"].items():
+            count = (ev.get("generation") or {}).get("answers_over_budget")
+            if count:
+                over[split] = (count, ev["n"], (ev.get("evaluation") or {}).get("max_new_tokens"))
+    for split, (count, n, budget) in sorted(over.items()):
+        sec.text(
+            f"{count} of the {n} evaluated {split} answers are longer than "
+            f"evaluation.max_new_tokens ({budget}): generation stops before their end, so no "
+            "model can be judged right on them (`tunelab inspect --split validation` names them)."
+        )
     failed = [r for r in runs if r["row"]["status"] in ("failed", "invalid", "interrupted")]
     if failed:
         sec.text(
