@@ -8,8 +8,10 @@ give the loss curve (and gradient norm, which AdamW's scale invariance would oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -376,10 +378,19 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            start_new_session=True,  # each node's torchrun and ranks in one killable group
         )  # fmt: skip
         for node in (0, 1)
     ]
-    outs = [p.communicate(timeout=240) for p in nodes]
+    try:
+        outs = [p.communicate(timeout=240) for p in nodes]
+    except subprocess.TimeoutExpired:
+        # a node that waits forever for a peer that died: stop both, show what each said
+        for p in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        outs = [p.communicate() for p in nodes]
+        pytest.fail("a node hung:\n" + "\n----\n".join(o[1][-3000:] for o in outs))
     assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     assert json.loads(outs[0][0])["status"] == "completed" and outs[1][0].strip() == ""
     run_dir = only_run_since(study_root, before)
