@@ -15,6 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -344,13 +347,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_two_nodes_one_process_each_equal_single_process(study_root, reference_lora):
-    """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here."""
-    before = runs(study_root)
+def launch_two_nodes(study_root: Path, timeout: float) -> tuple[list[int | None], list, bool]:
+    """Both nodes of a 2-node DDP run on this machine, their pipes read at once (a node blocked
+    on a full pipe would hold the other at torchrun's exit barrier). Returns (exit codes,
+    [(stdout, stderr)], hung); a hung pair is killed, process groups and all."""
     endpoint = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # LOGLEVEL=INFO: torchrun's agents say where they wait (rendezvous, exit barrier)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "LOGLEVEL": "INFO"}
     nodes = [
         subprocess.Popen(
             [
@@ -382,16 +385,47 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
         )  # fmt: skip
         for node in (0, 1)
     ]
-    try:
-        outs = [p.communicate(timeout=240) for p in nodes]
-    except subprocess.TimeoutExpired:
-        # a node that waits forever for a peer that died: stop both, show what each said
+    outs: list = [("", ""), ("", "")]
+
+    def read(k: int) -> None:
+        outs[k] = nodes[k].communicate()
+
+    readers = [threading.Thread(target=read, args=(k,), daemon=True) for k in (0, 1)]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in readers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = any(t.is_alive() for t in readers)
+    if hung:
         for p in nodes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-        outs = [p.communicate() for p in nodes]
-        pytest.fail("a node hung:\n" + "\n----\n".join(o[1][-3000:] for o in outs))
-    assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+        for t in readers:
+            t.join()
+    return [p.returncode for p in nodes], outs, hung
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_nodes_one_process_each_equal_single_process(study_root, reference_lora):
+    """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here.
+
+    Twice in this project's CI (never in 23 runs by hand), node 0 trained to completion, printed
+    its record, and its torchrun then waited while node 1 had exited: one more attempt is made,
+    and what both nodes said the first time is kept as a warning."""
+    for attempt in (1, 2):
+        before = runs(study_root)
+        codes, outs, hung = launch_two_nodes(study_root, timeout=150)
+        if not hung:
+            break
+        said = "\n----\n".join(f"node {k}: {o[1][-3000:]}" for k, o in enumerate(outs))
+        if attempt == 2:
+            pytest.fail(f"the two nodes hung twice; the second time they said:\n{said}")
+        warnings.warn(
+            f"two-node run hung (node 0 stdout: {outs[0][0][-300:]!r}):\n{said}", stacklevel=1
+        )
+    assert codes == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     assert json.loads(outs[0][0])["status"] == "completed" and outs[1][0].strip() == ""
     run_dir = only_run_since(study_root, before)
     assert_same_curve(run_dir, reference_lora)
