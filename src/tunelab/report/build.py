@@ -563,10 +563,12 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             if count:
                 over[split] = (count, ev["n"], (ev.get("evaluation") or {}).get("max_new_tokens"))
     for split, (count, n, budget) in sorted(over.items()):
+        # the test split is sealed: inspect does not open it
+        names = f" (`tunelab inspect --split {split}` names them)" if split != "test" else ""
         sec.text(
             f"{count} of the {n} evaluated {split} answers are longer than "
             f"evaluation.max_new_tokens ({budget}): generation stops before their end, so no "
-            "model can be judged right on them (`tunelab inspect --split validation` names them)."
+            f"model can be judged right on them{names}."
         )
     failed = [r for r in runs if r["row"]["status"] in ("failed", "invalid", "interrupted")]
     if failed:
