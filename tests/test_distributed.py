@@ -411,7 +411,7 @@ def launch_two_nodes(study_root: Path, timeout: float) -> tuple[list[int | None]
 def test_two_nodes_one_process_each_equal_single_process(study_root, reference_lora):
     """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here.
 
-    Twice in this project's CI (never in 23 runs by hand), node 0 trained to completion, printed
+    Twice in this project's CI (never in 25 runs by hand), node 0 trained to completion, printed
     its record, and its torchrun then waited while node 1 had exited: one more attempt is made,
     and what both nodes said the first time is kept as a warning."""
     for attempt in (1, 2):
