@@ -139,8 +139,13 @@ def print_plan(record: dict[str, Any]) -> None:
         f"{c['rental_cost']:,.2f} for the whole rental ({c['rental_hours']} h x "
         f"{record['gpu_hour_price']:g})"
     )
+    console.print(f"one evaluation of a variant: {_h(record['evaluation_run_s'])}")
     sources = record["figures"]
-    for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s"):
+    # a variant's evaluation beside the baseline's: printed when the plan has them
+    variant_keys = ("answer_length_s_per_example", "adapted_extra_s_per_example")
+    for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s", *variant_keys):
+        if key in variant_keys and key not in sources:
+            continue
         fig = sources.get(key) or {}
         value = fig.get("value")
         console.print(
