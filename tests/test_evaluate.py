@@ -466,7 +466,6 @@ def test_baseline_eval_compare_commands(stage_study, capsys):
 
 
 def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
-
     code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
     base_id = json.loads(out)["run_id"]
     study = Study.open(stage_study)
