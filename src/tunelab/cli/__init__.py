@@ -30,6 +30,34 @@ def load_commands() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except SystemExit as exc:
+        _leave_rank(exc.code)
+        raise
+    _leave_rank(0)
+
+
+def _leave_rank(code: Any) -> None:
+    """A process that torchrun started as a rank leaves with `os._exit` once its command is done
+    (records written, process group destroyed, output flushed).
+
+    At a normal interpreter exit, C++ destructors of the collective backend's threads can run
+    while a thread is still joinable. Rank 1 of a completed FSDP run then died with "terminate
+    called without an active exception" (SIGABRT), and torchrun reported the run as failed. With
+    two nodes, node 1's torchrun stopped on that failure without reaching its exit barrier, and
+    node 0's waited for it. Seen in 3 of this project's CI runs, never by hand."""
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _main(argv: list[str] | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load_commands()
     try:
