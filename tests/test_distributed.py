@@ -412,10 +412,10 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
     """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here.
 
     Twice in this project's CI (never in 25 runs by hand), node 0 trained to completion, printed
-    its record, and its torchrun then waited while node 1 had exited: node 1's rank had aborted
-    in the interpreter's teardown (now skipped: `tunelab.cli._leave_rank`), so its torchrun never
-    reached the exit barrier. One more attempt is still made, and what both nodes said the first
-    time is kept as a warning."""
+    its record, and its torchrun then waited while node 1 had exited. A third CI run showed the
+    likely cause: a completed rank aborting in the interpreter's teardown (now skipped:
+    `tunelab.cli._leave_rank`), after which its torchrun never reaches the exit barrier. One more
+    attempt is still made, and what both nodes said the first time is kept as a warning."""
     for attempt in (1, 2):
         before = runs(study_root)
         codes, outs, hung = launch_two_nodes(study_root, timeout=150)
