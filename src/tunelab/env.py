@@ -209,3 +209,9 @@ def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float 
     if getattr(device, "type", str(device)) != "cpu" or seconds <= 0 or threads <= 0:
         return None
     return round(cpu_s / (seconds * threads), 3)
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK). Here, not
+    in tunelab.train.distributed, so that the CLI can ask without importing torch."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))

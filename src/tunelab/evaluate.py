@@ -442,7 +442,7 @@ def predict_rows(
         stats=batches,
     )
     if timing is not None:
-        answers = [pre.encode(r)["target_len"] for r in rows]  # the answer's tokens and EOS
+        answers = [pre.target_len(r) for r in rows]
         timing.update(generation_timing(batches, answers, ev.max_new_tokens))
     return [judge_output(task, r, text) for r, text in zip(rows, raw, strict=True)]
 

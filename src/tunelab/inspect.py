@@ -15,7 +15,6 @@ the tokenizer, and writes the records.
 from __future__ import annotations
 
 import html
-import math
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from tunelab.preprocess import (
     Problem,
     check_collated,
     length_stats,
+    nearest_rank,
 )
 from tunelab.records import write_bytes_atomic, write_json_atomic
 from tunelab.tasks import Task, get_task
@@ -172,18 +172,18 @@ def answer_budget(
     The extraction demo first ran with 64 new tokens: 66 of its 324 training answers and 4 of
     its 20 evaluated validation answers were longer (a long subject or list name), and no
     variant could get them right."""
-    lengths = [e["target_len"] for e in encoded if e.get("target_len") is not None]
-    if task_kind == "classification" or not lengths:
+    answers = [(str(e["id"]), e["target_len"]) for e in encoded if e.get("target_len") is not None]
+    if task_kind == "classification" or not answers:
         return None
-    over = [str(e["id"]) for e in encoded if (e.get("target_len") or 0) > max_new_tokens]
-    ranked = sorted(lengths)
+    over = [i for i, n in answers if n > max_new_tokens]
+    ranked = sorted(n for _, n in answers)
     return {
         "max_new_tokens": max_new_tokens,
-        "n": len(lengths),
+        "n": len(answers),
         "over": len(over),
         "over_ids": over[:10],
         "longest": ranked[-1],
-        "p95": ranked[max(math.ceil(0.95 * len(ranked)) - 1, 0)],
+        "p95": nearest_rank(ranked, 0.95),
     }
 
 

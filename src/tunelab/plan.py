@@ -268,8 +268,8 @@ def _adapted_costs(
         )
     ratio = (smoke or {}).get("adapter_time_ratio")
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
-    step = ((rec.get("generation") or {}).get("s_per_step")) or None
-    if step is not None:
+    step = (rec.get("generation") or {}).get("s_per_step")
+    if step:
         adapted = max(1.0, ratio) if method == "lora" and ratio is not None else 1.0
         out["variant_s_per_step"] = Figure(
             step * adapted,

@@ -474,8 +474,16 @@ class Preprocessor:
             self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         )
 
+    def _target_ids(self, target_text: str) -> list[int]:
+        return self._ids(target_text, user_text=True) + [self.eos_id]
+
+    def target_len(self, example: dict[str, Any]) -> int:
+        """The tokens of the example's answer and its EOS, as `encode` puts them under the loss
+        (`encode(example)["target_len"]`), without tokenizing the input."""
+        return len(self._target_ids(self.task.render(example)[1]))
+
     def _encode_causal(self, example: dict[str, Any], input_text: str, target_text: str) -> dict:
-        target_ids = self._ids(target_text, user_text=True) + [self.eos_id]
+        target_ids = self._target_ids(target_text)
         reserve = self._target_reserve or len(target_ids)
         prompt, n_input, cut = self._prompt(input_text, reserve)
         room = self.cfg.max_seq_len - len(prompt)
@@ -678,6 +686,11 @@ class Preprocessor:
         raise_problems(self.find_problems(encoded))
 
 
+def nearest_rank(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted values: the smallest with at least q of them <= it."""
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
 def length_stats(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Token-count statistics of encoded examples: p50, p95, max, share truncated."""
     lengths = sorted(len(e["input_ids"]) for e in encoded)
@@ -693,15 +706,11 @@ def length_stats(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "share_truncated": None,
         }
 
-    def pct(q: float) -> int:
-        # nearest-rank percentile: the smallest length with at least q of the examples <= it
-        return lengths[max(math.ceil(q * n) - 1, 0)]
-
     truncated = sum(1 for e in encoded if e.get("truncated"))
     return {
         "n": n,
-        "p50": pct(0.50),
-        "p95": pct(0.95),
+        "p50": nearest_rank(lengths, 0.50),
+        "p95": nearest_rank(lengths, 0.95),
         "max": lengths[-1],
         "mean": sum(lengths) / n,
         "truncated": truncated,

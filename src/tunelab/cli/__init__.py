@@ -18,7 +18,7 @@ from typing import Any
 from rich.markup import escape
 
 from tunelab.cli.common import app, console_err
-from tunelab.env import requested_device
+from tunelab.env import requested_device, under_torchrun
 from tunelab.errors import TunelabError
 
 
@@ -47,7 +47,7 @@ def _leave_rank(code: Any) -> None:
     called without an active exception" (SIGABRT), and torchrun reported the run as failed. With
     two nodes, node 1's torchrun stopped on that failure without reaching its exit barrier, and
     node 0's waited for it. Seen in 3 of this project's CI runs, never by hand."""
-    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+    if not under_torchrun():
         return
     import logging
 

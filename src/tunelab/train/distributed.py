@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from tunelab.env import under_torchrun
 from tunelab.errors import CheckpointError, ConfigError, RunError
 from tunelab.ledger import utc_now
 from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
@@ -52,11 +53,6 @@ TIMEOUT_S = float(os.environ.get("TUNELAB_DIST_TIMEOUT_S", "1800"))
 
 
 # ------------------------------------------------------------------ process group
-
-
-def under_torchrun() -> bool:
-    """True in a process started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
 def pick_backend(device: torch.device) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunelab.env import under_torchrun
 from tunelab.errors import ConfigError, RunError
 from tunelab.records import read_json, write_json_atomic
 from tunelab.train.distributed import (
@@ -40,7 +41,6 @@ from tunelab.train.distributed import (
     destroy_process_group,
     make_strategy,
     report_rank_failure,
-    under_torchrun,
 )
 
 SINGLE = "single"
