@@ -12,7 +12,7 @@ import yaml
 
 from helpers import run_cli
 from test_verify import write_study
-from tunelab.smoke import SnapshotSample, smoke_overrides
+from tunelab.smoke import RATIO_DECODE_STEPS, SnapshotSample, smoke_overrides
 
 TIMING_KEYS = ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s")
 
@@ -98,6 +98,8 @@ def test_smoke_tiny_bert_lora(tmp_path, tiny_bert_dir, capsys):
     assert record["reload_predictions"]["n"] == 4
     # its examples evaluated again with the LoRA adapter off, then on: the plan's adapted cost
     assert 0 < record["adapter_time_ratio"] < 10
+    assert record["adapter_timing"]["unit"] == "evaluation"
+    assert record["adapter_timing"]["decode_steps"] is None
     # the table is printed without --json too, and the smoke is listed as a run
     code, out, _ = run_cli(capsys, "runs", "-s", root, "--kind", "smoke", "--json")
     assert [r["id"] for r in json.loads(out)] == [record["run_id"]]
@@ -118,6 +120,26 @@ def test_smoke_tiny_llama_lora_packed(tmp_path, tiny_llama_dir, capsys):
     assert record["settings"]["architecture"] == "causal_lm"
     assert record["settings"]["num_train"] == 6 and record["reload_predictions"]["n"] == 3
     assert 0 < record["adapter_time_ratio"] < 10
+
+
+def test_smoke_times_a_generating_adapter_per_decoding_step(tmp_path, tiny_llama_dir, capsys):
+    """An extraction study: the adapter's cost is timed per decoding step, on passes of at most
+    RATIO_DECODE_STEPS new tokens (the study's budget is 64, which the random model fills)."""
+    from test_sizing import write_study as write_extraction_study
+
+    root = write_extraction_study(tmp_path / "x", tiny_llama_dir)
+    code, out, err = run_cli(capsys, "smoke", "-s", root, "--eval-examples", "3")
+    assert code == 0, (out, err)
+    assert "unmerged adapter" in out and "per decoding step" in out
+    path = next((root / "records" / "runs").glob("smoke-*/smoke.json"))
+    record = json.loads(path.read_text())
+    how = record["adapter_timing"]
+    assert how["unit"] == "decoding step"
+    assert how["decode_steps"] == RATIO_DECODE_STEPS - 1  # the prefill gives the first token
+    assert 3 <= how["pairs"] <= 5
+    assert how["on_s"] > 0 and how["off_s"] > 0
+    # the fastest pass with the adapter over the fastest without it (the ratio has 3 decimals)
+    assert abs(record["adapter_time_ratio"] - how["on_s"] / how["off_s"]) <= 6e-4
 
 
 def test_smoke_fails_on_a_diverging_run(tmp_path, tiny_bert_dir, capsys):

@@ -228,35 +228,131 @@ def run_smoke(
     return run, record
 
 
+# decoding steps a generating task's adapter timing takes per pass: enough for a steady step
+# time after the prefill, few enough for several interleaved pairs (a pass of the full budget
+# took 15 s on the extraction demo, so one pair was all the smoke could afford)
+RATIO_DECODE_STEPS = 16
+
+
 def adapter_time_ratio(
     model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict[str, Any]], labels: Any
-) -> float | None:
+) -> tuple[float | None, dict[str, Any] | None]:
     """How many times as long the evaluation takes with the unmerged adapter as without it: the
-    smoke's examples evaluated with peft's adapter disabled, then enabled (the model is warm from
-    the smoke's own evaluation). None for a model without an adapter (full, freeze).
+    smoke's examples evaluated with peft's adapter disabled, then enabled, in interleaved pairs
+    (the model is warm from the smoke's own evaluation). Returns (ratio, how it was timed);
+    (None, None) for a model without an adapter (full, freeze).
 
     Not the adapter's share of the parameters: at a decoding step every adapted linear layer
     adds two small matmuls and their calls. SmolLM2-135M with LoRA on all linear layers
     decoded 1.22 times as slowly per step on 2 CPU threads (1.82 % more parameters), and a
-    merged adapter as fast as the base. After two steps the adapter barely moves the outputs,
-    so both passes generate about as many tokens."""
+    merged adapter as fast as the base.
+
+    A generating task is timed per decoding step, `RATIO_DECODE_STEPS` of them after the
+    prefill: that is the figure the planner multiplies (`variant_s_per_step`), and it does not
+    depend on how long either pass chose to generate. Whole evaluations of the extraction
+    demo's smoke checkpoint took 12-16 s a pass and gave ratios of 1.10 to 1.30, one pair at a
+    time, on this 2-core VM; the fastest of several short passes on each side is the least
+    disturbed."""
     if not hasattr(model, "disable_adapter"):
-        return None
-    from tunelab.evaluate import evaluate_model
-
-    def seconds() -> float:
-        record, _ = evaluate_model(model, tokenizer, base, study, rows, "validation", labels=labels)
-        return record["seconds"]
-
-    # pairs, off then on, until 2 s are spent (a classifier's 4 examples take 0.1 s: one pair
-    # would be noise) or 5 pairs; the fastest of each side, the least disturbed
+        return None, None
+    timed = _AdapterPass(model, tokenizer, base, study, rows, labels)
+    # pairs, off then on: at least 3, then until 2 s are spent (a classifier's 4 examples take
+    # 0.1 s: three pairs would be noise), at most 5; the fastest of each side
     offs: list[float] = []
     ons: list[float] = []
-    while len(ons) < 5 and sum(offs) + sum(ons) < 2.0:
+    started = time.perf_counter()
+    while len(ons) < 3 or (len(ons) < 5 and time.perf_counter() - started < 2.0):
         with model.disable_adapter():
-            offs.append(seconds())
-        ons.append(seconds())
-    return round(min(ons) / min(offs), 3) if min(offs) > 0 else None
+            offs.append(timed())
+        ons.append(timed())
+    ratio = round(min(ons) / min(offs), 3) if min(offs) > 0 else None
+    how = {
+        "unit": timed.unit,
+        "pairs": len(ons),
+        "off_s": round(min(offs), 7),
+        "on_s": round(min(ons), 7),
+        "decode_steps": timed.decode_steps,
+    }
+    return ratio, how
+
+
+# decoding steps a generating task's adapter timing takes per pass: enough for a steady step
+# time after the prefill, few enough for several interleaved pairs (a pass of the whole
+# evaluation took 12-16 s on the extraction demo, so one pair was all the smoke could afford)
+RATIO_DECODE_STEPS = 16
+
+
+class _AdapterPass:
+    """One timed pass of the smoke's examples through the model as it stands (adapter on or
+    off): seconds per decoding step for a generating task (`unit` "decoding step"; the most
+    steps a pass decoded in `decode_steps`), else the evaluation's seconds ("evaluation")."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        base: Any,
+        study: Any,
+        rows: list[dict[str, Any]],
+        labels: Any,
+    ) -> None:
+        from tunelab.evaluate import _task_labels
+        from tunelab.preprocess import Preprocessor
+        from tunelab.tasks import get_task
+
+        self.model, self.tokenizer, self.base, self.study = model, tokenizer, base, study
+        self.rows, self.labels = rows, labels
+        cfg = study.config
+        task = get_task(cfg, _task_labels(study, labels))
+        self.generating = task.kind != "classification"
+        self.unit = "decoding step" if self.generating else "evaluation"
+        self.decode_steps: int | None = None
+        if self.generating:
+            ev = cfg.evaluation
+            pre = Preprocessor(tokenizer, cfg, task, base.architecture)
+            # one batch of the evaluation's prompts, as an evaluation builds them
+            self.prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
+            self.prompts = self.prompts[: ev.batch_size]
+            self.budget = min(ev.max_new_tokens, RATIO_DECODE_STEPS)
+
+    def __call__(self) -> float:
+        return self._step_s() if self.generating else self._evaluation_s()
+
+    def _evaluation_s(self) -> float:
+        from tunelab.evaluate import evaluate_model
+
+        record, _ = evaluate_model(
+            self.model,
+            self.tokenizer,
+            self.base,
+            self.study,
+            self.rows,
+            "validation",
+            labels=self.labels,
+        )
+        return record["seconds"]
+
+    def _step_s(self) -> float:
+        from tunelab.evaluate import generate_outputs
+
+        stats: list[dict[str, Any]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            generate_outputs(
+                self.model,
+                self.tokenizer,
+                self.prompts,
+                max_new_tokens=self.budget,
+                batch_size=len(self.prompts),
+                stats=stats,
+            )
+        finally:
+            self.model.train(was_training)
+        steps = sum(max(0, b["steps"] - 1) for b in stats)
+        self.decode_steps = max(self.decode_steps or 0, steps)
+        # outputs that all ended at their first token had no decoding step: time the prefill
+        return sum(b["decode_s"] for b in stats) / steps if steps else stats[0]["prefill_s"]
 
 
 def _smoke_body(
@@ -370,7 +466,7 @@ def _smoke_body(
         )
     )
     live_logits = probe_logits(model, tokenizer, base, study, eval_rows, labels)
-    timings["adapter_time_ratio"] = adapter_time_ratio(
+    timings["adapter_time_ratio"], timings["adapter_timing"] = adapter_time_ratio(
         model, tokenizer, base, study, eval_rows, labels
     )
     del model
