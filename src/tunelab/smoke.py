@@ -228,12 +228,6 @@ def run_smoke(
     return run, record
 
 
-# decoding steps a generating task's adapter timing takes per pass: enough for a steady step
-# time after the prefill, few enough for several interleaved pairs (a pass of the full budget
-# took 15 s on the extraction demo, so one pair was all the smoke could afford)
-RATIO_DECODE_STEPS = 16
-
-
 def adapter_time_ratio(
     model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict[str, Any]], labels: Any
 ) -> tuple[float | None, dict[str, Any] | None]:
@@ -311,8 +305,8 @@ class _AdapterPass:
             ev = cfg.evaluation
             pre = Preprocessor(tokenizer, cfg, task, base.architecture)
             # one batch of the evaluation's prompts, as an evaluation builds them
-            self.prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
-            self.prompts = self.prompts[: ev.batch_size]
+            first = rows[: ev.batch_size]
+            self.prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in first]
             self.budget = min(ev.max_new_tokens, RATIO_DECODE_STEPS)
 
     def __call__(self) -> float:
