@@ -309,6 +309,24 @@ def test_review_measures_the_spread_of_repeated_evaluations():
     assert repeat_spread([7.5, 9.9, 8.7]) == pytest.approx(100 * 2.4 / 8.7, abs=0.05)
 
 
+def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
+    from tunelab.plan import repeat_verdict
+
+    row = {"phase": "evaluation", "repeats_s": [50.8, 49.4], "repeat_spread_pct": 2.8}
+    outside = repeat_verdict({**row, "error_pct": -9.2, "within_repeat_spread": False})
+    assert outside == (
+        "evaluation: its 2 evaluations of one split took 50.8 and 49.4 s, a spread of 2.8 %; "
+        "the phase's error -9.2 % is outside it"
+    )
+    inside = repeat_verdict({**row, "error_pct": 2.0, "within_repeat_spread": True})
+    assert inside.endswith(
+        "+2.0 % is inside it: the plan is as close as the runs are to each other"
+    )
+    # a unit that ran once, or a phase with nothing measured: nothing to say
+    assert repeat_verdict({**row, "repeats_s": None, "repeat_spread_pct": None}) is None
+    assert repeat_verdict({**row, "error_pct": None, "within_repeat_spread": None}) is None
+
+
 def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, tiny_llama_dir):
     """The demo plans after the initial check; the dossier reviews that plan against the ledger
     as it is when the dossier is built, not as it was when the plan was made."""
@@ -337,6 +355,10 @@ def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, 
     line = next(x for x in section.splitlines() if x.startswith("| experiments"))
     assert f"{rows['experiments']['error_pct']:g}" in line  # the actual, measured after planning
     assert "2 evaluations of one split took" in section and "a spread of 22.2 %" in section
+    verdict = "inside it" if evaluation["within_repeat_spread"] else "outside it"
+    assert f"error {evaluation['error_pct']:+.1f} % is {verdict}" in section
+    fit, registered = plan["variants_that_fit"], plan["num_variants"]
+    assert f"{fit} variants would fit, the study registers {registered};" in section
 
 
 def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_path, tiny_llama_dir):

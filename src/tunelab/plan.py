@@ -736,6 +736,11 @@ def _eval_speed_factor(study: Study, run_id: str, figures: dict[str, Any]) -> fl
     return 1.0
 
 
+def _n(count: int, noun: str) -> str:
+    """'1 export', '2 exports'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _pct(planned: float | None, actual: float | None) -> float | None:
     return round(100 * (planned - actual) / actual, 1) if planned and actual else None
 
@@ -761,6 +766,22 @@ def describe_repeats(row: dict[str, Any]) -> str | None:
     return (
         f"{len(row['repeats_s'])} evaluations of one split took {times} s, a spread of "
         f"{row['repeat_spread_pct']:.1f} %"
+    )
+
+
+def repeat_verdict(row: dict[str, Any]) -> str | None:
+    """The review row's repeats and whether its error lies inside their spread, one sentence
+    for the CLI and the dossier; None when its unit ran once."""
+    repeats = describe_repeats(row)
+    if repeats is None or row.get("error_pct") is None:
+        return None
+    verdict = (
+        "inside it: the plan is as close as the runs are to each other"
+        if row["within_repeat_spread"]
+        else "outside it"
+    )
+    return (
+        f"{row['phase']}: its {repeats}; the phase's error {row['error_pct']:+.1f} % is {verdict}"
     )
 
 
@@ -823,14 +844,14 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         },
         {
             "phase": "experiments",
-            "what": f"{len(train)} of {plan['num_variants']} training runs",
+            "what": f"{len(train)} of {_n(plan['num_variants'], 'training run')}",
             "planned_s": len(train) * v["total_s"],
             "actual_s": sum(run_seconds(r) for r in train),
             "planned_at_run_speed_s": at_speed_train if train else None,
         },
         {
             "phase": "evaluation",
-            "what": f"{len(evals)} evaluations, {len(verify)} verifications",
+            "what": f"{_n(len(evals), 'evaluation')}, {_n(len(verify), 'verification')}",
             "planned_s": planned_eval,
             "actual_s": sum(run_seconds(r) for r in evals) + sum(verify),
             "planned_at_run_speed_s": at_speed_eval if evals else None,
@@ -838,14 +859,14 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         },
         {
             "phase": "resumption margin",
-            "what": f"{sum(1 for r in train if r.status == 'interrupted')} interrupted runs",
+            "what": _n(sum(1 for r in train if r.status == "interrupted"), "interrupted run"),
             "planned_s": plan["resume_each_s"] * plan["num_variants"],
             "actual_s": None,
             "planned_at_run_speed_s": None,
         },
         {
             "phase": "export",
-            "what": f"{len(exports)} exports",
+            "what": _n(len(exports), "export"),
             "planned_s": len(exports) * plan["export_s"],
             "actual_s": sum(exports),
             "planned_at_run_speed_s": None,

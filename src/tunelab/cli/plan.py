@@ -48,7 +48,7 @@ def plan(
 ) -> None:
     """A rental plan by phase from the measured step, evaluation and checkpoint times: margins,
     cost, how many variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.plan import RESOLUTION_S, describe_repeats, make_plan, review_plan
+    from tunelab.plan import RESOLUTION_S, make_plan, repeat_verdict, review_plan
 
     s = open_study(study, sets)
     if review:
@@ -86,13 +86,8 @@ def plan(
                 )
             )
         for r in result["rows"]:
-            if (repeats := describe_repeats(r)) is None:
-                continue
-            inside = "inside it: the plan is as close as the runs are to each other"
-            console.print(
-                f"{r['phase']}: its {repeats}; the phase's error {_pct(r['error_pct'])} is "
-                + (inside if r["within_repeat_spread"] else "outside it")
-            )
+            if (verdict := repeat_verdict(r)) is not None:
+                console.print(verdict)
         over = [
             f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
             f"planned (margin {r['margin_pct']}%)"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
-from tunelab.plan import RESOLUTION_S, describe_repeats, review_plan
+from tunelab.plan import RESOLUTION_S, repeat_verdict, review_plan
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.document import Section, render_html, render_markdown
@@ -496,7 +496,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
         cost = p.get("cost") or {}
         sec.text(
             f"{p.get('days')} days on {p.get('gpu')} at {p.get('gpu_hour_price')}/h: "
-            f"{p.get('variants_that_fit')} of {p.get('num_variants')} variants fit; busy "
+            f"{p.get('variants_that_fit')} variants would fit, the study registers "
+            f"{p.get('num_variants')}; busy "
             f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
             f"{cost.get('rental_cost', 0):.2f}."
         )
@@ -516,11 +517,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
             [_plan_row(ph, review) for ph in p.get("phases") or [] if isinstance(ph, dict)],
         )
         for r in review.values():
-            if (repeats := describe_repeats(r)) is not None:
-                sec.text(
-                    f"The {r['phase']} phase's {repeats}: an error inside it is the machine's "
-                    "run-to-run variation, not the plan's arithmetic."
-                )
+            if (verdict := repeat_verdict(r)) is not None:
+                sec.text(verdict[0].upper() + verdict[1:] + ".")
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
         for w in p.get("warnings") or []:
