@@ -18,12 +18,18 @@ Then the two figures #12 is judged by:
   every other one (a plan that had measured one of these very runs exactly), within 10 % in how
   many of the pairs.
 
-The last line reads `eval_cv_pct=X plan_within_10pct=k/n one_sample_within_10pct=m/pairs`.
+And for a phase of three such processes (the demo's evaluation phase: two evaluations and a
+verification), over every three of the evaluations taken as one phase: how often a plan exact to
+their mean lands within 10 % of it, and how often a plan from one other run does.
+
+The last line reads `eval_cv_pct=X plan_within_10pct=k/n one_sample_within_10pct=m/pairs
+phase_exact_plan_within_10pct=a/b phase_one_sample_within_10pct=c/d`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -39,6 +45,9 @@ from rich.table import Table
 from tunelab.plan import latest_plan, run_seconds
 from tunelab.records import read_json
 from tunelab.study import Study
+
+# the demo's evaluation phase: two evaluations and a verification, each its own process
+PHASE_PROCESSES = 3
 
 
 def _tunelab(study: Path, *args: str) -> None:
@@ -114,6 +123,7 @@ def main() -> None:
     pairs = [(a, x) for i, a in enumerate(evals) for j, x in enumerate(evals) if i != j]
     floor = sum(abs(a - x) <= 0.1 * x for a, x in pairs)
     cv = 100 * statistics.stdev(evals) / statistics.fmean(evals)
+    exact, from_one = _phase_floors(evals)
     console.print(
         f"plan {plan['id']}: an evaluation run planned at {planned:.2f} s; "
         f"within 10 % of {within} of {len(evals)} evaluations"
@@ -121,8 +131,27 @@ def main() -> None:
     print(
         json.dumps({"planned_s": planned, "evaluations_s": evals}),
         f"\neval_cv_pct={cv:.1f} plan_within_10pct={within}/{len(evals)} "
-        f"one_sample_within_10pct={floor}/{len(pairs)}",
+        f"one_sample_within_10pct={floor}/{len(pairs)} "
+        f"phase_exact_plan_within_10pct={exact[0]}/{exact[1]} "
+        f"phase_one_sample_within_10pct={from_one[0]}/{from_one[1]}",
     )
+
+
+def _phase_floors(evals: list[float], size: int = PHASE_PROCESSES) -> tuple[tuple, tuple]:
+    """The demo's evaluation phase is `size` processes. Over every `size` of these runs taken as
+    one phase: how often a plan exact to the runs' mean (`size` x mean) lands within 10 % of it,
+    and how often a plan from one other run (`size` x that run) does. (hits, cases) each."""
+    mean = statistics.fmean(evals)
+    exact = [0, 0]
+    one = [0, 0]
+    for phase in itertools.combinations(range(len(evals)), size):
+        actual = sum(evals[i] for i in phase)
+        exact[0] += abs(size * mean - actual) <= 0.1 * actual
+        exact[1] += 1
+        for j in set(range(len(evals))) - set(phase):
+            one[0] += abs(size * evals[j] - actual) <= 0.1 * actual
+            one[1] += 1
+    return tuple(exact), tuple(one)
 
 
 if __name__ == "__main__":
