@@ -757,31 +757,22 @@ def repeat_spread(seconds: list[float]) -> float | None:
     return round(100 * (max(seconds) - min(seconds)) / mean, 1) if mean > 0 else None
 
 
-def describe_repeats(row: dict[str, Any]) -> str | None:
-    """'2 evaluations of one split took 8.7 and 7.5 s, a spread of 15.0 %' for a review row
-    whose unit ran more than once, else None (the CLI and the dossier print it)."""
-    if row.get("repeat_spread_pct") is None:
+def repeat_verdict(row: dict[str, Any]) -> str | None:
+    """'evaluation: its 2 evaluations of one split took 8.7 and 7.5 s, a spread of 15.0 %; the
+    phase's error -11.2 % is inside it: ...' for a review row whose unit ran more than once,
+    one sentence for the CLI and the dossier; None when it ran once or nothing was measured."""
+    if row.get("repeat_spread_pct") is None or row.get("error_pct") is None:
         return None
     times = " and ".join(f"{x:.1f}" for x in row["repeats_s"])
-    return (
-        f"{len(row['repeats_s'])} evaluations of one split took {times} s, a spread of "
-        f"{row['repeat_spread_pct']:.1f} %"
-    )
-
-
-def repeat_verdict(row: dict[str, Any]) -> str | None:
-    """The review row's repeats and whether its error lies inside their spread, one sentence
-    for the CLI and the dossier; None when its unit ran once."""
-    repeats = describe_repeats(row)
-    if repeats is None or row.get("error_pct") is None:
-        return None
     verdict = (
         "inside it: the plan is as close as the runs are to each other"
         if row["within_repeat_spread"]
         else "outside it"
     )
     return (
-        f"{row['phase']}: its {repeats}; the phase's error {row['error_pct']:+.1f} % is {verdict}"
+        f"{row['phase']}: its {len(row['repeats_s'])} evaluations of one split took {times} s, "
+        f"a spread of {row['repeat_spread_pct']:.1f} %; the phase's error "
+        f"{row['error_pct']:+.1f} % is {verdict}"
     )
 
 
