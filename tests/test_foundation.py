@@ -66,7 +66,7 @@ def test_set_overrides_and_bad_set(tmp_path, capsys):
 
 def test_contradictions_rejected():
     base = yaml.safe_load(
-        __import__("tunelab.scaffold", fromlist=["x"]).render_study_yaml("format", "x")
+        __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml("format", "x")
     )
     base["task"]["regex"] = "^.*$"  # both json_schema and regex
     with pytest.raises(ConfigError, match="exactly one of"):

@@ -322,8 +322,8 @@ def _base_hash_seconds(study: Study) -> Figure:
     import hashlib
     import time
 
-    from tunelab.assets import resolve_path
     from tunelab.models.identity import identity_files
+    from tunelab.study import resolve_path
 
     path = resolve_path(study.config.model.path, study.root)
     try:

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from tunelab import assets
-from tunelab.demo_data import write_spam_extraction
+from tunelab.demo import assets
+from tunelab.demo.data import write_spam_extraction
 from tunelab.errors import StudyError
 
 DEMO_TASKS = ("classification", "extraction")
