@@ -165,7 +165,7 @@ def extraction_study(root: Path) -> dict[str, Any]:
         "evaluation": {
             "split": "validation",
             "batch_size": 8,
-            # the longest training answer with its EOS (at 64, a fifth were cut short)
+            # the longest training answer with its EOS (64 would cut a fifth of them short)
             "max_new_tokens": 96,
             "max_examples": 20,
         },
