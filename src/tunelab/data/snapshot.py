@@ -32,7 +32,10 @@ from tunelab.data.splits import (
     SPLITS,
     check_user_splits,
     counts_by_category,
+    counts_by_kinds,
     ensure_coverage,
+    ensure_kind_coverage,
+    kind_gaps,
     sample_by_hash,
     split_by_hash,
 )
@@ -212,6 +215,16 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
+def _target_kinds(study: Study, rows: list[SourceRow]) -> list[list[str]] | None:
+    """Each row's target kinds that extraction scoring treats apart; None for other tasks."""
+    if study.config.task.kind != "extraction":
+        return None
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config)
+    return [task.target_kinds({"id": r.where, "target": r.target}) for r in rows]
+
+
 def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
@@ -284,6 +297,10 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
                 splits, keys, labels, cfg.splits, strict=cfg.splits.stratify and has_label
             )
             notes += warnings
+        kinds = _target_kinds(study, [rows[i] for i in kept])
+        if kinds is not None and cfg.splits.stratify == "target_kind" and method == "hash":
+            splits, kind_moves = ensure_kind_coverage(splits, keys, kinds, cfg.splits)
+            moved += kind_moves
         if "train" not in splits:
             raise DataError(
                 f"{source_path}: no row in the train split ({len(kept)} rows)",
@@ -314,6 +331,11 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         examples[splits[k]].append(
             {"id": row_ids[k], "text": texts[k], "label": r.label, "target": r.target}
         )
+    final_kinds = None
+    if kinds is not None:
+        final = [k for k in range(len(kept)) if k not in removed]
+        final_kinds = counts_by_kinds([splits[k] for k in final], [kinds[k] for k in final])
+        notes += kind_gaps([splits[k] for k in final], [kinds[k] for k in final], cfg.splits)
     final_labels = {s: {e["label"] for e in examples[s]} for s in SPLITS}
     fractions = cfg.splits.model_dump()
     for lab in sorted({lab for lab in labels if lab is not None}) if method == "hash" else []:
@@ -429,6 +451,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
                 [s for s in SPLITS for _ in examples[s]],
                 [e["label"] for s in SPLITS for e in examples[s]],
             ),
+            "target_kinds": final_kinds,
         },
         "duplicates": summary,
         "labels": label_set,
