@@ -319,8 +319,8 @@ def _answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
 
 def _base_hash_seconds(study: Study) -> Figure:
     """Seconds to sha256 the base model's files: their size over a hashing rate measured now."""
-    from tunelab.assets import resolve_path
     from tunelab.models.identity import identity_files
+    from tunelab.study import resolve_path
 
     path = resolve_path(study.config.model.path, study.root)
     try:
