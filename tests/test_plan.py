@@ -153,7 +153,7 @@ def test_steps_and_padded_lengths():
 
 def _study(root: Path, model_dir: Path) -> Study:
     from tunelab import hypothesis as hyp
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
