@@ -165,6 +165,33 @@ def eval_speed_factor(study: Study, run_id: str, planned: PlannedUnits) -> float
     return 1.0
 
 
+def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
+    """Whether the runs reviewed ran where the plan is for: a GPU plan against runs on the CPU
+    (or on another GPU) measures the machines, not the plan."""
+    projection = plan.get("projection")
+    if not projection:
+        return []
+    from tunelab.plan.catalog import gpu_of_device
+
+    elsewhere: dict[str, int] = {}
+    for r in study.list_runs():
+        if r.kind not in ("train", "eval", "baseline", "smoke") or r.status == "running":
+            continue
+        path = study.runs_dir / r.id / "env.json"
+        env = read_json(path) if path.exists() else {}
+        names = [g.get("name") for g in env.get("gpus") or []]
+        on_gpu = str(env.get("compute_device") or "").startswith("cuda") and names
+        gpu = gpu_of_device(names[0]) if on_gpu else None
+        if gpu is None or gpu.id != projection["gpu"]:
+            where = names[0] if on_gpu else str(env.get("compute_device") or "cpu")
+            elsewhere[where] = elsewhere.get(where, 0) + 1
+    return [
+        f"{_n(count, 'run')} ran on {where}, not on {projection['gpu_name']}: their durations "
+        "test the machine, not this plan"
+        for where, count in elsewhere.items()
+    ]
+
+
 def _n(count: int, noun: str) -> str:
     """'1 export', '2 exports'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
@@ -297,6 +324,7 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
     at_speed = [r for r in rows if r.error_at_run_speed_pct is not None]
     return {
         "plan": planned.plan_id,
+        "notes": device_notes(study, plan),
         "rows": [asdict(r) for r in rows],
         "max_error_pct": max((abs(r.error_pct) for r in measured), default=None),  # type: ignore[arg-type]
         "max_error_at_run_speed_pct": max(
