@@ -12,7 +12,8 @@ import yaml
 
 from helpers import run_cli
 from test_verify import write_study
-from tunelab.smoke import RATIO_DECODE_STEPS, SnapshotSample, smoke_overrides
+from tunelab.plan.probes import RATIO_DECODE_STEPS
+from tunelab.smoke import SnapshotSample, smoke_overrides
 
 TIMING_KEYS = ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s")
 
