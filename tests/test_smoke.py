@@ -132,6 +132,7 @@ def test_smoke_times_a_generating_adapter_per_decoding_step(tmp_path, tiny_llama
     code, out, err = run_cli(capsys, "smoke", "-s", root, "--eval-examples", "3")
     assert code == 0, (out, err)
     assert "unmerged adapter" in out and "per decoding step" in out
+    assert "Parameters (lora)" in out and "lora_A" in out  # the audit, rendered by the CLI
     path = next((root / "records" / "runs").glob("smoke-*/smoke.json"))
     record = json.loads(path.read_text())
     how = record["adapter_timing"]
