@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,14 +184,8 @@ class SchemaScorer:
     def keys(self, node: Mapping[str, Any], gold: Mapping[str, Any]) -> list[str]:
         """The fields of `node` judged on `gold`: required, else properties, that gold has; an
         object schema naming none compares every key of gold."""
-        node = self.resolve(node)
-        named = node.get("required")
-        if not isinstance(named, list):
-            props = node.get("properties")
-            named = list(props) if isinstance(props, Mapping) else None
-        if named is None:
-            return list(gold)
-        return [k for k in named if k in gold]
+        named = _named(self.resolve(node))
+        return list(gold) if named is None else [k for k in named if k in gold]
 
     def kind(self, node: Mapping[str, Any]) -> str:
         node = self.resolve(node)
@@ -211,12 +205,12 @@ class SchemaScorer:
         if depth > 16:  # a recursive schema: deeper values compare whole
             return
         if kind == "object":
-            for key in self.keys(node, dict.fromkeys(_named(node))):
+            for key in _named(node) or []:
                 self._walk(self.child(node, key), join_path(path, key), depth + 1)
         elif kind in LIST_KINDS:
             item = self.items(node)
             if kind == "list_of_objects":
-                for key in self.keys(item, dict.fromkeys(_named(item))):
+                for key in _named(item) or []:
                     self._walk(self.child(item, key), f"{path}[].{key}", depth + 1)
             elif "array" in _types(item):
                 self._walk(item, f"{path}[]", depth + 1)
@@ -328,6 +322,8 @@ class SchemaScorer:
         inherited: str | None,
         out: dict[str, Counter[str]],
     ) -> bool:
+        """Judge one slot at `path` (and the slots below it), add its counts to `out`, and
+        say whether it matches."""
         c = out.setdefault(path, Counter())
         c["slots"] += 1
         given = answer is not MISSING
@@ -410,9 +406,10 @@ class SchemaScorer:
         return out
 
 
-def _named(node: Mapping[str, Any]) -> Sequence[str]:
+def _named(node: Mapping[str, Any]) -> list[str] | None:
+    """An object schema's scored fields: `required`, else `properties`; None when it names none."""
     named = node.get("required")
     if isinstance(named, list):
-        return named
+        return [str(k) for k in named]
     props = node.get("properties")
-    return list(props) if isinstance(props, Mapping) else []
+    return list(props) if isinstance(props, Mapping) else None
