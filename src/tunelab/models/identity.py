@@ -184,3 +184,8 @@ def detect_architecture(config: dict[str, Any]) -> str:
         "a causal LM",
         hint="set model.architecture: encoder or model.architecture: causal_lm in study.yaml",
     )
+
+
+def hub_source(identity: dict[str, Any]) -> dict[str, Any] | None:
+    """{repo_id, repo_type, revision, commit} of a base that came from the hub, else None."""
+    return (identity.get("source") or {}).get("hub")
