@@ -25,7 +25,7 @@ def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
         return
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
 
 @app.command()

@@ -55,11 +55,10 @@ def register(
         emit_json({"created": created, "notes": notes, **record})
         return
     for key, pin in pins.items():
-        console.print(
-            f"  {key}: {pin['repo_id']}@{pin['revision']} pinned to commit {pin['commit']}"
-        )
+        line = f"  {key}: {pin['repo_id']}@{pin['revision']} pinned to commit {pin['commit']}"
+        console.print(line, soft_wrap=True)  # a commit is copied whole, not cut at the margin
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     v, sha = record["version"], record["sha256"]
     if not created:
         console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")

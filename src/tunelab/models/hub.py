@@ -29,6 +29,13 @@ def model_patterns(model_cfg: ModelConfig) -> list[str]:
     return MODEL_PATTERNS + (["*.py"] if model_cfg.trust_remote_code else [])
 
 
+def identity_patterns(model_cfg: ModelConfig, snap: HubSnapshot) -> list[str]:
+    """The files of the snapshot folder that make up the base (a cache filled by a full
+    `hf download` holds more): what `fetch_base` fetched."""
+    patterns = model_patterns(model_cfg)
+    return patterns if _has(snap, (".safetensors",)) else patterns + PICKLE_PATTERNS
+
+
 def fetch_base(model_cfg: ModelConfig, commit: str | None = None) -> HubSnapshot:
     """`model.name` at `commit` (a pin) or at `model.revision` (default main), in the cache.
 

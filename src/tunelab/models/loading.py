@@ -11,12 +11,14 @@ from tunelab.errors import ModelError
 from tunelab.models._quiet import quiet_transformers
 from tunelab.models.adapt import head_module_names
 from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
+from tunelab.models.hub import fetch_base, identity_patterns
 from tunelab.models.identity import (
     detect_architecture,
     hub_source,
     model_identity,
     read_model_config,
 )
+from tunelab.pins import pinned_commit
 from tunelab.study import resolve_path
 
 if TYPE_CHECKING:
@@ -53,9 +55,6 @@ def resolve_model(
     """
     hub = None
     if model_cfg.hub_id:
-        from tunelab.models.hub import fetch_base
-        from tunelab.pins import pinned_commit
-
         if commit is None and root is not None:
             commit = pinned_commit(root, "model", model_cfg.hub_id)
         hub = fetch_base(model_cfg, commit)
@@ -97,6 +96,7 @@ def resolve_model(
         revision=hub.commit if hub else model_cfg.revision,
         trust_remote_code=model_cfg.trust_remote_code,
         source=source or None,
+        patterns=identity_patterns(model_cfg, hub) if hub and not model_cfg.gguf_file else None,
     )
     identity["architecture"] = architecture
     return BaseModel(
@@ -122,7 +122,6 @@ def base_folder(model_cfg: ModelConfig, root: Path | None = None) -> Path:
     if not model_cfg.hub_id:
         return resolve_path(model_cfg.path, root)
     from tunelab.hub import cached_commit, repo_folder
-    from tunelab.pins import pinned_commit
 
     repo = model_cfg.hub_id
     commit = (pinned_commit(root, "model", repo) if root else None) or cached_commit(
