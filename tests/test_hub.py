@@ -30,6 +30,7 @@ def hub_cache(tmp_path, monkeypatch, tiny_llama_dir) -> Path:
     cache = tmp_path / "hf-cache"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
     write_snapshot(tiny_llama_dir, REPO, refs=("main", "v1"), commit=COMMIT_A)
     return cache
 
@@ -182,26 +183,52 @@ def test_config_path_or_hub_id():
 # ---------------------------------------------------------------- pinning at register
 
 
-def write_hub_study(root: Path, *, revision: str | None = None, steps: int = 2) -> Path:
-    """An extraction study on the tiny Llama named by hub id (12 emails in mail.jsonl)."""
+DATA_REPO = "tunelab-test/mail"
+DATA_COMMIT = "d" * 40
+
+
+def mail_rows(n: int = 12) -> list[dict[str, str]]:
+    rows = []
+    for i in range(n):
+        sender, subject = f"user{i % 3}@example.com", f"note {i % 4}"
+        text = f"From: {sender}\nSubject: {subject}\n\nhello {i}"
+        target = json.dumps({"sender": sender, "subject": subject})
+        rows.append({"id": f"m{i}", "text": text, "target": target})
+    return rows
+
+
+def write_mail_dataset(tmp_path: Path) -> None:
+    """The 12 emails as a hub data set of Parquet files, one per split (8/2/2), at DATA_COMMIT."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "mail-dataset"
+    (folder / "data").mkdir(parents=True)
+    rows = mail_rows()
+    for split, part in (("train", rows[:8]), ("validation", rows[8:10]), ("test", rows[10:])):
+        table = pa.Table.from_pylist(part)
+        pq.write_table(table, folder / "data" / f"{split}-00000-of-00001.parquet")
+    (folder / "README.md").write_text("# mail\n\nTwelve short emails.\n")
+    write_snapshot(folder, DATA_REPO, repo_type="dataset", commit=DATA_COMMIT)
+
+
+def write_hub_study(
+    root: Path, *, revision: str | None = None, steps: int = 2, hub_data: bool = False
+) -> Path:
+    """An extraction study on the tiny Llama named by hub id: 12 emails in mail.jsonl, or the
+    hub data set DATA_REPO with its own splits."""
     from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
-    rows = [
-        {
-            "id": f"m{i}",
-            "text": f"From: user{i % 3}@example.com\nSubject: note {i % 4}\n\nhello {i}",
-            "target": json.dumps(
-                {"sender": f"user{i % 3}@example.com", "subject": f"note {i % 4}"}
-            ),
-        }
-        for i in range(12)
-    ]
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
     raw = yaml.safe_load(render_study_yaml("extraction", "hub-study"))
     raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
     raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
+    if hub_data:
+        raw["data"]["source"] = {"format": "hub", "name": DATA_REPO}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
+    if hub_data:
+        raw["data"]["fields"]["split"] = "__split__"  # keep the data set's own splits
     raw["data"]["cleaning"] = []
     raw["data"]["dedup"]["near"] = False
     raw["model"] = {"name": REPO, **({"revision": revision} if revision else {})}
@@ -265,10 +292,20 @@ def test_register_offline_and_missing_is_refused(hub_cache, tmp_path, capsys):
 
 
 def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llama_dir, capsys):
-    root = write_hub_study(tmp_path / "study", steps=2)
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", steps=2, hub_data=True)
     for args in (["register"], ["data"], ["baseline"]):
         code, out, err = run_cli(capsys, *args, "-s", root)
         assert code == 0, (args, out, err)
+    record = json.loads((root / "records" / "hypothesis-v1.json").read_text())
+    assert record["content"]["pins"]["data"]["commit"] == DATA_COMMIT
+    (manifest_path,) = (root / "records" / "data").glob("*/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    data_hub = manifest["source"]["hub"]
+    assert data_hub["repo_id"] == DATA_REPO and data_hub["commit"] == DATA_COMMIT
+    assert data_hub["splits"] == {"train": 8, "validation": 2, "test": 2}
+    assert set(data_hub["fingerprints"]) == {"train", "validation", "test"}
+    assert manifest["counts"]["final"] == {"train": 8, "validation": 2, "test": 2}
     move_main(tmp_path, tiny_llama_dir)  # main moves after register: nothing below follows it
     code, out, err = run_cli(capsys, "train", "-s", root, "--name", "lora", "--json")
     assert code == 0, (out, err)
@@ -297,3 +334,38 @@ def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llam
     code, out, err = run_cli(capsys, "check-export", export["path"], "--base", f"{REPO}@main")
     assert code == 2
     assert f"commit {COMMIT_B}" in err and f"{REPO}@{COMMIT_A}" in err
+
+
+# ---------------------------------------------------------------- data sets
+
+
+def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
+    from tunelab.data import build_snapshot, load_snapshot
+    from tunelab.errors import DataError, EvaluationError
+    from tunelab.study import Study
+
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
+    study = Study.open(root)
+    build_snapshot(study, progress=False)
+    snap = load_snapshot(study)
+    assert [r["id"] for r in snap.rows("validation")] == ["m8", "m9"]
+    with pytest.raises(EvaluationError):
+        snap.rows("test")  # the data set's own test split is sealed like any other
+
+    def snapshot_with(**source):
+        raw = yaml.safe_load((root / "study.yaml").read_text())
+        raw["data"]["source"].update(source)
+        (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        with pytest.raises(DataError) as exc:
+            build_snapshot(Study.open(root), progress=False)
+        return exc.value
+
+    exc = snapshot_with(splits=["train", "dev"])
+    assert "no split 'dev'" in exc.message and "data.source.splits" in exc.hint
+    exc = snapshot_with(splits=None, config="nope")
+    assert "data.source.config" in exc.hint
+    exc = snapshot_with(config=None, name="tunelab-test/absent")
+    assert "not in the cache" in exc.message and "--repo-type dataset" in exc.hint
