@@ -56,7 +56,7 @@ def _labels(study: Study) -> list[str]:
 def _facts(
     study: Study, sizing: dict[str, Any] | None, labels: list[str]
 ) -> tuple[ModelFacts, str]:
-    if sizing and sizing.get("facts"):
+    if sizing and (sizing.get("facts") or {}).get("layer_training") is not None:
         return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
     from tunelab.study import resolve_path
 

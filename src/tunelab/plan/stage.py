@@ -140,6 +140,7 @@ def _projected_plan(
     price = gpu.price_per_hour if gpu_hour_price is None else gpu_hour_price
     plan = build_plan(figures, cfg, days=days, gpu_hour_price=price * gpus)
     plan.gpu = f"{gpus}x {gpu.name}"
+    plan.device = f"{plan.gpu} (projected)"
     plan.warnings = [*proj.notes, *plan.warnings]
     projection = {
         **proj.to_dict(),
