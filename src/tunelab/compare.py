@@ -211,6 +211,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
             "training.keep_last_checkpoints",
             "training.update_check_steps",
             "training.num_threads",
+            "training.log_to",
         ),
     ),
 ]

@@ -274,6 +274,17 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
+    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="Live mirrors of the step metrics: tensorboard (event files in the run "
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+    )
+
+    @model_validator(mode="after")
+    def _check_log_to(self) -> TrainingConfig:
+        if len(set(self.log_to)) != len(self.log_to):
+            raise ValueError(f"training.log_to names a backend twice: {self.log_to}")
+        return self
 
 
 class EvaluationConfig(Section):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
-from tunelab.plan import RESOLUTION_S, repeat_verdict, review_plan
+from tunelab.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.decision import decide, final_test, format_ci
@@ -74,6 +74,8 @@ def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any
         within = ("yes" if r["within_margin"] else "no") + (
             f" (under {RESOLUTION_S:g} s)" if r.get("below_resolution") else ""
         )
+        if r.get("far_off"):
+            within += ", but far off"
 
     def seconds(x: float | None) -> str | None:
         return None if x is None else f"{x:.1f}"
@@ -449,7 +451,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     for p in data["plans"][-1:]:
         cost = p.get("cost") or {}
         sec.text(
-            f"{p.get('days')} days on {p.get('gpu')} at {p.get('gpu_hour_price')}/h: "
+            f"{p.get('days')} days on {p.get('device') or p.get('gpu')} at "
+            f"{p.get('gpu_hour_price')}/h: "
             f"{p.get('variants_that_fit')} variants would fit, the study registers "
             f"{p.get('num_variants')}; busy "
             f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
@@ -473,6 +476,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
         for r in review.values():
             if (verdict := repeat_verdict(r)) is not None:
                 sec.text(verdict[0].upper() + verdict[1:] + ".")
+            if (remark := far_off_remark(r)) is not None:
+                sec.text("Far off: " + remark + ".")
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
         for w in p.get("warnings") or []:

@@ -46,6 +46,7 @@ from tunelab.records import (
     write_jsonl_atomic,
 )
 from tunelab.study import Run, Study
+from tunelab.track.live import LiveLogger
 from tunelab.train import checkpoint as ckpt
 from tunelab.train import distributed
 from tunelab.train.batches import DataOrder, Position, StepSource, eval_batches
@@ -546,6 +547,7 @@ def _train(
             val["last"] = row["val_loss"]
         if strategy.is_main:
             append_jsonl(run.path("metrics.jsonl"), row)
+            live.log(row)
         saved_now = False
         if s.step == steps or (t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0):
             save(s)
@@ -567,14 +569,21 @@ def _train(
             )
 
     beat.step, beat.total_steps = state.step, steps
+    live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
+    if val["initial"] is not None:
+        live.log({"step": 0, "val_loss": val["initial"]})
     try:
         if state.step < steps:
             train_loop(loop, state, on_step)
         else:
             save(state)  # killed after the last step but before the record was finished
+    except BaseException as exc:
+        live.close(exc)
+        raise
     finally:
         if bar is not None:
             bar.close()
+    live.close()
     final = ckpt.latest_checkpoint(root)
     assert final is not None and final.name == ckpt.step_dir_name(steps)
     if strategy.is_main:
