@@ -437,6 +437,7 @@ def mlflow_server(tmp_path):
         stderr=subprocess.STDOUT,
         start_new_session=True,
         cwd=tmp_path,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # no job workers
     )
     url = f"http://127.0.0.1:{port}"
     try:
