@@ -168,6 +168,17 @@ def test_log_to_names_only_known_backends(tmp_path, tiny_bert_dir):
         Study.open(root, ["training.log_to=[mlflow, mlflow]"])
 
 
+def test_the_trackers_are_imported_only_when_used():
+    code = (
+        "import sys, tunelab.cli, tunelab.cli.track, tunelab.track.live, "
+        "tunelab.track.mlflow_mirror, tunelab.track.tensorboard\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'tensorboard')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_missing_extra_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
