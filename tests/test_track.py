@@ -146,6 +146,17 @@ def test_flatten_params_points_and_keys():
     )
 
 
+def test_a_half_written_last_line_waits_only_while_the_run_runs(tmp_path):
+    from tunelab.errors import StudyError
+    from tunelab.track.flatten import step_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    assert step_rows(path, running=True) == [{"step": 1, "loss": 2.0}]
+    with pytest.raises(StudyError, match="metrics.jsonl:2: not valid JSON"):
+        step_rows(path, running=False)
+
+
 def test_a_live_mlflow_run_ends_with_the_runs_outcome():
     from tunelab.track.live import mlflow_end_status
     from tunelab.train import RunFailed, RunInterrupted
