@@ -30,7 +30,7 @@ from tunelab.track.optional import INSTALL_HINT, TrackingError, TrackingWarning,
 
 STEPS = 6
 NAME = "track-test"
-MIRRORS = 6  # baseline, lora, its evaluation, the failed and the stopped run; the study
+MIRRORS = 7  # baseline, lora, its evaluation, the failed, invalid and stopped runs; the study
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +46,13 @@ def one_thread(monkeypatch):
 
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
-    """register -> data -> baseline -> train (TensorBoard live) -> eval, a failed run, a run
-    stopped by SIGTERM after step 3, compare, report."""
+    """register -> data -> baseline -> train (TensorBoard live) -> eval, a failed run, an
+    invalid run (a learning rate too small to move a weight), a run stopped by SIGTERM after
+    step 3, compare, report."""
     from tunelab.compare import compare_study, save_compare
     from tunelab.evaluate import run_baseline, run_eval
     from tunelab.report import build_report
-    from tunelab.train import RunInterrupted, train_run
+    from tunelab.train import InvalidRun, RunInterrupted, train_run
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -68,6 +69,8 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
     broken = Study.open(root, ["training.optimizer=NoSuchOptimizer"])
     with pytest.raises(ConfigError):
         train_run(broken, name="no-such-optimizer", parent=lora.id, why="an optimizer typo")
+    with pytest.raises(InvalidRun):
+        train_run(Study.open(root, ["training.lr=1e-30"]), name="frozen", why="lr 1e-30")
     os.environ["TUNELAB_TEST_KILL_AT"] = "term:3"
     try:
         with pytest.raises(RunInterrupted):
@@ -211,6 +214,9 @@ def test_sync_reads_back_with_mlflow_client(study_dir, tmp_path, sqlite_uri, sto
     assert failed.data.tags["tunelab.parent"] == names["lora"]
     assert "unknown optimizer" in failed.data.tags["tunelab.reason"]
     assert "SIGTERM after step 3" in stopped.data.tags["tunelab.reason"]
+    invalid = runs[names["frozen"]]
+    assert invalid.info.status == "FAILED" and invalid.data.tags["tunelab.status"] == "invalid"
+    assert "update check" in invalid.data.tags["tunelab.reason"]
     assert evaluation.data.tags["mlflow.parentRunId"] == lora.info.run_id
 
     # step metrics with their steps, as metrics.jsonl holds them

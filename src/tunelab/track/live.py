@@ -182,6 +182,10 @@ class LiveLogger:
             w.put(dict(row))
         self._warn()
 
+    def __call__(self, state: Any, row: dict[str, Any]) -> None:
+        """A step callback of the training loop: `(state, row)`, the row as metrics.jsonl has it."""
+        self.log(row)
+
     def _warn(self) -> None:
         for w in self.workers:
             if w.problem:
