@@ -146,6 +146,17 @@ def test_flatten_params_points_and_keys():
     )
 
 
+def test_a_half_written_last_line_waits_only_while_the_run_runs(tmp_path):
+    from tunelab.errors import StudyError
+    from tunelab.track.flatten import step_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    assert step_rows(path, running=True) == [{"step": 1, "loss": 2.0}]
+    with pytest.raises(StudyError, match="metrics.jsonl:2: not valid JSON"):
+        step_rows(path, running=False)
+
+
 def test_a_live_mlflow_run_ends_with_the_runs_outcome():
     from tunelab.track.live import mlflow_end_status
     from tunelab.train import RunFailed, RunInterrupted
@@ -166,6 +177,17 @@ def test_log_to_names_only_known_backends(tmp_path, tiny_bert_dir):
     )
     with pytest.raises(ConfigError, match="twice"):
         Study.open(root, ["training.log_to=[mlflow, mlflow]"])
+
+
+def test_the_trackers_are_imported_only_when_used():
+    code = (
+        "import sys, tunelab.cli, tunelab.cli.track, tunelab.track.live, "
+        "tunelab.track.mlflow_mirror, tunelab.track.tensorboard\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'tensorboard')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 def test_missing_extra_is_named(monkeypatch):

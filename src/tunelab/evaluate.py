@@ -31,6 +31,7 @@ from tunelab import metrics as M
 from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.models.identity import hub_source
 from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 
@@ -346,6 +347,7 @@ def evaluate_model(
         "hypothesis_sha256": hypothesis["sha256"],
         "task_kind": task.kind,
         "architecture": architecture,
+        "base_hub": hub_source(getattr(base, "identity", None) or {}),  # repo and commit, or None
         "labels": list(task.labels) if task.labels else None,
         "fields": list(getattr(task, "fields", []) or []) or None,
         "n": len(rows),

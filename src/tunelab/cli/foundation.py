@@ -10,16 +10,22 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.config import load_config
 from tunelab.env import capture_env
+from tunelab.pins import drift
 
 
 @app.command()
 def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Check study.yaml and report every problem at once."""
     cfg = load_config(study / "study.yaml", sets or [])
+    notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
-        emit_json({"valid": True, "config_sha256": cfg.sha256(), "config": cfg.to_dict()})
+        emit_json(
+            {"valid": True, "config_sha256": cfg.sha256(), "config": cfg.to_dict(), "notes": notes}
+        )
         return
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
 
 @app.command()

@@ -36,7 +36,7 @@ from tunelab.export.manifest import (
     tree_hashes,
 )
 from tunelab.hypothesis import latest_hypothesis
-from tunelab.models import BaseModel, resolve_model, verify_identity
+from tunelab.models import BaseModel, hub_source, resolve_recorded, verify_identity
 from tunelab.models.identity import TOKENIZER_FILES
 from tunelab.records import (
     dumps_json,
@@ -252,7 +252,7 @@ def _open_source(study: Study, run: Run) -> _Source:
             + ", ".join(files_check["changed"] + files_check["missing"]),
             hint=f"the checkpoint is damaged; `tunelab verify {row.id}` records the check",
         )
-    base = resolve_model(cfg.model, root=study.root)
+    base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
     identity = record.get("base_model") or base.identity
     try:
         verify_identity(identity, base.path)
@@ -354,6 +354,7 @@ def _build_manifest(
         "base": {
             **{k: v for k, v in src.identity.items() if k != "path"},
             "architecture": src.base.architecture,
+            "hub": hub_source(src.identity),  # {repo_id, revision, commit} of a hub base
             "path_at_export": str(src.base.path),
         },
         "task": {

@@ -58,10 +58,10 @@ def _facts(
 ) -> tuple[ModelFacts, str]:
     if sizing and (sizing.get("facts") or {}).get("layer_training") is not None:
         return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
-    from tunelab.study import resolve_path
+    from tunelab.models.loading import base_folder
 
     cfg = study.config
-    folder = resolve_path(cfg.model.path, study.root)
+    folder = base_folder(cfg.model, study.root)  # a hub base: its snapshot in the hub cache
     config = read_model_config(folder)
     facts = facts_from_config(
         config,

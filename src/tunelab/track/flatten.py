@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
-from tunelab.records import read_json, read_jsonl, sha256_file
+from tunelab.errors import StudyError
+from tunelab.records import read_json, sha256_file
 
 if TYPE_CHECKING:
     from tunelab.study import Study
@@ -240,6 +241,28 @@ def _run_files(run_dir: Path) -> list[tuple[Path, str]]:
     ]
 
 
+def step_rows(path: Path, running: bool) -> list[dict[str, Any]]:
+    """The lines of a metrics.jsonl; a running run's last line may be half written and is
+    left for the next sync, anywhere else a broken line is a damaged record."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if running and number == len(lines):
+                break
+            raise StudyError(
+                f"{path}:{number}: not valid JSON: the record is damaged",
+                hint="restore it from a copy; records are never rewritten by tunelab",
+            ) from None
+    return rows
+
+
 def _evaluations(study: Study, row: Any, rows: list[Any]) -> list[tuple[dict[str, Any], Any]]:
     """(record, created_at) of each evaluation of `row`: its own metrics-<split>.json files,
     then those of its completed `eval` runs, oldest first."""
@@ -259,10 +282,11 @@ def _compares(study: Study) -> list[dict[str, Any]]:
 
 
 def mirror_run(
-    study: Study, row: Any, rows: list[Any], compares: list[dict[str, Any]]
+    study: Study, row: Any, rows: list[Any], compares: list[dict[str, Any]], points: bool = True
 ) -> RunMirror:
     """The mirror of one run from its folder, its ledger row, its evaluations and the
-    comparisons that list it."""
+    comparisons that list it; `points=False` leaves out its metrics (a live logger reads no
+    metrics.jsonl that the run is appending to)."""
     run_dir = study.runs_dir / row.id
     record = read_json(run_dir / "config.json")
     env_path = run_dir / "env.json"
@@ -282,7 +306,7 @@ def mirror_run(
         files=_run_files(run_dir),
     )
     metrics_path = run_dir / "metrics.jsonl"
-    for r in read_jsonl(metrics_path) if metrics_path.exists() else []:
+    for r in step_rows(metrics_path, row.status == "running") if points else []:
         mirror.points += step_points(r, start + int(1000 * (r.get("elapsed_s") or 0)))
     per_split: dict[str, int] = {}
     for rec, created in _evaluations(study, row, rows):

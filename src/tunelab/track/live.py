@@ -74,7 +74,7 @@ class MlflowBackend:
         name = mm.experiment_name(study)
         exp_id = mm.ensure_experiment(self.client, name, target, describe_study(study))
         row = study.ledger.get_run(self.run.id)
-        mirror = mirror_run(study, row, [row], [])
+        mirror = mirror_run(study, row, [row], [], points=False)
         existing = mm.find_runs(self.client, exp_id).get(self.run.id)
         ml_run, created = mm.open_mlflow_run(self.client, exp_id, mirror, existing, None)
         mm.push_static(self.client, ml_run, mirror, None)

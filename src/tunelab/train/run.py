@@ -729,7 +729,7 @@ def load_run_model(
     ("step-000010"). Raises CheckpointError when the run has no such checkpoint and ModelError
     when the base model no longer matches the one the run trained.
     """
-    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_model
+    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_recorded
 
     run = study.get_run(run) if isinstance(run, str) else run
     record = read_json(run.path("config.json"))
@@ -757,8 +757,8 @@ def load_run_model(
                 hint=f"its checkpoints: {', '.join(found) or 'none'}",
             )
     ckpt.read_checkpoint_state(path)
-    base = resolve_model(cfg.model, root=study.root)
     recorded = record.get("base_model") or {}
+    base = resolve_recorded(cfg.model, study.root, recorded)
     if recorded.get("sha256") and recorded["sha256"] != base.identity["sha256"]:
         raise ModelError(
             f"the base model at {base.path} is not the one run {run.id} trained",
