@@ -279,6 +279,10 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
         assert set(r["variants"]) == {"3", "7", "30"}
     kinds = {i["name"]: i["kind"] for i in result["inputs"]}
     assert kinds["model"] == "read" and kinds["lengths"] == "assumed"
+    # no tokenizer: the snapshot's texts at 4 characters a token, not max_seq_len for all
+    lengths = next(i["value"] for i in result["inputs"] if i["name"] == "lengths")
+    mean = float(lengths.split()[1].rstrip(","))
+    assert 10 < mean < 100 and "4 characters a token" in result["inputs"][1]["source"]
     assert "H100-SXM" in result["sources"]
     code, out, err = run_cli(capsys, "plan", "-s", config_only_study, "--compare-gpus")
     assert code == 0, err

@@ -31,6 +31,8 @@ from tunelab.study import Study
 DISK_BYTES_PER_S = 1e9  # reading or writing model files on the rental (assumed)
 TOKENIZE_S_PER_EXAMPLE = 1e-3  # tokenizing one example (assumed, without a sizing record)
 SIZING_STEPS = 6  # steps `tunelab size` runs per configuration (warm-up, timed, memory)
+CHARS_PER_TOKEN = 4  # English text in a BPE vocabulary, without a tokenizer at hand (assumed)
+TEMPLATE_TOKENS = 16  # a chat template's and an instruction's tokens around the text (assumed)
 
 
 def _architecture(config: dict[str, Any], declared: str) -> str:
@@ -76,6 +78,31 @@ def _facts(
     )
 
 
+def character_lengths(
+    study: Study, max_seq_len: int
+) -> tuple[tuple[float, ...], float, int, float]:
+    """(length quantiles, mean, longest, loss share) of the training split from its characters,
+    without a tokenizer: the prompt and the answer at CHARS_PER_TOKEN each, plus the template."""
+    from tunelab.data import load_snapshot
+
+    try:
+        rows = load_snapshot(study).rows("train")
+    except SnapshotError:
+        rows = []
+    if not rows:
+        return (), float(max_seq_len), max_seq_len, 1.0
+    sizes, answers = [], 0.0
+    for r in rows:
+        answer = len(str(r.get("target") or r.get("label") or "")) / CHARS_PER_TOKEN + 1
+        prompt = len(str(r.get("text") or "")) / CHARS_PER_TOKEN + TEMPLATE_TOKENS
+        total = min(max_seq_len, prompt + answer)
+        sizes.append(total)
+        answers += min(answer, total)
+    sizes.sort()
+    quantiles = tuple(sizes[round(i * (len(sizes) - 1) / 100)] for i in range(101))
+    return quantiles, sum(sizes) / len(sizes), math.ceil(sizes[-1]), answers / sum(sizes)
+
+
 def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     """The study's shape for a projection, and its latest sizing record (None without one)."""
     from tunelab.sizing.stage import latest_sizing
@@ -90,14 +117,18 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     if quantiles:
         mean, longest = float(lengths["mean"]), int(lengths["max"])
         lengths_source = f"sizing {sizing['id']}: the training split tokenized"  # type: ignore[index]
+        if causal and lengths.get("loss_fraction") is not None:
+            loss, loss_source = float(lengths["loss_fraction"]), lengths_source
+        else:
+            loss, loss_source = (1.0, "assumed: every position") if causal else (0.0, "the label")
     else:
-        mean = longest = cfg.preprocess.max_seq_len
-        lengths_source = "assumed: every example max_seq_len long (no sizing record)"
-    if lengths.get("loss_fraction") is not None and causal:
-        loss, loss_source = float(lengths["loss_fraction"]), f"sizing {sizing['id']}"  # type: ignore[index]
-    else:
-        loss = 1.0 if causal else 0.0
-        loss_source = "assumed: every position (no sizing record)" if causal else "the label"
+        quantiles, mean, longest, loss = character_lengths(study, cfg.preprocess.max_seq_len)
+        lengths_source = loss_source = (
+            f"assumed: {CHARS_PER_TOKEN} characters a token of the snapshot's training texts, "
+            "at most max_seq_len (no sizing record: `tunelab size` tokenizes them)"
+        )
+        if not causal:
+            loss, loss_source = 0.0, "the label"
     generating = causal and cfg.task.kind != "classification"
     ev = cfg.evaluation
     prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)

@@ -178,6 +178,7 @@ def _ms(stamp: str | None) -> int | None:
 def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> dict[str, str]:
     """Tags of a run from its config.json, its ledger row and env.json (absent values left out)."""
     base = record.get("base_model") or {}
+    hub = (base.get("source") or {}).get("hub") or {}  # a base pinned to a hub commit
     tags = {
         "tunelab.run_id": row.id,
         "tunelab.kind": row.kind,
@@ -199,6 +200,8 @@ def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> di
         "tunelab.evaluates": record.get("evaluates"),
         "tunelab.base.name": base.get("name"),
         "tunelab.base.revision": base.get("revision"),
+        "tunelab.base.repo_id": hub.get("repo_id"),
+        "tunelab.base.commit": hub.get("commit"),
         "tunelab.base.sha256": base.get("sha256"),
         "tunelab.base.architecture": base.get("architecture"),
     }
