@@ -146,6 +146,34 @@ def test_flatten_params_points_and_keys():
     )
 
 
+def test_tags_name_a_hub_base_by_its_commit():
+    from types import SimpleNamespace
+
+    from tunelab.track.flatten import run_tags
+
+    row = SimpleNamespace(
+        id="train-x",
+        kind="train",
+        name=None,
+        parent=None,
+        why=None,
+        status="failed",
+        reason="out of memory",
+        created_at="2026-01-01T00:00:00Z",
+        finished_at=None,
+    )
+    base = {
+        "name": "org/model",
+        "revision": "main",
+        "sha256": "ab" * 32,
+        "source": {"hub": {"repo_id": "org/model", "revision": "main", "commit": "c0ffee"}},
+    }
+    tags = run_tags({"base_model": base, "overrides": []}, row, None)
+    assert tags["tunelab.base.commit"] == "c0ffee" and tags["tunelab.base.repo_id"] == "org/model"
+    assert tags["tunelab.reason"] == "out of memory" and "tunelab.why" not in tags
+    assert "**Status:** failed: out of memory" in tags["mlflow.note.content"]
+
+
 def test_a_half_written_last_line_waits_only_while_the_run_runs(tmp_path):
     from tunelab.errors import StudyError
     from tunelab.track.flatten import step_rows

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tunelab.errors import TunelabError
+from tunelab.errors import ConfigError
 from tunelab.hub import COMMIT_RE, HubSnapshot, hub_cache_dir
 from tunelab.records import sha256_file
 
@@ -70,12 +70,12 @@ def write_snapshot(
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise TunelabError(f"{folder}: not a folder", hint="give the model or data set folder")
+        raise ConfigError(f"{folder}: not a folder", hint="give the model or data set folder")
     if commit is not None and not COMMIT_RE.fullmatch(commit):
-        raise TunelabError(f"commit {commit!r} is not 40 hex digits", hint="e.g. --commit 0123...")
+        raise ConfigError(f"commit {commit!r} is not 40 hex digits", hint="e.g. --commit 0123...")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts)
     if not files:
-        raise TunelabError(f"{folder}: no files", hint="give the model or data set folder")
+        raise ConfigError(f"{folder}: no files", hint="give the model or data set folder")
     tree = {p.relative_to(folder).as_posix(): _entry(p) for p in files}
     commit = commit or hashlib.sha1(json.dumps(tree, sort_keys=True).encode()).hexdigest()
     cache = Path(cache_dir) if cache_dir else hub_cache_dir()

@@ -11,11 +11,14 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
 from tunelab.errors import StudyError
 from tunelab.records import read_json, sha256_file
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 # metrics.jsonl fields -> tracker keys; one naming for the MLflow mirror and TensorBoard
 STEP_KEYS = {
@@ -175,6 +178,7 @@ def _ms(stamp: str | None) -> int | None:
 def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> dict[str, str]:
     """Tags of a run from its config.json, its ledger row and env.json (absent values left out)."""
     base = record.get("base_model") or {}
+    hub = (base.get("source") or {}).get("hub") or {}  # a base pinned to a hub commit
     tags = {
         "tunelab.run_id": row.id,
         "tunelab.kind": row.kind,
@@ -196,6 +200,8 @@ def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> di
         "tunelab.evaluates": record.get("evaluates"),
         "tunelab.base.name": base.get("name"),
         "tunelab.base.revision": base.get("revision"),
+        "tunelab.base.repo_id": hub.get("repo_id"),
+        "tunelab.base.commit": hub.get("commit"),
         "tunelab.base.sha256": base.get("sha256"),
         "tunelab.base.architecture": base.get("architecture"),
     }
@@ -260,7 +266,7 @@ def step_rows(path: Path, running: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _evaluations(study: Any, row: Any, rows: list[Any]) -> list[tuple[dict[str, Any], Any]]:
+def _evaluations(study: Study, row: Any, rows: list[Any]) -> list[tuple[dict[str, Any], Any]]:
     """(record, created_at) of each evaluation of `row`: its own metrics-<split>.json files,
     then those of its completed `eval` runs, oldest first."""
     found = []
@@ -273,13 +279,13 @@ def _evaluations(study: Any, row: Any, rows: list[Any]) -> list[tuple[dict[str, 
     return found
 
 
-def _compares(study: Any) -> list[dict[str, Any]]:
+def _compares(study: Study) -> list[dict[str, Any]]:
     folder = study.records / "compare"
     return [read_json(p) | {"_path": p} for p in sorted(folder.glob("*.json"))]
 
 
 def mirror_run(
-    study: Any, row: Any, rows: list[Any], compares: list[dict[str, Any]], points: bool = True
+    study: Study, row: Any, rows: list[Any], compares: list[dict[str, Any]], points: bool = True
 ) -> RunMirror:
     """The mirror of one run from its folder, its ledger row, its evaluations and the
     comparisons that list it; `points=False` leaves out its metrics (a live logger reads no
@@ -331,7 +337,7 @@ def mirror_run(
     return mirror
 
 
-def mirror_study_records(study: Any, rows: list[Any]) -> RunMirror:
+def mirror_study_records(study: Study, rows: list[Any]) -> RunMirror:
     """The records that belong to the study, not to one run: hypotheses, comparisons, data
     manifests, plans and the dossier."""
     records, report = study.records, study.root / "report"
@@ -372,7 +378,7 @@ def mirror_study_records(study: Any, rows: list[Any]) -> RunMirror:
     )
 
 
-def describe_study(study: Any) -> str:
+def describe_study(study: Study) -> str:
     """The experiment's description (Markdown): the question and where the evidence lives."""
     cfg = study.config
     h = cfg.hypothesis
@@ -388,7 +394,7 @@ def describe_study(study: Any) -> str:
     return "\n\n".join(lines)
 
 
-def collect_study(study: Any) -> list[RunMirror]:
+def collect_study(study: Study) -> list[RunMirror]:
     """Every run of the study (oldest first, so a run comes after the run it nests under),
     then the study's own records."""
     rows = study.list_runs()

@@ -17,12 +17,15 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
 from tunelab.records import sha256_file
 from tunelab.track.flatten import RunMirror, collect_study
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 STATUS = {
     "running": "RUNNING",
@@ -153,7 +156,7 @@ def ensure_experiment(client: Any, name: str, target: Target, description: str) 
     return exp.experiment_id
 
 
-def experiment_name(study: Any, name: str | None = None) -> str:
+def experiment_name(study: Study, name: str | None = None) -> str:
     """`name`, else MLFLOW_EXPERIMENT_NAME, else the study's name."""
     return name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or study.config.name
 
@@ -310,7 +313,7 @@ def sync_run(
 
 
 def sync_mlflow(
-    study: Any,
+    study: Study,
     uri: str | None = None,
     *,
     experiment: str | None = None,
