@@ -476,3 +476,33 @@ def test_hub_errors_say_how_to_fix(hub_server):
     with pytest.raises(ModelError) as exc:
         resolve_model(ModelConfig(name=REPO, revision="nope"))
     assert "no revision 'nope'" in exc.value.message
+
+
+def test_register_pins_without_the_weights_and_a_stage_names_the_missing_commit(
+    hub_cache, tmp_path, tiny_llama_dir, capsys
+):
+    from tunelab.models import resolve_base
+    from tunelab.study import Study
+
+    # the cache holds the repo's listing and config.json, not its weights (as after a register
+    # on a machine that never loaded the model)
+    snapshot = hub_cache / "models--tunelab-test--tiny-llama" / "snapshots" / COMMIT_A
+    (snapshot / "model.safetensors").unlink()
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and f"pinned to commit {COMMIT_A}" in out, err
+    with pytest.raises(ModelError) as exc:
+        resolve_base(Study.open(root))
+    assert f"--revision {COMMIT_A}" in exc.value.hint  # the pinned commit, not main
+
+
+def test_register_refuses_a_pickle_only_repo(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(tiny_llama_dir / "config.json", pickled / "config.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"a pickle")
+    write_snapshot(pickled, REPO, refs=("main",), commit="9" * 40)
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 2 and "pytorch_model.bin" in err and "allow_pickle" in err
+    assert not (root / "records" / "hypothesis-v1.json").exists()
