@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
-from tunelab.data import dedup
+from tunelab.data import checks, dedup
 from tunelab.data.cleaning import clean_texts, compile_rules, rules_sha256
 from tunelab.data.readers import SourceRow, read_source
 from tunelab.data.splits import (
@@ -234,10 +234,14 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             )
         notes = list(src.notes)
         has_label = cfg.fields.label is not None or cfg.source.format == "folder"
+        unified = checks.check_labels(rows, task_labels, cfg.cleaning)
         notes += _check_labels(rows, task_labels, has_label)
+        notes += checks.check_targets(rows, study.config.task, cfg)
         ids = assign_ids(rows)
 
         cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
+        for effect in cleaned.effects:
+            effect["changed"] += unified if effect["rule"] == "unify_labels" else 0
         if not cleaned.kept:
             by_rule = ", ".join(
                 f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
@@ -258,6 +262,9 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             )
         kept = cleaned.kept
         texts = cleaned.texts
+        notes += checks.control_notes(texts, [rows[i] for i in kept], "text")
+        targets = [(rows[i].target, rows[i]) for i in kept if rows[i].target is not None]
+        notes += checks.control_notes([t for t, _ in targets], [r for _, r in targets], "target")
         normalized = dedup.normalize_texts(texts)
         keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
         # (the same keys as splits.content_keys(texts), without normalizing twice)
@@ -389,6 +396,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             "num_files": len(src.files),
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
+            "links_followed": src.links,
         },
         "fields": fields,
         "task_labels": task_labels,
