@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build .gpu/: what `benchmarks/cuda_check.sh` needs on a bare GPU machine that reaches no
-# package index and receives at most 64 MiB (this workplace's device tool). Run it here, then
-# send the tree with `.gpu` carried and run `bash .gpu/run.sh`; the logs come back under $OUT/r.
+# package index and takes a small upload (64 MiB at most). Build it here, copy the tree with
+# `.gpu` to that machine and run `bash .gpu/run.sh` there; the logs go under $OUT/r.
 #   - wheels (cp312) for what that image lacks: pydantic, jsonschema and their needs;
 #   - all-MiniLM-L6-v2 as fp16 (44 MB instead of 91), widened back to fp32 there (max
 #     difference 1e-3 from the packaged weights: same shapes and memory, not the same identity);
-#   - the BBC corpus; both as packages on PYTHONPATH, found by `tunelab.assets` as installed.
+#   - the BBC corpus; both as packages on PYTHONPATH, found by `tunelab.demo.assets` as installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}

@@ -11,7 +11,7 @@ own process. From the copy's ledger (created_at -> finished_at, what `tunelab pl
 reads) it prints, per command: runs, mean, standard deviation, coefficient of variation, min, max,
 with the model load and the evaluation proper apart (from each run's metrics record).
 
-Then the two figures #12 is judged by:
+Then the two figures a plan is judged by:
 - the plan's evaluation run (`evaluation_run_s` of the study's latest plan) against each
   evaluation: how many land within 10 %;
 - the floor under any plan made from one earlier sample: every evaluation taken as the plan of

@@ -33,12 +33,12 @@ Reported per side: non-padding tokens per second over the 30 steps (from the sta
 to the end of the last; with `--rounds N`, the best round, the least disturbed by other work on
 the machine), the process CPU seconds over the same steps, the final step's loss, peak RSS of the process, and useful model FLOP/s
 as a share of this machine's fp32 matmul peak (measured here, 2 threads, before and after the
-sides). Useful FLOPs are the matmul FLOPs of non-padding tokens (the issue's definition): decoder
-linear layers forward and input-gradient backward (the base is frozen), LoRA forward and
-backward, causal attention within each example, and the LM head at every non-padding token
-(`% peak`, the share in the last line; the peers reach about 25 % by it). `% peak loss-only`
-counts the head at the loss positions only, the least the loss needs, which does not credit
-tunelab for the head work it skips.
+sides). Useful FLOPs are the matmul FLOPs of non-padding tokens (padding does no useful
+work): decoder linear layers forward and input-gradient backward (the base is frozen), LoRA
+forward and backward, causal attention within each example, and the LM head at every
+non-padding token (`% peak`, the share in the last line). `% peak loss-only` counts the head at
+the loss positions only, the least the loss needs, which does not credit tunelab for the head
+work it skips.
 
 The last line reads `ratio_vs_trainer=X ratio_vs_trl_packing=Y overhead_vs_bare_pct=Z
 peak_share_pct=P`; the line before it gives the loss-only share.

@@ -411,11 +411,10 @@ def launch_two_nodes(study_root: Path, timeout: float) -> tuple[list[int | None]
 def test_two_nodes_one_process_each_equal_single_process(study_root, reference_lora):
     """The multi-node command (--nnodes/--node-rank/--rdzv-endpoint) with both nodes here.
 
-    Twice in this project's CI (never in 25 runs by hand), node 0 trained to completion, printed
-    its record, and its torchrun then waited while node 1 had exited. A third CI run showed the
-    likely cause: a completed rank aborting in the interpreter's teardown (now skipped:
-    `tunelab.cli._leave_rank`), after which its torchrun never reaches the exit barrier. One more
-    attempt is still made, and what both nodes said the first time is kept as a warning."""
+    A completed rank that aborts in the interpreter's teardown (skipped by
+    `tunelab.cli._leave_rank`) leaves its torchrun short of the exit barrier, and the pair hangs:
+    a hung pair gets one more attempt, and what both nodes said the first time is kept as a
+    warning."""
     for attempt in (1, 2):
         before = runs(study_root)
         codes, outs, hung = launch_two_nodes(study_root, timeout=150)
@@ -438,7 +437,7 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
 def test_a_rank_leaves_without_the_interpreters_teardown(args, code):
     """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) the command leaves through os._exit
     with its exit code, after flushing its output: no atexit handler, no C++ static destructor
-    (a completed rank once aborted there). Outside torchrun the interpreter exits normally."""
+    (where a completed rank can abort). Outside torchrun the interpreter exits normally."""
     script = (
         "import atexit, sys; atexit.register(lambda: print('atexit ran'))\n"
         f"from tunelab.cli import main; main({args!r})"

@@ -107,7 +107,7 @@ def test_evaluation_and_export_estimates():
 def test_a_baseline_measured_on_shared_cores_is_flagged():
     from tunelab.env import BUSY_CPU_SHARE, cpu_share
 
-    # one of two cores busy with another process: the demo's evaluation fell from 0.96 to 0.59
+    # one of two cores busy with another process: the share falls to about 0.6
     assert cpu_share(5.9, 5.0, 2, "cpu") == pytest.approx(0.59)
     assert cpu_share(0.4, 5.0, 2, "cuda:0") is None  # the host thread waits on the device
     busy = build_plan(
@@ -153,7 +153,7 @@ def test_steps_and_padded_lengths():
 
 def _study(root: Path, model_dir: Path) -> Study:
     from tunelab import hypothesis as hyp
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
@@ -411,8 +411,8 @@ def test_a_variants_evaluation_cost():
 
 def test_an_evaluation_reads_at_most_max_examples():
     """`evaluation.max_examples` caps every evaluation (the variants', the final test), not the
-    training run's validation passes: the extraction demo evaluates 20 of its 33 validation
-    emails, and its plan priced a variant's extra cost on all 33."""
+    training run's validation passes (the extraction demo evaluates 20 of its 33 validation
+    emails)."""
     f = {**figures(), "adapted_extra_s_per_example": Figure(0.05, "measured")}
     capped = build_plan({**f, "eval_max_examples": 20}, training=TRAINING, budget=BUDGET, days=3)
     whole = build_plan(f, training=TRAINING, budget=BUDGET, days=3)

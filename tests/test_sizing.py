@@ -111,10 +111,9 @@ def _saved_vs_predicted(model_dir, architecture, case_row, seq_len=48, batch=4):
 @pytest.mark.parametrize("packing,ckpt", [(False, False), (True, False), (True, True)])
 def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
     """After the counting forward nothing it computed is alive. A pack hook returning the tensor
-    itself kept the outputs ops save for backward in a cycle the garbage collector cannot see:
-    on an H200 a SmolLM2-shaped step then measured 16 GB allocated before it began (the
-    activations of the counting forward) and max_memory_allocated came out 46 % above the
-    estimate."""
+    itself would keep the outputs ops save for backward in a cycle the garbage collector cannot
+    see: on CUDA the counting forward's activations would stay allocated into the measured step
+    and inflate max_memory_allocated."""
     import gc
     import weakref
 
@@ -148,8 +147,8 @@ def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_counting_saved_bytes_gives_back_cuda_memory(tiny_llama_dir):
-    """On CUDA the leak showed as allocated memory: after counting, what is allocated is what
-    was allocated before (the model and the batch)."""
+    """On CUDA such a leak is allocated memory: after counting, what is allocated is what was
+    allocated before (the model and the batch)."""
     import gc
 
     from transformers import AutoModelForCausalLM
@@ -429,8 +428,8 @@ def test_size_cli_records_and_refuses_without_lengths(tmp_path, tiny_llama_dir, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
+    from tunelab.models.tiny import save_tiny_llama
     from tunelab.sizing.memory import ModelFacts
-    from tunelab.tiny import save_tiny_llama
 
     model_dir = save_tiny_llama(tmp_path / "llama", hidden=512, layers=4, heads=8)
     cfg = _config(model_dir)
@@ -442,7 +441,7 @@ def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
         "packing": False,
         "device": "cuda",
         # `tunelab size` always passes a budget (the device's memory by default): the CUDA
-        # memory-fraction call it makes refused a device without an index on an H200
+        # memory-fraction call it makes must accept a device without an index
         "memory_budget_bytes": 64 * 2**30,
     }
     result = measure_in_subprocess(spec, timeout_s=600)

@@ -63,7 +63,7 @@ def assert_passed(record: dict, root: Path) -> None:
 
 def test_overrides_and_sample():
     from tunelab.config import validate_config
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "x"))
     raw["training"]["grad_accum_steps"] = 2

@@ -197,8 +197,7 @@ def device_kind() -> str:
 
 
 # Below this share of its threads' CPU time, work on the CPU (an evaluation, timed training
-# steps) shared the cores with another process (0.96 quiet; 0.59 with one of two cores busy,
-# and the same evaluation took 2.4 times as long).
+# steps) shared the cores with another process (about 0.95 on quiet cores).
 BUSY_CPU_SHARE = 0.8
 
 

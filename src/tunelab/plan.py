@@ -319,11 +319,8 @@ def _answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
 
 def _base_hash_seconds(study: Study) -> Figure:
     """Seconds to sha256 the base model's files: their size over a hashing rate measured now."""
-    import hashlib
-    import time
-
-    from tunelab.assets import resolve_path
     from tunelab.models.identity import identity_files
+    from tunelab.study import resolve_path
 
     path = resolve_path(study.config.model.path, study.root)
     try:
@@ -332,11 +329,19 @@ def _base_hash_seconds(study: Study) -> Figure:
         size = sum(p.stat().st_size for p in files)
     except OSError as exc:
         return Figure(None, f"base files not readable ({exc.strerror}): hashing not counted")
+    rate = hash_rate()
+    return Figure(size / rate, f"{size / 2**20:.0f} MiB of base files at {rate / 2**20:.0f} MiB/s")
+
+
+def hash_rate() -> float:
+    """Bytes per second sha256 hashes on this machine now (16 MiB timed)."""
+    import hashlib
+    import time
+
     block = bytes(16 * 2**20)
     started = time.perf_counter()
     hashlib.sha256(block).hexdigest()
-    rate = len(block) / max(1e-9, time.perf_counter() - started)
-    return Figure(size / rate, f"{size / 2**20:.0f} MiB of base files at {rate / 2**20:.0f} MiB/s")
+    return len(block) / max(1e-9, time.perf_counter() - started)
 
 
 def _v(fig: Any) -> float:

@@ -144,7 +144,7 @@ def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) 
     fields = {
         "torch": lambda e: e.get("torch"),
         "backend": lambda e: e.get("backend"),
-        # records from before TUNELAB_DEVICE computed where the backend was
+        # a record without compute_device computed where its backend was
         "compute_device": lambda e: e.get("compute_device", e.get("backend")),
         "cuda": lambda e: e.get("cuda"),
         "rocm": lambda e: e.get("rocm"),

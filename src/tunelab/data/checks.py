@@ -1,24 +1,30 @@
-"""Checks of the rows a source gave, before they become a snapshot.
+"""The checks `tunelab data` runs on the rows it read, before any cleaning: one list, in order.
 
-Each check takes the rows (and the settings it needs), returns notes for the manifest or raises
-a DataError that lists the offending rows (file and line) and the fix:
+Each check takes the rows read (with the study config) and returns notes for the manifest, or
+raises DataError naming the row (file and line), the field and the fix. A new check is one
+function appended to `SOURCE_CHECKS`.
 
-- `check_labels`: labels that differ only by case, surrounding spaces, or by being written as a
-  number in some rows and as text in others; refused unless `unify_labels` is a cleaning rule,
-  which gives each such label one spelling.
-- `control_notes`: texts holding control characters or ANSI escape sequences (warned, with
-  example places; the `strip_control` cleaning rule removes them).
+- `check_label_spellings`: labels that differ only by case, surrounding spaces, or by being
+  written as a number in some rows and as text in others; refused unless `unify_labels` is a
+  cleaning rule, which gives each such label one spelling.
+- `check_labels`: every label is one of task.labels.
 - `check_targets`: gold answers of format and extraction tasks that are not valid JSON, break
   task.json_schema, or do not match task.regex (refused unless data.invalid_targets: keep).
+
+`control_notes` runs on the cleaned texts: control characters and ANSI escape sequences are
+warned with example places (the `strip_control` cleaning rule removes them).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tunelab.config import CleaningRule, DataConfig, TaskConfig
+from tunelab.config import StudyConfig
 from tunelab.data.cleaning import CONTROL
 from tunelab.data.readers import SourceRow
 from tunelab.errors import DataError, preview
@@ -26,6 +32,56 @@ from tunelab.strict_load import ParseProblem, loads_json
 
 SHOWN_ROWS = 10  # rows named in a message; the count says how many in all
 SHOWN_PLACES = 3  # rows named per label spelling
+
+
+@dataclass(frozen=True)
+class RowsRead:
+    """What a check sees: the source rows, in source order, and the study's config."""
+
+    rows: list[SourceRow]
+    config: StudyConfig
+    source_path: Path
+
+    @property
+    def task_labels(self) -> list[str] | None:
+        """task.labels sorted, or None when the labels are read from the data."""
+        labels = self.config.task.labels
+        return sorted(labels) if labels else None
+
+    @property
+    def has_label(self) -> bool:
+        """Whether the rows carry a label (a label field, or one folder per label)."""
+        data = self.config.data
+        return data.fields.label is not None or data.source.format == "folder"
+
+
+Check = Callable[[RowsRead], list[str]]
+
+
+def check_not_empty(read: RowsRead) -> list[str]:
+    if not read.rows:
+        raise DataError(
+            f"{read.source_path}: the data set is empty (no rows)",
+            hint="point data.source.path at the data, or check data.source.format and glob",
+        )
+    return []
+
+
+def check_labels(read: RowsRead) -> list[str]:
+    """Every label is one of task.labels (when set); a task label without a row is noted."""
+    known = read.task_labels
+    if not read.has_label or not known:
+        return []
+    allowed = set(known)
+    for row in read.rows:
+        if row.label not in allowed:
+            raise DataError(
+                f"{row.where}: unknown label {row.label!r} (field label); task.labels "
+                f"lists {sorted(allowed)}",
+                hint="fix the row, or add the label to task.labels in study.yaml",
+            )
+    missing = sorted(allowed - {r.label for r in read.rows})
+    return [f"labels in task.labels with no example: {missing}"] if missing else []
 
 
 def _places(rows: list[SourceRow], limit: int = SHOWN_PLACES) -> str:
@@ -67,19 +123,17 @@ def _canonical(label_key: str, rows: list[SourceRow], task_labels: list[str] | N
     return min(counts, key=lambda lab: (-counts[lab], lab))
 
 
-def check_labels(
-    rows: list[SourceRow], task_labels: list[str] | None, rules: list[CleaningRule]
-) -> int:
-    """Refuse labels spelt several ways, or (rule `unify_labels`) give each one spelling.
-
-    Returns how many rows' labels the rule changed. Raises DataError naming every variant.
-    """
+def check_label_spellings(read: RowsRead) -> list[str]:
+    """Refuse labels spelt several ways, or (cleaning rule `unify_labels`) give each one
+    spelling: task.labels' own, else its most frequent (ties: the first sorted)."""
+    if not read.has_label:
+        return []
+    rows, task_labels = read.rows, read.task_labels
     variants = label_spellings(rows, task_labels)
-    if not any(r.rule == "unify_labels" for r in rules):
+    if not any(r.rule == "unify_labels" for r in read.config.data.cleaning):
         if variants:
             raise _variants_error(variants)
-        return 0
-    changed = 0
+        return []
     by_key: dict[str, list[SourceRow]] = defaultdict(list)
     for row in rows:
         if row.label is not None:
@@ -87,9 +141,17 @@ def check_labels(
     for key, members in by_key.items():
         label = _canonical(key, members, task_labels)
         for row in members:
-            changed += row.label != label
             row.label = label
-    return changed
+    return []
+
+
+def labels_changed(rows: list[SourceRow]) -> int:
+    """Rows whose label differs from the label as written (spaces aside): what unify_labels did."""
+    return sum(
+        1
+        for r in rows
+        if r.label is not None and r.label_raw is not None and r.label != str(r.label_raw).strip()
+    )
 
 
 def _variants_error(variants: dict[str, dict[str, list[SourceRow]]]) -> DataError:
@@ -142,7 +204,7 @@ def control_notes(texts: list[str], rows: list[SourceRow], what: str) -> list[st
 # ---------------------------------------------------------------- gold targets
 
 
-def _target_problem(target: str, task: TaskConfig, validator: Any, pattern: Any) -> str | None:
+def _target_problem(target: str, task: Any, validator: Any, pattern: Any) -> str | None:
     if pattern is not None:
         if pattern.fullmatch(target.strip()) is None:
             return f"does not match task.regex {preview(task.regex)}"
@@ -166,12 +228,13 @@ def _target_problem(target: str, task: TaskConfig, validator: Any, pattern: Any)
     return f"${where}: {preview(err.message, 120)} (schema: {schema_path}){more}"
 
 
-def check_targets(rows: list[SourceRow], task: TaskConfig, data: DataConfig) -> list[str]:
+def check_targets(read: RowsRead) -> list[str]:
     """Every gold target of a format or extraction task against the task's format.
 
     Raises DataError listing the offending rows (file, line, what fails and the schema path),
     unless data.invalid_targets is `keep`: then returns a note counting them.
     """
+    rows, task, data = read.rows, read.config.task, read.config.data
     if task.kind not in ("format", "extraction") or data.fields.target is None:
         return []
     from tunelab.tasks.format import make_validator
@@ -202,3 +265,15 @@ def check_targets(rows: list[SourceRow], task: TaskConfig, data: DataConfig) -> 
         hint=f"fix the targets in the data (data.fields.target: {data.fields.target!r}), or "
         "set data.invalid_targets: keep to keep them",
     )
+
+
+SOURCE_CHECKS: list[Check] = [check_not_empty, check_label_spellings, check_labels, check_targets]
+
+
+def run_checks(read: RowsRead, checks: list[Check] | None = None) -> list[str]:
+    """Run the checks (default `SOURCE_CHECKS`) in order; their notes, in that order (the first
+    failing check raises)."""
+    notes: list[str] = []
+    for check in SOURCE_CHECKS if checks is None else checks:
+        notes += check(read)
+    return notes

@@ -144,8 +144,8 @@ def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:
     for counting only: its graph keeps nothing (backward through it raises), so every activation
     is freed when it returns. A pack hook that returned the tensor itself would keep the tensors
     an op saves of its own output (softmax, SiLU, ...) in a reference cycle through the C++
-    graph that Python's garbage collector cannot see: on CUDA that was the whole forward's
-    activations still allocated when the measured step began.
+    graph that Python's garbage collector cannot see: on CUDA the whole forward's activations
+    would still be allocated when the measured step begins.
     """
     import torch
 

@@ -37,8 +37,8 @@ from tunelab.sizing.recommend import Option, calibration, configurations, own_la
 from tunelab.study import Study
 
 # Timed steps of the study's own configuration, whose step time the planner multiplies by every
-# step of every variant: the first steps after the heap is released still run slower (about 1.15x
-# on the demo), so it gets twice the other rows' 3.
+# step of every variant: the first steps after the heap is released still run slower, so it
+# gets twice the other rows' 3.
 PLANNED_TIME_STEPS = 6
 DEFAULT_RANKS = (2, 4, 8)
 

@@ -167,11 +167,7 @@ def answer_budget(
     """How the split's answers (target tokens and EOS, as trained) compare with the evaluation's
     generation budget, `evaluation.max_new_tokens`: an answer longer than it is cut by every
     evaluation, so its JSON or format can never be judged right. None for a task that does not
-    generate (classification) or an encoder.
-
-    The extraction demo first ran with 64 new tokens: 66 of its 324 training answers and 4 of
-    its 20 evaluated validation answers were longer (a long subject or list name), and no
-    variant could get them right."""
+    generate (classification) or an encoder."""
     answers = [(str(e["id"]), e["target_len"]) for e in encoded if e.get("target_len") is not None]
     if task_kind == "classification" or not answers:
         return None
