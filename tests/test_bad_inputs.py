@@ -32,6 +32,11 @@ Setup steps (paths are relative to the study folder; `{run}`, `{run_dir}`, `{ckp
   {mkdir: PATH}
   {symlink: PATH, to: TARGET}
   {encode: PATH, as: utf-8-sig | utf-16 | gzip | zip}   re-encode a file in place
+  {patch: PATH, at: N, hex: "ff00"}     overwrite bytes at offset N
+  {edit_header: PATH, replace: [OLD, NEW]}   edit a safetensors header's JSON text (its
+                                        length is rewritten; the data stays)
+  {reseal: FOLDER}                      recompute the sha256 a checkpoint's state.json or an
+                                        export's manifest records, as a forger would
 """
 
 from __future__ import annotations
@@ -193,6 +198,19 @@ def apply_step(root: Path, step: dict[str, Any]) -> None:
     elif op == "symlink":
         path.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(step["to"], path)
+    elif op == "patch":
+        data = bytearray(path.read_bytes())
+        new = bytes.fromhex(step["hex"])
+        data[step["at"] : step["at"] + len(new)] = new
+        path.write_bytes(bytes(data))
+    elif op == "edit_header":
+        data = path.read_bytes()
+        size = int.from_bytes(data[:8], "little")
+        old, new = step["replace"]
+        header = data[8 : 8 + size].decode("utf-8").replace(old, new, 1).encode("utf-8")
+        path.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + size :])
+    elif op == "reseal":
+        reseal(path)
     elif op == "encode":
         data = path.read_bytes()
         if step["as"] == "gzip":
@@ -205,6 +223,24 @@ def apply_step(root: Path, step: dict[str, Any]) -> None:
             path.write_bytes(data.decode("utf-8").encode(step["as"]))
     else:
         raise AssertionError(f"unknown setup step {op!r}")
+
+
+def reseal(folder: Path) -> None:
+    """Make a checkpoint's state.json or an export's manifest agree with the files again."""
+    from tunelab.records import sha256_file
+
+    state = folder / "state.json"
+    if state.exists():
+        obj = json.loads(state.read_text(encoding="utf-8"))
+        obj["files"] = {name: sha256_file(folder / name) for name in obj["files"]}
+        state.write_text(json.dumps(obj, indent=2))
+        return
+    from tunelab.export.manifest import MANIFEST, manifest_sha256
+
+    obj = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    obj["files"] = {rel: sha256_file(folder / rel) for rel in obj["files"]}
+    obj["manifest_sha256"] = manifest_sha256(obj)
+    (folder / MANIFEST).write_text(json.dumps(obj, indent=2))
 
 
 def run_rows(root: Path) -> dict[str, tuple]:

@@ -14,8 +14,6 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tunelab.errors import preview
-
 CRASH_DIR = "crashes"
 
 
@@ -23,7 +21,12 @@ def crash_summary(exc: BaseException) -> str:
     """'RecursionError: maximum recursion depth exceeded (at tunelab/data/readers.py:222 in
     _read_jsonl)': the innermost frame of tunelab's own code, else the innermost frame."""
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if f"{os.sep}tunelab{os.sep}" in f.filename]
+    dispatch = os.path.join("tunelab", "cli", "__init__.py")
+    ours = [
+        f
+        for f in frames
+        if f"{os.sep}tunelab{os.sep}" in f.filename and not f.filename.endswith(dispatch)
+    ]
     frame = (ours or frames or [None])[-1]
     where = ""
     if frame is not None:
@@ -31,7 +34,8 @@ def crash_summary(exc: BaseException) -> str:
         if f"{os.sep}tunelab{os.sep}" in name:
             name = "tunelab" + name.rsplit(f"{os.sep}tunelab", 1)[1]
         where = f" (at {name}:{frame.lineno} in {frame.name})"
-    message = preview(str(exc), 200).strip("'\"") if str(exc) else ""
+    message = " ".join(str(exc)[:400].split())
+    message = message if len(message) <= 200 else message[:197] + "..."
     return f"{type(exc).__name__}" + (f": {message}" if message else "") + where
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -69,6 +68,12 @@ def _noop(n: int) -> None:
 # ---------------------------------------------------------------- field values
 
 
+def column_list(names: list[str], limit: int = 30) -> str:
+    """'id, text, label' for a message: at most `limit` names, each cut to 40 characters."""
+    shown = ", ".join(str(n)[:40] for n in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, float) and value != value)  # NaN
 
@@ -105,8 +110,7 @@ class FieldMapper:
         if missing:
             key, col = missing[0]
             raise DataError(
-                f"{where}: no column {col!r} for field {key!r} (columns: "
-                f"{preview(', '.join(columns[:50]), 300)})",
+                f"{where}: no column {col!r} for field {key!r} (columns: {column_list(columns)})",
                 hint=f"set data.fields.{key} to one of the columns"
                 + (", or to null if the data has none" if key != "text" else ""),
             )
@@ -147,8 +151,7 @@ class FieldMapper:
             if not required:
                 return None
             state = "missing" if col not in rec else "null"
-            keys = ", ".join(str(k)[:40] for k in itertools.islice(rec, 30)) or "none"
-            keys += ", ..." if len(rec) > 30 else ""
+            keys = column_list(list(rec)) or "none"
             raise DataError(
                 f"{where}: field {col!r} ({key}) is {state} (fields present: {keys})",
                 hint=f"add {col!r} to this row, or set data.fields.{key} to the right column",
@@ -522,8 +525,68 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
         for path in _files_of(root, EXTENSIONS[fmt], cfg.source.follow_links, src):
             reader(src, path, mapper, errors, progress)
+    if src.links:
+        src.notes.append(
+            f"read {len(src.links)} file(s) through symbolic links that leave the data folder "
+            f"(data.source.follow_links), e.g. {src.links[0]['path']} -> "
+            f"{src.links[0]['target']}; the manifest lists every one (source.links_followed)"
+        )
     return src
 
 
 def iter_texts(rows: list[SourceRow]) -> Iterator[str]:
     return (r.text for r in rows)
+
+
+# ---------------------------------------------------------------- checks before reading
+
+
+def _first_columns(path: Path, fmt: str) -> list[str] | None:
+    """The column names the first file of the source declares (CSV header, Parquet schema, the
+    first JSON line's keys), or None when they cannot be read cheaply (then `tunelab data`
+    reports the problem at its line)."""
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        if container_of(head) is not None:
+            return None
+        lines = head.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace").splitlines()
+        first = next((line for line in lines if line.strip()), None)
+        if first is None:
+            return None
+        if fmt == "csv":
+            return [h.strip() for h in next(csv.reader([first]))]
+        rec = loads_json(first)
+        return [str(k) for k in rec] if isinstance(rec, dict) else None
+    except (OSError, ValueError, csv.Error, ImportError):
+        return None
+    except Exception:  # noqa: BLE001 - pyarrow's errors: `tunelab data` names them
+        return None
+
+
+def source_problems(path: Path, cfg: DataConfig) -> list[str]:
+    """What `tunelab validate` can tell of the data without reading it: the source exists, and
+    each mapped field names a column of its first file. One `field: problem` line each."""
+    fmt = cfg.source.format
+    if not path.exists():
+        return [f"data.source.path: {path} does not exist"]
+    if fmt not in ("jsonl", "csv", "parquet"):
+        return []
+    if path.is_dir():
+        files = sorted(p for pat in EXTENSIONS[fmt] for p in path.rglob(pat) if p.is_file())
+        if not files:
+            return [f"data.source.path: no {' or '.join(EXTENSIONS[fmt])} file in {path}"]
+        path = files[0]
+    columns = _first_columns(path, fmt)
+    if columns is None:
+        return []
+    shown = column_list(columns)
+    return [
+        f"data.fields.{key}: column {col!r} is not in {path.name} (it has: {shown})"
+        for key, col in FieldMapper(cfg.fields, fmt).mapped().items()
+        if col not in columns
+    ]
