@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, get_args
 
+from tunelab.config import TrainingConfig
 from tunelab.errors import ConfigError
 from tunelab.sizing.memory import Case, ModelFacts, estimate_memory
 
 SAFETY_MARGIN = 0.10
+# training.precision's choices, as the config declares them
+PRECISIONS: tuple[str, ...] = get_args(TrainingConfig.model_fields["precision"].annotation)
 _UNITS = {
     "": 1,
     "b": 1,
@@ -63,6 +66,15 @@ def parse_int_list(text: str, what: str) -> list[int]:
             f"{what} {text!r} is not a list of positive integers", hint=f"e.g. {what} 1,2,4,8"
         )
     return sorted(set(values))
+
+
+def parse_precisions(text: str, what: str = "--precision") -> list[str]:
+    """'fp32,bf16' -> ['fp32', 'bf16'], each one of PRECISIONS."""
+    values = [p.strip() for p in str(text).split(",") if p.strip()]
+    bad = [p for p in values if p not in PRECISIONS]
+    if bad:
+        raise ConfigError(f"{what} {bad}: unknown", hint=f"choose among {', '.join(PRECISIONS)}")
+    return values
 
 
 def accumulation_for(effective_batch: int, micro_batch: int) -> int:
