@@ -394,22 +394,31 @@ def _describe_error(err: dict[str, Any]) -> str:
     return f"  - {loc or '(top level)'}: {msg}; found {shown}"
 
 
+def generation_room_problem(cfg: StudyConfig) -> str | None:
+    """A generating task's prompt is cut to leave room for `max_new_tokens`: a budget as long
+    as the window leaves none for the input."""
+    ev, pre = cfg.evaluation, cfg.preprocess
+    if cfg.task.kind == "classification" or ev.max_new_tokens < pre.max_seq_len:
+        return None
+    return (
+        f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
+        f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for the "
+        "generated tokens, so none would be left for the input"
+    )
+
+
 def contradictions(cfg: StudyConfig) -> list[str]:
-    """Settings that each make sense alone but contradict another: `field: why` per problem."""
+    """Settings that each make sense alone but contradict another (`tunelab validate` refuses
+    them; a stage that depends on one refuses it too): `field: why` per problem."""
     out = []
-    t, ev, pre = cfg.training, cfg.evaluation, cfg.preprocess
+    t = cfg.training
     if t.max_steps is not None and t.warmup_steps > t.max_steps:
         out.append(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps exceed training.max_steps "
             f"({t.max_steps}): the learning rate would never reach training.lr"
         )
-    if cfg.task.kind != "classification" and ev.max_new_tokens >= pre.max_seq_len:
-        out.append(
-            f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
-            f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for "
-            "the generated tokens, so none would be left for the input"
-        )
-    return out
+    room = generation_room_problem(cfg)
+    return out + ([room] if room else [])
 
 
 _LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
@@ -442,12 +451,6 @@ def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
             f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
             hint="fix each field above, then run `tunelab validate`",
         ) from None
-    problems = contradictions(cfg)
-    if problems:
-        raise ConfigError(
-            f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
-            hint="change one of the settings named, then run `tunelab validate`",
-        )
     return cfg
 
 

@@ -145,11 +145,19 @@ def preview_key(key: Any) -> str:
 
 def load_yaml(text: str) -> Any:
     """Parse one YAML document strictly. Raises ParseProblem (located) on any problem."""
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)  # its reader refuses unprintable characters at once
         return loader.get_single_data()
     except ParseProblem:
         raise
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        what = f"character {exc.character!r}" if isinstance(exc.character, str) else "a byte"
+        raise ParseProblem(
+            f"not valid YAML: {what} is not allowed ({exc.reason})", line, column
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "not valid YAML"
@@ -162,7 +170,8 @@ def load_yaml(text: str) -> Any:
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise ParseProblem(f"a value cannot be read: {str(exc)[:120]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # ---------------------------------------------------------------- JSON
