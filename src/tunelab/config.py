@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError,
 
 from tunelab.errors import ConfigError, preview
 from tunelab.strict_load import ParseProblem, load_yaml
+
+# a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
 TaskKind = Literal["classification", "format", "extraction"]
 
@@ -96,8 +100,18 @@ class TaskConfig(Section):
 
 
 class SourceConfig(Section):
-    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk"]
-    path: str = Field(description="File or folder, relative to the study folder or absolute.")
+    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk", "hub"]
+    path: str | None = Field(
+        None, description="File or folder, relative to the study folder or absolute."
+    )
+    name: str | None = Field(None, description="format hub: the data set's repo id (org/name).")
+    config: str | None = Field(None, description="format hub: the data set's config (subset).")
+    revision: str | None = Field(
+        None, description="format hub: branch, tag or 40-hex commit (default main)."
+    )
+    splits: list[str] | None = Field(
+        None, description="format hub: the data set's splits to read (default: all)."
+    )
     glob: str = Field(
         "*.txt", description="File pattern inside each label folder (format: folder)."
     )
@@ -110,6 +124,20 @@ class SourceConfig(Section):
         description="Read files that symbolic links inside a data folder point to outside it "
         "(each such link is recorded in the snapshot manifest); refused when false.",
     )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> SourceConfig:
+        hub_fields = [f for f in ("name", "config", "revision", "splits") if getattr(self, f)]
+        if self.format == "hub":
+            if not self.name or not HUB_ID.fullmatch(self.name):
+                raise ValueError("format hub needs data.source.name, a repo id (org/name)")
+            if self.path is not None:
+                raise ValueError("format hub reads data.source.name: remove data.source.path")
+        elif self.path is None:
+            raise ValueError(f"format {self.format} needs data.source.path")
+        elif hub_fields:
+            raise ValueError(f"data.source.{hub_fields[0]} is for format hub only")
+        return self
 
 
 class FieldsConfig(Section):
@@ -205,17 +233,46 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field(description="Local transformers folder, or a folder holding gguf_file.")
+    path: str | None = Field(
+        None, description="Local transformers folder, or a folder holding gguf_file."
+    )
     gguf_file: str | None = Field(
-        None, description="GGUF file inside path, converted once to a cache."
+        None, description="GGUF file inside path (or in the hub repo), converted once to a cache."
     )
     name: str | None = Field(
-        None, description="Human name of the base, e.g. HuggingFaceTB/SmolLM2-135M-Instruct."
+        None,
+        description="Hub repo id (org/name) when path is absent; with path, the base's human name.",
     )
-    revision: str | None = None
+    revision: str | None = Field(
+        None, description="Hub branch, tag or 40-hex commit of name (default main); hub only."
+    )
+    allow_pickle: bool = Field(
+        False, description="Hub repo without safetensors: load its *.bin / *.pt pickles."
+    )
     architecture: Literal["auto", "encoder", "causal_lm"] = "auto"
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @property
+    def hub_id(self) -> str | None:
+        """The hub repo id when the base comes from the hub (name without path), else None."""
+        return self.name if self.path is None else None
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.path is None and not self.name:
+            raise ValueError("set model.path (a local folder) or model.name (a hub repo id)")
+        if self.path is not None and self.revision is not None:
+            raise ValueError(
+                "model.path and model.revision: choose one (a local folder is pinned by its "
+                "files' sha256; a revision pins a hub repo named by model.name without path)"
+            )
+        if self.path is None and not HUB_ID.fullmatch(self.name or ""):
+            raise ValueError(
+                f"model.name {self.name!r} is not a hub repo id (org/name); for a local folder "
+                "set model.path"
+            )
+        return self
 
 
 class AdaptationConfig(Section):
@@ -287,6 +344,17 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
+    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="Live mirrors of the step metrics: tensorboard (event files in the run "
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+    )
+
+    @model_validator(mode="after")
+    def _check_log_to(self) -> TrainingConfig:
+        if len(set(self.log_to)) != len(self.log_to):
+            raise ValueError(f"training.log_to names a backend twice: {self.log_to}")
+        return self
 
 
 class EvaluationConfig(Section):
@@ -327,6 +395,24 @@ class StudyConfig(Section):
 
     def sha256(self) -> str:
         return sha256_json(self.to_dict())
+
+    def hub_refs(self) -> dict[str, dict[str, str]]:
+        """The hub repos the study reads, by key ("model", "data"): repo_id, repo_type, revision."""
+        refs = {}
+        if self.model.hub_id:
+            refs["model"] = {
+                "repo_id": self.model.hub_id,
+                "repo_type": "model",
+                "revision": self.model.revision or "main",
+            }
+        src = self.data.source
+        if src.format == "hub" and src.name:
+            refs["data"] = {
+                "repo_id": src.name,
+                "repo_type": "dataset",
+                "revision": src.revision or "main",
+            }
+        return refs
 
     def evaluation_spec(self) -> dict[str, Any]:
         """What an evaluation depends on; locked with the hypothesis so every variant uses it."""

@@ -68,6 +68,9 @@ def _main(argv: list[str] | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load_commands()
     opened_study(forget=True)
+    from tunelab.cli.models import draw_downloads
+
+    draw_downloads()  # the library downloads; the CLI draws its bar
     try:
         requested_device()  # a bad TUNELAB_DEVICE stops every command before it records
         app(args=argv, standalone_mode=False)

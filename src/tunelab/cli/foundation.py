@@ -10,6 +10,7 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.config import config_warnings
 from tunelab.env import capture_env
+from tunelab.pins import drift
 from tunelab.study import validate_study
 
 
@@ -19,6 +20,7 @@ def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
     report every problem at once."""
     cfg = validate_study(study, sets or [])
     warnings = config_warnings(cfg)
+    notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
         emit_json(
             {
@@ -26,12 +28,15 @@ def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
                 "config_sha256": cfg.sha256(),
                 "warnings": warnings,
                 "config": cfg.to_dict(),
+                "notes": notes,
             }
         )
         return
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
 
 @app.command()

@@ -59,6 +59,7 @@ class SourceData:
     notes: list[str] = field(default_factory=list)  # warnings for the report
     replaced_bytes: int = 0  # invalid UTF-8 bytes replaced (encoding_errors: replace)
     links: list[dict[str, str]] = field(default_factory=list)  # followed: {path, target}
+    hub: dict[str, Any] | None = None  # format hub: repo, commit, config, splits, fingerprints
 
 
 def _noop(n: int) -> None:
@@ -490,10 +491,20 @@ def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> N
             f"{root}: not a dataset saved with save_to_disk ({exc})",
             hint="save it with `Dataset.save_to_disk(path)` or pick another data.source.format",
         ) from None
+    add_dataset_rows(src, mapper, loaded, root.name, progress)
+
+
+def add_dataset_rows(
+    src: SourceData, mapper: FieldMapper, loaded: Any, name: str, progress: Progress
+) -> None:
+    """The rows of a `datasets` Dataset or DatasetDict (its split names in HF_SPLIT_COLUMN),
+    ClassLabel integers read as their names."""
+    import datasets
+
     parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
     for split_name, ds in parts:
         cols = list(ds.column_names) + ([HF_SPLIT_COLUMN] if split_name else [])
-        where_ds = f"{root.name}" + (f"[{split_name}]" if split_name else "")
+        where_ds = name + (f"[{split_name}]" if split_name else "")
         mapper.check_columns(cols, where_ds)
         names: dict[str, Any] = {}
         for col in mapper.mapped().values():
@@ -521,6 +532,10 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
         _read_folder(src, cfg, mapper, errors, progress)
     elif fmt == "hf_disk":
         _read_hf_disk(src, mapper, progress)
+    elif fmt == "hub":
+        from tunelab.data.hub import read_hub  # a data set in the hub cache, at its pinned commit
+
+        read_hub(src, cfg, mapper, progress)
     else:
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
         for path in _files_of(root, EXTENSIONS[fmt], cfg.source.follow_links, src):

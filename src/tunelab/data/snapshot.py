@@ -28,6 +28,7 @@ from tunelab.config import DataConfig, DedupConfig, sha256_json
 from tunelab.data import dedup
 from tunelab.data.checks import RowsRead, control_notes, labels_changed, run_checks
 from tunelab.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
+from tunelab.data.hub import source_root
 from tunelab.data.readers import SourceData, SourceRow, read_source
 from tunelab.data.splits import (
     SPLITS,
@@ -230,7 +231,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     """
     cfg = study.config.data
     compile_rules(cfg.cleaning)  # a bad regular expression fails before any reading
-    source_path = study.resolve(cfg.source.path)
+    source_path = source_root(study)
     with _Bar(progress) as bar:
         src = read_source(source_path, cfg, bar.counter("reading"))
         read = RowsRead(src.rows, study.config, source_path)
@@ -483,7 +484,8 @@ def _manifest(
             "num_files": len(src.files),
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
-            "links_followed": src.links,
+            **({"hub": src.hub} if src.hub else {}),
+            **({"links_followed": src.links} if src.links else {}),
         },
         "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,

@@ -34,6 +34,11 @@ def model_card(m: Mapping[str, Any]) -> str:
         "## Base model (verified by hash before loading)",
         "",
         f"- Name: {base.get('name')}, revision {base.get('revision') or '-'}",
+        *(
+            [f"- Hub: `{base['hub']['repo_id']}` at commit `{base['hub']['commit']}`"]
+            if base.get("hub")
+            else []
+        ),
         f"- Architecture: {base.get('architecture')}",
         f"- Identity sha256: `{base.get('sha256')}`",
         "",

@@ -1,5 +1,6 @@
-"""`tunelab check-export DIR --base PATH`: an export checked against its manifest and a base
-folder by sha256, loaded with plain transformers / peft, and run on its recorded example."""
+"""`tunelab check-export DIR --base PATH|org/repo[@rev]`: an export checked against its manifest
+and a base folder (or a hub base, resolved through the hub cache) by sha256, loaded with plain
+transformers / peft, and run on its recorded example."""
 
 from __future__ import annotations
 
@@ -141,6 +142,37 @@ def check_binding(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, An
     return {"checked": True, "base_model_name_or_path": adapter.get("base_model_name_or_path")}
 
 
+def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
+    """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
+    through the hub cache (default revision: the commit the export was trained on). Refuses a
+    hub base at another commit than the manifest's."""
+    from tunelab.config import HUB_ID
+
+    text = str(spec)
+    repo, _, rev = text.partition("@")
+    if Path(text).expanduser().exists() or not HUB_ID.fullmatch(repo) or "/" not in repo:
+        return Path(text).expanduser()
+    from tunelab.hub import download
+
+    base = manifest["base"]
+    hub = base.get("hub") or {}
+    trained = hub.get("commit") if hub.get("repo_id") == repo else None
+    source = base.get("source") or {}
+    patterns = [source["gguf_file"].rsplit("/", 1)[-1]] if source.get("gguf_file") else None
+    snap = download(repo, rev or trained or "main", allow_patterns=patterns or base.get("patterns"))
+    if trained and snap.commit != trained:
+        raise ExportError(
+            f"refusing base {text}: it resolves to commit {snap.commit}, the export was trained "
+            f"on {repo} at commit {trained}",
+            hint=f"pass --base {repo}@{trained} (or --base {repo}: the recorded commit)",
+        )
+    if patterns:  # a GGUF base: the folder it was converted to
+        from tunelab.models.gguf import convert_gguf
+
+        return convert_gguf(snap.path, patterns[0])
+    return snap.path
+
+
 def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Every recorded base file (weights, tokenizer, config) must be in `base_path` with the
     recorded sha256, and no unrecorded weight file may be there."""
@@ -155,7 +187,9 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
         )
     problems = []
     for name, digest in sorted((base.get("files") or {}).items()):
-        f = _safe(base_path, name)
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            _safe(base_path, name)  # raises: a recorded name that leaves the folder
+        f = base_path / name  # a hub snapshot's files are symlinks into its blobs/
         if not f.is_file():
             problems.append(f"{name}: missing")
             continue
@@ -164,7 +198,7 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             problems.append(f"{name}: sha256 {got[:16]}..., expected {digest[:16]}...")
     extra = [
         n
-        for n in identity_files(base_path)
+        for n in identity_files(base_path, base.get("patterns"))
         if n.endswith(WEIGHT_SUFFIXES) and n not in (base.get("files") or {})
     ]
     problems += [f"{n}: weight file not in the recorded base" for n in extra]
@@ -176,7 +210,11 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             hint="pass --base the exact folder the run trained on (every weight and tokenizer "
             "file must match byte for byte)",
         )
-    return {"path": str(base_path), "files_checked": len(base.get("files") or {})}
+    return {
+        "path": str(base_path),
+        "files_checked": len(base.get("files") or {}),
+        "hub": base.get("hub"),
+    }
 
 
 def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
@@ -244,7 +282,7 @@ def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example
 def check_export(
     export_dir: Path | str, base_path: Path | str, *, atol: float = 2e-4
 ) -> dict[str, Any]:
-    """`tunelab check-export DIR --base PATH`: files, base, load, one example.
+    """`tunelab check-export DIR --base PATH|org/repo[@rev]`: files, base, load, one example.
 
     Raises ExportError for an edited export or a mismatched base. Returns {export, manifest
     summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
@@ -256,9 +294,10 @@ def check_export(
     manifest = _read_manifest(export_dir)
     files = check_files(export_dir, manifest)
     binding = check_binding(export_dir, manifest)
-    base = check_base(Path(base_path), manifest)
+    base_path = resolve_base_arg(base_path, manifest)
+    base = check_base(base_path, manifest)
     started = time.perf_counter()
-    model, tokenizer = load_export(export_dir, Path(base_path).resolve(), manifest)
+    model, tokenizer = load_export(export_dir, base_path.resolve(), manifest)
     load_s = time.perf_counter() - started
     result: dict[str, Any] = {
         "export": str(export_dir),

@@ -24,6 +24,9 @@ from tunelab.study import Study
 # its largest error: a process's timing varies by tenths of a second on a shared machine, and
 # such a phase weighs nothing in a rental counted in hours.
 RESOLUTION_S = 1.0
+# A phase off by more than this, either way, is remarked on whatever its margin: a plan three
+# times too long fits inside any margin and still misprices the rental.
+FAR_OFF_PCT = 50.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ReviewRow:
     below_resolution: bool = False
     margin_pct: float | None = None
     within_margin: bool | None = None
+    far_off: bool = False
 
     def settle(self, margin: float | None) -> None:
         """The errors, and whether the phase stayed inside its margin and its repeats' spread."""
@@ -105,6 +109,11 @@ class ReviewRow:
         self.margin_pct = margin
         if self.error_pct is not None and margin is not None and self.actual_s is not None:
             self.within_margin = self.actual_s <= self.planned_s * (1 + margin / 100)
+        self.far_off = bool(
+            self.error_pct is not None
+            and abs(self.error_pct) > FAR_OFF_PCT
+            and not self.below_resolution
+        )
 
 
 def verify_seconds(study: Study) -> list[float]:
@@ -163,6 +172,54 @@ def eval_speed_factor(study: Study, run_id: str, planned: PlannedUnits) -> float
         per_example = planned.eval_s_per_example
         return rec["seconds"] / rec["n"] / per_example if per_example else 1.0
     return 1.0
+
+
+def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
+    """Whether the runs reviewed ran where the plan is for: a GPU plan against runs on the CPU
+    (or on another GPU) measures the machines, not the plan."""
+    projection = plan.get("projection")
+    if not projection:
+        return []
+    from tunelab.plan.catalog import gpu_of_device
+
+    elsewhere: dict[str, int] = {}
+    for r in study.list_runs():
+        if r.kind not in ("train", "eval", "baseline", "smoke") or r.status == "running":
+            continue
+        path = study.runs_dir / r.id / "env.json"
+        env = read_json(path) if path.exists() else {}
+        names = [g.get("name") for g in env.get("gpus") or []]
+        on_gpu = str(env.get("compute_device") or "").startswith("cuda") and names
+        gpu = gpu_of_device(names[0]) if on_gpu else None
+        if gpu is None or gpu.id != projection["gpu"]:
+            where = names[0] if on_gpu else str(env.get("compute_device") or "cpu")
+            elsewhere[where] = elsewhere.get(where, 0) + 1
+    return [
+        f"{_n(count, 'run')} ran on {where}, not on {projection['gpu_name']}: their durations "
+        "test the machine, not this plan"
+        for where, count in elsewhere.items()
+    ]
+
+
+def far_off_remark(row: dict[str, Any]) -> str | None:
+    """'experiments: planned 40.0 s, took 10.0 s (+300.0 %): the plan is far longer than the
+    runs' for a review row off by more than FAR_OFF_PCT either way; None otherwise."""
+    if not row.get("far_off"):
+        return None
+    way = "longer" if row["error_pct"] > 0 else "shorter"
+    return (
+        f"{row['phase']}: planned {row['planned_s']:.1f} s, took {row['actual_s']:.1f} s "
+        f"({row['error_pct']:+.1f} %): the plan is far {way} than the runs, whatever its margin"
+    )
+
+
+def _largest(rows: list[ReviewRow], key: str) -> dict[str, Any] | None:
+    """The row of the largest |error| by `key`, signed as its table prints it."""
+    found = [r for r in rows if getattr(r, key) is not None]
+    if not found:
+        return None
+    top = max(found, key=lambda r: abs(getattr(r, key)))
+    return {"phase": top.phase, "error_pct": getattr(top, key)}
 
 
 def _n(count: int, noun: str) -> str:
@@ -297,7 +354,10 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
     at_speed = [r for r in rows if r.error_at_run_speed_pct is not None]
     return {
         "plan": planned.plan_id,
+        "notes": device_notes(study, plan),
         "rows": [asdict(r) for r in rows],
+        "largest_error": _largest(measured, "error_pct"),
+        "largest_error_at_run_speed": _largest(at_speed, "error_at_run_speed_pct"),
         "max_error_pct": max((abs(r.error_pct) for r in measured), default=None),  # type: ignore[arg-type]
         "max_error_at_run_speed_pct": max(
             (abs(r.error_at_run_speed_pct) for r in at_speed),  # type: ignore[arg-type]

@@ -209,13 +209,16 @@ def recommend(
     compare_total: bool,
     scale: float = 1.0,
     margin: float = SAFETY_MARGIN,
+    strategy: str = "single",
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """The largest micro-batch dividing `effective_batch` that fits `budget_bytes * (1 - margin)`.
 
     The predicted peak of a candidate is `fixed_bytes + scale * estimate` where the estimate is
     the peak increase (CPU: what a step adds to the idle process, `fixed_bytes` being the idle
     RSS) or the peak total (CUDA: `fixed_bytes` 0). Candidates without activation checkpointing
-    come first when the template has it off. Returns the choice and every candidate tried.
+    come first when the template has it off. `strategy` and `ranks` estimate one rank of a
+    DDP or FSDP run (`estimate_memory`). Returns the choice and every candidate tried.
     """
     limit = budget_bytes * (1.0 - margin)
     tried: list[dict[str, Any]] = []
@@ -228,7 +231,7 @@ def recommend(
                 grad_accum=accumulation_for(effective_batch, micro),
                 checkpointing=ckpt,
             )
-            est = estimate_memory(facts, case)
+            est = estimate_memory(facts, case, strategy=strategy, ranks=ranks)
             part = est.peak_total if compare_total else est.peak_increase
             peak = int(fixed_bytes + scale * part)
             fits = peak <= limit
