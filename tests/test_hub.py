@@ -393,3 +393,29 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
     assert code == 2 and "org/name" in err
     code, out, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "org/x", "--commit", "abc")
     assert code == 2 and "40 hex" in err
+
+
+def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
+    tmp_path, monkeypatch, minilm_dir, capsys
+):
+    from tunelab.models import resolve_base
+    from tunelab.records import sha256_file
+    from tunelab.study import Study
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
+    code, out, err = run_cli(
+        capsys, "hub-cache", minilm_dir, "sentence-transformers/all-MiniLM-L6-v2", "--json"
+    )
+    assert code == 0, err
+    commit = json.loads(out)["commit"]
+    root = tmp_path / "bbc-hub"
+    root.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "examples/classification-bbc-hub/study.yaml", root)
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0, err
+    assert f"pinned to commit {commit}" in out
+    base = resolve_base(Study.open(root))
+    assert base.identity["source"]["hub"]["commit"] == commit
+    assert base.identity["files"]["model.safetensors"] == sha256_file(
+        minilm_dir / "model.safetensors"
+    )

@@ -49,6 +49,7 @@ def models(
         emit_json({"cache": str(hub_cache_dir()), "repos": repos})
         return
     t = table(f"{kind}s in {hub_cache_dir()}", ["repo", "commit", "refs", "files", "size"], [])
+    t.columns[0].overflow = "fold"  # a repo id is read whole, over two lines if need be
     for repo in repos:
         for i, rev in enumerate(repo["revisions"]):
             t.add_row(

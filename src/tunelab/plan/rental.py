@@ -260,3 +260,37 @@ def projected_figures(
 def sizing_configurations(sizing: dict[str, Any] | None) -> int:
     """How many configurations `tunelab size` measures for the study (4 without a record)."""
     return len((sizing or {}).get("configurations") or []) or 4
+
+
+def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, Any, str] | None:
+    """The newest completed training run of the study on a catalog GPU, as a share of that
+    GPU's peak: (share, GPU, where it came from), or None when no run trained on CUDA."""
+    from tunelab.plan.catalog import gpu_of_device
+    from tunelab.plan.flops import micro_step_flops
+    from tunelab.plan.project import micro_batch
+    from tunelab.plan.review import mean_step_s
+    from tunelab.records import read_json
+
+    for row in reversed([r for r in study.ledger.list_runs("train") if r.status == "completed"]):
+        folder = study.runs_dir / row.id
+        if not (folder / "env.json").exists() or not (folder / "config.json").exists():
+            continue
+        env = read_json(folder / "env.json")
+        names = [g.get("name") for g in env.get("gpus") or []]
+        gpu = gpu_of_device(names[0]) if names else None
+        step = mean_step_s(study, row.id)
+        if gpu is None or not step or not str(env.get("compute_device", "")).startswith("cuda"):
+            continue
+        t = read_json(folder / "config.json")["config"]["training"]
+        flops = (
+            micro_step_flops(
+                shape.facts,
+                micro_batch(shape, t["micro_batch_size"]),
+                checkpointing=bool(t.get("activation_checkpointing")),
+            ).total
+            * t["grad_accum_steps"]
+        )
+        precision = t.get("precision") if t.get("precision") in ("bf16", "fp16") else "fp32"
+        share = flops / (step * gpu.peak_flops(precision))
+        return share, gpu, f"train run {row.id} on {names[0]}: {step:.3f} s a step"
+    return None
