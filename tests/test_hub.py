@@ -421,3 +421,60 @@ def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     assert base.identity["files"]["model.safetensors"] == sha256_file(
         minilm_dir / "model.safetensors"
     )
+
+
+# ---------------------------------------------------------------- what the hub answers
+
+
+@pytest.fixture
+def hub_server(hub_cache, monkeypatch):
+    """A local HTTP endpoint answering as the hub does for a missing repo, a gated repo and a
+    missing revision (status and X-Error-Code), with offline mode off."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from huggingface_hub import constants
+
+    answers = {
+        "org/missing": (401, "RepoNotFound"),
+        "org/gated": (401, "GatedRepo"),
+        f"{REPO}": (404, "RevisionNotFound"),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            repo = "/".join(self.path.split("/")[3:5])
+            status, code = answers.get(repo, (404, "RepoNotFound"))
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+
+
+def test_hub_errors_say_how_to_fix(hub_server):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/missing"))
+    assert "no such repo" in exc.value.message and "no HF_TOKEN is set" in exc.value.message
+    assert "hf auth login" in exc.value.hint and "HF_TOKEN" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/gated"))
+    assert "gated" in exc.value.message and "huggingface-cli login" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="nope"))
+    assert "no revision 'nope'" in exc.value.message
