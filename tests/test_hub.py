@@ -234,7 +234,9 @@ def write_hub_study(
     raw["model"] = {"name": REPO, **({"revision": revision} if revision else {})}
     raw["adaptation"].update(target_modules=["q_proj", "v_proj"])
     raw["preprocess"]["max_seq_len"] = 96
-    raw["training"].update(max_steps=steps, micro_batch_size=2, lr=1e-2, num_threads=1)
+    raw["training"].update(
+        max_steps=steps, warmup_steps=0, micro_batch_size=2, lr=1e-2, num_threads=1
+    )
     raw["evaluation"].update(max_new_tokens=8, batch_size=4)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return root
