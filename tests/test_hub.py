@@ -348,6 +348,8 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
 
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", hub_data=True)
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 0, err
     code, out, err = run_cli(capsys, "register", "-s", root)
     assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
     study = Study.open(root)

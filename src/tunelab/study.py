@@ -50,7 +50,8 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     path = Path(study_dir) / "study.yaml"
     cfg = load_config(path, overrides)
     problems = contradictions(cfg)
-    problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
+    if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
+        problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:
         raise ConfigError(
             f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
