@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 from tunelab.cli._crash import crash_summary, write_crash_file
+from tunelab.cli._help import arrange_commands
 from tunelab.cli.common import app, console_err, opened_study
 from tunelab.env import requested_device, under_torchrun
 from tunelab.errors import TunelabError
@@ -29,6 +30,7 @@ def load_commands() -> None:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name != "common" and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
+    arrange_commands(app)
 
 
 def main(argv: list[str] | None = None) -> None:
