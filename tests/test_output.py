@@ -159,3 +159,50 @@ def test_label_conflict_groups_worst_first():
     )
     assert [sorted(g["rows"]) for g in groups] == [["y1", "y2", "y3"], ["x1", "x2"]]
     assert groups[0]["labels"] == {"a": 1, "b": 1, "c": 1} and groups[1]["similarity"] == 0.9
+
+
+def _evaluation_record(labels: list[str], n_each: int = 3) -> dict:
+    from tunelab.metrics import classification_metrics
+
+    golds = [lab for lab in labels for _ in range(n_each)]
+    preds = [labels[(i + (i % 3 == 0)) % len(labels)] for i in range(len(golds))]
+    return {
+        "metrics": classification_metrics(golds, preds, labels),
+        "task_kind": "classification",
+        "n": len(golds),
+        "examples_per_s": 10.0,
+        "spec_sha256": "0" * 64,
+    }
+
+
+def test_confusion_headers_that_share_a_prefix_are_numbered_and_paged(capsys):
+    from tunelab.cli.evaluate import print_evaluation
+
+    labels = [f"nouvelles-{topic}" for topic in ("sport", "politique", "economie", "culture")]
+    labels += [f"nouvelles-region-{i:02d}" for i in range(14)]
+    print_evaluation(_evaluation_record(labels), "validation evaluation")
+    out = capsys.readouterr().out
+    assert_fits(out)
+    assert "nou…" not in out and "…" not in out
+    conf = out[out.index("confusion (rows: gold, columns: predicted") :]
+    assert "numbered as the rows" in conf
+    for i, label in enumerate(labels, start=1):
+        assert f"│ {i} {label}" in conf  # each row names its number and its whole label
+    # paged: every column number appears as a header exactly once across the pages
+    heads = [
+        h.strip()
+        for line in conf.splitlines()
+        if line.startswith("┃")
+        for h in line.strip("┃").split("┃")[1:]
+    ]
+    assert heads == [str(i) for i in range(1, len(labels) + 1)]
+    assert "(1-" in conf and f"of {len(labels)})" in conf
+
+
+def test_a_small_confusion_keeps_its_label_names(capsys):
+    from tunelab.cli.evaluate import print_evaluation
+
+    print_evaluation(_evaluation_record(["ham", "spam"]), "validation evaluation")
+    out = capsys.readouterr().out
+    assert re.search(r"┃ gold +┃ +ham ┃ +spam ┃", out)
+    assert "numbered" not in out
