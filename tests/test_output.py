@@ -206,3 +206,14 @@ def test_a_small_confusion_keeps_its_label_names(capsys):
     out = capsys.readouterr().out
     assert re.search(r"┃ gold +┃ +ham ┃ +spam ┃", out)
     assert "numbered" not in out
+
+
+def test_a_typo_in_a_set_key_names_set_as_its_source(tmp_path, capsys):
+    root = tmp_path / "study"
+    assert run_cli(capsys, "init", root, "--task", "classification")[0] == 0
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "training.lrr=1e-4")
+    assert code == 2
+    assert "--set: 1 problem(s)" in err and "study.yaml: 1 problem" not in err
+    assert "training.lrr: unknown key" in err and "(from --set training.lrr=1e-4)" in err
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "trainng.lr=1e-4")
+    assert code == 2 and "(from --set trainng.lr=1e-4)" in err
