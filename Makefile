@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 ASSETS := .cache/assets/package/data/spam-1
+# The lowest typer pyproject allows, with its click, for tests/test_cli_errors.py
+TYPER_LOWEST := .cache/typer-lowest
 HUB_CACHE := .cache/hf-hub
 HUB_REF := $(HUB_CACHE)/models--sentence-transformers--all-MiniLM-L6-v2/refs/main
 export HF_HUB_OFFLINE := 1
@@ -16,7 +18,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup browser assets hub-cache test test-fast test-slow stress lint format demo bench clean
 
-setup: $(STAMP) $(ASSETS) $(HUB_REF) browser
+setup: $(STAMP) $(ASSETS) $(HUB_REF) $(TYPER_LOWEST) browser
 
 # The dossier test renders the page in headless Chromium (Debian's package); CI runs as root.
 browser:
@@ -46,6 +48,10 @@ $(HUB_REF): $(STAMP)
 	  sentence-transformers/all-MiniLM-L6-v2
 
 hub-cache: $(HUB_REF)
+
+$(TYPER_LOWEST): $(STAMP)
+	rm -rf $(TYPER_LOWEST)
+	$(PIP) install -q --no-deps --target $(TYPER_LOWEST) typer-slim==0.12.4 click==8.1.7
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -234,7 +234,9 @@ def write_hub_study(
     raw["model"] = {"name": REPO, **({"revision": revision} if revision else {})}
     raw["adaptation"].update(target_modules=["q_proj", "v_proj"])
     raw["preprocess"]["max_seq_len"] = 96
-    raw["training"].update(max_steps=steps, micro_batch_size=2, lr=1e-2, num_threads=1)
+    raw["training"].update(
+        max_steps=steps, warmup_steps=0, micro_batch_size=2, lr=1e-2, num_threads=1
+    )
     raw["evaluation"].update(max_new_tokens=8, batch_size=4)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return root
@@ -346,6 +348,8 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
 
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", hub_data=True)
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 0, err
     code, out, err = run_cli(capsys, "register", "-s", root)
     assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
     study = Study.open(root)
@@ -419,3 +423,90 @@ def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     assert base.identity["files"]["model.safetensors"] == sha256_file(
         minilm_dir / "model.safetensors"
     )
+
+
+# ---------------------------------------------------------------- what the hub answers
+
+
+@pytest.fixture
+def hub_server(hub_cache, monkeypatch):
+    """A local HTTP endpoint answering as the hub does for a missing repo, a gated repo and a
+    missing revision (status and X-Error-Code), with offline mode off."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from huggingface_hub import constants
+
+    answers = {
+        "org/missing": (401, "RepoNotFound"),
+        "org/gated": (401, "GatedRepo"),
+        f"{REPO}": (404, "RevisionNotFound"),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            repo = "/".join(self.path.split("/")[3:5])
+            status, code = answers.get(repo, (404, "RepoNotFound"))
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+
+
+def test_hub_errors_say_how_to_fix(hub_server):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/missing"))
+    assert "no such repo" in exc.value.message and "no HF_TOKEN is set" in exc.value.message
+    assert "hf auth login" in exc.value.hint and "HF_TOKEN" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/gated"))
+    assert "gated" in exc.value.message and "huggingface-cli login" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="nope"))
+    assert "no revision 'nope'" in exc.value.message
+
+
+def test_register_pins_without_the_weights_and_a_stage_names_the_missing_commit(
+    hub_cache, tmp_path, tiny_llama_dir, capsys
+):
+    from tunelab.models import resolve_base
+    from tunelab.study import Study
+
+    # the cache holds the repo's listing and config.json, not its weights (as after a register
+    # on a machine that never loaded the model)
+    snapshot = hub_cache / "models--tunelab-test--tiny-llama" / "snapshots" / COMMIT_A
+    (snapshot / "model.safetensors").unlink()
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and f"pinned to commit {COMMIT_A}" in out, err
+    with pytest.raises(ModelError) as exc:
+        resolve_base(Study.open(root))
+    assert f"--revision {COMMIT_A}" in exc.value.hint  # the pinned commit, not main
+
+
+def test_register_refuses_a_pickle_only_repo(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(tiny_llama_dir / "config.json", pickled / "config.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"a pickle")
+    write_snapshot(pickled, REPO, refs=("main",), commit="9" * 40)
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 2 and "pytorch_model.bin" in err and "allow_pickle" in err
+    assert not (root / "records" / "hypothesis-v1.json").exists()

@@ -660,3 +660,12 @@ def save_compare(study: Study, record: dict[str, Any]) -> Any:
     path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
     study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
     return path
+
+
+def interval_verdict(primary: dict[str, Any]) -> str:
+    """Where a delta's 95% interval lies: "above 0" (the record's `significant`), "below 0",
+    "spans 0", or "-" without an interval."""
+    low, high = primary.get("ci_low"), primary.get("ci_high")
+    if low is None or high is None:
+        return "-"
+    return "above 0" if low > 0 else ("below 0" if high < 0 else "spans 0")

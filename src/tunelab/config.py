@@ -11,13 +11,14 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
-from tunelab.errors import ConfigError
+from tunelab.errors import ConfigError, preview
+from tunelab.strict_load import ParseProblem, load_yaml
 
 # a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
@@ -26,7 +27,8 @@ TaskKind = Literal["classification", "format", "extraction"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: "8" is not an int and "true" not a bool; a number written as text is an error
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 # ---------------------------------------------------------------- hypothesis and guardrails
@@ -118,6 +120,11 @@ class SourceConfig(Section):
         "error",
         description="Invalid UTF-8: error (name file and line) or replace the bytes with U+FFFD.",
     )
+    follow_links: bool = Field(
+        False,
+        description="Read files that symbolic links inside a data folder point to outside it "
+        "(each such link is recorded in the snapshot manifest); refused when false.",
+    )
 
     @model_validator(mode="after")
     def _check_source(self) -> SourceConfig:
@@ -159,6 +166,8 @@ class CleaningRule(Section):
         "drop_shorter_than",
         "regex_replace",
         "lowercase",
+        "strip_control",
+        "unify_labels",
     ]
     max_chars: int | None = None
     min_chars: int | None = None
@@ -213,6 +222,11 @@ class DataConfig(Section):
     dedup: DedupConfig = DedupConfig()
     max_examples: int | None = Field(
         None, description="Keep at most this many rows (seeded sample)."
+    )
+    invalid_targets: Literal["refuse", "keep"] = Field(
+        "refuse",
+        description="Gold targets of a format/extraction task that break its JSON or schema: "
+        "refuse (list the rows) or keep (noted in the manifest).",
     )
 
 
@@ -317,7 +331,7 @@ class TrainingConfig(Section):
     optimizer: str = Field("AdamW", description="Any torch.optim optimizer by name.")
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)] = (0.9, 0.999)
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = 1.0
@@ -423,17 +437,19 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """'train.lr=2e-4' -> (['train', 'lr'], 0.0002). The value is parsed as YAML."""
     if "=" not in item:
         raise ConfigError(
-            f"--set {item!r} has no '='",
+            f"--set {preview(item)} has no '='",
             hint="write --set section.field=value, e.g. --set training.lr=1e-4",
         )
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"--set {item!r} has an empty key", hint="e.g. --set training.lr=1e-4")
+        raise ConfigError(
+            f"--set {preview(item)} has an empty key", hint="e.g. --set training.lr=1e-4"
+        )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw) if raw.strip() else ""
+    except ParseProblem:
+        value = raw  # not YAML: the text itself, checked against the field's type
     return path, value
 
 
@@ -453,44 +469,122 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     value = err.get("input")
-    shown = json.dumps(value, default=str)[:80] if err["type"] != "missing" else "(missing)"
+    shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
+    elif err["type"].endswith("_type") and isinstance(value, str):
+        msg += f" (found text; write {value.strip()} without quotes if it is meant as a value)"
     if isinstance(value, dict) and err["type"] == "value_error":
         # a check across fields names them itself; the whole section would say nothing more
         return f"  - {loc or 'study'}: {msg}"
     return f"  - {loc or '(top level)'}: {msg}; found {shown}"
 
 
-def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
+def generation_room_problem(cfg: StudyConfig) -> str | None:
+    """A generating task's prompt is cut to leave room for `max_new_tokens`: a budget as long
+    as the window leaves none for the input."""
+    ev, pre = cfg.evaluation, cfg.preprocess
+    if cfg.task.kind == "classification" or ev.max_new_tokens < pre.max_seq_len:
+        return None
+    return (
+        f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
+        f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for the "
+        "generated tokens, so none would be left for the input"
+    )
+
+
+def contradictions(cfg: StudyConfig) -> list[str]:
+    """Settings that each make sense alone but contradict another (`tunelab validate` refuses
+    them; a stage that depends on one refuses it too): `field: why` per problem."""
+    out = []
+    t = cfg.training
+    if t.max_steps is not None and t.warmup_steps > t.max_steps:
+        out.append(
+            f"training.warmup_steps: {t.warmup_steps} warm-up steps exceed training.max_steps "
+            f"({t.max_steps}): the learning rate would never reach training.lr"
+        )
+    room = generation_room_problem(cfg)
+    return out + ([room] if room else [])
+
+
+_LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
+_IGNORED = {"lora": ("trainable",), "full": (*_LORA_ONLY, "trainable"), "freeze": _LORA_ONLY}
+
+
+def config_warnings(cfg: StudyConfig) -> list[str]:
+    """Settings written in study.yaml that the chosen adaptation method ignores."""
+    a = cfg.adaptation
+    return [
+        f"adaptation.{name} ({preview(getattr(a, name))}) is ignored: adaptation.method is "
+        f"{a.method!r} ({'only LoRA uses it' if name in _LORA_ONLY else 'only freeze uses it'})"
+        for name in _IGNORED.get(a.method, ())
+        if name in a.model_fields_set
+    ]
+
+
+def _override_of(err: dict[str, Any], overrides: Mapping[tuple[str, ...], str]) -> str | None:
+    """The `--set` item an error comes from: its value, or an unknown key it introduced."""
+    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    for path, item in overrides.items():
+        if loc[: len(path)] == path or (
+            err["type"] == "extra_forbidden" and path[: len(loc)] == loc
+        ):
+            return item
+    return None
+
+
+def validate_config(
+    raw: Any, source: str = "study.yaml", overrides: Mapping[tuple[str, ...], str] | None = None
+) -> StudyConfig:
+    """`overrides`: {field path: the `--set` item that wrote it}, so an error names its source."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping of sections, found {type(raw).__name__}",
             hint="start from `tunelab init DIR --task classification`",
         )
     try:
-        return StudyConfig.model_validate(raw)
+        cfg = StudyConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        lines = [_describe_error(e) for e in errors]
+        origins = [_override_of(e, overrides or {}) for e in errors]
+        lines = [
+            _describe_error(e) + (f" (from --set {item})" if item else "")
+            for e, item in zip(errors, origins, strict=True)
+        ]
+        from_set = sum(1 for item in origins if item)
+        where = (
+            "--set" if from_set == len(errors) else (f"{source} and --set" if from_set else source)
+        )
         raise ConfigError(
-            f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
-            hint="fix each field above, then run `tunelab validate`",
+            f"{where}: {len(errors)} problem(s):\n" + "\n".join(lines),
+            hint="fix each field above (a --set key is section.field, as in study.yaml), then "
+            "run `tunelab validate`"
+            if from_set
+            else "fix each field above, then run `tunelab validate`",
         ) from None
+    return cfg
+
+
+_REFUSED_HINTS = {
+    "given twice": "keep one of the two (YAML keeps only the last, silently, elsewhere)",
+    "expands": "write the values out, or use fewer aliases",
+    "refers to itself": "an alias cannot be used inside its own anchor",
+    "nested": "flatten the value",
+}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: no such file", hint="create a study with `tunelab init DIR`")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raw = load_yaml(path.read_text(encoding="utf-8"))
+    except ParseProblem as exc:
+        where = f" {exc.place()}:" if exc.line else ""
+        hint = next((h for k, h in _REFUSED_HINTS.items() if k in exc.problem), None)
         raise ConfigError(
-            f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}",
-            hint="fix the YAML syntax (indentation, colons, quotes)",
+            f"{path}:{where} {exc.problem}",
+            hint=hint or "fix the YAML syntax (indentation, colons, quotes)",
         ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
@@ -505,4 +599,5 @@ def load_config(path: Path, overrides: list[str] | None = None) -> StudyConfig:
         if not isinstance(raw, dict):
             raw = {}
         raw = apply_overrides(raw, overrides)
-    return validate_config(raw, source=str(path))
+    origin = {tuple(parse_override(o)[0]): o for o in overrides or []}
+    return validate_config(raw, source=str(path), overrides=origin)

@@ -88,7 +88,9 @@ def current_commit(repo_id: str, revision: str, repo_type: str = "model") -> tup
         try:
             from huggingface_hub import HfApi
 
-            info = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision)
+            info = HfApi(endpoint=_endpoint()).repo_info(
+                repo_id, repo_type=repo_type, revision=revision
+            )
             return info.sha, "hub"
         except Exception:  # unreachable hub, no access: fall back to what the cache knows
             pass
@@ -142,6 +144,7 @@ def download(
             allow_patterns=allow_patterns,
             local_files_only=offline,
             tqdm_class=progress_class or _silent_tqdm(),
+            endpoint=_endpoint(),
         )
     except GatedRepoError:
         raise err(
@@ -194,6 +197,11 @@ def listed_files(snapshot: HubSnapshot) -> list[str] | None:
     except CachedRepoTreeNotFoundError:
         return None
     return sorted(f.path for f in tree)
+
+
+def _endpoint() -> str | None:
+    """HF_ENDPOINT now (a mirror, a private hub), else huggingface_hub's default."""
+    return os.environ.get("HF_ENDPOINT") or None
 
 
 def _url(repo_id: str, repo_type: str) -> str:

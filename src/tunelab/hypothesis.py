@@ -81,7 +81,8 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
     return [] if old == new else [{"path": prefix, "old": old, "new": new}]
 
 
-def _check_registrable(cfg: StudyConfig) -> None:
+def check_registrable(cfg: StudyConfig) -> None:
+    """Refuse a template hypothesis or no guardrails (before anything is resolved or written)."""
     problems = []
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
@@ -103,7 +104,7 @@ def register(
     `pins` (from `tunelab.pins.resolve_pins`): the commit of each hub repo the study names,
     locked with the rest under `content["pins"]`.
     """
-    _check_registrable(cfg)
+    check_registrable(cfg)
     records = Path(study_root) / "records"
     content = locked_content(cfg)
     if pins:

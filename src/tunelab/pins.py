@@ -30,15 +30,16 @@ def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
     return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
 
 
-def fetch_ref(cfg: StudyConfig, key: str, commit: str | None = None) -> dict[str, Any]:
-    """Download (or find in the cache) what `key` names and return its pin record."""
+def fetch_ref(cfg: StudyConfig, key: str) -> dict[str, Any]:
+    """Resolve what `key` names to its commit and return its pin record: a base's config.json
+    alone is fetched (its weights with the first stage that loads it), a data set whole."""
     if key == "model":
-        from tunelab.models.hub import fetch_base
+        from tunelab.models.hub import pin_base
 
-        return fetch_base(cfg.model, commit).record()
+        return pin_base(cfg.model).record()
     from tunelab.data.hub import fetch_dataset
 
-    return fetch_dataset(cfg.data.source, commit).record()
+    return fetch_dataset(cfg.data.source).record()
 
 
 def resolve_pins(

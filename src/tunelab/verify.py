@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
+from tunelab.safetensors_header import safetensors_problems
 
 if TYPE_CHECKING:
     from tunelab.study import Study
@@ -188,20 +189,24 @@ def check_checkpoint_files(checkpoint: Path) -> dict[str, Any]:
             "missing": ["DONE" if not (checkpoint / "DONE").exists() else "state.json"],
             "ok": False,
         }
-    files = read_json(state_path).get("files") or {}
-    changed, missing = [], []
+    state = read_json(state_path)
+    files = (state.get("files") if isinstance(state, dict) else None) or {}
+    changed, missing, damaged = [], [], {}
     for name, digest in sorted(files.items()):
         f = checkpoint / name
         if not f.is_file():
             missing.append(name)
         elif sha256_file(f) != digest:
             changed.append(name)
+        elif name.endswith(".safetensors") and (problems := safetensors_problems(f)):
+            damaged[name] = "; ".join(problems)  # hashes that match a damaged file
     return {
         "path": str(checkpoint),
         "files_checked": len(files),
         "changed": changed,
         "missing": missing,
-        "ok": bool(files) and not changed and not missing,
+        "damaged": damaged,
+        "ok": bool(files) and not changed and not missing and not damaged,
     }
 
 
@@ -499,7 +504,7 @@ def _reproduce(
         return {
             "predictions": None,
             "passed": False,
-            "reason": f"the checkpoint could not be reloaded: {exc.message}"[:2000],
+            "reason": f"the checkpoint could not be reloaded: {exc.message}",
         }
     cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
     out: dict[str, Any] = {
@@ -583,7 +588,14 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
 
     # 2. the fresh process
     ck = record["checkpoint"]
-    if ck is not None and not ck["ok"]:
+    if ck is not None and not ck["ok"] and ck.get("damaged") and not ck["changed"] + ck["missing"]:
+        record.update(
+            predictions=None,
+            passed=False,
+            reason=f"checkpoint {ck['path']} cannot be loaded: "
+            + "; ".join(f"{n}: {why}" for n, why in ck["damaged"].items()),
+        )
+    elif ck is not None and not ck["ok"]:
         bad = ck["changed"] + ck["missing"]
         record.update(
             predictions=None,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.config import DataConfig, DedupConfig, sha256_json
 from tunelab.data import dedup
-from tunelab.data.checks import RowsRead, run_checks
+from tunelab.data.checks import RowsRead, control_notes, labels_changed, run_checks
 from tunelab.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
 from tunelab.data.hub import source_root
 from tunelab.data.readers import SourceData, SourceRow, read_source
@@ -240,6 +240,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         ids = assign_ids(rows)
         cleaned = _clean(rows, cfg, source_path)
         kept = _keep(cleaned, cfg)
+        notes += control_notes(kept.texts, [rows[i] for i in kept.index], "text")
         labels = [rows[i].label for i in kept.index]
         split = _split(kept, labels, rows, cfg, read.has_label, source_path)
         notes += split.notes
@@ -265,6 +266,8 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
 def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> CleaningResult:
     """The cleaning rules over the texts; refuses when they drop every row or leave one empty."""
     cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
+    for effect in cleaned.effects:  # a rule on labels: check_label_spellings applied it
+        effect["changed"] += labels_changed(rows) if effect["rule"] == "unify_labels" else 0
     if not cleaned.kept:
         by_rule = ", ".join(
             f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
@@ -482,6 +485,7 @@ def _manifest(
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
             **({"hub": src.hub} if src.hub else {}),
+            **({"links_followed": src.links} if src.links else {}),
         },
         "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,
@@ -600,7 +604,7 @@ class Snapshot:
         if split == "test":
             raise EvaluationError(
                 f"the test split of snapshot {self.id} is sealed",
-                hint="evaluate on it only with `tunelab eval RUN --final`, which logs the "
+                hint="evaluate on it only with `tunelab eval RUN --split test --final`, which logs the "
                 "opening (library code: tunelab.data.open_test_split)",
             )
         if split not in SPLITS:

@@ -54,6 +54,31 @@ def fetch_base(model_cfg: ModelConfig, commit: str | None = None) -> HubSnapshot
     return dataclasses.replace(snap, revision=asked)
 
 
+def pin_base(model_cfg: ModelConfig) -> HubSnapshot:
+    """What `tunelab register` pins: `model.revision` resolved to its commit, with config.json
+    alone fetched (the weights come with the first stage that loads them, at that commit), so
+    that planning before renting needs no download of the weights. A repo whose listing shows
+    only pickled weights (or no GGUF file of that name) is refused here already."""
+    repo, asked = model_cfg.hub_id, model_cfg.revision or "main"
+    assert repo, "pin_base is for a base named by hub id"
+    snap = dataclasses.replace(
+        download(repo, asked, allow_patterns=["config.json"]), revision=asked
+    )
+    listed = listed_files(snap)
+    if listed is None:
+        return snap
+    if model_cfg.gguf_file and model_cfg.gguf_file not in listed:
+        raise ModelError(
+            f"{repo}@{snap.commit[:12]}: no file {model_cfg.gguf_file!r} in the repo",
+            hint="set model.gguf_file to one of: "
+            + ", ".join(n for n in listed if n.endswith(".gguf")),
+        )
+    if not model_cfg.gguf_file and not any(n.endswith(".safetensors") for n in listed):
+        if not model_cfg.allow_pickle or not any(n.endswith(PICKLE_SUFFIXES) for n in listed):
+            _pickle_fallback(model_cfg, snap, model_patterns(model_cfg))
+    return snap
+
+
 def _has(snap: HubSnapshot, suffixes: tuple[str, ...]) -> bool:
     return any(p.name.endswith(suffixes) for p in snap.path.iterdir())
 
