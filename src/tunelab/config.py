@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -547,7 +548,21 @@ def config_warnings(cfg: StudyConfig) -> list[str]:
     ]
 
 
-def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
+def _override_of(err: dict[str, Any], overrides: Mapping[tuple[str, ...], str]) -> str | None:
+    """The `--set` item an error comes from: its value, or an unknown key it introduced."""
+    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    for path, item in overrides.items():
+        if loc[: len(path)] == path or (
+            err["type"] == "extra_forbidden" and path[: len(loc)] == loc
+        ):
+            return item
+    return None
+
+
+def validate_config(
+    raw: Any, source: str = "study.yaml", overrides: Mapping[tuple[str, ...], str] | None = None
+) -> StudyConfig:
+    """`overrides`: {field path: the `--set` item that wrote it}, so an error names its source."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping of sections, found {type(raw).__name__}",
@@ -557,10 +572,21 @@ def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
         cfg = StudyConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        lines = [_describe_error(e) for e in errors]
+        origins = [_override_of(e, overrides or {}) for e in errors]
+        lines = [
+            _describe_error(e) + (f" (from --set {item})" if item else "")
+            for e, item in zip(errors, origins, strict=True)
+        ]
+        from_set = sum(1 for item in origins if item)
+        where = (
+            "--set" if from_set == len(errors) else (f"{source} and --set" if from_set else source)
+        )
         raise ConfigError(
-            f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
-            hint="fix each field above, then run `tunelab validate`",
+            f"{where}: {len(errors)} problem(s):\n" + "\n".join(lines),
+            hint="fix each field above (a --set key is section.field, as in study.yaml), then "
+            "run `tunelab validate`"
+            if from_set
+            else "fix each field above, then run `tunelab validate`",
         ) from None
     return cfg
 
@@ -598,4 +624,5 @@ def load_config(path: Path, overrides: list[str] | None = None) -> StudyConfig:
         if not isinstance(raw, dict):
             raw = {}
         raw = apply_overrides(raw, overrides)
-    return validate_config(raw, source=str(path))
+    origin = {tuple(parse_override(o)[0]): o for o in overrides or []}
+    return validate_config(raw, source=str(path), overrides=origin)

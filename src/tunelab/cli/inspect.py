@@ -132,7 +132,7 @@ def inspect_cmd(
     if split not in SPLITS:
         raise DataError(
             f"--split {split!r}: inspect reads train or validation",
-            hint="the test split is sealed; it opens only with `tunelab eval --final`",
+            hint="the test split is sealed; it opens only with `tunelab eval RUN --split test --final`",
         )
     s = open_study(study, sets)
     with Progress(

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -555,3 +556,33 @@ def summarize(
         "rows_involved": len(rows),
         "label_conflicts": conflicts,
     }
+
+
+def label_conflict_groups(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Groups of rows linked by duplicate pairs (duplicates.json rows) whose labels disagree,
+    worst first (most rows, then highest similarity): each {"rows": {id: label}, "labels":
+    {label: count}, "similarity": the highest in the group}."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    conflicting = [p for p in pairs if p.get("label_a") != p.get("label_b")]
+    for p in conflicting:
+        parent[find(p["a"])] = find(p["b"])
+    groups: dict[str, dict[str, Any]] = {}
+    for p in conflicting:
+        g = groups.setdefault(find(p["a"]), {"rows": {}, "similarity": 0.0})
+        g["rows"].update({p["a"]: p.get("label_a"), p["b"]: p.get("label_b")})
+        g["similarity"] = max(g["similarity"], float(p["similarity"]))
+    out = []
+    for g in groups.values():
+        counts: dict[str, int] = {}
+        for label in g["rows"].values():
+            counts[str(label)] = counts.get(str(label), 0) + 1
+        out.append({**g, "labels": dict(sorted(counts.items(), key=lambda kv: -kv[1]))})
+    return sorted(out, key=lambda g: (-len(g["rows"]), -g["similarity"], min(g["rows"])))

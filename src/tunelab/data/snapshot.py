@@ -604,7 +604,7 @@ class Snapshot:
         if split == "test":
             raise EvaluationError(
                 f"the test split of snapshot {self.id} is sealed",
-                hint="evaluate on it only with `tunelab eval RUN --final`, which logs the "
+                hint="evaluate on it only with `tunelab eval RUN --split test --final`, which logs the "
                 "opening (library code: tunelab.data.open_test_split)",
             )
         if split not in SPLITS:
