@@ -312,8 +312,22 @@ class ModelConfig(Section):
         return self
 
 
+class QuantizationConfig(Section):
+    """qlora: how bitsandbytes stores the frozen base (4 bits) and computes with it."""
+
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type of the base.")
+    double_quant: bool = Field(
+        True, description="Quantize the block-wise scales too (about 0.4 bit per weight less)."
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="dtype the 4-bit weights are dequantized to for each matmul."
+    )
+
+
 class AdaptationConfig(Section):
-    method: Literal["full", "lora", "freeze"] = "lora"
+    method: Literal["full", "lora", "freeze", "qlora"] = Field(
+        "lora", description="qlora: LoRA on a base loaded in 4 bits (bitsandbytes)."
+    )
     target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "v_proj"]
     )
@@ -327,6 +341,9 @@ class AdaptationConfig(Section):
     trainable: list[str] = Field(
         default_factory=list,
         description="freeze: names (substrings) of the modules left trainable.",
+    )
+    quantization: QuantizationConfig = Field(
+        default_factory=QuantizationConfig, description="qlora: the 4-bit base's settings."
     )
 
     @model_validator(mode="after")
@@ -554,7 +571,15 @@ def contradictions(cfg: StudyConfig) -> list[str]:
 
 
 _LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
-_IGNORED = {"lora": ("trainable",), "full": (*_LORA_ONLY, "trainable"), "freeze": _LORA_ONLY}
+_IGNORED = {
+    "lora": ("trainable", "quantization"),
+    "qlora": ("trainable",),
+    "full": (*_LORA_ONLY, "trainable", "quantization"),
+    "freeze": (*_LORA_ONLY, "quantization"),
+}
+
+
+_USER = {"trainable": "only freeze uses it", "quantization": "only qlora uses it"}
 
 
 def config_warnings(cfg: StudyConfig) -> list[str]:
@@ -562,7 +587,7 @@ def config_warnings(cfg: StudyConfig) -> list[str]:
     a = cfg.adaptation
     return [
         f"adaptation.{name} ({preview(getattr(a, name))}) is ignored: adaptation.method is "
-        f"{a.method!r} ({'only LoRA uses it' if name in _LORA_ONLY else 'only freeze uses it'})"
+        f"{a.method!r} ({_USER.get(name, 'only LoRA and QLoRA use it')})"
         for name in _IGNORED.get(a.method, ())
         if name in a.model_fields_set
     ]
