@@ -3,7 +3,11 @@ checkpoint round trips. Stage tests (real runs, kills, statuses) are in test_tra
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -372,6 +376,28 @@ def test_checkpoint_files_verified_and_pruned(tiny_llama_dir, tmp_path):
 
     with pytest.raises(CheckpointError, match="changed since the checkpoint"):
         ckpt.read_checkpoint_state(tmp_path / "step-000003")
+    (tmp_path / "step-000003" / "rng.safetensors").unlink()
+    found = ckpt.check_checkpoint_files(tmp_path / "step-000003")
+    assert (found["changed"], found["missing"], found["ok"]) == (
+        ["optimizer.json"],
+        ["rng.safetensors"],
+        False,
+    )
+    assert ckpt.check_checkpoint_files(tmp_path / "step-000001")["ok"]
+    (tmp_path / "step-000001" / "DONE").unlink()
+    assert ckpt.check_checkpoint_files(tmp_path / "step-000001")["missing"] == ["DONE"]
+    with pytest.raises(CheckpointError, match="incomplete checkpoint"):
+        ckpt.read_checkpoint_state(tmp_path / "step-000001")
+
+
+def test_checking_a_checkpoint_imports_no_torch():
+    """verify's parent process and export check checkpoints without paying torch's import."""
+    code = (
+        "import sys, tunelab.train.checkpoint, tunelab.verify; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": src})
 
 
 def test_lora_with_activation_checkpointing_trains_every_adapter_tensor(tiny_llama_dir):

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
-from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
+from tunelab.records import read_json, read_jsonl, write_json_atomic
+from tunelab.train.checkpoint import check_checkpoint_files
 
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
@@ -169,37 +170,6 @@ def env_message(run_id: str, differences: Sequence[Mapping[str, Any]]) -> str | 
         "differ on a new platform; re-run `tunelab smoke` and `tunelab baseline` here before "
         "trusting or comparing results made on it"
     )
-
-
-def check_checkpoint_files(checkpoint: Path) -> dict[str, Any]:
-    """Every file listed in the checkpoint's state.json against its recorded sha256.
-
-    Returns {path, files_checked, changed: [names], missing: [names], ok}.
-    """
-    state_path = checkpoint / "state.json"
-    if not (checkpoint / "DONE").exists() or not state_path.exists():
-        return {
-            "path": str(checkpoint),
-            "files_checked": 0,
-            "changed": [],
-            "missing": ["DONE" if not (checkpoint / "DONE").exists() else "state.json"],
-            "ok": False,
-        }
-    files = read_json(state_path).get("files") or {}
-    changed, missing = [], []
-    for name, digest in sorted(files.items()):
-        f = checkpoint / name
-        if not f.is_file():
-            missing.append(name)
-        elif sha256_file(f) != digest:
-            changed.append(name)
-    return {
-        "path": str(checkpoint),
-        "files_checked": len(files),
-        "changed": changed,
-        "missing": missing,
-        "ok": bool(files) and not changed and not missing,
-    }
 
 
 # ---------------------------------------------------------------- the fresh process

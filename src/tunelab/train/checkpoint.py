@@ -4,31 +4,37 @@
 checkpoints/step-000010/
   model/ or adapter/        trainable weights (safetensors; a LoRA adapter in peft's format)
   optimizer.safetensors     optimizer state tensors; optimizer.json holds the rest
+  dcp/                      instead of optimizer.*, for a sharded model (FSDP): every rank's
+                            shards of weights and optimizer (torch.distributed.checkpoint)
   scheduler.json            learning-rate scheduler state
-  rng.safetensors           torch (and CUDA) generator states, numpy's key array
-  state.json                step, data position, config sha, data snapshot, RNG rest, file sha256s
+  rng.safetensors           rank 0's torch (and CUDA) generator states, numpy's key array
+  state.json                step, data position, config sha, data snapshot, strategy and world
+                            size, the other ranks' generators, RNG rest, file sha256s
   DONE
 checkpoints/final -> step-000100
 ```
 
+This module owns the format: `save_checkpoint` and `load_checkpoint` for every strategy (a
+sharded model's part goes through the strategy's `shard_writer`), `check_checkpoint_files`, the
+one place where a checkpoint's files are checked before anything is loaded from them, and
+`read_checkpoint_state`, which raises on what that check finds.
+
 A checkpoint is written into a temporary folder beside its final name and renamed into place,
 so a kill during a save leaves the previous checkpoint as the latest complete one. No pickle:
-tensors go to safetensors, everything else to JSON.
+tensors go to safetensors, everything else to JSON. torch is imported only to write or load
+tensors: checking files and reading state.json need none.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import shutil
 import signal
 import uuid
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError
 from tunelab.ledger import utc_now
@@ -42,6 +48,16 @@ from tunelab.train.layout import (  # noqa: F401 (part of this module's interfac
     mark_final,
     step_dir_name,
 )
+from tunelab.train.strategy import SingleProcess, Strategy
+
+if TYPE_CHECKING:
+    import torch
+
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_REST = "optimizer.json"
+SCHEDULER = "scheduler.json"
+RNG = "rng.safetensors"
+STATE = "state.json"
 
 # ------------------------------------------------------------------ weights
 
@@ -66,6 +82,8 @@ def load_weights(model: torch.nn.Module, folder: Path, method: str) -> torch.nn.
 
 def flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """optimizer.state_dict() -> (tensors for safetensors, JSON-able rest)."""
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
     rest: dict[str, Any] = {}
     for pid, entry in sd["state"].items():
@@ -89,11 +107,41 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     return {"state": state, "param_groups": groups}
 
 
+def _save_replica(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+) -> dict[str, Any]:
+    """A whole model on one rank: its trainable weights and the optimizer's state."""
+    from safetensors.torch import save_file
+
+    save_weights(model, folder, method)
+    opt_tensors, opt_rest = flatten_optimizer(optimizer.state_dict())
+    save_file(opt_tensors, str(folder / OPTIMIZER_TENSORS))
+    write_json_atomic(folder / OPTIMIZER_REST, opt_rest)
+    return {}
+
+
+def _load_replica(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, method: str
+) -> None:
+    from safetensors.torch import load_file
+
+    loaded = load_weights(model, folder, method)
+    assert loaded is model, "resume loads into the adapted model in place"
+    if optimizer is not None:
+        meta = read_json(folder / OPTIMIZER_REST)
+        optimizer.load_state_dict(
+            unflatten_optimizer(load_file(str(folder / OPTIMIZER_TENSORS)), meta)
+        )
+
+
 # ------------------------------------------------------------------ RNG
 
 
 def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Generator states of python, numpy, torch and CUDA: (tensors, JSON-able rest)."""
+    import numpy as np
+    import torch
+
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
@@ -110,6 +158,9 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 def restore_rng(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(tensors["torch"])
     cuda = [tensors[f"cuda.{i}"] for i in range(rest.get("cuda_devices", 0))]
     if cuda and torch.cuda.is_available():
@@ -119,6 +170,87 @@ def restore_rng(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
     np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached"]))
     p = rest["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def encode_rng() -> dict[str, Any]:
+    """This process's generator states as JSON (a few KB), for the ranks other than 0."""
+    tensors, rest = capture_rng()
+    encoded = {
+        name: {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "base64": base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii"),
+        }
+        for name, t in tensors.items()
+    }
+    return {"tensors": encoded, "rest": rest}
+
+
+def decode_rng(saved: dict[str, Any]) -> None:
+    """Restore the generator states `encode_rng` wrote."""
+    import torch
+
+    tensors = {
+        name: torch.frombuffer(
+            bytearray(base64.b64decode(t["base64"])), dtype=getattr(torch, t["dtype"])
+        )
+        for name, t in saved["tensors"].items()
+    }
+    restore_rng(tensors, saved["rest"])
+
+
+# ------------------------------------------------------------------ verifying
+
+
+def check_checkpoint_files(path: Path) -> dict[str, Any]:
+    """Every file listed in the checkpoint's state.json against its recorded sha256; the
+    checkpoint's files are checked here, and only here, before anything is loaded from them.
+
+    Returns {path, files_checked, changed: [names], missing: [names], ok}; `missing` names DONE
+    or state.json when the checkpoint is incomplete.
+    """
+    if not (path / "DONE").exists() or not (path / STATE).exists():
+        return {
+            "path": str(path),
+            "files_checked": 0,
+            "changed": [],
+            "missing": ["DONE" if not (path / "DONE").exists() else STATE],
+            "ok": False,
+        }
+    files = read_json(path / STATE).get("files") or {}
+    changed, missing = [], []
+    for name, digest in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            missing.append(name)
+        elif sha256_file(f) != digest:
+            changed.append(name)
+    return {
+        "path": str(path),
+        "files_checked": len(files),
+        "changed": changed,
+        "missing": missing,
+        "ok": bool(files) and not changed and not missing,
+    }
+
+
+def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
+    """state.json of a complete checkpoint, its files checked against their sha256
+    (`check_checkpoint_files`). Raises CheckpointError on an incomplete checkpoint or a missing
+    or changed file."""
+    if not (path / "DONE").exists() or not (path / STATE).exists():
+        raise CheckpointError(
+            f"{path}: incomplete checkpoint (no DONE marker)",
+            hint="resume uses the latest complete checkpoint; this one was cut by a kill",
+        )
+    if verify:
+        found = check_checkpoint_files(path)
+        bad = sorted(found["changed"] + found["missing"])
+        if bad:
+            raise CheckpointError(
+                f"{path / bad[0]}: missing or changed since the checkpoint was written",
+                hint="the checkpoint is damaged; resume from an earlier one or start a new run",
+            )
+    return read_json(path / STATE)
 
 
 # ------------------------------------------------------------------ save / load
@@ -147,32 +279,103 @@ def save_checkpoint(
     scaler: torch.amp.GradScaler | None,
     method: str,
     state: dict[str, Any],
+    strategy: Strategy | None = None,
 ) -> Path:
-    """Write checkpoints/step-XXXXXX atomically; `state` holds step, position, config sha, ..."""
+    """Write checkpoints/step-XXXXXX atomically; `state` holds position, config sha, ...
+
+    Under a distributed strategy every rank calls it and gets the same path: rank 0 writes the
+    folder, a sharded model's ranks each write their shards into it (`strategy.shard_writer`),
+    and every rank's generator states go into state.json.
+    """
+    from safetensors.torch import save_file
+
+    strategy = strategy or SingleProcess()
     final = root / step_dir_name(step)
-    if final.exists():
+    if strategy.broadcast_object(final.exists()):
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(final)
-    save_weights(model, tmp, method)
-    opt_tensors, opt_rest = flatten_optimizer(optimizer.state_dict())
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    write_json_atomic(tmp / "optimizer.json", opt_rest)
-    kill_for_test("save", step)
-    write_json_atomic(tmp / "scheduler.json", scheduler.state_dict())
-    rng_tensors, rng_rest = capture_rng()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    record = {
-        **state,
-        "step": step,
-        "rng": rng_rest,
-        "grad_scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
-        "saved_at": utc_now(),
-        "files": files,
-    }
-    write_json_atomic(tmp / "state.json", record)
-    return publish_dir(tmp, final)
+    tmp = None
+    if strategy.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temp_dir_beside(final)
+    tmp = Path(strategy.broadcast_object(str(tmp) if tmp else None))
+    # rank 0's generators go to rng.safetensors; every other rank's (its dropout masks differ)
+    # to state.json, so that a resumed run draws what the uninterrupted one would have
+    rank_rng = strategy.gather_objects(encode_rng())[1:]
+    model = strategy.unwrap(model)
+    writer = strategy.shard_writer
+    if writer is not None:
+        fields = writer.save(tmp, model, optimizer, method)
+    else:
+        fields = _save_replica(tmp, model, optimizer, method) if strategy.is_main else {}
+    if strategy.is_main:
+        kill_for_test("save", step)
+        write_json_atomic(tmp / SCHEDULER, scheduler.state_dict())
+        rng_tensors, rng_rest = capture_rng()
+        save_file(rng_tensors, str(tmp / RNG))
+        files = {
+            str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
+        }
+        record = {
+            **state,
+            "strategy": strategy.name,
+            "world_size": strategy.world_size,
+            "rank_rng": rank_rng,
+            "step": step,
+            "rng": rng_rest,
+            "grad_scaler": scaler.state_dict()
+            if scaler is not None and scaler.is_enabled()
+            else None,
+            **fields,
+            "saved_at": utc_now(),
+            "files": files,
+        }
+        write_json_atomic(tmp / STATE, record)
+        publish_dir(tmp, final)
+    strategy.barrier()
+    return final
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    method: str,
+    restore_rng_state: bool = True,
+    strategy: Strategy | None = None,
+) -> dict[str, Any]:
+    """Load a checkpoint into the given objects; returns its state.json.
+
+    Every rank of a distributed strategy calls it. Raises CheckpointError on a damaged
+    checkpoint or one written by another strategy or number of processes.
+    """
+    from safetensors.torch import load_file
+
+    strategy = strategy or SingleProcess()
+    state = read_checkpoint_state(path)
+    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
+    if saved != (strategy.name, strategy.world_size):
+        raise CheckpointError(
+            f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
+            f"{strategy.name} on {strategy.world_size}",
+            hint="resume with the strategy and --nproc the run was started with",
+        )
+    model = strategy.unwrap(model)
+    if strategy.shard_writer is not None:
+        strategy.shard_writer.load(path, model, optimizer, method)
+    else:
+        _load_replica(path, model, optimizer, method)
+    if scheduler is not None:
+        scheduler.load_state_dict(read_json(path / SCHEDULER))
+    if scaler is not None and state.get("grad_scaler"):
+        scaler.load_state_dict(state["grad_scaler"])
+    if restore_rng_state:
+        restore_rng(load_file(str(path / RNG)), state["rng"])
+        if strategy.rank > 0:
+            decode_rng(state["rank_rng"][strategy.rank - 1])
+    return state
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> list[Path]:
@@ -203,50 +406,3 @@ def remove_stale_temp(root: Path) -> list[Path]:
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
     return stale
-
-
-def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
-    """state.json of a complete checkpoint, its files checked against their sha256."""
-    if not (path / "DONE").exists() or not (path / "state.json").exists():
-        raise CheckpointError(
-            f"{path}: incomplete checkpoint (no DONE marker)",
-            hint="resume uses the latest complete checkpoint; this one was cut by a kill",
-        )
-    state = read_json(path / "state.json")
-    if verify:
-        for name, digest in state["files"].items():
-            f = path / name
-            if not f.exists() or sha256_file(f) != digest:
-                raise CheckpointError(
-                    f"{f}: missing or changed since the checkpoint was written",
-                    hint="the checkpoint is damaged; resume from an earlier one or start a new run",
-                )
-    return state
-
-
-def load_checkpoint(
-    path: Path,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    method: str,
-    restore_rng_state: bool = True,
-) -> dict[str, Any]:
-    """Load a checkpoint into the given objects; returns its state.json."""
-    state = read_checkpoint_state(path)
-    loaded = load_weights(model, path, method)
-    assert loaded is model, "resume loads into the adapted model in place"
-    if optimizer is not None:
-        meta = read_json(path / "optimizer.json")
-        optimizer.load_state_dict(
-            unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), meta)
-        )
-    if scheduler is not None:
-        scheduler.load_state_dict(read_json(path / "scheduler.json"))
-    if scaler is not None and state.get("grad_scaler"):
-        scaler.load_state_dict(state["grad_scaler"])
-    if restore_rng_state:
-        restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
-    return state

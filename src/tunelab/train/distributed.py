@@ -21,7 +21,6 @@ launcher copies into the run's `ranks/` folder and names in the run's status.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime
 import json
@@ -35,14 +34,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from tunelab.env import under_torchrun
-from tunelab.errors import CheckpointError, ConfigError, RunError
-from tunelab.ledger import utc_now
-from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
+from tunelab.errors import ConfigError, RunError
 from tunelab.study import Run, Study
-from tunelab.train import checkpoint as ckpt
 from tunelab.train.strategy import SingleProcess, Strategy
 
 STRATEGIES = ("ddp", "fsdp")
@@ -127,6 +123,7 @@ class Distributed:
     """What DDP and FSDP share: ranks, sharding of each step's examples, reductions."""
 
     name = "distributed"
+    shard_writer: ShardedCheckpoint | None = None
 
     def __init__(self, precision: str = "fp32"):
         self.rank, self.world_size, self.local_rank, self.device, self.backend = (
@@ -219,6 +216,7 @@ class FSDP(Distributed):
                 "training.precision: fp16 is not supported with --strategy fsdp",
                 hint="use --set training.precision=bf16 or fp32",
             )
+        self.shard_writer = ShardedCheckpoint(self.is_main)
 
     def mixed_precision(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -367,6 +365,31 @@ def full_trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_state_options(full=True))
 
 
+class ShardedCheckpoint:
+    """FSDP's shard writer: every rank writes its shards of the trainable weights and optimizer
+    states into `dcp/`; rank 0 adds the gathered trainable weights in the single-process format
+    (`adapter/` or `model/`), which evaluation, verify and export load like any other."""
+
+    def __init__(self, is_main: bool):
+        self.is_main = is_main
+
+    def save(
+        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+    ) -> dict[str, Any]:
+        from tunelab.models import trainable_dirname
+
+        save_sharded(folder, model, optimizer)
+        weights = full_trainable_state(model)  # [full tensors on rank 0's CPU]
+        if self.is_main:
+            write_trainable(model, weights, folder / trainable_dirname(method), method)
+        return {"optimizer": f"{DCP_DIR}/ (torch.distributed.checkpoint, sharded)"}
+
+    def load(
+        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+    ) -> None:
+        load_sharded(folder, model, optimizer)
+
+
 # ------------------------------------------------------------------ runs: only rank 0 writes
 
 
@@ -387,8 +410,9 @@ def environment(strategy: Strategy | None) -> dict[str, Any]:
     from tunelab.env import capture_env
 
     env = capture_env()
-    if isinstance(strategy, Distributed):
-        env["distributed"] = {**env.get("distributed", {}), **strategy.describe()}
+    described = (strategy or SingleProcess()).describe()
+    if described is not None:
+        env["distributed"] = {**env.get("distributed", {}), **described}
     return env
 
 
@@ -436,137 +460,6 @@ def agreed_stop(strategy: Strategy, signum: int | None) -> int | None:
     if strategy.all_reduce_sum(1.0 if signum is not None else 0.0) > 0:
         return signum if signum is not None else int(signal.SIGTERM)
     return None
-
-
-# ------------------------------------------------------------------ checkpoints
-
-
-def save_checkpoint(strategy: Strategy, root: Path, step: int, **kwargs: Any) -> Path:
-    """`checkpoint.save_checkpoint` for any strategy (same keyword arguments).
-
-    Single process: as is. DDP: rank 0 writes the (identical) replica's checkpoint. FSDP: every
-    rank writes its shards of weights and optimizer through torch.distributed.checkpoint into
-    `dcp/`; rank 0 adds the gathered trainable weights (`adapter/` or `model/`, for evaluation
-    and export), scheduler, RNG and state.json. Every rank returns the same path.
-    """
-    if not isinstance(strategy, Distributed):
-        return ckpt.save_checkpoint(root, step, **kwargs)
-    kwargs["state"] = {
-        **kwargs["state"],
-        "strategy": strategy.name,
-        "world_size": strategy.world_size,
-        # rank 0's generators go to rng.safetensors; every other rank's (its dropout masks
-        # differ) here, so that a resumed run draws what the uninterrupted one would have
-        "rank_rng": strategy.gather_objects(_encode_rng())[1:],
-    }
-    if isinstance(strategy, FSDP):
-        path = _save_fsdp(strategy, root, step, **kwargs)
-    else:
-        path = None
-        if strategy.is_main:
-            kwargs["model"] = strategy.unwrap(kwargs["model"])
-            path = ckpt.save_checkpoint(root, step, **kwargs)
-        path = strategy.broadcast_object(str(path) if path else None)
-    return Path(path)
-
-
-def load_checkpoint(strategy: Strategy, path: Path, **kwargs: Any) -> dict[str, Any]:
-    """`checkpoint.load_checkpoint` for any strategy: every rank loads the same checkpoint
-    (FSDP: its own shards, through torch.distributed.checkpoint)."""
-    state = ckpt.read_checkpoint_state(path)
-    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
-    name = strategy.name if isinstance(strategy, Distributed) else "single"
-    if saved != (name, strategy.world_size):
-        raise CheckpointError(
-            f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
-            f"{name} on {strategy.world_size}",
-            hint="resume with the strategy and --nproc the run was started with",
-        )
-    if not isinstance(strategy, Distributed):
-        return ckpt.load_checkpoint(path, **kwargs)
-    if isinstance(strategy, DDP):
-        kwargs["model"] = strategy.unwrap(kwargs["model"])
-        ckpt.load_checkpoint(path, **kwargs)
-    else:
-        load_sharded(path, kwargs["model"], kwargs["optimizer"])
-        if kwargs.get("scheduler") is not None:
-            kwargs["scheduler"].load_state_dict(read_json(path / "scheduler.json"))
-        if kwargs.get("restore_rng_state", True):
-            ckpt.restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
-    if kwargs.get("restore_rng_state", True) and strategy.rank > 0:
-        _decode_rng(state["rank_rng"][strategy.rank - 1])
-    return state
-
-
-def _encode_rng() -> dict[str, Any]:
-    """This process's generator states as JSON (small: a few KB)."""
-    tensors, rest = ckpt.capture_rng()
-    encoded = {
-        name: {
-            "dtype": str(t.dtype).removeprefix("torch."),
-            "base64": base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii"),
-        }
-        for name, t in tensors.items()
-    }
-    return {"tensors": encoded, "rest": rest}
-
-
-def _decode_rng(saved: dict[str, Any]) -> None:
-    tensors = {
-        name: torch.frombuffer(
-            bytearray(base64.b64decode(t["base64"])), dtype=getattr(torch, t["dtype"])
-        )
-        for name, t in saved["tensors"].items()
-    }
-    ckpt.restore_rng(tensors, saved["rest"])
-
-
-def _save_fsdp(
-    strategy: FSDP,
-    root: Path,
-    step: int,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler | None,
-    method: str,
-    state: dict[str, Any],
-) -> Path:
-    from tunelab.models import trainable_dirname
-
-    final = root / ckpt.step_dir_name(step)
-    if strategy.broadcast_object(final.exists()):
-        return final
-    tmp = None
-    if strategy.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir_beside(final)
-    tmp = Path(strategy.broadcast_object(str(tmp) if tmp else None))
-    save_sharded(tmp, model, optimizer)
-    weights = full_trainable_state(model)  # [full tensors on rank 0's CPU]
-    if strategy.is_main:
-        write_trainable(model, weights, tmp / trainable_dirname(method), method)
-        ckpt.kill_for_test("save", step)
-        write_json_atomic(tmp / "scheduler.json", scheduler.state_dict())
-        rng_tensors, rng_rest = ckpt.capture_rng()
-        save_file(rng_tensors, str(tmp / "rng.safetensors"))
-        files = {
-            str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
-        }
-        record = {
-            **state,
-            "step": step,
-            "rng": rng_rest,
-            "grad_scaler": None,
-            "optimizer": f"{DCP_DIR}/ (torch.distributed.checkpoint, sharded)",
-            "saved_at": utc_now(),
-            "files": files,
-        }
-        write_json_atomic(tmp / "state.json", record)
-        publish_dir(tmp, final)
-    strategy.barrier()
-    return final
 
 
 def write_trainable(

@@ -466,14 +466,14 @@ def _train(
     state = TrainState()
     elapsed_before = 0.0
     if resume is not None:
-        saved = distributed.load_checkpoint(
-            strategy,
+        saved = ckpt.load_checkpoint(
             resume,
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=scaler,
             method=method,
+            strategy=strategy,
         )
         state = TrainState(
             step=saved["step"],
@@ -503,10 +503,10 @@ def _train(
     bar = _Progress(steps, state.step) if progress and strategy.is_main else None
 
     def save(s: TrainState) -> Path:
-        path = distributed.save_checkpoint(
-            strategy,
+        path = ckpt.save_checkpoint(
             root,
             s.step,
+            strategy=strategy,
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
