@@ -92,7 +92,7 @@ def one_step(model, examples, arch, micro, accum, packing=False, **cfg_kw):
     optimizer.register_step_pre_hook(keep_grads)
     rows = []
     loop = Loop(model, optimizer, build_scheduler(optimizer, cfg, 1), source, cfg, 1, arch)
-    train_loop(loop, TrainState(), lambda s, r: rows.append(r))
+    train_loop(loop, TrainState(), [lambda s, r: rows.append(r)])
     return rows[0], grads
 
 
@@ -309,7 +309,7 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
 
     model, _, _, loop = build()
     straight = []
-    train_loop(loop, TrainState(), lambda s, r: straight.append(r["loss"]))
+    train_loop(loop, TrainState(), [lambda s, r: straight.append(r["loss"])])
 
     class Stop(Exception):
         pass
@@ -333,14 +333,14 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
             raise Stop
 
     with pytest.raises(Stop):
-        train_loop(loop2, TrainState(), stop_at_3)
+        train_loop(loop2, TrainState(), [stop_at_3])
     torch.manual_seed(1234), random.seed(1234)  # disturb every generator
     m3, o3, s3, loop3 = build()
     path = ckpt.latest_checkpoint(tmp_path)
     assert path.name == "step-000003" and (path / "model" / "model.safetensors").exists()
     saved = ckpt.load_checkpoint(path, model=m3, optimizer=o3, scheduler=s3, method="full")
     state = TrainState(step=saved["step"], position=Position.from_dict(saved["position"]))
-    train_loop(loop3, state, lambda s, r: resumed.append(r["loss"]))
+    train_loop(loop3, state, [lambda s, r: resumed.append(r["loss"])])
     assert resumed == straight
     for (n, a), b in zip(model.named_parameters(), m3.parameters(), strict=True):
         assert torch.equal(a, b), n
@@ -429,5 +429,5 @@ def test_mixed_precision_on_cuda(tiny_llama_dir, precision):
         model, opt, build_scheduler(opt, cfg, 3), source, cfg, 3, "causal_lm", scaler=scaler
     )
     rows = []
-    train_loop(loop, TrainState(), lambda s, r: rows.append(r))
+    train_loop(loop, TrainState(), [lambda s, r: rows.append(r)])
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)

@@ -25,7 +25,6 @@ import contextlib
 import datetime
 import json
 import os
-import signal
 import socket
 import traceback
 from collections.abc import Iterator
@@ -450,16 +449,6 @@ def follow(strategy: Strategy | None, run: Run) -> Run:
         announce_run(run.id, run.dir)
         return run
     return FollowerRun(run.study, run.id, run.dir)
-
-
-def agreed_stop(strategy: Strategy, signum: int | None) -> int | None:
-    """A stop signal seen by any rank stops every rank after the same step (their checkpoint
-    save is collective)."""
-    if not isinstance(strategy, Distributed):
-        return signum
-    if strategy.all_reduce_sum(1.0 if signum is not None else 0.0) > 0:
-        return signum if signum is not None else int(signal.SIGTERM)
-    return None
 
 
 def write_trainable(
