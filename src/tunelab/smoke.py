@@ -86,26 +86,6 @@ def smoke_overrides(cfg: Any, num_train: int, num_steps: int) -> list[str]:
     ]
 
 
-def validation_loss_of(
-    model: Any, tokenizer: Any, base: Any, cfg: Any, rows: list[dict[str, Any]], labels: Any
-) -> float:
-    """The training loop's validation loss of `model` on `rows` (same encoding and batches as
-    the run's `val_loss`), on the model's device."""
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
-    from tunelab.train.batches import eval_batches
-    from tunelab.train.loop import validation_loss
-
-    t = cfg.training
-    pre = Preprocessor(tokenizer, cfg, get_task(cfg, labels), base.architecture)
-    encoded = [pre.encode(r) for r in rows]
-    packing = t.packing and base.architecture == "causal_lm"
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = eval_batches(encoded, t.micro_batch_size, pad_id, base.architecture, packing)
-    loss, _ = validation_loss(model, batches, base.architecture, t.precision)
-    return float(loss)
-
-
 def _checkpoint_save_s(run: Any, ckpt: Path) -> float | None:
     """Seconds the final checkpoint took to write: its recorded duration when the training code
     records one, else from the file times (last metrics line -> the checkpoint's DONE marker)."""

@@ -287,7 +287,7 @@ def _worker(spec_path: str) -> None:
     val_loss = None
     if spec.get("val_loss_ids"):
         from tunelab.config import validate_config
-        from tunelab.smoke import validation_loss_of
+        from tunelab.train.validation import validation_loss_of
 
         run_cfg = validate_config(read_json(run.path("config.json"))["config"])
         val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])

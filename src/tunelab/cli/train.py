@@ -21,7 +21,7 @@ from tunelab.cli.common import (
 from tunelab.study import Run
 
 if TYPE_CHECKING:
-    from tunelab.train.distributed import Distributed
+    from tunelab.train.parallel import Distributed
 
 # Distributed training (tunelab.train.launch): torchrun starts the same command once per rank.
 StrategyOpt = Annotated[

@@ -40,13 +40,14 @@ from tunelab.records import (
 from tunelab.study import Run, Study
 from tunelab.train import callbacks as cb
 from tunelab.train import checkpoint as ckpt
-from tunelab.train import distributed
-from tunelab.train.batches import Position, eval_batches
+from tunelab.train import rank_run
+from tunelab.train.batches import Position
 from tunelab.train.build import build_loop, build_model, seed_everything
 from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop
 from tunelab.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
 from tunelab.train.schedule import total_steps
 from tunelab.train.strategy import SingleProcess, Strategy
+from tunelab.train.validation import validation_batches
 
 RUN_KIND = "train"
 
@@ -144,7 +145,7 @@ def train_run(
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
     prep = prepare_run(study)
-    run = distributed.create_run(  # rank 0 writes the record; the other ranks follow it
+    run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
         RUN_KIND,
@@ -154,7 +155,7 @@ def train_run(
         why=why,
         data_snapshot=prep.snapshot.id,
         hypothesis=prep.hypothesis,
-        env=distributed.environment(strategy),
+        env=rank_run.environment(strategy),
         extra={
             "labels": prep.labels,
             "base_model": prep.base.identity,
@@ -227,7 +228,7 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
-    run = distributed.follow(strategy, run)
+    run = rank_run.follow(strategy, run)
     run.set_status(
         "running",
         f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
@@ -381,9 +382,8 @@ def _train(
     loop = build_loop(
         model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
     )
-    packing = t.packing and arch == "causal_lm"
     val_batches = (
-        eval_batches(prep.validation, t.micro_batch_size, pad_id, arch, packing)
+        validation_batches(prep.validation, t, pad_id, arch)
         if prep.validation and t.eval_every_steps
         else []
     )
