@@ -256,7 +256,7 @@ def test_generation_steps_are_the_new_tokens_generate_returns(tmp_path, tiny_lla
 
 
 def test_generation_timing_prices_the_longest_answer_of_each_batch():
-    from tunelab.evaluate import generation_timing
+    from tunelab.plan.probes import generation_timing
 
     batches = [
         {"rows": [0, 1], "prompt_tokens": 9, "steps": 64, "prefill_s": 2.0, "decode_s": 6.3},
