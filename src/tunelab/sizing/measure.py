@@ -5,7 +5,7 @@ the caches or the peak of another. The child loads the study's model through `tu
 adapts it, builds synthetic examples of exactly the asked length, and runs real optimizer steps
 through the training loop itself (`tunelab.train.loop.train_loop`: forward, token-normalized
 loss, backward, gradient clipping, optimizer step, zero grad): a warm-up step, then the measured
-steps. It prints one line `TUNELAB_SIZING_RESULT {json}`.
+steps. It is a `tunelab.worker`: its result comes back as the worker's result.json.
 
 Memory:
 - CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
@@ -32,7 +32,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -40,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MARKER = "TUNELAB_SIZING_RESULT "
+from tunelab.worker import Worker, serve, write_result
+
 # glibc serves blocks above this size with mmap and returns them to the system when freed. Its
 # default threshold moves up (to 32 MiB) after the first frees, and freed activations then stay in
 # the heap: the RSS keeps the warm-up's peak and grows with fragmentation instead of following the
@@ -89,33 +89,30 @@ def reset_hwm() -> bool:
 
 
 class _Watchdog(threading.Thread):
-    """Stops the process as soon as its RSS passes the budget, after printing the verdict."""
+    """Stops the process as soon as its RSS passes the budget, after writing the verdict."""
 
-    def __init__(self, budget: int, base: dict[str, Any]):
+    def __init__(self, budget: int, base: dict[str, Any], out: Path):
         super().__init__(daemon=True)
         self.budget = budget
         self.base = base
+        self.out = out
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.002):
             rss = rss_bytes()
             if rss is not None and rss > self.budget:
-                _emit(
+                write_result(
+                    self.out,
                     {
                         **self.base,
                         "status": "does_not_fit",
                         "reason": f"RSS {rss / 2**20:.0f} MiB passed the memory budget "
                         f"{self.budget / 2**20:.0f} MiB",
                         "measured": {"peak_rss": rss},
-                    }
+                    },
                 )
                 os._exit(0)
-
-
-def _emit(result: dict[str, Any]) -> None:
-    sys.stdout.write(MARKER + json.dumps(result, default=str) + "\n")
-    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------ synthetic examples
@@ -206,7 +203,9 @@ def _child_device(spec: dict[str, Any]) -> Any:
     }.get(wanted, lambda: torch.device(wanted))()
 
 
-def _limit_memory(device: Any, budget: int | None, result: dict[str, Any]) -> _Watchdog | None:
+def _limit_memory(
+    device: Any, budget: int | None, result: dict[str, Any], out: Path
+) -> _Watchdog | None:
     """The budget as CUDA's memory fraction, or a watchdog on the RSS (which counts the whole
     process from the start, loading included)."""
     import torch
@@ -215,7 +214,7 @@ def _limit_memory(device: Any, budget: int | None, result: dict[str, Any]) -> _W
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
     if device.type == "cpu" and budget and rss_bytes() is not None:
-        watchdog = _Watchdog(int(budget), result)
+        watchdog = _Watchdog(int(budget), result, out)
         watchdog.start()
         return watchdog
     return None
@@ -320,7 +319,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     device = _child_device(spec)
     result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
     budget = spec.get("memory_budget_bytes")
-    watchdog = _limit_memory(device, budget, result)
+    watchdog = _limit_memory(device, budget, result, Path(spec["out"]))
     load_started = time.perf_counter()
     try:
         cfg, base, model, facts = _build(spec, device)
@@ -503,29 +502,6 @@ def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa
         return loss_sum(model, batch, arch)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        print("usage: python -m tunelab.sizing.measure SPEC.json | '{...}'", file=sys.stderr)
-        return 2
-    arg = argv[0]
-    spec = json.loads(arg if arg.lstrip().startswith("{") else Path(arg).read_text())
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        result = run_child(spec)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
-        import traceback
-
-        result = {
-            "label": spec.get("label"),
-            "status": "error",
-            "reason": f"{type(exc).__name__}: {exc}"[:2000],
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    _emit(result)
-    return 0
-
-
 # ------------------------------------------------------------------ the parent side
 
 
@@ -535,32 +511,45 @@ def measure_in_subprocess(
     """Run one configuration in a fresh `python -m tunelab.sizing.measure` and return its result.
 
     A child killed by the kernel (SIGKILL: the out-of-memory killer) is reported as does_not_fit;
-    a timeout or a crash without a result as status error with the end of its stderr.
+    an exception in the child, a timeout or a crash without a result as status error, with the
+    child's whole error.
     """
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {"TOKENIZERS_PARALLELISM": "false"}
     if spec.get("allocator", "pinned") == "pinned":
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
-    cmd = [python or sys.executable, "-m", "tunelab.sizing.measure", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"label": spec.get("label"), "status": "error", "reason": f"timeout {timeout_s}s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    if proc.returncode in (-9, 137):
+    with Worker("tunelab.sizing.measure") as worker:
+        outcome = worker.run(spec, timeout_s=timeout_s, offline=False, env=env, python=python)
+    label = spec.get("label")
+    if outcome.result is not None:
+        return outcome.result
+    if outcome.error is not None:
+        error = outcome.error
         return {
-            "label": spec.get("label"),
+            "label": label,
+            "status": "error",
+            "reason": f"{error['kind']}: {error['message']}",
+            "traceback": error.get("traceback"),
+        }
+    if outcome.timed_out:
+        return {"label": label, "status": "error", "reason": f"timeout {timeout_s}s"}
+    if outcome.killed:
+        return {
+            "label": label,
             "status": "does_not_fit",
             "reason": "the process was killed (SIGKILL: most likely the kernel's out-of-memory "
             "killer)",
         }
     return {
-        "label": spec.get("label"),
+        "label": label,
         "status": "error",
-        "reason": f"exit {proc.returncode} without a result: {proc.stderr[-1500:]}",
+        "reason": f"exit {outcome.returncode} without a result: {outcome.stderr.strip()}",
     }
 
 
+def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The worker's body: the result of `run_child` (the watchdog may answer first)."""
+    return run_child(spec)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(_measure))
