@@ -148,7 +148,7 @@ def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     study = Study.open(root)
-    build_snapshot(study, progress=False)
+    build_snapshot(study)
     register(study.root, study.config)
     return root
 

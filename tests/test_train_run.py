@@ -423,6 +423,6 @@ def test_resume_refuses_completed_running_changed_config_and_data(study_dir, str
         f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": "{}"}) + "\n")
     from tunelab.data import build_snapshot
 
-    build_snapshot(Study.open(copy), progress=False)
+    build_snapshot(Study.open(copy))
     with pytest.raises(RunError, match="data snapshot changed"):
         resume_run(Study.open(copy), alive.id)

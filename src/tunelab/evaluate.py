@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
 from tunelab.config import StudyConfig, sha256_json
@@ -33,6 +32,9 @@ from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
 from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
+
+if TYPE_CHECKING:
+    from tunelab.study import Run, Study
 
 EVAL_KIND = "eval"
 BASELINE_KIND = "baseline"
@@ -84,41 +86,21 @@ def _device(model: Any):
     return next(model.parameters()).device
 
 
-def _progress(enabled: bool, total: int, what: str):
-    if not enabled:
-        return nullcontext(None)
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn(f"[bold]{what}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
-    bar.add_task(what, total=total)
-    return bar
+# (examples done, examples in all, what is evaluated) -> None, after every batch
+EvalProgress = Callable[[int, int, str], None]
 
 
 class _Ticker:
-    """Advances a rich progress bar (or nothing) by examples done."""
+    """Counts the examples done and tells the caller's progress callback (if any)."""
 
-    def __init__(self, bar: Any):
-        self.bar = bar
+    def __init__(self, progress: EvalProgress | None, total: int, what: str):
+        self.progress, self.total, self.what = progress, total, what
+        self.done = 0
 
     def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.bar.task_ids[0], n)
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.what)
 
 
 # ---------------------------------------------------------------- inference
@@ -255,7 +237,7 @@ def generate_outputs(
 # ---------------------------------------------------------------- the evaluation
 
 
-def _task_labels(study: Any, labels: Sequence[str] | None) -> list[str] | None:
+def _task_labels(study: Study, labels: Sequence[str] | None) -> list[str] | None:
     if labels is not None:
         return list(labels)
     cfg: StudyConfig = study.config
@@ -272,12 +254,12 @@ def evaluate_model(
     model: Any,
     tokenizer: Any,
     base: Any,
-    study: Any,
+    study: Study,
     examples: Sequence[dict[str, Any]],
     split: str,
     *,
     labels: Sequence[str] | None = None,
-    progress: bool = False,
+    progress: EvalProgress | None = None,
     expect_template_sha256: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on `examples` with the study's locked evaluation procedure.
@@ -324,8 +306,8 @@ def evaluate_model(
     started, cpu_started = time.perf_counter(), time.process_time()
     what = f"evaluate {split} ({len(rows)} examples)"
     try:
-        with _progress(progress, len(rows), what) as bar, torch.inference_mode():
-            tick = _Ticker(bar)
+        with torch.inference_mode():
+            tick = _Ticker(progress or None, len(rows), what)
             predictions = predict_rows(
                 model, tokenizer, pre, task, cfg, rows, architecture, tick, timing
             )
@@ -542,7 +524,7 @@ def record_evaluation(
     return pred_path, metrics_path
 
 
-def load_base_model(study: Any, labels: list[str] | None):
+def load_base_model(study: Study, labels: list[str] | None):
     """`(model, tokenizer, base)` for the study's base model, untrained, as evaluation loads it.
 
     `labels` sizes an encoder's classification head; the model is on `compute_device()`, where
@@ -579,7 +561,9 @@ def require_generation_room(cfg: StudyConfig) -> None:
         )
 
 
-def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
+def run_baseline(
+    study: Study, *, progress: EvalProgress | None = None
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
 
@@ -632,14 +616,14 @@ def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
 
 
 def run_eval(
-    study: Any,
+    study: Study,
     run_id: str,
     *,
     split: str = "validation",
     final: bool = False,
     why: str | None = None,
-    progress: bool = False,
-) -> tuple[Any, dict[str, Any]]:
+    progress: EvalProgress | None = None,
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
     itself on the test split), recorded as a run of kind `eval` whose parent is RUN.
 
@@ -744,7 +728,7 @@ def run_eval(
 # ---------------------------------------------------------------- finding evaluations
 
 
-def find_evaluation(study: Any, run_id: str, split: str = "validation") -> dict[str, Any] | None:
+def find_evaluation(study: Study, run_id: str, split: str = "validation") -> dict[str, Any] | None:
     """The evaluation of run `run_id` on `split`: the newest completed `eval` run of it, else
     the run's own metrics (a baseline, or a run that evaluated itself). Returns {"eval_run",
     "dir", "record"} or None."""

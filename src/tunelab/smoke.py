@@ -24,11 +24,14 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import RunError, TunelabError
 from tunelab.plan.probes import AdapterPass, adapter_time_ratio
 from tunelab.records import read_json, read_jsonl, write_json_atomic
+
+if TYPE_CHECKING:
+    from tunelab.train.callbacks import TrainProgress
 
 SMOKE_KIND = "smoke"
 VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
@@ -114,7 +117,7 @@ def run_smoke(
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
-    progress: bool = False,
+    progress: TrainProgress | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
@@ -250,7 +253,7 @@ def _smoke_body(
     checks: list[dict[str, Any]],
     timings: dict[str, Any],
     record: dict[str, Any],
-    progress: bool,
+    progress: TrainProgress | None,
 ) -> None:
     from tunelab.evaluate import evaluate_model, record_evaluation
     from tunelab.train import load_run_model

@@ -43,7 +43,7 @@ from tunelab.train import checkpoint as ckpt
 from tunelab.train import rank_run
 from tunelab.train.batches import Position
 from tunelab.train.build import build_loop, build_model, seed_everything
-from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop
+from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
 from tunelab.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
 from tunelab.train.schedule import total_steps
 from tunelab.train.strategy import SingleProcess, Strategy
@@ -133,12 +133,13 @@ def train_run(
     parent: str | None = None,
     why: str | None = None,
     resume_from: str | None = None,
-    progress: bool = False,
+    progress: TrainProgress | None = None,
     strategy: Strategy | None = None,
 ) -> Run:
     """Start a training run (or continue `resume_from`); returns the run once it completed.
 
-    Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
+    `progress(step, total_steps, metrics_row)` is called on rank 0 after every step (the CLI
+    draws the bar). Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
     (status invalid), RunFailed (status failed) and the usual TunelabErrors before the run
     exists (no hypothesis, no snapshot, no model).
     """
@@ -167,7 +168,11 @@ def train_run(
 
 
 def resume_run(
-    study: Study, run_id: str, *, progress: bool = False, strategy: Strategy | None = None
+    study: Study,
+    run_id: str,
+    *,
+    progress: TrainProgress | None = None,
+    strategy: Strategy | None = None,
 ) -> Run:
     """Continue a stopped run in its own folder from its latest complete checkpoint.
 
@@ -246,7 +251,7 @@ def execute_run(
     prep: Prepared,
     *,
     resume: Path | None,
-    progress: bool,
+    progress: TrainProgress | None,
     strategy: Strategy | None,
 ) -> None:
     """Train `prep` into `run` and record the outcome as the run's status.
@@ -361,7 +366,7 @@ def _train(
     resume: Path | None,
     stop: SignalStop,
     beat: Heartbeat,
-    progress: bool,
+    progress: TrainProgress | None,
     strategy: Strategy,
 ) -> dict[str, Any]:
     from tunelab.models import compute_device
@@ -402,7 +407,6 @@ def _train(
         root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints, clock=clock
     )
     checkpoints = cb.Checkpoints(saver, t.checkpoint_every_steps)
-    bar = _Progress(steps, state.step) if progress and strategy.is_main else None
     callbacks: list[StepCallback] = [
         cb.StepFigures(device, clock),
         update_check,
@@ -411,18 +415,14 @@ def _train(
         checkpoints,
         cb.kill_point,
         cb.HeartbeatStep(beat, checkpoints),
-        *([cb.ProgressReport(bar, steps)] if bar is not None else []),
+        *([cb.ProgressReport(progress, steps)] if progress and strategy.is_main else []),
         cb.StopOnSignal(stop, saver, run.id),
     ]
     beat.step, beat.total_steps = state.step, steps
-    try:
-        if state.step < steps:
-            train_loop(loop, state, callbacks)
-        else:
-            saver.save(state)  # killed after the last step but before the record was finished
-    finally:
-        if bar is not None:
-            bar.close()
+    if state.step < steps:
+        train_loop(loop, state, callbacks)
+    else:
+        saver.save(state)  # killed after the last step but before the record was finished
     summary = _finish(run, root, state, steps, validation, update_check, clock, strategy, t)
     if strategy.is_main and update_check.passed:
         study.ledger.add_event(run.id, "update_check", update_check.record)
@@ -470,47 +470,6 @@ def _initial_val(run: Run) -> float | None:
         if r.get("step") == 0 and "val_loss" in r:
             return r["val_loss"]
     return None
-
-
-class _Progress:
-    """A rich progress bar on stderr: step, loss, tokens/s, ETA."""
-
-    def __init__(self, total: int, done: int):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("[bold]train[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
-        self.progress.start()
-        self.task = self.progress.add_task("train", total=total, completed=done, loss="-", tps="-")
-
-    def __call__(self, step: int, total: int, row: dict[str, Any]) -> None:
-        tps = row.get("tokens_per_s")
-        self.progress.update(
-            self.task,
-            completed=step,
-            loss=f"{row['loss']:.4f}",
-            tps=f"{tps:,.0f}" if tps else "-",
-        )
-
-    def close(self) -> None:
-        self.progress.stop()
 
 
 # ------------------------------------------------------------------ loading a trained model
