@@ -191,10 +191,9 @@ class FSDP(Distributed):
 
 def _reshard_after_no_grad_forward(module: Any, args: Any, output: Any) -> None:
     # FSDP2 keeps the root's parameters unsharded after its forward, expecting the backward.
-    # After an evaluation forward (no backward follows) they stayed unsharded, and the next
-    # training step's gradients of those parameters (embeddings, final norm, tied head) were
-    # wrong (grad norm 0.26 instead of 1.54 on the tiny Llama, full fine-tuning, torch 2.13).
-    # An explicit reshard is the remedy FSDP's authors give (pytorch/pytorch#154655).
+    # After an evaluation forward no backward follows; left unsharded, those parameters
+    # (embeddings, final norm, tied head) get wrong gradients in the next training step. An
+    # explicit reshard is the remedy FSDP's authors give (pytorch/pytorch#154655).
     if not torch.is_grad_enabled():
         module.reshard()
 
