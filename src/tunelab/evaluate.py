@@ -512,7 +512,7 @@ def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[st
 
 
 def record_evaluation(
-    run: Any, record: dict[str, Any], predictions: Sequence[dict[str, Any]]
+    run: Run, record: dict[str, Any], predictions: Sequence[dict[str, Any]]
 ) -> tuple[Path, Path]:
     """Write predictions-<split>.jsonl then metrics-<split>.json into the run folder (never
     overwriting: a second evaluation of a run is a new `eval` run)."""

@@ -17,7 +17,7 @@ import signal
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,10 @@ from tunelab.train.schedule import total_steps
 from tunelab.train.strategy import SingleProcess, Strategy
 from tunelab.train.validation import validation_batches
 
+if TYPE_CHECKING:
+    from tunelab.models import BaseModel
+    from tunelab.preprocess import Preprocessor
+
 RUN_KIND = "train"
 
 
@@ -74,11 +78,11 @@ class Prepared:
 
     cfg: StudyConfig
     hypothesis: dict[str, Any]
-    snapshot: Any
-    base: Any
+    snapshot: Any  # a Snapshot, or the smoke's seeded sample of one (same id and rows())
+    base: BaseModel
     labels: list[str] | None
     tokenizer: Any = None
-    preprocessor: Any = None
+    preprocessor: Preprocessor | None = None
     train: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
 
