@@ -16,12 +16,15 @@ import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tunelab.guardrails import check_guardrails, inner_metrics
 from tunelab.hypothesis import diff_dicts
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 Stat = Callable[[np.ndarray], np.ndarray]  # counts [B, n] -> values [B] or [B, k]
 
@@ -211,6 +214,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
             "training.keep_last_checkpoints",
             "training.update_check_steps",
             "training.num_threads",
+            "training.log_to",
         ),
     ),
 ]
@@ -464,14 +468,14 @@ def new_compare_id() -> str:
 # ---------------------------------------------------------------- the study edge
 
 
-def _run_config(study: Any, run_id: str) -> dict[str, Any]:
+def _run_config(study: Study, run_id: str) -> dict[str, Any]:
     from tunelab.records import read_json
 
     path = study.runs_dir / run_id / "config.json"
     return read_json(path) if path.exists() else {}
 
 
-def _latest_baseline(study: Any, split: str) -> Any:
+def _latest_baseline(study: Study, split: str) -> Any:
     from tunelab.evaluate import BASELINE_KIND, find_evaluation
 
     for row in reversed(study.ledger.list_runs(BASELINE_KIND)):
@@ -486,7 +490,7 @@ def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
 
 
 def compare_study(
-    study: Any,
+    study: Study,
     run_ids: Sequence[str] | None = None,
     *,
     split: str = "validation",
@@ -649,10 +653,19 @@ def compare_study(
     }
 
 
-def save_compare(study: Any, record: dict[str, Any]) -> Any:
+def save_compare(study: Study, record: dict[str, Any]) -> Any:
     """Write records/compare/<id>.json (never overwritten) and note it in the ledger."""
     from tunelab.records import write_json_atomic
 
     path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
     study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
     return path
+
+
+def interval_verdict(primary: dict[str, Any]) -> str:
+    """Where a delta's 95% interval lies: "above 0" (the record's `significant`), "below 0",
+    "spans 0", or "-" without an interval."""
+    low, high = primary.get("ci_low"), primary.get("ci_high")
+    if low is None or high is None:
+        return "-"
+    return "above 0" if low > 0 else ("below 0" if high < 0 else "spans 0")

@@ -10,19 +10,24 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
-from tunelab.errors import ConfigError
+from tunelab.errors import ConfigError, preview
+from tunelab.strict_load import ParseProblem, load_yaml
+
+# a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
 TaskKind = Literal["classification", "format", "extraction"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: "8" is not an int and "true" not a bool; a number written as text is an error
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 # ---------------------------------------------------------------- hypothesis and guardrails
@@ -95,8 +100,18 @@ class TaskConfig(Section):
 
 
 class SourceConfig(Section):
-    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk"]
-    path: str = Field(description="File or folder, relative to the study folder or absolute.")
+    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk", "hub"]
+    path: str | None = Field(
+        None, description="File or folder, relative to the study folder or absolute."
+    )
+    name: str | None = Field(None, description="format hub: the data set's repo id (org/name).")
+    config: str | None = Field(None, description="format hub: the data set's config (subset).")
+    revision: str | None = Field(
+        None, description="format hub: branch, tag or 40-hex commit (default main)."
+    )
+    splits: list[str] | None = Field(
+        None, description="format hub: the data set's splits to read (default: all)."
+    )
     glob: str = Field(
         "*.txt", description="File pattern inside each label folder (format: folder)."
     )
@@ -104,6 +119,25 @@ class SourceConfig(Section):
         "error",
         description="Invalid UTF-8: error (name file and line) or replace the bytes with U+FFFD.",
     )
+    follow_links: bool = Field(
+        False,
+        description="Read files that symbolic links inside a data folder point to outside it "
+        "(each such link is recorded in the snapshot manifest); refused when false.",
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> SourceConfig:
+        hub_fields = [f for f in ("name", "config", "revision", "splits") if getattr(self, f)]
+        if self.format == "hub":
+            if not self.name or not HUB_ID.fullmatch(self.name):
+                raise ValueError("format hub needs data.source.name, a repo id (org/name)")
+            if self.path is not None:
+                raise ValueError("format hub reads data.source.name: remove data.source.path")
+        elif self.path is None:
+            raise ValueError(f"format {self.format} needs data.source.path")
+        elif hub_fields:
+            raise ValueError(f"data.source.{hub_fields[0]} is for format hub only")
+        return self
 
 
 class FieldsConfig(Section):
@@ -131,6 +165,8 @@ class CleaningRule(Section):
         "drop_shorter_than",
         "regex_replace",
         "lowercase",
+        "strip_control",
+        "unify_labels",
     ]
     max_chars: int | None = None
     min_chars: int | None = None
@@ -186,23 +222,57 @@ class DataConfig(Section):
     max_examples: int | None = Field(
         None, description="Keep at most this many rows (seeded sample)."
     )
+    invalid_targets: Literal["refuse", "keep"] = Field(
+        "refuse",
+        description="Gold targets of a format/extraction task that break its JSON or schema: "
+        "refuse (list the rows) or keep (noted in the manifest).",
+    )
 
 
 # ---------------------------------------------------------------- model and adaptation
 
 
 class ModelConfig(Section):
-    path: str = Field(description="Local transformers folder, or a folder holding gguf_file.")
+    path: str | None = Field(
+        None, description="Local transformers folder, or a folder holding gguf_file."
+    )
     gguf_file: str | None = Field(
-        None, description="GGUF file inside path, converted once to a cache."
+        None, description="GGUF file inside path (or in the hub repo), converted once to a cache."
     )
     name: str | None = Field(
-        None, description="Human name of the base, e.g. HuggingFaceTB/SmolLM2-135M-Instruct."
+        None,
+        description="Hub repo id (org/name) when path is absent; with path, the base's human name.",
     )
-    revision: str | None = None
+    revision: str | None = Field(
+        None, description="Hub branch, tag or 40-hex commit of name (default main); hub only."
+    )
+    allow_pickle: bool = Field(
+        False, description="Hub repo without safetensors: load its *.bin / *.pt pickles."
+    )
     architecture: Literal["auto", "encoder", "causal_lm"] = "auto"
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @property
+    def hub_id(self) -> str | None:
+        """The hub repo id when the base comes from the hub (name without path), else None."""
+        return self.name if self.path is None else None
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.path is None and not self.name:
+            raise ValueError("set model.path (a local folder) or model.name (a hub repo id)")
+        if self.path is not None and self.revision is not None:
+            raise ValueError(
+                "model.path and model.revision: choose one (a local folder is pinned by its "
+                "files' sha256; a revision pins a hub repo named by model.name without path)"
+            )
+        if self.path is None and not HUB_ID.fullmatch(self.name or ""):
+            raise ValueError(
+                f"model.name {self.name!r} is not a hub repo id (org/name); for a local folder "
+                "set model.path"
+            )
+        return self
 
 
 class AdaptationConfig(Section):
@@ -260,7 +330,7 @@ class TrainingConfig(Section):
     optimizer: str = Field("AdamW", description="Any torch.optim optimizer by name.")
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)] = (0.9, 0.999)
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = 1.0
@@ -274,6 +344,17 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
+    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="Live mirrors of the step metrics: tensorboard (event files in the run "
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+    )
+
+    @model_validator(mode="after")
+    def _check_log_to(self) -> TrainingConfig:
+        if len(set(self.log_to)) != len(self.log_to):
+            raise ValueError(f"training.log_to names a backend twice: {self.log_to}")
+        return self
 
 
 class EvaluationConfig(Section):
@@ -315,6 +396,24 @@ class StudyConfig(Section):
     def sha256(self) -> str:
         return sha256_json(self.to_dict())
 
+    def hub_refs(self) -> dict[str, dict[str, str]]:
+        """The hub repos the study reads, by key ("model", "data"): repo_id, repo_type, revision."""
+        refs = {}
+        if self.model.hub_id:
+            refs["model"] = {
+                "repo_id": self.model.hub_id,
+                "repo_type": "model",
+                "revision": self.model.revision or "main",
+            }
+        src = self.data.source
+        if src.format == "hub" and src.name:
+            refs["data"] = {
+                "repo_id": src.name,
+                "repo_type": "dataset",
+                "revision": src.revision or "main",
+            }
+        return refs
+
     def evaluation_spec(self) -> dict[str, Any]:
         """What an evaluation depends on; locked with the hypothesis so every variant uses it."""
         return {
@@ -337,17 +436,19 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """'train.lr=2e-4' -> (['train', 'lr'], 0.0002). The value is parsed as YAML."""
     if "=" not in item:
         raise ConfigError(
-            f"--set {item!r} has no '='",
+            f"--set {preview(item)} has no '='",
             hint="write --set section.field=value, e.g. --set training.lr=1e-4",
         )
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"--set {item!r} has an empty key", hint="e.g. --set training.lr=1e-4")
+        raise ConfigError(
+            f"--set {preview(item)} has an empty key", hint="e.g. --set training.lr=1e-4"
+        )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw) if raw.strip() else ""
+    except ParseProblem:
+        value = raw  # not YAML: the text itself, checked against the field's type
     return path, value
 
 
@@ -367,14 +468,58 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     value = err.get("input")
-    shown = json.dumps(value, default=str)[:80] if err["type"] != "missing" else "(missing)"
+    shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
+    elif err["type"].endswith("_type") and isinstance(value, str):
+        msg += f" (found text; write {value.strip()} without quotes if it is meant as a value)"
     if isinstance(value, dict) and err["type"] == "value_error":
         # a check across fields names them itself; the whole section would say nothing more
         return f"  - {loc or 'study'}: {msg}"
     return f"  - {loc or '(top level)'}: {msg}; found {shown}"
+
+
+def generation_room_problem(cfg: StudyConfig) -> str | None:
+    """A generating task's prompt is cut to leave room for `max_new_tokens`: a budget as long
+    as the window leaves none for the input."""
+    ev, pre = cfg.evaluation, cfg.preprocess
+    if cfg.task.kind == "classification" or ev.max_new_tokens < pre.max_seq_len:
+        return None
+    return (
+        f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
+        f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for the "
+        "generated tokens, so none would be left for the input"
+    )
+
+
+def contradictions(cfg: StudyConfig) -> list[str]:
+    """Settings that each make sense alone but contradict another (`tunelab validate` refuses
+    them; a stage that depends on one refuses it too): `field: why` per problem."""
+    out = []
+    t = cfg.training
+    if t.max_steps is not None and t.warmup_steps > t.max_steps:
+        out.append(
+            f"training.warmup_steps: {t.warmup_steps} warm-up steps exceed training.max_steps "
+            f"({t.max_steps}): the learning rate would never reach training.lr"
+        )
+    room = generation_room_problem(cfg)
+    return out + ([room] if room else [])
+
+
+_LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
+_IGNORED = {"lora": ("trainable",), "full": (*_LORA_ONLY, "trainable"), "freeze": _LORA_ONLY}
+
+
+def config_warnings(cfg: StudyConfig) -> list[str]:
+    """Settings written in study.yaml that the chosen adaptation method ignores."""
+    a = cfg.adaptation
+    return [
+        f"adaptation.{name} ({preview(getattr(a, name))}) is ignored: adaptation.method is "
+        f"{a.method!r} ({'only LoRA uses it' if name in _LORA_ONLY else 'only freeze uses it'})"
+        for name in _IGNORED.get(a.method, ())
+        if name in a.model_fields_set
+    ]
 
 
 def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
@@ -384,7 +529,7 @@ def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
             hint="start from `tunelab init DIR --task classification`",
         )
     try:
-        return StudyConfig.model_validate(raw)
+        cfg = StudyConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         lines = [_describe_error(e) for e in errors]
@@ -392,19 +537,28 @@ def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
             f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
             hint="fix each field above, then run `tunelab validate`",
         ) from None
+    return cfg
+
+
+_REFUSED_HINTS = {
+    "given twice": "keep one of the two (YAML keeps only the last, silently, elsewhere)",
+    "expands": "write the values out, or use fewer aliases",
+    "refers to itself": "an alias cannot be used inside its own anchor",
+    "nested": "flatten the value",
+}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: no such file", hint="create a study with `tunelab init DIR`")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raw = load_yaml(path.read_text(encoding="utf-8"))
+    except ParseProblem as exc:
+        where = f" {exc.place()}:" if exc.line else ""
+        hint = next((h for k, h in _REFUSED_HINTS.items() if k in exc.problem), None)
         raise ConfigError(
-            f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}",
-            hint="fix the YAML syntax (indentation, colons, quotes)",
+            f"{path}:{where} {exc.problem}",
+            hint=hint or "fix the YAML syntax (indentation, colons, quotes)",
         ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
-from tunelab.config import StudyConfig, sha256_json
+from tunelab.config import StudyConfig, generation_room_problem, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.models.identity import hub_source
 from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 
@@ -325,6 +326,7 @@ def evaluate_model(
         "hypothesis_sha256": hypothesis["sha256"],
         "task_kind": task.kind,
         "architecture": architecture,
+        "base_hub": hub_source(getattr(base, "identity", None) or {}),  # repo and commit, or None
         "labels": list(task.labels) if task.labels else None,
         "fields": list(getattr(task, "fields", []) or []) or None,
         "n": len(rows),
@@ -550,12 +552,10 @@ def require_generation_room(cfg: StudyConfig) -> None:
     """A generating task's prompt is cut to leave room for `max_new_tokens`
     (`Preprocessor.prompt_ids(generate=)`): a budget as long as the window leaves none for the
     input. Checked before an evaluation records anything."""
-    ev, pre = cfg.evaluation, cfg.preprocess
-    if cfg.task.kind != "classification" and ev.max_new_tokens >= pre.max_seq_len:
+    problem = generation_room_problem(cfg)
+    if problem:
         raise EvaluationError(
-            f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
-            f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for "
-            "the generated tokens",
+            problem,
             hint="set evaluation.max_new_tokens just above the longest answer (`tunelab "
             "inspect` shows the target lengths) or raise preprocess.max_seq_len",
         )

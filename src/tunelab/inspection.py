@@ -18,7 +18,7 @@ import html
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
 from tunelab.preprocess import (
@@ -31,6 +31,9 @@ from tunelab.preprocess import (
 )
 from tunelab.records import write_bytes_atomic, write_json_atomic
 from tunelab.tasks import Task, get_task
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 NO_CATEGORY = "all"
 Progress = Callable[[int, int], None]
@@ -372,7 +375,7 @@ def render_html(record: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- study edge
 
 
-def load_base_tokenizer(study: Any) -> tuple[Any, str]:
+def load_base_tokenizer(study: Study) -> tuple[Any, str]:
     """(tokenizer, architecture) of the study's base model, as training loads them."""
     from tunelab.models import load_tokenizer, resolve_base
 
@@ -386,7 +389,7 @@ def new_inspect_id() -> str:
 
 
 def run_inspect(
-    study: Any,
+    study: Study,
     *,
     split: str = "train",
     per_category: int = 2,

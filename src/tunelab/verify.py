@@ -536,7 +536,14 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
 
     # 2. the fresh process
     ck = record["checkpoint"]
-    if ck is not None and not ck["ok"]:
+    if ck is not None and not ck["ok"] and ck.get("damaged") and not ck["changed"] + ck["missing"]:
+        record.update(
+            predictions=None,
+            passed=False,
+            reason=f"checkpoint {ck['path']} cannot be loaded: "
+            + "; ".join(f"{n}: {why}" for n, why in ck["damaged"].items()),
+        )
+    elif ck is not None and not ck["ok"]:
         bad = ck["changed"] + ck["missing"]
         record.update(
             predictions=None,

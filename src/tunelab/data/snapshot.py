@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.config import DataConfig, DedupConfig, sha256_json
 from tunelab.data import dedup
-from tunelab.data.checks import RowsRead, run_checks
+from tunelab.data.checks import RowsRead, control_notes, labels_changed, run_checks
 from tunelab.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
+from tunelab.data.hub import source_root
 from tunelab.data.readers import SourceData, SourceRow, read_source
 from tunelab.data.splits import (
     SPLITS,
@@ -205,7 +206,7 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
     """
     cfg = study.config.data
     compile_rules(cfg.cleaning)  # a bad regular expression fails before any reading
-    source_path = study.resolve(cfg.source.path)
+    source_path = source_root(study)
     with _Bar(progress) as bar:
         src = read_source(source_path, cfg, bar.counter("reading"))
         read = RowsRead(src.rows, study.config, source_path)
@@ -214,6 +215,7 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
         ids = assign_ids(rows)
         cleaned = _clean(rows, cfg, source_path)
         kept = _keep(cleaned, cfg)
+        notes += control_notes(kept.texts, [rows[i] for i in kept.index], "text")
         labels = [rows[i].label for i in kept.index]
         split = _split(kept, labels, rows, cfg, read.has_label, source_path)
         notes += split.notes
@@ -239,6 +241,8 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
 def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> CleaningResult:
     """The cleaning rules over the texts; refuses when they drop every row or leave one empty."""
     cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
+    for effect in cleaned.effects:  # a rule on labels: check_label_spellings applied it
+        effect["changed"] += labels_changed(rows) if effect["rule"] == "unify_labels" else 0
     if not cleaned.kept:
         by_rule = ", ".join(
             f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
@@ -455,6 +459,8 @@ def _manifest(
             "num_files": len(src.files),
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
+            **({"hub": src.hub} if src.hub else {}),
+            **({"links_followed": src.links} if src.links else {}),
         },
         "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,

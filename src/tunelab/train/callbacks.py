@@ -8,6 +8,7 @@ the step's metrics line, which a callback may extend before the next one sees it
     UpdateCheck     after `update_check_steps`: the trained tensors moved, the frozen ones did not
     Validation      the validation loss every `eval_every_steps` and at the last step
     MetricsLog      the row appended to metrics.jsonl (rank 0)
+    LiveLogger      the row to TensorBoard / MLflow (`training.log_to`, `tunelab.track.live`)
     Checkpoints     a checkpoint every `checkpoint_every_steps` and at the last step
     KillPoint       the test suite's kill after step K
     HeartbeatStep   the heartbeat's step, and a beat after a checkpoint

@@ -36,9 +36,17 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.errors import CheckpointError
+from tunelab.errors import CheckpointError, StudyError
 from tunelab.ledger import utc_now
-from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
+from tunelab.records import (
+    publish_dir,
+    read_json,
+    safe_join,
+    sha256_file,
+    temp_dir_beside,
+    write_json_atomic,
+)
+from tunelab.safetensors_header import require_safetensors, safetensors_problems
 from tunelab.train.layout import (  # noqa: F401 (part of this module's interface)
     _STEP_RE,
     FINAL,
@@ -202,55 +210,69 @@ def decode_rng(saved: dict[str, Any]) -> None:
 
 
 def check_checkpoint_files(path: Path) -> dict[str, Any]:
-    """Every file listed in the checkpoint's state.json against its recorded sha256; the
-    checkpoint's files are checked here, and only here, before anything is loaded from them.
+    """Every file listed in the checkpoint's state.json against its recorded sha256, and the
+    header of each safetensors file; a checkpoint's files are checked here, and only here,
+    before anything is loaded from them.
 
-    Returns {path, files_checked, changed: [names], missing: [names], ok}; `missing` names DONE
-    or state.json when the checkpoint is incomplete.
+    Returns {path, files_checked, changed: [names], missing: [names], damaged: {name: why},
+    ok}: `missing` names DONE or state.json when the checkpoint is incomplete, `damaged` holds
+    files whose hash matches but which cannot be loaded (a header rewritten with its hash), a
+    name that leads out of the folder, or state.json without its list of files.
     """
+    out: dict[str, Any] = {"path": str(path), "files_checked": 0, "changed": [], "missing": []}
+    out["damaged"] = {}
     if not (path / "DONE").exists() or not (path / STATE).exists():
-        return {
-            "path": str(path),
-            "files_checked": 0,
-            "changed": [],
-            "missing": ["DONE" if not (path / "DONE").exists() else STATE],
-            "ok": False,
-        }
-    files = read_json(path / STATE).get("files") or {}
-    changed, missing = [], []
+        out["missing"] = ["DONE" if not (path / "DONE").exists() else STATE]
+        return {**out, "ok": False}
+    state = read_json(path / STATE)
+    files = state.get("files") if isinstance(state, dict) else None
+    if not isinstance(files, dict):
+        out["damaged"] = {STATE: "no list of files with their sha256"}
+        return {**out, "ok": False}
     for name, digest in sorted(files.items()):
-        f = path / name
+        try:
+            f = safe_join(path, name)
+        except StudyError:
+            out["damaged"][name] = "the name leads out of the checkpoint's folder"
+            continue
         if not f.is_file():
-            missing.append(name)
+            out["missing"].append(name)
         elif sha256_file(f) != digest:
-            changed.append(name)
-    return {
-        "path": str(path),
-        "files_checked": len(files),
-        "changed": changed,
-        "missing": missing,
-        "ok": bool(files) and not changed and not missing,
-    }
+            out["changed"].append(name)
+        elif name.endswith(".safetensors") and (problems := safetensors_problems(f)):
+            out["damaged"][name] = "; ".join(problems)
+    ok = bool(files) and not out["changed"] and not out["missing"] and not out["damaged"]
+    return {**out, "files_checked": len(files), "ok": ok}
 
 
 def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
-    """state.json of a complete checkpoint, its files checked against their sha256
-    (`check_checkpoint_files`). Raises CheckpointError on an incomplete checkpoint or a missing
-    or changed file."""
+    """state.json of a complete checkpoint, its files checked (`check_checkpoint_files`).
+
+    Raises CheckpointError on an incomplete checkpoint, a state.json without its list of files,
+    and (`verify`) a missing, changed or damaged file.
+    """
     if not (path / "DONE").exists() or not (path / STATE).exists():
         raise CheckpointError(
             f"{path}: incomplete checkpoint (no DONE marker)",
             hint="resume uses the latest complete checkpoint; this one was cut by a kill",
         )
-    if verify:
-        found = check_checkpoint_files(path)
-        bad = sorted(found["changed"] + found["missing"])
-        if bad:
-            raise CheckpointError(
-                f"{path / bad[0]}: missing or changed since the checkpoint was written",
-                hint="the checkpoint is damaged; resume from an earlier one or start a new run",
-            )
-    return read_json(path / STATE)
+    damaged_hint = "the checkpoint is damaged; resume from an earlier one or start a new run"
+    state = read_json(path / STATE)
+    if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
+        raise CheckpointError(f"{path / STATE}: no list of files with their sha256", damaged_hint)
+    if not verify:
+        return state
+    found = check_checkpoint_files(path)
+    bad = sorted(found["changed"] + found["missing"])
+    if bad:
+        raise CheckpointError(
+            f"{path / bad[0]}: missing or changed since the checkpoint was written", damaged_hint
+        )
+    outside = [n for n in found["damaged"] if not n.endswith(".safetensors")]
+    if outside:
+        raise CheckpointError(f"{path}: {outside[0]}: {found['damaged'][outside[0]]}", damaged_hint)
+    require_safetensors([path / n for n in sorted(found["damaged"])], f"checkpoint {path}")
+    return state
 
 
 # ------------------------------------------------------------------ save / load

@@ -38,6 +38,7 @@ from tunelab.records import (
     write_jsonl_atomic,
 )
 from tunelab.study import Run, Study
+from tunelab.track.live import LiveLogger
 from tunelab.train import callbacks as cb
 from tunelab.train import checkpoint as ckpt
 from tunelab.train import rank_run
@@ -411,11 +412,15 @@ def _train(
         root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints, clock=clock
     )
     checkpoints = cb.Checkpoints(saver, t.checkpoint_every_steps)
+    live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
+    if validation.initial is not None:
+        live.log({"step": 0, "val_loss": validation.initial})
     callbacks: list[StepCallback] = [
         cb.StepFigures(device, clock),
         update_check,
         validation,
         cb.MetricsLog(run.path("metrics.jsonl"), enabled=strategy.is_main),
+        live,
         checkpoints,
         cb.kill_point,
         cb.HeartbeatStep(beat, checkpoints),
@@ -423,10 +428,15 @@ def _train(
         cb.StopOnSignal(stop, saver, run.id),
     ]
     beat.step, beat.total_steps = state.step, steps
-    if state.step < steps:
-        train_loop(loop, state, callbacks)
-    else:
-        saver.save(state)  # killed after the last step but before the record was finished
+    try:
+        if state.step < steps:
+            train_loop(loop, state, callbacks)
+        else:
+            saver.save(state)  # killed after the last step but before the record was finished
+    except BaseException as exc:
+        live.close(exc)
+        raise
+    live.close()
     summary = _finish(run, root, state, steps, validation, update_check, clock, strategy, t)
     if strategy.is_main and update_check.passed:
         study.ledger.add_event(run.id, "update_check", update_check.record)
@@ -493,7 +503,7 @@ def load_run_model(
     ("step-000010"). Raises CheckpointError when the run has no such checkpoint and ModelError
     when the base model no longer matches the one the run trained.
     """
-    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_model
+    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_recorded
 
     run = study.get_run(run) if isinstance(run, str) else run
     record = read_json(run.path("config.json"))
@@ -521,8 +531,8 @@ def load_run_model(
                 hint=f"its checkpoints: {', '.join(found) or 'none'}",
             )
     ckpt.read_checkpoint_state(path)
-    base = resolve_model(cfg.model, root=study.root)
     recorded = record.get("base_model") or {}
+    base = resolve_recorded(cfg.model, study.root, recorded)
     if recorded.get("sha256") and recorded["sha256"] != base.identity["sha256"]:
         raise ModelError(
             f"the base model at {base.path} is not the one run {run.id} trained",
