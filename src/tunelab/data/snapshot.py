@@ -534,6 +534,7 @@ def _manifest(
             "policy": cfg.dedup.policy,
             "sha256": sha256_json(dedup_config),
             "normalization": NORMALIZATION,
+            "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
             "algorithm": {
                 "version": dedup.DEDUP_ALGORITHM_VERSION,
                 "minhash_seed": 1,
