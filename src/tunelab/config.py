@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from tunelab.errors import ConfigError, preview
 from tunelab.strict_load import ParseProblem, load_yaml
@@ -72,6 +80,17 @@ class GuardrailRule(Section):
 # ---------------------------------------------------------------- task
 
 
+class ScoringConfig(Section):
+    """How an extraction answer is scored beyond the schema's own rules."""
+
+    ordered: list[str] = Field(
+        [], description="List paths whose order matters (e.g. steps); others are multisets."
+    )
+    tolerance: dict[str, float] = Field(
+        {}, description="Absolute tolerance per number path, e.g. {'quantities[].value': 0.01}."
+    )
+
+
 class TaskConfig(Section):
     kind: TaskKind = "classification"
     labels: list[str] | None = Field(None, description="Label set; read from the data when absent.")
@@ -84,6 +103,17 @@ class TaskConfig(Section):
     regex: str | None = Field(
         None, description="Regular expression the whole answer must match (format)."
     )
+    scoring: ScoringConfig | None = Field(
+        None, description="Extraction scoring options: ordered lists, numeric tolerances."
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_scoring(self, handler: Any) -> dict[str, Any]:
+        # absent when unset, so the locked evaluation specs of existing studies keep their sha256
+        out = handler(self)
+        if self.scoring is None:
+            out.pop("scoring", None)
+        return out
 
     @model_validator(mode="after")
     def _check_kind(self) -> TaskConfig:
@@ -94,6 +124,8 @@ class TaskConfig(Section):
                 raise ValueError(
                     "an extraction task needs task.json_schema with a non-empty 'required' list"
                 )
+        if self.scoring is not None and self.kind != "extraction":
+            raise ValueError("task.scoring applies to extraction tasks only")
         return self
 
 
@@ -190,7 +222,11 @@ class SplitConfig(Section):
     validation: float = 0.1
     test: float = 0.1
     seed: int = 0
-    stratify: bool = True
+    stratify: bool | Literal["target_kind"] = Field(
+        True,
+        description="true: every label in every split; target_kind (extraction): every kind "
+        "of target (an empty list, a null field) in every split; false: the hash alone.",
+    )
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> SplitConfig:
@@ -411,6 +447,15 @@ class StudyConfig(Section):
     training: TrainingConfig = TrainingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     budget: BudgetConfig = BudgetConfig()
+
+    @model_validator(mode="after")
+    def _check_stratify(self) -> StudyConfig:
+        if self.data.splits.stratify == "target_kind" and self.task.kind != "extraction":
+            raise ValueError(
+                "data.splits.stratify: target_kind needs task.kind: extraction "
+                "(other tasks stratify by label: true)"
+            )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

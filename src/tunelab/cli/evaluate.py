@@ -56,9 +56,14 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         for part in confusion_tables(m["confusion"], console.width):
             console.print(part)
     if m.get("per_field"):
+        # short heads leave the path room at 80 columns (`quantities[].unit`)
         cols = ["presence_rate", "exact_match", "normalized_match", "precision", "recall", "f1"]
-        fields = [[f, *(fmt(v[c]) for c in cols)] for f, v in m["per_field"].items()]
-        console.print(table("per field", ["field", *cols], fields))
+        heads = ["pres", "exact", "match", "P", "R", "F1", "slots"]
+        fields = [
+            [f, *(fmt(v[c], 3) for c in cols), v.get("slots", "")]
+            for f, v in m["per_field"].items()
+        ]
+        console.print(table("per field", ["field", *heads], fields))
     if m.get("failure_counts"):
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
