@@ -11,10 +11,19 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from tunelab.errors import ConfigError, preview
 from tunelab.strict_load import ParseProblem, load_yaml
@@ -71,6 +80,17 @@ class GuardrailRule(Section):
 # ---------------------------------------------------------------- task
 
 
+class ScoringConfig(Section):
+    """How an extraction answer is scored beyond the schema's own rules."""
+
+    ordered: list[str] = Field(
+        [], description="List paths whose order matters (e.g. steps); others are multisets."
+    )
+    tolerance: dict[str, float] = Field(
+        {}, description="Absolute tolerance per number path, e.g. {'quantities[].value': 0.01}."
+    )
+
+
 class TaskConfig(Section):
     kind: TaskKind = "classification"
     labels: list[str] | None = Field(None, description="Label set; read from the data when absent.")
@@ -83,6 +103,17 @@ class TaskConfig(Section):
     regex: str | None = Field(
         None, description="Regular expression the whole answer must match (format)."
     )
+    scoring: ScoringConfig | None = Field(
+        None, description="Extraction scoring options: ordered lists, numeric tolerances."
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_scoring(self, handler: Any) -> dict[str, Any]:
+        # absent when unset, so the locked evaluation specs of existing studies keep their sha256
+        out = handler(self)
+        if self.scoring is None:
+            out.pop("scoring", None)
+        return out
 
     @model_validator(mode="after")
     def _check_kind(self) -> TaskConfig:
@@ -93,6 +124,8 @@ class TaskConfig(Section):
                 raise ValueError(
                     "an extraction task needs task.json_schema with a non-empty 'required' list"
                 )
+        if self.scoring is not None and self.kind != "extraction":
+            raise ValueError("task.scoring applies to extraction tasks only")
         return self
 
 
@@ -189,7 +222,11 @@ class SplitConfig(Section):
     validation: float = 0.1
     test: float = 0.1
     seed: int = 0
-    stratify: bool = True
+    stratify: bool | Literal["target_kind"] = Field(
+        True,
+        description="true: every label in every split; target_kind (extraction): every kind "
+        "of target (an empty list, a null field) in every split; false: the hash alone.",
+    )
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> SplitConfig:
@@ -275,8 +312,22 @@ class ModelConfig(Section):
         return self
 
 
+class QuantizationConfig(Section):
+    """qlora: how bitsandbytes stores the frozen base (4 bits) and computes with it."""
+
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type of the base.")
+    double_quant: bool = Field(
+        True, description="Quantize the block-wise scales too (about 0.4 bit per weight less)."
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="dtype the 4-bit weights are dequantized to for each matmul."
+    )
+
+
 class AdaptationConfig(Section):
-    method: Literal["full", "lora", "freeze"] = "lora"
+    method: Literal["full", "lora", "freeze", "qlora"] = Field(
+        "lora", description="qlora: LoRA on a base loaded in 4 bits (bitsandbytes)."
+    )
     target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "v_proj"]
     )
@@ -290,6 +341,9 @@ class AdaptationConfig(Section):
     trainable: list[str] = Field(
         default_factory=list,
         description="freeze: names (substrings) of the modules left trainable.",
+    )
+    quantization: QuantizationConfig = Field(
+        default_factory=QuantizationConfig, description="qlora: the 4-bit base's settings."
     )
 
     @model_validator(mode="after")
@@ -327,7 +381,11 @@ class TrainingConfig(Section):
     grad_accum_steps: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides num_epochs.")
     num_epochs: float = Field(1.0, gt=0)
-    optimizer: str = Field("AdamW", description="Any torch.optim optimizer by name.")
+    optimizer: str = Field(
+        "AdamW",
+        description="Any torch.optim optimizer by name, or AdamW8bit / PagedAdamW8bit "
+        "(bitsandbytes, the qlora extra).",
+    )
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
     betas: Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)] = (0.9, 0.999)
@@ -389,6 +447,15 @@ class StudyConfig(Section):
     training: TrainingConfig = TrainingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     budget: BudgetConfig = BudgetConfig()
+
+    @model_validator(mode="after")
+    def _check_stratify(self) -> StudyConfig:
+        if self.data.splits.stratify == "target_kind" and self.task.kind != "extraction":
+            raise ValueError(
+                "data.splits.stratify: target_kind needs task.kind: extraction "
+                "(other tasks stratify by label: true)"
+            )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -508,7 +575,15 @@ def contradictions(cfg: StudyConfig) -> list[str]:
 
 
 _LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
-_IGNORED = {"lora": ("trainable",), "full": (*_LORA_ONLY, "trainable"), "freeze": _LORA_ONLY}
+_IGNORED = {
+    "lora": ("trainable", "quantization"),
+    "qlora": ("trainable",),
+    "full": (*_LORA_ONLY, "trainable", "quantization"),
+    "freeze": (*_LORA_ONLY, "quantization"),
+}
+
+
+_USER = {"trainable": "only freeze uses it", "quantization": "only qlora uses it"}
 
 
 def config_warnings(cfg: StudyConfig) -> list[str]:
@@ -516,13 +591,27 @@ def config_warnings(cfg: StudyConfig) -> list[str]:
     a = cfg.adaptation
     return [
         f"adaptation.{name} ({preview(getattr(a, name))}) is ignored: adaptation.method is "
-        f"{a.method!r} ({'only LoRA uses it' if name in _LORA_ONLY else 'only freeze uses it'})"
+        f"{a.method!r} ({_USER.get(name, 'only LoRA and QLoRA use it')})"
         for name in _IGNORED.get(a.method, ())
         if name in a.model_fields_set
     ]
 
 
-def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
+def _override_of(err: dict[str, Any], overrides: Mapping[tuple[str, ...], str]) -> str | None:
+    """The `--set` item an error comes from: its value, or an unknown key it introduced."""
+    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    for path, item in overrides.items():
+        if loc[: len(path)] == path or (
+            err["type"] == "extra_forbidden" and path[: len(loc)] == loc
+        ):
+            return item
+    return None
+
+
+def validate_config(
+    raw: Any, source: str = "study.yaml", overrides: Mapping[tuple[str, ...], str] | None = None
+) -> StudyConfig:
+    """`overrides`: {field path: the `--set` item that wrote it}, so an error names its source."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping of sections, found {type(raw).__name__}",
@@ -532,10 +621,21 @@ def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
         cfg = StudyConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        lines = [_describe_error(e) for e in errors]
+        origins = [_override_of(e, overrides or {}) for e in errors]
+        lines = [
+            _describe_error(e) + (f" (from --set {item})" if item else "")
+            for e, item in zip(errors, origins, strict=True)
+        ]
+        from_set = sum(1 for item in origins if item)
+        where = (
+            "--set" if from_set == len(errors) else (f"{source} and --set" if from_set else source)
+        )
         raise ConfigError(
-            f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
-            hint="fix each field above, then run `tunelab validate`",
+            f"{where}: {len(errors)} problem(s):\n" + "\n".join(lines),
+            hint="fix each field above (a --set key is section.field, as in study.yaml), then "
+            "run `tunelab validate`"
+            if from_set
+            else "fix each field above, then run `tunelab validate`",
         ) from None
     return cfg
 
@@ -573,4 +673,5 @@ def load_config(path: Path, overrides: list[str] | None = None) -> StudyConfig:
         if not isinstance(raw, dict):
             raw = {}
         raw = apply_overrides(raw, overrides)
-    return validate_config(raw, source=str(path))
+    origin = {tuple(parse_override(o)[0]): o for o in overrides or []}
+    return validate_config(raw, source=str(path), overrides=origin)

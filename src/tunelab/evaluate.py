@@ -453,15 +453,8 @@ def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, A
     value = parsed.get("value")
     if task.kind == "extraction":
         gold = task.gold(row)
-        fv = M.field_verdicts(value if isinstance(value, dict) else None, gold, task.fields)
-        correct = all(fv["normalized"].values())
-        verdicts = {
-            "json_valid": bool(parsed.get("json_valid")),
-            "schema_valid": bool(parsed.get("schema_valid")),
-            "failure": parsed.get("failure"),
-            **fv,
-            "all_fields_match": correct,
-        }
+        verdicts = task.verdicts(parsed, row)
+        correct = verdicts["correct"]
     else:
         task_verdicts = task.verdicts(parsed, row)
         json_schema = getattr(task, "json_schema", None) is not None
@@ -485,6 +478,15 @@ def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, A
     }
 
 
+def rescore_predictions(task: Any, predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prediction rows judged again from their recorded gold and raw output by the current
+    rules (`judge_output` is pure): how records scored by an earlier scorer are compared."""
+    return [
+        judge_output(task, {"id": p["id"], "target": p["gold"]}, p.get("raw_output") or "")
+        for p in predictions
+    ]
+
+
 def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The task's metric suite from prediction rows (the same rows `compare` resamples)."""
     if task.kind == "classification":
@@ -493,12 +495,7 @@ def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[st
         )
     verdicts = [p["verdicts"] for p in predictions]
     if task.kind == "extraction":
-        return M.extraction_metrics(
-            [v["json_valid"] for v in verdicts],
-            [v["schema_valid"] for v in verdicts],
-            verdicts,
-            task.fields,
-        )
+        return M.extraction_metrics(verdicts, task.fields, task.paths)
     json_schema = getattr(task, "json_schema", None) is not None
     out = M.format_metrics(
         [v["format_valid"] for v in verdicts],

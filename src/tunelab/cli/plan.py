@@ -32,7 +32,10 @@ def plan(
         typer.Option(help="Rental length: 3, 7 or 30 days (default budget.rental_days)."),
     ] = None,
     gpu_hour_price: Annotated[
-        float | None, typer.Option(help="Price per GPU hour (default budget.gpu_hour_price).")
+        float | None,
+        typer.Option(
+            help="Price per GPU hour (default budget.gpu_hour_price; with --gpu, the catalog's)."
+        ),
     ] = None,
     speedup: Annotated[
         float, typer.Option(help="How many times faster the rented device computes than this one.")

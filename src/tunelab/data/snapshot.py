@@ -34,7 +34,10 @@ from tunelab.data.splits import (
     SPLITS,
     check_user_splits,
     counts_by_category,
+    counts_by_kinds,
     ensure_coverage,
+    ensure_kind_coverage,
+    kind_gaps,
     sample_by_hash,
     split_by_hash,
 )
@@ -217,7 +220,8 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
         kept = _keep(cleaned, cfg)
         notes += control_notes(kept.texts, [rows[i] for i in kept.index], "text")
         labels = [rows[i].label for i in kept.index]
-        split = _split(kept, labels, rows, cfg, read.has_label, source_path)
+        kinds = _target_kinds(study, [rows[i] for i in kept.index])
+        split = _split(kept, labels, rows, cfg, read.has_label, source_path, kinds)
         notes += split.notes
         dups = _find_duplicates(kept, split.splits, cfg.dedup, bar.fraction(len(kept.index)))
 
@@ -232,10 +236,27 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
     outputs = {SPLIT_FILES[s]: _jsonl(examples[s]) for s in SPLITS}
     outputs["duplicates.json"] = dumps_json(duplicates).encode("utf-8")
     outputs["dropped.jsonl"] = _jsonl(dropped_rows)
+    kind_counts = None
+    if kinds is not None:
+        final = [k for k in range(len(kept.index)) if k not in dups.removed]
+        final_splits, final_kinds = [split.splits[k] for k in final], [kinds[k] for k in final]
+        kind_counts = counts_by_kinds(final_splits, final_kinds)
+        notes += kind_gaps(final_splits, final_kinds, cfg.splits)
     manifest = _manifest(
         read, src, cleaned, kept, split, dups, duplicates, examples, labels, ids, outputs, notes
     )
+    manifest["counts"]["target_kinds"] = kind_counts  # not part of the id (see _identity)
     return _publish(study, manifest, outputs)
+
+
+def _target_kinds(study: Study, rows: list[SourceRow]) -> list[list[str]] | None:
+    """Each row's target kinds that extraction scoring treats apart; None for other tasks."""
+    if study.config.task.kind != "extraction":
+        return None
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config)
+    return [task.target_kinds({"id": r.where, "target": r.target}) for r in rows]
 
 
 def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> CleaningResult:
@@ -288,8 +309,10 @@ def _split(
     cfg: DataConfig,
     has_label: bool,
     source_path: Path,
+    kinds: list[list[str]] | None = None,
 ) -> _Split:
-    """The user's split column, else seeded hash splits that cover every small category."""
+    """The user's split column, else seeded hash splits that cover every small category (and,
+    with stratify: target_kind, every kind of extraction target)."""
     if cfg.fields.split:
         splits = [rows[i].split or "" for i in kept.index]
         result = _Split(splits, "column", [], check_user_splits(splits))
@@ -301,6 +324,9 @@ def _split(
             cfg.splits,
             strict=cfg.splits.stratify and has_label,
         )
+        if kinds is not None and cfg.splits.stratify == "target_kind":
+            splits, kind_moves = ensure_kind_coverage(splits, kept.keys, kinds, cfg.splits)
+            moved += kind_moves
         result = _Split(splits, "hash", moved, warnings)
     if "train" not in result.splits:
         raise DataError(
@@ -483,6 +509,7 @@ def _manifest(
             "policy": cfg.dedup.policy,
             "sha256": sha256_json(dedup_config),
             "normalization": NORMALIZATION,
+            "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
             "algorithm": {
                 "version": dedup.DEDUP_ALGORITHM_VERSION,
                 "minhash_seed": 1,
@@ -579,7 +606,7 @@ class Snapshot:
         if split == "test":
             raise EvaluationError(
                 f"the test split of snapshot {self.id} is sealed",
-                hint="evaluate on it only with `tunelab eval RUN --final`, which logs the "
+                hint="evaluate on it only with `tunelab eval RUN --split test --final`, which logs the "
                 "opening (library code: tunelab.data.open_test_split)",
             )
         if split not in SPLITS:

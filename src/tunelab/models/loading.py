@@ -41,8 +41,14 @@ class BaseModel:
 
 def resolve_base(study: Study) -> BaseModel:
     """The study's base model; a GGUF file is converted once into the cache (see models.gguf).
-    A base named by hub id loads the commit the registered hypothesis pinned."""
-    return resolve_model(study.config.model, root=study.root)
+    A base named by hub id loads the commit the registered hypothesis pinned; for qlora the
+    identity records the 4-bit settings (`quantization`), the base as the run used it."""
+    base = resolve_model(study.config.model, root=study.root)
+    if study.config.adaptation.method == "qlora":
+        from tunelab.models.quantize import quantization_record
+
+        base.identity["quantization"] = quantization_record(study.config.adaptation.quantization)
+    return base
 
 
 def resolve_model(
@@ -170,7 +176,7 @@ def compute_device():
 
 
 def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):
-    """The base model in `cfg.model.dtype`.
+    """The base model in `cfg.model.dtype` (qlora: its linear layers in 4 bits, bitsandbytes).
 
     encoder: AutoModelForSequenceClassification with a head for `labels`, initialized from
     `cfg.training.seed` so that runs are reproducible; causal_lm: AutoModelForCausalLM.
@@ -200,6 +206,10 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
         )
     else:
         auto = AutoModelForCausalLM
+    if cfg.adaptation.method == "qlora":
+        from tunelab.models.quantize import quantization_config
+
+        kwargs["quantization_config"] = quantization_config(cfg.adaptation.quantization)
     torch.manual_seed(cfg.training.seed)  # the new head's initialization
     try:
         with quiet_transformers():
@@ -219,6 +229,10 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
             f"{base.path}: tensors with unexpected shapes: {outside_head[:5]}",
             hint="the weights do not match config.json; re-export the model folder",
         )
+    if cfg.adaptation.method == "qlora":
+        from tunelab.models.quantize import keep_weights_as_loaded
+
+        keep_weights_as_loaded(model)
     model.tunelab_new_params = sorted(set(info.get("missing_keys") or []) | set(mismatched))
     if base.architecture == "causal_lm" and model.tunelab_new_params:
         raise ModelError(

@@ -17,6 +17,7 @@ from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
 from tunelab.report.decision import decide, final_test, format_ci
 from tunelab.report.document import Section, render_html, render_markdown
+from tunelab.report.paths import path_section
 from tunelab.report.plots import plot_grouped_bars, plot_loss_curves
 from tunelab.study import Study
 
@@ -257,6 +258,9 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     else:
         sec.text("No evaluation recorded yet (`tunelab baseline`, `tunelab eval RUN`).")
     sections.append(sec)
+    if evaluated:
+        by_path = path_section([(_label(runs_by_id, i), evaluated[i]) for i in order], plot_dir)
+        sections += [by_path] if by_path else []
 
     # ---- sizing
     sec = Section("Sizing of a training step")

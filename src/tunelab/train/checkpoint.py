@@ -99,6 +99,9 @@ def flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict
         for key, value in entry.items():
             if torch.is_tensor(value):
                 tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
+            elif isinstance(value, dict):  # bitsandbytes' 8-bit states: one dict of tensors
+                for sub, t in value.items():
+                    tensors[f"{pid}.{key}/{sub}"] = t.detach().cpu().contiguous()
             else:
                 rest[str(pid)][key] = value
     return tensors, {"param_groups": sd["param_groups"], "state": rest}
@@ -108,7 +111,12 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     state: dict[int, dict[str, Any]] = {int(pid): dict(rest) for pid, rest in meta["state"].items()}
     for name, t in tensors.items():
         pid, key = name.split(".", 1)
-        state.setdefault(int(pid), {})[key] = t
+        entry = state.setdefault(int(pid), {})
+        if "/" in key:
+            key, sub = key.split("/", 1)
+            entry.setdefault(key, {})[sub] = t
+        else:
+            entry[key] = t
     groups = [
         {k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]
     ]

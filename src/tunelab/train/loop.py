@@ -51,8 +51,12 @@ class TrainState:
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> torch.optim.Optimizer:
-    """Any torch.optim optimizer by name; lr, weight_decay and betas passed where it takes them."""
-    cls = getattr(torch.optim, cfg.optimizer, None)
+    """Any torch.optim optimizer by name, or bitsandbytes' 8-bit AdamW (`BNB_OPTIMIZERS`); lr,
+    weight_decay and betas passed where it takes them."""
+    from tunelab.models.quantize import BNB_OPTIMIZERS, bnb_optimizer
+
+    cls = bnb_optimizer(cfg.optimizer) if cfg.optimizer in BNB_OPTIMIZERS else None
+    cls = cls or getattr(torch.optim, cfg.optimizer, None)
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         known = sorted(
             n
@@ -61,7 +65,8 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> to
         )
         raise ConfigError(
             f"training.optimizer: unknown optimizer {cfg.optimizer!r}",
-            hint=f"use one of torch.optim's: {', '.join(known)}",
+            hint=f"use one of torch.optim's: {', '.join(known)}; or bitsandbytes' "
+            + ", ".join(BNB_OPTIMIZERS),
         )
     accepted = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = {"lr": cfg.lr}
