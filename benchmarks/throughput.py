@@ -296,7 +296,7 @@ def side_tunelab(root: Path, w: dict) -> dict:
     )
     rows: list[dict] = []
     started, cpu = time.perf_counter(), time.process_time()
-    train_loop(loop, TrainState(), lambda state, row: rows.append(row))
+    train_loop(loop, TrainState(), [lambda state, row: rows.append(row)])
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     seen = [w["examples"][i] for i in w["order"]]
     return {

@@ -217,3 +217,56 @@ def test_a_typo_in_a_set_key_names_set_as_its_source(tmp_path, capsys):
     assert "training.lrr: unknown key" in err and "(from --set training.lrr=1e-4)" in err
     code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "trainng.lr=1e-4")
     assert code == 2 and "(from --set trainng.lr=1e-4)" in err
+
+
+def test_inspect_of_a_classifier_says_the_loss_is_on_the_label(tmp_path, capsys, tiny_bert_dir):
+    from test_inspect import write_study
+
+    labels = ["business", "sport", "tech"]
+    rows = [
+        {"text": f"article {i} about {labels[i % 3]} and the markets today", "label": labels[i % 3]}
+        for i in range(30)
+    ]
+    task = {"kind": "classification", "instruction": "Classify the article."}
+    root = write_study(tmp_path / "s", tiny_bert_dir, rows, task, {"max_seq_len": 32})
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "1")
+    assert code == 0, err
+    assert "the loss is on the label" in out and "0 under the loss" not in out
+
+
+def test_smoke_flags_an_adapter_faster_than_none_as_timing_noise():
+    from tunelab.cli.smoke import _adapter_row
+
+    timing = {"unit": "step", "pairs": 3}
+    (row,) = _adapter_row({"adapter_timing": timing, "adapter_time_ratio": 0.72})
+    assert row[1].startswith("x 0.72 per step") and "timing noise" in row[1]
+    (row,) = _adapter_row({"adapter_timing": timing, "adapter_time_ratio": 1.22})
+    assert "noise" not in row[1]
+
+
+def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp_path):
+    from test_data import jsonl_study
+    from tunelab.data import build_snapshot
+    from tunelab.data.dedup import find_near_duplicates, normalize_texts
+
+    article = (
+        'The minister said: "We will not raise taxes - not this year, not next year." '
+        "Critics replied that the budget's numbers didn't add up; the deficit, they said, "
+        "would grow by 3% before the election... Markets fell sharply on the news."
+    )
+    copy = (
+        "The minister said \u201cWe will not raise taxes \u2014 not this year; not next year\u201d "
+        "Critics replied that the budget\u2019s numbers didn\u2019t add up \u2013 the deficit "
+        "they said would grow by 3 % before the election. Markets fell sharply on the news!"
+    )
+    found = find_near_duplicates(normalize_texts([article, copy]), threshold=0.8)
+    assert found.pairs.tolist() == [[0, 1]] and found.similarity[0] >= 0.95
+    rows = [{"text": article, "label": "politics"}, {"text": copy, "label": "politics"}]
+    rows += [{"text": f"unrelated text number {i} about sport", "label": "sport"} for i in range(8)]
+    for r in rows:
+        r["part"] = "train"
+    study = jsonl_study(tmp_path, rows, fields={"split": "part"}, dedup={"policy": "report_only"})
+    m = build_snapshot(study)
+    assert m["duplicates"]["near_pairs"] == 1
+    assert "punctuation" in m["dedup"]["shingle_normalization"]

@@ -355,7 +355,12 @@ def render_html(record: dict[str, Any]) -> str:
         parts.append(
             f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, "
             f"{e(ex['why_shown'])}]</span></h2><p class='meta'>{ex['num_tokens']} tokens, "
-            f"{ex['num_loss_tokens']} under the loss{e(cut)}; {verdict}</p>"
+            + (
+                "the loss is on the label"
+                if "label_index" in ex
+                else f"{ex['num_loss_tokens']} under the loss"
+            )
+            + f"{e(cut)}; {verdict}</p>"
         )
         toks = []
         for i, t in enumerate(ex["tokens"]):

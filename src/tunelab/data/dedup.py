@@ -67,6 +67,23 @@ def normalize_texts(texts: Sequence[str] | pa.Array) -> pa.Array:
     return pc.utf8_trim_whitespace(joined)
 
 
+# Before shingling (near duplicates only): every punctuation mark and symbol (Unicode classes P
+# and S, so curly quotes and dashes of any kind too) becomes a space, so two copies of a text
+# that differ only in punctuation or quote characters share their word shingles.
+SHINGLE_NORMALIZATION = "punctuation and symbols (Unicode P, S) to spaces, whitespace collapsed"
+
+
+def strip_punctuation(normalized: pa.Array | Sequence[str]) -> pa.Array:
+    """`normalize_texts` output with punctuation and symbols replaced by spaces."""
+    arr = (
+        normalized
+        if isinstance(normalized, pa.Array | pa.ChunkedArray)
+        else pa.array(normalized, pa.string())
+    )
+    spaced = pc.replace_substring_regex(arr, pattern=r"[\p{P}\p{S}]+", replacement=" ")
+    return pc.utf8_trim_whitespace(pc.binary_join(pc.utf8_split_whitespace(spaced), " "))
+
+
 def exact_group_ids(normalized: pa.Array | Sequence[str]) -> np.ndarray:
     """Group id per text: equal normalized texts share an id (ids in order of first appearance)."""
     arr = normalized if isinstance(normalized, pa.Array) else pa.array(normalized, pa.string())
@@ -394,8 +411,9 @@ def find_near_duplicates(
     num_threads: int | None = None,
     progress: Progress = _noop,
 ) -> NearDuplicates:
-    """Pairs of texts whose word-shingle sets have Jaccard similarity >= threshold."""
-    sh = shingle_texts(normalized, shingle_size)
+    """Pairs of texts whose word-shingle sets (punctuation stripped first) have Jaccard
+    similarity >= threshold."""
+    sh = shingle_texts(strip_punctuation(normalized), shingle_size)
     progress("shingles", 1.0)
     sig = minhash_signatures(sh, num_perm, seed, num_threads=num_threads, progress=progress)
     bands, rows = lsh_params(threshold, num_perm)
