@@ -373,6 +373,7 @@ def _smoke_body(
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
+        merge=(eval_record.get("merge") or {}).get("merged"),
     )
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]
