@@ -454,3 +454,22 @@ def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
         est.peak_total,
         m["max_allocated"],
     )
+
+
+def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
+    from tunelab.sizing.measure import STABLE_TOLERANCE, stable_times
+    from tunelab.sizing.recommend import Option
+    from tunelab.sizing.stage import CONFIG_OVERHEAD_STEPS, PLANNED_TIME_STEPS, expected_seconds
+
+    assert not stable_times([10.0])
+    assert stable_times([12.0, 10.0, 10.2])  # the last two within 5 %
+    assert not stable_times([10.0, 10.0 * (1 + 2 * STABLE_TOLERANCE)])
+    own = Option("config @ 128", 128, 8, 1, "fp32", False, True)
+    ckpt = Option("ckpt on", 256, 8, 4, "fp32", True, True)
+    seconds = expected_seconds([own, ckpt], own.label, 2.0, 1024, 10.0)
+    assert seconds == pytest.approx(
+        10.0
+        + 2.0 * (CONFIG_OVERHEAD_STEPS + PLANNED_TIME_STEPS)  # 1,024 tokens a step
+        + 10.0
+        + 2.0 * 4 * 1.3 * (CONFIG_OVERHEAD_STEPS + 3)  # 4,096 tokens, checkpointing
+    )

@@ -42,6 +42,48 @@ from tunelab.study import Study
 # gets twice the other rows' 3.
 PLANNED_TIME_STEPS = 6
 DEFAULT_RANKS = (2, 4, 8)
+# what a configuration costs besides its timed steps, in steps: the saved-activation count and
+# the prime (a forward, a forward and backward), the warm-up, the memory step (about two: every
+# large allocation faults its pages in), the step that grows the heap and the forward timing
+CONFIG_OVERHEAD_STEPS = 6.0
+# a new process per configuration: Python, torch and transformers imported, the model loaded
+PROCESS_START_S = 15.0
+
+
+def expected_seconds(
+    options: list[Option], own: str, step_s: float, tokens_per_step: float, start_s: float
+) -> float:
+    """How long measuring `options` takes, from a step of `step_s` seconds over
+    `tokens_per_step` tokens (a step's time in proportion to its tokens)."""
+    total = 0.0
+    for o in options:
+        tokens = o.seq_len * o.micro_batch * min(o.grad_accum, 2)
+        step = step_s * tokens / max(1.0, tokens_per_step) * (1.3 if o.checkpointing else 1.0)
+        timed = PLANNED_TIME_STEPS if o.label == own else 3
+        total += start_s + step * (CONFIG_OVERHEAD_STEPS + timed)
+    return total
+
+
+def _clock_text(seconds: float) -> str:
+    return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+
+
+def sizing_forecast(study: Study, options: list[Option], own: str) -> str:
+    """A sentence saying how long the sizing will take, from the latest smoke's step time (the
+    only step measured before), or that it is known after the first configuration."""
+    from tunelab.plan.figures import latest_smoke
+
+    smoke, row = latest_smoke(study)
+    if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
+        return (
+            f"{len(options)} configurations, each in its own process (time known after the first)"
+        )
+    start = smoke.get("fresh_process_s") or PROCESS_START_S
+    seconds = expected_seconds(options, own, smoke["step_s"], smoke["tokens_per_step"], start)
+    return (
+        f"{len(options)} configurations, each in its own process: {_clock_text(seconds)} "
+        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} tokens)"
+    )
 
 
 def sizing_dir(study: Study) -> Path:
@@ -201,9 +243,9 @@ class _Measurer:
         self.rows: list[dict[str, Any]] = []
         self.facts: ModelFacts | None = None
 
-    def measure(self, o: Option) -> dict[str, Any]:
+    def measure(self, o: Option, note: str = "") -> dict[str, Any]:
         if self.progress:
-            self.progress(len(self.rows), self.total, o.label)
+            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
         # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
         measured_accum = min(o.grad_accum, 2)
         spec = {
@@ -235,6 +277,17 @@ class _Measurer:
             m["projected_step_s"] = micro_s * o.grad_accum
         self.rows.append(row)
         return row
+
+
+def _remaining(done: list[tuple[Option, float]], left: list[Option], own: str, first: Any) -> str:
+    """How long the configurations `left` take: at the first measured step's time per token,
+    and the start of a process as the measured ones took beyond their steps."""
+    if not left or not first or not first.get("step_s") or not first.get("tokens_per_step"):
+        return ""
+    step_s, tokens = first["step_s"], first["tokens_per_step"]
+    starts = [max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0)) for o, s in done]
+    start = sum(starts) / len(starts) if starts else PROCESS_START_S
+    return f"{_clock_text(expected_seconds(left, own, step_s, tokens, start))} left"
 
 
 def _case_of(
@@ -404,9 +457,16 @@ def run_sizing(
         "allocator": allocator,
     }
     # + the recommended configuration, when not measured yet
-    measurer = _Measurer(base_spec, own_label(sizes[0]), len(options) + 1, timeout_s, progress)
-    for o in options:
-        measurer.measure(o)
+    own = own_label(sizes[0])
+    measurer = _Measurer(base_spec, own, len(options) + 1, timeout_s, progress)
+    note = sizing_forecast(study, options, own)
+    done: list[tuple[Option, float]] = []
+    for i, o in enumerate(options):
+        at = time.perf_counter()
+        measurer.measure(o, note)
+        done.append((o, time.perf_counter() - at))
+        first = next((r["measured"] for r in measurer.rows if r.get("measured")), None)
+        note = _remaining(done, options[i + 1 :], own, first)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
         reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
