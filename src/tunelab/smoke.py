@@ -114,13 +114,13 @@ def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
 
 
 def run_smoke(
-    study: Any,
+    study: Study,
     *,
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
     progress: TrainProgress | None = None,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
     Raises the usual TunelabErrors before the run exists (no hypothesis, no snapshot, no model)
@@ -214,7 +214,7 @@ def run_smoke(
 
 
 def _adapter_pass(
-    model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict[str, Any]], labels: Any
+    model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict[str, Any]], labels: Any
 ) -> AdapterPass:
     """The smoke's examples as the planner's adapter probe times them: one batch of the
     evaluation's prompts generated for a generating task, the evaluation itself otherwise."""
