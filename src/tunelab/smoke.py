@@ -390,6 +390,8 @@ def _fresh_process_checks(
 ) -> None:
     """A new process reloads the checkpoint from disk: the same predictions, logits and
     validation loss as the live model, within the precision's tolerances."""
+    import torch
+
     from tunelab.verify import LOGIT_ATOL, SCORE_ATOL, compare_predictions, fresh_evaluate
 
     timings, record = found.timings, found.record
@@ -402,6 +404,7 @@ def _fresh_process_checks(
         labels=prep.labels,
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
+        num_threads=torch.get_num_threads(),
     )
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]

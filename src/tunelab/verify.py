@@ -332,9 +332,13 @@ def fresh_evaluate(
     labels: Sequence[str] | None,
     probe_ids: Sequence[Any] | None = None,
     val_loss_ids: Sequence[Any] | None = None,
+    num_threads: int | None = None,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Re-evaluate run `run_id` on the examples `ids` in a new Python process.
+
+    `num_threads`: the caller's torch thread count when it computed the figures compared
+    (a different count reorders float sums); by default the run's training.num_threads.
 
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
     the training loop's validation loss on these examples, with the run's own config.
@@ -353,7 +357,7 @@ def fresh_evaluate(
         "labels": list(labels) if labels else None,
         "probe_ids": list(probe_ids) if probe_ids else None,
         "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
-        "num_threads": study.config.training.num_threads,
+        "num_threads": num_threads or study.config.training.num_threads,
     }
     with Worker("tunelab.verify") as worker:
         outcome = worker.run(spec, timeout_s=timeout_s)
