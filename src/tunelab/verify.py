@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
+from tunelab.evaluate import SCORE_ATOL
 from tunelab.records import read_json, read_jsonl, write_json_atomic
 from tunelab.train.checkpoint import check_checkpoint_files
 from tunelab.worker import Worker, serve
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
     from tunelab.models import BaseModel
     from tunelab.study import Run, Study
 
-# Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
-# tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
-SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
 # Raw logits of the smoke probe are compared unrounded.
 LOGIT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2}
 SHOWN_MISMATCHES = 10

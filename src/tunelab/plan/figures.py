@@ -17,6 +17,7 @@ from typing import Any
 from tunelab.errors import StudyError
 from tunelab.plan import probes
 from tunelab.records import read_json
+from tunelab.smoke_record import latest_smoke
 from tunelab.study import Study
 
 
@@ -125,16 +126,6 @@ def expected_max(quantiles: list[int], m: int) -> float:
         u0, u1 = i / n, (i + 1) / n
         total += (quantiles[i] + quantiles[i + 1]) / 2 * (u1**m - u0**m)
     return total
-
-
-def latest_smoke(study: Study) -> tuple[dict[str, Any] | None, Any]:
-    """The newest completed smoke's smoke.json and its ledger row, or (None, None)."""
-    rows = [r for r in study.ledger.list_runs("smoke") if r.status == "completed"]
-    for row in reversed(rows):
-        path = study.runs_dir / row.id / "smoke.json"
-        if path.exists():
-            return read_json(path), row
-    return None, None
 
 
 def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:

@@ -71,7 +71,7 @@ def _clock_text(seconds: float) -> str:
 def sizing_forecast(study: Study, options: list[Option], own: str) -> str:
     """A sentence saying how long the sizing will take, from the latest smoke's step time (the
     only step measured before), or that it is known after the first configuration."""
-    from tunelab.plan.figures import latest_smoke
+    from tunelab.smoke_record import latest_smoke
 
     smoke, row = latest_smoke(study)
     if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
