@@ -48,7 +48,11 @@ def plot_grouped_bars(
     n = len(series)
     width = 0.8 / n
     many = len(groups) > 12
-    size = (8, 0.2 * len(groups) * (1 + 0.25 * (n - 1)) + 1.5) if many else (max(6, 1.2 * len(groups) + 2), 4)
+    size = (
+        (8, 0.2 * len(groups) * (1 + 0.25 * (n - 1)) + 1.5)
+        if many
+        else (max(6, 1.2 * len(groups) + 2), 4)
+    )
     fig, ax = plt.subplots(figsize=size)
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
