@@ -388,6 +388,30 @@ def _recommendation(
     return rec
 
 
+def _other_methods(
+    measurer: _Measurer, template: Case, effective: int, budget: int, device: str
+) -> list[dict[str, Any]]:
+    """For each method measured beside the study's (`--methods`): its own recommendation at
+    the longest length, so that a method that fits where the study's does not is proposed."""
+    out = []
+    for row in measurer.rows:
+        facts = measurer.facts_of.get(row["label"])
+        if facts is None:
+            continue
+        idle = (row["measured"] or {}).get("idle_rss") or 0
+        rec = recommend(
+            facts,
+            template,
+            effective_batch=effective,
+            budget_bytes=budget,
+            fixed_bytes=0 if device == "cuda" else idle,
+            compare_total=device == "cuda",
+        )
+        keys = ("fits", "micro_batch", "grad_accum", "checkpointing", "predicted_peak_bytes")
+        out.append({"method": row["method"], **{k: rec.get(k) for k in keys}})
+    return out
+
+
 def _projection(
     facts: ModelFacts,
     template: Case,
@@ -512,6 +536,7 @@ def run_sizing(
         measurer, case, template, largest=sizes[-1], effective=effective, budget=budget,
         device=device, packing=t.packing,
     )  # fmt: skip
+    rec["other_methods"] = _other_methods(measurer, template, effective, budget, device)
     record = _record(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
