@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
-from tunelab.config import StudyConfig, generation_room_problem, sha256_json
+from tunelab.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
 from tunelab.models.identity import hub_source
@@ -77,7 +77,12 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
 
 def pad_id_for(tokenizer: Any) -> int:
     """The id to pad with: the pad token, else EOS, else 0; always an int."""
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+    # an image processor has neither: 0, which image batches never use
+    for tid in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        0,
+    ):
         if tid is not None:
             return int(tid)
     return 0  # pragma: no cover
@@ -134,6 +139,36 @@ def predict_encoder(
             }
         tick(len(batch))
     return out  # type: ignore[return-value]
+
+
+def predict_images(
+    model: Any,
+    pre: Any,
+    rows: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[dict[str, Any]]:
+    """Label and per-label probabilities of each image (the deterministic chain, in order)."""
+    import torch
+
+    from tunelab.models.vision import pixels_for
+
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = [pre.encode(r) for r in rows[start : start + batch_size]]
+        pixels = pixels_for(model, torch.stack([e["pixel_values"] for e in chunk]))  # [b,3,H,W]
+        probs = torch.softmax(model(pixel_values=pixels).logits.float(), dim=-1).cpu()
+        for p in probs.tolist():
+            best = max(range(len(p)), key=lambda j: p[j])
+            out.append(
+                {
+                    "label": labels[best],
+                    "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
+                }
+            )
+        tick(len(chunk))
+    return out
 
 
 def score_candidates(
@@ -242,7 +277,7 @@ def _task_labels(study: Study, labels: Sequence[str] | None) -> list[str] | None
     if labels is not None:
         return list(labels)
     cfg: StudyConfig = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -368,6 +403,8 @@ def predict_rows(
         if architecture == "encoder":
             encoded = [pre.encode(r) for r in rows]
             found = predict_encoder(model, encoded, labels, pad_id, ev.batch_size, tick)
+        elif architecture == "image":
+            found = predict_images(model, pre, rows, labels, ev.batch_size, tick)
         else:
             found = _score_labels(model, pre, rows, labels, pad_id, ev.batch_size, tick)
         out = []
@@ -607,7 +644,7 @@ def run_baseline(
 
 
 def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     return list(cfg.task.labels) if cfg.task.labels else list(snapshot.labels or [])
 

@@ -194,6 +194,14 @@ class Preprocessor:
             EOS token, or a task the architecture cannot do.
     """
 
+    def __new__(cls, tokenizer: Any, cfg: StudyConfig, task: Task, architecture: str):
+        # an image model's examples go through the image chain, behind this same interface
+        if cls is Preprocessor and architecture == "image":
+            from tunelab.image_transforms import ImagePreprocessor
+
+            return super().__new__(ImagePreprocessor)
+        return super().__new__(cls)
+
     def __init__(self, tokenizer: Any, cfg: StudyConfig, task: Task, architecture: str):
         if architecture not in ARCHITECTURES:
             raise PreprocessError(
@@ -539,6 +547,10 @@ class Preprocessor:
         input_text, target_text = self.task.render(example)
         return self._encode_causal(example, input_text, target_text)
 
+    def encode_train(self, example: dict[str, Any]) -> dict[str, Any]:
+        """A training example's encoding (text: `encode`; images may augment)."""
+        return self.encode(example)
+
     def encode_with_target(self, example: dict[str, Any], target_text: str) -> dict[str, Any]:
         """Encode with another target text (e.g. a candidate label to score), same prompt."""
         if self.architecture == "encoder":
@@ -692,7 +704,10 @@ def nearest_rank(ordered: Sequence[int], q: float) -> int:
 
 
 def length_stats(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Token-count statistics of encoded examples: p50, p95, max, share truncated."""
+    """Token-count statistics of encoded examples: p50, p95, max, share truncated (images:
+    the number of examples and the tensor shape)."""
+    if encoded and "pixel_values" in encoded[0]:
+        return {"n": len(encoded), "shape": list(encoded[0]["pixel_values"].shape)}
     lengths = sorted(len(e["input_ids"]) for e in encoded)
     n = len(lengths)
     if n == 0:

@@ -88,8 +88,13 @@ def model_card(m: Mapping[str, Any]) -> str:
     lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
     adapter = art["kind"] == "adapter"
     arch = base.get("architecture")
-    auto = "AutoModelForSequenceClassification" if arch == "encoder" else "AutoModelForCausalLM"
-    head = f", num_labels={len(task['labels'])}" if arch == "encoder" and task.get("labels") else ""
+    auto = {
+        "encoder": "AutoModelForSequenceClassification",
+        "image": "AutoModelForImageClassification",
+    }.get(arch, "AutoModelForCausalLM")
+    reader = "AutoImageProcessor" if arch == "image" else "AutoTokenizer"
+    labelled = arch in ("encoder", "image") and task.get("labels")
+    head = f", num_labels={len(task['labels'])}" if labelled else ""
     lines += [
         "",
         "## Loading",
@@ -101,7 +106,7 @@ def model_card(m: Mapping[str, Any]) -> str:
         "```",
         "",
         "```python",
-        f"from transformers import AutoTokenizer, {auto}",
+        f"from transformers import {reader}, {auto}",
     ]
     if adapter:
         lines += [
@@ -113,7 +118,7 @@ def model_card(m: Mapping[str, Any]) -> str:
     else:
         lines += ["", f'model = {auto}.from_pretrained("THIS_FOLDER/model")']
     lines += [
-        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER/tokenizer")',
+        f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")',
         "```",
         "",
         "## Training",

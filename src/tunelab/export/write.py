@@ -317,7 +317,7 @@ def _write_files(study: Study, src: _Source, ev: _Evidence, tmp: Path) -> dict[s
         first = ev.predictions[0]
         rows = {r["id"]: r for r in ev.snapshot.rows("validation")}
         if first["id"] in rows:
-            example = {"example": rows[first["id"]], "recorded": first}
+            example = {"example": _with_example_image(rows[first["id"]], tmp), "recorded": first}
             write_json_atomic(tmp / EXAMPLE_FILE, example)
     pickled = pickle_files(tmp)
     if pickled:
@@ -325,6 +325,15 @@ def _write_files(study: Study, src: _Source, ev: _Evidence, tmp: Path) -> dict[s
             f"the export would hold pickle files: {pickled}", hint="only safetensors and JSON"
         )
     return example
+
+
+def _with_example_image(row: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """An image example travels with its image file, named relative to the export."""
+    if "image" not in row:
+        return row
+    name = "example-image" + Path(row["image"]).suffix
+    write_bytes_atomic(tmp / name, Path(row["image_path"]).read_bytes())
+    return {**row, "image_path": name}
 
 
 def _build_manifest(

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import TrainingConfig
+from tunelab.config import CLASSIFYING_KINDS, TrainingConfig, require_supported_stage
 from tunelab.errors import SnapshotError, StudyError, TunelabError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -131,7 +131,7 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
 
 def _labels(study: Study) -> list[str] | None:
     cfg = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -373,6 +373,7 @@ def run_sizing(
     from tunelab.hypothesis import require_hypothesis
 
     cfg = study.config
+    require_supported_stage(cfg, "size")
     hypothesis = require_hypothesis(study.root, cfg)
     started = time.perf_counter()
     device = device_kind()  # the steps run in child processes: no CUDA context here
