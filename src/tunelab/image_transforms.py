@@ -8,8 +8,8 @@ Training examples may first pass a seeded augmentation (`preprocess.image.train_
 id, so a rerun sees the same views. Evaluation never augments (`encode` is the deterministic
 chain; only `encode_train` augments).
 
-`ImagePreprocessor` has the interface of `tunelab.preprocess.Preprocessor` (which builds it for
-an `image` architecture): `encode`, `encode_train`, `check`, `find_problems`, `describe`,
+`ImagePreprocessor` has the interface of `tunelab.preprocess.Preprocessor` (`Preprocessor(...)`
+returns one for an `image` architecture): `encode`, `encode_train`, `check`, `find_problems`, `describe`,
 `template_sha256` (the chain's recipe, recorded in runs and checked by evaluation).
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 
 from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import PreprocessError
-from tunelab.preprocess import Preprocessor, Problem, _problem, raise_problems
+from tunelab.preprocess_problems import Problem, _problem, raise_problems
 
 RECIPE_VERSION = 1
 # Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
@@ -196,7 +196,7 @@ def open_example_image(example: dict[str, Any]) -> Any:
     return open_image(data, f"{path} (example {example.get('id')})")
 
 
-class ImagePreprocessor(Preprocessor):
+class ImagePreprocessor:
     """The image chain behind the Preprocessor interface (see the module docstring)."""
 
     def __init__(self, tokenizer: Any, cfg: StudyConfig, task: Any, architecture: str):

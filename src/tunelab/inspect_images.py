@@ -34,7 +34,7 @@ from tunelab.image_transforms import (
     example_rng,
     open_example_image,
 )
-from tunelab.preprocess import Problem
+from tunelab.preprocess_problems import Problem
 
 THUMB_PX = 96
 # a category whose median area is this many times the others' (or below 1 / it) is flagged
