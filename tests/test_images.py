@@ -283,9 +283,7 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=12)
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
-    code, out, err = run_cli(capsys, "validate", "-s", root)
-    assert code == 2 and "not yet supported for stage(s) tunelab size, tunelab plan" in err
-    for args in (["register"], ["data"], ["baseline"]):
+    for args in (["validate"], ["register"], ["data"], ["baseline"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
     code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
     assert code == 0, err
@@ -303,9 +301,28 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
 
     result = check_export(export, tiny_vit_dir)
     assert result["example"]["matches_recorded"]
-    assert run_cli(capsys, "size", "-s", root)[0] == 2
     assert run_cli(capsys, "report", "-s", root)[0] == 0
     metrics = json.loads(
         next((root / "records" / "runs").glob("eval-*/metrics-validation.json")).read_text()
     )
     assert set(metrics["metrics"]["per_category"]) == set(COLOURS)
+
+
+def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, capsys):
+    """The patch tokens ((16 / 4)^2 + CLS = 17) stand for the sequence length; one real step
+    of the ViT is measured and set against the analytic estimate, and the plan reads it."""
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "size", "-s", root, "--micro-batch", "4", "--json")
+    assert code == 0, err
+    record = json.loads(out[out.find("{") :])
+    assert record["lengths"]["max"] == 17 and record["lengths"]["image_size"] == 16
+    row = record["configurations"][0]
+    assert row["status"] == "ok", row
+    assert row["measured"]["step_s"] > 0 and row["predicted"]["activations"] > 0
+    assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
+    assert code == 0, err

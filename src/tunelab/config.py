@@ -628,33 +628,6 @@ def generation_room_problem(cfg: StudyConfig) -> str | None:
     )
 
 
-# stages that do not handle task.kind image_classification yet
-IMAGE_UNSUPPORTED_STAGES = ("size", "plan")
-
-
-def unsupported_stage_problem(cfg: StudyConfig, stage: str | None = None) -> str | None:
-    """Why `stage` (None: any stage) cannot run this study's task kind yet, or None."""
-    if cfg.task.kind != "image_classification":
-        return None
-    stages = [s for s in IMAGE_UNSUPPORTED_STAGES if stage in (None, s)]
-    if not stages:
-        return None
-    return (
-        f"task.kind: image_classification is not yet supported for stage(s) "
-        f"{', '.join('tunelab ' + s for s in stages)} (the memory model and the rental plan "
-        "know text models only); every other stage runs"
-    )
-
-
-def require_supported_stage(cfg: StudyConfig, stage: str) -> None:
-    """ConfigError when `stage` cannot run this study's task kind yet."""
-    problem = unsupported_stage_problem(cfg, stage)
-    if problem:
-        raise ConfigError(
-            problem, hint="run the other stages; the smoke's record has the measured step time"
-        )
-
-
 def contradictions(cfg: StudyConfig) -> list[str]:
     """Settings that each make sense alone but contradict another (`tunelab validate` refuses
     them; a stage that depends on one refuses it too): `field: why` per problem."""
@@ -666,8 +639,7 @@ def contradictions(cfg: StudyConfig) -> list[str]:
             f"({t.max_steps}): the learning rate would never reach training.lr"
         )
     room = generation_room_problem(cfg)
-    unsupported = unsupported_stage_problem(cfg)
-    return out + ([room] if room else []) + ([unsupported] if unsupported else [])
+    return out + ([room] if room else [])
 
 
 _LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")

@@ -81,3 +81,12 @@ def pixels_for(model: Any, pixels: Any) -> Any:
     takes bfloat16 inputs)."""
     weight = next(p for p in model.parameters() if p.is_floating_point())
     return pixels.to(weight.device, dtype=weight.dtype)
+
+
+def patch_tokens(config: dict[str, Any]) -> int | None:
+    """Tokens a ViT-like model sees per image ((size / patch)^2 + the CLS token), or None for a
+    model without patches (ConvNeXt, ResNet): the memory model walks transformer blocks."""
+    size, patch = config.get("image_size"), config.get("patch_size")
+    if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
+        return None
+    return (size // patch) ** 2 + 1

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import require_supported_stage
 from tunelab.errors import ConfigError
 from tunelab.ledger import utc_now
 from tunelab.plan.catalog import Gpu, find_gpu
@@ -49,7 +48,6 @@ def make_plan(
     ConfigError for a rental length other than 3, 7 or 30 days, a non-positive speed-up or step
     time, an unknown GPU, or a speed-up given with a GPU."""
     cfg = study.config
-    require_supported_stage(cfg, "plan")
     days = check_days(days or cfg.budget.rental_days)
     if speedup <= 0 or (step_time_s is not None and step_time_s <= 0):
         raise ConfigError("--speedup and --step-time-s must be positive", hint="e.g. --speedup 20")
@@ -198,7 +196,6 @@ def compare_gpus(
     hours_per_variant, variants {3, 7, 30}, busy_hours, busy_cost, rental_cost,
     price_per_gpu_hour}], inputs, notes}`. Nothing is recorded."""
     cfg = study.config
-    require_supported_stage(cfg, "plan")
     days = check_days(days or cfg.budget.rental_days)
     shape, sizing = gather_shape(study)
     local = local_figures(study)
