@@ -1,7 +1,10 @@
-"""The dossier: built from records, escaped, self-contained, rendered by headless Chromium."""
+"""The dossier: built from records, escaped, self-contained, rendered by headless Chromium, and
+laid out inside the page at 1280 px for a study of 40 categories."""
 
 from __future__ import annotations
 
+import html
+import json
 import shutil
 import subprocess
 
@@ -15,11 +18,12 @@ from tunelab.study import Study
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def render_dom(html_path, tmp_path) -> str:
+def render_dom(html_path, tmp_path, *extra: str) -> str:
     """The DOM Chromium builds from the page (headless, no network, fresh profile)."""
     out = subprocess.run(
         [
             CHROMIUM,
+            *extra,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -86,3 +90,96 @@ def test_dossier_renders_in_headless_chromium(hostile_study, tmp_path):
     assert "tunelab dossier" in dom
     assert "Hypothesis and guardrails" in dom and "Limitations" in dom
     assert 'data-pwned="' not in dom, "a script from the data ran in the dossier"
+
+
+# measures the page once it is laid out: what overflows the viewport, outside a scrolling box
+_MEASURE = """<script>
+window.addEventListener("load", () => {
+  const page = document.documentElement, width = page.clientWidth;
+  const outside = [...document.body.querySelectorAll("*")].filter(
+    (e) => !e.closest(".wide") && e.getBoundingClientRect().right > width + 1);
+  const tables = [...document.querySelectorAll("table")];
+  document.body.setAttribute("data-layout", JSON.stringify({
+    scrollWidth: page.scrollWidth, clientWidth: width,
+    bodyScrollWidth: document.body.scrollWidth,
+    outside: outside.map((e) => e.tagName + ":" + (e.textContent || "").slice(0, 40)),
+    tables: tables.length, boxed: tables.filter((t) => t.parentElement.matches(".wide")).length,
+    scrolling: tables.filter((t) => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
+      .map((t) => (t.caption || {}).textContent || t.rows[0].textContent.slice(0, 40)),
+  }));
+});
+</script>"""
+
+_CATEGORIES = [
+    f"customer-support-{topic}-{k:02d}" for k in range(20) for topic in ("billing", "shipping")
+]
+
+
+def _many_category_study(root, model_dir):
+    """A classification study of 40 categories with long names sharing a prefix, run through
+    the real stages: register, data, baseline, a 2-step LoRA, its evaluation, compare."""
+    from helpers import FILLED_HYPOTHESIS
+    from tunelab.study_template import render_study_yaml
+
+    root.mkdir(parents=True)
+    rows = []
+    for k, label in enumerate(_CATEGORIES):
+        for i in range(5):
+            split = "train" if i < 3 else "validation" if i < 4 else "test"
+            text = f"ticket {i} of queue {k}: {label.replace('-', ' ')} question number {i}"
+            rows.append({"id": f"q{k:02d}-{i}", "text": text, "label": label, "split": split})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(render_study_yaml("classification", "forty-queues"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["task"]["labels"] = _CATEGORIES
+    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
+    raw["data"]["dedup"]["near"] = False
+    raw["model"].update(path=str(model_dir), architecture="encoder")
+    raw["adaptation"].update(method="lora", target_modules=["query", "value"])
+    raw["preprocess"]["max_seq_len"] = 32
+    raw["training"].update(
+        micro_batch_size=8, max_steps=2, lr=5e-3, warmup_steps=0, eval_every_steps=None,
+        checkpoint_every_steps=None, num_threads=1,
+    )  # fmt: skip
+    raw["evaluation"].update(batch_size=16, bootstrap_samples=50)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (make setup installs it as root)"
+)
+def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_bert_dir, capsys):
+    root = _many_category_study(tmp_path / "s", tiny_bert_dir)
+    for args in (["register"], ["data"], ["baseline"], ["train", "--name", "v1"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, err
+    study = Study.open(root)
+    v1 = next(r for r in study.list_runs() if r.kind == "train")
+    for args in (["eval", v1.id], ["compare"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, err
+    paths = build_report(study)
+    md = paths["markdown"].read_text()
+    # the decision comes first, then a table of contents naming every section
+    assert md.index("Contents:") < md.index("## Decision") < md.index("## Hypothesis")
+    assert "| adopted variant |" in md and "| guardrails |" in md
+    assert "- [Comparisons and guardrails](#comparisons-and-guardrails)" in md
+    # one row per category, not one column: the table of counts has 5 columns, not 42
+    assert "| category | train | validation | test | total |" in md
+    assert md.count("| 40. customer-support-shipping-19 |") == 2  # baseline's and v1's matrix
+    page = paths["html"].read_text()
+    assert '<a href="#comparisons-and-guardrails">' in page
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    dom = render_dom(probe, tmp_path, "--window-size=1280,900", "--virtual-time-budget=10000")
+    start = dom.index('data-layout="') + len('data-layout="')
+    layout = json.loads(html.unescape(dom[start : dom.index('"', start)]))
+    assert layout["clientWidth"] >= 1200, layout
+    assert layout["scrollWidth"] <= layout["clientWidth"], layout  # no horizontal scroll bar
+    assert layout["bodyScrollWidth"] <= layout["clientWidth"], layout
+    assert layout["outside"] == [], layout
+    assert layout["tables"] == layout["boxed"], layout
+    # the confusion matrices are wider than the page: they scroll in their own box
+    assert any("confusion matrix" in c for c in layout["scrolling"]), layout

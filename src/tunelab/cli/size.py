@@ -13,6 +13,8 @@ from tunelab.cli.progress import ProgressBoard
 from tunelab.errors import ConfigError
 from tunelab.sizing.recommend import PRECISIONS, parse_bytes, parse_int_list, parse_precisions
 
+METHODS = ("full", "lora", "qlora", "freeze")
+
 
 def _mib(b: Any) -> str:
     return "-" if b is None else f"{b / 2**20:,.1f}"
@@ -45,6 +47,10 @@ def size(
         str,
         typer.Option(help="CPU: 'pinned' (RSS follows the live tensors) or 'default' (glibc)."),
     ] = "pinned",
+    methods: Annotated[
+        str | None,
+        typer.Option(help="Adaptation methods to measure besides the study's: full,lora,qlora."),
+    ] = None,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -55,8 +61,15 @@ def size(
     precisions = parse_precisions(precision) if precision else None
     if allocator not in ("pinned", "default"):
         raise ConfigError(f"--allocator {allocator!r}: unknown", hint="pinned or default")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    unknown = [m for m in chosen or [] if m not in METHODS]
+    if unknown:
+        raise ConfigError(
+            f"--methods {methods!r}: unknown {', '.join(unknown)}", hint=f"from {','.join(METHODS)}"
+        )
     s = open_study(study, sets)
     kwargs: dict[str, Any] = dict(
+        methods=chosen,
         seq_lens=parse_int_list(seq_len, "--seq-len") if seq_len else None,
         micro_batches=parse_int_list(micro_batch, "--micro-batch") if micro_batch else None,
         precisions=precisions,
@@ -170,6 +183,14 @@ def _recommendation(rec: dict[str, Any], cuda: bool) -> None:
     budget = _size(rec["budget_bytes"])
     if not rec.get("fits"):
         console.print(f"[red]nothing fits[/] the budget of {budget}: {rec['reason']}")
+        for other in rec.get("other_methods") or []:
+            if other["fits"]:  # a method measured beside the study's (--methods)
+                console.print(
+                    f"  adaptation.method {other['method']} fits: micro-batch "
+                    f"{other['micro_batch']} x {other['grad_accum']}, checkpointing "
+                    f"{'on' if other['checkpointing'] else 'off'}, predicted peak "
+                    f"{_size(other['predicted_peak_bytes'])}"
+                )
         return
     measured = f", {rec['tokens_per_s']:,.0f} tokens/s measured" if rec.get("tokens_per_s") else ""
     row = f' (row "{rec["row"]}")' if rec.get("row") else ""

@@ -1,10 +1,53 @@
-"""The dossier's first section: the decision of the latest comparison, and the test figure."""
+"""The dossier's first section: a summary of the decision (the adopted variant, its primary
+metric with the interval, its guardrails, its test figure), then the decision in words."""
 
 from __future__ import annotations
 
-from tunelab.report.decision import decide, final_test
+from typing import Any
+
+from tunelab.report.decision import choose_variant, decide, final_test, format_ci
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier
+
+
+def _closest(compare: dict[str, Any]) -> dict[str, Any] | None:
+    """The compared variant with the largest primary-metric gain (what a reader looks at when
+    none is adopted)."""
+    compared = [r for r in compare.get("runs", []) if r.get("compared")]
+    return max(compared, key=lambda r: (r.get("primary") or {}).get("delta") or 0.0, default=None)
+
+
+def _summary(compare: dict[str, Any], test: str | None) -> list[list[Any]]:
+    metric = compare.get("primary_metric")
+    chosen, _ = choose_variant(compare)
+    shown = chosen or _closest(compare)
+    if shown is None:
+        return [["adopted variant", "none: no variant was compared"]]
+    name = shown.get("name") or shown.get("run_id")
+    p = shown.get("primary") or {}
+    guards = shown.get("guardrails") or []
+    passing = sum(1 for g in guards if g.get("pass"))
+
+    def num(x: Any) -> str:
+        return f"{x:.4f}" if isinstance(x, int | float) else "-"
+
+    delta = p.get("delta")
+    return [
+        [
+            "adopted variant",
+            f"{name} (run {shown.get('run_id')})"
+            if chosen
+            else f"none: the baseline is kept (closest: {name})",
+        ],
+        [
+            f"primary metric ({metric}, validation)",
+            f"{num(p.get('baseline'))} -> {num(p.get('variant'))}, delta "
+            f"{'-' if delta is None else f'{delta:+.4f}'}, 95 % CI {format_ci(p)}"
+            f" (minimum improvement {compare.get('min_improvement')})",
+        ],
+        ["guardrails", f"{passing} of {len(guards)} checks pass"],
+        ["sealed test split", test or "not opened for an adopted variant"],
+    ]
 
 
 def decision_section(d: Dossier) -> Section:
@@ -12,10 +55,11 @@ def decision_section(d: Dossier) -> Section:
     if not d.data["compares"]:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
     latest = d.data["compares"][-1]
+    test = final_test(latest, d.runs, d.data["test_openings"])
+    sec.table(["what", "value"], _summary(latest, test), caption="decision summary")
     sec.text(decide(latest))
     sec.text(
         f"From comparison {latest.get('id')} on the {latest.get('split')} split "
         f"(hypothesis v{latest.get('hypothesis_version')})."
     )
-    test = final_test(latest, d.runs, d.data["test_openings"])
     return sec.text(test) if test else sec
