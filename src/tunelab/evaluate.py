@@ -137,10 +137,16 @@ def predict_images(
     from tunelab.models.vision import pixels_for
 
     out = []
+    models = as_models(model)
     for start in range(0, len(rows), batch_size):
         chunk = [pre.encode(r) for r in rows[start : start + batch_size]]
-        pixels = pixels_for(model, torch.stack([e["pixel_values"] for e in chunk]))  # [b,3,H,W]
-        probs = torch.softmax(model(pixel_values=pixels).logits.float(), dim=-1).cpu()
+        stacked = torch.stack([e["pixel_values"] for e in chunk])  # [b, 3, H, W]
+
+        def forward(m: Any, stacked: Any = stacked) -> Any:
+            logits = m(pixel_values=pixels_for(m, stacked)).logits
+            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+
+        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
         for p in probs.tolist():
             best = max(range(len(p)), key=lambda j: p[j])
             out.append(
