@@ -426,6 +426,16 @@ class EvaluationConfig(Section):
         None, description="Evaluate the first N examples of the split."
     )
     bootstrap_samples: int = 1000
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads for inference; unset: the cores free when it starts (the "
+        "process's cores less the 1-minute load). Not part of the locked procedure.",
+    )
+
+
+# evaluation settings of speed alone: outside the locked evaluation spec
+EVALUATION_SPEED_FIELDS = {"num_threads"}
 
 
 class BudgetConfig(Section):
@@ -486,7 +496,7 @@ class StudyConfig(Section):
         """What an evaluation depends on; locked with the hypothesis so every variant uses it."""
         return {
             "task": self.task.model_dump(mode="json"),
-            "evaluation": self.evaluation.model_dump(mode="json"),
+            "evaluation": self.evaluation.model_dump(mode="json", exclude=EVALUATION_SPEED_FIELDS),
             "preprocess": self.preprocess.model_dump(mode="json"),
         }
 
