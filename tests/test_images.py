@@ -326,3 +326,60 @@ def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, 
     assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
+
+
+@pytest.mark.slow
+def test_image_demo_runs_every_stage_to_the_dossier(tmp_path):
+    """The image demo's study (real digits, a ViT from a config): every stage runs as its own
+    command, the trained ViT beats its untrained head, and the dossier is written."""
+    from tunelab.demo.run import VARIANT_CHANGE, demo_stages, run_stages
+    from tunelab.demo.studies import image_study
+
+    root = tmp_path / "demo"
+    root.mkdir()
+    study = image_study(root)
+    (root / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    lines: list[str] = []
+    result = run_stages(root, demo_stages(*VARIANT_CHANGE["image"]), lines.append)
+    assert (root / "report" / "dossier.html").is_file()
+    assert any((root / "records" / "sizing").iterdir()) and any(
+        (root / "records" / "plans").iterdir()
+    )
+    titles = [t for t, _ in result["timings_s"]]
+    assert "size a full training step" in titles and "dossier" in titles
+    baseline = json.loads(
+        next((root / "records" / "runs").glob("baseline-*/metrics-validation.json")).read_text()
+    )
+    evals = [
+        json.loads(p.read_text())
+        for p in (root / "records" / "runs").glob("eval-*/metrics-validation.json")
+    ]
+    best = max(e["metrics"]["macro_f1"] for e in evals)
+    assert best > baseline["metrics"]["macro_f1"] + 0.2
+
+
+def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
+    """transformers renames some models' tensors on save (ViT's q_proj -> attention.query);
+    a full checkpoint keeps the names the model has, so it loads back tensor for tensor."""
+    import torch
+
+    from tunelab.config import validate_config
+    from tunelab.models import adapt, load_model, load_trainable, resolve_model, save_trainable
+
+    raw = yaml.safe_load(
+        (
+            write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
+            / "study.yaml"
+        ).read_text()
+    )
+    raw["adaptation"] = {"method": "full"}
+    cfg = validate_config(raw)
+    base = resolve_model(cfg.model)
+    model, _ = adapt(load_model(base, cfg, list(COLOURS)), cfg.adaptation, "image")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    save_trainable(model, tmp_path / "ckpt")
+    fresh = load_trainable(load_model(base, cfg, list(COLOURS)), tmp_path / "ckpt")
+    pixels = torch.randn(2, 3, 16, 16)
+    assert torch.equal(model(pixel_values=pixels).logits, fresh(pixel_values=pixels).logits)
