@@ -360,10 +360,12 @@ def _smoke_body(
     record: dict[str, Any],
     progress: bool,
 ) -> None:
+    from tunelab.env import device_kind
     from tunelab.evaluate import evaluate_model, record_evaluation
     from tunelab.train import load_run_model
     from tunelab.train import run as train_run_mod
     from tunelab.train.checkpoint import final_checkpoint
+    from tunelab.train.compute import resolve_precision
     from tunelab.verify import (
         LOGIT_ATOL,
         SCORE_ATOL,
@@ -480,7 +482,7 @@ def _smoke_body(
     timings["fresh_eval_s"] = fresh["eval_s"]
     timings["fresh_process_s"] = fresh["process_s"]
     timings["fresh_checks_s"] = fresh.get("checks_s")
-    precision = t.precision
+    precision = resolve_precision(t.precision, device_kind())
     cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
     record["reload_predictions"] = cmp
     checks.append(

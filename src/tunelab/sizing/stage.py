@@ -193,6 +193,7 @@ def run_sizing(
 
     from tunelab.env import capture_env, device_kind
     from tunelab.hypothesis import require_hypothesis
+    from tunelab.train.compute import resolve_precision
 
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)
@@ -212,7 +213,7 @@ def run_sizing(
         lengths=sizes,
         micro_batch=t.micro_batch_size,
         effective_batch=effective,
-        precision=t.precision,
+        precision=resolve_precision(t.precision, device),
         checkpointing=t.activation_checkpointing,
         packing=t.packing,
         micro_batches=micro_batches,

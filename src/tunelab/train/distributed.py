@@ -43,6 +43,7 @@ from tunelab.ledger import utc_now
 from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
 from tunelab.study import Run, Study
 from tunelab.train import checkpoint as ckpt
+from tunelab.train.compute import resolve_precision
 from tunelab.train.strategy import SingleProcess, Strategy
 
 STRATEGIES = ("ddp", "fsdp")
@@ -132,7 +133,7 @@ class Distributed:
         self.rank, self.world_size, self.local_rank, self.device, self.backend = (
             init_process_group()
         )
-        self.precision = precision
+        self.precision = resolve_precision(precision, self.device)
 
     @property
     def is_main(self) -> bool:

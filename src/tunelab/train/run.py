@@ -47,7 +47,7 @@ from tunelab.records import (
 )
 from tunelab.study import Run, Study
 from tunelab.train import checkpoint as ckpt
-from tunelab.train import distributed
+from tunelab.train import compute, distributed
 from tunelab.train.batches import DataOrder, Position, StepSource, eval_batches
 from tunelab.train.loop import (
     InvalidRun,
@@ -433,11 +433,16 @@ def _train(
     model, audit = _build_model(prep, device)
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
+    compiled = compute.prepare_model(model, t, device)
     method = cfg.adaptation.method
     arch = prep.base.architecture
     packing = t.packing and arch == "causal_lm"
     pad_id = prep.tokenizer.pad_token_id if prep.tokenizer.pad_token_id is not None else 0
     model = strategy.wrap_model(model)
+    probe = torch.tensor([prep.train[0]["input_ids"]])
+    how = compute.describe_compute(model, t, device, probe, arch, compiled)
+    if strategy.is_main:
+        _write_once(run.path("compute.json"), how)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, t)
     steps = total_steps(cfg, len(prep.train), strategy.world_size)
