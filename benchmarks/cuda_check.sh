@@ -5,7 +5,9 @@
 #      fingerprints, the sizing's peak within 10 % of max_memory_allocated
 #   3. sizing against measured bf16 steps on SmolLM2-135M's and Llama-3.2-1B's shapes (random
 #      weights, no download): predicted peak vs max_memory_allocated, step time, tokens/s
-#   4. the classification demo end to end on the GPU, then `tunelab plan --review`
+#   4. the GPU plan's projected step against those fresh steps (benchmarks/gpu_projection.py)
+#   5. the classification demo end to end on the GPU, then `tunelab plan --review`, and a plan
+#      projected onto this GPU from the catalog reviewed against the demo's GPU runs
 #
 #   bash benchmarks/cuda_check.sh OUTDIR [DEMO_DIR]
 # Every step writes under OUTDIR; a failed step is reported and the next one still runs.
@@ -32,7 +34,15 @@ step gpu-tests 100 $py -m pytest -q -p no:cacheprovider -m gpu \
 step sizing-bf16 190 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
     --models smollm2-shape,llama1b-shape --lengths 2048 --micro-batch 8 --threads 8 \
     --json-out "$out/sizing-bf16.json"
+# the catalog id of this GPU (H200 when the name is not in the catalog)
+gpu_id=$($py -c "import torch; from tunelab.plan.catalog import gpu_of_device as g; \
+d = g(torch.cuda.get_device_name(0)); print(d.id if d else 'H200')" 2>/dev/null || echo H200)
+step gpu-projection 60 $py benchmarks/gpu_projection.py --rows "$out/sizing-bf16.json" \
+    --gpu "$gpu_id" --micro-batch 8
 rm -rf "$demo"
 step demo 190 $py -m tunelab demo --dir "$demo"
 step plan-review 40 $py -m tunelab plan --review --study "$demo" --json
+step plan-gpu 40 $py -m tunelab plan --study "$demo" --gpu "$gpu_id" --json
+step plan-gpu-review 40 $py -m tunelab plan --review --study "$demo" --json
+step compare-gpus 40 $py -m tunelab plan --study "$demo" --compare-gpus
 cp "$demo/report/dossier.md" "$out/" 2>/dev/null || true

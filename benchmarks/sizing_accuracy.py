@@ -78,7 +78,7 @@ def save_shape(name: str, folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tunelab.tiny import build_tiny_causal_tokenizer
+    from tunelab.models.tiny import build_tiny_causal_tokenizer
 
     torch.manual_seed(0)
     tok = build_tiny_causal_tokenizer()
@@ -94,16 +94,16 @@ def save_shape(name: str, folder: Path) -> None:
 
 def model_section(name: str, workdir: Path) -> dict:
     if name == "tiny":
-        from tunelab.tiny import save_tiny_llama
+        from tunelab.models.tiny import save_tiny_llama
 
         folder = workdir / "tiny-llama-h256"
         if not folder.exists():
-            # the tunelab.tiny Llama, wider (hidden 256, 4 layers) so that a step's tensors
+            # the tunelab.models.tiny Llama, wider (hidden 256, 4 layers) so that a step's tensors
             # outweigh the runtime's own few MB
             save_tiny_llama(folder, hidden=256, layers=4, heads=4)
         return {"path": str(folder), "architecture": "causal_lm"}
     if name == "minilm":
-        from tunelab.assets import minilm_path
+        from tunelab.demo.assets import minilm_path
 
         return {"path": str(minilm_path()), "architecture": "encoder"}
     if name in SHAPES:
@@ -112,7 +112,7 @@ def model_section(name: str, workdir: Path) -> dict:
             save_shape(name, folder)
         return {"path": str(folder), "architecture": "causal_lm"}
     if name == "smollm2":
-        from tunelab.assets import smollm2_gguf
+        from tunelab.demo.assets import smollm2_gguf
 
         folder, gguf = smollm2_gguf()
         return {"path": str(folder), "gguf_file": gguf, "architecture": "causal_lm"}

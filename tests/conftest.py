@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A 2-layer Llama (hidden 32) with a ChatML byte-level BPE tokenizer."""
-    from tunelab.tiny import save_tiny_llama
+    from tunelab.models.tiny import save_tiny_llama
 
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
@@ -45,28 +45,28 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A 2-layer BERT (hidden 32) with a WordPiece tokenizer."""
-    from tunelab.tiny import save_tiny_bert
+    from tunelab.models.tiny import save_tiny_bert
 
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from tunelab.assets import minilm_path
+    from tunelab.demo.assets import minilm_path
 
     return minilm_path()
 
 
 @pytest.fixture(scope="session")
 def bbc_dir() -> Path:
-    from tunelab.assets import bbc_path
+    from tunelab.demo.assets import bbc_path
 
     return bbc_path()
 
 
 @pytest.fixture(scope="session")
 def spam_dir() -> Path:
-    from tunelab.assets import spamassassin_path
+    from tunelab.demo.assets import spamassassin_path
 
     return spamassassin_path()
 
@@ -83,7 +83,7 @@ def smollm2_dir() -> Path:
 
     The first use converts (20-50 s, 2 GB RAM); later ones find the cached folder. Slow tests only.
     """
-    from tunelab.assets import smollm2_gguf
+    from tunelab.demo.assets import smollm2_gguf
     from tunelab.models import convert_gguf
 
     return convert_gguf(*smollm2_gguf())

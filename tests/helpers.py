@@ -81,7 +81,7 @@ def write_extraction_study(
     rows as mail.jsonl, LoRA on q_proj and v_proj, sequences of 128 tokens."""
     import yaml
 
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -189,7 +189,7 @@ def write_topic_study(
     update the config's sections last."""
     import yaml
 
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -304,8 +304,8 @@ def _study(tmp_path):
 
     from helpers import FILLED_HYPOTHESIS
     from tunelab import hypothesis as hyp
-    from tunelab.scaffold import render_study_yaml
     from tunelab.study import Study
+    from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "cmp"))
     raw["hypothesis"] = dict(FILLED_HYPOTHESIS)

@@ -79,6 +79,32 @@ def all_rows(study: Study, snap_id: str | None = None) -> dict[str, list[dict]]:
     return {"train": snap.rows("train"), "validation": snap.rows("validation"), "test": test}
 
 
+# ---------------------------------------------------------------- checks
+
+
+def test_snapshot_runs_every_source_check_in_order(tmp_path, monkeypatch):
+    from tunelab.data import checks
+
+    seen = []
+
+    def note_rows(read):
+        seen.append(len(read.rows))
+        return [f"{len(read.rows)} rows read"]
+
+    def refuse_sales(read):
+        bad = next((r for r in read.rows if r.label == "sales"), None)
+        if bad is not None:
+            raise DataError(f"{bad.where}: sales refused", hint="drop it")
+        return []
+
+    monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, note_rows])
+    s = jsonl_study(tmp_path, make_rows(30), dedup={"near": False})
+    assert build_snapshot(s, progress=False)["notes"][-1] == "30 rows read" and seen == [30]
+    monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, refuse_sales])
+    with pytest.raises(DataError, match=r"rows.jsonl line 3: sales refused"):
+        build_snapshot(s, progress=False)
+
+
 # ---------------------------------------------------------------- readers
 
 

@@ -12,8 +12,8 @@ from helpers import FILLED_HYPOTHESIS, register_study, run_cli
 from tunelab import hypothesis as hyp
 from tunelab import metrics as M
 from tunelab.data import load_snapshot
-from tunelab.scaffold import render_study_yaml
 from tunelab.study import Study
+from tunelab.study_template import render_study_yaml
 
 TEXTS = [
     "Markets rallied as the central bank held interest rates steady.",
@@ -256,7 +256,7 @@ def test_generation_steps_are_the_new_tokens_generate_returns(tmp_path, tiny_lla
 
 
 def test_generation_timing_prices_the_longest_answer_of_each_batch():
-    from tunelab.evaluate import generation_timing
+    from tunelab.plan.probes import generation_timing
 
     batches = [
         {"rows": [0, 1], "prompt_tokens": 9, "steps": 64, "prefill_s": 2.0, "decode_s": 6.3},
@@ -556,7 +556,7 @@ def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
 
 @pytest.mark.slow
 def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
-    from tunelab.assets import smollm2_gguf
+    from tunelab.demo.assets import smollm2_gguf
     from tunelab.records import read_json, read_jsonl
 
     folder, gguf = smollm2_gguf()

@@ -220,7 +220,7 @@ def test_truncation_is_read_from_the_run_and_equals_encoding_again(tmp_path, tin
 
     from helpers import register_study, write_topic_study
     from tunelab.data import load_snapshot
-    from tunelab.export import _truncation
+    from tunelab.export.write import _truncation
     from tunelab.models import resolve_model
     from tunelab.train import train_run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,6 +31,18 @@ def test_init_refuses_existing(tmp_path, capsys):
     run_cli(capsys, "init", tmp_path / "s")
     code, _, err = run_cli(capsys, "init", tmp_path / "s")
     assert code == 2 and "already exists" in err
+
+
+def test_config_paths_resolve_assets_home_and_study(tmp_path, bbc_dir):
+    from tunelab.errors import ModelError
+    from tunelab.study import resolve_path
+
+    assert resolve_path("asset:bbc/tech") == bbc_dir / "tech"
+    assert resolve_path("data/x.jsonl", tmp_path) == tmp_path / "data" / "x.jsonl"
+    assert resolve_path("/abs/x", tmp_path) == Path("/abs/x")
+    assert resolve_path("~/x") == Path.home() / "x"
+    with pytest.raises(ModelError, match="unknown asset 'nope'"):
+        resolve_path("asset:nope/x")
 
 
 def test_validate_reports_every_problem_at_once(tmp_path, capsys):
@@ -66,7 +79,7 @@ def test_set_overrides_and_bad_set(tmp_path, capsys):
 
 def test_contradictions_rejected():
     base = yaml.safe_load(
-        __import__("tunelab.scaffold", fromlist=["x"]).render_study_yaml("format", "x")
+        __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml("format", "x")
     )
     base["task"]["regex"] = "^.*$"  # both json_schema and regex
     with pytest.raises(ConfigError, match="exactly one of"):

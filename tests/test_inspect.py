@@ -8,9 +8,9 @@ import yaml
 from transformers import AutoTokenizer
 
 from tunelab.config import validate_config
-from tunelab.inspect import categorize, inspect_rows, render_html, select_examples
+from tunelab.inspection import categorize, inspect_rows, render_html, select_examples
 from tunelab.preprocess import IGNORE_INDEX, Preprocessor, length_stats
-from tunelab.scaffold import render_study_yaml
+from tunelab.study_template import render_study_yaml
 from tunelab.tasks import get_task
 
 LABELS = ["business", "sport", "tech"]

@@ -13,7 +13,6 @@ from tunelab.config import AdaptationConfig, ModelConfig, validate_config
 from tunelab.errors import CheckpointError, ModelError
 from tunelab.models import (
     adapt,
-    audit_table,
     capture_params,
     check_update,
     compare_fresh_reload,
@@ -424,6 +423,8 @@ def test_freeze_trains_only_named(tiny_bert_dir):
 def test_audit_table_renders(tiny_bert_dir):
     from rich.console import Console
 
+    from tunelab.cli.smoke import audit_table
+
     _, _, _, audit = loaded(tiny_bert_dir, method="lora", target_modules=["query"])
     console = Console(width=120, record=True)
     console.print(audit_table(audit))
@@ -664,7 +665,7 @@ def test_minilm_lora_query_value_step(minilm_dir):
 
 @pytest.mark.slow
 def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
-    from tunelab.assets import smollm2_gguf
+    from tunelab.demo.assets import smollm2_gguf
     from tunelab.models import convert_gguf
 
     folder, name = smollm2_gguf()

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from helpers import FILLED_HYPOTHESIS, run_cli
-from tunelab.plan import Figure, build_plan, expected_max, training_steps
+from tunelab.config import StudyConfig, validate_config
+from tunelab.plan.estimate import build_plan
+from tunelab.plan.figures import Figure, Figures, Lengths, SplitCounts, expected_max
 from tunelab.records import write_json_atomic
 from tunelab.study import Study
 
@@ -26,25 +28,53 @@ TRAINING = {
 BUDGET = {"gpu_hour_price": 2.0, "gpu": "1x H100", "hours_per_day": 24.0, "num_variants": 4}
 
 
-def figures(step_s: float = 2.0, device: str = "cpu") -> dict:
-    return {
-        "device": device,
-        "step_s": Figure(step_s, "sizing"),
-        "forward_s": Figure(0.5, "sizing"),
-        "load_s": Figure(3.0, "sizing"),
-        "encode_s": Figure(4.0, "sizing"),
-        "sizing_s": Figure(60.0, "sizing"),
-        "eval_s_per_example": Figure(0.2, "smoke"),
-        "checkpoint_save_s": Figure(1.5, "smoke"),
-        "reload_s": Figure(2.0, "smoke"),
-        "smoke_s": Figure(30.0, "ledger"),
-        "baseline_s": Figure(25.0, "ledger"),
-        "counts": {"train": 800, "validation": 100, "test": 50},
-    }
+def config(training: dict | None = None, budget: dict | None = None) -> StudyConfig:
+    """A valid study config with the training and budget sections of these tests."""
+    from tunelab.study_template import render_study_yaml
+
+    raw = yaml.safe_load(render_study_yaml("extraction", "plan-unit"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["training"].update(TRAINING if training is None else training)
+    raw["budget"].update(BUDGET if budget is None else budget)
+    return validate_config(raw)
+
+
+CFG = config()
+
+
+def plan_dict(f: Figures, cfg: StudyConfig = CFG, **kw) -> dict:
+    """The plan as its record holds it."""
+    return build_plan(f, cfg, **kw).to_dict()
+
+
+def figures(step_s: float = 2.0, device: str = "cpu", **changes) -> Figures:
+    """Figures as gather_figures returns them, with no baseline beside the variants."""
+    f = Figures(
+        device=device,
+        sizing_id="size-x",
+        step_s=Figure(step_s, "sizing"),
+        forward_s=Figure(0.5, "sizing"),
+        load_s=Figure(3.0, "sizing"),
+        encode_s=Figure(4.0, "sizing"),
+        sizing_s=Figure(60.0, "sizing"),
+        tokens_per_s=Figure(None, "sizing"),
+        counts=SplitCounts(train=800, validation=100, test=50),
+        lengths=Lengths(),
+        eval_s_per_example=Figure(0.2, "smoke"),
+        checkpoint_save_s=Figure(1.5, "smoke"),
+        reload_s=Figure(2.0, "smoke"),
+        smoke_s=Figure(30.0, "ledger"),
+        process_start_s=Figure(None, "no smoke record"),
+        baseline_s=Figure(25.0, "ledger"),
+        base_hash_s=Figure(None, "not measured"),
+    )
+    for key, value in changes.items():
+        setattr(f, key, value)
+    return f
 
 
 def test_phase_arithmetic():
-    plan = build_plan(figures(), training=TRAINING, budget=BUDGET, days=3)
+    plan = plan_dict(figures(), days=3)
     v = plan["variant"]
     assert v["steps"] == 100 and v["steps_s"] == pytest.approx(200.0)
     # validation losses at step 0, 40, 80 and the last; saves at 50 and 100
@@ -75,32 +105,31 @@ def test_phase_arithmetic():
 
 
 def test_evaluation_and_export_estimates():
-    base = build_plan(figures(), training=TRAINING, budget=BUDGET, days=3)
+    base = plan_dict(figures(), days=3)
     # an evaluation run is the baseline's run again; an export copies and hashes the weights
     # and writes its records
     assert base["evaluation_run_s"] == pytest.approx(25.0)
     assert base["export_s"] == pytest.approx(1.5 + 0.05)
-    f = {
-        **figures(),
-        "adapted_extra_s_per_example": Figure(0.05, "LoRA's share of the parameters"),
-        "baseline_load_s": Figure(6.0, "the baseline's load"),
-        "eval_load_s": Figure(4.5, "the smoke's fresh-process load of its checkpoint"),
-        "process_start_s": Figure(2.5, "smoke's fresh process less its load and evaluation"),
-        "base_hash_s": Figure(0.5, "hash rate"),
-        "method": "freeze",
-    }
-    plan = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
+    changes = dict(
+        adapted_extra_s_per_example=Figure(0.05, "LoRA's share of the parameters"),
+        baseline_load_s=Figure(6.0, "the baseline's load"),
+        eval_load_s=Figure(4.5, "the smoke's fresh-process load of its checkpoint"),
+        process_start_s=Figure(2.5, "smoke's fresh process less its load and evaluation"),
+        base_hash_s=Figure(0.5, "hash rate"),
+    )
+    f = figures(**changes, method="freeze")
+    plan = plan_dict(f, days=3)
     # the baseline's run with a variant's load in place of its own, and the adapted model's
     # extra seconds per example over the 100 validation examples
     assert plan["evaluation_run_s"] == pytest.approx(25.0 - 6.0 + 4.5 + 100 * 0.05)
     # a faster GPU speeds up the evaluation, not the load (files and imports)
-    fast = build_plan(f, training=TRAINING, budget=BUDGET, days=3, speedup=2.0)
+    fast = plan_dict(f, days=3, speedup=2.0)
     assert fast["evaluation_run_s"] == pytest.approx((25.0 - 6.0) / 2 + 4.5 + 100 * 0.05 / 2)
     # verify: the same evaluation in a new process, started as fast as the smoke's
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 2.5)
     # the base hashed once; a freeze run loads the run's model to save it whole
     assert plan["export_s"] == pytest.approx(base["export_s"] + 0.5 + 3.0)
-    full = build_plan({**f, "method": "full"}, training=TRAINING, budget=BUDGET, days=3)
+    full = plan_dict(figures(**changes, method="full"), days=3)
     assert full["export_s"] == pytest.approx(base["export_s"] + 0.5)  # the checkpoint copied
 
 
@@ -110,37 +139,35 @@ def test_a_baseline_measured_on_shared_cores_is_flagged():
     # one of two cores busy with another process: the share falls to about 0.6
     assert cpu_share(5.9, 5.0, 2, "cpu") == pytest.approx(0.59)
     assert cpu_share(0.4, 5.0, 2, "cuda:0") is None  # the host thread waits on the device
-    busy = build_plan(
-        {**figures(), "baseline_cpu_share": 0.59}, training=TRAINING, budget=BUDGET, days=3
-    )
+    busy = plan_dict(figures(baseline_cpu_share=0.59), days=3)
     assert any("baseline's evaluation had 59 % of its threads' CPU" in w for w in busy["warnings"])
-    steps = build_plan(
-        {**figures(), "step_cpu_share": 0.6}, training=TRAINING, budget=BUDGET, days=3
-    )
+    steps = plan_dict(figures(step_cpu_share=0.6), days=3)
     assert any("timed steps had 60 %" in w and "tunelab size" in w for w in steps["warnings"])
     for share in (0.95, None):
-        quiet = build_plan(
-            {**figures(), "baseline_cpu_share": share}, training=TRAINING, budget=BUDGET, days=3
-        )
+        quiet = plan_dict(figures(baseline_cpu_share=share), days=3)
         assert not any("threads' CPU time" in w for w in quiet["warnings"])
     assert 0.59 < BUSY_CPU_SHARE < 0.95
 
 
 def test_too_slow_warns_and_speedup_projects():
-    slow = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3)
+    slow = plan_dict(figures(step_s=900.0), days=3)
     assert not slow["fits"] and slow["variants_that_fit"] < 4
     assert any("do not fit" in w for w in slow["warnings"])
-    fast = build_plan(figures(step_s=900.0), training=TRAINING, budget=BUDGET, days=3, speedup=30)
+    fast = plan_dict(figures(step_s=900.0), days=3, speedup=30)
     assert fast["step_time_s"] == pytest.approx(30.0) and fast["fits"]
     assert not any("measured on CPU" in w for w in fast["warnings"])
-    fixed = build_plan(figures(), training=TRAINING, budget=BUDGET, days=7, step_time_s=0.1)
+    fixed = plan_dict(figures(), days=7, step_time_s=0.1)
     assert fixed["variant"]["steps_s"] == pytest.approx(10.0)
     assert fixed["window_s"] == 7 * 24 * 3600
 
 
-def test_steps_and_padded_lengths():
-    assert training_steps(None, 2.0, 800, 16) == 100
-    assert training_steps(30, 2.0, 800, 16) == 30
+def test_steps_are_trainings_own_count_and_padded_lengths():
+    from tunelab.train.run import total_steps
+
+    epochs = config({**TRAINING, "max_steps": None, "num_epochs": 2.0})
+    assert total_steps(epochs, 800) == 100
+    assert build_plan(figures(), epochs, days=3).variant.steps == 100
+    assert build_plan(figures(), CFG, days=3).variant.steps == 100  # max_steps 100
     flat = [128] * 101
     assert expected_max(flat, 16) == pytest.approx(128)
     ramp = list(range(0, 101))
@@ -153,7 +180,7 @@ def test_steps_and_padded_lengths():
 
 def _study(root: Path, model_dir: Path) -> Study:
     from tunelab import hypothesis as hyp
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
@@ -372,7 +399,7 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
         study.runs_dir / smoke / "smoke.json", {**parts, "fresh_process_s": 7.0, "total_s": 30.0}
     )
     figures = gather_figures(study)
-    assert figures["process_start_s"].value == pytest.approx(3.0)
+    assert figures.process_start_s.value == pytest.approx(3.0)
     plan, _, _ = make_plan(study, days=3)
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)
 
@@ -382,7 +409,7 @@ def test_a_variants_evaluation_cost():
     reads the files first), faster or slower than the baseline; per example, LoRA adds what the
     smoke measured with its adapter off and on (else its share of the parameters), and full
     fine-tuning nothing: the smoke's one small batch is not a per-example figure."""
-    from tunelab.plan import _adapted_costs
+    from tunelab.plan.figures import adapted_costs as _adapted_costs
 
     baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
@@ -413,9 +440,9 @@ def test_an_evaluation_reads_at_most_max_examples():
     """`evaluation.max_examples` caps every evaluation (the variants', the final test), not the
     training run's validation passes (the extraction demo evaluates 20 of its 33 validation
     emails)."""
-    f = {**figures(), "adapted_extra_s_per_example": Figure(0.05, "measured")}
-    capped = build_plan({**f, "eval_max_examples": 20}, training=TRAINING, budget=BUDGET, days=3)
-    whole = build_plan(f, training=TRAINING, budget=BUDGET, days=3)
+    extra = Figure(0.05, "measured")
+    capped = plan_dict(figures(adapted_extra_s_per_example=extra, eval_max_examples=20), days=3)
+    whole = plan_dict(figures(adapted_extra_s_per_example=extra), days=3)
     assert whole["evaluation_run_s"] == pytest.approx(25.0 + 100 * 0.05)
     assert capped["evaluation_run_s"] == pytest.approx(25.0 + 20 * 0.05)
     per_example = 0.2 + 0.05
@@ -430,7 +457,8 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     """The base model rambles to max_new_tokens; a variant stops after the answer it learned.
     The baseline's batches are priced again at the gold answers' longest per batch, at their
     own prefill and step times, then the adapter's ratio applies to that."""
-    from tunelab.plan import _adapted_costs, _answer_length_cost
+    from tunelab.plan.figures import adapted_costs as _adapted_costs
+    from tunelab.plan.figures import answer_length_cost as _answer_length_cost
 
     gen = {
         "steps": 75,
@@ -455,27 +483,28 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     # the adapter's matmuls on what the variant generates, not on what the base generated
     assert costs["adapted_extra_s_per_example"].value == pytest.approx(answered / 3 * 0.25)
     assert costs["variant_s_per_step"].value == pytest.approx(0.1 * 1.25)
-    plan = build_plan(
-        {**figures(), "counts": {"train": 800, "validation": 3, "test": 3}, **costs},
-        training=TRAINING,
-        budget=BUDGET,
+    plan = plan_dict(
+        figures(counts=SplitCounts(train=800, validation=3, test=3), **costs),
         days=3,
     )
     assert plan["evaluation_run_s"] == pytest.approx(25.0 - 5.0 + 5.1 + answered * 1.25 - 10.3)
+
+
+PLAN_RECORD = {"id": "plan-x", "figures": {}, **build_plan(figures(), CFG, days=3).to_dict()}
 
 
 def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     """At the runs' own speed, a generating evaluation is scaled by its seconds per decoding
     step against the plan's (its number of steps is the plan's to get right); any other by its
     seconds per example."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
-    from tunelab.plan import _eval_speed_factor
+    from tunelab.plan.review import PlannedUnits, eval_speed_factor
 
-    figures_ = {
-        "eval_s_per_example": {"value": 0.5},
-        "variant_s_per_step": {"value": 0.125},
-    }
+    planned = replace(
+        PlannedUnits.from_record(PLAN_RECORD), eval_s_per_example=0.5, variant_s_per_step=0.125
+    )
     gen = tmp_path / "eval-gen"
     write_json_atomic(
         gen / "metrics-validation.json",
@@ -484,6 +513,6 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     cls = tmp_path / "eval-cls"
     write_json_atomic(cls / "metrics-validation.json", {"seconds": 12.0, "n": 20})
     study = SimpleNamespace(runs_dir=tmp_path)
-    assert _eval_speed_factor(study, "eval-gen", figures_) == pytest.approx(0.15 / 0.125)
-    assert _eval_speed_factor(study, "eval-cls", figures_) == pytest.approx(12.0 / 20 / 0.5)
-    assert _eval_speed_factor(study, "eval-none", figures_) == 1.0
+    assert eval_speed_factor(study, "eval-gen", planned) == pytest.approx(0.15 / 0.125)
+    assert eval_speed_factor(study, "eval-cls", planned) == pytest.approx(12.0 / 20 / 0.5)
+    assert eval_speed_factor(study, "eval-none", planned) == 1.0

@@ -19,7 +19,7 @@ from tunelab.preprocess import (
     check_template_match,
     length_stats,
 )
-from tunelab.scaffold import render_study_yaml
+from tunelab.study_template import render_study_yaml
 from tunelab.tasks import get_task
 
 LABELS = ["business", "sport", "tech"]
@@ -393,7 +393,7 @@ def test_encoder_classification_minilm(minilm_dir):
 
 @pytest.fixture(scope="session")
 def smollm2_tok():
-    from tunelab.assets import smollm2_gguf
+    from tunelab.demo.assets import smollm2_gguf
 
     folder, name = smollm2_gguf()
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)

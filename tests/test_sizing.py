@@ -428,8 +428,8 @@ def test_size_cli_records_and_refuses_without_lengths(tmp_path, tiny_llama_dir, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
+    from tunelab.models.tiny import save_tiny_llama
     from tunelab.sizing.memory import ModelFacts
-    from tunelab.tiny import save_tiny_llama
 
     model_dir = save_tiny_llama(tmp_path / "llama", hidden=512, layers=4, heads=8)
     cfg = _config(model_dir)

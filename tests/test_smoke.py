@@ -12,7 +12,8 @@ import yaml
 
 from helpers import run_cli
 from test_verify import write_study
-from tunelab.smoke import RATIO_DECODE_STEPS, SnapshotSample, smoke_overrides
+from tunelab.plan.probes import RATIO_DECODE_STEPS
+from tunelab.smoke import SnapshotSample, smoke_overrides
 
 TIMING_KEYS = ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s")
 
@@ -63,7 +64,7 @@ def assert_passed(record: dict, root: Path) -> None:
 
 def test_overrides_and_sample():
     from tunelab.config import validate_config
-    from tunelab.scaffold import render_study_yaml
+    from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "x"))
     raw["training"]["grad_accum_steps"] = 2
@@ -131,6 +132,7 @@ def test_smoke_times_a_generating_adapter_per_decoding_step(tmp_path, tiny_llama
     code, out, err = run_cli(capsys, "smoke", "-s", root, "--eval-examples", "3")
     assert code == 0, (out, err)
     assert "unmerged adapter" in out and "per decoding step" in out
+    assert "Parameters (lora)" in out and "lora_A" in out  # the audit, rendered by the CLI
     path = next((root / "records" / "runs").glob("smoke-*/smoke.json"))
     record = json.loads(path.read_text())
     how = record["adapter_timing"]

@@ -9,7 +9,7 @@ import yaml
 
 from tunelab.config import validate_config
 from tunelab.errors import ConfigError, DataError
-from tunelab.scaffold import render_study_yaml
+from tunelab.study_template import render_study_yaml
 from tunelab.tasks import ClassificationTask, ExtractionTask, FormatTask, get_task
 
 

@@ -31,6 +31,7 @@ from tunelab import metrics as M
 from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 EVAL_KIND = "eval"
@@ -197,30 +198,6 @@ def score_candidates(
     return scores
 
 
-class _StepClock:
-    """A generation streamer that only keeps time: `generate` hands it the prompt, then each
-    step's new tokens, once they are on the host (so a GPU step has finished)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def put(self, value: Any) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        self.times.append(time.perf_counter())
-
-    def split(self) -> dict[str, Any]:
-        # times: [prompt, token 1, ..., token k, end]; the prefill forward yields token 1
-        t = self.times
-        steps = max(0, len(t) - 2)
-        return {
-            "steps": steps,
-            "prefill_s": round(t[1] - t[0], 4) if steps else 0.0,
-            "decode_s": round(t[-2] - t[1], 4) if steps else 0.0,
-        }
-
-
 def generate_outputs(
     model: Any,
     tokenizer: Any,
@@ -255,7 +232,7 @@ def generate_outputs(
     device = _device(model)
     for batch in _batches(order, batch_size):
         ids, mask = pad_sequences([prompts[i] for i in batch], pad_id, left=True)
-        clock = _StepClock()
+        clock = StepClock()
         with torch.inference_mode():
             out = model.generate(
                 input_ids=ids.to(device),
@@ -445,42 +422,6 @@ def predict_rows(
         answers = [pre.target_len(r) for r in rows]
         timing.update(generation_timing(batches, answers, ev.max_new_tokens))
     return [judge_output(task, r, text) for r, text in zip(rows, raw, strict=True)]
-
-
-def generation_timing(
-    batches: list[dict[str, Any]], answer_tokens: Sequence[int], max_new_tokens: int
-) -> dict[str, Any]:
-    """An evaluation's generation, batch by batch, beside what a model emitting the gold answers
-    would generate.
-
-    A batch decodes until its longest output ends, so its cost follows its longest answer. The
-    base model often rambles to `max_new_tokens`, while a trained variant stops after the answer
-    it learned: `answer_steps`, the gold answers' longest (tokens and EOS) per batch, is what the
-    planner prices a variant's evaluation from (`tunelab.plan`). On the extraction demo SmolLM2
-    generated 288 tokens in 3 batches of up to 96, the answers' length was 219, and the two
-    trained variants generated 214 and 203."""
-    out = []
-    for b in batches:
-        answer = min(max_new_tokens, max(answer_tokens[i] for i in b["rows"]))
-        out.append(
-            {
-                **{k: v for k, v in b.items() if k != "rows"},
-                "n": len(b["rows"]),
-                "answer_steps": answer,
-            }
-        )
-    steps = sum(b["steps"] for b in out)
-    decode_steps = sum(max(0, b["steps"] - 1) for b in out)
-    decode_s = sum(b["decode_s"] for b in out)
-    return {
-        "batches": out,
-        "steps": steps,
-        "answer_steps": sum(b["answer_steps"] for b in out),
-        "answers_over_budget": sum(1 for a in answer_tokens if a > max_new_tokens),
-        "prefill_s": round(sum(b["prefill_s"] for b in out), 4),
-        "decode_s": round(decode_s, 4),
-        "s_per_step": round(decode_s / decode_steps, 5) if decode_steps else None,
-    }
 
 
 def _score_labels(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.errors import RunError, TunelabError
+from tunelab.plan.probes import AdapterPass, adapter_time_ratio
 from tunelab.records import read_json, read_jsonl, write_json_atomic
 
 SMOKE_KIND = "smoke"
@@ -228,125 +229,36 @@ def run_smoke(
     return run, record
 
 
-def adapter_time_ratio(
+def _adapter_pass(
     model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict[str, Any]], labels: Any
-) -> tuple[float | None, dict[str, Any] | None]:
-    """How many times as long the evaluation takes with the unmerged adapter as without it: the
-    smoke's examples evaluated with peft's adapter disabled, then enabled, in interleaved pairs
-    (the model is warm from the smoke's own evaluation). Returns (ratio, how it was timed);
-    (None, None) for a model without an adapter (full, freeze).
+) -> AdapterPass:
+    """The smoke's examples as the planner's adapter probe times them: one batch of the
+    evaluation's prompts generated for a generating task, the evaluation itself otherwise."""
+    from tunelab.evaluate import _task_labels, evaluate_model, generate_outputs
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
 
-    Not the adapter's share of the parameters: at a decoding step every adapted linear layer
-    adds two small matmuls and their calls. SmolLM2-135M with LoRA on all linear layers
-    decoded 1.22 times as slowly per step on 2 CPU threads (1.82 % more parameters), and a
-    merged adapter as fast as the base.
-
-    A generating task is timed per decoding step, `RATIO_DECODE_STEPS` of them after the
-    prefill: that is the figure the planner multiplies (`variant_s_per_step`), and it does not
-    depend on how long either pass chose to generate. Whole evaluations of the extraction
-    demo's smoke checkpoint took 12-16 s a pass and gave ratios of 1.10 to 1.30, one pair at a
-    time, on this 2-core VM; the fastest of several short passes on each side is the least
-    disturbed."""
-    if not hasattr(model, "disable_adapter"):
-        return None, None
-    timed = _AdapterPass(model, tokenizer, base, study, rows, labels)
-    # pairs, off then on: at least 3, then until 2 s are spent (a classifier's 4 examples take
-    # 0.1 s: three pairs would be noise), at most 5; the fastest of each side
-    offs: list[float] = []
-    ons: list[float] = []
-    started = time.perf_counter()
-    while len(ons) < 3 or (len(ons) < 5 and time.perf_counter() - started < 2.0):
-        with model.disable_adapter():
-            offs.append(timed())
-        ons.append(timed())
-    ratio = round(min(ons) / min(offs), 3) if min(offs) > 0 else None
-    how = {
-        "unit": timed.unit,
-        "pairs": len(ons),
-        "off_s": round(min(offs), 7),
-        "on_s": round(min(ons), 7),
-        "decode_steps": timed.decode_steps,
-    }
-    return ratio, how
-
-
-# decoding steps a generating task's adapter timing takes per pass: enough for a steady step
-# time after the prefill, few enough for several interleaved pairs (a pass of the whole
-# evaluation took 12-16 s on the extraction demo, so one pair was all the smoke could afford)
-RATIO_DECODE_STEPS = 16
-
-
-class _AdapterPass:
-    """One timed pass of the smoke's examples through the model as it stands (adapter on or
-    off): seconds per decoding step for a generating task (`unit` "decoding step"; the most
-    steps a pass decoded in `decode_steps`), else the evaluation's seconds ("evaluation")."""
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        base: Any,
-        study: Any,
-        rows: list[dict[str, Any]],
-        labels: Any,
-    ) -> None:
-        from tunelab.evaluate import _task_labels
-        from tunelab.preprocess import Preprocessor
-        from tunelab.tasks import get_task
-
-        self.model, self.tokenizer, self.base, self.study = model, tokenizer, base, study
-        self.rows, self.labels = rows, labels
-        cfg = study.config
-        task = get_task(cfg, _task_labels(study, labels))
-        self.generating = task.kind != "classification"
-        self.unit = "decoding step" if self.generating else "evaluation"
-        self.decode_steps: int | None = None
-        if self.generating:
-            ev = cfg.evaluation
-            pre = Preprocessor(tokenizer, cfg, task, base.architecture)
-            # one batch of the evaluation's prompts, as an evaluation builds them
-            first = rows[: ev.batch_size]
-            self.prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in first]
-            self.budget = min(ev.max_new_tokens, RATIO_DECODE_STEPS)
-
-    def __call__(self) -> float:
-        return self._step_s() if self.generating else self._evaluation_s()
-
-    def _evaluation_s(self) -> float:
-        from tunelab.evaluate import evaluate_model
-
-        record, _ = evaluate_model(
-            self.model,
-            self.tokenizer,
-            self.base,
-            self.study,
-            self.rows,
-            "validation",
-            labels=self.labels,
+    cfg = study.config
+    task = get_task(cfg, _task_labels(study, labels))
+    if task.kind == "classification":
+        return AdapterPass(
+            model,
+            evaluation_s=lambda: evaluate_model(
+                model, tokenizer, base, study, rows, "validation", labels=labels
+            )[0]["seconds"],
         )
-        return record["seconds"]
+    ev = cfg.evaluation
+    pre = Preprocessor(tokenizer, cfg, task, base.architecture)
+    prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows[: ev.batch_size]]
 
-    def _step_s(self) -> float:
-        from tunelab.evaluate import generate_outputs
-
+    def decode(budget: int) -> list[dict[str, Any]]:
         stats: list[dict[str, Any]] = []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            generate_outputs(
-                self.model,
-                self.tokenizer,
-                self.prompts,
-                max_new_tokens=self.budget,
-                batch_size=len(self.prompts),
-                stats=stats,
-            )
-        finally:
-            self.model.train(was_training)
-        steps = sum(max(0, b["steps"] - 1) for b in stats)
-        self.decode_steps = max(self.decode_steps or 0, steps)
-        # outputs that all ended at their first token had no decoding step: time the prefill
-        return sum(b["decode_s"] for b in stats) / steps if steps else stats[0]["prefill_s"]
+        generate_outputs(
+            model, tokenizer, prompts, max_new_tokens=budget, batch_size=len(prompts), stats=stats
+        )
+        return stats
+
+    return AdapterPass(model, decode=decode, max_new_tokens=ev.max_new_tokens)
 
 
 def _smoke_body(
@@ -463,7 +375,7 @@ def _smoke_body(
     )
     live_logits = probe_logits(model, tokenizer, base, study, eval_rows, labels)
     timings["adapter_time_ratio"], timings["adapter_timing"] = adapter_time_ratio(
-        model, tokenizer, base, study, eval_rows, labels
+        model, _adapter_pass(model, tokenizer, base, study, eval_rows, labels)
     )
     del model
 

@@ -30,6 +30,17 @@ RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
 STALE_HEARTBEAT_S = 120.0
 
 
+def resolve_path(text: str, root: Path | None = None) -> Path:
+    """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
+    `~` is expanded, and a relative path is taken under `root` (the study folder)."""
+    if text.startswith("asset:"):
+        from tunelab.demo.assets import asset_path
+
+        return asset_path(text)
+    p = Path(os.path.expanduser(text))
+    return p if p.is_absolute() or root is None else Path(root) / p
+
+
 def new_run_id(kind: str) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{kind}-{stamp}-{secrets.token_hex(3)}"
@@ -119,8 +130,6 @@ class Study:
 
     def resolve(self, path: str) -> Path:
         """A path from the config: `asset:NAME` (a packaged asset), absolute, or under the study."""
-        from tunelab.assets import resolve_path
-
         return resolve_path(path, self.root)
 
     # ------------------------------------------------------------ runs

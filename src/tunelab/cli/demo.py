@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tunelab.cli.common import JsonOpt, app, console, emit_json, table
-from tunelab.demo import DEMO_TASKS, run_demo
+from tunelab.demo.run import DEMO_TASKS, run_demo
 
 
 @app.command()

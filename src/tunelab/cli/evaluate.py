@@ -20,28 +20,14 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.env import BUSY_CPU_SHARE
-
-_ORDER = {
-    "classification": ("accuracy", "macro_f1", "weighted_f1", "macro_precision", "macro_recall"),
-    "format": ("format_valid_rate", "json_valid_rate", "schema_valid_rate", "exact_match"),
-    "extraction": (
-        "json_valid_rate",
-        "schema_valid_rate",
-        "field_presence_rate",
-        "field_exact_match",
-        "field_normalized_match",
-        "field_micro_f1",
-        "exact_match",
-        "all_fields_match_rate",
-    ),
-}
+from tunelab.metrics import OVERALL_METRICS
 
 
 def print_evaluation(record: dict[str, Any], title: str) -> None:
     """The overall metrics, the per-category or per-field table and the confusion matrix."""
     m = record["metrics"]
     kind = record["task_kind"]
-    rows = [[k, fmt(m[k])] for k in _ORDER.get(kind, ()) if m.get(k) is not None]
+    rows = [[k, fmt(m[k])] for k in OVERALL_METRICS.get(kind, ()) if m.get(k) is not None]
     rows += [
         ["examples", record["n"]],
         ["examples/s", fmt(record.get("examples_per_s"), 2)],

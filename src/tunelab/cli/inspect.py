@@ -23,7 +23,7 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.errors import DataError
-from tunelab.inspect import describe_answer_budget
+from tunelab.inspection import describe_answer_budget
 from tunelab.preprocess import Problem, raise_problems
 
 SPLITS = ("train", "validation")
@@ -127,7 +127,7 @@ def inspect_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Show examples after the exact preprocessing of training, and stop on a broken mask."""
-    from tunelab.inspect import run_inspect
+    from tunelab.inspection import run_inspect
 
     if split not in SPLITS:
         raise DataError(

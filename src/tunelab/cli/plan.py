@@ -40,17 +40,45 @@ def plan(
     step_time_s: Annotated[
         float | None, typer.Option(help="Optimizer step time on the rented device, if known.")
     ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(help="Project the plan onto this catalog GPU (e.g. H100-SXM, L40S, MI300X)."),
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs of that kind (with --gpu).")] = 1,
+    strategy: Annotated[
+        str, typer.Option(help="ddp | fsdp, for more than one GPU (with --gpu).")
+    ] = "ddp",
+    utilization: Annotated[
+        float | None,
+        typer.Option(
+            help="Share of the GPU's matrix peak a step reaches (default: the catalog's)."
+        ),
+    ] = None,
+    compare_gpus: Annotated[
+        bool,
+        typer.Option("--compare-gpus", help="Every catalog GPU for this study, cheapest first."),
+    ] = False,
     review: Annotated[
         bool, typer.Option("--review", help="Planned against actual durations from the ledger.")
     ] = False,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """A rental plan by phase from the measured step, evaluation and checkpoint times: margins,
-    cost, how many variants fit, and a Gantt chart (records/plans/<id>.png)."""
+    """A rental plan by phase from the measured step, evaluation and checkpoint times (or, with
+    --gpu, projected onto a catalog GPU from the study's shapes): margins, cost, how many
+    variants fit, and a Gantt chart (records/plans/<id>.png)."""
     from tunelab.plan import RESOLUTION_S, make_plan, repeat_verdict, review_plan
 
     s = open_study(study, sets)
+    if compare_gpus:
+        from tunelab.plan.stage import compare_gpus as compare
+
+        result = compare(s, days=days, gpus=gpus, strategy=strategy, utilization=utilization)
+        if json_out:
+            emit_json(result)
+            return
+        print_comparison(result)
+        return
     if review:
         result = review_plan(s)
         if json_out:
@@ -88,6 +116,8 @@ def plan(
         for r in result["rows"]:
             if (verdict := repeat_verdict(r)) is not None:
                 console.print(verdict)
+        for note in result["notes"]:
+            console.print(f"[yellow]note:[/] {note}")
         over = [
             f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
             f"planned (margin {r['margin_pct']}%)"
@@ -100,7 +130,15 @@ def plan(
             )
         return
     record, path, png = make_plan(
-        s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s
+        s,
+        days=days,
+        gpu_hour_price=gpu_hour_price,
+        speedup=speedup,
+        step_time_s=step_time_s,
+        gpu=gpu,
+        gpus=gpus,
+        strategy=strategy,
+        utilization=utilization,
     )
     if json_out:
         emit_json({**record, "path": str(path), "chart_path": str(png)})
@@ -147,5 +185,89 @@ def print_plan(record: dict[str, Any]) -> None:
             f"  {key}: {'-' if value is None else f'{value:.4g}'}  ({fig.get('source', '')})",
             style="dim",
         )
+    if record.get("projection"):
+        print_projection(record["projection"])
     for w in record["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def print_projection(p: dict[str, Any]) -> None:
+    """How a GPU plan's step was projected, and which of its inputs were measured."""
+    fit, step, u = p["fit"], p["step"], p["utilization"]
+    layout = f"{fit['micro_batch']} x {fit['grad_accum']} accumulation" + (
+        ", activation checkpointing" if fit["checkpointing"] else ""
+    )
+    console.print(
+        f"on {p['gpus']}x {p['gpu_name']} ({p['strategy']}, {p['precision']}): micro-batch "
+        f"{layout}; predicted peak {_gb(fit['peak_bytes'])} of {_gb(fit['budget_bytes'])}"
+        + ("" if fit["fits"] else " (DOES NOT FIT)")
+    )
+    console.print(
+        f"step {step['value']:.4g} s ({step['low']:.4g}-{step['high']:.4g} s over a utilization "
+        f"of {u['low']:.2f}-{u['high']:.2f}), {step['flops'] / 1e12:.3g} TFLOP, bound by the "
+        f"{step['bound']}; evaluation {p['eval_s_per_example']:.3g} s an example"
+    )
+    print_inputs(p["inputs"])
+    console.print(
+        f"  price: {p['price_per_gpu_hour']:g} per GPU hour ({p['price_source']})", style="dim"
+    )
+
+
+def print_inputs(inputs: list[dict[str, Any]]) -> None:
+    """Each input of a projection: measured, read, datasheet, given or assumed, and its source."""
+    for i in inputs:
+        console.print(f"  {i['kind']}: {i['name']}: {i['value']}  ({i['source']})", style="dim")
+
+
+def print_comparison(result: dict[str, Any]) -> None:
+    """One row per catalog GPU, the cheapest that fits first (readable at 80 columns)."""
+    from rich import box
+
+    days = result["days"]
+    rows = []
+    for r in result["rows"]:
+        micro = f"{r['micro_batch']}x{r['grad_accum']}" + ("c" if r["checkpointing"] else "")
+        v = r["variants"]
+        rows.append(
+            [
+                r["gpu"],
+                "yes" if r["fits"] else "NO",
+                micro,
+                f"{r['step_s']:.3g}",
+                f"{r['hours_per_variant']:.3g}",
+                f"{v[3]}/{v[7]}/{v[30]}",
+                f"{r['busy_cost']:,.2f}",
+                f"{r['rental_cost']:,.0f}",
+            ]
+        )
+    console.print(
+        table(
+            f"{result['gpus']} GPU(s) per rental ({result['strategy']}), "
+            f"{result['num_variants']} variants registered",
+            ["GPU", "fits", "micro", "step s", "h/var", "variants 3/7/30 d", "busy", f"{days} d"],
+            rows,
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
+    )
+    console.print(
+        "micro: micro-batch x accumulation per GPU (c: activation checkpointing); step s: an "
+        "optimizer step at the default utilization; h/var: hours a variant takes with its "
+        f"margins; busy: the cost of the busy hours; {days} d: the whole rental"
+    )
+    shares = {
+        f"{r['arch']} {r['utilization']:.2f}" + (" measured" if r["utilization_measured"] else "")
+        for r in result["rows"]
+    }
+    console.print(
+        "utilization (share of the matrix peak): "
+        + ", ".join(sorted(shares))
+        + ("; set one with --utilization U" if result["utilization_given"] is None else "")
+    )
+    print_inputs(result["inputs"])
+    for gpu_id, source in result["sources"].items():
+        console.print(f"  {gpu_id}: {source}", style="dim")

@@ -9,6 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.errors import ConfigError
+from tunelab.sizing.recommend import PRECISIONS, parse_bytes, parse_int_list, parse_precisions
 
 
 def _mib(b: Any) -> str:
@@ -30,7 +31,8 @@ def size(
         str | None, typer.Option(help="Micro-batch sizes to try besides the config's: 1,2,4,8.")
     ] = None,
     precision: Annotated[
-        str | None, typer.Option(help="Precisions to try besides the config's: fp32,bf16,fp16.")
+        str | None,
+        typer.Option(help=f"Precisions to try besides the config's: {','.join(PRECISIONS)}."),
     ] = None,
     memory_budget: Annotated[
         str | None, typer.Option(help="Memory budget, e.g. 80GB (default: the device's memory).")
@@ -46,15 +48,9 @@ def size(
 ) -> None:
     """Measure full training steps (each configuration in its own process) against the analytic
     memory model; recommend micro-batch and accumulation within the memory budget."""
-    from tunelab.sizing.recommend import parse_bytes, parse_int_list
     from tunelab.sizing.stage import run_sizing
 
-    precisions = None
-    if precision:
-        precisions = [p.strip() for p in precision.split(",") if p.strip()]
-        bad = [p for p in precisions if p not in ("fp32", "bf16", "fp16")]
-        if bad:
-            raise ConfigError(f"--precision {bad}: unknown", hint="choose among fp32, bf16, fp16")
+    precisions = parse_precisions(precision) if precision else None
     if allocator not in ("pinned", "default"):
         raise ConfigError(f"--allocator {allocator!r}: unknown", hint="pinned or default")
     s = open_study(study, sets)

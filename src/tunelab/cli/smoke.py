@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from tunelab.cli.common import (
     JsonOpt,
@@ -18,8 +19,52 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.records import read_json
 
 _MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
+
+
+def _bytes(b: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if b < 1024 or unit == "GB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} GB"
+
+
+def audit_table(audit: dict[str, Any]) -> Table:
+    """The parameter audit (`tunelab.models.parameter_audit`): one row per module group, a
+    total row, and a caption (adapted modules, what a checkpoint holds, bytes by dtype)."""
+    t = audit["totals"]
+    out = Table(title=f"Parameters ({audit['method']})")
+    out.add_column("group")
+    out.add_column("trainable", justify="right")
+    out.add_column("frozen", justify="right")
+    out.add_column("trainable tensors", justify="right")
+    for name, g in audit["groups"].items():
+        out.add_row(name, f"{g['trainable']:,}", f"{g['frozen']:,}", str(g["tensors_trainable"]))
+    out.add_section()
+    out.add_row(
+        f"total ({100 * t['trainable_share']:.2f}% trainable)",
+        f"{t['trainable']:,}",
+        f"{t['frozen']:,}",
+        str(t["trainable_tensors"]),
+        style="bold",
+    )
+    dtypes = "; ".join(
+        f"{k}: {_bytes(v['trainable'])} trainable, {_bytes(v['frozen'])} frozen"
+        for k, v in audit["bytes_by_dtype"].items()
+    )
+    lines = [
+        f"adapted: {audit['adapted_summary']}",
+        f"saved in full: {', '.join(audit['modules_to_save']) or 'none'}",
+        f"checkpoint holds: {audit['saves']} ({audit['saved_params']:,} parameters)",
+        f"bytes: {dtypes}",
+    ]
+    lines += [f"note: {n}" for n in audit.get("notes", [])]
+    out.caption = "\n".join(lines)
+    out.caption_justify = "left"
+    return out
 
 
 @app.command()
@@ -48,6 +93,8 @@ def smoke(
     if json_out:
         emit_json(record)
     else:
+        if run.path("audit.json").exists():
+            console.print(audit_table(read_json(run.path("audit.json"))))
         rows = [[c["check"], _MARK[c["ok"]], c["detail"]] for c in record["checks"]]
         console.print(table(f"smoke {run.id}", ["check", "result", "detail"], rows))
         timing_rows = [

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.config import sha256_json
+from tunelab.config import DataConfig, DedupConfig, sha256_json
 from tunelab.data import dedup
-from tunelab.data.cleaning import clean_texts, compile_rules, rules_sha256
-from tunelab.data.readers import SourceRow, read_source
+from tunelab.data.checks import RowsRead, run_checks
+from tunelab.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
+from tunelab.data.readers import SourceData, SourceRow, read_source
 from tunelab.data.splits import (
     SPLITS,
     check_user_splits,
@@ -162,25 +163,6 @@ def assign_ids(rows: list[SourceRow]) -> list[str]:
     return ids
 
 
-def _check_labels(rows: list[SourceRow], known: list[str] | None, has_label: bool) -> list[str]:
-    notes = []
-    if not has_label:
-        return notes
-    if known:
-        allowed = set(known)
-        for row in rows:
-            if row.label not in allowed:
-                raise DataError(
-                    f"{row.where}: unknown label {row.label!r} (field label); task.labels "
-                    f"lists {sorted(allowed)}",
-                    hint="fix the row, or add the label to task.labels in study.yaml",
-                )
-        missing = sorted(allowed - {r.label for r in rows})
-        if missing:
-            notes.append(f"labels in task.labels with no example: {missing}")
-    return notes
-
-
 # ---------------------------------------------------------------- build
 
 
@@ -212,6 +194,32 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
+@dataclass
+class _Kept:
+    """The rows that survive cleaning and sampling, in source order."""
+
+    index: list[int]  # into the source rows
+    texts: list[str]  # cleaned
+    keys: list[str]  # sha256 of the normalized text: the split key
+    normalized: Any  # the normalized texts (an Arrow array, as dedup takes them)
+    sampled_out: int
+
+
+@dataclass
+class _Split:
+    splits: list[str]  # one per kept row
+    method: str  # "column" | "hash"
+    moved: list[dict[str, Any]]  # rows moved so that small categories reach every split
+    notes: list[str]
+
+
+@dataclass
+class _Duplicates:
+    pairs: list[Any]  # dedup.Pair over kept rows
+    lsh: dict[str, Any]  # the LSH settings used (the manifest's dedup algorithm)
+    removed: dict[int, Any]  # kept row -> (the row it duplicates, its pair or None)
+
+
 def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
@@ -221,105 +229,171 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     is left behind on error.
     """
     cfg = study.config.data
-    task_labels = sorted(study.config.task.labels) if study.config.task.labels else None
     compile_rules(cfg.cleaning)  # a bad regular expression fails before any reading
     source_path = study.resolve(cfg.source.path)
     with _Bar(progress) as bar:
         src = read_source(source_path, cfg, bar.counter("reading"))
+        read = RowsRead(src.rows, study.config, source_path)
+        notes = list(src.notes) + run_checks(read)
         rows = src.rows
-        if not rows:
-            raise DataError(
-                f"{source_path}: the data set is empty (no rows)",
-                hint="point data.source.path at the data, or check data.source.format and glob",
-            )
-        notes = list(src.notes)
-        has_label = cfg.fields.label is not None or cfg.source.format == "folder"
-        notes += _check_labels(rows, task_labels, has_label)
         ids = assign_ids(rows)
+        cleaned = _clean(rows, cfg, source_path)
+        kept = _keep(cleaned, cfg)
+        labels = [rows[i].label for i in kept.index]
+        split = _split(kept, labels, rows, cfg, read.has_label, source_path)
+        notes += split.notes
+        dups = _find_duplicates(kept, split.splits, cfg.dedup, bar.fraction(len(kept.index)))
 
-        cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
-        if not cleaned.kept:
-            by_rule = ", ".join(
-                f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
-            )
-            raise DataError(
-                f"{source_path}: all {len(rows)} rows were dropped by the cleaning rules "
-                f"({by_rule})",
-                hint="loosen data.cleaning (e.g. drop_longer_than max_chars)",
-            )
-        empty = [i for i, t in zip(cleaned.kept, cleaned.texts, strict=True) if not t.strip()]
-        if empty:
-            first = rows[empty[0]]
-            raise DataError(
-                f"{first.where}: field {cfg.fields.text!r} (text) is empty"
-                + (" after the cleaning rules" if first.text.strip() else "")
-                + (f" ({len(empty)} rows in all)" if len(empty) > 1 else ""),
-                hint="fix the row, or add `- rule: drop_empty` to data.cleaning to drop such rows",
-            )
-        kept = cleaned.kept
-        texts = cleaned.texts
-        normalized = dedup.normalize_texts(texts)
-        keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
-        # (the same keys as splits.content_keys(texts), without normalizing twice)
+    row_ids = [ids[i] for i in kept.index]
+    examples = _examples(rows, kept, row_ids, split.splits, dups.removed)
+    if split.method == "hash":
+        notes += _emptied_categories(examples, labels, cfg, notes)
+    duplicates = _duplicates_record(dups, row_ids, split.splits, labels, cfg.dedup)
+    dropped_rows = [
+        {"id": ids[i], "rule": rule, "where": rows[i].where} for i, rule in cleaned.dropped
+    ]
+    outputs = {SPLIT_FILES[s]: _jsonl(examples[s]) for s in SPLITS}
+    outputs["duplicates.json"] = dumps_json(duplicates).encode("utf-8")
+    outputs["dropped.jsonl"] = _jsonl(dropped_rows)
+    manifest = _manifest(
+        read, src, cleaned, kept, split, dups, duplicates, examples, labels, ids, outputs, notes
+    )
+    return _publish(study, manifest, outputs)
 
-        sampled_out = 0
-        if cfg.max_examples is not None and cfg.max_examples < len(kept):
-            pick = sample_by_hash(keys, cfg.max_examples, cfg.splits.seed)
-            sampled_out = len(kept) - len(pick)
-            kept = [kept[i] for i in pick]
-            texts = [texts[i] for i in pick]
-            keys = [keys[i] for i in pick]
-            normalized = normalized.take(pick)
 
-        labels = [rows[i].label for i in kept]
-        moved: list[dict[str, Any]] = []
-        if cfg.fields.split:
-            splits = [rows[i].split or "" for i in kept]
-            method = "column"
-            notes += check_user_splits(splits)
-        else:
-            splits = split_by_hash(keys, cfg.splits)
-            method = "hash"
-            splits, moved, warnings = ensure_coverage(
-                splits, keys, labels, cfg.splits, strict=cfg.splits.stratify and has_label
-            )
-            notes += warnings
-        if "train" not in splits:
-            raise DataError(
-                f"{source_path}: no row in the train split ({len(kept)} rows)",
-                hint="check data.splits fractions or your split column",
-            )
+def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> CleaningResult:
+    """The cleaning rules over the texts; refuses when they drop every row or leave one empty."""
+    cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
+    if not cleaned.kept:
+        by_rule = ", ".join(
+            f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
+        )
+        raise DataError(
+            f"{source_path}: all {len(rows)} rows were dropped by the cleaning rules ({by_rule})",
+            hint="loosen data.cleaning (e.g. drop_longer_than max_chars)",
+        )
+    empty = [i for i, t in zip(cleaned.kept, cleaned.texts, strict=True) if not t.strip()]
+    if empty:
+        first = rows[empty[0]]
+        raise DataError(
+            f"{first.where}: field {cfg.fields.text!r} (text) is empty"
+            + (" after the cleaning rules" if first.text.strip() else "")
+            + (f" ({len(empty)} rows in all)" if len(empty) > 1 else ""),
+            hint="fix the row, or add `- rule: drop_empty` to data.cleaning to drop such rows",
+        )
+    return cleaned
 
-        d = cfg.dedup
-        if d.exact or d.near:
-            pairs, lsh = dedup.find_duplicates(
-                normalized,
-                exact=d.exact,
-                near=d.near,
-                threshold=d.threshold,
-                num_perm=d.num_perm,
-                shingle_size=d.shingle_size,
-                progress=bar.fraction(len(kept)),
-            )
-        else:
-            pairs, lsh = [], {}
-        removed = dedup.apply_policy(pairs, splits, d.policy)
 
-    row_ids = [ids[i] for i in kept]
+def _keep(cleaned: CleaningResult, cfg: DataConfig) -> _Kept:
+    """The cleaned rows with their split keys, sampled down to data.max_examples by hash."""
+    kept, texts = cleaned.kept, cleaned.texts
+    normalized = dedup.normalize_texts(texts)
+    # the same keys as splits.content_keys(texts), without normalizing twice
+    keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
+    if cfg.max_examples is None or cfg.max_examples >= len(kept):
+        return _Kept(kept, texts, keys, normalized, 0)
+    pick = sample_by_hash(keys, cfg.max_examples, cfg.splits.seed)
+    return _Kept(
+        [kept[i] for i in pick],
+        [texts[i] for i in pick],
+        [keys[i] for i in pick],
+        normalized.take(pick),
+        len(kept) - len(pick),
+    )
+
+
+def _split(
+    kept: _Kept,
+    labels: list[str | None],
+    rows: list[SourceRow],
+    cfg: DataConfig,
+    has_label: bool,
+    source_path: Path,
+) -> _Split:
+    """The user's split column, else seeded hash splits that cover every small category."""
+    if cfg.fields.split:
+        splits = [rows[i].split or "" for i in kept.index]
+        result = _Split(splits, "column", [], check_user_splits(splits))
+    else:
+        splits, moved, warnings = ensure_coverage(
+            split_by_hash(kept.keys, cfg.splits),
+            kept.keys,
+            labels,
+            cfg.splits,
+            strict=cfg.splits.stratify and has_label,
+        )
+        result = _Split(splits, "hash", moved, warnings)
+    if "train" not in result.splits:
+        raise DataError(
+            f"{source_path}: no row in the train split ({len(kept.index)} rows)",
+            hint="check data.splits fractions or your split column",
+        )
+    return result
+
+
+def _find_duplicates(
+    kept: _Kept, splits: list[str], d: DedupConfig, progress: Callable[[str, float], None]
+) -> _Duplicates:
+    """Exact and near duplicates of the kept rows, and the rows the policy removes."""
+    if d.exact or d.near:
+        pairs, lsh = dedup.find_duplicates(
+            kept.normalized,
+            exact=d.exact,
+            near=d.near,
+            threshold=d.threshold,
+            num_perm=d.num_perm,
+            shingle_size=d.shingle_size,
+            progress=progress,
+        )
+    else:
+        pairs, lsh = [], {}
+    return _Duplicates(pairs, lsh, dedup.apply_policy(pairs, splits, d.policy))
+
+
+def _examples(
+    rows: list[SourceRow],
+    kept: _Kept,
+    row_ids: list[str],
+    splits: list[str],
+    removed: dict[int, Any],
+) -> dict[str, list[dict[str, Any]]]:
+    """The examples of each split, in source order, without the removed duplicates."""
     examples: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    for k, i in enumerate(kept):
+    for k, i in enumerate(kept.index):
         if k in removed:
             continue
         r = rows[i]
         examples[splits[k]].append(
-            {"id": row_ids[k], "text": texts[k], "label": r.label, "target": r.target}
+            {"id": row_ids[k], "text": kept.texts[k], "label": r.label, "target": r.target}
         )
+    return examples
+
+
+def _emptied_categories(
+    examples: dict[str, list[dict[str, Any]]],
+    labels: list[str | None],
+    cfg: DataConfig,
+    notes: list[str],
+) -> list[str]:
+    """Notes for the categories that dedup left without a row in a split that has a share."""
     final_labels = {s: {e["label"] for e in examples[s]} for s in SPLITS}
     fractions = cfg.splits.model_dump()
-    for lab in sorted({lab for lab in labels if lab is not None}) if method == "hash" else []:
+    out = []
+    for lab in sorted({lab for lab in labels if lab is not None}):
         gone = [s for s in SPLITS if fractions[s] > 0 and lab not in final_labels[s]]
-        if gone and not any(f"category {lab!r}" in n for n in notes):
-            notes.append(f"category {lab!r} has no row left in {', '.join(gone)} after dedup")
+        if gone and not any(f"category {lab!r}" in n for n in notes + out):
+            out.append(f"category {lab!r} has no row left in {', '.join(gone)} after dedup")
+    return out
+
+
+def _duplicates_record(
+    dups: _Duplicates,
+    row_ids: list[str],
+    splits: list[str],
+    labels: list[str | None],
+    d: DedupConfig,
+) -> dict[str, Any]:
+    """duplicates.json: the policy, a summary, every removed row and every pair found."""
     removed_list = [
         {
             "id": row_ids[k],
@@ -329,7 +403,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             "kind": p.kind if p else "cluster",
             "similarity": round(p.similarity, 4) if p else None,
         }
-        for k, (other, p) in sorted(removed.items())
+        for k, (other, p) in sorted(dups.removed.items())
     ]
     pair_rows = [
         {
@@ -342,33 +416,23 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
             "label_a": labels[p.a],
             "label_b": labels[p.b],
         }
-        for p in pairs
+        for p in dups.pairs
     ]
-    summary = dedup.summarize(pairs, splits, labels)
+    summary = dedup.summarize(dups.pairs, splits, labels)
     removed_by_split = {s: sum(1 for x in removed_list if x["split"] == s) for s in SPLITS}
     summary.update(removed=len(removed_list), removed_by_split=removed_by_split)
-    dedup_config = d.model_dump(mode="json")
-    duplicates = {
+    return {
         "policy": d.policy,
         "threshold": d.threshold,
         "summary": summary,
         "removed": removed_list,
         "pairs": pair_rows,
     }
-    dropped_rows = [
-        {"id": ids[i], "rule": rule, "where": rows[i].where} for i, rule in cleaned.dropped
-    ]
-    outputs = {SPLIT_FILES[s]: _jsonl(examples[s]) for s in SPLITS}
-    outputs["duplicates.json"] = dumps_json(duplicates).encode("utf-8")
-    outputs["dropped.jsonl"] = _jsonl(dropped_rows)
 
-    label_set = (
-        task_labels
-        if task_labels
-        else (sorted({lab for lab in labels if lab is not None}) if has_label else None)
-    )
-    fields = cfg.fields.model_dump(mode="json")
-    transforms = {
+
+def _transforms(cfg: DataConfig) -> dict[str, Any]:
+    """How ids, split keys and samples are made from the rows (hashed into the snapshot id)."""
+    return {
         "id": "data.fields.id, else sha256(text, label, target)[:16]"
         if cfg.source.format != "folder"
         else "path of the file inside data.source.path",
@@ -378,6 +442,33 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         "encoding_errors": cfg.source.encoding_errors,
         "glob": cfg.source.glob if cfg.source.format == "folder" else None,
     }
+
+
+def _manifest(
+    read: RowsRead,
+    src: SourceData,
+    cleaned: CleaningResult,
+    kept: _Kept,
+    split: _Split,
+    dups: _Duplicates,
+    duplicates: dict[str, Any],
+    examples: dict[str, list[dict[str, Any]]],
+    labels: list[str | None],
+    ids: list[str],
+    outputs: dict[str, bytes],
+    notes: list[str],
+) -> dict[str, Any]:
+    """manifest.json, its snapshot id included (without its content_sha256)."""
+    cfg = read.config.data
+    task_labels = read.task_labels
+    label_set = (
+        task_labels
+        if task_labels
+        else (sorted({lab for lab in labels if lab is not None}) if read.has_label else None)
+    )
+    transforms = _transforms(cfg)
+    dedup_config = cfg.dedup.model_dump(mode="json")
+    splits_config = cfg.splits.model_dump(mode="json")
     manifest: dict[str, Any] = {
         "snapshot_id": "",
         "format_version": FORMAT_VERSION,
@@ -385,12 +476,12 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         "source": {
             "format": cfg.source.format,
             "path": cfg.source.path,
-            "resolved_path": str(source_path),
+            "resolved_path": str(read.source_path),
             "num_files": len(src.files),
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
         },
-        "fields": fields,
+        "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,
         "cleaning": {
             "rules": cleaned.effects,
@@ -399,45 +490,49 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         },
         "transforms": {**transforms, "sha256": sha256_json(transforms)},
         "splits": {
-            "config": cfg.splits.model_dump(mode="json"),
-            "method": method,
-            "sha256": sha256_json({"config": cfg.splits.model_dump(mode="json"), "m": method}),
+            "config": splits_config,
+            "method": split.method,
+            "sha256": sha256_json({"config": splits_config, "m": split.method}),
             "moved_to_cover_small_categories": [
-                {**mv, "row": ids[kept[mv["row"]]]} for mv in moved
+                {**mv, "row": ids[kept.index[mv["row"]]]} for mv in split.moved
             ],
         },
         "dedup": {
             "config": dedup_config,
-            "policy": d.policy,
+            "policy": cfg.dedup.policy,
             "sha256": sha256_json(dedup_config),
             "normalization": NORMALIZATION,
             "algorithm": {
                 "version": dedup.DEDUP_ALGORITHM_VERSION,
                 "minhash_seed": 1,
                 "verification": "exact Jaccard of word shingle sets",
-                **lsh,
+                **dups.lsh,
             },
         },
         "counts": {
-            "rows_read": len(rows),
+            "rows_read": len(src.rows),
             "dropped_by_cleaning": len(cleaned.dropped),
-            "sampled_out": sampled_out,
-            "removed_as_duplicates": len(removed_list),
-            "before_dedup": counts_by_category(splits, labels),
+            "sampled_out": kept.sampled_out,
+            "removed_as_duplicates": len(duplicates["removed"]),
+            "before_dedup": counts_by_category(split.splits, labels),
             "final": {s: len(examples[s]) for s in SPLITS},
             "per_category": counts_by_category(
                 [s for s in SPLITS for _ in examples[s]],
                 [e["label"] for s in SPLITS for e in examples[s]],
             ),
         },
-        "duplicates": summary,
+        "duplicates": duplicates["summary"],
         "labels": label_set,
         "files": {name: sha256_bytes(data) for name, data in sorted(outputs.items())},
         "notes": notes,
     }
-    snapshot_id = _identity(manifest)
-    manifest["snapshot_id"] = snapshot_id
+    manifest["snapshot_id"] = _identity(manifest)
+    return manifest
 
+
+def _publish(study: Study, manifest: dict[str, Any], outputs: dict[str, bytes]) -> dict[str, Any]:
+    """Write the snapshot folder in one rename; an identical snapshot already there is reused."""
+    snapshot_id = manifest["snapshot_id"]
     final_dir = data_dir(study) / snapshot_id
     if final_dir.exists():
         existing = load_snapshot(study, snapshot_id)  # raises if it was tampered with

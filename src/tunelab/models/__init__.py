@@ -2,7 +2,7 @@
 
 - `resolve_base(study) -> BaseModel` (GGUF converted once into a cache, see `models.gguf`)
 - `load_tokenizer(base)`, `load_model(base, cfg, labels)`, `compute_device()` (CUDA when present)
-- `adapt(model, cfg.adaptation, architecture) -> (model, audit)`, `audit_table(audit)`
+- `adapt(model, cfg.adaptation, architecture) -> (model, audit)` (the audit is a dict)
 - `capture_params(model)`, `check_update(before, model, step, method) -> violations`
 - `save_trainable` / `load_trainable` (checkpoints), `compare_fresh_reload` (a new process
   reloads a saved model and must give the same outputs)
@@ -14,7 +14,7 @@ from tunelab.models.adapt import (
     head_module_names,
     linear_module_names,
 )
-from tunelab.models.audit import audit_table, param_group, parameter_audit, strip_wrappers
+from tunelab.models.audit import param_group, parameter_audit, strip_wrappers
 from tunelab.models.gguf import cache_root, convert_gguf
 from tunelab.models.identity import (
     detect_architecture,
@@ -44,7 +44,6 @@ __all__ = [
     "BaseModel",
     "ParamSnapshot",
     "adapt",
-    "audit_table",
     "cache_root",
     "capture_params",
     "check_update",

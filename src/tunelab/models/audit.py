@@ -1,6 +1,6 @@
 """The parameter audit: what trains, what stays frozen, how many bytes, what a checkpoint saves.
 
-`parameter_audit` is pure bookkeeping over `model.named_parameters()`; `audit_table` renders it.
+`parameter_audit` is pure bookkeeping over `model.named_parameters()` (the CLI renders it).
 """
 
 from __future__ import annotations
@@ -127,51 +127,3 @@ def summarize_modules(names: list[str]) -> str:
         return "none"
     counts = Counter(re.sub(r"\.\d+\.", ".*.", n).split(".")[-1] for n in names)
     return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(counts.items()))
-
-
-def _fmt(n: int) -> str:
-    return f"{n:,}"
-
-
-def _fmt_bytes(b: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if b < 1024 or unit == "GB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
-    return f"{b:.1f} GB"
-
-
-def audit_table(audit: dict[str, Any]):
-    """A rich Table of the audit: one row per module group, a total row, and a caption."""
-    from rich.table import Table
-
-    t = audit["totals"]
-    table = Table(title=f"Parameters ({audit['method']})")
-    table.add_column("group")
-    table.add_column("trainable", justify="right")
-    table.add_column("frozen", justify="right")
-    table.add_column("trainable tensors", justify="right")
-    for name, g in audit["groups"].items():
-        table.add_row(name, _fmt(g["trainable"]), _fmt(g["frozen"]), str(g["tensors_trainable"]))
-    table.add_section()
-    table.add_row(
-        f"total ({100 * t['trainable_share']:.2f}% trainable)",
-        _fmt(t["trainable"]),
-        _fmt(t["frozen"]),
-        str(t["trainable_tensors"]),
-        style="bold",
-    )
-    dtypes = "; ".join(
-        f"{k}: {_fmt_bytes(v['trainable'])} trainable, {_fmt_bytes(v['frozen'])} frozen"
-        for k, v in audit["bytes_by_dtype"].items()
-    )
-    lines = [
-        f"adapted: {audit['adapted_summary']}",
-        f"saved in full: {', '.join(audit['modules_to_save']) or 'none'}",
-        f"checkpoint holds: {audit['saves']} ({_fmt(audit['saved_params'])} parameters)",
-        f"bytes: {dtypes}",
-    ]
-    lines += [f"note: {n}" for n in audit.get("notes", [])]
-    table.caption = "\n".join(lines)
-    table.caption_justify = "left"
-    return table

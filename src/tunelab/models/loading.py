@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.assets import resolve_path
 from tunelab.errors import ModelError
 from tunelab.models._quiet import quiet_transformers
 from tunelab.models.adapt import head_module_names
 from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
 from tunelab.models.identity import detect_architecture, model_identity, read_model_config
+from tunelab.study import resolve_path
 
 if TYPE_CHECKING:
     from tunelab.config import ModelConfig, StudyConfig

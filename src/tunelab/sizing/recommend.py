@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, get_args
 
+from tunelab.config import TrainingConfig
 from tunelab.errors import ConfigError
 from tunelab.sizing.memory import Case, ModelFacts, estimate_memory
 
 SAFETY_MARGIN = 0.10
+# training.precision's choices, as the config declares them
+PRECISIONS: tuple[str, ...] = get_args(TrainingConfig.model_fields["precision"].annotation)
 _UNITS = {
     "": 1,
     "b": 1,
@@ -63,6 +66,15 @@ def parse_int_list(text: str, what: str) -> list[int]:
             f"{what} {text!r} is not a list of positive integers", hint=f"e.g. {what} 1,2,4,8"
         )
     return sorted(set(values))
+
+
+def parse_precisions(text: str, what: str = "--precision") -> list[str]:
+    """'fp32,bf16' -> ['fp32', 'bf16'], each one of PRECISIONS."""
+    values = [p.strip() for p in str(text).split(",") if p.strip()]
+    bad = [p for p in values if p not in PRECISIONS]
+    if bad:
+        raise ConfigError(f"{what} {bad}: unknown", hint=f"choose among {', '.join(PRECISIONS)}")
+    return values
 
 
 def accumulation_for(effective_batch: int, micro_batch: int) -> int:
@@ -197,13 +209,16 @@ def recommend(
     compare_total: bool,
     scale: float = 1.0,
     margin: float = SAFETY_MARGIN,
+    strategy: str = "single",
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """The largest micro-batch dividing `effective_batch` that fits `budget_bytes * (1 - margin)`.
 
     The predicted peak of a candidate is `fixed_bytes + scale * estimate` where the estimate is
     the peak increase (CPU: what a step adds to the idle process, `fixed_bytes` being the idle
     RSS) or the peak total (CUDA: `fixed_bytes` 0). Candidates without activation checkpointing
-    come first when the template has it off. Returns the choice and every candidate tried.
+    come first when the template has it off. `strategy` and `ranks` estimate one rank of a
+    DDP or FSDP run (`estimate_memory`). Returns the choice and every candidate tried.
     """
     limit = budget_bytes * (1.0 - margin)
     tried: list[dict[str, Any]] = []
@@ -216,7 +231,7 @@ def recommend(
                 grad_accum=accumulation_for(effective_batch, micro),
                 checkpointing=ckpt,
             )
-            est = estimate_memory(facts, case)
+            est = estimate_memory(facts, case, strategy=strategy, ranks=ranks)
             part = est.peak_total if compare_total else est.peak_increase
             peak = int(fixed_bytes + scale * part)
             fits = peak <= limit

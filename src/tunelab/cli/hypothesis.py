@@ -1,0 +1,56 @@
+"""Stage 1, the hypothesis: init (a commented study.yaml), register (lock the question)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunelab import hypothesis as hyp
+from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.study_template import TASK_KINDS, init_study
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="Folder of the new study.")],
+    task: Annotated[
+        str, typer.Option(help=f"Task kind: {' | '.join(TASK_KINDS)}.")
+    ] = "classification",
+    name: Annotated[str | None, typer.Option(help="Study name (default: folder name).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create a study folder with a commented study.yaml for the task kind."""
+    path = init_study(directory, task, name)
+    if json_out:
+        emit_json({"study_yaml": str(path)})
+        return
+    console.print(f"wrote [bold]{path}[/]")
+    console.print("next: edit hypothesis, guardrails, data and model, then `tunelab validate`")
+
+
+@app.command()
+def register(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Lock the hypothesis, guardrails and evaluation procedure (a new version when changed)."""
+    s = open_study(study, sets)
+    record, created = hyp.register(s.root, s.config)
+    if created:
+        s.ledger.add_event(
+            None,
+            "hypothesis:registered",
+            {"version": record["version"], "sha256": record["sha256"]},
+        )
+    if json_out:
+        emit_json({"created": created, **record})
+        return
+    v, sha = record["version"], record["sha256"]
+    if not created:
+        console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")
+        return
+    console.print(f"[green]registered[/] records/hypothesis-v{v}.json  sha256 {sha[:12]}")
+    if record["diff"]:
+        rows = [[d["path"], d["old"], d["new"]] for d in record["diff"]]
+        console.print(table(f"amendment of v{v - 1}", ["field", "was", "now"], rows))
+    for g in s.config.guardrails:
+        console.print(f"  guardrail: {g.describe()}")

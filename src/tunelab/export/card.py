@@ -1,0 +1,126 @@
+"""The model card: the README.md of an export, written from its manifest alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tunelab.export.limitations import number_text
+from tunelab.export.manifest import MANIFEST
+
+
+def model_card(m: Mapping[str, Any]) -> str:
+    """README.md of an export, from its manifest."""
+    base = m["base"]
+    art = m["artifact"]
+    task = m["task"]
+    hyp = m.get("hypothesis") or {}
+    lines = [
+        f"# {m['study']}: {art['method']} fine-tune of {base.get('name')}",
+        "",
+        f"Exported by tunelab {m['tunelab_version']} from run `{m['run_id']}` "
+        f"({m['created_at']}). Manifest: `{MANIFEST}`.",
+        "",
+        "## What it is for",
+        "",
+        f"- Task: {task['kind']}"
+        + (f", labels {', '.join(task['labels'])}" if task.get("labels") else "")
+        + (f", fields {', '.join(task['fields'])}" if task.get("fields") else ""),
+        f"- Hypothesis v{hyp.get('version')}: {hyp.get('behaviour')}",
+        f"- Primary metric: {hyp.get('primary_metric')} (must improve by at least "
+        f"{hyp.get('min_improvement')})",
+        "",
+        "## Base model (verified by hash before loading)",
+        "",
+        f"- Name: {base.get('name')}, revision {base.get('revision') or '-'}",
+        f"- Architecture: {base.get('architecture')}",
+        f"- Identity sha256: `{base.get('sha256')}`",
+        "",
+        "| file | sha256 |",
+        "|---|---|",
+        *[f"| {n} | `{h}` |" for n, h in sorted((base.get("files") or {}).items())],
+        "",
+        "## Results on the validation split",
+        "",
+    ]
+    res = m.get("results")
+    if not res:
+        lines.append("Not compared with a baseline (see limitations).")
+    else:
+        lines += [
+            f"Against baseline `{res['baseline']['run_id']}`, {res.get('n_paired')} paired "
+            f"examples, 95% paired bootstrap intervals.",
+            "",
+            "| metric | baseline | this model | delta | 95% CI |",
+            "|---|---|---|---|---|",
+        ]
+        for name, v in (res.get("metrics") or {}).items():
+            ci = (
+                f"[{number_text(v.get('ci_low'))}, {number_text(v.get('ci_high'))}]"
+                if v.get("ci_low") is not None
+                else "-"
+            )
+            lines.append(
+                f"| {name} | {number_text(v.get('baseline'))} | {number_text(v.get('variant'))} | "
+                f"{number_text(v.get('delta'))} | {ci} |"
+            )
+    lines += ["", "## Guardrails", ""]
+    g = m.get("guardrails") or {}
+    if not g.get("verdicts"):
+        lines.append("Not checked.")
+    else:
+        lines.append(f"All pass: {g.get('pass')}.")
+        lines.append("")
+        lines += ["| rule | item | value | bound | pass |", "|---|---|---|---|---|"]
+        for v in g["verdicts"]:
+            lines.append(
+                f"| {v['rule']} | {v.get('item') if v.get('item') is not None else '-'} | "
+                f"{number_text(v.get('value'))} | {number_text(v.get('bound'))} | {v['pass']} |"
+            )
+    lines += ["", "## Limitations", ""]
+    lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
+    adapter = art["kind"] == "adapter"
+    arch = base.get("architecture")
+    auto = "AutoModelForSequenceClassification" if arch == "encoder" else "AutoModelForCausalLM"
+    head = f", num_labels={len(task['labels'])}" if arch == "encoder" and task.get("labels") else ""
+    lines += [
+        "",
+        "## Loading",
+        "",
+        "Check the base first (refuses a base whose files differ by one byte):",
+        "",
+        "```",
+        "tunelab check-export THIS_FOLDER --base /path/to/base",
+        "```",
+        "",
+        "```python",
+        f"from transformers import AutoTokenizer, {auto}",
+    ]
+    if adapter:
+        lines += [
+            "from peft import PeftModel",
+            "",
+            f'base = {auto}.from_pretrained("/path/to/base"{head})',
+            'model = PeftModel.from_pretrained(base, "THIS_FOLDER/adapter")',
+        ]
+    else:
+        lines += ["", f'model = {auto}.from_pretrained("THIS_FOLDER/model")']
+    lines += [
+        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER/tokenizer")',
+        "```",
+        "",
+        "## Training",
+        "",
+        f"- Adaptation: {json.dumps(m.get('adaptation'), sort_keys=True)}",
+        f"- Training: {json.dumps(m.get('training'), sort_keys=True)}",
+        f"- Data snapshot: `{m.get('data_snapshot')}`",
+        f"- Config sha256: `{m.get('config_sha256')}`",
+    ]
+    env = (m.get("environment") or {}).get("training") or {}
+    if env:
+        lines.append(
+            f"- Environment: torch {env.get('torch')}, backend {env.get('backend')}, "
+            f"devices {', '.join(env.get('gpus') or []) or env.get('cpu')}"
+        )
+    return "\n".join(lines) + "\n"

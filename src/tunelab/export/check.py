@@ -1,0 +1,221 @@
+"""`tunelab check-export DIR --base PATH`: an export checked against its manifest and a base
+folder by sha256, loaded with plain transformers / peft, and run on its recorded example."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tunelab.errors import ExportError, StudyError
+from tunelab.export.manifest import FORMAT, MANIFEST, manifest_sha256, pickle_files, tree_hashes
+from tunelab.records import read_json, safe_join, sha256_file
+
+
+class ExampleMismatch(ExportError):
+    """The exported model's output on the recorded example differs from the recording (exit 1)."""
+
+    exit_code = 1
+
+
+def _read_manifest(export_dir: Path) -> dict[str, Any]:
+    path = export_dir / MANIFEST
+    if not path.is_file():
+        raise ExportError(
+            f"{export_dir}: no {MANIFEST}; not a tunelab export",
+            hint="point check-export at a folder written by `tunelab export`",
+        )
+    try:
+        manifest = read_json(path)
+    except StudyError as exc:
+        raise ExportError(exc.message, hint="the manifest is damaged; export again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(
+            f"{path}: unknown manifest format {manifest.get('format')!r}",
+            hint=f"expected {FORMAT}",
+        )
+    return manifest
+
+
+def _safe(root: Path, rel: str) -> Path:
+    try:
+        return safe_join(root, rel)
+    except StudyError as exc:
+        raise ExportError(
+            f"manifest names a path outside the export: {exc.message}",
+            hint="the manifest was edited; do not load this export",
+        ) from None
+
+
+def check_files(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's own sha256, each exported file's sha256, no extra and no pickle file."""
+    problems = []
+    if manifest.get("manifest_sha256") != manifest_sha256(manifest):
+        problems.append(f"{MANIFEST}: content does not match its manifest_sha256 (edited)")
+    listed = manifest.get("files") or {}
+    for rel, digest in sorted(listed.items()):
+        f = _safe(export_dir, rel)
+        if not f.is_file():
+            problems.append(f"{rel}: missing")
+        elif sha256_file(f) != digest:
+            problems.append(f"{rel}: sha256 {sha256_file(f)[:12]}..., expected {digest[:12]}...")
+    for rel in sorted(set(tree_hashes(export_dir)) - set(listed)):
+        problems.append(f"{rel}: not in the manifest (added after export)")
+    pickled = pickle_files(export_dir)
+    for rel in pickled:
+        problems.append(f"{rel}: pickle format, refused")
+    if problems:
+        raise ExportError(
+            f"export {export_dir} does not match its manifest:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="the export was changed after it was written; export the run again",
+        )
+    return {"files_checked": len(listed), "manifest_sha256": manifest["manifest_sha256"]}
+
+
+def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Every recorded base file (weights, tokenizer, config) must be in `base_path` with the
+    recorded sha256, and no unrecorded weight file may be there."""
+    from tunelab.models.identity import WEIGHT_SUFFIXES, identity_files
+
+    base = manifest["base"]
+    base_path = Path(base_path).resolve()
+    if not base_path.is_dir():
+        raise ExportError(
+            f"--base {base_path}: not a folder",
+            hint="pass the base model folder (for a GGUF base, the converted folder)",
+        )
+    problems = []
+    for name, digest in sorted((base.get("files") or {}).items()):
+        f = _safe(base_path, name)
+        if not f.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        got = sha256_file(f)
+        if got != digest:
+            problems.append(f"{name}: sha256 {got[:16]}..., expected {digest[:16]}...")
+    extra = [
+        n
+        for n in identity_files(base_path)
+        if n.endswith(WEIGHT_SUFFIXES) and n not in (base.get("files") or {})
+    ]
+    problems += [f"{n}: weight file not in the recorded base" for n in extra]
+    if problems:
+        raise ExportError(
+            f"refusing base {base_path}: it is not the base this export was trained on "
+            f"({base.get('name')}, identity sha256 {str(base.get('sha256'))[:16]}...):\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="pass --base the exact folder the run trained on (every weight and tokenizer "
+            "file must match byte for byte)",
+        )
+    return {"path": str(base_path), "files_checked": len(base.get("files") or {})}
+
+
+def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
+    """(model, tokenizer) from an export: the base plus the adapter through plain
+    `PeftModel.from_pretrained`, or the exported full model. safetensors only."""
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    from tunelab.models._quiet import quiet_transformers
+
+    arch = manifest["base"]["architecture"]
+    cfg = manifest["config"]
+    dtype = getattr(torch, cfg["model"].get("dtype", "float32"))
+    remote = bool(manifest["base"].get("trust_remote_code"))
+    labels = manifest["task"].get("labels")
+    kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True, "trust_remote_code": remote}
+    auto = AutoModelForSequenceClassification if arch == "encoder" else AutoModelForCausalLM
+    art = manifest["artifact"]
+    art_dir = _safe(export_dir, art["dir"])
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(
+            _safe(export_dir, manifest["tokenizer_dir"]), trust_remote_code=remote
+        )
+        if art["kind"] == "adapter":
+            from peft import PeftModel
+
+            if arch == "encoder":
+                kwargs.update(
+                    num_labels=len(labels),
+                    id2label=dict(enumerate(labels)),
+                    label2id={label: i for i, label in enumerate(labels)},
+                )
+            base = auto.from_pretrained(base_path, **kwargs)
+            model = PeftModel.from_pretrained(base, art_dir)
+        else:
+            model = auto.from_pretrained(art_dir, **kwargs)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example: dict) -> dict:
+    """The recorded example through the exported model with the study's evaluation procedure."""
+    from tunelab.config import validate_config
+    from tunelab.evaluate import predict_rows
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    cfg = validate_config(manifest["config"], source=MANIFEST)
+    arch = manifest["base"]["architecture"]
+    task = get_task(cfg, manifest["task"].get("labels"))
+    pre = Preprocessor(tokenizer, cfg, task, arch)
+    import torch
+
+    torch.manual_seed(cfg.evaluation.seed)
+    with torch.inference_mode():
+        return predict_rows(model, tokenizer, pre, task, cfg, [example], arch, lambda n: None)[0]
+
+
+def check_export(
+    export_dir: Path | str, base_path: Path | str, *, atol: float = 2e-4
+) -> dict[str, Any]:
+    """`tunelab check-export DIR --base PATH`: files, base, load, one example.
+
+    Raises ExportError for an edited export or a mismatched base. Returns {export, manifest
+    summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
+    matches_recorded}}.
+    """
+    from tunelab.verify import compare_predictions
+
+    export_dir = Path(export_dir).resolve()
+    manifest = _read_manifest(export_dir)
+    files = check_files(export_dir, manifest)
+    base = check_base(Path(base_path), manifest)
+    started = time.perf_counter()
+    model, tokenizer = load_export(export_dir, Path(base_path).resolve(), manifest)
+    load_s = time.perf_counter() - started
+    result: dict[str, Any] = {
+        "export": str(export_dir),
+        "run_id": manifest["run_id"],
+        "artifact": manifest["artifact"],
+        "base_name": manifest["base"].get("name"),
+        "base_sha256": manifest["base"].get("sha256"),
+        "files": files,
+        "base": base,
+        "load_s": round(load_s, 3),
+        "example": None,
+    }
+    if manifest.get("example"):
+        stored = read_json(_safe(export_dir, manifest["example"]))
+        started = time.perf_counter()
+        fresh = run_example(model, tokenizer, manifest, stored["example"])
+        cmp = compare_predictions([stored["recorded"]], [fresh], atol=atol)
+        result["example"] = {
+            "id": fresh["id"],
+            "gold": fresh.get("gold"),
+            "recorded": stored["recorded"].get("prediction"),
+            "output": fresh.get("prediction"),
+            "raw_output": fresh.get("raw_output"),
+            "scores_max_diff": cmp["max_score_diff"],
+            "matches_recorded": cmp["ok"],
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+    return result

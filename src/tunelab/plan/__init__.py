@@ -1,0 +1,49 @@
+"""The rental plan: figures from records, the pure estimate, GPU catalog and projection, the
+review against the ledger, the Gantt chart, and the probes the stages run for it.
+
+- `figures`: the measured inputs, typed, each with its source (`gather_figures`)
+- `estimate`: `build_plan(figures, cfg, days=...) -> Plan`, pure
+- `review`: `review_plan(study, plan)`, planned against actual from the ledger
+- `chart`: `draw_gantt(plan, path)`
+- `stage`: `make_plan(study, ...)`, what `tunelab plan` runs; `stored`: `latest_plan`
+- `probes`: `StepClock`, `generation_timing`, `adapter_time_ratio`, `hash_rate`
+
+Names load on first use (PEP 562), so the stages that import a probe load nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "Figure": "figures",
+    "Figures": "figures",
+    "gather_figures": "figures",
+    "run_seconds": "figures",
+    "expected_max": "figures",
+    "Plan": "estimate",
+    "build_plan": "estimate",
+    "MARGINS": "estimate",
+    "PHASES": "estimate",
+    "RESOLUTION_S": "review",
+    "repeat_spread": "review",
+    "repeat_verdict": "review",
+    "review_plan": "review",
+    "draw_gantt": "chart",
+    "make_plan": "stage",
+    "latest_plan": "stored",
+    "plans_dir": "stored",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_HOMES)

@@ -1,0 +1,231 @@
+"""The inputs of a plan for a catalog GPU: the study's shape read from its records (or its
+config.json alone), and the figures of `build_plan` projected onto the rental.
+
+What runs on the GPU is projected (`project`): training steps, validation forwards, evaluation.
+What the GPU does not speed up (loading files, importing, writing checkpoints, hashing the base)
+is taken as measured on this machine when a record has it, else assumed from the bytes at a
+disk's speed; each figure says which.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tunelab.config import StudyConfig
+from tunelab.errors import SnapshotError
+from tunelab.plan.estimate import PROCESS_START_S
+from tunelab.plan.figures import (
+    Figure,
+    Figures,
+    Lengths,
+    gather_figures,
+    latest_baseline,
+    split_counts,
+)
+from tunelab.plan.project import Projection, StudyShape
+from tunelab.plan.shapes import facts_from_config, read_model_config
+from tunelab.sizing.memory import ModelFacts
+from tunelab.study import Study
+
+DISK_BYTES_PER_S = 1e9  # reading or writing model files on the rental (assumed)
+TOKENIZE_S_PER_EXAMPLE = 1e-3  # tokenizing one example (assumed, without a sizing record)
+SIZING_STEPS = 6  # steps `tunelab size` runs per configuration (warm-up, timed, memory)
+
+
+def _architecture(config: dict[str, Any], declared: str) -> str:
+    if declared != "auto":
+        return declared
+    names = " ".join(config.get("architectures") or [])
+    return (
+        "causal_lm"
+        if "CausalLM" in names or config.get("model_type") in ("llama", "qwen2", "mistral")
+        else "encoder"
+    )
+
+
+def _labels(study: Study) -> list[str]:
+    from tunelab.data import load_snapshot
+
+    try:
+        return list(load_snapshot(study).labels or [])
+    except SnapshotError:
+        return list(study.config.task.labels or [])
+
+
+def _facts(
+    study: Study, sizing: dict[str, Any] | None, labels: list[str]
+) -> tuple[ModelFacts, str]:
+    if sizing and sizing.get("facts"):
+        return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
+    from tunelab.study import resolve_path
+
+    cfg = study.config
+    folder = resolve_path(cfg.model.path, study.root)
+    config = read_model_config(folder)
+    facts = facts_from_config(
+        config,
+        cfg.adaptation,
+        architecture=_architecture(config, cfg.model.architecture),
+        dtype=cfg.model.dtype,
+        num_labels=len(labels),
+    )
+    return (
+        facts,
+        f"{folder / 'config.json'} with adaptation {cfg.adaptation.method} (no weights read)",
+    )
+
+
+def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
+    """The study's shape for a projection, and its latest sizing record (None without one)."""
+    from tunelab.sizing.stage import latest_sizing
+
+    cfg = study.config
+    sizing = latest_sizing(study)
+    lengths = (sizing or {}).get("lengths") or {}
+    labels = _labels(study)
+    facts, facts_source = _facts(study, sizing, labels)
+    causal = facts.architecture == "causal_lm"
+    quantiles = tuple(lengths.get("quantiles") or ())
+    if quantiles:
+        mean, longest = float(lengths["mean"]), int(lengths["max"])
+        lengths_source = f"sizing {sizing['id']}: the training split tokenized"  # type: ignore[index]
+    else:
+        mean = longest = cfg.preprocess.max_seq_len
+        lengths_source = "assumed: every example max_seq_len long (no sizing record)"
+    if lengths.get("loss_fraction") is not None and causal:
+        loss, loss_source = float(lengths["loss_fraction"]), f"sizing {sizing['id']}"  # type: ignore[index]
+    else:
+        loss = 1.0 if causal else 0.0
+        loss_source = "assumed: every position (no sizing record)" if causal else "the label"
+    generating = causal and cfg.task.kind != "classification"
+    ev = cfg.evaluation
+    prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)
+    precision = cfg.training.precision if cfg.training.precision in ("bf16", "fp16") else "bf16"
+    shape = StudyShape(
+        facts=facts,
+        facts_source=facts_source,
+        quantiles=quantiles,
+        mean_len=mean,
+        max_len=longest,
+        lengths_source=lengths_source,
+        loss_fraction=loss,
+        loss_source=loss_source,
+        packing=bool(cfg.training.packing and causal),
+        counts=split_counts(study, lengths.get("split_counts") or {}),
+        generating=generating,
+        candidates=len(labels) if causal and not generating and labels else 1,
+        eval_batch=ev.batch_size,
+        prompt_len=prompt,
+        answer_steps=answers,
+        generation_source=gen_source,
+        precision=precision,
+        precision_source="training.precision"
+        if precision == cfg.training.precision
+        else "training.precision is fp32: planned in bf16 autocast on the GPU "
+        "(set training.precision=bf16 there)",
+    )
+    return shape, sizing
+
+
+def _generation(
+    study: Study, mean: float, longest: int, loss: float, max_new_tokens: int
+) -> tuple[float, float, str]:
+    """(prompt tokens, decoding steps of a batch, source): the baseline's batches when it ran."""
+    row, rec = latest_baseline(study)
+    batches = (rec.get("generation") or {}).get("batches") or []
+    if row is not None and batches:
+        prompt = sum(b["prompt_tokens"] for b in batches) / len(batches)
+        steps = sum(b["answer_steps"] for b in batches) / len(batches)
+        return prompt, steps, f"baseline {row.id}: its prompts, and the answers' length a batch"
+    prompt = mean * (1 - loss)
+    steps = min(max_new_tokens, math.ceil(longest * loss))
+    return prompt, steps, "assumed from the training lengths (no baseline record)"
+
+
+def local_figures(study: Study) -> Figures | None:
+    """The figures measured on this machine, or None without a sizing record."""
+    from tunelab.sizing.stage import latest_sizing
+
+    return gather_figures(study) if latest_sizing(study) is not None else None
+
+
+def _here(fig: Figure | None, fallback: float, assumed: str) -> Figure:
+    if fig is not None and fig.value is not None:
+        return Figure(fig.value, f"{fig.source}; measured here, the same on the rental")
+    return Figure(fallback, f"assumed: {assumed}")
+
+
+def projected_figures(
+    local: Figures | None,
+    shape: StudyShape,
+    proj: Projection,
+    cfg: StudyConfig,
+    configurations: int,
+) -> Figures:
+    """`build_plan`'s figures for the rental (see the module docstring)."""
+    f, step = shape.facts, proj.step
+    on = f"{proj.gpus}x {proj.gpu}"
+    u = proj.utilization
+    weights = f.total_weight_bytes
+    load = _here(
+        local and local.load_s,
+        PROCESS_START_S + weights / DISK_BYTES_PER_S,
+        f"a process start and {weights / 1e9:.2f} GB of weights read",
+    )
+    save_bytes = 3 * f.trainable_bytes  # the trained weights and two optimizer states
+    save = _here(
+        local and local.checkpoint_save_s,
+        save_bytes / DISK_BYTES_PER_S,
+        f"{save_bytes / 1e9:.2f} GB written",
+    )
+    step_source = (
+        f"projected on {on}: {step.flops / 1e12:.3g} TFLOP a step at {u.value:.0%} of the peak "
+        f"({u.source}), micro-batch {proj.fit.micro_batch} x {proj.fit.grad_accum}"
+        + (", bound by the host" if step.bound == "host" else "")
+        + f"; {step.low:.3g}-{step.high:.3g} s over the utilization's range"
+    )
+    sizing_s = configurations * (PROCESS_START_S + load.seconds + SIZING_STEPS * step.value)
+    return Figures(
+        device="cuda",
+        sizing_id=local.sizing_id if local else None,
+        step_s=Figure(step.value, step_source),
+        forward_s=Figure(proj.forward_s, f"projected on {on}: a validation forward"),
+        load_s=load,
+        encode_s=_here(
+            local and local.encode_s,
+            shape.counts.train * TOKENIZE_S_PER_EXAMPLE,
+            f"{TOKENIZE_S_PER_EXAMPLE * 1000:g} ms an example",
+        ),
+        sizing_s=Figure(
+            sizing_s,
+            f"projected: {configurations} configurations, each a process, a "
+            f"load and {SIZING_STEPS} steps",
+        ),
+        tokens_per_s=Figure(step.tokens / step.value, f"projected on {on}"),
+        counts=shape.counts,
+        lengths=local.lengths if local else Lengths(mean=shape.mean_len, max=shape.max_len),
+        eval_s_per_example=Figure(
+            proj.eval_s_per_example,
+            f"projected on {on}: "
+            + ("prefill and decoding steps" if shape.generating else "forward passes")
+            + " at the answers' length" * shape.generating,
+        ),
+        checkpoint_save_s=save,
+        reload_s=_here(local and local.reload_s, load.seconds, "as the model's load"),
+        smoke_s=Figure(None, "projected from its parts: a start, 4 steps and an evaluation"),
+        process_start_s=_here(local and local.process_start_s, PROCESS_START_S, "a process start"),
+        baseline_s=Figure(None, "projected from its parts: a load and the evaluation"),
+        base_hash_s=_here(
+            local and local.base_hash_s,
+            weights / DISK_BYTES_PER_S,
+            f"{weights / 1e9:.2f} GB hashed",
+        ),
+        method=cfg.adaptation.method,
+        eval_max_examples=cfg.evaluation.max_examples,
+    )
+
+
+def sizing_configurations(sizing: dict[str, Any] | None) -> int:
+    """How many configurations `tunelab size` measures for the study (4 without a record)."""
+    return len((sizing or {}).get("configurations") or []) or 4

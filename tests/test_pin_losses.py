@@ -1,0 +1,63 @@
+"""Pinned losses: the tiny Llama trained for four optimizer steps through `train_run` (what
+`tunelab train` calls in a single process) must give these exact per-step losses.
+
+A refactor of the training path keeps identical loss (tolerance 0). The literals hold for fp32 on
+the CPU with one thread (the study sets `training.num_threads: 1`; the test forces the CPU); a
+change of torch, of the tiny model or of the CPU's kernels may move the last digits, and then
+the literals are regenerated on purpose, never loosened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import write_email_study
+from tunelab.records import read_jsonl
+from tunelab.study import Study
+from tunelab.train import train_run
+
+# step: (training loss, validation loss or None); step 0 holds the validation loss before training
+PINNED = {
+    "lora": {
+        0: (None, 6.217222667875744),
+        1: (6.2094121709600225, None),
+        2: (6.2013161399147725, 6.193141876705109),
+        3: (6.2012481689453125, None),
+        4: (6.1658485814144735, 6.161660936143663),
+    },
+    "full": {
+        0: (None, 6.217222667875744),
+        1: (6.2094121709600225, None),
+        2: (5.921041693569215, 5.512468671041821),
+        3: (5.52056884765625, None),
+        4: (6.638887746710527, 4.650141337561229),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """The training tests' email study (LoRA dropout 0.1, micro 2 x accum 2, warm-up then
+    cosine), four steps, validation and a checkpoint every two."""
+    return write_email_study(
+        tmp_path_factory.mktemp("pin") / "s",
+        tiny_llama_dir,
+        "pin-losses",
+        max_steps=4,
+        eval_every_steps=2,
+        checkpoint_every_steps=2,
+    )
+
+
+@pytest.mark.parametrize("method", sorted(PINNED))
+def test_losses_are_the_pinned_ones(study_dir, method, monkeypatch):
+    monkeypatch.setenv("TUNELAB_DEVICE", "cpu")
+    study = Study.open(study_dir, [f"adaptation.method={method}"])
+    run = train_run(study, name=f"pin-{method}", why="pinned losses")
+    got = {
+        r["step"]: (r.get("loss"), r.get("val_loss")) for r in read_jsonl(run.path("metrics.jsonl"))
+    }
+    assert got == PINNED[method]
+    assert run.status()["status"] == "completed"
