@@ -217,7 +217,7 @@ def run_sizing(
         checkpointing=t.activation_checkpointing,
         packing=t.packing,
         micro_batches=micro_batches,
-        precisions=precisions,
+        precisions=[resolve_precision(p, device) for p in precisions or []],
     )
     budget = memory_budget or device_memory_bytes(device)
     base_spec = {

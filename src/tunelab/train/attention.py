@@ -84,7 +84,9 @@ class Segments:
                 return (doc[q] == doc[k]) & (q >= k)
 
             n = self.tokens
-            self._cache[key] = create_block_mask(same_example_causal, None, None, n, n, device)
+            self._cache[key] = create_block_mask(
+                same_example_causal, None, None, n, n, device=device
+            )
         return self._cache[key]
 
     def __eq__(self, other: object) -> bool:
