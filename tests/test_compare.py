@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -275,25 +276,49 @@ def test_compare_evaluations_classification():
 
 
 def test_example_stats_extraction_reproduce_the_metrics():
+    """The bootstrap statistics at weight one equal the recorded metrics, every path of a
+    nested schema included (lists of objects, their sub-fields, a nested object)."""
+    from tunelab.tasks import ExtractionTask
+
+    schema = {
+        "type": "object",
+        "required": ["s", "items", "meta"],
+        "properties": {
+            "s": {"type": "string"},
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["v", "u"],
+                    "properties": {"v": {"type": "number"}, "u": {"type": "string"}},
+                },
+            },
+            "meta": {"type": "object", "required": ["k"], "properties": {"k": {"type": "string"}}},
+        },
+    }
+    task = ExtractionTask("x", schema)
     rng = random.Random(2)
-    fields = ["s", "t"]
+
+    def items():
+        return [{"v": rng.choice([1, 2]), "u": rng.choice("ab")} for _ in range(rng.randint(0, 3))]
+
     rows = []
     for i in range(80):
-        gold = {"s": rng.choice("xyz"), "t": rng.choice("uvw")}
-        pred = None if rng.random() < 0.2 else {f: rng.choice("xyzuvw") for f in fields}
-        v = M.field_verdicts(pred, gold, fields)
-        v |= {"json_valid": pred is not None, "schema_valid": pred is not None}
-        rows.append({"id": str(i), "verdicts": v, "correct": all(v["normalized"].values())})
-    verdicts = [r["verdicts"] for r in rows]
-    m = M.extraction_metrics(
-        [v["json_valid"] for v in verdicts], [v["schema_valid"] for v in verdicts], verdicts, fields
-    )
-    overall, _, per_field = example_stats("extraction", rows, [], fields)
+        gold = {"s": rng.choice("xyz"), "items": items(), "meta": {"k": rng.choice("pq")}}
+        pred = {"s": rng.choice("xyzuvw"), "items": items(), "meta": {"k": rng.choice("pq")}}
+        raw = "garbage" if rng.random() < 0.2 else json.dumps(pred)
+        ex = {"id": str(i), "target": json.dumps(gold)}
+        v = task.verdicts(task.parse(raw), ex)
+        rows.append({"id": str(i), "verdicts": v, "correct": v["correct"]})
+    m = M.extraction_metrics([r["verdicts"] for r in rows], task.fields, task.paths)
+    paths = list(m["per_field"])
+    assert paths == ["s", "items", "items[].v", "items[].u", "meta", "meta.k"]
+    overall, _, per_field = example_stats("extraction", rows, [], task.fields, paths)
     ones = np.ones((1, 80))
     for name, stat in overall.items():
         assert stat(ones)[0] == pytest.approx(m[name]), name
     for name, stat in per_field.items():
-        assert stat(ones)[0].tolist() == pytest.approx([m["per_field"][f][name] for f in fields])
+        assert stat(ones)[0].tolist() == pytest.approx([m["per_field"][p][name] for p in paths])
 
 
 # ---------------------------------------------------------------- the study edge and the CLI
@@ -448,3 +473,53 @@ def test_compare_cli_json_and_tables(tmp_path, capsys):
     assert "guardrails" in out and "adaptation.rank" in out and "McNemar" in out
     code, out, err = run_cli(capsys, "compare", "nope", "-s", study.root)
     assert code == 2 and "not found" in err
+
+
+def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
+    """Rows recorded by a scorer that read `{...}` + a stray fence as not JSON are judged again
+    from their raw outputs, so the baseline and the variant are scored by the same rules."""
+    import yaml
+
+    from helpers import FILLED_HYPOTHESIS
+    from tunelab import hypothesis as hyp
+    from tunelab.compare import compare_study
+    from tunelab.evaluate import record_evaluation
+    from tunelab.study import Study
+    from tunelab.study_template import render_study_yaml
+
+    raw = yaml.safe_load(render_study_yaml("extraction", "old"))
+    raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
+    raw["evaluation"]["bootstrap_samples"] = 100
+    root = tmp_path / "study"
+    root.mkdir()
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    gold = {"sender": "a@x.org", "subject": "Hi"}
+    answer = json.dumps(gold)
+
+    def old_rows(outputs):  # the shape an earlier scorer recorded: no per-path counts
+        return [
+            {"id": str(i), "gold": gold, "raw_output": out, "prediction": None,
+             "correct": False, "verdicts": {"json_valid": False, "schema_valid": False,
+                                            "failure": "parse_error"}}
+            for i, out in enumerate(outputs)
+        ]  # fmt: skip
+
+    runs = []
+    for kind, outputs in (("baseline", [answer + "\n```", "no"]), ("train", [answer, "no"])):
+        run = study.create_run(kind, name=kind, data_snapshot="s")
+        record = {"split": "validation", "spec_sha256": "spec", "template_sha256": "t",
+                  "hypothesis_version": 1, "task_kind": "extraction",
+                  "fields": ["sender", "subject"], "n": 2,
+                  "metrics": {"json_valid_rate": 0.0, "field_micro_f1": 0.0}}  # fmt: skip
+        record_evaluation(run, record, old_rows(outputs))
+        run.set_status("completed")
+        runs.append(run)
+    out = compare_study(study)
+    assert out["baseline"]["metrics"]["json_valid_rate"] == 0.5  # the stray fence reads now
+    assert "judged again by tunelab-extraction/2" in out["warnings"][0]
+    (row,) = out["runs"]
+    assert row["metrics"]["json_valid_rate"]["delta"] == 0.0
+    assert row["metrics"]["field_micro_f1"]["delta"] == 0.0
+    assert any("judged again" in n for n in row["notes"])

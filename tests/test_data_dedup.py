@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import unicodedata
 from itertools import combinations
 
 import numpy as np
@@ -17,7 +18,9 @@ from tunelab.study import Study
 
 
 def shingle_set(text: str, k: int) -> set[tuple[str, ...]]:
-    words = " ".join(text.lower().split()).split()
+    # as the snapshot shingles: NFKC, lower case, punctuation and symbols (Unicode P, S) to spaces
+    text = unicodedata.normalize("NFKC", text).lower()
+    words = "".join(" " if unicodedata.category(c)[0] in "PS" else c for c in text).split()
     if not words:
         return set()
     if len(words) < k:

@@ -319,16 +319,35 @@ def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid
     )
     assert row["raw_output"] == raw and row["gold"] == {"sender": "a@x.org", "subject": "Hello"}
     if failure in ("parse_error", "empty"):
-        assert row["prediction"] is None and not any(v["presence"].values())
+        # every field is judged, and failed as not JSON
+        assert row["prediction"] is None
+        assert v["paths"] == {
+            f: {"slots": 1, "gold": 1, "not_json": 1} for f in ("sender", "subject")
+        }
 
 
 def test_judge_schema_error_still_scores_present_fields(extraction_task):
     from tunelab.evaluate import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
-    assert row["verdicts"]["presence"] == {"sender": True, "subject": False}
-    assert row["verdicts"]["normalized"] == {"sender": True, "subject": False}
-    assert row["verdicts"]["tp"] == 1
+    paths = row["verdicts"]["paths"]
+    assert paths["sender"] == {
+        "slots": 1, "present": 1, "exact": 1, "match": 1, "tp": 1, "pred": 1, "gold": 1
+    }  # fmt: skip
+    assert paths["subject"] == {"slots": 1, "gold": 1, "missing": 1}
+
+
+def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
+    """Rescoring is a function of the recorded gold and raw output alone."""
+    from tunelab.evaluate import compute_metrics, judge_output, rescore_predictions
+
+    raws = ['{"sender": "a@x.org", "subject": "Hello"}\n```', "no", '{"sender": "b"}']
+    rows = [
+        judge_output(extraction_task, {**GOLD_ROW, "id": str(i)}, r) for i, r in enumerate(raws)
+    ]
+    again = rescore_predictions(extraction_task, rows)
+    assert again == rows
+    assert compute_metrics(extraction_task, again) == compute_metrics(extraction_task, rows)
 
 
 def test_judge_format_outputs():

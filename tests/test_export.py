@@ -5,6 +5,7 @@ export or manifest is refused; a full fine-tune exports as a whole safetensors m
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def test_export_folder_and_manifest(exported):
     card = (path / "README.md").read_text()
     assert "PeftModel.from_pretrained" in card and base["sha256"] in card
     assert "## Limitations" in card and "macro_f1" in card
+    assert re.search(r"95% interval (above|below|spans) 0 \(significant: (yes|no)\)", card)
     # the adapter names the base, not a folder of the training machine
     adapter_cfg = json.loads((path / "adapter" / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == base["name"]

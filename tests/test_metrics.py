@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -111,38 +112,23 @@ def test_format_metrics_counts_failures():
 # ---------------------------------------------------------------- extraction
 
 
-@pytest.mark.parametrize(
-    "a,b,same",
-    [
-        ("  Alice  Smith ", "alice smith", True),
-        ("<bob@example.org>", "bob@example.org", True),
-        ("Re: Hello.", "re: hello", True),
-        ("5", 5, True),
-        (2.0, "2", True),
-        ("ｆｕｌｌ", "full", True),  # NFKC
-        ("alice", "alicia", False),
-        (None, "", True),  # both absent
-        ([1, 2], [1, 2], True),
-        ({"b": 1, "a": 2}, {"a": 2, "b": 1}, True),
-    ],
-)
-def test_normalize_value(a, b, same):
-    assert (M.normalize_value(a) == M.normalize_value(b)) is same
+def _task(fields):
+    from tunelab.tasks import ExtractionTask
+
+    return ExtractionTask("x", {"type": "object", "required": list(fields)})
 
 
-def test_field_verdicts_hand_worked():
-    gold = {"sender": "alice@example.com", "subject": "Meeting tomorrow", "date": "2002-08-22"}
-    pred = {"sender": "Alice@Example.com", "subject": "Meeting tomorrow", "date": ""}
-    v = M.field_verdicts(pred, gold, ["sender", "subject", "date"])
-    assert v["presence"] == {"sender": True, "subject": True, "date": False}
-    assert v["exact"] == {"sender": False, "subject": True, "date": False}
-    assert v["normalized"] == {"sender": True, "subject": True, "date": False}
-    assert (v["tp"], v["n_pred"], v["n_gold"]) == (2, 2, 3)
-    none = M.field_verdicts(None, gold, ["sender", "subject", "date"])
-    assert not any(none["presence"].values()) and none["tp"] == 0 and none["n_gold"] == 3
+def _verdicts(task, preds, golds):
+    """The task's verdicts of answers given as objects (None: an output that is not JSON)."""
+    out = []
+    for i, (p, g) in enumerate(zip(preds, golds, strict=True)):
+        raw = "garbage" if p is None else json.dumps(p)
+        out.append(task.verdicts(task.parse(raw), {"id": str(i), "target": json.dumps(g)}))
+    return out
 
 
 def test_extraction_metrics_hand_worked():
+    """Flat string fields score as they did before scoring followed the schema's paths."""
     fields = ["sender", "subject"]
     golds = [
         {"sender": "a@x.org", "subject": "Hi"},
@@ -156,10 +142,8 @@ def test_extraction_metrics_hand_worked():
         None,  # unparsable
         {"sender": "d@x.org"},  # subject missing (schema error)
     ]
-    verdicts = [M.field_verdicts(p, g, fields) for p, g in zip(preds, golds, strict=True)]
-    m = M.extraction_metrics(
-        [True, True, False, True], [True, True, False, False], verdicts, fields
-    )
+    task = _task(fields)
+    m = M.extraction_metrics(_verdicts(task, preds, golds), fields, task.paths)
     assert m["json_valid_rate"] == 0.75
     assert m["schema_valid_rate"] == 0.5
     pf = m["per_field"]
@@ -181,6 +165,11 @@ def test_extraction_metrics_hand_worked():
     assert m["field_micro_f1"] == pytest.approx(8 / 13)
     assert m["exact_match"] == 0.25
     assert m["all_fields_match_rate"] == 0.25
+    # the failed slots, by kind: subject wrong in 2, missing in 4, not JSON in 3
+    assert pf["subject"]["failures"] == {
+        "missing": 1, "wrong_type": 0, "wrong_value": 1, "not_json": 1
+    }  # fmt: skip
+    assert m["failure_counts"] == {"no_json": 1, "schema_error": 1}
 
 
 def test_field_micro_f1_matches_sklearn_on_random_data():
@@ -188,11 +177,11 @@ def test_field_micro_f1_matches_sklearn_on_random_data():
     rng = random.Random(3)
     fields = ["f1", "f2", "f3"]
     values = ["x", "y", "z"]
-    verdicts, y_true, y_pred = [], [], []
+    golds, preds, y_true, y_pred = [], [], [], []
     for _ in range(200):
         gold = {f: rng.choice(values + [None]) for f in fields}
         pred = {f: rng.choice(values + [None, None]) for f in fields}
-        verdicts.append(M.field_verdicts(pred, gold, fields))
+        golds.append(gold), preds.append(pred)
         for f in fields:
             # a slot: gold positive when gold present; predicted positive when predicted
             # present; a predicted value that is wrong is a false positive AND a false negative
@@ -204,7 +193,8 @@ def test_field_micro_f1_matches_sklearn_on_random_data():
                     y_true.append(0), y_pred.append(1)
                 if g is not None:
                     y_true.append(1), y_pred.append(0)
-    m = M.extraction_metrics([True] * 200, [True] * 200, verdicts, fields)
+    task = _task(fields)
+    m = M.extraction_metrics(_verdicts(task, preds, golds), fields, task.paths)
     assert m["field_micro_f1"] == pytest.approx(f1_score(y_true, y_pred))
 
 

@@ -166,14 +166,14 @@ def test_resolve_base_from_study(tmp_path, tiny_bert_dir):
 
     cfg = make_cfg(tiny_bert_dir).to_dict()
     shutil.copytree(tiny_bert_dir, tmp_path / "study" / "base")
-    cfg["model"] = {"path": "base", "name": "tiny-bert", "revision": "r1"}
+    cfg["model"] = {"path": "base", "name": "tiny-bert"}
     import yaml
 
     (tmp_path / "study" / "study.yaml").write_text(yaml.safe_dump(cfg))
     base = resolve_base(Study.open(tmp_path / "study"))
     assert base.path == (tmp_path / "study" / "base").resolve()
     assert base.architecture == "encoder"
-    assert base.identity["name"] == "tiny-bert" and base.identity["revision"] == "r1"
+    assert base.identity["name"] == "tiny-bert" and base.identity["revision"] is None
     assert base.identity["architecture"] == "encoder"
     tok = load_tokenizer(base)
     assert tok.pad_token == "[PAD]"

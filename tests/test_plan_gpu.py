@@ -279,6 +279,10 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
         assert set(r["variants"]) == {"3", "7", "30"}
     kinds = {i["name"]: i["kind"] for i in result["inputs"]}
     assert kinds["model"] == "read" and kinds["lengths"] == "assumed"
+    # no tokenizer: the snapshot's texts at 4 characters a token, not max_seq_len for all
+    lengths = next(i["value"] for i in result["inputs"] if i["name"] == "lengths")
+    mean = float(lengths.split()[1].rstrip(","))
+    assert 10 < mean < 100 and "4 characters a token" in result["inputs"][1]["source"]
     assert "H100-SXM" in result["sources"]
     code, out, err = run_cli(capsys, "plan", "-s", config_only_study, "--compare-gpus")
     assert code == 0, err
@@ -375,3 +379,25 @@ def test_review_of_a_gpu_plan_against_the_runs_that_followed(pinned, capsys):  #
     assert review["notes"] and "ran on cpu, not on NVIDIA L4 24GB" in review["notes"][0]
     code, out, _ = run_cli(capsys, "plan", "-s", pinned, "--review")
     assert code == 0 and "note:" in out and "not on NVIDIA L4" in out
+
+
+def test_a_training_run_on_a_gpu_sets_the_utilization(pinned, capsys):  # noqa: F811
+    """A training run of the study on a catalog GPU (its env.json) measures the share of the
+    peak its steps reached; a plan for a GPU of that architecture uses it, others keep the
+    catalog's default and say why."""
+    from tunelab.records import read_json, write_json_atomic
+
+    runs = sorted((pinned / "records" / "runs").glob("train-*"))
+    env = read_json(runs[-1] / "env.json")
+    env.update(compute_device="cuda:0", gpus=[{"name": "NVIDIA H100 80GB HBM3"}])
+    write_json_atomic(runs[-1] / "env.json", env, overwrite=True)
+    code, out, err = run_cli(capsys, "plan", "-s", pinned, "--gpu", "H200", "--json")
+    assert code == 0, err
+    proj = json.loads(out[out.index("{") :])["projection"]
+    assert proj["utilization_measured"]
+    assert proj["utilization"]["source"].startswith(f"measured: train run {runs[-1].name}")
+    assert proj["utilization"]["low"] < proj["utilization"]["value"] < proj["utilization"]["high"]
+    code, out, err = run_cli(capsys, "plan", "-s", pinned, "--gpu", "A100-80GB", "--json")
+    record = json.loads(out[out.index("{") :])
+    assert not record["projection"]["utilization_measured"]
+    assert any("another architecture" in w for w in record["warnings"])

@@ -196,11 +196,15 @@ def test_extraction_presence_per_field(ext):
 
 def test_extraction_verdicts(ext):
     v = ext.verdicts(ext.parse('{"sender": "a@b.c", "subject": "Hi  there"}'), GOLD)
-    assert v["exact_match"] and v["field_correct"] == {"sender": True, "subject": True}
+    # the subject matches after normalization, but is not exactly the gold text
+    assert v["correct"] and not v["exact_match"]
+    assert v["paths"]["subject"]["match"] == 1 and "exact" not in v["paths"]["subject"]
     v = ext.verdicts(ext.parse('{"sender": "x@y.z", "subject": "Hi there"}'), GOLD)
-    assert v["field_correct"] == {"sender": False, "subject": True} and not v["exact_match"]
+    assert v["paths"]["sender"]["wrong_value"] == 1 and v["paths"]["subject"]["exact"] == 1
+    assert not v["correct"] and not v["exact_match"]
     v = ext.verdicts(ext.parse("garbage"), GOLD)
-    assert not v["json_valid"] and v["present"] == {"sender": False, "subject": False}
+    assert not v["json_valid"] and v["json_failure"] == "no_json"
+    assert v["paths"]["sender"] == {"slots": 1, "gold": 1, "not_json": 1}
     with pytest.raises(DataError, match="'bad'.*not a JSON object"):
         ext.verdicts(ext.parse("{}"), {"id": "bad", "text": "t", "target": "oops"})
 

@@ -420,7 +420,8 @@ def test_resume_refuses_completed_running_changed_config_and_data(study_dir, str
     raw["training"]["lr"] = 2e-2
     (copy / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     with open(copy / "mail.jsonl", "a") as f:
-        f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": "{}"}) + "\n")
+        target = json.dumps({"sender": "zed@example.com", "subject": "Hello"})
+        f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": target}) + "\n")
     from tunelab.data import build_snapshot
 
     build_snapshot(Study.open(copy), progress=False)

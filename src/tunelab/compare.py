@@ -15,13 +15,18 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tunelab.guardrails import check_guardrails, inner_metrics
 from tunelab.hypothesis import diff_dicts
+from tunelab.tasks.schema_scoring import SCORING_VERSION
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 Stat = Callable[[np.ndarray], np.ndarray]  # counts [B, n] -> values [B] or [B, k]
 
@@ -211,6 +216,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
             "training.keep_last_checkpoints",
             "training.update_check_steps",
             "training.num_threads",
+            "training.log_to",
         ),
     ),
 ]
@@ -287,12 +293,16 @@ def config_diff(
 
 
 def example_stats(
-    kind: str, rows: Sequence[Mapping[str, Any]], labels: Sequence[str], fields: Sequence[str]
+    kind: str,
+    rows: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    fields: Sequence[str],
+    paths: Sequence[str] = (),
 ) -> tuple[dict[str, Stat], dict[str, Stat], dict[str, Stat]]:
     """Bootstrap statistics of one evaluation from its prediction rows (in pairing order).
 
     Returns (overall {metric: stat [B]}, per_category {"f1": stat [B, C]}, per_field
-    {metric: stat [B, F]}).
+    {metric: stat [B, P]} over `paths`, the extraction schema's paths, default `fields`).
     """
     overall: dict[str, Stat] = {}
     per_category: dict[str, Stat] = {}
@@ -316,30 +326,47 @@ def example_stats(
             if rows and all(v.get(key) is not None for v in verdicts):
                 overall[metric] = mean_stat([bool(v[key]) for v in verdicts])
         return overall, per_category, per_field
-    # extraction
-    overall["json_valid_rate"] = mean_stat([bool(v.get("json_valid")) for v in verdicts])
-    overall["schema_valid_rate"] = mean_stat([bool(v.get("schema_valid")) for v in verdicts])
-    matrix = {
-        key: np.array([[bool(v[key][f]) for f in fields] for v in verdicts], dtype=np.float64)
-        for key in ("presence", "gold_present", "exact", "normalized")
-    }
-    if not rows:
-        matrix = {k: np.zeros((0, len(fields))) for k in matrix}
-    for key, name in (
-        ("presence", "presence_rate"),
-        ("exact", "exact_match"),
-        ("normalized", "normalized_match"),
-    ):
-        per_field[name] = mean_stat(matrix[key])
-        overall[f"field_{name}"] = mean_stat(matrix[key].mean(axis=1) if fields else correct)
-    tp = matrix["presence"] * matrix["gold_present"] * matrix["normalized"]
-    per_field["f1"] = ratio_stat(2 * tp, matrix["presence"] + matrix["gold_present"])
-    overall["field_micro_f1"] = ratio_stat(
-        2 * tp.sum(axis=1), (matrix["presence"] + matrix["gold_present"]).sum(axis=1)
-    )
-    overall["exact_match"] = mean_stat(matrix["exact"].all(axis=1))
-    overall["all_fields_match_rate"] = mean_stat(matrix["normalized"].all(axis=1))
+    overall |= _extraction_stats(verdicts, list(fields), list(paths or fields), per_field)
     return overall, per_category, per_field
+
+
+def _extraction_stats(
+    verdicts: list[Mapping[str, Any]],
+    fields: list[str],
+    paths: list[str],
+    per_field: dict[str, Stat],
+) -> dict[str, Stat]:
+    """Extraction's statistics from the per-path counts of each example (see
+    metrics.extraction_metrics): fills `per_field` ([B, P]) and returns the overall ones."""
+    keys = ("slots", "present", "exact", "match", "tp", "pred", "gold")
+    counts = {  # key -> [n, P]
+        key: np.array(
+            [[((v.get("paths") or {}).get(p) or {}).get(key, 0) for p in paths] for v in verdicts],
+            dtype=np.float64,
+        ).reshape(len(verdicts), len(paths))
+        for key in keys
+    }
+    rates = {"presence_rate": "present", "exact_match": "exact", "normalized_match": "match"}
+    for name, key in rates.items():
+        per_field[name] = ratio_stat(counts[key], counts["slots"])
+    per_field["f1"] = ratio_stat(2 * counts["tp"], counts["pred"] + counts["gold"])
+    top = [paths.index(f) for f in fields if f in paths]
+    overall: dict[str, Stat] = {
+        "json_valid_rate": mean_stat([bool(v.get("json_valid")) for v in verdicts]),
+        "schema_valid_rate": mean_stat([bool(v.get("schema_valid")) for v in verdicts]),
+    }
+    for name in rates:
+        stat = per_field[name]
+        overall[f"field_{name}"] = lambda w, stat=stat: stat(w)[:, top].mean(axis=1)
+    overall["field_micro_f1"] = ratio_stat(
+        2 * counts["tp"][:, top].sum(axis=1),
+        (counts["pred"] + counts["gold"])[:, top].sum(axis=1),
+    )
+    overall["exact_match"] = mean_stat([bool(v.get("exact_match")) for v in verdicts])
+    overall["all_fields_match_rate"] = mean_stat(
+        [bool(v.get("all_fields_match")) for v in verdicts]
+    )
+    return overall
 
 
 def compare_evaluations(
@@ -354,12 +381,14 @@ def compare_evaluations(
     min_improvement: float = 0.0,
     labels: Sequence[str] = (),
     fields: Sequence[str] = (),
+    paths: Sequence[str] = (),
     samples: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Everything one comparison row holds, computed from two evaluations' records.
 
     Examples are paired by id (those in both); the notes say how many were left unpaired.
+    `paths`: an extraction schema's paths (default `fields`), each with paired intervals.
     """
     base_by_id = {r["id"]: r for r in baseline_rows}
     var_by_id = {r["id"]: r for r in variant_rows}
@@ -373,8 +402,9 @@ def compare_evaluations(
         )
     base = [base_by_id[i] for i in ids]
     var = [var_by_id[i] for i in ids]
-    b_overall, b_cat, b_field = example_stats(kind, base, labels, fields)
-    v_overall, v_cat, v_field = example_stats(kind, var, labels, fields)
+    paths = list(paths or fields)
+    b_overall, b_cat, b_field = example_stats(kind, base, labels, fields, paths)
+    v_overall, v_cat, v_field = example_stats(kind, var, labels, fields, paths)
     pairs = {m: (b_overall[m], v_overall[m]) for m in b_overall if m in v_overall}
     pairs |= {f"per_category.{m}": (b_cat[m], v_cat[m]) for m in b_cat}
     pairs |= {f"per_field.{m}": (b_field[m], v_field[m]) for m in b_field}
@@ -393,7 +423,7 @@ def compare_evaluations(
             "ci_high": None,
         }
     per_category = _per_item(boot, "per_category", labels, b_inner, v_inner, CATEGORY_KEYS)
-    per_field = _per_item(boot, "per_field", fields, b_inner, v_inner, FIELD_KEYS)
+    per_field = _per_item(boot, "per_field", paths, b_inner, v_inner, FIELD_KEYS)
     primary = dict(metrics.get(primary_metric) or {})
     delta = primary.get("delta")
     primary.update(
@@ -464,14 +494,14 @@ def new_compare_id() -> str:
 # ---------------------------------------------------------------- the study edge
 
 
-def _run_config(study: Any, run_id: str) -> dict[str, Any]:
+def _run_config(study: Study, run_id: str) -> dict[str, Any]:
     from tunelab.records import read_json
 
     path = study.runs_dir / run_id / "config.json"
     return read_json(path) if path.exists() else {}
 
 
-def _latest_baseline(study: Any, split: str) -> Any:
+def _latest_baseline(study: Study, split: str) -> Any:
     from tunelab.evaluate import BASELINE_KIND, find_evaluation
 
     for row in reversed(study.ledger.list_runs(BASELINE_KIND)):
@@ -485,8 +515,170 @@ def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
     return entry
 
 
+@dataclass
+class _Baseline:
+    """What every run of one comparison is set against."""
+
+    row: Any
+    evaluation: dict[str, Any]
+    record: dict[str, Any]
+    predictions: list[dict[str, Any]]
+    config: dict[str, Any]
+    kind: str
+    labels: list[str]
+    fields: list[str]
+    paths: list[str]
+
+
+def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
+    """The task of the hypothesis version an evaluation names (else the latest's)."""
+    from tunelab.config import TaskConfig
+    from tunelab.hypothesis import all_hypotheses
+    from tunelab.tasks import task_for
+
+    version = record.get("hypothesis_version")
+    found = next((h for h in all_hypotheses(study.records) if h["version"] == version), hyp)
+    spec = TaskConfig.model_validate(found["content"]["evaluation_spec"]["task"])
+    return task_for(spec, record.get("labels"))
+
+
+def _scored(
+    study: Any, hyp: Mapping[str, Any], evaluation: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
+    """An evaluation's record and prediction rows; extraction rows scored by an earlier
+    scorer are judged again from their raw outputs, with a note saying so."""
+    from tunelab.evaluate import compute_metrics, load_predictions, rescore_predictions
+
+    record, rows = evaluation["record"], load_predictions(evaluation)
+    scoring = inner_metrics(record).get("scoring")
+    if record.get("task_kind") != "extraction" or scoring == SCORING_VERSION:
+        return record, rows, None
+    task = _locked_task(hyp, record, study)
+    rows = rescore_predictions(task, rows)
+    record = {**record, "metrics": compute_metrics(task, rows)}
+    note = (
+        f"{record.get('run_id') or evaluation['eval_run']} was scored by "
+        f"{scoring or 'an earlier scorer'}: its {len(rows)} recorded outputs were judged again "
+        f"by {SCORING_VERSION}"
+    )
+    return record, rows, note
+
+
+def _find_baseline(study: Any, hyp: Mapping[str, Any], baseline: str | None, split: str):
+    from tunelab.errors import EvaluationError
+    from tunelab.evaluate import find_evaluation
+
+    row = study.get_run(baseline).row if baseline else _latest_baseline(study, split)
+    evaluation = find_evaluation(study, row.id, split) if row else None
+    if evaluation is None:
+        raise EvaluationError(
+            f"no completed baseline evaluation on the {split} split",
+            hint="run `tunelab baseline` first"
+            if split == "validation"
+            else "evaluate the baseline on it: `tunelab eval BASELINE --split test --final`",
+        )
+    record, rows, note = _scored(study, hyp, evaluation)
+    per_field = inner_metrics(record).get("per_field") or {}
+    base = _Baseline(
+        row=row,
+        evaluation=evaluation,
+        record=record,
+        predictions=rows,
+        config=_run_config(study, row.id),
+        kind=record["task_kind"],
+        labels=record.get("labels") or [],
+        fields=record.get("fields") or [],
+        paths=list(per_field) or list(record.get("fields") or []),
+    )
+    return base, note
+
+
+def _spec_mismatch(rec: Mapping[str, Any], base: Mapping[str, Any]) -> str | None:
+    if rec.get("spec_sha256") == base.get("spec_sha256"):
+        return None
+    return (
+        f"evaluation spec differs from the baseline's (run {rec.get('spec_sha256', '')[:12]}"
+        f" vs baseline {base.get('spec_sha256', '')[:12]}; hypothesis "
+        f"v{rec.get('hypothesis_version')} vs v{base.get('hypothesis_version')}, "
+        f"template {rec.get('template_sha256', '')[:12]} vs "
+        f"{base.get('template_sha256', '')[:12]}): results measured differently "
+        "cannot be compared"
+    )
+
+
+def _compare_run(
+    study: Any, hyp: Mapping[str, Any], row: Any, base: _Baseline, split: str, explicit: bool
+) -> dict[str, Any]:
+    """One row of the comparison: the run against the baseline, or why it is not compared."""
+    from tunelab.errors import EvaluationError
+    from tunelab.evaluate import find_evaluation
+
+    entry: dict[str, Any] = {
+        "run_id": row.id,
+        "name": row.name,
+        "kind": row.kind,
+        "parent": row.parent,
+        "status": row.status,
+        "reason": row.reason,
+        "why": row.why,
+    }
+    if row.status != "completed":
+        return _not_compared(entry, f"{row.status}: {row.reason or 'no reason recorded'}")
+    found = find_evaluation(study, row.id, split)
+    if found is None:
+        return _not_compared(entry, f"not evaluated on {split}: run `tunelab eval {row.id}`")
+    why_not = _spec_mismatch(found["record"], base.record)
+    if why_not is not None:
+        if explicit:
+            raise EvaluationError(
+                f"refusing to compare {row.id} with baseline {base.row.id}: {why_not}",
+                hint="re-evaluate both under the current spec (`tunelab baseline`, "
+                f"`tunelab eval {row.id}`)",
+            )
+        return _not_compared(entry, why_not)
+    rec, rows, note = _scored(study, hyp, found)
+    content = hyp["content"]
+    result = compare_evaluations(
+        base.kind,
+        base.predictions,
+        rows,
+        baseline_metrics=base.record,
+        variant_metrics=rec,
+        guardrails=content["guardrails"],
+        primary_metric=content["hypothesis"]["primary_metric"],
+        min_improvement=float(content["hypothesis"].get("min_improvement") or 0.0),
+        labels=base.labels,
+        fields=base.fields,
+        paths=base.paths,
+        samples=study.config.evaluation.bootstrap_samples,
+        seed=study.config.evaluation.seed,
+    )
+    if note:
+        result["notes"].append(note)
+    run_cfg = _run_config(study, row.id)
+    parent_id = row.parent or base.row.id
+    parent_cfg = _run_config(study, parent_id) if row.parent else base.config
+    diff = config_diff(
+        parent_cfg.get("config") or {},
+        run_cfg.get("config") or {},
+        why=row.why,
+        parent_snapshot=parent_cfg.get("data_snapshot"),
+        child_snapshot=run_cfg.get("data_snapshot"),
+    )
+    diff["against"] = parent_id
+    entry.update(
+        compared=True,
+        eval_run=found["eval_run"],
+        spec_sha256=rec.get("spec_sha256"),
+        config_diff=diff,
+        flags=diff["flags"],
+        **result,
+    )
+    return entry
+
+
 def compare_study(
-    study: Any,
+    study: Study,
     run_ids: Sequence[str] | None = None,
     *,
     split: str = "validation",
@@ -499,8 +691,8 @@ def compare_study(
     refused (EvaluationError); in the default listing it becomes a row saying why.
     Returns the compare record (not yet saved; see `save_compare`).
     """
-    from tunelab.errors import EvaluationError, HypothesisError
-    from tunelab.evaluate import EVAL_KIND, find_evaluation, load_predictions
+    from tunelab.errors import HypothesisError
+    from tunelab.evaluate import EVAL_KIND
     from tunelab.hypothesis import latest_hypothesis
 
     hyp = latest_hypothesis(study.records)
@@ -509,28 +701,7 @@ def compare_study(
             "no hypothesis is registered for this study",
             hint="run `tunelab register`, then `tunelab baseline`",
         )
-    content = hyp["content"]
-    primary_metric = content["hypothesis"]["primary_metric"]
-    min_improvement = float(content["hypothesis"].get("min_improvement") or 0.0)
-    guardrails = content["guardrails"]
-
-    base_row = study.get_run(baseline).row if baseline else _latest_baseline(study, split)
-    base_eval = find_evaluation(study, base_row.id, split) if base_row else None
-    if base_eval is None:
-        raise EvaluationError(
-            f"no completed baseline evaluation on the {split} split",
-            hint="run `tunelab baseline` first"
-            if split == "validation"
-            else "evaluate the baseline on it: `tunelab eval BASELINE --split test --final`",
-        )
-    base_rec = base_eval["record"]
-    base_preds = load_predictions(base_eval)
-    kind = base_rec["task_kind"]
-    labels = base_rec.get("labels") or []
-    fields = base_rec.get("fields") or []
-    base_config = _run_config(study, base_row.id)
-    ev = study.config.evaluation
-
+    base, base_note = _find_baseline(study, hyp, baseline, split)
     explicit = bool(run_ids)
     if explicit:
         rows = [study.get_run(r).row for r in run_ids or []]
@@ -538,109 +709,40 @@ def compare_study(
         rows = [r for r in study.list_runs() if r.kind == "train"]
     entries = []
     for row in rows:
-        if row.id == base_row.id:
+        if row.id == base.row.id:
             continue
         if row.kind == EVAL_KIND and row.parent:
             row = study.get_run(row.parent).row
-        entry: dict[str, Any] = {
-            "run_id": row.id,
-            "name": row.name,
-            "kind": row.kind,
-            "parent": row.parent,
-            "status": row.status,
-            "reason": row.reason,
-            "why": row.why,
-        }
-        if row.status != "completed":
-            entries.append(
-                _not_compared(entry, f"{row.status}: {row.reason or 'no reason recorded'}")
-            )
-            continue
-        found = find_evaluation(study, row.id, split)
-        if found is None:
-            entries.append(
-                _not_compared(entry, f"not evaluated on {split}: run `tunelab eval {row.id}`")
-            )
-            continue
-        rec = found["record"]
-        if rec.get("spec_sha256") != base_rec.get("spec_sha256"):
-            why_not = (
-                f"evaluation spec differs from the baseline's (run {rec.get('spec_sha256', '')[:12]}"
-                f" vs baseline {base_rec.get('spec_sha256', '')[:12]}; hypothesis "
-                f"v{rec.get('hypothesis_version')} vs v{base_rec.get('hypothesis_version')}, "
-                f"template {rec.get('template_sha256', '')[:12]} vs "
-                f"{base_rec.get('template_sha256', '')[:12]}): results measured differently "
-                "cannot be compared"
-            )
-            if explicit:
-                raise EvaluationError(
-                    f"refusing to compare {row.id} with baseline {base_row.id}: {why_not}",
-                    hint="re-evaluate both under the current spec (`tunelab baseline`, "
-                    f"`tunelab eval {row.id}`)",
-                )
-            entries.append(_not_compared(entry, why_not))
-            continue
-        result = compare_evaluations(
-            kind,
-            base_preds,
-            load_predictions(found),
-            baseline_metrics=base_rec,
-            variant_metrics=rec,
-            guardrails=guardrails,
-            primary_metric=primary_metric,
-            min_improvement=min_improvement,
-            labels=labels,
-            fields=fields,
-            samples=ev.bootstrap_samples,
-            seed=ev.seed,
-        )
-        run_cfg = _run_config(study, row.id)
-        parent_id = row.parent or base_row.id
-        parent_cfg = _run_config(study, parent_id) if row.parent else base_config
-        diff = config_diff(
-            parent_cfg.get("config") or {},
-            run_cfg.get("config") or {},
-            why=row.why,
-            parent_snapshot=parent_cfg.get("data_snapshot"),
-            child_snapshot=run_cfg.get("data_snapshot"),
-        )
-        diff["against"] = parent_id
-        entry.update(
-            compared=True,
-            eval_run=found["eval_run"],
-            spec_sha256=rec.get("spec_sha256"),
-            config_diff=diff,
-            flags=diff["flags"],
-            **result,
-        )
-        entries.append(entry)
+        entries.append(_compare_run(study, hyp, row, base, split, explicit))
 
     openings = study.ledger.test_openings()
-    warnings = []
+    warnings = [base_note] if base_note else []
     if len(openings) > 1:
         warnings.append(
             f"the sealed test split has been opened {len(openings)} times in this study; "
             "test results after the first opening are biased by that choice"
         )
+    ev = study.config.evaluation
+    content = hyp["content"]
     return {
         "id": new_compare_id(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "study": study.config.name,
         "split": split,
-        "task_kind": kind,
+        "task_kind": base.kind,
         "hypothesis_version": hyp["version"],
         "hypothesis_sha256": hyp["sha256"],
-        "primary_metric": primary_metric,
-        "min_improvement": min_improvement,
+        "primary_metric": content["hypothesis"]["primary_metric"],
+        "min_improvement": float(content["hypothesis"].get("min_improvement") or 0.0),
         "bootstrap": {"samples": ev.bootstrap_samples, "seed": ev.seed, "confidence": 0.95},
         "baseline": {
-            "run_id": base_row.id,
-            "kind": base_row.kind,
-            "eval_run": base_eval["eval_run"],
-            "spec_sha256": base_rec.get("spec_sha256"),
-            "n": base_rec.get("n"),
+            "run_id": base.row.id,
+            "kind": base.row.kind,
+            "eval_run": base.evaluation["eval_run"],
+            "spec_sha256": base.record.get("spec_sha256"),
+            "n": base.record.get("n"),
             "metrics": {
-                k: v for k, v in inner_metrics(base_rec).items() if isinstance(v, (int, float))
+                k: v for k, v in inner_metrics(base.record).items() if isinstance(v, (int, float))
             },
         },
         "runs": entries,
@@ -649,10 +751,19 @@ def compare_study(
     }
 
 
-def save_compare(study: Any, record: dict[str, Any]) -> Any:
+def save_compare(study: Study, record: dict[str, Any]) -> Any:
     """Write records/compare/<id>.json (never overwritten) and note it in the ledger."""
     from tunelab.records import write_json_atomic
 
     path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
     study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
     return path
+
+
+def interval_verdict(primary: dict[str, Any]) -> str:
+    """Where a delta's 95% interval lies: "above 0" (the record's `significant`), "below 0",
+    "spans 0", or "-" without an interval."""
+    low, high = primary.get("ci_low"), primary.get("ci_high")
+    if low is None or high is None:
+        return "-"
+    return "above 0" if low > 0 else ("below 0" if high < 0 else "spans 0")

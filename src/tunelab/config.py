@@ -10,19 +10,33 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
-from tunelab.errors import ConfigError
+from tunelab.errors import ConfigError, preview
+from tunelab.strict_load import ParseProblem, load_yaml
+
+# a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
 TaskKind = Literal["classification", "format", "extraction"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: "8" is not an int and "true" not a bool; a number written as text is an error
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 # ---------------------------------------------------------------- hypothesis and guardrails
@@ -66,6 +80,17 @@ class GuardrailRule(Section):
 # ---------------------------------------------------------------- task
 
 
+class ScoringConfig(Section):
+    """How an extraction answer is scored beyond the schema's own rules."""
+
+    ordered: list[str] = Field(
+        [], description="List paths whose order matters (e.g. steps); others are multisets."
+    )
+    tolerance: dict[str, float] = Field(
+        {}, description="Absolute tolerance per number path, e.g. {'quantities[].value': 0.01}."
+    )
+
+
 class TaskConfig(Section):
     kind: TaskKind = "classification"
     labels: list[str] | None = Field(None, description="Label set; read from the data when absent.")
@@ -78,6 +103,17 @@ class TaskConfig(Section):
     regex: str | None = Field(
         None, description="Regular expression the whole answer must match (format)."
     )
+    scoring: ScoringConfig | None = Field(
+        None, description="Extraction scoring options: ordered lists, numeric tolerances."
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_scoring(self, handler: Any) -> dict[str, Any]:
+        # absent when unset, so the locked evaluation specs of existing studies keep their sha256
+        out = handler(self)
+        if self.scoring is None:
+            out.pop("scoring", None)
+        return out
 
     @model_validator(mode="after")
     def _check_kind(self) -> TaskConfig:
@@ -88,6 +124,8 @@ class TaskConfig(Section):
                 raise ValueError(
                     "an extraction task needs task.json_schema with a non-empty 'required' list"
                 )
+        if self.scoring is not None and self.kind != "extraction":
+            raise ValueError("task.scoring applies to extraction tasks only")
         return self
 
 
@@ -95,8 +133,18 @@ class TaskConfig(Section):
 
 
 class SourceConfig(Section):
-    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk"]
-    path: str = Field(description="File or folder, relative to the study folder or absolute.")
+    format: Literal["jsonl", "csv", "parquet", "folder", "hf_disk", "hub"]
+    path: str | None = Field(
+        None, description="File or folder, relative to the study folder or absolute."
+    )
+    name: str | None = Field(None, description="format hub: the data set's repo id (org/name).")
+    config: str | None = Field(None, description="format hub: the data set's config (subset).")
+    revision: str | None = Field(
+        None, description="format hub: branch, tag or 40-hex commit (default main)."
+    )
+    splits: list[str] | None = Field(
+        None, description="format hub: the data set's splits to read (default: all)."
+    )
     glob: str = Field(
         "*.txt", description="File pattern inside each label folder (format: folder)."
     )
@@ -104,6 +152,25 @@ class SourceConfig(Section):
         "error",
         description="Invalid UTF-8: error (name file and line) or replace the bytes with U+FFFD.",
     )
+    follow_links: bool = Field(
+        False,
+        description="Read files that symbolic links inside a data folder point to outside it "
+        "(each such link is recorded in the snapshot manifest); refused when false.",
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> SourceConfig:
+        hub_fields = [f for f in ("name", "config", "revision", "splits") if getattr(self, f)]
+        if self.format == "hub":
+            if not self.name or not HUB_ID.fullmatch(self.name):
+                raise ValueError("format hub needs data.source.name, a repo id (org/name)")
+            if self.path is not None:
+                raise ValueError("format hub reads data.source.name: remove data.source.path")
+        elif self.path is None:
+            raise ValueError(f"format {self.format} needs data.source.path")
+        elif hub_fields:
+            raise ValueError(f"data.source.{hub_fields[0]} is for format hub only")
+        return self
 
 
 class FieldsConfig(Section):
@@ -131,6 +198,8 @@ class CleaningRule(Section):
         "drop_shorter_than",
         "regex_replace",
         "lowercase",
+        "strip_control",
+        "unify_labels",
     ]
     max_chars: int | None = None
     min_chars: int | None = None
@@ -153,7 +222,11 @@ class SplitConfig(Section):
     validation: float = 0.1
     test: float = 0.1
     seed: int = 0
-    stratify: bool = True
+    stratify: bool | Literal["target_kind"] = Field(
+        True,
+        description="true: every label in every split; target_kind (extraction): every kind "
+        "of target (an empty list, a null field) in every split; false: the hash alone.",
+    )
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> SplitConfig:
@@ -186,27 +259,75 @@ class DataConfig(Section):
     max_examples: int | None = Field(
         None, description="Keep at most this many rows (seeded sample)."
     )
+    invalid_targets: Literal["refuse", "keep"] = Field(
+        "refuse",
+        description="Gold targets of a format/extraction task that break its JSON or schema: "
+        "refuse (list the rows) or keep (noted in the manifest).",
+    )
 
 
 # ---------------------------------------------------------------- model and adaptation
 
 
 class ModelConfig(Section):
-    path: str = Field(description="Local transformers folder, or a folder holding gguf_file.")
+    path: str | None = Field(
+        None, description="Local transformers folder, or a folder holding gguf_file."
+    )
     gguf_file: str | None = Field(
-        None, description="GGUF file inside path, converted once to a cache."
+        None, description="GGUF file inside path (or in the hub repo), converted once to a cache."
     )
     name: str | None = Field(
-        None, description="Human name of the base, e.g. HuggingFaceTB/SmolLM2-135M-Instruct."
+        None,
+        description="Hub repo id (org/name) when path is absent; with path, the base's human name.",
     )
-    revision: str | None = None
+    revision: str | None = Field(
+        None, description="Hub branch, tag or 40-hex commit of name (default main); hub only."
+    )
+    allow_pickle: bool = Field(
+        False, description="Hub repo without safetensors: load its *.bin / *.pt pickles."
+    )
     architecture: Literal["auto", "encoder", "causal_lm"] = "auto"
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
+    @property
+    def hub_id(self) -> str | None:
+        """The hub repo id when the base comes from the hub (name without path), else None."""
+        return self.name if self.path is None else None
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.path is None and not self.name:
+            raise ValueError("set model.path (a local folder) or model.name (a hub repo id)")
+        if self.path is not None and self.revision is not None:
+            raise ValueError(
+                "model.path and model.revision: choose one (a local folder is pinned by its "
+                "files' sha256; a revision pins a hub repo named by model.name without path)"
+            )
+        if self.path is None and not HUB_ID.fullmatch(self.name or ""):
+            raise ValueError(
+                f"model.name {self.name!r} is not a hub repo id (org/name); for a local folder "
+                "set model.path"
+            )
+        return self
+
+
+class QuantizationConfig(Section):
+    """qlora: how bitsandbytes stores the frozen base (4 bits) and computes with it."""
+
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type of the base.")
+    double_quant: bool = Field(
+        True, description="Quantize the block-wise scales too (about 0.4 bit per weight less)."
+    )
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="dtype the 4-bit weights are dequantized to for each matmul."
+    )
+
 
 class AdaptationConfig(Section):
-    method: Literal["full", "lora", "freeze"] = "lora"
+    method: Literal["full", "lora", "freeze", "qlora"] = Field(
+        "lora", description="qlora: LoRA on a base loaded in 4 bits (bitsandbytes)."
+    )
     target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "v_proj"]
     )
@@ -220,6 +341,9 @@ class AdaptationConfig(Section):
     trainable: list[str] = Field(
         default_factory=list,
         description="freeze: names (substrings) of the modules left trainable.",
+    )
+    quantization: QuantizationConfig = Field(
+        default_factory=QuantizationConfig, description="qlora: the 4-bit base's settings."
     )
 
     @model_validator(mode="after")
@@ -260,7 +384,7 @@ class TrainingConfig(Section):
     optimizer: str = Field("AdamW", description="Any torch.optim optimizer by name.")
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)] = (0.9, 0.999)
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = 1.0
@@ -280,6 +404,17 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
+    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="Live mirrors of the step metrics: tensorboard (event files in the run "
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+    )
+
+    @model_validator(mode="after")
+    def _check_log_to(self) -> TrainingConfig:
+        if len(set(self.log_to)) != len(self.log_to):
+            raise ValueError(f"training.log_to names a backend twice: {self.log_to}")
+        return self
 
 
 class EvaluationConfig(Section):
@@ -315,11 +450,38 @@ class StudyConfig(Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     budget: BudgetConfig = BudgetConfig()
 
+    @model_validator(mode="after")
+    def _check_stratify(self) -> StudyConfig:
+        if self.data.splits.stratify == "target_kind" and self.task.kind != "extraction":
+            raise ValueError(
+                "data.splits.stratify: target_kind needs task.kind: extraction "
+                "(other tasks stratify by label: true)"
+            )
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def sha256(self) -> str:
         return sha256_json(self.to_dict())
+
+    def hub_refs(self) -> dict[str, dict[str, str]]:
+        """The hub repos the study reads, by key ("model", "data"): repo_id, repo_type, revision."""
+        refs = {}
+        if self.model.hub_id:
+            refs["model"] = {
+                "repo_id": self.model.hub_id,
+                "repo_type": "model",
+                "revision": self.model.revision or "main",
+            }
+        src = self.data.source
+        if src.format == "hub" and src.name:
+            refs["data"] = {
+                "repo_id": src.name,
+                "repo_type": "dataset",
+                "revision": src.revision or "main",
+            }
+        return refs
 
     def evaluation_spec(self) -> dict[str, Any]:
         """What an evaluation depends on; locked with the hypothesis so every variant uses it."""
@@ -343,17 +505,19 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """'train.lr=2e-4' -> (['train', 'lr'], 0.0002). The value is parsed as YAML."""
     if "=" not in item:
         raise ConfigError(
-            f"--set {item!r} has no '='",
+            f"--set {preview(item)} has no '='",
             hint="write --set section.field=value, e.g. --set training.lr=1e-4",
         )
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"--set {item!r} has an empty key", hint="e.g. --set training.lr=1e-4")
+        raise ConfigError(
+            f"--set {preview(item)} has an empty key", hint="e.g. --set training.lr=1e-4"
+        )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw) if raw.strip() else ""
+    except ParseProblem:
+        value = raw  # not YAML: the text itself, checked against the field's type
     return path, value
 
 
@@ -373,44 +537,130 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     value = err.get("input")
-    shown = json.dumps(value, default=str)[:80] if err["type"] != "missing" else "(missing)"
+    shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
+    elif err["type"].endswith("_type") and isinstance(value, str):
+        msg += f" (found text; write {value.strip()} without quotes if it is meant as a value)"
     if isinstance(value, dict) and err["type"] == "value_error":
         # a check across fields names them itself; the whole section would say nothing more
         return f"  - {loc or 'study'}: {msg}"
     return f"  - {loc or '(top level)'}: {msg}; found {shown}"
 
 
-def validate_config(raw: Any, source: str = "study.yaml") -> StudyConfig:
+def generation_room_problem(cfg: StudyConfig) -> str | None:
+    """A generating task's prompt is cut to leave room for `max_new_tokens`: a budget as long
+    as the window leaves none for the input."""
+    ev, pre = cfg.evaluation, cfg.preprocess
+    if cfg.task.kind == "classification" or ev.max_new_tokens < pre.max_seq_len:
+        return None
+    return (
+        f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
+        f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for the "
+        "generated tokens, so none would be left for the input"
+    )
+
+
+def contradictions(cfg: StudyConfig) -> list[str]:
+    """Settings that each make sense alone but contradict another (`tunelab validate` refuses
+    them; a stage that depends on one refuses it too): `field: why` per problem."""
+    out = []
+    t = cfg.training
+    if t.max_steps is not None and t.warmup_steps > t.max_steps:
+        out.append(
+            f"training.warmup_steps: {t.warmup_steps} warm-up steps exceed training.max_steps "
+            f"({t.max_steps}): the learning rate would never reach training.lr"
+        )
+    room = generation_room_problem(cfg)
+    return out + ([room] if room else [])
+
+
+_LORA_ONLY = ("rank", "alpha", "dropout", "target_modules")
+_IGNORED = {
+    "lora": ("trainable", "quantization"),
+    "qlora": ("trainable",),
+    "full": (*_LORA_ONLY, "trainable", "quantization"),
+    "freeze": (*_LORA_ONLY, "quantization"),
+}
+
+
+_USER = {"trainable": "only freeze uses it", "quantization": "only qlora uses it"}
+
+
+def config_warnings(cfg: StudyConfig) -> list[str]:
+    """Settings written in study.yaml that the chosen adaptation method ignores."""
+    a = cfg.adaptation
+    return [
+        f"adaptation.{name} ({preview(getattr(a, name))}) is ignored: adaptation.method is "
+        f"{a.method!r} ({_USER.get(name, 'only LoRA and QLoRA use it')})"
+        for name in _IGNORED.get(a.method, ())
+        if name in a.model_fields_set
+    ]
+
+
+def _override_of(err: dict[str, Any], overrides: Mapping[tuple[str, ...], str]) -> str | None:
+    """The `--set` item an error comes from: its value, or an unknown key it introduced."""
+    loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    for path, item in overrides.items():
+        if loc[: len(path)] == path or (
+            err["type"] == "extra_forbidden" and path[: len(loc)] == loc
+        ):
+            return item
+    return None
+
+
+def validate_config(
+    raw: Any, source: str = "study.yaml", overrides: Mapping[tuple[str, ...], str] | None = None
+) -> StudyConfig:
+    """`overrides`: {field path: the `--set` item that wrote it}, so an error names its source."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping of sections, found {type(raw).__name__}",
             hint="start from `tunelab init DIR --task classification`",
         )
     try:
-        return StudyConfig.model_validate(raw)
+        cfg = StudyConfig.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        lines = [_describe_error(e) for e in errors]
+        origins = [_override_of(e, overrides or {}) for e in errors]
+        lines = [
+            _describe_error(e) + (f" (from --set {item})" if item else "")
+            for e, item in zip(errors, origins, strict=True)
+        ]
+        from_set = sum(1 for item in origins if item)
+        where = (
+            "--set" if from_set == len(errors) else (f"{source} and --set" if from_set else source)
+        )
         raise ConfigError(
-            f"{source}: {len(errors)} problem(s):\n" + "\n".join(lines),
-            hint="fix each field above, then run `tunelab validate`",
+            f"{where}: {len(errors)} problem(s):\n" + "\n".join(lines),
+            hint="fix each field above (a --set key is section.field, as in study.yaml), then "
+            "run `tunelab validate`"
+            if from_set
+            else "fix each field above, then run `tunelab validate`",
         ) from None
+    return cfg
+
+
+_REFUSED_HINTS = {
+    "given twice": "keep one of the two (YAML keeps only the last, silently, elsewhere)",
+    "expands": "write the values out, or use fewer aliases",
+    "refers to itself": "an alias cannot be used inside its own anchor",
+    "nested": "flatten the value",
+}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: no such file", hint="create a study with `tunelab init DIR`")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raw = load_yaml(path.read_text(encoding="utf-8"))
+    except ParseProblem as exc:
+        where = f" {exc.place()}:" if exc.line else ""
+        hint = next((h for k, h in _REFUSED_HINTS.items() if k in exc.problem), None)
         raise ConfigError(
-            f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}",
-            hint="fix the YAML syntax (indentation, colons, quotes)",
+            f"{path}:{where} {exc.problem}",
+            hint=hint or "fix the YAML syntax (indentation, colons, quotes)",
         ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
@@ -425,4 +675,5 @@ def load_config(path: Path, overrides: list[str] | None = None) -> StudyConfig:
         if not isinstance(raw, dict):
             raw = {}
         raw = apply_overrides(raw, overrides)
-    return validate_config(raw, source=str(path))
+    origin = {tuple(parse_override(o)[0]): o for o in overrides or []}
+    return validate_config(raw, source=str(path), overrides=origin)

@@ -62,3 +62,49 @@ class EvaluationError(TunelabError):
 
 class ExportError(TunelabError):
     """An export is incomplete, edited, or bound to another base model."""
+
+
+def preview(value: object, limit: int = 80) -> str:
+    """A short repr of `value` for a message, never longer than `limit` characters and never
+    built from the whole value (a huge or deeply nested input costs only what is shown)."""
+    out: list[str] = []
+    budget = [limit + 1]
+
+    def put(text: str) -> None:
+        if budget[0] > 0:
+            out.append(text[: budget[0]])
+            budget[0] -= len(text)
+
+    def walk(v: object, depth: int) -> None:
+        if budget[0] <= 0:
+            return
+        if isinstance(v, dict | list | tuple) and depth > 8:
+            put("...")
+        elif isinstance(v, dict):
+            put("{")
+            for i, (k, item) in enumerate(v.items()):
+                if budget[0] <= 0:
+                    break
+                put(", " if i else "")
+                walk(k, depth + 1)
+                put(": ")
+                walk(item, depth + 1)
+            put("}")
+        elif isinstance(v, list | tuple):
+            put("[")
+            for i, item in enumerate(v):
+                if budget[0] <= 0:
+                    break
+                put(", " if i else "")
+                walk(item, depth + 1)
+            put("]")
+        elif isinstance(v, str):
+            put(repr(v[: limit + 2]))
+        elif isinstance(v, int) and v.bit_length() > 256:  # repr of a huge int may raise
+            put(f"<an integer of {v.bit_length()} bits>")
+        else:
+            put(repr(v)[: limit + 2])
+
+    walk(value, 0)
+    text = "".join(out)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -25,14 +25,18 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
-from tunelab.config import StudyConfig, sha256_json
+from tunelab.config import StudyConfig, generation_room_problem, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.models.identity import hub_source
 from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 EVAL_KIND = "eval"
 BASELINE_KIND = "baseline"
@@ -255,7 +259,7 @@ def generate_outputs(
 # ---------------------------------------------------------------- the evaluation
 
 
-def _task_labels(study: Any, labels: Sequence[str] | None) -> list[str] | None:
+def _task_labels(study: Study, labels: Sequence[str] | None) -> list[str] | None:
     if labels is not None:
         return list(labels)
     cfg: StudyConfig = study.config
@@ -272,7 +276,7 @@ def evaluate_model(
     model: Any,
     tokenizer: Any,
     base: Any,
-    study: Any,
+    study: Study,
     examples: Sequence[dict[str, Any]],
     split: str,
     *,
@@ -343,6 +347,7 @@ def evaluate_model(
         "hypothesis_sha256": hypothesis["sha256"],
         "task_kind": task.kind,
         "architecture": architecture,
+        "base_hub": hub_source(getattr(base, "identity", None) or {}),  # repo and commit, or None
         "labels": list(task.labels) if task.labels else None,
         "fields": list(getattr(task, "fields", []) or []) or None,
         "n": len(rows),
@@ -469,15 +474,8 @@ def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, A
     value = parsed.get("value")
     if task.kind == "extraction":
         gold = task.gold(row)
-        fv = M.field_verdicts(value if isinstance(value, dict) else None, gold, task.fields)
-        correct = all(fv["normalized"].values())
-        verdicts = {
-            "json_valid": bool(parsed.get("json_valid")),
-            "schema_valid": bool(parsed.get("schema_valid")),
-            "failure": parsed.get("failure"),
-            **fv,
-            "all_fields_match": correct,
-        }
+        verdicts = task.verdicts(parsed, row)
+        correct = verdicts["correct"]
     else:
         task_verdicts = task.verdicts(parsed, row)
         json_schema = getattr(task, "json_schema", None) is not None
@@ -501,6 +499,15 @@ def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, A
     }
 
 
+def rescore_predictions(task: Any, predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prediction rows judged again from their recorded gold and raw output by the current
+    rules (`judge_output` is pure): how records scored by an earlier scorer are compared."""
+    return [
+        judge_output(task, {"id": p["id"], "target": p["gold"]}, p.get("raw_output") or "")
+        for p in predictions
+    ]
+
+
 def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The task's metric suite from prediction rows (the same rows `compare` resamples)."""
     if task.kind == "classification":
@@ -509,12 +516,7 @@ def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[st
         )
     verdicts = [p["verdicts"] for p in predictions]
     if task.kind == "extraction":
-        return M.extraction_metrics(
-            [v["json_valid"] for v in verdicts],
-            [v["schema_valid"] for v in verdicts],
-            verdicts,
-            task.fields,
-        )
+        return M.extraction_metrics(verdicts, task.fields, task.paths)
     json_schema = getattr(task, "json_schema", None) is not None
     out = M.format_metrics(
         [v["format_valid"] for v in verdicts],
@@ -542,7 +544,7 @@ def record_evaluation(
     return pred_path, metrics_path
 
 
-def load_base_model(study: Any, labels: list[str] | None):
+def load_base_model(study: Study, labels: list[str] | None):
     """`(model, tokenizer, base)` for the study's base model, untrained, as evaluation loads it.
 
     `labels` sizes an encoder's classification head; the model is on `compute_device()`, where
@@ -568,18 +570,16 @@ def require_generation_room(cfg: StudyConfig) -> None:
     """A generating task's prompt is cut to leave room for `max_new_tokens`
     (`Preprocessor.prompt_ids(generate=)`): a budget as long as the window leaves none for the
     input. Checked before an evaluation records anything."""
-    ev, pre = cfg.evaluation, cfg.preprocess
-    if cfg.task.kind != "classification" and ev.max_new_tokens >= pre.max_seq_len:
+    problem = generation_room_problem(cfg)
+    if problem:
         raise EvaluationError(
-            f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "
-            f"preprocess.max_seq_len ({pre.max_seq_len}): the prompt is cut to leave room for "
-            "the generated tokens",
+            problem,
             hint="set evaluation.max_new_tokens just above the longest answer (`tunelab "
             "inspect` shows the target lengths) or raise preprocess.max_seq_len",
         )
 
 
-def run_baseline(study: Any, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
+def run_baseline(study: Study, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
 
@@ -632,7 +632,7 @@ def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
 
 
 def run_eval(
-    study: Any,
+    study: Study,
     run_id: str,
     *,
     split: str = "validation",
@@ -744,7 +744,7 @@ def run_eval(
 # ---------------------------------------------------------------- finding evaluations
 
 
-def find_evaluation(study: Any, run_id: str, split: str = "validation") -> dict[str, Any] | None:
+def find_evaluation(study: Study, run_id: str, split: str = "validation") -> dict[str, Any] | None:
     """The evaluation of run `run_id` on `split`: the newest completed `eval` run of it, else
     the run's own metrics (a baseline, or a run that evaluated itself). Returns {"eval_run",
     "dir", "record"} or None."""

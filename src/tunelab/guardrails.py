@@ -1,6 +1,7 @@
 """Guardrails: what must not get worse, checked rule by rule against baseline and run metrics.
 
-A rule names a metric, a scope (overall, every category, every field), an operator and a value;
+A rule names a metric, a scope (overall, every category, every field: for an extraction task,
+every path of its schema, nested ones such as `quantities[].unit` included), an operator and a value;
 with `relative_to: baseline` the bound is the baseline's metric plus the value. Each rule gives
 one verdict per item of its scope, with the numbers behind it.
 """

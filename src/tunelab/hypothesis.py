@@ -81,7 +81,8 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
     return [] if old == new else [{"path": prefix, "old": old, "new": new}]
 
 
-def _check_registrable(cfg: StudyConfig) -> None:
+def check_registrable(cfg: StudyConfig) -> None:
+    """Refuse a template hypothesis or no guardrails (before anything is resolved or written)."""
     problems = []
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
@@ -95,11 +96,19 @@ def _check_registrable(cfg: StudyConfig) -> None:
         )
 
 
-def register(study_root: Path, cfg: StudyConfig) -> tuple[dict[str, Any], bool]:
-    """Lock the current hypothesis. Returns (record, created); unchanged content creates nothing."""
-    _check_registrable(cfg)
+def register(
+    study_root: Path, cfg: StudyConfig, pins: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], bool]:
+    """Lock the current hypothesis. Returns (record, created); unchanged content creates nothing.
+
+    `pins` (from `tunelab.pins.resolve_pins`): the commit of each hub repo the study names,
+    locked with the rest under `content["pins"]`.
+    """
+    check_registrable(cfg)
     records = Path(study_root) / "records"
     content = locked_content(cfg)
+    if pins:
+        content["pins"] = pins
     sha = sha256_json(content)
     previous = latest_hypothesis(records)
     if previous and previous["sha256"] == sha:
@@ -128,14 +137,31 @@ def require_hypothesis(study_root: Path, cfg: StudyConfig) -> dict[str, Any]:
             hint="write hypothesis and guardrails in study.yaml, then run `tunelab register`",
         )
     current = locked_content(cfg)
-    if sha256_json(current) != latest["sha256"]:
-        changed = ", ".join(d["path"] for d in diff_dicts(latest["content"], current)[:6])
+    locked = {k: v for k, v in latest["content"].items() if k != "pins"}
+    if sha256_json(current) != sha256_json(locked):
+        changed = ", ".join(d["path"] for d in diff_dicts(locked, current)[:6])
         raise HypothesisError(
             f"study.yaml changed what hypothesis v{latest['version']} locked ({changed})",
             hint="run `tunelab register` to record the amendment as a new version, or undo the edit",
         )
+    _check_pins(cfg, latest)
     return {
         "version": latest["version"],
         "sha256": latest["sha256"],
         "evaluation_spec_sha256": latest["evaluation_spec_sha256"],
     }
+
+
+def _check_pins(cfg: StudyConfig, latest: dict[str, Any]) -> None:
+    """Every hub repo study.yaml names must be the one (and the revision) the record pinned."""
+    pins = latest["content"].get("pins") or {}
+    for key, ref in cfg.hub_refs().items():
+        pin = pins.get(key) or {}
+        if all(pin.get(k) == ref[k] for k in ("repo_id", "repo_type", "revision")):
+            continue
+        was = f"{pin['repo_id']}@{pin['revision']}" if pin else "nothing"
+        raise HypothesisError(
+            f"study.yaml names {key} {ref['repo_id']}@{ref['revision']}, hypothesis "
+            f"v{latest['version']} pinned {was}",
+            hint="run `tunelab register` to pin it (a new version), or undo the edit",
+        )

@@ -1,9 +1,9 @@
 """`tunelab inspect`: look at examples after the exact preprocessing of training, and stop on a
 broken mask.
 
-For N examples of every category (the label; for unlabelled rows the target when the split has
-few distinct ones, else "all") plus the longest
-example of the split, the record holds the exact rendered text with special tokens visible, the
+For N examples of every category (the label; an extraction target's kinds such as `list null`;
+for other unlabelled rows the target when the split has few distinct ones, else "all") plus the
+longest example of the split, the record holds the exact rendered text with special tokens visible, the
 token count, which positions carry loss, where truncation cut, and whether the tokens under the
 loss decode to the expected target. Length statistics and the stop conditions cover the whole
 split. The record is `records/inspect/<id>.json` plus a small HTML page `<id>.html`.
@@ -18,7 +18,7 @@ import html
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
 from tunelab.preprocess import (
@@ -31,6 +31,9 @@ from tunelab.preprocess import (
 )
 from tunelab.records import write_bytes_atomic, write_json_atomic
 from tunelab.tasks import Task, get_task
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 NO_CATEGORY = "all"
 Progress = Callable[[int, int], None]
@@ -217,10 +220,12 @@ def inspect_rows(
         if progress:
             progress(i + 1, len(rows))
     problems = pre.find_problems(encoded)
+    # targets the task's scorer can never match (extraction: not read as an object, off-schema)
+    problems += [Problem(**p) for p in task.target_problems(rows)]
     by_id: dict[str, list[Problem]] = {}
     for p in problems:
         by_id.setdefault(p.example_id, []).append(p)
-    cats = categorize(rows)
+    cats = task.categories(rows) or categorize(rows)
     reasons = {i: "category" for i in select_examples(cats, per_category)}
     if encoded:
         # the longest input before any cut: where truncation bites hardest
@@ -350,7 +355,12 @@ def render_html(record: dict[str, Any]) -> str:
         parts.append(
             f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, "
             f"{e(ex['why_shown'])}]</span></h2><p class='meta'>{ex['num_tokens']} tokens, "
-            f"{ex['num_loss_tokens']} under the loss{e(cut)}; {verdict}</p>"
+            + (
+                "the loss is on the label"
+                if "label_index" in ex
+                else f"{ex['num_loss_tokens']} under the loss"
+            )
+            + f"{e(cut)}; {verdict}</p>"
         )
         toks = []
         for i, t in enumerate(ex["tokens"]):
@@ -372,7 +382,7 @@ def render_html(record: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- study edge
 
 
-def load_base_tokenizer(study: Any) -> tuple[Any, str]:
+def load_base_tokenizer(study: Study) -> tuple[Any, str]:
     """(tokenizer, architecture) of the study's base model, as training loads them."""
     from tunelab.models import load_tokenizer, resolve_base
 
@@ -386,7 +396,7 @@ def new_inspect_id() -> str:
 
 
 def run_inspect(
-    study: Any,
+    study: Study,
     *,
     split: str = "train",
     per_category: int = 2,

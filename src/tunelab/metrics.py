@@ -3,21 +3,23 @@
 Classification: per-category precision, recall, F1 and support, macro and weighted F1, accuracy
 and the confusion matrix (scikit-learn's definitions, `zero_division=0`).
 Format: validity rate and counts per failure kind.
-Extraction: parse rate (`json_valid_rate`), schema-valid rate, and per required field: presence
-rate, exact match, normalized match, precision/recall/F1; their averages over fields and the
-field micro-F1.
+Extraction: parse rate (`json_valid_rate`), schema-valid rate, and per path of the schema:
+presence rate, exact match, normalized match (by the scoring rules of
+`tunelab.tasks.schema_scoring`), precision/recall/F1 and failures by kind; their averages over
+the top-level fields and the field micro-F1.
 
-Per-example verdicts (`field_verdicts`) are what the aggregates are built from, so that the
-comparison can resample examples and recompute every metric the same way.
+Per-example verdicts (`ExtractionTask.verdicts`: counts per path) are what the aggregates are
+built from, so that the comparison can resample examples and recompute every metric the same
+way.
 """
 
 from __future__ import annotations
 
-import json
-import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tunelab.tasks.schema_scoring import SCORING_VERSION, SLOT_FAILURES
 
 # Metric names that guardrails and the hypothesis may name, by scope.
 OVERALL_METRICS = {
@@ -43,6 +45,8 @@ OVERALL_METRICS = {
     ),
 }
 CATEGORY_METRICS = ("precision", "recall", "f1", "support")
+# per path of an extraction schema (top-level fields, `address.city`, `quantities`,
+# `quantities[].unit`): the guardrail scope every_field covers each one
 FIELD_METRICS = (
     "presence_rate",
     "exact_match",
@@ -51,6 +55,7 @@ FIELD_METRICS = (
     "recall",
     "f1",
     "support",
+    "slots",
 )
 NO_PREDICTION = "(none)"
 
@@ -160,122 +165,68 @@ def format_metrics(
 # ---------------------------------------------------------------- extraction
 
 
-def normalize_value(value: Any) -> str | None:
-    """The comparable form of a field value: NFKC, case-folded, whitespace collapsed, and
-    surrounding quotes, angle brackets and trailing punctuation removed. Numbers and booleans
-    compare by their text ("5" matches 5); lists and objects by canonical JSON. None and the
-    empty string are "absent" (None)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-        if isinstance(value, float) and value.is_integer():
-            text = str(int(value))
-    elif isinstance(value, str):
-        text = value
-    else:
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    text = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    text = text.strip(" \"'`<>").rstrip(".,;:")
-    return text or None
-
-
-def is_present(value: Any) -> bool:
-    """A field counts as present unless it is missing, None, a blank string, [] or {}."""
-    if value is None:
-        return False
-    if isinstance(value, str):
-        return bool(value.strip())
-    if isinstance(value, (list, dict)):
-        return bool(value)
-    return True
-
-
-def field_verdicts(
-    prediction: Mapping[str, Any] | None, gold: Mapping[str, Any], fields: Sequence[str]
-) -> dict[str, Any]:
-    """Per-field verdicts of one example.
-
-    `prediction` is the parsed object (None when the output did not parse or is not an object).
-    Returns {"presence": {field: bool}, "gold_present": {...}, "exact": {...}, "normalized":
-    {...}, "tp", "n_pred", "n_gold"}, where a true positive is a present predicted value whose normalized form equals a
-    present gold value; n_pred / n_gold count present predicted / gold values.
-    """
-    pred = prediction if isinstance(prediction, Mapping) else {}
-    presence, gold_present, exact, normalized = {}, {}, {}, {}
-    tp = n_pred = n_gold = 0
-    for f in fields:
-        p, g = pred.get(f), gold.get(f)
-        p_in, g_in = is_present(p), is_present(g)
-        presence[f] = p_in
-        gold_present[f] = g_in
-        exact[f] = (p == g) if (p_in and g_in) else (not p_in and not g_in)
-        same = normalize_value(p) == normalize_value(g)
-        normalized[f] = same
-        n_pred += p_in
-        n_gold += g_in
-        tp += p_in and g_in and same
+def _path_row(kind: str, sums: Mapping[str, int]) -> dict[str, Any]:
+    slots = sums.get("slots", 0)
+    tp, pred, gold = sums.get("tp", 0), sums.get("pred", 0), sums.get("gold", 0)
+    precision, recall = _div(tp, pred), _div(tp, gold)
     return {
-        "presence": presence,
-        "gold_present": gold_present,
-        "exact": exact,
-        "normalized": normalized,
-        "tp": tp,
-        "n_pred": n_pred,
-        "n_gold": n_gold,
+        "kind": kind,
+        "slots": slots,
+        "presence_rate": _div(sums.get("present", 0), slots),
+        "exact_match": _div(sums.get("exact", 0), slots),
+        "normalized_match": _div(sums.get("match", 0), slots),
+        "precision": precision,
+        "recall": recall,
+        "f1": _div(2 * tp, pred + gold),
+        "support": gold,
+        "failures": {k: sums.get(k, 0) for k in SLOT_FAILURES},
     }
 
 
 def extraction_metrics(
-    json_valid: Sequence[bool],
-    schema_valid: Sequence[bool],
     verdicts: Sequence[Mapping[str, Any]],
     fields: Sequence[str],
+    paths: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """Aggregate per-example extraction verdicts (from `field_verdicts`).
+    """Aggregate per-example extraction verdicts (`ExtractionTask.verdicts`).
 
-    Rates are over all examples (an output that did not parse has every field absent).
-    `field_*` overall metrics are the unweighted means over fields of the per-field rates;
-    `field_micro_f1` pools true positives, predicted and gold values over every field.
-    `exact_match`: examples whose every field equals the gold value exactly;
-    `all_fields_match_rate`: the same after normalization.
+    `per_field` has one row per path (`paths`: the schema's [{path, kind}], top-level fields
+    first; paths only the verdicts name are added after): its rates are sums over examples of
+    the path's counts divided by its slots (`normalized_match` is the share of slots that
+    match by the scoring rules), precision / recall / F1 from its tp, pred and gold (items for
+    a list path), `support` its gold count, `failures` its slots per failure kind.
+    Overall `field_*` rates are unweighted means over the top-level `fields`;
+    `field_micro_*` pool tp, pred and gold over them; `exact_match` / `all_fields_match_rate`:
+    examples whose every top-level field is exact / matches. `failure_counts`: examples per
+    parse failure kind (the JSON reader's kind, else `schema_error`).
     """
     n = len(verdicts)
-    per_field: dict[str, dict[str, float]] = {}
-    for f in fields:
-        present = sum(v["presence"][f] for v in verdicts)
-        tp = sum(v["presence"][f] and v["gold_present"][f] and v["normalized"][f] for v in verdicts)
-        n_pred = present
-        n_gold = sum(v["gold_present"][f] for v in verdicts)
-        precision, recall = _div(tp, n_pred), _div(tp, n_gold)
-        per_field[f] = {
-            "presence_rate": _div(present, n),
-            "exact_match": _div(sum(v["exact"][f] for v in verdicts), n),
-            "normalized_match": _div(sum(v["normalized"][f] for v in verdicts), n),
-            "precision": precision,
-            "recall": recall,
-            "f1": _f1(precision, recall),
-            "support": n_gold,
-        }
-    tp = sum(v["tp"] for v in verdicts)
-    n_pred = sum(v["n_pred"] for v in verdicts)
-    n_gold = sum(v["n_gold"] for v in verdicts)
+    kinds = {p["path"]: p["kind"] for p in paths}
+    sums: dict[str, Counter[str]] = {p: Counter() for p in kinds}
+    for v in verdicts:
+        for path, counts in (v.get("paths") or {}).items():
+            sums.setdefault(path, Counter()).update(counts)
+    per_field = {p: _path_row(kinds.get(p, "value"), c) for p, c in sums.items()}
+    top = [per_field.get(f) or _path_row("value", {}) for f in fields]
+    tp = sum(sums.get(f, Counter())["tp"] for f in fields)
+    n_pred = sum(sums.get(f, Counter())["pred"] for f in fields)
+    n_gold = sum(sums.get(f, Counter())["gold"] for f in fields)
     k = len(fields)
+    failures = Counter(v.get("json_failure") or v.get("failure") for v in verdicts)
+    failures.pop(None, None)
     return {
         "n": n,
-        "json_valid_rate": _div(sum(map(bool, json_valid)), n),
-        "schema_valid_rate": _div(sum(map(bool, schema_valid)), n),
-        "field_presence_rate": _div(sum(m["presence_rate"] for m in per_field.values()), k),
-        "field_exact_match": _div(sum(m["exact_match"] for m in per_field.values()), k),
-        "field_normalized_match": _div(sum(m["normalized_match"] for m in per_field.values()), k),
+        "scoring": SCORING_VERSION,
+        "json_valid_rate": _div(sum(bool(v.get("json_valid")) for v in verdicts), n),
+        "schema_valid_rate": _div(sum(bool(v.get("schema_valid")) for v in verdicts), n),
+        "field_presence_rate": _div(sum(m["presence_rate"] for m in top), k),
+        "field_exact_match": _div(sum(m["exact_match"] for m in top), k),
+        "field_normalized_match": _div(sum(m["normalized_match"] for m in top), k),
         "field_micro_precision": _div(tp, n_pred),
         "field_micro_recall": _div(tp, n_gold),
         "field_micro_f1": _div(2 * tp, n_pred + n_gold),
-        "exact_match": _div(sum(all(v["exact"][f] for f in fields) for v in verdicts), n),
-        "all_fields_match_rate": _div(
-            sum(all(v["normalized"][f] for f in fields) for v in verdicts), n
-        ),
+        "exact_match": _div(sum(bool(v.get("exact_match")) for v in verdicts), n),
+        "all_fields_match_rate": _div(sum(bool(v.get("all_fields_match")) for v in verdicts), n),
+        "failure_counts": dict(sorted(failures.items())),
         "per_field": per_field,
     }

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, load_config, sha256_json
-from tunelab.errors import RunError, StudyError
+from tunelab.config import StudyConfig, contradictions, load_config, sha256_json
+from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
 from tunelab.records import read_json, write_json_atomic
 
@@ -39,6 +39,27 @@ def resolve_path(text: str, root: Path | None = None) -> Path:
         return asset_path(text)
     p = Path(os.path.expanduser(text))
     return p if p.is_absolute() or root is None else Path(root) / p
+
+
+def validate_study(study_dir: Path, overrides: list[str] | None = None) -> StudyConfig:
+    """`tunelab validate`: the config, its contradictions (`config.contradictions`), then what
+    can be checked of the data it names without reading it (the source exists; each mapped
+    field is a column of its first file). Raises one ConfigError listing every problem."""
+    from tunelab.data.readers import source_problems
+
+    path = Path(study_dir) / "study.yaml"
+    cfg = load_config(path, overrides)
+    from tunelab.models.quantize import qlora_problems
+
+    problems = contradictions(cfg) + qlora_problems(cfg)
+    if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
+        problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
+    if problems:
+        raise ConfigError(
+            f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
+            hint="change the settings named in study.yaml, then run `tunelab validate` again",
+        )
+    return cfg
 
 
 def new_run_id(kind: str) -> str:

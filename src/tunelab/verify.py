@@ -27,10 +27,14 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
+from tunelab.safetensors_header import safetensors_problems
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
 
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
@@ -185,27 +189,31 @@ def check_checkpoint_files(checkpoint: Path) -> dict[str, Any]:
             "missing": ["DONE" if not (checkpoint / "DONE").exists() else "state.json"],
             "ok": False,
         }
-    files = read_json(state_path).get("files") or {}
-    changed, missing = [], []
+    state = read_json(state_path)
+    files = (state.get("files") if isinstance(state, dict) else None) or {}
+    changed, missing, damaged = [], [], {}
     for name, digest in sorted(files.items()):
         f = checkpoint / name
         if not f.is_file():
             missing.append(name)
         elif sha256_file(f) != digest:
             changed.append(name)
+        elif name.endswith(".safetensors") and (problems := safetensors_problems(f)):
+            damaged[name] = "; ".join(problems)  # hashes that match a damaged file
     return {
         "path": str(checkpoint),
         "files_checked": len(files),
         "changed": changed,
         "missing": missing,
-        "ok": bool(files) and not changed and not missing,
+        "damaged": damaged,
+        "ok": bool(files) and not changed and not missing and not damaged,
     }
 
 
 # ---------------------------------------------------------------- the fresh process
 
 
-def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict], labels):
+def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict], labels):
     """Inputs of the logit probe: the evaluation's own encoding of `rows`, padded.
 
     encoder: right padding, logits [batch, num_labels]; causal LM: the inference prompts, left
@@ -223,7 +231,7 @@ def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[d
     return ids, mask
 
 
-def probe_logits(model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict], labels):
+def probe_logits(model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict], labels):
     """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
     import torch
 
@@ -265,7 +273,7 @@ def select_rows(snapshot: Any, split: str, ids: Sequence[Any]) -> list[dict[str,
     return [by_id[i] for i in ids]
 
 
-def load_for_evaluation(study: Any, run: Any, labels: list[str] | None):
+def load_for_evaluation(study: Study, run: Any, labels: list[str] | None):
     """(model, tokenizer, base) as evaluation loads them: the untouched base for a baseline,
     else the run's final checkpoint through `tunelab.train.load_run_model`."""
     import torch
@@ -350,7 +358,7 @@ def child_error(info: Mapping[str, Any]) -> Exception:
 
 
 def fresh_evaluate(
-    study: Any,
+    study: Study,
     run_id: str,
     *,
     snapshot: str,
@@ -421,7 +429,7 @@ def fresh_evaluate(
 # ---------------------------------------------------------------- the stage
 
 
-def _target_of(study: Any, run: Any) -> tuple[Any, dict[str, Any] | None]:
+def _target_of(study: Study, run: Any) -> tuple[Any, dict[str, Any] | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
     from tunelab.evaluate import find_evaluation
 
@@ -471,7 +479,7 @@ def _write_record(run: Any, record: dict[str, Any]) -> Path:
 
 
 def _reproduce(
-    study: Any,
+    study: Study,
     model_run: str,
     record: Mapping[str, Any],
     recorded: list[dict[str, Any]],
@@ -496,7 +504,7 @@ def _reproduce(
         return {
             "predictions": None,
             "passed": False,
-            "reason": f"the checkpoint could not be reloaded: {exc.message}"[:2000],
+            "reason": f"the checkpoint could not be reloaded: {exc.message}",
         }
     cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
     out: dict[str, Any] = {
@@ -520,7 +528,7 @@ def _reproduce(
     return out
 
 
-def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
+def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
     Returns the record (with `passed` and `reason`, and `path`). Raises RunError or
@@ -580,7 +588,14 @@ def verify_run(study: Any, run_id: str, *, atol: float | None = None) -> dict[st
 
     # 2. the fresh process
     ck = record["checkpoint"]
-    if ck is not None and not ck["ok"]:
+    if ck is not None and not ck["ok"] and ck.get("damaged") and not ck["changed"] + ck["missing"]:
+        record.update(
+            predictions=None,
+            passed=False,
+            reason=f"checkpoint {ck['path']} cannot be loaded: "
+            + "; ".join(f"{n}: {why}" for n, why in ck["damaged"].items()),
+        )
+    elif ck is not None and not ck["ok"]:
         bad = ck["changed"] + ck["missing"]
         record.update(
             predictions=None,

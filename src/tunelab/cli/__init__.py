@@ -3,7 +3,8 @@
 Each stage's commands live in a module of this package (`tunelab.cli.<stage>`) that registers
 them on `app`; they are discovered here so a new stage needs no edit of this file. Only this
 package prints and exits: library code raises TunelabError, shown here without a traceback,
-exit code 2.
+exit code 2. Any other exception is a bug: one line says what failed and where, the traceback
+goes to a crash file, exit code 1.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import importlib
 import os
 import pkgutil
 import sys
-from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
+import typer
 from rich.markup import escape
 
-from tunelab.cli.common import app, console_err
+from tunelab.cli._crash import crash_summary, write_crash_file
+from tunelab.cli._help import arrange_commands
+from tunelab.cli.common import app, console_err, opened_study
 from tunelab.env import requested_device, under_torchrun
 from tunelab.errors import TunelabError
 
@@ -27,6 +30,7 @@ def load_commands() -> None:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name != "common" and not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")
+    arrange_commands(app)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,14 +43,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _leave_rank(code: Any) -> None:
-    """A process that torchrun started as a rank leaves with `os._exit` once its command is done
-    (records written, process group destroyed, output flushed).
-
-    At a normal interpreter exit, C++ destructors of the collective backend's threads can run
-    while a thread is still joinable. Rank 1 of a completed FSDP run then died with "terminate
-    called without an active exception" (SIGABRT), and torchrun reported the run as failed. With
-    two nodes, node 1's torchrun stopped on that failure without reaching its exit barrier, and
-    node 0's waited for it. Seen in 3 of this project's CI runs, never by hand."""
+    """A process that torchrun started as a rank leaves with `os._exit` once its command is
+    done: at a normal interpreter exit the collective backend's C++ destructors can abort a
+    completed rank ("terminate called without an active exception"), failing the run."""
     if not under_torchrun():
         return
     import logging
@@ -57,9 +56,23 @@ def _leave_rank(code: Any) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+# The base class of the usage and parameter errors typer raises: its own (typer ships its click)
+# or, for typer on click, click's. Both are public names of the package that raises them.
+if hasattr(typer, "TyperException"):
+    CommandLineError: type[Exception] = typer.TyperException
+else:  # pragma: no cover - typer before it shipped its own click
+    import click
+
+    CommandLineError = click.ClickException
+
+
 def _main(argv: list[str] | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load_commands()
+    opened_study(forget=True)
+    from tunelab.cli.models import draw_downloads
+
+    draw_downloads()  # the library downloads; the CLI draws its bar
     try:
         requested_device()  # a bad TUNELAB_DEVICE stops every command before it records
         app(args=argv, standalone_mode=False)
@@ -74,37 +87,48 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors and aborts carry their own exit codes
-        click = _click_exceptions()
-        if isinstance(exc, click.UsageError) and not exc.format_message().strip():
-            sys.exit(exc.exit_code)  # no arguments: the help was printed
-        if isinstance(exc, click.UsageError):  # unknown command or option, bad or missing value
-            console_err.print(
-                f"[bold red]error:[/] {escape(exc.format_message())}", highlight=False
-            )
-            console_err.print(
-                f"[yellow]hint:[/] `{escape(_command_path(exc.ctx))} --help` lists the "
-                "commands, arguments and options",
-                highlight=False,
-            )
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.Abort):
-            sys.exit(1)
-        if isinstance(exc, click.Exit):
-            sys.exit(exc.exit_code)
-        raise
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        console_err.print("[red]aborted[/]")
+        sys.exit(1)
+    except CommandLineError as exc:
+        _command_line_error(exc)
+    except Exception as exc:  # a bug, not a user error: one line here, the traceback in a file
+        _crash(exc, argv)
 
 
-def _click_exceptions() -> ModuleType:
-    """The click that typer runs on: its own vendored copy in recent typer, else click."""
+def _command_line_error(exc: Any) -> NoReturn:
+    """A usage error (unknown command or option, bad or missing value) or another click error."""
+    message = exc.format_message()
+    if not message.strip():
+        sys.exit(exc.exit_code)  # no arguments: the help was printed
+    console_err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    if exc.exit_code == 2:  # a usage error: the command's help lists what it takes
+        console_err.print(
+            f"[yellow]hint:[/] `{escape(_command_path(getattr(exc, 'ctx', None)))} --help` "
+            "lists the commands, arguments and options",
+            highlight=False,
+        )
+    sys.exit(exc.exit_code)
+
+
+def _crash(exc: BaseException, argv: list[str] | None) -> NoReturn:
+    """An unexpected exception: what failed and where on one line, the traceback saved to a
+    crash file (under the study folder, else the temp dir) that the next line names; exit 1."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["tunelab", *args[:1]])
+    summary = crash_summary(exc)
     try:
-        from typer._click import exceptions
-    except ImportError:
-        from click import exceptions
-    return exceptions
+        path: str = str(write_crash_file(exc, args, opened_study()))
+    except OSError as err:
+        path = f"(not saved: {err})"
+    console_err.print(f"[bold red]error:[/] {command} failed: {escape(summary)}", highlight=False)
+    console_err.print(
+        f"[yellow]crash file:[/] {escape(path)} (the traceback; please report it with this file)",
+        highlight=False,
+    )
+    sys.exit(1)
 
 
 def _command_path(ctx: Any) -> str:

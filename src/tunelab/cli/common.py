@@ -30,8 +30,20 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
 
+_opened: list[Path] = []  # the study folder this command opened (a crash file goes there)
+
+
 def open_study(study: Path, sets: list[str] | None) -> Study:
+    if (Path(study) / "study.yaml").is_file():
+        _opened[:] = [Path(study).resolve()]
     return Study.open(study, sets or [])
+
+
+def opened_study(forget: bool = False) -> Path | None:
+    """The folder of the study this command opened, or None; `forget`: a new command starts."""
+    if forget:
+        _opened.clear()
+    return _opened[-1] if _opened else None
 
 
 def emit_json(obj: Any) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from tunelab.cli.common import (
     JsonOpt,
@@ -30,7 +31,8 @@ def _delta(entry: dict[str, Any] | None) -> str:
 
 
 def _print_run(run: dict[str, Any]) -> None:
-    console.print(f"\n[bold]{run['run_id']}[/]" + (f" ({run['name']})" if run.get("name") else ""))
+    name = f"{run['name']}  " if run.get("name") else ""
+    console.print(f"\n[bold]{name}{run['run_id']}[/]")
     rows = [
         [
             m,
@@ -73,15 +75,57 @@ def _print_run(run: dict[str, Any]) -> None:
     diff = run["config_diff"]
     shown = lambda v: "null" if v is None else v  # noqa: E731
     changes = [[c["group"], c["path"], shown(c["old"]), shown(c["new"])] for c in diff["changes"]]
-    console.print(
-        table(f"config diff against {diff['against']}", ["group", "path", "was", "now"], changes)
-    )
+    if changes:
+        console.print(f"config diff against {diff['against']}:")
+        console.print(table(None, ["group", "path", "was", "now"], changes))
+    else:
+        console.print(f"config diff against {diff['against']}: no difference")
     if run.get("why"):
         console.print(f"why: {run['why']}")
     for flag in run["flags"]:
         console.print(f"[bold yellow]flag:[/] {flag}")
     for note in run.get("notes") or []:
         console.print(f"note: {note}")
+
+
+def _run_label(run: dict[str, Any]) -> str:
+    """The name the user gave (if any) above the full run id: ids are never cut."""
+    return f"{run['name']}\n{run['run_id']}" if run.get("name") else run["run_id"]
+
+
+def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
+    """One row per run (fits 80 columns); the reasons and flags as lines beneath it."""
+    from tunelab.compare import interval_verdict
+
+    primary = record["primary_metric"]
+    t = Table(
+        title=f"runs vs baseline: {primary} (min improvement {record['min_improvement']:g})",
+        title_justify="left",
+    )
+    ids = [len(r["run_id"]) for r in record["runs"]] or [3]
+    t.add_column("run", no_wrap=True, min_width=max(ids))
+    t.add_column("delta [95% CI]", min_width=18)
+    t.add_column("CI vs 0", no_wrap=True)
+    t.add_column("≥ min", no_wrap=True)
+    t.add_column("guards", no_wrap=True)
+    notes = []
+    for run in record["runs"]:
+        who = run.get("name") or run["run_id"]
+        if not run["compared"]:
+            t.add_row(_run_label(run), f"not compared ({run['status']})", "-", "-", "-")
+            notes.append(f"{who}: {run['not_compared_reason']}")
+            continue
+        p = run["primary"]
+        meets = p.get("meets_min_improvement")
+        t.add_row(
+            _run_label(run),
+            _delta(p).replace(" [", "\n[", 1),
+            interval_verdict(p),
+            "yes" if meets else ("no" if meets is not None else "-"),
+            "[green]pass[/]" if run["guardrails_pass"] else "[red]FAIL[/]",
+        )
+        notes.extend(f"{who}: flag: {flag}" for flag in run["flags"])
+    return t, notes
 
 
 def print_compare(record: dict[str, Any]) -> None:
@@ -91,32 +135,14 @@ def print_compare(record: dict[str, Any]) -> None:
         f"baseline {base['run_id']} on {record['split']} ({base['n']} examples), "
         f"primary metric {primary} = {fmt(base['metrics'].get(primary))}"
     )
-    summary = []
-    for run in record["runs"]:
-        if not run["compared"]:
-            summary.append(
-                [run["run_id"], run["status"], "-", "-", "-", run["not_compared_reason"]]
-            )
-            continue
-        p = run["primary"]
-        meets = p.get("meets_min_improvement")
-        summary.append(
-            [
-                run["run_id"],
-                run["status"],
-                _delta(p),
-                "yes" if meets else ("no" if meets is not None else "-"),
-                "[green]pass[/]" if run["guardrails_pass"] else "[red]FAIL[/]",
-                "; ".join(run["flags"]),
-            ]
-        )
+    summary, notes = _summary_table(record)
+    console.print(summary)
     console.print(
-        table(
-            f"runs vs baseline: {primary} (min improvement {record['min_improvement']:g})",
-            ["run", "status", "delta [95% CI]", "meets min", "guardrails", "flags / reason"],
-            summary,
-        )
+        "CI vs 0: where the delta's 95% interval lies (only above 0 is a significant gain); "
+        "≥ min: the delta reaches the registered minimum improvement"
     )
+    for note in notes:
+        console.print(f"  {note}")
     for run in record["runs"]:
         if run["compared"]:
             _print_run(run)

@@ -102,58 +102,92 @@ def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
     )
     console.print(table(title, ["category", *SPLITS], rows))
 
+    _print_duplicates(m, path, num_pairs)
+    for note in m.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"snapshot [bold]{m['snapshot_id']}[/] in")
+    console.print(f"  {path}", soft_wrap=True)  # kept whole for copying, however long
+    console.print("the test split is sealed; it opens only with (each opening logged):")
+    console.print("  tunelab eval RUN --split test --final")
+
+
+def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
+    """Pairs within a split apart from pairs across splits; the pairs and label conflicts."""
     d = m["duplicates"]
+    by = d["pairs_by_split"]
+    within = [[f"  {k}", v] for k, v in by.items() if k.split("-")[0] == k.split("-")[1]]
+    across = [[f"  {k}", v] for k, v in by.items() if k.split("-")[0] != k.split("-")[1]]
+    removed = ", ".join(f"{s} {n}" for s, n in d["removed_by_split"].items())
+    cfg = m["dedup"]["config"]
     console.print(
         table(
             f"duplicates (policy {m['dedup']['policy']}, near = Jaccard >= "
-            f"{m['dedup']['config']['threshold']:g} on word {m['dedup']['config']['shingle_size']}"
-            "-shingles)",
+            f"{cfg['threshold']:g} on word {cfg['shingle_size']}-shingles)",
             ["", "pairs"],
             [
                 ["exact", d["exact_pairs"]],
                 ["near", d["near_pairs"]],
                 ["within a split", d["within_split_pairs"]],
+                *within,
                 ["across splits", d["across_split_pairs"]],
-                *[[f"  {k}", v] for k, v in d["pairs_by_split"].items()],
+                *across,
                 ["rows involved", d["rows_involved"]],
                 ["pairs with different labels", d["label_conflicts"]],
-                [
-                    "[bold]removed[/]",
-                    f"{d['removed']} ("
-                    + ", ".join(f"{s} {n}" for s, n in d["removed_by_split"].items())
-                    + ")",
-                ],
+                ["[bold]removed[/]", f"{d['removed']} ({removed})"],
             ],
         )
     )
-    if num_pairs > 0 and (d["exact_pairs"] or d["near_pairs"]):
-        from tunelab.records import read_json
+    if not (d["exact_pairs"] or d["near_pairs"]):
+        return
+    from tunelab.records import read_json
 
-        dup = read_json(path / "duplicates.json")
+    dup = read_json(path / "duplicates.json")
+    if num_pairs > 0:
         shown = sorted(
             dup["pairs"], key=lambda p: (p["split_a"] == p["split_b"], -p["similarity"])
         )[:num_pairs]
-        console.print(
-            table(
-                f"duplicate pairs (first {len(shown)}; all in duplicates.json)",
-                ["a", "split", "b", "split", "kind", "jaccard"],
-                [
-                    [
-                        p["a"],
-                        p["split_a"],
-                        p["b"],
-                        p["split_b"],
-                        p["kind"],
-                        f"{p['similarity']:.3f}",
-                    ]
-                    for p in shown
-                ],
+        t = table(f"duplicate pairs (first {len(shown)}; all in duplicates.json)", [], [])
+        for name in ("a", "b"):
+            t.add_column(name, overflow="fold")  # ids wrap, never cut
+        for name in ("splits", "kind", "jaccard"):
+            t.add_column(name, no_wrap=True)
+        for p in shown:
+            splits = (
+                p["split_a"] if p["split_a"] == p["split_b"] else f"{p['split_a']}-{p['split_b']}"
             )
+            t.add_row(p["a"], p["b"], splits, p["kind"], f"{p['similarity']:.3f}")
+        console.print(t)
+    if d["label_conflicts"]:
+        _print_label_conflicts(dup["pairs"], m["dedup"]["policy"])
+
+
+def _print_label_conflicts(pairs: list[dict[str, Any]], policy: str, worst: int = 5) -> None:
+    from tunelab.data.dedup import label_conflict_groups
+
+    groups = label_conflict_groups(pairs)
+    console.print(
+        f"[bold yellow]warning:[/] {len(groups)} group(s) of identical or near-identical texts "
+        "carry different labels; the worst:"
+    )
+    t = table(None, [], [])
+    t.add_column("rows", justify="right", no_wrap=True)
+    t.add_column("labels", overflow="fold")
+    t.add_column("ids", overflow="fold")
+    t.add_column("jaccard", no_wrap=True)
+    for g in groups[:worst]:
+        ids = sorted(g["rows"])
+        t.add_row(
+            str(len(ids)),
+            ", ".join(f"{lab} x{n}" for lab, n in g["labels"].items()),
+            "\n".join(ids[:6]) + (f"\n(+{len(ids) - 6} more)" if len(ids) > 6 else ""),
+            f"{g['similarity']:.3f}",
         )
-    for note in m.get("notes", []):
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"snapshot [bold]{m['snapshot_id']}[/] -> {path}")
-    console.print("the test split is sealed: it opens only with `tunelab eval RUN --final`")
+    console.print(t)
+    keep = "" if policy == "drop_all_but_one" else " or set data.dedup.policy: drop_all_but_one"
+    console.print(
+        "[yellow]hint:[/] correct the labels in the source file, add a cleaning rule that drops "
+        f"or rewrites these rows{keep} (every pair with its labels is in duplicates.json)"
+    )
 
 
 def _params(rule: dict[str, Any]) -> str:

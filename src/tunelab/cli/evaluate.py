@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from tunelab.cli.common import (
     JsonOpt,
@@ -52,18 +53,17 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
             for c, v in m["per_category"].items()
         ]
         console.print(table("per category", ["category", "precision", "recall", "F1", "n"], cats))
-        conf = m["confusion"]
-        console.print(
-            table(
-                "confusion (rows: gold, columns: predicted)",
-                ["", *conf["predicted"]],
-                [[g, *r] for g, r in zip(conf["labels"], conf["matrix"], strict=True)],
-            )
-        )
+        for part in confusion_tables(m["confusion"], console.width):
+            console.print(part)
     if m.get("per_field"):
+        # short heads leave the path room at 80 columns (`quantities[].unit`)
         cols = ["presence_rate", "exact_match", "normalized_match", "precision", "recall", "f1"]
-        fields = [[f, *(fmt(v[c]) for c in cols)] for f, v in m["per_field"].items()]
-        console.print(table("per field", ["field", *cols], fields))
+        heads = ["pres", "exact", "match", "P", "R", "F1", "slots"]
+        fields = [
+            [f, *(fmt(v[c], 3) for c in cols), v.get("slots", "")]
+            for f, v in m["per_field"].items()
+        ]
+        console.print(table("per field", ["field", *heads], fields))
     if m.get("failure_counts"):
         console.print(
             table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
@@ -83,6 +83,39 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
             "another process shared the cores, so its timing is high (`tunelab plan` prices "
             "evaluations from the baseline's)"
         )
+
+
+def confusion_tables(conf: dict[str, Any], width: int) -> list[Table]:
+    """The confusion matrix in tables that fit `width` columns: full label names as headers when
+    they fit; otherwise each column is numbered as its row ("3 nouvelles-sport"), and a matrix
+    too wide still is paged into several tables of consecutive columns."""
+    labels, columns, matrix = conf["labels"], conf["predicted"], conf["matrix"]
+    digits = max((len(str(v)) for row in matrix for v in row), default=1)
+    names = [str(label) for label in labels]
+    label_w = min(max(map(len, names), default=1), 32)
+    full = label_w + 4 + sum(max(len(str(c)), digits) + 3 for c in columns)
+    title = "confusion (rows: gold, columns: predicted)"
+    if full <= width:
+        heads, rows = [str(c) for c in columns], names
+    else:
+        heads = [str(j + 1) for j in range(len(labels))] + ["none"] * (len(columns) - len(labels))
+        rows = [f"{i + 1} {name}" for i, name in enumerate(names)]
+        label_w = min(max(map(len, rows)), 36)
+        title += ", numbered as the rows"
+    cell_w = max(digits, *map(len, heads))
+    per_page = max(1, (width - label_w - 4) // (cell_w + 3))
+    tables = []
+    for start in range(0, len(columns), per_page):
+        end = min(start + per_page, len(columns))
+        paged = f" ({start + 1}-{end} of {len(columns)})" if per_page < len(columns) else ""
+        t = Table(title=title + paged, title_justify="left")
+        t.add_column("gold", overflow="fold", max_width=label_w)
+        for head in heads[start:end]:
+            t.add_column(head, justify="right", no_wrap=True)
+        for name, row in zip(rows, matrix, strict=True):
+            t.add_row(name, *(str(v) for v in row[start:end]))
+        tables.append(t)
+    return tables
 
 
 def _warn_test_openings(record: dict[str, Any]) -> None:

@@ -63,15 +63,21 @@ def export(
     console.print(table("export", ["", ""], rows, show_header=False))
     for line in manifest["limitations"]:
         console.print(f"  limitation: {line}", highlight=False)
-    console.print(
-        f"next: `tunelab check-export {path} --base {manifest['base']['path_at_export']}`"
-    )
+    hub = manifest["base"].get("hub")
+    base_arg = f"{hub['repo_id']}@{hub['commit']}" if hub else manifest["base"]["path_at_export"]
+    console.print(f"next: `tunelab check-export {path} --base {base_arg}`", soft_wrap=True)
 
 
 @app.command("check-export")
 def check_export_cmd(
     directory: Annotated[Path, typer.Argument(help="The export folder.")],
-    base: Annotated[Path, typer.Option("--base", help="The base model folder to bind it to.")],
+    base: Annotated[
+        str,
+        typer.Option(
+            "--base",
+            help="The base model folder, or a hub id org/repo[@revision] (from the hub cache).",
+        ),
+    ],
     json_out: JsonOpt = False,
 ) -> None:
     """Verify an export against its manifest and the base by sha256, then run one example.
@@ -89,7 +95,15 @@ def check_export_cmd(
         rows = [
             ["export", result["export"]],
             ["files", f"{result['files']['files_checked']} match the manifest (and its sha256)"],
-            ["base", f"{result['base']['files_checked']} files match {result['base_name']}"],
+            [
+                "base",
+                f"{result['base']['files_checked']} files match {result['base_name']}"
+                + (
+                    f" at {result['base']['hub']['commit'][:12]}"
+                    if result["base"].get("hub")
+                    else ""
+                ),
+            ],
             ["loaded", f"{result['artifact']['dir']}/ in {fmt(result['load_s'], 2)} s"],
         ]
         if ex:

@@ -8,18 +8,35 @@ from typing import Annotated
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
-from tunelab.config import load_config
+from tunelab.config import config_warnings
 from tunelab.env import capture_env
+from tunelab.pins import drift
+from tunelab.study import validate_study
 
 
 @app.command()
 def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
-    """Check study.yaml and report every problem at once."""
-    cfg = load_config(study / "study.yaml", sets or [])
+    """Check study.yaml (and that the data it names exists, with the columns it maps) and
+    report every problem at once."""
+    cfg = validate_study(study, sets or [])
+    warnings = config_warnings(cfg)
+    notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
-        emit_json({"valid": True, "config_sha256": cfg.sha256(), "config": cfg.to_dict()})
+        emit_json(
+            {
+                "valid": True,
+                "config_sha256": cfg.sha256(),
+                "warnings": warnings,
+                "config": cfg.to_dict(),
+                "notes": notes,
+            }
+        )
         return
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
 
 
 @app.command()

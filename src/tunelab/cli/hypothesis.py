@@ -9,6 +9,7 @@ import typer
 
 from tunelab import hypothesis as hyp
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.pins import pins_of, resolve_pins
 from tunelab.study_template import TASK_KINDS, init_study
 
 
@@ -31,10 +32,20 @@ def init(
 
 
 @app.command()
-def register(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
-    """Lock the hypothesis, guardrails and evaluation procedure (a new version when changed)."""
+def register(
+    study: StudyDir = Path("."),
+    sets: SetOpt = None,
+    repin: Annotated[
+        bool, typer.Option("--repin", help="Resolve hub refs (main, tags) to their commit again.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Lock the hypothesis, guardrails and evaluation procedure (a new version when changed);
+    a base or data set named by hub id is pinned to the commit its revision resolves to."""
     s = open_study(study, sets)
-    record, created = hyp.register(s.root, s.config)
+    hyp.check_registrable(s.config)  # before any download
+    pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
+    record, created = hyp.register(s.root, s.config, pins)
     if created:
         s.ledger.add_event(
             None,
@@ -42,8 +53,13 @@ def register(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
             {"version": record["version"], "sha256": record["sha256"]},
         )
     if json_out:
-        emit_json({"created": created, **record})
+        emit_json({"created": created, "notes": notes, **record})
         return
+    for key, pin in pins.items():
+        line = f"  {key}: {pin['repo_id']}@{pin['revision']} pinned to commit {pin['commit']}"
+        console.print(line, soft_wrap=True)  # a commit is copied whole, not cut at the margin
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     v, sha = record["version"], record["sha256"]
     if not created:
         console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")

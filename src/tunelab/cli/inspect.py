@@ -29,6 +29,13 @@ from tunelab.preprocess import Problem, raise_problems
 SPLITS = ("train", "validation")
 
 
+def loss_place(ex: dict) -> str:
+    """Where the loss is: on tokens for a generating model, on the label for a classifier."""
+    if "label_index" in ex:
+        return "the loss is on the label (a classifier: no token carries it)"
+    return f"{ex['num_loss_tokens']} under the loss"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
@@ -76,8 +83,7 @@ def print_record(record: dict[str, Any]) -> None:
         console.print(Rule(Text(f"{ex['id']}  {ex['category']}"), align="left"))
         console.print(
             Text(
-                f"shown for: {ex['why_shown']}; {ex['num_tokens']} tokens, "
-                f"{ex['num_loss_tokens']} under the loss{cut}",
+                f"shown for: {ex['why_shown']}; {ex['num_tokens']} tokens, {loss_place(ex)}{cut}",
                 style="dim",
             )
         )
@@ -132,7 +138,7 @@ def inspect_cmd(
     if split not in SPLITS:
         raise DataError(
             f"--split {split!r}: inspect reads train or validation",
-            hint="the test split is sealed; it opens only with `tunelab eval --final`",
+            hint="the test split is sealed; it opens only with `tunelab eval RUN --split test --final`",
         )
     s = open_study(study, sets)
     with Progress(

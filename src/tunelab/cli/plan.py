@@ -32,7 +32,10 @@ def plan(
         typer.Option(help="Rental length: 3, 7 or 30 days (default budget.rental_days)."),
     ] = None,
     gpu_hour_price: Annotated[
-        float | None, typer.Option(help="Price per GPU hour (default budget.gpu_hour_price).")
+        float | None,
+        typer.Option(
+            help="Price per GPU hour (default budget.gpu_hour_price; with --gpu, the catalog's)."
+        ),
     ] = None,
     speedup: Annotated[
         float, typer.Option(help="How many times faster the rented device computes than this one.")
@@ -67,7 +70,7 @@ def plan(
     """A rental plan by phase from the measured step, evaluation and checkpoint times (or, with
     --gpu, projected onto a catalog GPU from the study's shapes): margins, cost, how many
     variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.plan import RESOLUTION_S, make_plan, repeat_verdict, review_plan
+    from tunelab.plan import make_plan, review_plan
 
     s = open_study(study, sets)
     if compare_gpus:
@@ -84,50 +87,7 @@ def plan(
         if json_out:
             emit_json(result)
             return
-        rows = [
-            [
-                r["phase"],
-                r["what"],
-                _h(r["planned_s"]),
-                _h(r["actual_s"]),
-                _pct(r["error_pct"]) + ("*" if r.get("below_resolution") else ""),
-                _h(r["planned_at_run_speed_s"]),
-                _pct(r["error_at_run_speed_pct"]),
-            ]
-            for r in result["rows"]
-        ]
-        console.print(
-            table(
-                f"plan {result['plan']}: planned vs actual (the units that ran)",
-                ["phase", "what ran", "planned", "actual", "error", "at run speed", "error"],
-                rows,
-            )
-        )
-        if result["max_error_pct"] is not None:
-            console.print(
-                f"largest phase error {result['max_error_pct']:.1f}%; at the runs' own measured "
-                f"speed {_pct(result['max_error_at_run_speed_pct'])}"
-                + (
-                    f" (* under {RESOLUTION_S:g} s both planned and actual: shown, not counted)"
-                    if any(r.get("below_resolution") for r in result["rows"])
-                    else ""
-                )
-            )
-        for r in result["rows"]:
-            if (verdict := repeat_verdict(r)) is not None:
-                console.print(verdict)
-        for note in result["notes"]:
-            console.print(f"[yellow]note:[/] {note}")
-        over = [
-            f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
-            f"planned (margin {r['margin_pct']}%)"
-            for r in result["rows"]
-            if r.get("within_margin") is False and not r.get("below_resolution")
-        ]
-        if any(r.get("within_margin") is not None for r in result["rows"]):
-            console.print(
-                "; ".join(over) if over else "the plan's margins absorbed every measured phase"
-            )
+        print_review(result)
         return
     record, path, png = make_plan(
         s,
@@ -147,6 +107,94 @@ def plan(
     console.print(f"record: {path}\nchart:  {png}")
 
 
+def print_review(result: dict[str, Any]) -> None:
+    """The review table (what ran under each phase's name), its largest errors with the sign
+    the table prints, the phases far off either way, and whether the margins held."""
+    from tunelab.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict
+
+    rows = [
+        [
+            f"{r['phase']}\n[dim]{r['what']}[/]",
+            _h(r["planned_s"]),
+            _h(r["actual_s"]),
+            _pct(r["error_pct"]) + ("*" if r.get("below_resolution") else ""),
+            _h(r["planned_at_run_speed_s"]),
+            _pct(r["error_at_run_speed_pct"]),
+        ]
+        for r in result["rows"]
+    ]
+    console.print(
+        table(
+            f"plan {result['plan']}: planned vs actual (the units that ran)",
+            ["phase (what ran)", "planned", "actual", "error", "at run speed", "error"],
+            rows,
+        )
+    )
+    console.print(
+        "error: (planned - actual) / actual, + when the plan is longer than the runs; at run "
+        "speed: the plan redone at the runs' own measured step and evaluation speed"
+    )
+    largest, at_speed = result.get("largest_error"), result.get("largest_error_at_run_speed")
+    if largest is not None:
+        line = f"largest phase error: {largest['phase']} {_pct(largest['error_pct'])}"
+        if at_speed is not None:
+            line += f"; at the runs' own speed: {at_speed['phase']} {_pct(at_speed['error_pct'])}"
+        if any(r.get("below_resolution") for r in result["rows"]):
+            line += f" (* under {RESOLUTION_S:g} s both planned and actual: shown, not counted)"
+        console.print(line)
+    for r in result["rows"]:
+        if (verdict := repeat_verdict(r)) is not None:
+            console.print(verdict)
+    far = [r["phase"] for r in result["rows"] if r.get("far_off")]
+    for r in result["rows"]:
+        if (remark := far_off_remark(r)) is not None:
+            console.print(f"[yellow]far off:[/] {remark}")
+    for note in result["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    over = [
+        f"{r['phase']} took {100 * (r['actual_s'] / r['planned_s'] - 1):.1f}% more than "
+        f"planned (margin {r['margin_pct']}%)"
+        for r in result["rows"]
+        if r.get("within_margin") is False and not r.get("below_resolution")
+    ]
+    if over:
+        console.print("; ".join(over))
+    elif far:
+        console.print(
+            f"the plan's margins absorbed every measured phase, but {' and '.join(far)} "
+            f"{'is' if len(far) == 1 else 'are'} far off (above)"
+        )
+    elif any(r.get("within_margin") is not None for r in result["rows"]):
+        console.print("the plan's margins absorbed every measured phase")
+
+
+# what each figure printed under a plan is, in words (its value is in seconds)
+FIGURE_WORDS = {
+    "step_s": "an optimizer step",
+    "eval_s_per_example": "an evaluated example (the baseline's)",
+    "checkpoint_save_s": "a checkpoint save",
+    "reload_s": "a checkpoint loaded in a new process",
+}
+
+
+def _figure_line(key: str, fig: dict[str, Any]) -> str:
+    value = fig.get("value")
+    if value is None:
+        return f"  {key}: -  ({fig.get('source', '')})"
+    if key == "answer_length_s_per_example":
+        way = "shorter" if value < 0 else "longer"
+        meaning = (
+            f"{value:+.4g} s an example: the answers are {way} than what the baseline generated"
+            if value
+            else "0 s an example: the answers are as long as what the baseline generated"
+        )
+    elif key == "adapted_extra_s_per_example":
+        meaning = f"+{value:.4g} s an example for the adapter's unmerged layers"
+    else:
+        meaning = f"{value:.4g} s {FIGURE_WORDS.get(key, '')}".rstrip()
+    return f"  {key}: {meaning}  ({fig.get('source', '')})"
+
+
 def print_plan(record: dict[str, Any]) -> None:
     v = record["variant"]
     rows = [
@@ -155,7 +203,8 @@ def print_plan(record: dict[str, Any]) -> None:
     ]
     console.print(
         table(
-            f"{record['days']}-day plan on {record['gpu']} ({record['num_variants']} variants)",
+            f"{record['days']}-day plan on {record.get('device') or record['gpu']} "
+            f"({record['num_variants']} variants)",
             ["phase", "starts at", "planned", "margin", "with margin"],
             rows,
         )
@@ -179,12 +228,7 @@ def print_plan(record: dict[str, Any]) -> None:
     for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s", *variant_keys):
         if key in variant_keys and key not in sources:
             continue
-        fig = sources.get(key) or {}
-        value = fig.get("value")
-        console.print(
-            f"  {key}: {'-' if value is None else f'{value:.4g}'}  ({fig.get('source', '')})",
-            style="dim",
-        )
+        console.print(_figure_line(key, sources.get(key) or {}), style="dim")
     if record.get("projection"):
         print_projection(record["projection"])
     for w in record["warnings"]:

@@ -1,7 +1,8 @@
 """Cleaning rules from `data.cleaning`, applied in order to the text of each example.
 
 Pure: takes texts, returns kept indices, the new texts and what each rule did. The target (the
-gold answer) is never rewritten; the label is never touched.
+gold answer) is never rewritten; labels change only through `unify_labels`, which
+`tunelab.data.checks.check_labels` applies.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from tunelab.config import CleaningRule, sha256_json
 from tunelab.errors import ConfigError
 
 _SPACES = re.compile(r"[^\S\n]+")  # whitespace other than newline
+# ANSI escape sequences (CSI and OSC), then single control characters: C0 but tab, newline and
+# carriage return; DEL; C1
+CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+)
+_CONTROL_SPACES = re.compile(r"[\x0b\x0c\x1c-\x1f\x85]")  # controls that separate words
 _TRAILING = re.compile(r" +\n")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
@@ -27,6 +35,12 @@ def normalize_whitespace(text: str) -> str:
     text = _SPACES.sub(" ", text)
     text = _TRAILING.sub("\n", text)
     return _BLANK_RUNS.sub("\n\n", text)
+
+
+def strip_control(text: str) -> str:
+    """Remove ANSI escape sequences and control characters (those that separate words, such
+    as form feed, become a space); tab, newline and carriage return stay."""
+    return CONTROL.sub(lambda m: " " if _CONTROL_SPACES.fullmatch(m.group()) else "", text)
 
 
 def rule_params(rule: CleaningRule) -> dict[str, Any]:
@@ -61,6 +75,10 @@ def compile_rules(rules: list[CleaningRule]) -> list[tuple[str, Callable[[str], 
             out.append((name, str.strip))
         elif name == "lowercase":
             out.append((name, str.lower))
+        elif name == "strip_control":
+            out.append((name, strip_control))
+        elif name == "unify_labels":  # a rule on labels (data.checks.check_labels), not texts
+            out.append((name, lambda t: t))
         elif name == "drop_empty":
             out.append((name, lambda t: t if t.strip() else None))
         elif name == "drop_longer_than":

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +65,23 @@ def normalize_texts(texts: Sequence[str] | pa.Array) -> pa.Array:
     words = pc.utf8_split_whitespace(arr)
     joined = pc.binary_join(words, " ")
     return pc.utf8_trim_whitespace(joined)
+
+
+# Before shingling (near duplicates only): every punctuation mark and symbol (Unicode classes P
+# and S, so curly quotes and dashes of any kind too) becomes a space, so two copies of a text
+# that differ only in punctuation or quote characters share their word shingles.
+SHINGLE_NORMALIZATION = "punctuation and symbols (Unicode P, S) to spaces, whitespace collapsed"
+
+
+def strip_punctuation(normalized: pa.Array | Sequence[str]) -> pa.Array:
+    """`normalize_texts` output with punctuation and symbols replaced by spaces."""
+    arr = (
+        normalized
+        if isinstance(normalized, pa.Array | pa.ChunkedArray)
+        else pa.array(normalized, pa.string())
+    )
+    spaced = pc.replace_substring_regex(arr, pattern=r"[\p{P}\p{S}]+", replacement=" ")
+    return pc.utf8_trim_whitespace(pc.binary_join(pc.utf8_split_whitespace(spaced), " "))
 
 
 def exact_group_ids(normalized: pa.Array | Sequence[str]) -> np.ndarray:
@@ -393,8 +411,9 @@ def find_near_duplicates(
     num_threads: int | None = None,
     progress: Progress = _noop,
 ) -> NearDuplicates:
-    """Pairs of texts whose word-shingle sets have Jaccard similarity >= threshold."""
-    sh = shingle_texts(normalized, shingle_size)
+    """Pairs of texts whose word-shingle sets (punctuation stripped first) have Jaccard
+    similarity >= threshold."""
+    sh = shingle_texts(strip_punctuation(normalized), shingle_size)
     progress("shingles", 1.0)
     sig = minhash_signatures(sh, num_perm, seed, num_threads=num_threads, progress=progress)
     bands, rows = lsh_params(threshold, num_perm)
@@ -555,3 +574,33 @@ def summarize(
         "rows_involved": len(rows),
         "label_conflicts": conflicts,
     }
+
+
+def label_conflict_groups(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Groups of rows linked by duplicate pairs (duplicates.json rows) whose labels disagree,
+    worst first (most rows, then highest similarity): each {"rows": {id: label}, "labels":
+    {label: count}, "similarity": the highest in the group}."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    conflicting = [p for p in pairs if p.get("label_a") != p.get("label_b")]
+    for p in conflicting:
+        parent[find(p["a"])] = find(p["b"])
+    groups: dict[str, dict[str, Any]] = {}
+    for p in conflicting:
+        g = groups.setdefault(find(p["a"]), {"rows": {}, "similarity": 0.0})
+        g["rows"].update({p["a"]: p.get("label_a"), p["b"]: p.get("label_b")})
+        g["similarity"] = max(g["similarity"], float(p["similarity"]))
+    out = []
+    for g in groups.values():
+        counts: dict[str, int] = {}
+        for label in g["rows"].values():
+            counts[str(label)] = counts.get(str(label), 0) + 1
+        out.append({**g, "labels": dict(sorted(counts.items(), key=lambda kv: -kv[1]))})
+    return sorted(out, key=lambda g: (-len(g["rows"]), -g["similarity"], min(g["rows"])))

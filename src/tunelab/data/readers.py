@@ -10,14 +10,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tunelab.config import DataConfig, FieldsConfig
-from tunelab.errors import DataError
+from tunelab.errors import DataError, preview
 from tunelab.records import sha256_bytes
+from tunelab.strict_load import ParseProblem, loads_json
 
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_ALIASES = {
@@ -46,6 +48,7 @@ class SourceRow:
     id: str | None
     split: str | None
     where: str
+    label_raw: Any = None  # the label as written (a number or a string, spaces kept)
 
 
 @dataclass
@@ -55,6 +58,8 @@ class SourceData:
     root: Path
     notes: list[str] = field(default_factory=list)  # warnings for the report
     replaced_bytes: int = 0  # invalid UTF-8 bytes replaced (encoding_errors: replace)
+    links: list[dict[str, str]] = field(default_factory=list)  # followed: {path, target}
+    hub: dict[str, Any] | None = None  # format hub: repo, commit, config, splits, fingerprints
 
 
 def _noop(n: int) -> None:
@@ -62,6 +67,12 @@ def _noop(n: int) -> None:
 
 
 # ---------------------------------------------------------------- field values
+
+
+def column_list(names: list[str], limit: int = 30) -> str:
+    """'id, text, label' for a message: at most `limit` names, each cut to 40 characters."""
+    shown = ", ".join(str(n)[:40] for n in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def _present(value: Any) -> bool:
@@ -84,12 +95,23 @@ class FieldMapper:
         return out
 
     def check_columns(self, columns: list[str], where: str) -> None:
-        """Every mapped field must be a column of the source (CSV header, Parquet schema)."""
+        """Every mapped field must be a column of the source (CSV header, Parquet schema), and
+        no column name may appear twice (one of the two would be dropped silently)."""
+        twice = sorted(c for c, n in Counter(columns).items() if n > 1 and c)
+        if twice:
+            places = [
+                f"{c!r} (columns {', '.join(str(i + 1) for i, x in enumerate(columns) if x == c)})"
+                for c in twice[:5]
+            ]
+            raise DataError(
+                f"{where}: column name given twice: {'; '.join(places)}",
+                hint="rename or remove the repeated column so that each name is unique",
+            )
         missing = [(k, c) for k, c in self.mapped().items() if c not in columns]
         if missing:
             key, col = missing[0]
             raise DataError(
-                f"{where}: no column {col!r} for field {key!r} (columns: {', '.join(columns)})",
+                f"{where}: no column {col!r} for field {key!r} (columns: {column_list(columns)})",
                 hint=f"set data.fields.{key} to one of the columns"
                 + (", or to null if the data has none" if key != "text" else ""),
             )
@@ -108,6 +130,7 @@ class FieldMapper:
                 hint="fix the row, or map data.fields.text to the column holding the text",
             )
         label = self._scalar(rec, "label", f.label, where) if f.label else None
+        label_raw = rec.get(f.label) if f.label else None
         target = None
         if f.target:
             value = self._get(rec, "target", f.target, where, required=True)
@@ -119,17 +142,17 @@ class FieldMapper:
             split = SPLIT_ALIASES.get(str(raw).strip().lower())
             if split is None:
                 raise DataError(
-                    f"{where}: field {f.split!r} (split) is {raw!r}, not a split name",
+                    f"{where}: field {f.split!r} (split) is {preview(raw)}, not a split name",
                     hint="use train, validation or test (aliases: valid, val, dev, testing)",
                 )
-        return SourceRow(text, label, target, row_id, split, where)
+        return SourceRow(text, label, target, row_id, split, where, label_raw)
 
     def _get(self, rec: dict, key: str, col: str, where: str, required: bool) -> Any:
         if col not in rec or not _present(rec[col]):
             if not required:
                 return None
             state = "missing" if col not in rec else "null"
-            keys = ", ".join(map(str, rec)) or "none"
+            keys = column_list(list(rec)) or "none"
             raise DataError(
                 f"{where}: field {col!r} ({key}) is {state} (fields present: {keys})",
                 hint=f"add {col!r} to this row, or set data.fields.{key} to the right column",
@@ -144,7 +167,7 @@ class FieldMapper:
             else:
                 raise DataError(
                     f"{where}: field {col!r} ({key}) must be a string or an integer, "
-                    f"found {type(value).__name__} {value!r}",
+                    f"found {type(value).__name__} {preview(value)}",
                     hint=f"fix the value of {col!r} in this row",
                 )
         text = str(value).strip()
@@ -178,7 +201,78 @@ def _decode(data: bytes, where: str, errors: str, src: SourceData) -> str:
         ) from None
 
 
-def _files_of(path: Path, patterns: tuple[str, ...]) -> list[Path]:
+# What a file is when it is not UTF-8 text, by its first bytes: (magic, what, how to convert).
+_CONTAINERS = [
+    (b"\xff\xfe\x00\x00", "UTF-32 text", "iconv -f UTF-32 -t UTF-8 {name} > {out}"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text", "iconv -f UTF-32 -t UTF-8 {name} > {out}"),
+    (b"\xff\xfe", "UTF-16 text", "iconv -f UTF-16 -t UTF-8 {name} > {out}"),
+    (b"\xfe\xff", "UTF-16 text", "iconv -f UTF-16 -t UTF-8 {name} > {out}"),
+    (b"\x1f\x8b", "gzip-compressed", "gunzip -c {name} > {out}"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "xz -dc {name} > {out}"),
+    (b"(\xb5/\xfd", "zstd-compressed", "zstd -dc {name} > {out}"),
+    (
+        b"PK\x03\x04",
+        "a zip archive (an .xlsx workbook is one)",
+        "unzip it, or save the sheet as CSV",
+    ),
+]
+_BZIP2 = b"1AY&SY"  # after "BZh" and the block size digit
+
+
+def container_of(data: bytes) -> tuple[str, str] | None:
+    """(what the bytes are, how to convert them) when they are not plain text, else None."""
+    for magic, what, fix in _CONTAINERS:
+        if data.startswith(magic):
+            return what, fix
+    if data[:3] == b"BZh" and data[4:10] == _BZIP2:
+        return "bzip2-compressed", "bunzip2 -c {name} > {out}"
+    if data[:4] == b"PAR1" and data[-4:] == b"PAR1":
+        return "a Parquet file", "set data.source.format: parquet"
+    head = data[:4096]
+    if b"\x00" in head:
+        even, odd = head[0::2].count(0), head[1::2].count(0)
+        if max(even, odd) > len(head) // 4 and min(even, odd) == 0:
+            return (
+                "UTF-16 text (without a byte-order mark)",
+                "iconv -f UTF-16LE -t UTF-8 {name} > {out}",
+            )
+        return "binary (it holds NUL bytes)", "point data.source.path at a text file"
+    return None
+
+
+def _refuse_container(data: bytes, path: Path, name: str, fmt: str) -> None:
+    found = container_of(data)
+    if found is not None:
+        what, fix = found
+        out = f"{path.stem}-utf8{path.suffix}" if "iconv" in fix else path.stem
+        raise DataError(
+            f"{name}: this file is {what}, not UTF-8 text ({fmt})",
+            hint="convert it first: " + fix.format(name=path.name, out=out or "data"),
+        )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _contained(path: Path, root: Path, follow: bool, src: SourceData) -> Path | None:
+    """`path` (found under `root`) if it stays inside the data folder once every link is
+    resolved; a link leaving it is refused, or with `follow` read and recorded."""
+    real = path.resolve()
+    if _inside(real, root.resolve()):
+        return path
+    rel = _rel(path, root)
+    if not follow:
+        raise DataError(
+            f"{rel}: a symbolic link to {real}, outside the data folder {root}",
+            hint="copy the file into the data folder, or set data.source.follow_links: true "
+            "to read it (the snapshot manifest then lists every such link)",
+        )
+    src.links.append({"path": rel, "target": str(real)})
+    return path
+
+
+def _files_of(path: Path, patterns: tuple[str, ...], follow: bool, src: SourceData) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -188,7 +282,7 @@ def _files_of(path: Path, patterns: tuple[str, ...]) -> list[Path]:
                 f"{path}: no files matching {' or '.join(patterns)}",
                 hint="point data.source.path at a file or a folder holding them",
             )
-        return found
+        return [p for p in found if _contained(p, path, follow, src)]
     raise DataError(f"{path}: no such file or folder", hint="fix data.source.path in study.yaml")
 
 
@@ -207,24 +301,59 @@ def _record_file(src: SourceData, path: Path, data: bytes) -> None:
 # ---------------------------------------------------------------- formats
 
 
+def _not_json_lines(text: str, name: str) -> DataError | None:
+    """A whole-file JSON document (an array, or pretty-printed objects) named as such."""
+    body = text.lstrip()
+    if not body.startswith(("[", "{")):
+        return None
+    try:
+        whole = loads_json(body)
+    except ParseProblem:
+        whole = None
+    if isinstance(whole, list):
+        return DataError(
+            f"{name}: the file is one JSON array of {len(whole)} item(s), not JSON lines "
+            "(one object per line)",
+            hint=f"convert it: jq -c '.[]' {name} > {Path(name).stem}-lines.jsonl "
+            "(or set data.source.format to match the file)",
+        )
+    if isinstance(whole, dict) or body.startswith("{\n") or body.startswith("[\n"):
+        return DataError(
+            f"{name} line 1: pretty-printed JSON spread over several lines, not JSON lines "
+            "(one object per line)",
+            hint=f"convert it: jq -c '.' {name} > {Path(name).stem}-lines.jsonl",
+        )
+    return None
+
+
 def _read_jsonl(
     src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
 ) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
     name = _rel(path, src.root) if src.root.is_dir() else path.name
+    _refuse_container(data, path, name, "JSON lines")
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as some editors write
+        data = data[3:]
+    first = True
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
         where = f"{name} line {lineno}"
         line = _decode(raw, where, errors, src)
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+            rec = loads_json(line)
+        except ParseProblem as exc:
+            if first and (whole := _not_json_lines(_decode(data, name, "replace", src), name)):
+                raise whole from None
+            col = f", column {exc.column}" if exc.column else ""
             raise DataError(
-                f"{where}, column {exc.colno}: not valid JSON ({exc.msg})",
+                f"{where}{col}: not valid JSON ({exc.problem})",
                 hint="each line must hold one JSON object; fix or remove this line",
             ) from None
+        if first and isinstance(rec, list):
+            raise _not_json_lines(line, name) or DataError(f"{where}: a JSON array")
+        first = False
         src.rows.append(mapper.row(rec, where))
         if len(src.rows) % PROGRESS_EVERY == 0:
             progress(PROGRESS_EVERY)
@@ -236,6 +365,7 @@ def _read_csv(
     data = path.read_bytes()
     _record_file(src, path, data)
     name = _rel(path, src.root) if src.root.is_dir() else path.name
+    _refuse_container(data, path, name, "CSV")
     text = _decode(data, name, errors, src)
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -277,12 +407,15 @@ def _read_parquet(
     _record_file(src, path, data)
     name = _rel(path, src.root) if src.root.is_dir() else path.name
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        mapper.check_columns(list(parquet.schema_arrow.names), name)
+        # only the mapped columns are materialized
+        table = parquet.read(columns=sorted(set(mapper.mapped().values())))
     except (pa.ArrowException, OSError) as exc:
         raise DataError(
-            f"{name}: not a readable Parquet file ({exc})", hint="check the file"
+            f"{name}: not a readable Parquet file ({preview(str(exc), 200)})",
+            hint="check the file",
         ) from None
-    mapper.check_columns(table.column_names, name)
     cols = {c: table.column(c).to_pylist() for c in set(mapper.mapped().values())}
     for i in range(table.num_rows):
         rec = {c: v[i] for c, v in cols.items()}
@@ -295,12 +428,17 @@ def _read_folder(
     src: SourceData, cfg: DataConfig, mapper: FieldMapper, errors: str, progress: Progress
 ) -> None:
     root = src.root
+    follow = cfg.source.follow_links
     if not root.is_dir():
         raise DataError(
             f"{root}: not a folder (format: folder wants one sub-folder per label)",
             hint="fix data.source.path, or set data.source.format to the file's format",
         )
-    labels = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    labels = sorted(
+        p
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and _contained(p, root, follow, src)
+    )
     stray = [p.name for p in root.glob(cfg.source.glob) if p.is_file()]
     if stray:
         src.notes.append(
@@ -320,11 +458,15 @@ def _read_folder(
                 hint="remove the empty folder, or fix data.source.glob",
             )
         for path in files:
+            _contained(path, root, follow, src)
             data = path.read_bytes()
             _record_file(src, path, data)
             rel = _rel(path, root)
+            _refuse_container(data, path, rel, "text")
             text = _decode(data, f"{rel} (field text)", errors, src)
-            src.rows.append(SourceRow(text, folder.name, None, rel, None, rel))
+            if text.startswith("\ufeff"):
+                text = text[1:]
+            src.rows.append(SourceRow(text, folder.name, None, rel, None, rel, folder.name))
             progress(1)
 
 
@@ -340,6 +482,7 @@ def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> N
     if not root.is_dir():
         raise DataError(f"{root}: no such folder", hint="fix data.source.path in study.yaml")
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        _contained(path, root, False, src)  # datasets reads these files: none may leave root
         _record_file(src, path, path.read_bytes())
     try:
         loaded = datasets.load_from_disk(str(root))
@@ -348,10 +491,20 @@ def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> N
             f"{root}: not a dataset saved with save_to_disk ({exc})",
             hint="save it with `Dataset.save_to_disk(path)` or pick another data.source.format",
         ) from None
+    add_dataset_rows(src, mapper, loaded, root.name, progress)
+
+
+def add_dataset_rows(
+    src: SourceData, mapper: FieldMapper, loaded: Any, name: str, progress: Progress
+) -> None:
+    """The rows of a `datasets` Dataset or DatasetDict (its split names in HF_SPLIT_COLUMN),
+    ClassLabel integers read as their names."""
+    import datasets
+
     parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
     for split_name, ds in parts:
         cols = list(ds.column_names) + ([HF_SPLIT_COLUMN] if split_name else [])
-        where_ds = f"{root.name}" + (f"[{split_name}]" if split_name else "")
+        where_ds = name + (f"[{split_name}]" if split_name else "")
         mapper.check_columns(cols, where_ds)
         names: dict[str, Any] = {}
         for col in mapper.mapped().values():
@@ -379,12 +532,76 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
         _read_folder(src, cfg, mapper, errors, progress)
     elif fmt == "hf_disk":
         _read_hf_disk(src, mapper, progress)
+    elif fmt == "hub":
+        from tunelab.data.hub import read_hub  # a data set in the hub cache, at its pinned commit
+
+        read_hub(src, cfg, mapper, progress)
     else:
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
-        for path in _files_of(root, EXTENSIONS[fmt]):
+        for path in _files_of(root, EXTENSIONS[fmt], cfg.source.follow_links, src):
             reader(src, path, mapper, errors, progress)
+    if src.links:
+        src.notes.append(
+            f"read {len(src.links)} file(s) through symbolic links that leave the data folder "
+            f"(data.source.follow_links), e.g. {src.links[0]['path']} -> "
+            f"{src.links[0]['target']}; the manifest lists every one (source.links_followed)"
+        )
     return src
 
 
 def iter_texts(rows: list[SourceRow]) -> Iterator[str]:
     return (r.text for r in rows)
+
+
+# ---------------------------------------------------------------- checks before reading
+
+
+def _first_columns(path: Path, fmt: str) -> list[str] | None:
+    """The column names the first file of the source declares (CSV header, Parquet schema, the
+    first JSON line's keys), or None when they cannot be read cheaply (then `tunelab data`
+    reports the problem at its line)."""
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        if container_of(head) is not None:
+            return None
+        lines = head.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace").splitlines()
+        first = next((line for line in lines if line.strip()), None)
+        if first is None:
+            return None
+        if fmt == "csv":
+            return [h.strip() for h in next(csv.reader([first]))]
+        rec = loads_json(first)
+        return [str(k) for k in rec] if isinstance(rec, dict) else None
+    except (OSError, ValueError, csv.Error, ImportError):
+        return None
+    except Exception:  # noqa: BLE001 - pyarrow's errors: `tunelab data` names them
+        return None
+
+
+def source_problems(path: Path, cfg: DataConfig) -> list[str]:
+    """What `tunelab validate` can tell of the data without reading it: the source exists, and
+    each mapped field names a column of its first file. One `field: problem` line each."""
+    fmt = cfg.source.format
+    if not path.exists():
+        return [f"data.source.path: {path} does not exist"]
+    if fmt not in ("jsonl", "csv", "parquet"):
+        return []
+    if path.is_dir():
+        files = sorted(p for pat in EXTENSIONS[fmt] for p in path.rglob(pat) if p.is_file())
+        if not files:
+            return [f"data.source.path: no {' or '.join(EXTENSIONS[fmt])} file in {path}"]
+        path = files[0]
+    columns = _first_columns(path, fmt)
+    if columns is None:
+        return []
+    shown = column_list(columns)
+    return [
+        f"data.fields.{key}: column {col!r} is not in {path.name} (it has: {shown})"
+        for key, col in FieldMapper(cfg.fields, fmt).mapped().items()
+        if col not in columns
+    ]

@@ -26,14 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.config import DataConfig, DedupConfig, sha256_json
 from tunelab.data import dedup
-from tunelab.data.checks import RowsRead, run_checks
+from tunelab.data.checks import RowsRead, control_notes, labels_changed, run_checks
 from tunelab.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
+from tunelab.data.hub import source_root
 from tunelab.data.readers import SourceData, SourceRow, read_source
 from tunelab.data.splits import (
     SPLITS,
     check_user_splits,
     counts_by_category,
+    counts_by_kinds,
     ensure_coverage,
+    ensure_kind_coverage,
+    kind_gaps,
     sample_by_hash,
     split_by_hash,
 )
@@ -230,7 +234,7 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     """
     cfg = study.config.data
     compile_rules(cfg.cleaning)  # a bad regular expression fails before any reading
-    source_path = study.resolve(cfg.source.path)
+    source_path = source_root(study)
     with _Bar(progress) as bar:
         src = read_source(source_path, cfg, bar.counter("reading"))
         read = RowsRead(src.rows, study.config, source_path)
@@ -239,8 +243,10 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
         ids = assign_ids(rows)
         cleaned = _clean(rows, cfg, source_path)
         kept = _keep(cleaned, cfg)
+        notes += control_notes(kept.texts, [rows[i] for i in kept.index], "text")
         labels = [rows[i].label for i in kept.index]
-        split = _split(kept, labels, rows, cfg, read.has_label, source_path)
+        kinds = _target_kinds(study, [rows[i] for i in kept.index])
+        split = _split(kept, labels, rows, cfg, read.has_label, source_path, kinds)
         notes += split.notes
         dups = _find_duplicates(kept, split.splits, cfg.dedup, bar.fraction(len(kept.index)))
 
@@ -255,15 +261,34 @@ def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
     outputs = {SPLIT_FILES[s]: _jsonl(examples[s]) for s in SPLITS}
     outputs["duplicates.json"] = dumps_json(duplicates).encode("utf-8")
     outputs["dropped.jsonl"] = _jsonl(dropped_rows)
+    kind_counts = None
+    if kinds is not None:
+        final = [k for k in range(len(kept.index)) if k not in dups.removed]
+        final_splits, final_kinds = [split.splits[k] for k in final], [kinds[k] for k in final]
+        kind_counts = counts_by_kinds(final_splits, final_kinds)
+        notes += kind_gaps(final_splits, final_kinds, cfg.splits)
     manifest = _manifest(
         read, src, cleaned, kept, split, dups, duplicates, examples, labels, ids, outputs, notes
     )
+    manifest["counts"]["target_kinds"] = kind_counts  # not part of the id (see _identity)
     return _publish(study, manifest, outputs)
+
+
+def _target_kinds(study: Study, rows: list[SourceRow]) -> list[list[str]] | None:
+    """Each row's target kinds that extraction scoring treats apart; None for other tasks."""
+    if study.config.task.kind != "extraction":
+        return None
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config)
+    return [task.target_kinds({"id": r.where, "target": r.target}) for r in rows]
 
 
 def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> CleaningResult:
     """The cleaning rules over the texts; refuses when they drop every row or leave one empty."""
     cleaned = clean_texts([r.text for r in rows], cfg.cleaning)
+    for effect in cleaned.effects:  # a rule on labels: check_label_spellings applied it
+        effect["changed"] += labels_changed(rows) if effect["rule"] == "unify_labels" else 0
     if not cleaned.kept:
         by_rule = ", ".join(
             f"{e['rule']} dropped {e['dropped']}" for e in cleaned.effects if e["dropped"]
@@ -309,8 +334,10 @@ def _split(
     cfg: DataConfig,
     has_label: bool,
     source_path: Path,
+    kinds: list[list[str]] | None = None,
 ) -> _Split:
-    """The user's split column, else seeded hash splits that cover every small category."""
+    """The user's split column, else seeded hash splits that cover every small category (and,
+    with stratify: target_kind, every kind of extraction target)."""
     if cfg.fields.split:
         splits = [rows[i].split or "" for i in kept.index]
         result = _Split(splits, "column", [], check_user_splits(splits))
@@ -322,6 +349,9 @@ def _split(
             cfg.splits,
             strict=cfg.splits.stratify and has_label,
         )
+        if kinds is not None and cfg.splits.stratify == "target_kind":
+            splits, kind_moves = ensure_kind_coverage(splits, kept.keys, kinds, cfg.splits)
+            moved += kind_moves
         result = _Split(splits, "hash", moved, warnings)
     if "train" not in result.splits:
         raise DataError(
@@ -480,6 +510,8 @@ def _manifest(
             "num_files": len(src.files),
             "files": src.files,
             "replaced_invalid_utf8_bytes": src.replaced_bytes,
+            **({"hub": src.hub} if src.hub else {}),
+            **({"links_followed": src.links} if src.links else {}),
         },
         "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,
@@ -502,6 +534,7 @@ def _manifest(
             "policy": cfg.dedup.policy,
             "sha256": sha256_json(dedup_config),
             "normalization": NORMALIZATION,
+            "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
             "algorithm": {
                 "version": dedup.DEDUP_ALGORITHM_VERSION,
                 "minhash_seed": 1,
@@ -598,7 +631,7 @@ class Snapshot:
         if split == "test":
             raise EvaluationError(
                 f"the test split of snapshot {self.id} is sealed",
-                hint="evaluate on it only with `tunelab eval RUN --final`, which logs the "
+                hint="evaluate on it only with `tunelab eval RUN --split test --final`, which logs the "
                 "opening (library code: tunelab.data.open_test_split)",
             )
         if split not in SPLITS:

@@ -9,6 +9,9 @@ the hash left one of the splits (fraction above zero) without any of its rows ge
 hash lies nearest to that split moved into it, and the move is recorded: per-category metrics
 on that split would otherwise silently miss the category. Only rows of such small categories
 can move when rows are added; a category with fewer rows than splits is an error naming it.
+For an extraction task, `stratify: target_kind` does the same for the kinds of target that
+scoring treats apart (an empty list, a null field), and `kind_gaps` warns about a kind that a
+split lacks whatever the setting.
 
 Pure: keys in, split names out.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from tunelab.config import SplitConfig
 from tunelab.errors import DataError
@@ -69,12 +72,69 @@ def counts_by_category(
     return {s: dict(sorted(c.items())) for s, c in table.items()}
 
 
+def counts_by_kinds(
+    splits: Sequence[str], kinds: Sequence[Collection[str]]
+) -> dict[str, dict[str, int]]:
+    """{split: {target kind: rows}} with every split present (a row counts for each kind)."""
+    table: dict[str, Counter[str]] = {s: Counter() for s in SPLITS}
+    for split, row_kinds in zip(splits, kinds, strict=True):
+        table[split].update(row_kinds)
+    return {s: dict(sorted(c.items())) for s, c in table.items()}
+
+
 def _distance(u: float, lo: float, hi: float) -> float:
     """How far u lies outside [lo, hi) on the unit circle (0 inside)."""
     if lo <= u < hi:
         return 0.0
     gap = min(abs(u - lo), abs(u - hi))
     return min(gap, 1.0 - gap)
+
+
+def _intervals(cfg: SplitConfig) -> dict[str, tuple[float, float]]:
+    return {
+        "train": (0.0, cfg.train),
+        "validation": (cfg.train, cfg.train + cfg.validation),
+        "test": (cfg.train + cfg.validation, 1.0),
+    }
+
+
+def _wanted(cfg: SplitConfig) -> list[str]:
+    fractions = {"train": cfg.train, "validation": cfg.validation, "test": cfg.test}
+    return [sp for sp in SPLITS if fractions[sp] > 0]
+
+
+def _cover(
+    out: list[str],
+    keys: Sequence[str],
+    groups: Mapping[str, list[int]],
+    membership: Sequence[Collection[str]],
+    cfg: SplitConfig,
+) -> tuple[list[dict[str, object]], list[tuple[str, str]]]:
+    """Move rows (in place in `out`) so that each group has a row in every wanted split: for a
+    missing split, the group's row whose hash lies nearest to that split's interval, taken from
+    a split where the group has more than one row and where each other group of that row keeps
+    one. Returns (moved rows, (group, split) pairs no row could fill)."""
+    wanted, intervals = _wanted(cfg), _intervals(cfg)
+    have = {g: Counter(out[i] for i in rows) for g, rows in groups.items()}
+    moved: list[dict[str, object]] = []
+    left: list[tuple[str, str]] = []
+    for group, rows in sorted(groups.items()):
+        for sp in [sp for sp in wanted if not have[group].get(sp)]:
+            lo, hi = intervals[sp]
+            donors = [
+                i for i in rows if all(have[g][out[i]] > 1 for g in membership[i] if g in have)
+            ]
+            if not donors:
+                left.append((group, sp))
+                continue
+            pick = min(donors, key=lambda i: (_distance(unit_hash(keys[i], cfg.seed), lo, hi), i))
+            moved.append({"row": pick, "category": group, "from": out[pick], "to": sp})
+            for g in membership[pick]:
+                if g in have:
+                    have[g][out[pick]] -= 1
+                    have[g][sp] += 1
+            out[pick] = sp
+    return moved, left
 
 
 def ensure_coverage(
@@ -93,18 +153,11 @@ def ensure_coverage(
     DataError naming it. Not strict: nothing moves and the gaps come back as warnings.
     Returns (splits, moved rows, warnings).
     """
-    fractions = {"train": cfg.train, "validation": cfg.validation, "test": cfg.test}
-    intervals = {
-        "train": (0.0, cfg.train),
-        "validation": (cfg.train, cfg.train + cfg.validation),
-        "test": (cfg.train + cfg.validation, 1.0),
-    }
-    wanted = [sp for sp in SPLITS if fractions[sp] > 0]
+    wanted = _wanted(cfg)
     out = list(splits)
     by_label: dict[str, list[int]] = {}
     for i, lab in enumerate(labels):
         by_label.setdefault("(none)" if lab is None else lab, []).append(i)
-    moved: list[dict[str, object]] = []
     warnings: list[str] = []
     for label, rows in sorted(by_label.items()):
         have = Counter(out[i] for i in rows)
@@ -116,8 +169,7 @@ def ensure_coverage(
                 f"category {label!r} ({len(rows)} rows) has no row in the {sp} split"
                 for sp in missing
             ]
-            continue
-        if len(rows) < len(wanted):
+        elif len(rows) < len(wanted):
             raise DataError(
                 f"category {label!r} is too small to stratify: {len(rows)} row(s) for "
                 f"{len(wanted)} splits ({', '.join(wanted)})",
@@ -125,15 +177,57 @@ def ensure_coverage(
                 "column (data.fields.split), or set data.splits.stratify: false to accept a "
                 "category missing from a split",
             )
-        for sp in missing:
-            lo, hi = intervals[sp]
-            donors = [i for i in rows if have[out[i]] > 1]
-            pick = min(donors, key=lambda i: (_distance(unit_hash(keys[i], cfg.seed), lo, hi), i))
-            moved.append({"row": pick, "category": label, "from": out[pick], "to": sp})
-            have[out[pick]] -= 1
-            have[sp] += 1
-            out[pick] = sp
+    if not strict:
+        return out, [], warnings
+    membership = [{"(none)" if lab is None else lab} for lab in labels]
+    moved, _ = _cover(out, keys, by_label, membership, cfg)
     return out, moved, warnings
+
+
+def _by_kind(kinds: Sequence[Collection[str]]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, row_kinds in enumerate(kinds):
+        for k in row_kinds:
+            groups.setdefault(k, []).append(i)
+    return groups
+
+
+def ensure_kind_coverage(
+    splits: Sequence[str],
+    keys: Sequence[str],
+    kinds: Sequence[Collection[str]],
+    cfg: SplitConfig,
+) -> tuple[list[str], list[dict[str, object]]]:
+    """stratify: target_kind. Give every kind of target (an extraction task's `PATH empty`,
+    `PATH null`, `PATH filled`; a row has several) a row in every split whose fraction is
+    above zero, moving rows as `ensure_coverage` does without emptying another kind of the
+    moved row in its split. Kinds too rare to cover stay as they are (`kind_gaps` names them).
+    Returns (splits, moved rows)."""
+    out = list(splits)
+    moved, _ = _cover(out, keys, _by_kind(kinds), kinds, cfg)
+    for m in moved:
+        m["kind"] = m.pop("category")
+    return out, moved
+
+
+def kind_gaps(
+    splits: Sequence[str], kinds: Sequence[Collection[str]], cfg: SplitConfig
+) -> list[str]:
+    """Warnings for target kinds missing from a split whose fraction is above zero: that
+    split's scores say nothing about them (e.g. every empty list in train)."""
+    wanted = _wanted(cfg)
+    out = []
+    for kind, rows in sorted(_by_kind(kinds).items()):
+        have = Counter(splits[i] for i in rows)
+        missing = [sp for sp in wanted if not have.get(sp)]
+        if missing:
+            where = ", ".join(f"{have[sp]} in {sp}" for sp in wanted if have.get(sp))
+            out.append(
+                f"target kind {kind!r} ({len(rows)} rows: {where}) has no row in the "
+                f"{' or '.join(missing)} split: scores there say nothing about it "
+                "(data.splits.stratify: target_kind moves rows to cover each kind)"
+            )
+    return out
 
 
 def check_user_splits(splits: Sequence[str]) -> list[str]:

@@ -8,6 +8,10 @@ shows is exactly what the commands do. The dossier at the end is built from the 
   BBC News topics; variant 2 changes one thing (the LoRA rank).
 - extraction: SmolLM2-135M-Instruct + LoRA on all linear layers, SpamAssassin emails -> JSON
   {sender, subject, date, list}; variant 2 changes the learning rate.
+
+After the comparison, the variant it adopts (the dossier's rule) is verified, evaluated once on
+the sealed test split (`tunelab eval RUN --split test --final`, logged) and exported; without an
+adopted variant the test split stays sealed.
 """
 
 from __future__ import annotations
@@ -30,24 +34,50 @@ from tunelab.errors import StudyError
 DEMO_TASKS = ("classification", "extraction")
 
 
+# The one change of variant 2 and the question it asks, by demo task.
+VARIANT_CHANGE = {
+    "classification": (["--set", "adaptation.rank=16"], "does a larger LoRA rank help?"),
+    "extraction": (["--set", "training.lr=2e-3"], "does a larger learning rate help?"),
+}
+FINAL_WHY = "final evaluation of the variant the comparison adopts"
+
+
 @dataclass
 class Stage:
     title: str
     args: list[str]
-    capture: str | None = None  # key under which the JSON result is kept
+    capture: str | None = None  # key under which the JSON result (or `then`'s) is kept
+    then: Callable[[Path, dict[str, Any]], Any] | None = None  # reads the records after it
+    skip: str | None = None  # why the stage does not run
 
 
-def _stages(task: str) -> list[Callable[[dict[str, Any]], Stage]]:
-    variant_change = (
-        ["--set", "adaptation.rank=16"]
-        if task == "classification"
-        else ["--set", "training.lr=2e-3"]
-    )
-    why = (
-        "does a larger LoRA rank help?"
-        if task == "classification"
-        else "does a larger learning rate help?"
-    )
+StageFn = Callable[[dict[str, Any]], Stage]
+
+
+def adopted_variant(study: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """The variant the latest comparison adopts, by the dossier's rule; when none is, variant 1
+    (verified and exported all the same, `adopted` False, with the reasons)."""
+    from tunelab.report.decision import choose_variant
+
+    latest = sorted((study / "records" / "compare").glob("*.json"))[-1]
+    row, reasons = choose_variant(json.loads(latest.read_text(encoding="utf-8")))
+    if row is None:
+        return {"run_id": results["v1"]["run_id"], "name": "v1", "adopted": False, "why": reasons}
+    return {"run_id": row["run_id"], "name": row.get("name") or row["run_id"], "adopted": True}
+
+
+def _final_test(r: dict[str, Any]) -> Stage:
+    """The sealed test split, opened once for the adopted variant (and not at all without one)."""
+    v = r["adopted"]
+    title = f"open the sealed test split once: {v['name']}"
+    args = ["eval", v["run_id"], "--split", "test", "--final", "--why", FINAL_WHY]
+    if not v["adopted"]:
+        return Stage(title, args, skip="no variant is adopted: " + "; ".join(v["why"]))
+    return Stage(title, args)
+
+
+def demo_stages(change: list[str], why: str) -> list[StageFn]:
+    """Every stage of the protocol, as commands; variant 2 changes `change` (asking `why`)."""
     return [
         lambda r: Stage("register the hypothesis", ["register"]),
         lambda r: Stage("data snapshot", ["data"]),
@@ -61,32 +91,30 @@ def _stages(task: str) -> list[Callable[[dict[str, Any]], Stage]]:
         lambda r: Stage("train variant 1", ["train", "--name", "v1", "--json"], capture="v1"),
         lambda r: Stage(
             "train variant 2 (one change)",
-            [
-                "train",
-                "--name",
-                "v2",
-                "--parent",
-                r["v1"]["run_id"],
-                "--why",
-                why,
-                *variant_change,
-                "--json",
-            ],
+            ["train", "--name", "v2", "--parent", r["v1"]["run_id"], "--why", why, *change]
+            + ["--json"],
             capture="v2",
         ),
         lambda r: Stage("evaluate variant 1", ["eval", r["v1"]["run_id"]]),
         lambda r: Stage("evaluate variant 2", ["eval", r["v2"]["run_id"]]),
-        lambda r: Stage("compare with guardrails", ["compare"]),
-        lambda r: Stage("verify variant 1 in a fresh process", ["verify", r["v1"]["run_id"]]),
-        lambda r: Stage("export variant 1 bound to its base", ["export", r["v1"]["run_id"]]),
+        lambda r: Stage(
+            "compare with guardrails", ["compare"], capture="adopted", then=adopted_variant
+        ),
+        lambda r: Stage(
+            f"verify {r['adopted']['name']} in a fresh process", ["verify", r["adopted"]["run_id"]]
+        ),
+        _final_test,
+        lambda r: Stage(
+            f"export {r['adopted']['name']} bound to its base", ["export", r["adopted"]["run_id"]]
+        ),
         lambda r: Stage("dossier", ["report"]),
     ]
 
 
-def _run_stage(stage: Stage, study: Path, log: Callable[[str], None]) -> dict[str, Any] | None:
+def _run_stage(stage: Stage, study: Path) -> dict[str, Any] | None:
     cmd = [sys.executable, "-m", "tunelab", *stage.args[:1], "--study", str(study), *stage.args[1:]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if stage.capture is None:
+    if stage.capture is None or stage.then is not None:
         proc = subprocess.run(cmd, env=env)
         out = None
     else:
@@ -101,6 +129,35 @@ def _run_stage(stage: Stage, study: Path, log: Callable[[str], None]) -> dict[st
         start = out.find("{")
         return json.loads(out[start:]) if start >= 0 else None
     return None
+
+
+def run_stages(
+    study: Path, stages: list[StageFn], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the stages in order on the study folder; returns durations and the dossier path."""
+    results: dict[str, Any] = {}
+    timings = []
+    t_all = time.perf_counter()
+    for make in stages:
+        stage = make(results)
+        if stage.skip:
+            log(f"\n=== {stage.title}: skipped, {stage.skip}")
+            continue
+        log(f"\n=== {stage.title}: tunelab {' '.join(stage.args)}")
+        t0 = time.perf_counter()
+        out = _run_stage(stage, study)
+        if stage.then is not None:
+            out = stage.then(study, results)
+        if stage.capture:
+            results[stage.capture] = out
+        timings.append((stage.title, time.perf_counter() - t0))
+    return {
+        "study": str(study),
+        "dossier": str(study / "report" / "dossier.html"),
+        "timings_s": timings,
+        "total_s": time.perf_counter() - t_all,
+        "runs": results,
+    }
 
 
 def run_demo(task: str, directory: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -118,21 +175,4 @@ def run_demo(task: str, directory: Path, log: Callable[[str], None] = print) -> 
         "# Written by `tunelab demo`: a real study on packaged assets.\n"
         + yaml.safe_dump(study, sort_keys=False)
     )
-    results: dict[str, Any] = {}
-    timings = []
-    t_all = time.perf_counter()
-    for make in _stages(task):
-        stage = make(results)
-        log(f"\n=== {stage.title}: tunelab {' '.join(stage.args)}")
-        t0 = time.perf_counter()
-        out = _run_stage(stage, directory, log)
-        if stage.capture:
-            results[stage.capture] = out
-        timings.append((stage.title, time.perf_counter() - t0))
-    return {
-        "study": str(directory),
-        "dossier": str(directory / "report" / "dossier.html"),
-        "timings_s": timings,
-        "total_s": time.perf_counter() - t_all,
-        "runs": results,
-    }
+    return run_stages(directory, demo_stages(*VARIANT_CHANGE[task]), log)

@@ -34,6 +34,11 @@ def model_card(m: Mapping[str, Any]) -> str:
         "## Base model (verified by hash before loading)",
         "",
         f"- Name: {base.get('name')}, revision {base.get('revision') or '-'}",
+        *(
+            [f"- Hub: `{base['hub']['repo_id']}` at commit `{base['hub']['commit']}`"]
+            if base.get("hub")
+            else []
+        ),
         f"- Architecture: {base.get('architecture')}",
         f"- Identity sha256: `{base.get('sha256')}`",
         "",
@@ -65,6 +70,7 @@ def model_card(m: Mapping[str, Any]) -> str:
                 f"| {name} | {number_text(v.get('baseline'))} | {number_text(v.get('variant'))} | "
                 f"{number_text(v.get('delta'))} | {ci} |"
             )
+        lines += ["", primary_verdict(res.get("primary") or {})]
     lines += ["", "## Guardrails", ""]
     g = m.get("guardrails") or {}
     if not g.get("verdicts"):
@@ -124,3 +130,17 @@ def model_card(m: Mapping[str, Any]) -> str:
             f"devices {', '.join(env.get('gpus') or []) or env.get('cpu')}"
         )
     return "\n".join(lines) + "\n"
+
+
+def primary_verdict(primary: dict[str, Any]) -> str:
+    """The primary metric's two verdicts side by side: its interval's and its threshold's."""
+    from tunelab.compare import interval_verdict
+
+    meets = primary.get("meets_min_improvement")
+    threshold = "-" if meets is None else ("met" if meets else "not met")
+    return (
+        f"Primary metric {primary.get('metric')}: delta {number_text(primary.get('delta'))}, "
+        f"95% interval {interval_verdict(primary)} (significant: "
+        f"{'yes' if primary.get('significant') else 'no'}); minimum improvement "
+        f"{number_text(primary.get('min_improvement'))}: {threshold}."
+    )

@@ -1,16 +1,19 @@
-"""`tunelab check-export DIR --base PATH`: an export checked against its manifest and a base
-folder by sha256, loaded with plain transformers / peft, and run on its recorded example."""
+"""`tunelab check-export DIR --base PATH|org/repo[@rev]`: an export checked against its manifest
+and a base folder (or a hub base, resolved through the hub cache) by sha256, loaded with plain
+transformers / peft, and run on its recorded example."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tunelab.errors import ExportError, StudyError
+from tunelab.errors import ExportError, StudyError, preview
 from tunelab.export.manifest import FORMAT, MANIFEST, manifest_sha256, pickle_files, tree_hashes
 from tunelab.records import read_json, safe_join, sha256_file
+from tunelab.safetensors_header import safetensors_problems
 
 
 class ExampleMismatch(ExportError):
@@ -48,18 +51,50 @@ def _safe(root: Path, rel: str) -> Path:
         ) from None
 
 
+def escaping_links(root: Path) -> list[str]:
+    """Symbolic links under `root` (listed in a manifest or not) that lead outside it or
+    nowhere, as problem lines; nothing is followed to find them."""
+    root = root.resolve()
+    problems = []
+    for folder, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            rel = path.relative_to(root).as_posix()
+            target = path.resolve()
+            if target != root and root not in target.parents:
+                problems.append(f"{rel}: a symbolic link to {target}, outside the export")
+            elif not target.exists():
+                problems.append(f"{rel}: a broken symbolic link (to {target})")
+    return problems
+
+
 def check_files(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest's own sha256, each exported file's sha256, no extra and no pickle file."""
+    """No link leaving the export, the manifest's own sha256, each exported file's sha256, no
+    extra and no pickle file, and every safetensors header sound."""
+    links = escaping_links(export_dir)
+    if links:  # checked first: nothing outside the export is read, even to hash it
+        raise ExportError(
+            f"export {export_dir} holds links that leave it:\n"
+            + "\n".join(f"  - {p}" for p in links),
+            hint="an export is self-contained; export the run again",
+        )
     problems = []
     if manifest.get("manifest_sha256") != manifest_sha256(manifest):
         problems.append(f"{MANIFEST}: content does not match its manifest_sha256 (edited)")
     listed = manifest.get("files") or {}
+    if not isinstance(listed, dict):
+        problems.append(f"{MANIFEST}: files is not a mapping of paths to sha256 (edited)")
+        listed = {}
     for rel, digest in sorted(listed.items()):
         f = _safe(export_dir, rel)
         if not f.is_file():
             problems.append(f"{rel}: missing")
         elif sha256_file(f) != digest:
             problems.append(f"{rel}: sha256 {sha256_file(f)[:12]}..., expected {digest[:12]}...")
+        elif rel.endswith(".safetensors") and (damage := safetensors_problems(f)):
+            problems.append(f"{rel}: damaged safetensors ({'; '.join(damage[:3])})")
     for rel in sorted(set(tree_hashes(export_dir)) - set(listed)):
         problems.append(f"{rel}: not in the manifest (added after export)")
     pickled = pickle_files(export_dir)
@@ -72,6 +107,70 @@ def check_files(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]
             hint="the export was changed after it was written; export the run again",
         )
     return {"files_checked": len(listed), "manifest_sha256": manifest["manifest_sha256"]}
+
+
+def check_binding(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter's own adapter_config.json must name the manifest's base and the adaptation
+    its config records (target modules, rank, alpha): a resealed manifest cannot rebind it."""
+    art = manifest.get("artifact") or {}
+    if art.get("kind") != "adapter":
+        return {"checked": False}
+    path = _safe(export_dir, art.get("dir", "adapter")) / "adapter_config.json"
+    try:
+        adapter = read_json(path)
+    except StudyError as exc:
+        raise ExportError(exc.message, hint="the adapter is damaged; export again") from None
+    adaptation = ((manifest.get("config") or {}).get("adaptation")) or {}
+    base_name = (manifest.get("base") or {}).get("name")
+    expected = {"base_model_name_or_path": base_name, "r": adaptation.get("rank")}
+    expected["lora_alpha"] = adaptation.get("alpha")
+    problems = [
+        f"{key} is {preview(adapter.get(key))}, the manifest says {preview(value)}"
+        for key, value in expected.items()
+        if value is not None and adapter.get(key) != value
+    ]
+    targets = adaptation.get("target_modules")
+    own = adapter.get("target_modules")
+    if isinstance(targets, list) and sorted(own or []) != sorted(targets):
+        problems.append(f"target_modules are {preview(own)}, the manifest says {preview(targets)}")
+    if problems:
+        raise ExportError(
+            f"{path} does not match the export's manifest:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="the adapter belongs to another base or configuration; export the run again",
+        )
+    return {"checked": True, "base_model_name_or_path": adapter.get("base_model_name_or_path")}
+
+
+def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
+    """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
+    through the hub cache (default revision: the commit the export was trained on). Refuses a
+    hub base at another commit than the manifest's."""
+    from tunelab.config import HUB_ID
+
+    text = str(spec)
+    repo, _, rev = text.partition("@")
+    if Path(text).expanduser().exists() or not HUB_ID.fullmatch(repo) or "/" not in repo:
+        return Path(text).expanduser()
+    from tunelab.hub import download
+
+    base = manifest["base"]
+    hub = base.get("hub") or {}
+    trained = hub.get("commit") if hub.get("repo_id") == repo else None
+    source = base.get("source") or {}
+    patterns = [source["gguf_file"].rsplit("/", 1)[-1]] if source.get("gguf_file") else None
+    snap = download(repo, rev or trained or "main", allow_patterns=patterns or base.get("patterns"))
+    if trained and snap.commit != trained:
+        raise ExportError(
+            f"refusing base {text}: it resolves to commit {snap.commit}, the export was trained "
+            f"on {repo} at commit {trained}",
+            hint=f"pass --base {repo}@{trained} (or --base {repo}: the recorded commit)",
+        )
+    if patterns:  # a GGUF base: the folder it was converted to
+        from tunelab.models.gguf import convert_gguf
+
+        return convert_gguf(snap.path, patterns[0])
+    return snap.path
 
 
 def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,7 +187,9 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
         )
     problems = []
     for name, digest in sorted((base.get("files") or {}).items()):
-        f = _safe(base_path, name)
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            _safe(base_path, name)  # raises: a recorded name that leaves the folder
+        f = base_path / name  # a hub snapshot's files are symlinks into its blobs/
         if not f.is_file():
             problems.append(f"{name}: missing")
             continue
@@ -97,7 +198,7 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             problems.append(f"{name}: sha256 {got[:16]}..., expected {digest[:16]}...")
     extra = [
         n
-        for n in identity_files(base_path)
+        for n in identity_files(base_path, base.get("patterns"))
         if n.endswith(WEIGHT_SUFFIXES) and n not in (base.get("files") or {})
     ]
     problems += [f"{n}: weight file not in the recorded base" for n in extra]
@@ -109,7 +210,11 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             hint="pass --base the exact folder the run trained on (every weight and tokenizer "
             "file must match byte for byte)",
         )
-    return {"path": str(base_path), "files_checked": len(base.get("files") or {})}
+    return {
+        "path": str(base_path),
+        "files_checked": len(base.get("files") or {}),
+        "hub": base.get("hub"),
+    }
 
 
 def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
@@ -177,7 +282,7 @@ def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example
 def check_export(
     export_dir: Path | str, base_path: Path | str, *, atol: float = 2e-4
 ) -> dict[str, Any]:
-    """`tunelab check-export DIR --base PATH`: files, base, load, one example.
+    """`tunelab check-export DIR --base PATH|org/repo[@rev]`: files, base, load, one example.
 
     Raises ExportError for an edited export or a mismatched base. Returns {export, manifest
     summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
@@ -188,9 +293,11 @@ def check_export(
     export_dir = Path(export_dir).resolve()
     manifest = _read_manifest(export_dir)
     files = check_files(export_dir, manifest)
-    base = check_base(Path(base_path), manifest)
+    binding = check_binding(export_dir, manifest)
+    base_path = resolve_base_arg(base_path, manifest)
+    base = check_base(base_path, manifest)
     started = time.perf_counter()
-    model, tokenizer = load_export(export_dir, Path(base_path).resolve(), manifest)
+    model, tokenizer = load_export(export_dir, base_path.resolve(), manifest)
     load_s = time.perf_counter() - started
     result: dict[str, Any] = {
         "export": str(export_dir),
@@ -199,6 +306,7 @@ def check_export(
         "base_name": manifest["base"].get("name"),
         "base_sha256": manifest["base"].get("sha256"),
         "files": files,
+        "binding": binding,
         "base": base,
         "load_s": round(load_s, 3),
         "example": None,

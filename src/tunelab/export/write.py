@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab import __version__
 from tunelab.config import StudyConfig, validate_config
@@ -36,7 +36,7 @@ from tunelab.export.manifest import (
     tree_hashes,
 )
 from tunelab.hypothesis import latest_hypothesis
-from tunelab.models import BaseModel, resolve_model, verify_identity
+from tunelab.models import BaseModel, hub_source, resolve_recorded, verify_identity
 from tunelab.models.identity import TOKENIZER_FILES
 from tunelab.records import (
     dumps_json,
@@ -49,6 +49,11 @@ from tunelab.records import (
 )
 from tunelab.train.layout import final_checkpoint
 from tunelab.verify import check_checkpoint_files
+
+if TYPE_CHECKING:
+    from tunelab.data import Snapshot
+    from tunelab.ledger import RunRow
+    from tunelab.study import Run, Study
 
 
 def new_export_id() -> str:
@@ -78,7 +83,7 @@ def _write_adapter(ckpt: Path, dst: Path, base_name: str) -> None:
     (dst / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _write_full_model(study: Any, run: Any, ckpt: Path, dst: Path, method: str) -> None:
+def _write_full_model(study: Study, run: Run, ckpt: Path, dst: Path, method: str) -> None:
     """The whole model in safetensors: a full run's checkpoint as is; a freeze run's trained
     tensors merged into the base (save_pretrained)."""
     src = ckpt / "model"
@@ -95,7 +100,12 @@ def _write_full_model(study: Any, run: Any, ckpt: Path, dst: Path, method: str) 
 
 
 def _truncation(
-    study: Any, run: Any, cfg: Any, base: Any, snapshot: Any, labels: Any
+    study: Study,
+    run: Run,
+    cfg: StudyConfig,
+    base: BaseModel,
+    snapshot: Snapshot,
+    labels: list[str] | None,
 ) -> dict[str, Any]:
     """Share of train and validation examples cut by preprocess.max_seq_len.
 
@@ -126,7 +136,7 @@ def _truncation(
     return out
 
 
-def _comparison(study: Any, run_id: str) -> tuple[dict[str, Any] | None, str | None]:
+def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str | None]:
     """The run against the latest baseline on validation (compare's record row), or why not."""
     from tunelab.compare import compare_study
 
@@ -144,7 +154,7 @@ def _comparison(study: Any, run_id: str) -> tuple[dict[str, Any] | None, str | N
     return entry, None
 
 
-def _latest_verify(run: Any) -> dict[str, Any] | None:
+def _latest_verify(run: Run) -> dict[str, Any] | None:
     found = []
     for p in run.dir.glob("verify-*.json"):
         try:
@@ -177,7 +187,7 @@ def _env_summary(env: Mapping[str, Any] | None) -> dict[str, Any] | None:
 class _Source:
     """A completed training run as the export reads it: its config, checkpoint and base."""
 
-    run: Any
+    run: Run
     record: dict[str, Any]  # the run's config.json
     cfg: StudyConfig
     ckpt: Path
@@ -189,7 +199,7 @@ class _Source:
 class _Evidence:
     """What the records say about the run: the manifest's results and limitations."""
 
-    snapshot: Any
+    snapshot: Snapshot
     hypothesis: dict[str, Any] | None
     comparison: dict[str, Any] | None
     evaluation: dict[str, Any] | None
@@ -199,7 +209,7 @@ class _Evidence:
     run_env: dict[str, Any] | None
 
 
-def _check_exportable(row: Any) -> None:
+def _check_exportable(row: RunRow) -> None:
     """Only a completed training run is exported."""
     if row.kind != "train":
         hint = (
@@ -215,7 +225,7 @@ def _check_exportable(row: Any) -> None:
         )
 
 
-def _destination(study: Any, out: Path | str | None) -> tuple[str, Path]:
+def _destination(study: Study, out: Path | str | None) -> tuple[str, Path]:
     """(export id, folder); an existing folder is refused."""
     export_id = new_export_id()
     final = Path(out).resolve() if out else study.records / "exports" / export_id
@@ -227,7 +237,7 @@ def _destination(study: Any, out: Path | str | None) -> tuple[str, Path]:
     return export_id, final
 
 
-def _open_source(study: Any, run: Any) -> _Source:
+def _open_source(study: Study, run: Run) -> _Source:
     """The run's config, its final checkpoint (hashes checked) and its base (identity checked)."""
     row = run.row
     record = read_json(run.path("config.json"))
@@ -242,7 +252,7 @@ def _open_source(study: Any, run: Any) -> _Source:
             + ", ".join(files_check["changed"] + files_check["missing"]),
             hint=f"the checkpoint is damaged; `tunelab verify {row.id}` records the check",
         )
-    base = resolve_model(cfg.model, root=study.root)
+    base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
     identity = record.get("base_model") or base.identity
     try:
         verify_identity(identity, base.path)
@@ -254,7 +264,7 @@ def _open_source(study: Any, run: Any) -> _Source:
     return _Source(run, record, cfg, ckpt, base, identity)
 
 
-def _gather_evidence(study: Any, src: _Source, notes: Sequence[str]) -> _Evidence:
+def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evidence:
     """The hypothesis, the comparison with the baseline, the validation predictions and the
     limitations, read from the study's records."""
     row = src.run.row
@@ -292,7 +302,7 @@ def _gather_evidence(study: Any, src: _Source, notes: Sequence[str]) -> _Evidenc
     )
 
 
-def _write_files(study: Any, src: _Source, ev: _Evidence, tmp: Path) -> dict[str, Any] | None:
+def _write_files(study: Study, src: _Source, ev: _Evidence, tmp: Path) -> dict[str, Any] | None:
     """The weights, the base's tokenizer files and the recorded example into `tmp`; returns the
     example (None when the run has no validation prediction)."""
     method = src.cfg.adaptation.method
@@ -344,6 +354,7 @@ def _build_manifest(
         "base": {
             **{k: v for k, v in src.identity.items() if k != "path"},
             "architecture": src.base.architecture,
+            "hub": hub_source(src.identity),  # {repo_id, revision, commit} of a hub base
             "path_at_export": str(src.base.path),
         },
         "task": {
@@ -375,7 +386,7 @@ def _build_manifest(
 
 
 def export_run(
-    study: Any,
+    study: Study,
     run_id: str,
     *,
     out: Path | str | None = None,

@@ -19,6 +19,7 @@ from tunelab.models.gguf import cache_root, convert_gguf
 from tunelab.models.identity import (
     detect_architecture,
     hash_file,
+    hub_source,
     model_identity,
     verify_identity,
 )
@@ -29,6 +30,7 @@ from tunelab.models.loading import (
     load_tokenizer,
     resolve_base,
     resolve_model,
+    resolve_recorded,
 )
 from tunelab.models.persist import (
     load_trainable,
@@ -54,6 +56,7 @@ __all__ = [
     "enable_activation_checkpointing",
     "hash_file",
     "head_module_names",
+    "hub_source",
     "linear_module_names",
     "load_model",
     "load_tokenizer",
@@ -64,6 +67,7 @@ __all__ = [
     "parameter_audit",
     "resolve_base",
     "resolve_model",
+    "resolve_recorded",
     "save_trainable",
     "saved_method",
     "strip_wrappers",

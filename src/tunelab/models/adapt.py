@@ -1,4 +1,5 @@
-"""Adaptation: full fine-tuning, LoRA through peft, or freezing all but named modules.
+"""Adaptation: full fine-tuning, LoRA through peft (on a 4-bit base: QLoRA), or freezing all but
+named modules.
 
 `adapt` returns the model to train and its parameter audit, and remembers on the model which
 tensors are meant to train (`tunelab_expected_trainable`) so the update check can tell a module
@@ -78,7 +79,10 @@ def adapt(model: Any, adaptation: AdaptationConfig, architecture: str) -> tuple[
         for p in model.parameters():
             p.requires_grad_(True)
         adapted, to_save, saves = [], [], "model"
-    elif method == "lora":
+    elif method in ("lora", "qlora"):
+        if method == "qlora":
+            model = _prepare_4bit(model)
+            extra["quantization"] = _quantization_audit(model, adaptation)
         model, adapted, to_save, added = _apply_lora(model, adaptation, architecture, heads)
         saves = "adapter"
         extra["lora"] = {
@@ -108,7 +112,8 @@ def adapt(model: Any, adaptation: AdaptationConfig, architecture: str) -> tuple[
             )
     else:  # the config validates the method; an unknown one here is a programming error
         raise AssertionError(f"unknown adaptation method {method!r}")
-    used = {"full": set(), "lora": LORA_FIELDS, "freeze": {"trainable"}}[method]
+    used = {"full": set(), "lora": LORA_FIELDS, "qlora": LORA_FIELDS, "freeze": {"trainable"}}
+    used = used[method]
     ignored = sorted((set(adaptation.model_fields_set) & SETTINGS) - used)
     if ignored:
         notes.append(
@@ -167,6 +172,28 @@ def _apply_lora(model: Any, adaptation: AdaptationConfig, architecture: str, hea
     adapted = [n for n, m in inner.named_modules() if isinstance(m, LoraLayer)]
     saved = [n for n, m in inner.named_modules() if isinstance(m, ModulesToSaveWrapper)]
     return peft_model, adapted, saved, added
+
+
+def _prepare_4bit(model: Any) -> Any:
+    """peft's preparation of a 4-bit base: norms and embeddings in fp32, inputs requiring grad
+    (activation checkpointing stays training.activation_checkpointing's choice)."""
+    from peft import prepare_model_for_kbit_training
+
+    if not getattr(model, "is_loaded_in_4bit", False):
+        raise AssertionError("qlora needs the base loaded in 4 bits (load_model)")
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def _quantization_audit(model: Any, adaptation: AdaptationConfig) -> dict[str, Any]:
+    from tunelab.models.quantize import quantization_record, quantized_numel
+
+    packed = [p for p in model.parameters() if getattr(p, "quant_state", None) is not None]
+    return {
+        **quantization_record(adaptation.quantization),
+        "quantized_tensors": len(packed),
+        "quantized_params": sum(quantized_numel(p) for p in packed),
+        "quantized_bytes": sum(p.numel() * p.element_size() for p in packed),
+    }
 
 
 def _apply_freeze(model: Any, patterns: list[str]) -> list[str]:

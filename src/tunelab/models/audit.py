@@ -79,15 +79,17 @@ def parameter_audit(
     by_dtype: dict[str, dict[str, int]] = {}
     trainable = frozen = 0
     trainable_tensors = 0
+    from tunelab.models.quantize import quantized_numel
+
     for name, p in model.named_parameters():
-        n = p.numel()
+        n = quantized_numel(p)  # a 4-bit tensor counts its weights, its bytes stay packed
         g = groups.setdefault(
             param_group(name), {"trainable": 0, "frozen": 0, "tensors_trainable": 0}
         )
         d = by_dtype.setdefault(_dtype_name(p.dtype), {"trainable": 0, "frozen": 0})
         kind = "trainable" if p.requires_grad else "frozen"
         g[kind] += n
-        d[kind] += n * p.element_size()
+        d[kind] += p.numel() * p.element_size()
         if p.requires_grad:
             trainable += n
             trainable_tensors += 1

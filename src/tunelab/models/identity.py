@@ -7,6 +7,7 @@ folder whose files no longer match it.
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,17 @@ def hash_file(path: Path) -> str:
     return _HASH_CACHE[key]
 
 
-def identity_files(path: Path) -> list[str]:
-    """Names (relative to `path`) of the weight, tokenizer and config files that define a model."""
+def identity_files(path: Path, patterns: list[str] | None = None) -> list[str]:
+    """Names (relative to `path`) of the weight, tokenizer and config files that define a model;
+    with `patterns` (fnmatch), only those matching one of them."""
     path = Path(path)
     names = []
     for p in sorted(path.iterdir()):
         if not p.is_file():
             continue
         name = p.name
+        if patterns is not None and not any(fnmatch(name, pat) for pat in patterns):
+            continue
         if (
             name.endswith(WEIGHT_SUFFIXES)
             or name in TOKENIZER_FILES
@@ -95,14 +99,16 @@ def model_identity(
     revision: str | None = None,
     trust_remote_code: bool = False,
     source: dict[str, Any] | None = None,
+    patterns: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The identity of the model folder `path`.
+    """The identity of the model folder `path` (only its files matching `patterns` when given:
+    a hub snapshot may hold files a load does not read).
 
     `sha256` covers the file hashes and trust_remote_code (what the model *is*), not its name or
     where it lies, so a copied folder keeps its identity.
     """
     path = Path(path).resolve()
-    names = identity_files(path)
+    names = identity_files(path, patterns)
     if not _has_weights(names):
         raise ModelError(
             f"{path}: no weight file (*.safetensors, *.bin, *.gguf) in this folder",
@@ -120,6 +126,8 @@ def model_identity(
     }
     if source:
         identity["source"] = source
+    if patterns is not None:
+        identity["patterns"] = list(patterns)
     identity["sha256"] = sha256_json({"files": files, "trust_remote_code": bool(trust_remote_code)})
     return identity
 
@@ -143,7 +151,7 @@ def verify_identity(identity: dict[str, Any], path: Path | str | None = None) ->
             problems.append(f"  - {name}: missing")
         elif hash_file(f) != digest:
             problems.append(f"  - {name}: sha256 {hash_file(f)[:12]}..., expected {digest[:12]}...")
-    for name in identity_files(path):
+    for name in identity_files(path, identity.get("patterns")):
         if name not in identity["files"] and name.endswith(WEIGHT_SUFFIXES):
             problems.append(f"  - {name}: weight file not in the recorded identity")
     if problems:
@@ -184,3 +192,8 @@ def detect_architecture(config: dict[str, Any]) -> str:
         "a causal LM",
         hint="set model.architecture: encoder or model.architecture: causal_lm in study.yaml",
     )
+
+
+def hub_source(identity: dict[str, Any]) -> dict[str, Any] | None:
+    """{repo_id, repo_type, revision, commit} of a base that came from the hub, else None."""
+    return (identity.get("source") or {}).get("hub")

@@ -11,7 +11,14 @@ from tunelab.errors import ModelError
 from tunelab.models._quiet import quiet_transformers
 from tunelab.models.adapt import head_module_names
 from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
-from tunelab.models.identity import detect_architecture, model_identity, read_model_config
+from tunelab.models.hub import fetch_base, identity_patterns
+from tunelab.models.identity import (
+    detect_architecture,
+    hub_source,
+    model_identity,
+    read_model_config,
+)
+from tunelab.pins import pinned_commit
 from tunelab.study import resolve_path
 
 if TYPE_CHECKING:
@@ -33,28 +40,48 @@ class BaseModel:
 
 
 def resolve_base(study: Study) -> BaseModel:
-    """The study's base model; a GGUF file is converted once into the cache (see models.gguf)."""
-    return resolve_model(study.config.model, root=study.root)
+    """The study's base model; a GGUF file is converted once into the cache (see models.gguf).
+    A base named by hub id loads the commit the registered hypothesis pinned; for qlora the
+    identity records the 4-bit settings (`quantization`), the base as the run used it."""
+    base = resolve_model(study.config.model, root=study.root)
+    if study.config.adaptation.method == "qlora":
+        from tunelab.models.quantize import quantization_record
+
+        base.identity["quantization"] = quantization_record(study.config.adaptation.quantization)
+    return base
 
 
-def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel:
-    """`resolve_base` for a bare `model:` config section; relative paths are under `root`."""
-    path = resolve_path(model_cfg.path, root)  # also `asset:NAME` (packaged assets)
-    if not path.exists():
-        raise ModelError(
-            f"model.path {model_cfg.path!r}: {path} does not exist",
-            hint="set model.path to a local transformers folder (no hub downloads here)",
-        )
-    source = None
+def resolve_model(
+    model_cfg: ModelConfig, root: Path | None = None, commit: str | None = None
+) -> BaseModel:
+    """`resolve_base` for a bare `model:` config section; relative paths are under `root`.
+
+    A hub base (`model.name` without `model.path`) loads `commit` when given, else the commit
+    pinned in `root`'s registered hypothesis, else what `model.revision` resolves to now.
+    """
+    hub = None
+    if model_cfg.hub_id:
+        if commit is None and root is not None:
+            commit = pinned_commit(root, "model", model_cfg.hub_id)
+        hub = fetch_base(model_cfg, commit)
+        path = hub.path
+    else:
+        path = resolve_path(model_cfg.path, root)  # also `asset:NAME` (packaged assets)
+        if not path.exists():
+            raise ModelError(
+                f"model.path {model_cfg.path!r}: {path} does not exist",
+                hint="set model.path to a local transformers folder, or model.name to a hub id",
+            )
+    source: dict[str, Any] = {"hub": hub.record()} if hub else {}
     if model_cfg.gguf_file:
         gguf = path / model_cfg.gguf_file
         path = convert_gguf(path, model_cfg.gguf_file)
         conversion = json.loads((path / CONVERSION_FILE).read_text())
-        source = {
-            "gguf_file": str(gguf),
-            "gguf_sha256": conversion["gguf_sha256"],
-            "converted_by": {k: conversion[k] for k in ("transformers", "torch")},
-        }
+        source.update(
+            gguf_file=str(gguf),
+            gguf_sha256=conversion["gguf_sha256"],
+            converted_by={k: conversion[k] for k in ("transformers", "torch")},
+        )
     elif path.is_file():
         raise ModelError(
             f"model.path {model_cfg.path!r} is a file",
@@ -72,9 +99,10 @@ def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel
     identity = model_identity(
         path,
         name=model_cfg.name or _default_name(model_cfg),
-        revision=model_cfg.revision,
+        revision=hub.commit if hub else model_cfg.revision,
         trust_remote_code=model_cfg.trust_remote_code,
-        source=source,
+        source=source or None,
+        patterns=identity_patterns(model_cfg, hub) if hub and not model_cfg.gguf_file else None,
     )
     identity["architecture"] = architecture
     return BaseModel(
@@ -84,6 +112,28 @@ def resolve_model(model_cfg: ModelConfig, root: Path | None = None) -> BaseModel
         trust_remote_code=model_cfg.trust_remote_code,
         config=config,
     )
+
+
+def resolve_recorded(
+    model_cfg: ModelConfig, root: Path | None, identity: dict[str, Any] | None
+) -> BaseModel:
+    """The base a run recorded (`identity`): a hub base at the commit the run loaded."""
+    hub = hub_source(identity or {})
+    return resolve_model(model_cfg, root, commit=hub["commit"] if hub else None)
+
+
+def base_folder(model_cfg: ModelConfig, root: Path | None = None) -> Path:
+    """Where the base's files lie, without converting or downloading: model.path, or for a hub
+    base its pinned (else cached) snapshot folder in the hub cache (which may be absent)."""
+    if not model_cfg.hub_id:
+        return resolve_path(model_cfg.path, root)
+    from tunelab.hub import cached_commit, repo_folder
+
+    repo = model_cfg.hub_id
+    commit = (pinned_commit(root, "model", repo) if root else None) or cached_commit(
+        repo, model_cfg.revision or "main"
+    )
+    return repo_folder(repo) / "snapshots" / str(commit)
 
 
 def _default_name(model_cfg: ModelConfig) -> str:
@@ -126,7 +176,7 @@ def compute_device():
 
 
 def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):
-    """The base model in `cfg.model.dtype`.
+    """The base model in `cfg.model.dtype` (qlora: its linear layers in 4 bits, bitsandbytes).
 
     encoder: AutoModelForSequenceClassification with a head for `labels`, initialized from
     `cfg.training.seed` so that runs are reproducible; causal_lm: AutoModelForCausalLM.
@@ -156,6 +206,10 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
         )
     else:
         auto = AutoModelForCausalLM
+    if cfg.adaptation.method == "qlora":
+        from tunelab.models.quantize import quantization_config
+
+        kwargs["quantization_config"] = quantization_config(cfg.adaptation.quantization)
     torch.manual_seed(cfg.training.seed)  # the new head's initialization
     try:
         with quiet_transformers():
@@ -175,6 +229,10 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
             f"{base.path}: tensors with unexpected shapes: {outside_head[:5]}",
             hint="the weights do not match config.json; re-export the model folder",
         )
+    if cfg.adaptation.method == "qlora":
+        from tunelab.models.quantize import keep_weights_as_loaded
+
+        keep_weights_as_loaded(model)
     model.tunelab_new_params = sorted(set(info.get("missing_keys") or []) | set(mismatched))
     if base.architecture == "causal_lm" and model.tunelab_new_params:
         raise ModelError(

@@ -23,8 +23,8 @@ FREEZE_FILE = "trainable.safetensors"
 
 
 def trainable_dirname(method: str) -> str:
-    """'adapter' for LoRA, 'model' for full and freeze."""
-    return "adapter" if method == "lora" else "model"
+    """'adapter' for LoRA and QLoRA, 'model' for full and freeze."""
+    return "adapter" if method in ("lora", "qlora") else "model"
 
 
 def method_of(model: Any) -> str:
@@ -59,7 +59,7 @@ def save_trainable(model: Any, out_dir: Path | str, method: str | None = None) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():
-        if method in ("lora", "full"):
+        if method in ("lora", "qlora", "full"):
             model.save_pretrained(out, safe_serialization=True)
         elif method == "freeze":
             from safetensors.torch import save_file
@@ -98,7 +98,7 @@ def load_trainable(
     """
     src = Path(in_dir)
     method = method or saved_method(src)
-    if method == "lora":
+    if method in ("lora", "qlora"):  # a QLoRA adapter loads onto the 4-bit base like any other
         return _load_lora(model, src, trainable)
     if method == "full":
         files = sorted(src.glob("*.safetensors"))

@@ -128,7 +128,9 @@ def check_update(before: ParamSnapshot, model: Any, step: int, method: str) -> l
             if name in before.trainable:
                 if not p.requires_grad:
                     out.append(f"{name}: meant to train but requires_grad is False")
-                elif not changed and not (method == "lora" and step < 2 and _moves_late(name)):
+                elif not changed and not (
+                    method in ("lora", "qlora") and step < 2 and _moves_late(name)
+                ):
                     out.append(f"{name}: trainable but unchanged after {step} step(s)")
             elif changed:
                 out.append(f"{name}: frozen but changed after {step} step(s)")

@@ -59,7 +59,7 @@ def draw_gantt(plan: Plan, path: Path) -> Path:
     ax.set_xlabel("hours from the start of the rental (hatched: margin)")
     status = "fits" if plan.fits else "DOES NOT FIT"
     ax.set_title(
-        f"{plan.days}-day plan on {plan.gpu or 'the device'}: {end_h:.2f} h busy of "
+        f"{plan.days}-day plan on {plan.device}: {end_h:.2f} h busy of "
         f"{window_h:.0f} h, {n} variants ({status}), {plan.cost.rental_cost:,.0f} rental",
         fontsize=9,
     )

@@ -106,6 +106,7 @@ class Plan:
     busy_s: float
     window_s: float
     cost: Cost
+    device: str = ""  # what the durations are for: this machine, a given speed, a projected GPU
     warnings: list[str] = field(default_factory=list)
     margins: dict[str, float] = field(default_factory=lambda: dict(MARGINS))
 
@@ -210,10 +211,20 @@ def _busy_warnings(figures: Figures, speedup: float, step_time_s: float | None) 
             )
     if figures.device == "cpu" and speedup == 1.0 and not step_time_s:
         warnings.append(
-            "figures measured on CPU: this is a plan for this CPU; pass --speedup X or "
-            "--step-time-s S to project the rented GPU"
+            "figures measured on CPU: this is a plan for this CPU; --gpu ID projects it onto "
+            "a catalog GPU (--compare-gpus lists them), --speedup X or --step-time-s S scales it"
         )
     return warnings
+
+
+def plan_device(figures: Figures, gpu: str, speedup: float, step_time_s: float | None) -> str:
+    """What the plan's durations are for, as its title names it: the device that measured the
+    figures, or the budget's GPU at a speed-up or step time the user gave."""
+    if step_time_s:
+        return f"{gpu} (its step time given: {step_time_s:g} s)"
+    if speedup != 1.0:
+        return f"{gpu} ({speedup:g} x this machine's speed, as given)"
+    return "this machine's CPU" if figures.device == "cpu" else f"this machine's {figures.device}"
 
 
 def build_plan(
@@ -295,5 +306,6 @@ def build_plan(
         busy_s=busy_s,
         window_s=window_s,
         cost=Cost(busy_s / 3600, busy_s / 3600 * price, days * 24, days * 24 * price),
+        device=plan_device(figures, budget.gpu, speedup, step_time_s),
         warnings=warnings + _busy_warnings(figures, speedup, step_time_s),
     )

@@ -377,9 +377,9 @@ def answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
 def base_hash_seconds(study: Study) -> Figure:
     """Seconds to sha256 the base model's files: their size over a hashing rate measured now."""
     from tunelab.models.identity import identity_files
-    from tunelab.study import resolve_path
+    from tunelab.models.loading import base_folder
 
-    path = resolve_path(study.config.model.path, study.root)
+    path = base_folder(study.config.model, study.root)
     try:
         # the files the export's identity check hashes
         files = [path / n for n in identity_files(path)] if path.is_dir() else [path]

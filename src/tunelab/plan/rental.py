@@ -31,6 +31,8 @@ from tunelab.study import Study
 DISK_BYTES_PER_S = 1e9  # reading or writing model files on the rental (assumed)
 TOKENIZE_S_PER_EXAMPLE = 1e-3  # tokenizing one example (assumed, without a sizing record)
 SIZING_STEPS = 6  # steps `tunelab size` runs per configuration (warm-up, timed, memory)
+CHARS_PER_TOKEN = 4  # English text in a BPE vocabulary, without a tokenizer at hand (assumed)
+TEMPLATE_TOKENS = 16  # a chat template's and an instruction's tokens around the text (assumed)
 
 
 def _architecture(config: dict[str, Any], declared: str) -> str:
@@ -56,12 +58,12 @@ def _labels(study: Study) -> list[str]:
 def _facts(
     study: Study, sizing: dict[str, Any] | None, labels: list[str]
 ) -> tuple[ModelFacts, str]:
-    if sizing and sizing.get("facts"):
+    if sizing and (sizing.get("facts") or {}).get("layer_training") is not None:
         return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
-    from tunelab.study import resolve_path
+    from tunelab.models.loading import base_folder
 
     cfg = study.config
-    folder = resolve_path(cfg.model.path, study.root)
+    folder = base_folder(cfg.model, study.root)  # a hub base: its snapshot in the hub cache
     config = read_model_config(folder)
     facts = facts_from_config(
         config,
@@ -74,6 +76,31 @@ def _facts(
         facts,
         f"{folder / 'config.json'} with adaptation {cfg.adaptation.method} (no weights read)",
     )
+
+
+def character_lengths(
+    study: Study, max_seq_len: int
+) -> tuple[tuple[float, ...], float, int, float]:
+    """(length quantiles, mean, longest, loss share) of the training split from its characters,
+    without a tokenizer: the prompt and the answer at CHARS_PER_TOKEN each, plus the template."""
+    from tunelab.data import load_snapshot
+
+    try:
+        rows = load_snapshot(study).rows("train")
+    except SnapshotError:
+        rows = []
+    if not rows:
+        return (), float(max_seq_len), max_seq_len, 1.0
+    sizes, answers = [], 0.0
+    for r in rows:
+        answer = len(str(r.get("target") or r.get("label") or "")) / CHARS_PER_TOKEN + 1
+        prompt = len(str(r.get("text") or "")) / CHARS_PER_TOKEN + TEMPLATE_TOKENS
+        total = min(max_seq_len, prompt + answer)
+        sizes.append(total)
+        answers += min(answer, total)
+    sizes.sort()
+    quantiles = tuple(sizes[round(i * (len(sizes) - 1) / 100)] for i in range(101))
+    return quantiles, sum(sizes) / len(sizes), math.ceil(sizes[-1]), answers / sum(sizes)
 
 
 def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
@@ -90,14 +117,18 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     if quantiles:
         mean, longest = float(lengths["mean"]), int(lengths["max"])
         lengths_source = f"sizing {sizing['id']}: the training split tokenized"  # type: ignore[index]
+        if causal and lengths.get("loss_fraction") is not None:
+            loss, loss_source = float(lengths["loss_fraction"]), lengths_source
+        else:
+            loss, loss_source = (1.0, "assumed: every position") if causal else (0.0, "the label")
     else:
-        mean = longest = cfg.preprocess.max_seq_len
-        lengths_source = "assumed: every example max_seq_len long (no sizing record)"
-    if lengths.get("loss_fraction") is not None and causal:
-        loss, loss_source = float(lengths["loss_fraction"]), f"sizing {sizing['id']}"  # type: ignore[index]
-    else:
-        loss = 1.0 if causal else 0.0
-        loss_source = "assumed: every position (no sizing record)" if causal else "the label"
+        quantiles, mean, longest, loss = character_lengths(study, cfg.preprocess.max_seq_len)
+        lengths_source = loss_source = (
+            f"assumed: {CHARS_PER_TOKEN} characters a token of the snapshot's training texts, "
+            "at most max_seq_len (no sizing record: `tunelab size` tokenizes them)"
+        )
+        if not causal:
+            loss, loss_source = 0.0, "the label"
     generating = causal and cfg.task.kind != "classification"
     ev = cfg.evaluation
     prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)
@@ -233,3 +264,37 @@ def projected_figures(
 def sizing_configurations(sizing: dict[str, Any] | None) -> int:
     """How many configurations `tunelab size` measures for the study (4 without a record)."""
     return len((sizing or {}).get("configurations") or []) or 4
+
+
+def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, Any, str] | None:
+    """The newest completed training run of the study on a catalog GPU, as a share of that
+    GPU's peak: (share, GPU, where it came from), or None when no run trained on CUDA."""
+    from tunelab.plan.catalog import gpu_of_device
+    from tunelab.plan.flops import micro_step_flops
+    from tunelab.plan.project import micro_batch
+    from tunelab.plan.review import mean_step_s
+    from tunelab.records import read_json
+
+    for row in reversed([r for r in study.ledger.list_runs("train") if r.status == "completed"]):
+        folder = study.runs_dir / row.id
+        if not (folder / "env.json").exists() or not (folder / "config.json").exists():
+            continue
+        env = read_json(folder / "env.json")
+        names = [g.get("name") for g in env.get("gpus") or []]
+        gpu = gpu_of_device(names[0]) if names else None
+        step = mean_step_s(study, row.id)
+        if gpu is None or not step or not str(env.get("compute_device", "")).startswith("cuda"):
+            continue
+        t = read_json(folder / "config.json")["config"]["training"]
+        flops = (
+            micro_step_flops(
+                shape.facts,
+                micro_batch(shape, t["micro_batch_size"]),
+                checkpointing=bool(t.get("activation_checkpointing")),
+            ).total
+            * t["grad_accum_steps"]
+        )
+        precision = t.get("precision") if t.get("precision") in ("bf16", "fp16") else "fp32"
+        share = flops / (step * gpu.peak_flops(precision))
+        return share, gpu, f"train run {row.id} on {names[0]}: {step:.3f} s a step"
+    return None

@@ -24,6 +24,9 @@ from tunelab.study import Study
 # its largest error: a process's timing varies by tenths of a second on a shared machine, and
 # such a phase weighs nothing in a rental counted in hours.
 RESOLUTION_S = 1.0
+# A phase off by more than this, either way, is remarked on whatever its margin: a plan three
+# times too long fits inside any margin and still misprices the rental.
+FAR_OFF_PCT = 50.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ReviewRow:
     below_resolution: bool = False
     margin_pct: float | None = None
     within_margin: bool | None = None
+    far_off: bool = False
 
     def settle(self, margin: float | None) -> None:
         """The errors, and whether the phase stayed inside its margin and its repeats' spread."""
@@ -105,6 +109,11 @@ class ReviewRow:
         self.margin_pct = margin
         if self.error_pct is not None and margin is not None and self.actual_s is not None:
             self.within_margin = self.actual_s <= self.planned_s * (1 + margin / 100)
+        self.far_off = bool(
+            self.error_pct is not None
+            and abs(self.error_pct) > FAR_OFF_PCT
+            and not self.below_resolution
+        )
 
 
 def verify_seconds(study: Study) -> list[float]:
@@ -190,6 +199,27 @@ def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
         "test the machine, not this plan"
         for where, count in elsewhere.items()
     ]
+
+
+def far_off_remark(row: dict[str, Any]) -> str | None:
+    """'experiments: planned 40.0 s, took 10.0 s (+300.0 %): the plan is far longer than the
+    runs' for a review row off by more than FAR_OFF_PCT either way; None otherwise."""
+    if not row.get("far_off"):
+        return None
+    way = "longer" if row["error_pct"] > 0 else "shorter"
+    return (
+        f"{row['phase']}: planned {row['planned_s']:.1f} s, took {row['actual_s']:.1f} s "
+        f"({row['error_pct']:+.1f} %): the plan is far {way} than the runs, whatever its margin"
+    )
+
+
+def _largest(rows: list[ReviewRow], key: str) -> dict[str, Any] | None:
+    """The row of the largest |error| by `key`, signed as its table prints it."""
+    found = [r for r in rows if getattr(r, key) is not None]
+    if not found:
+        return None
+    top = max(found, key=lambda r: abs(getattr(r, key)))
+    return {"phase": top.phase, "error_pct": getattr(top, key)}
 
 
 def _n(count: int, noun: str) -> str:
@@ -326,6 +356,8 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
         "plan": planned.plan_id,
         "notes": device_notes(study, plan),
         "rows": [asdict(r) for r in rows],
+        "largest_error": _largest(measured, "error_pct"),
+        "largest_error_at_run_speed": _largest(at_speed, "error_at_run_speed_pct"),
         "max_error_pct": max((abs(r.error_pct) for r in measured), default=None),  # type: ignore[arg-type]
         "max_error_at_run_speed_pct": max(
             (abs(r.error_at_run_speed_pct) for r in at_speed),  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from tunelab.plan.project import StudyShape, measured_utilization, project
 from tunelab.plan.rental import (
     gather_shape,
     local_figures,
+    measured_run_utilization,
     projected_figures,
     sizing_configurations,
 )
@@ -126,6 +127,7 @@ def _projected_plan(
     strategy: str,
     utilization: float | None,
     gpu_hour_price: float | None,
+    measured: tuple[float, Gpu, str] | None = None,
 ) -> tuple[Figures, Plan, dict[str, Any]]:
     proj = project(
         shape,
@@ -134,12 +136,13 @@ def _projected_plan(
         gpus=gpus,
         strategy=strategy,
         utilization=utilization,
-        measured=measured_utilization(sizing, shape),
+        measured=measured or measured_utilization(sizing, shape),
     )
     figures = projected_figures(local, shape, proj, cfg, sizing_configurations(sizing))
     price = gpu.price_per_hour if gpu_hour_price is None else gpu_hour_price
     plan = build_plan(figures, cfg, days=days, gpu_hour_price=price * gpus)
     plan.gpu = f"{gpus}x {gpu.name}"
+    plan.device = f"{plan.gpu} (projected)"
     plan.warnings = [*proj.notes, *plan.warnings]
     projection = {
         **proj.to_dict(),
@@ -174,6 +177,7 @@ def gpu_plan(
         strategy=strategy,
         utilization=utilization,
         gpu_hour_price=gpu_hour_price,
+        measured=measured_run_utilization(study, shape),
     )
 
 
@@ -194,9 +198,16 @@ def compare_gpus(
     days = check_days(days or cfg.budget.rental_days)
     shape, sizing = gather_shape(study)
     local = local_figures(study)
+    measured = measured_run_utilization(study, shape)
     rows, inputs = [], []
     for gpu in catalog_gpus():
-        kw = dict(gpus=gpus, strategy=strategy, utilization=utilization, gpu_hour_price=None)
+        kw = dict(
+            gpus=gpus,
+            strategy=strategy,
+            utilization=utilization,
+            gpu_hour_price=None,
+            measured=measured,
+        )
         _, plan, proj = _projected_plan(shape, sizing, local, cfg, gpu, days=days, **kw)
         fit_in = {
             d: _projected_plan(shape, sizing, local, cfg, gpu, days=d, **kw)[1].variants_that_fit

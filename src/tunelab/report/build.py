@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.ledger import utc_now
-from tunelab.plan import RESOLUTION_S, repeat_verdict, review_plan
+from tunelab.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
 from tunelab.records import write_bytes_atomic
 from tunelab.report.collect import collect
+from tunelab.report.decision import decide, final_test, format_ci
 from tunelab.report.document import Section, render_html, render_markdown
+from tunelab.report.paths import path_section
 from tunelab.report.plots import plot_grouped_bars, plot_loss_curves
 from tunelab.study import Study
 
@@ -52,64 +54,17 @@ def _label(runs_by_id: dict[str, dict[str, Any]], run_id: str) -> str:
     return r["row"]["name"] or r["row"]["id"]
 
 
-def _fmt_ci(d: dict[str, Any]) -> str:
-    if d.get("ci_low") is None or d.get("ci_high") is None:
-        return "-"
-    return f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-
-
-def decide(compare: dict[str, Any]) -> str:
-    """The decision the records support: the compared variant with the largest gain in the
-    primary metric that meets the registered minimum improvement with a 95 % interval above 0
-    and passes every guardrail; otherwise keep the baseline, saying why."""
-    metric = compare.get("primary_metric")
-    candidates, reasons = [], []
-    for r in compare.get("runs", []):
-        name = r.get("name") or r.get("run_id")
-        if not r.get("compared"):
-            reasons.append(
-                f"{name}: not compared ({r.get('not_compared_reason') or r.get('reason') or r.get('status')})"
-            )
-            continue
-        p = r.get("primary") or {}
-        failed = [g for g in r.get("guardrails", []) if not g.get("pass")]
-        if failed:
-            reasons.append(
-                f"{name}: {len(failed)} guardrail(s) fail, e.g. {failed[0].get('rule')} "
-                f"on {failed[0].get('item') or 'overall'}"
-            )
-        elif not p.get("meets_min_improvement"):
-            reasons.append(
-                f"{name}: {metric} delta {p.get('delta')} is below the registered minimum "
-                f"{compare.get('min_improvement')}"
-            )
-        elif not p.get("significant"):
-            reasons.append(f"{name}: the 95 % interval of the {metric} delta includes 0")
-        else:
-            candidates.append((p.get("delta") or 0.0, name, r))
-    if candidates:
-        delta, name, r = max(candidates, key=lambda c: c[0])
-        p = r["primary"]
-        flags = f" Flags: {'; '.join(r['flags'])}." if r.get("flags") else ""
-        return (
-            f"Adopt {name} (run {r['run_id']}): {metric} {p.get('baseline'):.4f} -> "
-            f"{p.get('variant'):.4f} (delta {delta:+.4f}, 95 % CI {_fmt_ci(p)}), all "
-            f"{len(r.get('guardrails', []))} guardrail checks pass.{flags}"
-        )
-    return (
-        "Keep the baseline: " + ("; ".join(reasons) if reasons else "no variant was compared") + "."
-    )
-
-
 def _decision(data: dict[str, Any]) -> list[str]:
     if not data["compares"]:
         return ["No comparison has been recorded yet: no decision. Run `tunelab compare`."]
     latest = data["compares"][-1]
-    return [
+    lines = [
         decide(latest),
         f"From comparison {latest.get('id')} on the {latest.get('split')} split "
         f"(hypothesis v{latest.get('hypothesis_version')}).",
     ]
+    test = final_test(latest, data["runs"], data["test_openings"])
+    return lines + ([test] if test else [])
 
 
 def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any]:
@@ -120,6 +75,8 @@ def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any
         within = ("yes" if r["within_margin"] else "no") + (
             f" (under {RESOLUTION_S:g} s)" if r.get("below_resolution") else ""
         )
+        if r.get("far_off"):
+            within += ", but far off"
 
     def seconds(x: float | None) -> str | None:
         return None if x is None else f"{x:.1f}"
@@ -301,6 +258,9 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     else:
         sec.text("No evaluation recorded yet (`tunelab baseline`, `tunelab eval RUN`).")
     sections.append(sec)
+    if evaluated:
+        by_path = path_section([(_label(runs_by_id, i), evaluated[i]) for i in order], plot_dir)
+        sections += [by_path] if by_path else []
 
     # ---- sizing
     sec = Section("Sizing of a training step")
@@ -397,7 +357,7 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
                 )
                 continue
             rows = [
-                [k, d.get("baseline"), d.get("variant"), d.get("delta"), _fmt_ci(d)]
+                [k, d.get("baseline"), d.get("variant"), d.get("delta"), format_ci(d)]
                 for k, d in (v.get("metrics") or {}).items()
                 if isinstance(d, dict)
             ]
@@ -418,7 +378,7 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
                                 (m.get(stat) or {}).get("baseline"),
                                 (m.get(stat) or {}).get("variant"),
                                 (m.get(stat) or {}).get("delta"),
-                                _fmt_ci(m.get(stat) or {}),
+                                format_ci(m.get(stat) or {}),
                             ]
                             for item, m in per.items()
                         ],
@@ -495,7 +455,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
     for p in data["plans"][-1:]:
         cost = p.get("cost") or {}
         sec.text(
-            f"{p.get('days')} days on {p.get('gpu')} at {p.get('gpu_hour_price')}/h: "
+            f"{p.get('days')} days on {p.get('device') or p.get('gpu')} at "
+            f"{p.get('gpu_hour_price')}/h: "
             f"{p.get('variants_that_fit')} variants would fit, the study registers "
             f"{p.get('num_variants')}; busy "
             f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
@@ -519,6 +480,8 @@ def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[S
         for r in review.values():
             if (verdict := repeat_verdict(r)) is not None:
                 sec.text(verdict[0].upper() + verdict[1:] + ".")
+            if (remark := far_off_remark(r)) is not None:
+                sec.text("Far off: " + remark + ".")
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
         for w in p.get("warnings") or []:

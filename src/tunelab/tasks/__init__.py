@@ -2,25 +2,29 @@
 
 - classification (`ClassificationTask`): the target is the label;
 - format (`FormatTask`): the answer must match a JSON Schema or a regular expression;
-- extraction (`ExtractionTask`): the answer is a JSON object with the schema's required fields.
+- extraction (`ExtractionTask`): the answer is a JSON object with the schema's required fields,
+  scored path by path (`schema_scoring`).
 """
 
 from __future__ import annotations
 
-from tunelab.config import StudyConfig
+from tunelab.config import StudyConfig, TaskConfig
 from tunelab.errors import ConfigError, DataError
 from tunelab.tasks.base import Task
 from tunelab.tasks.classification import ClassificationTask
-from tunelab.tasks.extraction import ExtractionTask, read_json_object
+from tunelab.tasks.extraction import ExtractionTask
 from tunelab.tasks.format import FormatTask
+from tunelab.tasks.json_text import FoundJson, find_json_object
 
 __all__ = [
     "ClassificationTask",
     "ExtractionTask",
     "FormatTask",
+    "FoundJson",
     "Task",
+    "find_json_object",
     "get_task",
-    "read_json_object",
+    "task_for",
 ]
 
 
@@ -51,12 +55,22 @@ def _resolve_labels(configured: list[str] | None, found: list[str] | None) -> li
 
 def get_task(cfg: StudyConfig, labels: list[str] | None = None) -> Task:
     """The task of a study. `labels`: the label set found in the data (classification)."""
-    t = cfg.task
+    return task_for(cfg.task, labels)
+
+
+def task_for(t: TaskConfig, labels: list[str] | None = None) -> Task:
+    """The task a task section describes (a study's, or one a hypothesis locked)."""
     if t.kind == "classification":
         return ClassificationTask(_resolve_labels(t.labels, labels), t.instruction)
     if t.kind == "format":
         return FormatTask(t.instruction, t.json_schema, t.regex)
     if t.kind == "extraction":
         assert t.json_schema is not None  # checked by TaskConfig
-        return ExtractionTask(t.instruction, t.json_schema)
+        scoring = t.scoring
+        return ExtractionTask(
+            t.instruction,
+            t.json_schema,
+            ordered=scoring.ordered if scoring else (),
+            tolerance=scoring.tolerance if scoring else None,
+        )
     raise ConfigError(f"unknown task.kind {t.kind!r}")  # pragma: no cover - config validates

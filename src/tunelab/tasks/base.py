@@ -10,6 +10,7 @@ the names in `metric_names`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from tunelab.errors import DataError
@@ -56,6 +57,14 @@ class Task(ABC):
     @abstractmethod
     def verdicts(self, parsed: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
         """Per-example verdicts of a parsed prediction against the example's gold answer."""
+
+    def categories(self, rows: Sequence[dict[str, Any]]) -> list[str] | None:
+        """Inspect's category of each row when the task defines one (None: inspect decides)."""
+        return None
+
+    def target_problems(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+        """Targets the task can never judge right: {example_id, kind, message, fix} each."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """What the task is, for records: kind, labels, instruction, metrics."""

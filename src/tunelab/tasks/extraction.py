@@ -1,54 +1,24 @@
-"""Extraction: the answer is a JSON object whose required fields come from task.json_schema.
+"""Extraction: the answer is a JSON object whose fields come from task.json_schema.
 
-Parsing is forgiving about the wrapping and strict about the content: a ```json code fence and
-text after the object are accepted; then the object must be JSON and satisfy the schema.
-Failure kinds: `empty`, `parse_error` (no JSON object can be read), `not_an_object`,
-`schema_error`. Every result lists each required field's value and presence.
+Parsing is forgiving about the wrapping and strict about the content: the object is read from
+free text by `json_text.find_json_object` (fences, prose before or after), then must satisfy
+the schema. Failure kinds of `parse`: `empty`, `parse_error` (no JSON object can be read; the
+reader's own kind is in `json_failure`), `not_an_object`, `schema_error`. Scoring follows the
+schema path by path (`schema_scoring.SchemaScorer`), with `task.scoring` options.
 """
 
 from __future__ import annotations
 
-import json
-import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tunelab.errors import DataError
 from tunelab.tasks.base import Task, failure
 from tunelab.tasks.format import make_validator, schema_errors, target_string
+from tunelab.tasks.json_text import find_json_object
+from tunelab.tasks.schema_scoring import SchemaScorer, is_present
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
-
-
-def read_json_object(raw: str) -> tuple[Any, str | None]:
-    """The first JSON value in `raw` (inside a code fence if there is one) and an error or None.
-
-    Text before the first `{` and after the value is ignored.
-    """
-    text = raw.strip()
-    fence = _FENCE.search(text)
-    if fence:
-        text = fence.group(1).strip()
-    start = text.find("{")
-    if start < 0:
-        try:  # a bare non-object value ("42", "[1]") is JSON but not an object
-            return json.loads(text), None
-        except json.JSONDecodeError:
-            return None, "no JSON object found"
-    try:
-        value, _ = json.JSONDecoder().raw_decode(text, start)
-    except json.JSONDecodeError as exc:
-        return None, f"broken JSON: {exc.msg} at char {exc.pos}"
-    return value, None
-
-
-def _present(value: Any) -> bool:
-    return value is not None and value != "" and value != [] and value != {}
-
-
-def _normalize(value: Any) -> Any:
-    if isinstance(value, str):
-        return " ".join(value.split())
-    return value
+NO_KINDS = "all"
 
 
 class ExtractionTask(Task):
@@ -62,11 +32,23 @@ class ExtractionTask(Task):
         "exact_match",
     )
 
-    def __init__(self, instruction: str, json_schema: dict[str, Any]):
+    def __init__(
+        self,
+        instruction: str,
+        json_schema: dict[str, Any],
+        *,
+        ordered: Iterable[str] = (),
+        tolerance: Mapping[str, float] | None = None,
+    ):
         super().__init__(None, instruction)
         self.json_schema = json_schema
         self.validator = make_validator(json_schema)
-        self.fields: list[str] = list(json_schema.get("required") or [])
+        self.scorer = SchemaScorer(json_schema, ordered=ordered, tolerance=tolerance)
+        self.fields: list[str] = list(self.scorer.fields)
+        # every scored path, top-level fields first as the schema lists them
+        self.paths: list[dict[str, str]] = [
+            {"path": p, "kind": s.kind} for p, s in self.scorer.paths.items()
+        ]
 
     def target_text(self, example: dict[str, Any]) -> str:
         return target_string(example)
@@ -74,25 +56,22 @@ class ExtractionTask(Task):
     def parse(self, raw_output: str) -> dict[str, Any]:
         empty_fields = {f: None for f in self.fields}
         no_presence = {f: False for f in self.fields}
-        extra = {"json_valid": False, "schema_valid": False}
-        if not (raw_output or "").strip():
+        found = find_json_object(raw_output)
+        extra = {"fields": empty_fields, "present": no_presence, "json_failure": found.failure}
+        if found.failure == "empty":
             return failure(
-                "empty", "the output is empty", fields=empty_fields, present=no_presence, **extra
+                "empty", found.error or "", json_valid=False, schema_valid=False, **extra
             )
-        value, error = read_json_object(raw_output)
-        if error is not None:
-            return failure("parse_error", error, fields=empty_fields, present=no_presence, **extra)
-        if not isinstance(value, dict):
+        if found.failure == "not_an_object":
+            out = failure(
+                "not_an_object", found.error or "", json_valid=True, schema_valid=False, **extra
+            )
+            return {**out, "value": found.value}
+        if found.failure is not None:
             return failure(
-                "not_an_object",
-                f"expected a JSON object, found {type(value).__name__}",
-                fields=empty_fields,
-                present=no_presence,
-                json_valid=True,
-                schema_valid=False,
+                "parse_error", found.error or "", json_valid=False, schema_valid=False, **extra
             )
-        fields = {f: value.get(f) for f in self.fields}
-        present = {f: f in value and _present(value[f]) for f in self.fields}
+        value = found.value
         errors = schema_errors(self.validator, value)
         return {
             "valid": not errors,
@@ -101,33 +80,97 @@ class ExtractionTask(Task):
             "value": value,
             "json_valid": True,
             "schema_valid": not errors,
-            "fields": fields,
-            "present": present,
+            "json_failure": None,
+            "fields": {f: value.get(f) for f in self.fields},
+            "present": {f: is_present(value.get(f)) for f in self.fields},
         }
 
     def gold(self, example: dict[str, Any]) -> dict[str, Any]:
-        parsed = self.parse(self.target_text(example))
-        if parsed["failure"] in ("empty", "parse_error", "not_an_object"):
+        """The example's gold object, read by the same reader as the answers."""
+        found = find_json_object(self.target_text(example))
+        if found.failure is not None or not isinstance(found.value, dict):
             raise DataError(
-                f"example {example.get('id')!r}: the target is not a JSON object "
-                f"({parsed['error']})",
+                f"example {example.get('id')!r}: the target is not a JSON object ({found.error})",
                 hint="fix the example's target column; it must be a JSON object string",
             )
-        return parsed["value"]
+        return found.value
 
     def verdicts(self, parsed: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+        """Per-example verdicts: the parse outcome, the counts of every path (`paths`, see
+        schema_scoring), and whether every top-level field matches (`correct`) or is exactly
+        the gold value (`exact_match`)."""
         gold = self.gold(example)
-        fields = parsed.get("fields") or {}
-        correct = {
-            f: bool(parsed.get("present", {}).get(f))
-            and _normalize(fields.get(f)) == _normalize(gold.get(f))
-            for f in self.fields
-        }
+        value = parsed.get("value")
+        if isinstance(value, dict):
+            paths = self.scorer.score(gold, value)
+        else:
+            kind = "wrong_type" if parsed.get("json_valid") else "not_json"
+            paths = self.scorer.score(gold, None, kind)
+        judged = [paths[f] for f in self.fields if f in paths]
+        correct = all(c.get("match") for c in judged)
         return {
             "json_valid": bool(parsed.get("json_valid")),
             "schema_valid": bool(parsed.get("schema_valid")),
-            "present": dict(parsed.get("present") or {}),
-            "field_correct": correct,
-            "exact_match": all(correct.values()),
-            "correct": all(correct.values()),
+            "failure": parsed.get("failure"),
+            "json_failure": parsed.get("json_failure"),
+            "paths": paths,
+            "exact_match": all(c.get("exact") for c in judged),
+            "all_fields_match": correct,
+            "correct": correct,
         }
+
+    # -- what the data and inspect ask of the targets
+
+    def target_kinds(self, example: dict[str, Any]) -> list[str]:
+        """The target's kinds that scoring treats apart (`SchemaScorer.target_kinds`); none
+        for a target that is not a JSON object (evaluation refuses it, inspect reports it)."""
+        try:
+            found = find_json_object(self.target_text(example))
+        except DataError:
+            return []
+        if not isinstance(found.value, dict) or found.failure is not None:
+            return []
+        return self.scorer.target_kinds(found.value)
+
+    def categories(self, rows: Sequence[dict[str, Any]]) -> list[str] | None:
+        """Inspect's category of each unlabelled row: its target kinds, e.g. `list null`
+        (None for labelled rows or a schema without list or nullable fields)."""
+        if any(r.get("label") is not None for r in rows):
+            return None
+        kinds = [", ".join(self.target_kinds(r)) for r in rows]
+        return [k or NO_KINDS for k in kinds] if any(kinds) else None
+
+    def target_problems(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+        """Targets that can never be matched: not read as a JSON object by the answers' reader,
+        or against the schema. Each: {example_id, kind, message, fix}."""
+        out = []
+        for r in rows:
+            where = str(r.get("id"))
+            found = find_json_object(target_string(r))
+            if found.failure is not None:
+                out.append(
+                    {
+                        "example_id": where,
+                        "kind": "target_not_json",
+                        "message": f"the target is not a JSON object ({found.failure}: "
+                        f"{found.error})",
+                        "fix": "make the target column a JSON object string, then rebuild "
+                        "the snapshot with `tunelab data`",
+                    }
+                )
+                continue
+            errors = schema_errors(self.validator, found.value)
+            if errors:
+                out.append(
+                    {
+                        "example_id": where,
+                        "kind": "target_schema_error",
+                        "message": "the target breaks task.json_schema: " + "; ".join(errors),
+                        "fix": "fix the target, or let task.json_schema allow it (e.g. "
+                        "type: [string, 'null'] for a field that may be null)",
+                    }
+                )
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "paths": self.paths}

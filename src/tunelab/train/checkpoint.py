@@ -32,7 +32,15 @@ from safetensors.torch import load_file, save_file
 
 from tunelab.errors import CheckpointError
 from tunelab.ledger import utc_now
-from tunelab.records import publish_dir, read_json, sha256_file, temp_dir_beside, write_json_atomic
+from tunelab.records import (
+    publish_dir,
+    read_json,
+    safe_join,
+    sha256_file,
+    temp_dir_beside,
+    write_json_atomic,
+)
+from tunelab.safetensors_header import require_safetensors
 from tunelab.train.layout import (  # noqa: F401 (part of this module's interface)
     _STEP_RE,
     FINAL,
@@ -213,14 +221,22 @@ def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
             hint="resume uses the latest complete checkpoint; this one was cut by a kill",
         )
     state = read_json(path / "state.json")
+    files = state.get("files") if isinstance(state, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(
+            f"{path / 'state.json'}: no list of files with their sha256",
+            hint="the checkpoint is damaged; resume from an earlier one or start a new run",
+        )
     if verify:
-        for name, digest in state["files"].items():
-            f = path / name
-            if not f.exists() or sha256_file(f) != digest:
+        for name, digest in files.items():
+            f = safe_join(path, name)
+            if not f.is_file() or sha256_file(f) != digest:
                 raise CheckpointError(
                     f"{f}: missing or changed since the checkpoint was written",
                     hint="the checkpoint is damaged; resume from an earlier one or start a new run",
                 )
+        tensors = [path / name for name in sorted(files) if name.endswith(".safetensors")]
+        require_safetensors(tensors, f"checkpoint {path}")
     return state
 
 

@@ -46,6 +46,7 @@ from tunelab.records import (
     write_jsonl_atomic,
 )
 from tunelab.study import Run, Study
+from tunelab.track.live import LiveLogger
 from tunelab.train import checkpoint as ckpt
 from tunelab.train import compute, distributed
 from tunelab.train.batches import DataOrder, Position, StepSource, eval_batches
@@ -551,6 +552,7 @@ def _train(
             val["last"] = row["val_loss"]
         if strategy.is_main:
             append_jsonl(run.path("metrics.jsonl"), row)
+            live.log(row)
         saved_now = False
         if s.step == steps or (t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0):
             save(s)
@@ -572,14 +574,21 @@ def _train(
             )
 
     beat.step, beat.total_steps = state.step, steps
+    live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
+    if val["initial"] is not None:
+        live.log({"step": 0, "val_loss": val["initial"]})
     try:
         if state.step < steps:
             train_loop(loop, state, on_step)
         else:
             save(state)  # killed after the last step but before the record was finished
+    except BaseException as exc:
+        live.close(exc)
+        raise
     finally:
         if bar is not None:
             bar.close()
+    live.close()
     final = ckpt.latest_checkpoint(root)
     assert final is not None and final.name == ckpt.step_dir_name(steps)
     if strategy.is_main:
@@ -725,7 +734,7 @@ def load_run_model(
     ("step-000010"). Raises CheckpointError when the run has no such checkpoint and ModelError
     when the base model no longer matches the one the run trained.
     """
-    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_model
+    from tunelab.models import compute_device, load_model, load_tokenizer, resolve_recorded
 
     run = study.get_run(run) if isinstance(run, str) else run
     record = read_json(run.path("config.json"))
@@ -753,8 +762,8 @@ def load_run_model(
                 hint=f"its checkpoints: {', '.join(found) or 'none'}",
             )
     ckpt.read_checkpoint_state(path)
-    base = resolve_model(cfg.model, root=study.root)
     recorded = record.get("base_model") or {}
+    base = resolve_recorded(cfg.model, study.root, recorded)
     if recorded.get("sha256") and recorded["sha256"] != base.identity["sha256"]:
         raise ModelError(
             f"the base model at {base.path} is not the one run {run.id} trained",

@@ -1,0 +1,81 @@
+"""Moving hub refs (a branch, a tag) pinned to commits when the hypothesis is registered.
+
+`tunelab register` resolves each hub repo the study names (the base model, a hub data set) and
+locks `{repo_id, repo_type, revision, commit}` into the hypothesis record under `pins`; every
+later stage loads exactly that commit. Registering again keeps a pin whose repo and revision
+are unchanged (`repin=True` resolves it again, a new hypothesis version).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunelab.hub import current_commit
+from tunelab.hypothesis import latest_hypothesis
+
+if TYPE_CHECKING:
+    from tunelab.config import StudyConfig
+
+
+def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
+    """The pins of the latest registered hypothesis ({} when none)."""
+    latest = latest_hypothesis(Path(study_root) / "records")
+    return dict((latest or {}).get("content", {}).get("pins") or {})
+
+
+def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
+    """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
+    pin = pins_of(study_root).get(key)
+    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
+
+
+def fetch_ref(cfg: StudyConfig, key: str) -> dict[str, Any]:
+    """Resolve what `key` names to its commit and return its pin record: a base's config.json
+    alone is fetched (its weights with the first stage that loads it), a data set whole."""
+    if key == "model":
+        from tunelab.models.hub import pin_base
+
+        return pin_base(cfg.model).record()
+    from tunelab.data.hub import fetch_dataset
+
+    return fetch_dataset(cfg.data.source).record()
+
+
+def resolve_pins(
+    cfg: StudyConfig, previous: dict[str, dict[str, Any]], *, repin: bool = False
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(pins, notes) for the hub refs of `cfg`; a previous pin of the same repo and revision is
+    kept unless `repin`, with a note when the ref now resolves to another commit."""
+    pins, notes = {}, []
+    for key, ref in cfg.hub_refs().items():
+        old = previous.get(key)
+        same = old and all(old.get(k) == ref[k] for k in ("repo_id", "repo_type", "revision"))
+        if same and not repin:
+            pins[key] = old
+            now, _where = current_commit(ref["repo_id"], ref["revision"], ref["repo_type"])
+            if now and now != old["commit"]:
+                notes.append(drift_note(key, old, now))
+            continue
+        pins[key] = fetch_ref(cfg, key)
+    return pins, notes
+
+
+def drift_note(key: str, pin: dict[str, Any], now: str) -> str:
+    return (
+        f"{key} {pin['repo_id']}: {pin['revision']} now resolves to {now[:12]}, the study stays "
+        f"pinned to {pin['commit'][:12]} (`tunelab register --repin` moves the pin)"
+    )
+
+
+def drift(study_root: Path, cfg: StudyConfig) -> list[str]:
+    """Notes for every pin whose ref now resolves to another commit (hub, else the cache)."""
+    notes = []
+    for key, pin in pins_of(study_root).items():
+        ref = cfg.hub_refs().get(key)
+        if not ref or ref["repo_id"] != pin["repo_id"]:
+            continue
+        now, _where = current_commit(pin["repo_id"], pin["revision"], pin["repo_type"])
+        if now and now != pin["commit"]:
+            notes.append(drift_note(key, pin, now))
+    return notes

@@ -1,0 +1,110 @@
+"""The decision the records support, and the adopted variant's figure on the sealed test split.
+
+Pure: a compare record (and the collected runs) in, a choice and sentences out. The dossier's
+decision and `tunelab demo` (which opens the test split for the adopted variant only) share
+the rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_ci(d: dict[str, Any]) -> str:
+    """A 95 % interval as [low, high] with signs, "-" when it is missing."""
+    if d.get("ci_low") is None or d.get("ci_high") is None:
+        return "-"
+    return f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+
+
+def choose_variant(compare: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The compared variant with the largest gain in the primary metric that meets the
+    registered minimum improvement with a 95 % interval above 0 and passes every guardrail
+    (its compare row, or None), and why each other variant was not chosen."""
+    metric = compare.get("primary_metric")
+    candidates, reasons = [], []
+    for r in compare.get("runs", []):
+        name = r.get("name") or r.get("run_id")
+        if not r.get("compared"):
+            reasons.append(
+                f"{name}: not compared ({r.get('not_compared_reason') or r.get('reason') or r.get('status')})"
+            )
+            continue
+        p = r.get("primary") or {}
+        failed = [g for g in r.get("guardrails", []) if not g.get("pass")]
+        if failed:
+            reasons.append(
+                f"{name}: {len(failed)} guardrail(s) fail, e.g. {failed[0].get('rule')} "
+                f"on {failed[0].get('item') or 'overall'}"
+            )
+        elif not p.get("meets_min_improvement"):
+            reasons.append(
+                f"{name}: {metric} delta {p.get('delta')} is below the registered minimum "
+                f"{compare.get('min_improvement')}"
+            )
+        elif not p.get("significant"):
+            reasons.append(f"{name}: the 95 % interval of the {metric} delta includes 0")
+        else:
+            candidates.append((p.get("delta") or 0.0, name, r))
+    if not candidates:
+        return None, reasons
+    return max(candidates, key=lambda c: c[0])[2], reasons
+
+
+def decide(compare: dict[str, Any]) -> str:
+    """The decision as a sentence: adopt the chosen variant, or keep the baseline, saying why."""
+    metric = compare.get("primary_metric")
+    r, reasons = choose_variant(compare)
+    if r is not None:
+        name = r.get("name") or r.get("run_id")
+        p = r["primary"]
+        delta = p.get("delta") or 0.0
+        flags = f" Flags: {'; '.join(r['flags'])}." if r.get("flags") else ""
+        return (
+            f"Adopt {name} (run {r['run_id']}): {metric} {p.get('baseline'):.4f} -> "
+            f"{p.get('variant'):.4f} (delta {delta:+.4f}, 95 % CI {format_ci(p)}), all "
+            f"{len(r.get('guardrails', []))} guardrail checks pass.{flags}"
+        )
+    return (
+        "Keep the baseline: " + ("; ".join(reasons) if reasons else "no variant was compared") + "."
+    )
+
+
+def final_test(
+    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+) -> str | None:
+    """The adopted variant's primary metric on the sealed test split, from the evaluation that
+    opened it first (None when no variant is adopted).
+
+    `runs` are the dossier's collected runs (`row`, `evaluations` by split); `openings` the
+    ledger's test openings, each naming the eval run that opened the split."""
+    chosen, _ = choose_variant(compare)
+    if chosen is None:
+        return None
+    run_id, name = chosen["run_id"], chosen.get("name") or chosen["run_id"]
+    metric = compare.get("primary_metric")
+    tests = {
+        r["row"]["id"]: r
+        for r in runs
+        if r["row"]["kind"] == "eval"
+        and r["row"]["parent"] == run_id
+        and "test" in r["evaluations"]
+    }
+    first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
+    if first is None:
+        return (
+            f"{name} is not yet evaluated on the sealed test split: "
+            f"`tunelab eval {run_id} --split test --final` opens it, once."
+        )
+    record = tests[first]["evaluations"]["test"]
+    value = (record.get("metrics") or {}).get(metric)
+    shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+    times = (
+        "its only opening"
+        if len(openings) == 1
+        else f"opened {len(openings)} times in all: no longer an untouched control"
+    )
+    return (
+        f"On the sealed test split ({record.get('n')} examples, eval run {first}, {times}): "
+        f"{name} {metric} {shown} (validation {(chosen.get('primary') or {}).get('variant'):.4f})."
+    )

@@ -1,0 +1,403 @@
+"""The records of a study as what a tracker takes: flat params, tags, metric points and files.
+
+Pure functions take record dicts and return values; `collect_study(study)` reads the study
+folder once and builds one `RunMirror` per tunelab run (plus one for the study's own records).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunelab.config import sha256_json
+from tunelab.errors import StudyError
+from tunelab.records import read_json, sha256_file
+
+if TYPE_CHECKING:
+    from tunelab.study import Study
+
+# metrics.jsonl fields -> tracker keys; one naming for the MLflow mirror and TensorBoard
+STEP_KEYS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "grad_norm": "train/grad_norm",
+    "tokens_per_s": "train/tokens_per_s",
+    "tokens": "train/tokens",
+    "loss_tokens": "train/loss_tokens",
+    "seconds": "train/step_s",
+    "epoch": "train/epoch",
+    "val_loss": "validation/loss",
+    "val_tokens": "validation/loss_tokens",
+    "memory_bytes": "system/memory_bytes",
+    "elapsed_s": "system/elapsed_s",
+}
+STUDY_RUN_ID = "study"  # the mirror of the records that belong to no run
+# files of a run folder that are state, not records
+SKIPPED_FILES = {"DONE"}
+_KEY_CHARS = re.compile(r"[^\w.\- :/]")
+
+
+@dataclass
+class Point:
+    key: str
+    value: float
+    step: int
+    timestamp_ms: int
+
+
+@dataclass
+class RunMirror:
+    """One tunelab run as a tracker sees it."""
+
+    run_id: str
+    kind: str
+    name: str
+    status: str
+    reason: str | None
+    start_ms: int
+    end_ms: int | None
+    nest_under: str | None = None  # the run an evaluation evaluates
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    points: list[Point] = field(default_factory=list)
+    files: list[tuple[Path, str]] = field(default_factory=list)  # (file, artifact folder)
+
+    def fingerprint(self) -> str:
+        """sha256 of everything mirrored: equal fingerprints mean nothing to send."""
+        return sha256_json(
+            {
+                "run": [self.kind, self.name, self.status, self.reason, self.end_ms],
+                "params": self.params,
+                "tags": self.tags,
+                "points": [[p.key, p.value, p.step] for p in self.points],
+                "files": [[str(f), folder, sha256_file(f)] for f, folder in self.files],
+                "nest_under": self.nest_under,
+            }
+        )
+
+
+# ------------------------------------------------------------------ pure flattening
+
+
+def metric_key(*parts: str) -> str:
+    """A tracker key from parts: characters trackers refuse (MLflow keeps letters, digits,
+    `_ - . : /` and spaces) become `_`."""
+    return "/".join(_KEY_CHARS.sub("_", str(p)) for p in parts if p != "")
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def flatten_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"training": {"lr": 2e-4}} -> {"training.lr": "0.0002"}: nested mappings become dotted
+    keys, lists and scalars their JSON text (strings as they are)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = _KEY_CHARS.sub("_", f"{prefix}{key}")
+        if isinstance(value, dict) and value:
+            out.update(flatten_params(value, f"{name}."))
+        else:
+            out[name] = _text(value)
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def step_points(row: dict[str, Any], timestamp_ms: int) -> list[Point]:
+    """One metrics.jsonl line as points at its step; unknown numeric fields go under train/."""
+    step = int(row.get("step", 0))
+    points = []
+    for name, value in row.items():
+        number = _number(value)
+        if name == "step" or number is None:
+            continue
+        points.append(
+            Point(STEP_KEYS.get(name) or metric_key("train", name), number, step, timestamp_ms)
+        )
+    return points
+
+
+def numeric_leaves(tree: dict[str, Any], *prefix: str) -> list[tuple[str, float]]:
+    """(key, value) for every number in nested mappings; lists (a confusion matrix) are left
+    to the record file."""
+    out = []
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            out.extend(numeric_leaves(value, *prefix, name))
+        elif (number := _number(value)) is not None:
+            out.append((metric_key(*prefix, name), number))
+    return out
+
+
+def evaluation_points(record: dict[str, Any], step: int, timestamp_ms: int) -> list[Point]:
+    """A metrics-<split>.json record as `<split>/<metric>` points (per category and per field
+    included, the confusion matrix left out), with its size and speed."""
+    split = record.get("split") or "evaluation"
+    metrics = {k: v for k, v in (record.get("metrics") or {}).items() if k != "confusion"}
+    leaves = numeric_leaves(metrics, split)
+    for name in ("seconds", "examples_per_s"):
+        if (number := _number(record.get(name))) is not None:
+            leaves.append((metric_key(split, name), number))
+    return [Point(k, v, step, timestamp_ms) for k, v in leaves]
+
+
+def env_summary(env: dict[str, Any]) -> str:
+    """One line: python, torch, the device (GPU names or CPU cores) and the key libraries."""
+    gpus = env.get("gpus") or []
+    if gpus:
+        names: dict[str, int] = {}
+        for g in gpus:
+            names[g.get("name", "?")] = names.get(g.get("name", "?"), 0) + 1
+        device = ", ".join(f"{n}x {name}" for name, n in names.items())
+    else:
+        cores = (env.get("cpu") or {}).get("logical_cores")
+        device = f"cpu ({cores} cores)" if cores else "cpu"
+    packages = env.get("packages") or {}
+    libs = ", ".join(f"{p} {packages[p]}" for p in ("transformers", "peft") if packages.get(p))
+    parts = [f"python {env.get('python', '?')}", f"torch {env.get('torch', '?')}", device, libs]
+    if env.get("cuda"):
+        parts.append(f"cuda {env['cuda']}")
+    return ", ".join(p for p in parts if p)
+
+
+def _ms(stamp: str | None) -> int | None:
+    if not stamp:
+        return None
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> dict[str, str]:
+    """Tags of a run from its config.json, its ledger row and env.json (absent values left out)."""
+    base = record.get("base_model") or {}
+    hub = (base.get("source") or {}).get("hub") or {}  # a base pinned to a hub commit
+    tags = {
+        "tunelab.run_id": row.id,
+        "tunelab.kind": row.kind,
+        "tunelab.name": row.name,
+        "tunelab.parent": row.parent,
+        "tunelab.why": row.why,
+        "tunelab.status": row.status,
+        "tunelab.reason": row.reason,
+        "tunelab.created_at": row.created_at,
+        "tunelab.finished_at": row.finished_at,
+        "tunelab.config_sha256": record.get("config_sha256"),
+        "tunelab.overrides": _text(record["overrides"]) if record.get("overrides") else None,
+        "tunelab.hypothesis_version": record.get("hypothesis_version"),
+        "tunelab.hypothesis_sha256": record.get("hypothesis_sha256"),
+        "tunelab.data_snapshot": record.get("data_snapshot"),
+        "tunelab.eval_spec_sha256": record.get("evaluation_spec_sha256")
+        or record.get("hypothesis_evaluation_spec_sha256"),
+        "tunelab.split": record.get("split"),
+        "tunelab.evaluates": record.get("evaluates"),
+        "tunelab.base.name": base.get("name"),
+        "tunelab.base.revision": base.get("revision"),
+        "tunelab.base.repo_id": hub.get("repo_id"),
+        "tunelab.base.commit": hub.get("commit"),
+        "tunelab.base.sha256": base.get("sha256"),
+        "tunelab.base.architecture": base.get("architecture"),
+    }
+    if env:
+        git = env.get("tunelab_git") or {}
+        tags.update(
+            {
+                "tunelab.env": env_summary(env),
+                "tunelab.env.torch": env.get("torch"),
+                "tunelab.env.device": env.get("compute_device") or env.get("backend"),
+                "tunelab.env.cuda": env.get("cuda"),
+                "tunelab.env.driver": env.get("driver"),
+                "tunelab.git_commit": git.get("commit"),
+            }
+        )
+    tags["mlflow.note.content"] = describe_run(row)
+    return {k: str(v) for k, v in tags.items() if v is not None and v != ""}
+
+
+def describe_run(row: Any) -> str:
+    """The run's description in a tracker (Markdown): what it changes, how it ended."""
+    lines = [f"tunelab {row.kind} run `{row.id}`"]
+    if row.why:
+        lines.append(f"**Why:** {row.why}")
+    lines.append(f"**Status:** {row.status}" + (f": {row.reason}" if row.reason else ""))
+    if row.parent:
+        lines.append(f"**Parent:** `{row.parent}`")
+    return "\n\n".join(lines)
+
+
+# ------------------------------------------------------------------ reading a study
+
+
+def _run_files(run_dir: Path) -> list[tuple[Path, str]]:
+    """The run's record files (not its checkpoints or event files) for the `records` folder."""
+    return [
+        (p, "records")
+        for p in sorted(run_dir.iterdir())
+        if p.is_file() and not p.name.startswith(".") and p.name not in SKIPPED_FILES
+    ]
+
+
+def step_rows(path: Path, running: bool) -> list[dict[str, Any]]:
+    """The lines of a metrics.jsonl; a running run's last line may be half written and is
+    left for the next sync, anywhere else a broken line is a damaged record."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if running and number == len(lines):
+                break
+            raise StudyError(
+                f"{path}:{number}: not valid JSON: the record is damaged",
+                hint="restore it from a copy; records are never rewritten by tunelab",
+            ) from None
+    return rows
+
+
+def _evaluations(study: Study, row: Any, rows: list[Any]) -> list[tuple[dict[str, Any], Any]]:
+    """(record, created_at) of each evaluation of `row`: its own metrics-<split>.json files,
+    then those of its completed `eval` runs, oldest first."""
+    found = []
+    for path in sorted((study.runs_dir / row.id).glob("metrics-*.json")):
+        found.append((read_json(path), row.created_at))
+    for other in rows:
+        if other.kind == "eval" and other.parent == row.id and other.status == "completed":
+            for path in sorted((study.runs_dir / other.id).glob("metrics-*.json")):
+                found.append((read_json(path), other.created_at))
+    return found
+
+
+def _compares(study: Study) -> list[dict[str, Any]]:
+    folder = study.records / "compare"
+    return [read_json(p) | {"_path": p} for p in sorted(folder.glob("*.json"))]
+
+
+def mirror_run(
+    study: Study, row: Any, rows: list[Any], compares: list[dict[str, Any]], points: bool = True
+) -> RunMirror:
+    """The mirror of one run from its folder, its ledger row, its evaluations and the
+    comparisons that list it; `points=False` leaves out its metrics (a live logger reads no
+    metrics.jsonl that the run is appending to)."""
+    run_dir = study.runs_dir / row.id
+    record = read_json(run_dir / "config.json")
+    env_path = run_dir / "env.json"
+    env = read_json(env_path) if env_path.exists() else None
+    start = _ms(row.created_at) or 0
+    mirror = RunMirror(
+        run_id=row.id,
+        kind=row.kind,
+        name=row.name or row.id,
+        status=row.status,
+        reason=row.reason,
+        start_ms=start,
+        end_ms=_ms(row.finished_at),
+        nest_under=row.parent if row.kind == "eval" else None,
+        params=flatten_params(record.get("config") or {}),
+        tags=run_tags(record, row, env),
+        files=_run_files(run_dir),
+    )
+    metrics_path = run_dir / "metrics.jsonl"
+    for r in step_rows(metrics_path, row.status == "running") if points else []:
+        mirror.points += step_points(r, start + int(1000 * (r.get("elapsed_s") or 0)))
+    per_split: dict[str, int] = {}
+    for rec, created in _evaluations(study, row, rows):
+        split = rec.get("split") or "evaluation"
+        step = per_split[split] = per_split.get(split, -1) + 1
+        mirror.points += evaluation_points(rec, step, _ms(created) or start)
+    smoke = run_dir / "smoke.json"
+    if smoke.exists():
+        record = read_json(smoke)
+        mirror.points += [
+            Point(metric_key("smoke", k), v, 0, start)
+            for k, v in numeric_leaves({k: x for k, x in record.items() if not isinstance(x, dict)})
+        ]
+        mirror.tags["tunelab.smoke_passed"] = str(record.get("passed"))
+    listed = [
+        c
+        for c in compares
+        if c["baseline"]["run_id"] == row.id or any(r["run_id"] == row.id for r in c["runs"])
+    ]
+    for c in listed:
+        mirror.files.append((c["_path"], "compare"))
+    entries = [r for c in listed for r in c["runs"] if r["run_id"] == row.id and r.get("compared")]
+    if entries:
+        mirror.tags["tunelab.guardrails"] = "pass" if entries[-1]["guardrails_pass"] else "fail"
+    return mirror
+
+
+def mirror_study_records(study: Study, rows: list[Any]) -> RunMirror:
+    """The records that belong to the study, not to one run: hypotheses, comparisons, data
+    manifests, plans and the dossier."""
+    records, report = study.records, study.root / "report"
+    files = [(p, "hypothesis") for p in sorted(records.glob("hypothesis-v*.json"))]
+    files += [(p, "compare") for p in sorted((records / "compare").glob("*.json"))]
+    for snap in sorted((records / "data").glob("*/manifest.json")):
+        files += [
+            (p, f"data/{snap.parent.name}")
+            for p in (snap, snap.parent / "duplicates.json")
+            if p.exists()
+        ]
+    for folder in ("plans", "sizing"):
+        files += [(p, folder) for p in sorted((records / folder).glob("*")) if p.is_file()]
+    files += [(p, "report") for p in sorted(report.glob("dossier.*"))]
+    files += [(p, "report/plots") for p in sorted((report / "plots").glob("*.png"))]
+    cfg = study.config
+    created = min((r.created_at for r in rows), default=None)
+    tags = {
+        "tunelab.run_id": STUDY_RUN_ID,
+        "tunelab.kind": STUDY_RUN_ID,
+        "tunelab.study": cfg.name,
+        "tunelab.study_root": str(study.root),
+        "tunelab.task": cfg.task.kind,
+        "tunelab.primary_metric": cfg.hypothesis.primary_metric,
+        "tunelab.runs": str(len(rows)),
+        "mlflow.note.content": describe_study(study),
+    }
+    return RunMirror(
+        run_id=STUDY_RUN_ID,
+        kind=STUDY_RUN_ID,
+        name=f"study: {cfg.name}",
+        status="completed",
+        reason=None,
+        start_ms=_ms(created) or 0,
+        end_ms=_ms(created) or 0,
+        tags=tags,
+        files=files,
+    )
+
+
+def describe_study(study: Study) -> str:
+    """The experiment's description (Markdown): the question and where the evidence lives."""
+    cfg = study.config
+    h = cfg.hypothesis
+    lines = [
+        f"tunelab study **{cfg.name}** ({cfg.task.kind})",
+        f"**Behaviour:** {h.behaviour}",
+        f"**Primary metric:** {h.primary_metric} (at least {h.min_improvement:+g} over the "
+        "baseline)",
+        "**Guardrails:** " + "; ".join(g.describe() for g in cfg.guardrails),
+        f"The records in `{study.root}` are the evidence; this experiment is a copy of them "
+        "(`tunelab track` rebuilds it).",
+    ]
+    return "\n\n".join(lines)
+
+
+def collect_study(study: Study) -> list[RunMirror]:
+    """Every run of the study (oldest first, so a run comes after the run it nests under),
+    then the study's own records."""
+    rows = study.list_runs()
+    compares = _compares(study)
+    mirrors = [mirror_run(study, row, rows, compares) for row in rows]
+    return [*mirrors, mirror_study_records(study, rows)]

@@ -1,0 +1,512 @@
+"""Bases (and data sets) named by hub id, served offline from a real hub cache layout.
+
+The cache is written as huggingface_hub writes it (blobs, snapshots of symlinks, refs, trees)
+and read back through its own API (`snapshot_download(local_files_only=True)`,
+`scan_cache_dir`), with HF_HUB_OFFLINE=1 and sockets blocked (conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import FILLED_HYPOTHESIS, run_cli
+from tunelab.config import ConfigError, ModelConfig
+from tunelab.errors import HypothesisError, ModelError
+from tunelab.hub_cache import cached_repos, write_snapshot
+
+REPO = "tunelab-test/tiny-llama"
+COMMIT_A = "a" * 40
+COMMIT_B = "b" * 40
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch, tiny_llama_dir) -> Path:
+    """A hub cache holding the tiny Llama at commit A (main, tag v1)."""
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    write_snapshot(tiny_llama_dir, REPO, refs=("main", "v1"), commit=COMMIT_A)
+    return cache
+
+
+def move_main(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """A new commit B on main: the same model with another generation_config."""
+    changed = tmp_path / "tiny-llama-b"
+    shutil.copytree(tiny_llama_dir, changed)
+    (changed / "generation_config.json").write_text(json.dumps({"max_length": 77}))
+    write_snapshot(changed, REPO, refs=("main",), commit=COMMIT_B)
+
+
+# ---------------------------------------------------------------- the cache layout
+
+
+def test_cache_layout_is_huggingface_hubs(hub_cache, tiny_llama_dir):
+    from huggingface_hub import snapshot_download
+
+    storage = hub_cache / "models--tunelab-test--tiny-llama"
+    assert (storage / "refs" / "main").read_text() == COMMIT_A
+    link = storage / "snapshots" / COMMIT_A / "model.safetensors"
+    assert link.is_symlink() and not Path(link.readlink()).is_absolute()
+    blob = link.resolve()
+    assert blob.parent == (storage / "blobs").resolve()
+    from tunelab.records import sha256_file
+
+    assert blob.name == sha256_file(tiny_llama_dir / "model.safetensors")  # LFS: by sha256
+    got = snapshot_download(REPO, cache_dir=hub_cache, local_files_only=True)
+    assert Path(got).name == COMMIT_A
+    (repo,) = cached_repos("model")
+    assert repo["repo_id"] == REPO
+    assert repo["revisions"][0]["commit"] == COMMIT_A
+    assert repo["revisions"][0]["refs"] == ["main", "v1"]
+
+
+# ---------------------------------------------------------------- resolution
+
+
+@pytest.mark.parametrize("revision", [None, "main", "v1", COMMIT_A])
+def test_resolve_main_tag_and_commit(hub_cache, tiny_llama_dir, revision):
+    from tunelab.models import model_identity, resolve_model
+
+    base = resolve_model(ModelConfig(name=REPO, revision=revision))
+    assert base.path.name == COMMIT_A
+    assert base.architecture == "causal_lm"
+    ident = base.identity
+    assert ident["name"] == REPO and ident["revision"] == COMMIT_A
+    assert ident["source"]["hub"] == {
+        "repo_id": REPO,
+        "repo_type": "model",
+        "revision": revision or "main",
+        "commit": COMMIT_A,
+    }
+    # the same files as the folder they came from: the same identity
+    assert ident["files"] == model_identity(tiny_llama_dir)["files"]
+    assert ident["sha256"] == model_identity(tiny_llama_dir)["sha256"]
+
+
+def test_pinned_commit_wins_over_moved_main(hub_cache, tmp_path, tiny_llama_dir):
+    from tunelab.models import resolve_model
+
+    move_main(tmp_path, tiny_llama_dir)
+    assert resolve_model(ModelConfig(name=REPO)).path.name == COMMIT_B
+    pinned = resolve_model(ModelConfig(name=REPO), commit=COMMIT_A)
+    assert pinned.path.name == COMMIT_A
+    assert pinned.identity["source"]["hub"]["revision"] == "main"
+
+
+def test_offline_and_missing_names_cache_and_command(hub_cache):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="tunelab-test/absent"))
+    assert "offline" in exc.value.message and str(hub_cache) in exc.value.message
+    assert "hf download tunelab-test/absent --revision main" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="v9"))
+    assert "v9" in exc.value.message and "--revision v9" in exc.value.hint
+    with pytest.raises(ModelError, match="not in the cache"):
+        resolve_model(ModelConfig(name=REPO, revision="c" * 40))
+
+
+def test_only_the_files_a_load_needs(hub_cache, tmp_path, tiny_llama_dir, monkeypatch):
+    from tunelab.models import resolve_model
+
+    extra = tmp_path / "with-extras"
+    shutil.copytree(tiny_llama_dir, extra)
+    (extra / "training_log.txt").write_text("not for loading\n")
+    (extra / "pytorch_model.bin").write_bytes(b"a pickle")
+    write_snapshot(extra, "tunelab-test/extras", commit="e" * 40)
+    base = resolve_model(ModelConfig(name="tunelab-test/extras"))
+    assert "pytorch_model.bin" not in base.identity["files"]
+    assert "model.safetensors" in base.identity["files"]
+
+
+def test_pickles_refused_unless_opted_in(hub_cache, tmp_path, tiny_llama_dir):
+    from tunelab.models import resolve_model
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_llama_dir / name, pickled / name)
+    (pickled / "pytorch_model.bin").write_bytes(b"a pickle")
+    write_snapshot(pickled, "tunelab-test/pickled", commit="d" * 40)
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="tunelab-test/pickled"))
+    assert "pytorch_model.bin" in exc.value.message
+    assert "safetensors" in exc.value.hint and "allow_pickle" in exc.value.hint
+    base = resolve_model(ModelConfig(name="tunelab-test/pickled", allow_pickle=True))
+    assert "pytorch_model.bin" in base.identity["files"]
+
+
+def test_custom_code_needs_trust_remote_code(hub_cache, tmp_path, tiny_llama_dir):
+    from tunelab.models import resolve_model
+
+    custom = tmp_path / "custom"
+    shutil.copytree(tiny_llama_dir, custom)
+    config = json.loads((custom / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (custom / "config.json").write_text(json.dumps(config))
+    (custom / "modeling_x.py").write_text("# custom code\n")
+    write_snapshot(custom, "tunelab-test/custom", commit="f" * 40)
+    with pytest.raises(ModelError, match="trust_remote_code"):
+        resolve_model(ModelConfig(name="tunelab-test/custom"))
+    base = resolve_model(ModelConfig(name="tunelab-test/custom", trust_remote_code=True))
+    assert (base.path / "modeling_x.py").is_file()  # the code comes along when trusted
+
+
+def test_config_path_or_hub_id():
+    from tunelab.config import validate_config
+
+    def problems(model):
+        raw = yaml.safe_load(
+            __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml(
+                "classification", "s"
+            )
+        )
+        raw["model"] = model
+        with pytest.raises(ConfigError) as exc:
+            validate_config(raw)
+        return exc.value.message
+
+    assert "choose one" in problems({"path": "m", "revision": "main"})
+    assert "model.path" in problems({"revision": "main"})
+    assert "not a hub repo id" in problems({"name": "a/b/c"})
+    assert ModelConfig(name=REPO).hub_id == REPO
+    assert ModelConfig(path="m", name=REPO).hub_id is None  # with path, name is a label
+
+
+# ---------------------------------------------------------------- pinning at register
+
+
+DATA_REPO = "tunelab-test/mail"
+DATA_COMMIT = "d" * 40
+
+
+def mail_rows(n: int = 12) -> list[dict[str, str]]:
+    rows = []
+    for i in range(n):
+        sender, subject = f"user{i % 3}@example.com", f"note {i % 4}"
+        text = f"From: {sender}\nSubject: {subject}\n\nhello {i}"
+        target = json.dumps({"sender": sender, "subject": subject})
+        rows.append({"id": f"m{i}", "text": text, "target": target})
+    return rows
+
+
+def write_mail_dataset(tmp_path: Path) -> None:
+    """The 12 emails as a hub data set of Parquet files, one per split (8/2/2), at DATA_COMMIT."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "mail-dataset"
+    (folder / "data").mkdir(parents=True)
+    rows = mail_rows()
+    for split, part in (("train", rows[:8]), ("validation", rows[8:10]), ("test", rows[10:])):
+        table = pa.Table.from_pylist(part)
+        pq.write_table(table, folder / "data" / f"{split}-00000-of-00001.parquet")
+    (folder / "README.md").write_text("# mail\n\nTwelve short emails.\n")
+    write_snapshot(folder, DATA_REPO, repo_type="dataset", commit=DATA_COMMIT)
+
+
+def write_hub_study(
+    root: Path, *, revision: str | None = None, steps: int = 2, hub_data: bool = False
+) -> Path:
+    """An extraction study on the tiny Llama named by hub id: 12 emails in mail.jsonl, or the
+    hub data set DATA_REPO with its own splits."""
+    from tunelab.study_template import render_study_yaml
+
+    root.mkdir(parents=True)
+    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
+    raw = yaml.safe_load(render_study_yaml("extraction", "hub-study"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
+    if hub_data:
+        raw["data"]["source"] = {"format": "hub", "name": DATA_REPO}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
+    if hub_data:
+        raw["data"]["fields"]["split"] = "__split__"  # keep the data set's own splits
+    raw["data"]["cleaning"] = []
+    raw["data"]["dedup"]["near"] = False
+    raw["model"] = {"name": REPO, **({"revision": revision} if revision else {})}
+    raw["adaptation"].update(target_modules=["q_proj", "v_proj"])
+    raw["preprocess"]["max_seq_len"] = 96
+    raw["training"].update(
+        max_steps=steps, warmup_steps=0, micro_batch_size=2, lr=1e-2, num_threads=1
+    )
+    raw["evaluation"].update(max_new_tokens=8, batch_size=4)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+def test_register_pins_and_moved_main_is_named(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    from tunelab import hypothesis as hyp
+    from tunelab.models import resolve_base
+    from tunelab.study import Study
+
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "--study", root)
+    assert code == 0, err
+    assert f"pinned to commit {COMMIT_A}" in out
+    record = json.loads((root / "records" / "hypothesis-v1.json").read_text())
+    assert record["content"]["pins"]["model"] == {
+        "repo_id": REPO,
+        "repo_type": "model",
+        "revision": "main",
+        "commit": COMMIT_A,
+    }
+
+    move_main(tmp_path, tiny_llama_dir)
+    code, out, err = run_cli(capsys, "validate", "--study", root)
+    assert code == 0, err
+    assert f"main now resolves to {COMMIT_B[:12]}" in out and COMMIT_A[:12] in out
+    # every stage loads the pinned commit, not what main says now
+    assert resolve_base(Study.open(root)).path.name == COMMIT_A
+    # registering again keeps the pin (and says main moved); --repin moves it, a new version
+    code, out, err = run_cli(capsys, "register", "--study", root)
+    assert code == 0 and "already registered" in out and "--repin" in out
+    code, out, err = run_cli(capsys, "register", "--study", root, "--repin")
+    assert code == 0 and f"pinned to commit {COMMIT_B}" in out
+    v2 = json.loads((root / "records" / "hypothesis-v2.json").read_text())
+    assert {"path": "pins.model.commit", "old": COMMIT_A, "new": COMMIT_B} in v2["diff"]
+    assert resolve_base(Study.open(root)).path.name == COMMIT_B
+
+    # a revision changed in study.yaml after register is refused until registered
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["model"]["revision"] = "v1"
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(HypothesisError, match="pinned tunelab-test/tiny-llama@main"):
+        hyp.require_hypothesis(root, Study.open(root).config)
+
+
+def test_register_offline_and_missing_is_refused(hub_cache, tmp_path, capsys):
+    root = write_hub_study(tmp_path / "study", revision="no-such-branch")
+    code, out, err = run_cli(capsys, "register", "--study", root)
+    assert code == 2
+    assert "no-such-branch" in err and "hf download" in err
+    assert not (root / "records" / "hypothesis-v1.json").exists()
+
+
+# ---------------------------------------------------------------- a study by hub id, end to end
+
+
+def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", steps=2, hub_data=True)
+    for args in (["register"], ["data"], ["baseline"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, (args, out, err)
+    record = json.loads((root / "records" / "hypothesis-v1.json").read_text())
+    assert record["content"]["pins"]["data"]["commit"] == DATA_COMMIT
+    (manifest_path,) = (root / "records" / "data").glob("*/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    data_hub = manifest["source"]["hub"]
+    assert data_hub["repo_id"] == DATA_REPO and data_hub["commit"] == DATA_COMMIT
+    assert data_hub["splits"] == {"train": 8, "validation": 2, "test": 2}
+    assert set(data_hub["fingerprints"]) == {"train", "validation", "test"}
+    assert manifest["counts"]["final"] == {"train": 8, "validation": 2, "test": 2}
+    move_main(tmp_path, tiny_llama_dir)  # main moves after register: nothing below follows it
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "lora", "--json")
+    assert code == 0, (out, err)
+    run_id = json.loads(out)["run_id"]
+    for args in (["eval", run_id], ["verify", run_id]):
+        code, out, err = run_cli(capsys, *args, "-s", root, "--json")
+        assert code == 0, (args, out, err)
+    code, out, err = run_cli(capsys, "export", run_id, "-s", root, "--json")
+    assert code == 0, (out, err)
+    export = json.loads(out)
+    hub = {"repo_id": REPO, "repo_type": "model", "revision": "main", "commit": COMMIT_A}
+    assert export["manifest"]["base"]["hub"] == hub
+    assert export["manifest"]["base"]["revision"] == COMMIT_A
+    assert COMMIT_A in (Path(export["path"]) / "README.md").read_text()
+    code, out, _ = run_cli(capsys, "runs", "-s", root, "--json")
+    runs = {r["kind"]: root / "records" / "runs" / r["id"] for r in json.loads(out)}
+    config = json.loads((runs["train"] / "config.json").read_text())
+    assert config["base_model"]["source"]["hub"] == hub
+    for kind in ("baseline", "eval"):
+        assert json.loads((runs[kind] / "metrics-validation.json").read_text())["base_hub"] == hub
+
+    code, out, err = run_cli(capsys, "check-export", export["path"], "--base", REPO, "--json")
+    assert code == 0, (out, err)
+    checked = json.loads(out)
+    assert checked["base"]["hub"]["commit"] == COMMIT_A and checked["example"]["matches_recorded"]
+    code, out, err = run_cli(capsys, "check-export", export["path"], "--base", f"{REPO}@main")
+    assert code == 2
+    assert f"commit {COMMIT_B}" in err and f"{REPO}@{COMMIT_A}" in err
+
+
+# ---------------------------------------------------------------- data sets
+
+
+def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
+    from tunelab.data import build_snapshot, load_snapshot
+    from tunelab.errors import DataError, EvaluationError
+    from tunelab.study import Study
+
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
+    study = Study.open(root)
+    build_snapshot(study, progress=False)
+    snap = load_snapshot(study)
+    assert [r["id"] for r in snap.rows("validation")] == ["m8", "m9"]
+    with pytest.raises(EvaluationError):
+        snap.rows("test")  # the data set's own test split is sealed like any other
+
+    def snapshot_with(**source):
+        raw = yaml.safe_load((root / "study.yaml").read_text())
+        raw["data"]["source"].update(source)
+        (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        with pytest.raises(DataError) as exc:
+            build_snapshot(Study.open(root), progress=False)
+        return exc.value
+
+    exc = snapshot_with(splits=["train", "dev"])
+    assert "no split 'dev'" in exc.message and "data.source.splits" in exc.hint
+    exc = snapshot_with(splits=None, config="nope")
+    assert "data.source.config" in exc.hint
+    exc = snapshot_with(config=None, name="tunelab-test/absent")
+    assert "not in the cache" in exc.message and "--repo-type dataset" in exc.hint
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    code, out, err = run_cli(
+        capsys, "hub-cache", tiny_llama_dir, "org/copy", "--ref", "v2", "--json"
+    )
+    assert code == 0, err
+    made = json.loads(out)
+    code, out, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "org/copy", "--json")
+    assert json.loads(out)["commit"] == made["commit"]  # the same files, the same commit
+    code, out, err = run_cli(capsys, "models", "--json")
+    assert code == 0, err
+    repos = {r["repo_id"]: r for r in json.loads(out)["repos"]}
+    assert set(repos) == {REPO, "org/copy"}
+    assert repos["org/copy"]["revisions"][0]["refs"] == ["main", "v2"]
+    code, out, err = run_cli(capsys, "models")
+    assert code == 0 and COMMIT_A[:12] in out and "main, v1" in out
+    code, out, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "not a repo")
+    assert code == 2 and "org/name" in err
+    code, out, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "org/x", "--commit", "abc")
+    assert code == 2 and "40 hex" in err
+
+
+def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
+    tmp_path, monkeypatch, minilm_dir, capsys
+):
+    from tunelab.models import resolve_base
+    from tunelab.records import sha256_file
+    from tunelab.study import Study
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
+    code, out, err = run_cli(
+        capsys, "hub-cache", minilm_dir, "sentence-transformers/all-MiniLM-L6-v2", "--json"
+    )
+    assert code == 0, err
+    commit = json.loads(out)["commit"]
+    root = tmp_path / "bbc-hub"
+    root.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "examples/classification-bbc-hub/study.yaml", root)
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0, err
+    assert f"pinned to commit {commit}" in out
+    base = resolve_base(Study.open(root))
+    assert base.identity["source"]["hub"]["commit"] == commit
+    assert base.identity["files"]["model.safetensors"] == sha256_file(
+        minilm_dir / "model.safetensors"
+    )
+
+
+# ---------------------------------------------------------------- what the hub answers
+
+
+@pytest.fixture
+def hub_server(hub_cache, monkeypatch):
+    """A local HTTP endpoint answering as the hub does for a missing repo, a gated repo and a
+    missing revision (status and X-Error-Code), with offline mode off."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from huggingface_hub import constants
+
+    answers = {
+        "org/missing": (401, "RepoNotFound"),
+        "org/gated": (401, "GatedRepo"),
+        f"{REPO}": (404, "RevisionNotFound"),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            repo = "/".join(self.path.split("/")[3:5])
+            status, code = answers.get(repo, (404, "RepoNotFound"))
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+
+
+def test_hub_errors_say_how_to_fix(hub_server):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/missing"))
+    assert "no such repo" in exc.value.message and "no HF_TOKEN is set" in exc.value.message
+    assert "hf auth login" in exc.value.hint and "HF_TOKEN" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="org/gated"))
+    assert "gated" in exc.value.message and "huggingface-cli login" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="nope"))
+    assert "no revision 'nope'" in exc.value.message
+
+
+def test_register_pins_without_the_weights_and_a_stage_names_the_missing_commit(
+    hub_cache, tmp_path, tiny_llama_dir, capsys
+):
+    from tunelab.models import resolve_base
+    from tunelab.study import Study
+
+    # the cache holds the repo's listing and config.json, not its weights (as after a register
+    # on a machine that never loaded the model)
+    snapshot = hub_cache / "models--tunelab-test--tiny-llama" / "snapshots" / COMMIT_A
+    (snapshot / "model.safetensors").unlink()
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and f"pinned to commit {COMMIT_A}" in out, err
+    with pytest.raises(ModelError) as exc:
+        resolve_base(Study.open(root))
+    assert f"--revision {COMMIT_A}" in exc.value.hint  # the pinned commit, not main
+
+
+def test_register_refuses_a_pickle_only_repo(hub_cache, tmp_path, tiny_llama_dir, capsys):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(tiny_llama_dir / "config.json", pickled / "config.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"a pickle")
+    write_snapshot(pickled, REPO, refs=("main",), commit="9" * 40)
+    root = write_hub_study(tmp_path / "study")
+    code, out, err = run_cli(capsys, "register", "-s", root)
+    assert code == 2 and "pytorch_model.bin" in err and "allow_pickle" in err
+    assert not (root / "records" / "hypothesis-v1.json").exists()
