@@ -60,6 +60,8 @@ def _why(row: dict[str, Any], new: dict[str, Any], field: str) -> str:
     )
     answer = new.get("prediction")
     value = answer.get(field) if isinstance(answer, dict) else None
+    if kind == "not_json":
+        return f"not JSON ({new['verdicts']['json_failure']}), gold {row['gold'].get(field)!r}"
     if kind == "missing":
         return f"key missing, gold {row['gold'].get(field)!r}"
     if kind == "wrong_type":

@@ -516,7 +516,7 @@ def side_tunelab(root: Path, w: dict, s: Setup) -> dict:
         rows.append(row)
 
     clock.begin()
-    train_loop(loop, TrainState(), on_step)
+    train_loop(loop, TrainState(), [on_step])
     return clock.result(rows[-1]["loss"], batching="packed", compute=how)
 
 

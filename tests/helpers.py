@@ -64,7 +64,7 @@ def register_study(root: Path, *, snapshot: bool = True) -> Any:
     study = Study.open(root)
     hyp.register(study.root, study.config)
     if snapshot:
-        build_snapshot(study, progress=False)
+        build_snapshot(study)
     return study
 
 

@@ -73,7 +73,7 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     shutil.copytree(bert_dir, root / "base")
     write_topic_study(root, "base", "bad-inputs", training={"num_threads": 1})
     study = register_study(root, snapshot=False)
-    snapshot = build_snapshot(study, progress=False)["snapshot_id"]
+    snapshot = build_snapshot(study)["snapshot_id"]
     baseline, _ = run_baseline(study)
     run = train_run(study, name="lora")
     run_eval(study, run.id)

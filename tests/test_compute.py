@@ -126,7 +126,8 @@ def test_compiled_blocks_train_a_step_like_eager_ones(tiny_llama_dir):
     def two_steps(compiled: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
         model = lora(tiny_llama())
         if compiled:
-            assert compute.prepare_model(model, TrainingConfig(compile=True), "cpu")["blocks"] == 2
+            assert compute.prepare_model(model, TrainingConfig(compile=True), "cpu") == 2
+            assert compute.compiled_blocks(model) == 2
         cfg = TrainingConfig(micro_batch_size=3, grad_accum_steps=1, max_steps=2, lr=1e-2)
         data = examples(6, seed=3)
         source = StepSource(data, DataOrder(len(data), 0), 3, 1, 0, "causal_lm", True)
@@ -136,7 +137,7 @@ def test_compiled_blocks_train_a_step_like_eager_ones(tiny_llama_dir):
             model, optimizer, build_scheduler(optimizer, cfg, 2), source, cfg, 2, "causal_lm"
         )
         rows: list[dict] = []
-        train_loop(loop, TrainState(), lambda state, row: rows.append(row))
+        train_loop(loop, TrainState(), [lambda state, row: rows.append(row)])
         after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         return [r["loss"] for r in rows], after
 

@@ -99,10 +99,10 @@ def test_snapshot_runs_every_source_check_in_order(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, note_rows])
     s = jsonl_study(tmp_path, make_rows(30), dedup={"near": False})
-    assert build_snapshot(s, progress=False)["notes"][-1] == "30 rows read" and seen == [30]
+    assert build_snapshot(s)["notes"][-1] == "30 rows read" and seen == [30]
     monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, refuse_sales])
     with pytest.raises(DataError, match=r"rows.jsonl line 3: sales refused"):
-        build_snapshot(s, progress=False)
+        build_snapshot(s)
 
 
 # ---------------------------------------------------------------- readers
@@ -119,7 +119,7 @@ def test_jsonl_reader_maps_fields(tmp_path):
         fields={"id": "uid", "text": "body", "label": "cat", "target": "answer"},
         dedup={"near": False},
     )
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     got = {r["id"]: r for rows_ in all_rows(s).values() for r in rows_}
     assert len(got) == 60 and m["counts"]["rows_read"] == 60
     assert got["t7"] == {
@@ -141,7 +141,7 @@ def test_csv_reader_handles_quotes_and_newlines(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("\n".join(lines) + "\n")
     s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "data.csv"}})
-    build_snapshot(s, progress=False)
+    build_snapshot(s)
     texts = [r["text"] for rows in all_rows(s).values() for r in rows]
     assert len(texts) == 30
     assert all(", with a comma\nand a second line" in t for t in texts)
@@ -155,7 +155,7 @@ def test_parquet_reader(tmp_path):
     (tmp_path / "s").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s" / "rows.parquet")
     s = make_study(tmp_path / "s", {"source": {"format": "parquet", "path": "rows.parquet"}})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert sum(m["counts"]["final"].values()) == 45
     assert m["labels"] == LABELS
 
@@ -168,7 +168,7 @@ def test_folder_reader_labels_are_folder_names(tmp_path):
         (root / label / f"{i:03d}.txt").write_text(ticket(i, label))
     (root / "README.txt").write_text("not an example")
     s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     got = {r["id"]: r for rows in all_rows(s).values() for r in rows}
     assert got["outage/001.txt"]["label"] == "outage"
     assert got["outage/001.txt"]["text"] == ticket(1, "outage")
@@ -196,7 +196,7 @@ def test_hf_disk_reader_dataset_dict_and_class_labels(tmp_path):
         tmp_path / "s",
         {"source": {"format": "hf_disk", "path": "hf"}, "fields": {"split": "__split__"}},
     )
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["splits"]["method"] == "column"
     assert m["counts"]["final"] == {"train": 30, "validation": 9, "test": 9}
     assert m["labels"] == LABELS
@@ -243,7 +243,7 @@ def test_unknown_label_and_duplicate_ids(tmp_path, capsys):
     s = jsonl_study(tmp_path / "a", rows)
     s.config.task.labels = LABELS
     with pytest.raises(DataError, match=r"rows.jsonl line 5: unknown label 'refunds'"):
-        build_snapshot(s, progress=False)
+        build_snapshot(s)
 
     rows = [{**r, "id": "same" if i in (1, 4) else f"r{i}"} for i, r in enumerate(make_rows(6))]
     s = jsonl_study(tmp_path / "b", rows, fields={"id": "id"})
@@ -266,7 +266,7 @@ def test_invalid_utf8_error_and_replace(tmp_path, capsys):
             "splits": {"stratify": False},
         },
     )
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["source"]["replaced_invalid_utf8_bytes"] == 1
     texts = [r["text"] for rows in all_rows(s).values() for r in rows]
     assert "price \ufffd 5" in texts
@@ -312,7 +312,7 @@ def test_category_too_small_to_stratify(tmp_path, capsys):
     s = jsonl_study(tmp_path, rows)
     _cli_fails(capsys, s, "category 'rare' is too small to stratify", "2 row(s) for 3 splits")
     s = jsonl_study(tmp_path, rows, splits={"stratify": False})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert any("'rare'" in n for n in m["notes"])
 
 
@@ -321,7 +321,7 @@ def test_small_category_gets_a_row_in_every_split(tmp_path):
         {"text": ticket(9000 + i, "rare", n_words=12), "label": "rare"} for i in range(4)
     ]
     s = jsonl_study(tmp_path, rows)
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     per = m["counts"]["per_category"]
     assert all(per[split].get("rare", 0) >= 1 for split in ("train", "validation", "test"))
     moved = m["splits"]["moved_to_cover_small_categories"]
@@ -344,7 +344,7 @@ def test_bad_user_split_value_and_bad_regex(tmp_path, capsys):
         tmp_path / "b", make_rows(5), cleaning=[{"rule": "regex_replace", "pattern": "(unclosed"}]
     )
     with pytest.raises(ConfigError, match=r"data.cleaning\[0\].pattern"):
-        build_snapshot(s, progress=False)
+        build_snapshot(s)
 
 
 def test_no_partial_snapshot_when_writing_fails(tmp_path, monkeypatch):
@@ -356,7 +356,7 @@ def test_no_partial_snapshot_when_writing_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(snapshot_mod, "publish_dir", boom)
     with pytest.raises(OSError, match="disk full"):
-        build_snapshot(s, progress=False)
+        build_snapshot(s)
     assert snapshot_dirs(s) == [], "the temporary folder is removed too"
     assert not [e for e in s.ledger.events() if e["kind"] == "data:snapshot"]
 
@@ -406,7 +406,7 @@ def test_rule_effects_are_in_the_manifest(tmp_path):
     rows = make_rows(60)
     rows[3]["text"] = "  " + rows[3]["text"].upper() + "  "
     s = jsonl_study(tmp_path, rows, cleaning=[{"rule": "strip"}, {"rule": "lowercase"}])
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["cleaning"]["rules"] == [
         {"rule": "strip", "changed": 1, "dropped": 0},
         {"rule": "lowercase", "changed": 1, "dropped": 0},
@@ -430,9 +430,9 @@ def test_split_of_a_row_never_moves_when_rows_are_added(tmp_path):
 
     # the same property end to end, through cleaning, dedup and the snapshot
     s1 = jsonl_study(tmp_path / "a", base, dedup={"near": False})
-    build_snapshot(s1, progress=False)
+    build_snapshot(s1)
     s2 = jsonl_study(tmp_path / "b", more, dedup={"near": False}, splits={"stratify": False})
-    build_snapshot(s2, progress=False)
+    build_snapshot(s2)
     where1 = {r["id"]: s for s, rows in all_rows(s1).items() for r in rows}
     where2 = {r["id"]: s for s, rows in all_rows(s2).items() for r in rows}
     assert where1 and all(where2[i] == s for i, s in where1.items())
@@ -440,7 +440,7 @@ def test_split_of_a_row_never_moves_when_rows_are_added(tmp_path):
 
 def test_splits_follow_fractions_per_category_and_seed(tmp_path):
     s = jsonl_study(tmp_path, make_rows(3000), dedup={"near": False})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     per = m["counts"]["per_category"]
     for label in LABELS:
         n = sum(per[sp][label] for sp in per)
@@ -455,7 +455,7 @@ def test_splits_follow_fractions_per_category_and_seed(tmp_path):
 def test_user_split_column_is_respected(tmp_path):
     rows = [{**r, "part": ["train", "valid", "test"][i % 3]} for i, r in enumerate(make_rows(30))]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["counts"]["final"] == {"train": 10, "validation": 10, "test": 10}
     assert m["splits"]["method"] == "column"
 
@@ -476,7 +476,7 @@ def test_exact_and_near_duplicates_across_splits_drop_eval(tmp_path):
         {"text": ticket(1001, "outage"), "label": "outage", "part": "test"},
     ]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     snap = load_snapshot(s)
     dup = json.loads((snap.dir / "duplicates.json").read_text())
     kinds = {(p["split_a"], p["split_b"], p["kind"]) for p in dup["pairs"]}
@@ -511,7 +511,7 @@ def test_duplicate_policies(tmp_path, policy, final):
         {"text": ticket(501, "sales"), "label": "sales", "part": "test"},
     ]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"}, dedup={"policy": policy})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["counts"]["final"] == final
     assert m["duplicates"]["exact_pairs"] == 3
     assert m["dedup"]["policy"] == policy
@@ -521,7 +521,7 @@ def test_exact_duplicates_share_a_hash_split(tmp_path):
     rows = make_rows(200)
     rows += [{**r, "text": r["text"].upper() + "  "} for r in rows[:50]]
     s = jsonl_study(tmp_path, rows, dedup={"policy": "report_only"})
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["duplicates"]["exact_pairs"] == 50
     assert m["duplicates"]["across_split_pairs"] == 0
 
@@ -547,12 +547,12 @@ def test_same_inputs_same_id_and_reuse(tmp_path, capsys):
 
     # the id depends on the source content, not on where it lives
     other = jsonl_study(tmp_path / "moved", make_rows(90))
-    assert build_snapshot(other, progress=False)["snapshot_id"] == first
+    assert build_snapshot(other)["snapshot_id"] == first
 
 
 def test_manifest_records_inputs_rules_counts_and_hashes(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90), cleaning=[{"rule": "strip"}])
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     snap = load_snapshot(s, m["snapshot_id"][:6])  # a unique prefix works
     assert snap.id == m["snapshot_id"] == snap.dir.name
     for key in ("created_at", "source", "fields", "cleaning", "transforms", "splits", "dedup"):
@@ -572,7 +572,7 @@ def test_manifest_records_inputs_rules_counts_and_hashes(tmp_path):
 @pytest.mark.parametrize("target", ["train.jsonl", "test.jsonl", "manifest.json", "extra"])
 def test_tampering_is_refused(tmp_path, capsys, target):
     s = jsonl_study(tmp_path, make_rows(90))
-    sid = build_snapshot(s, progress=False)["snapshot_id"]
+    sid = build_snapshot(s)["snapshot_id"]
     folder = s.records / "data" / sid
     if target == "extra":
         (folder / "notes.txt").write_text("hi")
@@ -589,12 +589,12 @@ def test_tampering_is_refused(tmp_path, capsys, target):
     assert code == 2 and sid in err and "hint:" in err
     # building again with the same inputs refuses to reuse the damaged folder
     with pytest.raises(SnapshotError):
-        build_snapshot(s, progress=False)
+        build_snapshot(s)
 
 
 def test_rows_reread_checks_hashes(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90))
-    snap = load_snapshot(s, build_snapshot(s, progress=False)["snapshot_id"])
+    snap = load_snapshot(s, build_snapshot(s)["snapshot_id"])
     assert snap.rows("validation")
     path = snap.dir / "validation.jsonl"
     path.write_text(path.read_text() + '{"id": "x", "text": "planted", "label": "sales"}\n')
@@ -604,7 +604,7 @@ def test_rows_reread_checks_hashes(tmp_path):
 
 def test_test_split_is_sealed_and_openings_are_logged(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90))
-    build_snapshot(s, progress=False)
+    build_snapshot(s)
     snap = load_snapshot(s)
     with pytest.raises(EvaluationError, match="sealed") as exc:
         snap.rows("test")
@@ -633,7 +633,7 @@ def test_no_snapshot_yet(tmp_path):
 
 def test_max_examples_is_a_seeded_sample(tmp_path):
     s = jsonl_study(tmp_path, make_rows(300), max_examples=120)
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert sum(m["counts"]["final"].values()) == 120 and m["counts"]["sampled_out"] == 180
     again = jsonl_study(tmp_path, make_rows(300), max_examples=120)
-    assert build_snapshot(again, progress=False)["snapshot_id"] == m["snapshot_id"]
+    assert build_snapshot(again)["snapshot_id"] == m["snapshot_id"]

@@ -195,7 +195,7 @@ def test_bbc_snapshot_finds_the_duplicates_it_really_contains(tmp_path, bbc_dir)
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg))
     s = Study.open(root)
-    m = build_snapshot(s, progress=False)
+    m = build_snapshot(s)
     assert m["counts"]["rows_read"] == 2225
     assert m["labels"] == ["business", "entertainment", "politics", "sports", "tech"]
     dup = m["duplicates"]

@@ -27,7 +27,6 @@ from safetensors.torch import load_file
 
 from tunelab.errors import ConfigError, RunError
 from tunelab.records import read_json, read_jsonl
-from tunelab.train.distributed import shard_step
 from tunelab.train.launch import (
     Launch,
     failure_reason,
@@ -35,6 +34,7 @@ from tunelab.train.launch import (
     root_causes,
     torchrun_command,
 )
+from tunelab.train.parallel import shard_step
 
 TOL = 1e-5
 # A single process fuses the LM head with the cross-entropy; under DDP / FSDP the head runs
@@ -152,7 +152,7 @@ def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     study = Study.open(root)
-    build_snapshot(study, progress=False)
+    build_snapshot(study)
     register(study.root, study.config)
     return root
 

@@ -353,7 +353,7 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
     code, out, err = run_cli(capsys, "register", "-s", root)
     assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
     study = Study.open(root)
-    build_snapshot(study, progress=False)
+    build_snapshot(study)
     snap = load_snapshot(study)
     assert [r["id"] for r in snap.rows("validation")] == ["m8", "m9"]
     with pytest.raises(EvaluationError):
@@ -364,7 +364,7 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
         raw["data"]["source"].update(source)
         (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         with pytest.raises(DataError) as exc:
-            build_snapshot(Study.open(root), progress=False)
+            build_snapshot(Study.open(root))
         return exc.value
 
     exc = snapshot_with(splits=["train", "dev"])

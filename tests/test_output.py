@@ -267,6 +267,6 @@ def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp
     for r in rows:
         r["part"] = "train"
     study = jsonl_study(tmp_path, rows, fields={"split": "part"}, dedup={"policy": "report_only"})
-    m = build_snapshot(study, progress=False)
+    m = build_snapshot(study)
     assert m["duplicates"]["near_pairs"] == 1
     assert "punctuation" in m["dedup"]["shingle_normalization"]

@@ -90,6 +90,9 @@ def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, c
     assert title.startswith("3-day plan on this machine's CPU (") and "H100" not in title
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--speedup", "20")
     assert out.splitlines()[0].startswith("7-day plan on 1x H100 80GB (20 x this machine's")
+    import time
+
+    time.sleep(1.1)  # the dossier takes the latest plan by its creation second
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--gpu", "L4")
     assert out.splitlines()[0].startswith("7-day plan on 1x NVIDIA L4 24GB (projected)")
     from tunelab.report import build_report

@@ -193,3 +193,75 @@ def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
     assert validate_study(root).adaptation.method == "qlora"  # here bitsandbytes imports
     with pytest.raises(ConfigError, match="compute_dtype"):
         validate_study(root, ["adaptation.quantization.compute_dtype=int8"])
+
+
+# ---------------------------------------------------------------- 8-bit AdamW
+
+
+def test_8bit_adamw_states_in_the_analytic_model():
+    from tunelab.sizing.memory import ModelFacts, optimizer_state_bytes
+
+    facts = ModelFacts(
+        family="llama",
+        architecture="causal_lm",
+        hidden=4096,
+        intermediate=14336,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=128256,
+        trainable_params=1_000_000,
+        trainable_bytes=4_000_000,
+    )
+    full, known = optimizer_state_bytes(facts, "AdamW")
+    eight, known8 = optimizer_state_bytes(facts, "AdamW8bit")
+    assert known and known8 and full == 8_000_000
+    # two 1-byte moments per parameter plus one fp32 absmax per block of 256, per moment
+    assert eight == 2 * (1_000_000 + 4 * 3907)
+    assert optimizer_state_bytes(facts, "PagedAdamW8bit") == (eight, True)
+
+
+def start_train(root: Path, name: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
+    if kill_at:
+        env["TUNELAB_TEST_KILL_AT"] = kill_at
+    return subprocess.run(
+        [sys.executable, "-m", "tunelab", "train", "-s", str(root), "--name", name, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_qlora_with_adamw8bit_resumes_to_the_uninterrupted_losses(tmp_path, tiny_llama_dir):
+    root = qlora_study(tmp_path / "s", tiny_llama_dir, QUANT, optimizer="AdamW8bit")
+    straight = start_train(root, "straight")
+    assert straight.returncode == 0, straight.stderr
+    killed = start_train(root, "killed", kill_at="step:5")
+    assert killed.returncode == -9
+    study = Study.open(root)
+    rows = {r.name: r for r in study.ledger.list_runs()}
+    study.reconcile()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tunelab", "resume", rows["killed"].id, "-s", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src")),
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+
+    def losses(run_id: str) -> list:
+        rows = read_jsonl(study.runs_dir / run_id / "metrics.jsonl")
+        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in rows]
+
+    want = losses(rows["straight"].id)
+    assert len([r for r in want if r[1] is not None]) == 6
+    assert losses(rows["killed"].id) == want  # exact floats
+    ckpt = study.runs_dir / rows["killed"].id / "checkpoints" / "step-000003"
+    from safetensors.torch import load_file
+
+    states = [k for k in load_file(str(ckpt / "optimizer.safetensors")) if "/state1" in k]
+    assert states  # the 8-bit moments are what the checkpoint carries

@@ -382,7 +382,7 @@ def train(model, packing: bool, steps: int = 3) -> list[float]:
         model, optimizer, build_scheduler(optimizer, cfg, steps), source, cfg, steps, "causal_lm"
     )
     rows: list[dict] = []
-    train_loop(loop, TrainState(), lambda state, row: rows.append(row))
+    train_loop(loop, TrainState(), [lambda state, row: rows.append(row)])
     return [r["loss"] for r in rows]
 
 

@@ -3,7 +3,11 @@ checkpoint round trips. Stage tests (real runs, kills, statuses) are in test_tra
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,7 +92,7 @@ def one_step(model, examples, arch, micro, accum, packing=False, **cfg_kw):
     optimizer.register_step_pre_hook(keep_grads)
     rows = []
     loop = Loop(model, optimizer, build_scheduler(optimizer, cfg, 1), source, cfg, 1, arch)
-    train_loop(loop, TrainState(), lambda s, r: rows.append(r))
+    train_loop(loop, TrainState(), [lambda s, r: rows.append(r)])
     return rows[0], grads
 
 
@@ -305,7 +309,7 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
 
     model, _, _, loop = build()
     straight = []
-    train_loop(loop, TrainState(), lambda s, r: straight.append(r["loss"]))
+    train_loop(loop, TrainState(), [lambda s, r: straight.append(r["loss"])])
 
     class Stop(Exception):
         pass
@@ -329,14 +333,14 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
             raise Stop
 
     with pytest.raises(Stop):
-        train_loop(loop2, TrainState(), stop_at_3)
+        train_loop(loop2, TrainState(), [stop_at_3])
     torch.manual_seed(1234), random.seed(1234)  # disturb every generator
     m3, o3, s3, loop3 = build()
     path = ckpt.latest_checkpoint(tmp_path)
     assert path.name == "step-000003" and (path / "model" / "model.safetensors").exists()
     saved = ckpt.load_checkpoint(path, model=m3, optimizer=o3, scheduler=s3, method="full")
     state = TrainState(step=saved["step"], position=Position.from_dict(saved["position"]))
-    train_loop(loop3, state, lambda s, r: resumed.append(r["loss"]))
+    train_loop(loop3, state, [lambda s, r: resumed.append(r["loss"])])
     assert resumed == straight
     for (n, a), b in zip(model.named_parameters(), m3.parameters(), strict=True):
         assert torch.equal(a, b), n
@@ -372,6 +376,28 @@ def test_checkpoint_files_verified_and_pruned(tiny_llama_dir, tmp_path):
 
     with pytest.raises(CheckpointError, match="changed since the checkpoint"):
         ckpt.read_checkpoint_state(tmp_path / "step-000003")
+    (tmp_path / "step-000003" / "rng.safetensors").unlink()
+    found = ckpt.check_checkpoint_files(tmp_path / "step-000003")
+    assert (found["changed"], found["missing"], found["ok"]) == (
+        ["optimizer.json"],
+        ["rng.safetensors"],
+        False,
+    )
+    assert ckpt.check_checkpoint_files(tmp_path / "step-000001")["ok"]
+    (tmp_path / "step-000001" / "DONE").unlink()
+    assert ckpt.check_checkpoint_files(tmp_path / "step-000001")["missing"] == ["DONE"]
+    with pytest.raises(CheckpointError, match="incomplete checkpoint"):
+        ckpt.read_checkpoint_state(tmp_path / "step-000001")
+
+
+def test_checking_a_checkpoint_imports_no_torch():
+    """verify's parent process and export check checkpoints without paying torch's import."""
+    code = (
+        "import sys, tunelab.train.checkpoint, tunelab.verify; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": src})
 
 
 def test_lora_with_activation_checkpointing_trains_every_adapter_tensor(tiny_llama_dir):
@@ -403,5 +429,5 @@ def test_mixed_precision_on_cuda(tiny_llama_dir, precision):
         model, opt, build_scheduler(opt, cfg, 3), source, cfg, 3, "causal_lm", scaler=scaler
     )
     rows = []
-    train_loop(loop, TrainState(), lambda s, r: rows.append(r))
+    train_loop(loop, TrainState(), [lambda s, r: rows.append(r)])
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)

@@ -253,12 +253,12 @@ def test_heartbeat_beats_between_steps(study_dir, monkeypatch):
     """A slow step must not look like a dead process: the heartbeat runs in its own thread."""
     import time
 
-    from tunelab.train import run as run_mod
+    from tunelab.train import callbacks
 
-    monkeypatch.setattr(run_mod, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(callbacks, "HEARTBEAT_EVERY_S", 0.05)
     study = Study.open(study_dir)
     run = study.create_run("train")
-    with run_mod.Heartbeat(run) as beat:
+    with callbacks.Heartbeat(run) as beat:
         beat.step, beat.total_steps = 3, 8
         first = study.ledger.get_run(run.id).heartbeat_at
         time.sleep(0.5)  # no step ends meanwhile
@@ -424,6 +424,6 @@ def test_resume_refuses_completed_running_changed_config_and_data(study_dir, str
         f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": target}) + "\n")
     from tunelab.data import build_snapshot
 
-    build_snapshot(Study.open(copy), progress=False)
+    build_snapshot(Study.open(copy))
     with pytest.raises(RunError, match="data snapshot changed"):
         resume_run(Study.open(copy), alive.id)

@@ -381,7 +381,11 @@ class TrainingConfig(Section):
     grad_accum_steps: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides num_epochs.")
     num_epochs: float = Field(1.0, gt=0)
-    optimizer: str = Field("AdamW", description="Any torch.optim optimizer by name.")
+    optimizer: str = Field(
+        "AdamW",
+        description="Any torch.optim optimizer by name, or AdamW8bit / PagedAdamW8bit "
+        "(bitsandbytes, the qlora extra).",
+    )
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
     betas: Annotated[tuple[StrictFloat, StrictFloat], Field(strict=False)] = (0.9, 0.999)

@@ -212,5 +212,5 @@ def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float 
 
 def under_torchrun() -> bool:
     """True in a process started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK). Here, not
-    in tunelab.train.distributed, so that the CLI can ask without importing torch."""
+    in tunelab.train.process_group, so that the CLI can ask without importing torch."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from tunelab.plan.probes import StepClock, generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 if TYPE_CHECKING:
-    from tunelab.study import Study
+    from tunelab.study import Run, Study
 
 EVAL_KIND = "eval"
 BASELINE_KIND = "baseline"
@@ -88,41 +87,21 @@ def _device(model: Any):
     return next(model.parameters()).device
 
 
-def _progress(enabled: bool, total: int, what: str):
-    if not enabled:
-        return nullcontext(None)
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn(f"[bold]{what}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
-    bar.add_task(what, total=total)
-    return bar
+# (examples done, examples in all, what is evaluated) -> None, after every batch
+EvalProgress = Callable[[int, int, str], None]
 
 
 class _Ticker:
-    """Advances a rich progress bar (or nothing) by examples done."""
+    """Counts the examples done and tells the caller's progress callback (if any)."""
 
-    def __init__(self, bar: Any):
-        self.bar = bar
+    def __init__(self, progress: EvalProgress | None, total: int, what: str):
+        self.progress, self.total, self.what = progress, total, what
+        self.done = 0
 
     def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.bar.task_ids[0], n)
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total, self.what)
 
 
 # ---------------------------------------------------------------- inference
@@ -281,7 +260,7 @@ def evaluate_model(
     split: str,
     *,
     labels: Sequence[str] | None = None,
-    progress: bool = False,
+    progress: EvalProgress | None = None,
     expect_template_sha256: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on `examples` with the study's locked evaluation procedure.
@@ -328,8 +307,8 @@ def evaluate_model(
     started, cpu_started = time.perf_counter(), time.process_time()
     what = f"evaluate {split} ({len(rows)} examples)"
     try:
-        with _progress(progress, len(rows), what) as bar, torch.inference_mode():
-            tick = _Ticker(bar)
+        with torch.inference_mode():
+            tick = _Ticker(progress or None, len(rows), what)
             predictions = predict_rows(
                 model, tokenizer, pre, task, cfg, rows, architecture, tick, timing
             )
@@ -532,7 +511,7 @@ def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[st
 
 
 def record_evaluation(
-    run: Any, record: dict[str, Any], predictions: Sequence[dict[str, Any]]
+    run: Run, record: dict[str, Any], predictions: Sequence[dict[str, Any]]
 ) -> tuple[Path, Path]:
     """Write predictions-<split>.jsonl then metrics-<split>.json into the run folder (never
     overwriting: a second evaluation of a run is a new `eval` run)."""
@@ -579,7 +558,9 @@ def require_generation_room(cfg: StudyConfig) -> None:
         )
 
 
-def run_baseline(study: Study, *, progress: bool = False) -> tuple[Any, dict[str, Any]]:
+def run_baseline(
+    study: Study, *, progress: EvalProgress | None = None
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
 
@@ -638,8 +619,8 @@ def run_eval(
     split: str = "validation",
     final: bool = False,
     why: str | None = None,
-    progress: bool = False,
-) -> tuple[Any, dict[str, Any]]:
+    progress: EvalProgress | None = None,
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
     itself on the test split), recorded as a run of kind `eval` whose parent is RUN.
 

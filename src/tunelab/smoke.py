@@ -24,11 +24,14 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import RunError, TunelabError
 from tunelab.plan.probes import AdapterPass, adapter_time_ratio
 from tunelab.records import read_json, read_jsonl, write_json_atomic
+
+if TYPE_CHECKING:
+    from tunelab.train.callbacks import TrainProgress
 
 SMOKE_KIND = "smoke"
 VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
@@ -87,26 +90,6 @@ def smoke_overrides(cfg: Any, num_train: int, num_steps: int) -> list[str]:
     ]
 
 
-def validation_loss_of(
-    model: Any, tokenizer: Any, base: Any, cfg: Any, rows: list[dict[str, Any]], labels: Any
-) -> float:
-    """The training loop's validation loss of `model` on `rows` (same encoding and batches as
-    the run's `val_loss`), on the model's device."""
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
-    from tunelab.train.batches import eval_batches
-    from tunelab.train.loop import validation_loss
-
-    t = cfg.training
-    pre = Preprocessor(tokenizer, cfg, get_task(cfg, labels), base.architecture)
-    encoded = [pre.encode(r) for r in rows]
-    packing = t.packing and base.architecture == "causal_lm"
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batches = eval_batches(encoded, t.micro_batch_size, pad_id, base.architecture, packing)
-    loss, _ = validation_loss(model, batches, base.architecture, t.precision)
-    return float(loss)
-
-
 def _checkpoint_save_s(run: Any, ckpt: Path) -> float | None:
     """Seconds the final checkpoint took to write: its recorded duration when the training code
     records one, else from the file times (last metrics line -> the checkpoint's DONE marker)."""
@@ -134,7 +117,7 @@ def run_smoke(
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
-    progress: bool = False,
+    progress: TrainProgress | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
@@ -270,7 +253,7 @@ def _smoke_body(
     checks: list[dict[str, Any]],
     timings: dict[str, Any],
     record: dict[str, Any],
-    progress: bool,
+    progress: TrainProgress | None,
 ) -> None:
     from tunelab.env import device_kind
     from tunelab.evaluate import evaluate_model, record_evaluation

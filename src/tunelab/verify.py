@@ -18,23 +18,23 @@ Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never ove
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
-from tunelab.records import read_json, read_jsonl, sha256_file, write_json_atomic
-from tunelab.safetensors_header import safetensors_problems
+from tunelab.records import read_json, read_jsonl, write_json_atomic
+from tunelab.train.checkpoint import check_checkpoint_files
+from tunelab.worker import Worker, serve
 
 if TYPE_CHECKING:
-    from tunelab.study import Study
+    from tunelab.data import Snapshot
+    from tunelab.models import BaseModel
+    from tunelab.study import Run, Study
 
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
@@ -175,45 +175,17 @@ def env_message(run_id: str, differences: Sequence[Mapping[str, Any]]) -> str | 
     )
 
 
-def check_checkpoint_files(checkpoint: Path) -> dict[str, Any]:
-    """Every file listed in the checkpoint's state.json against its recorded sha256.
-
-    Returns {path, files_checked, changed: [names], missing: [names], ok}.
-    """
-    state_path = checkpoint / "state.json"
-    if not (checkpoint / "DONE").exists() or not state_path.exists():
-        return {
-            "path": str(checkpoint),
-            "files_checked": 0,
-            "changed": [],
-            "missing": ["DONE" if not (checkpoint / "DONE").exists() else "state.json"],
-            "ok": False,
-        }
-    state = read_json(state_path)
-    files = (state.get("files") if isinstance(state, dict) else None) or {}
-    changed, missing, damaged = [], [], {}
-    for name, digest in sorted(files.items()):
-        f = checkpoint / name
-        if not f.is_file():
-            missing.append(name)
-        elif sha256_file(f) != digest:
-            changed.append(name)
-        elif name.endswith(".safetensors") and (problems := safetensors_problems(f)):
-            damaged[name] = "; ".join(problems)  # hashes that match a damaged file
-    return {
-        "path": str(checkpoint),
-        "files_checked": len(files),
-        "changed": changed,
-        "missing": missing,
-        "damaged": damaged,
-        "ok": bool(files) and not changed and not missing and not damaged,
-    }
-
-
 # ---------------------------------------------------------------- the fresh process
 
 
-def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict], labels):
+def _probe_batch(
+    model: Any,
+    tokenizer: Any,
+    base: BaseModel,
+    study: Study,
+    rows: list[dict],
+    labels: Sequence[str] | None,
+):
     """Inputs of the logit probe: the evaluation's own encoding of `rows`, padded.
 
     encoder: right padding, logits [batch, num_labels]; causal LM: the inference prompts, left
@@ -231,7 +203,14 @@ def _probe_batch(model: Any, tokenizer: Any, base: Any, study: Study, rows: list
     return ids, mask
 
 
-def probe_logits(model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict], labels):
+def probe_logits(
+    model: Any,
+    tokenizer: Any,
+    base: BaseModel,
+    study: Study,
+    rows: list[dict],
+    labels: Sequence[str] | None,
+):
     """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
     import torch
 
@@ -255,7 +234,7 @@ def probe_logits(model: Any, tokenizer: Any, base: Any, study: Study, rows: list
     return logits.reshape(logits.shape[0], -1).contiguous()  # [batch, labels or vocab]
 
 
-def select_rows(snapshot: Any, split: str, ids: Sequence[Any]) -> list[dict[str, Any]]:
+def select_rows(snapshot: Snapshot, split: str, ids: Sequence[Any]) -> list[dict[str, Any]]:
     """The snapshot rows of `split` with these ids, in this order."""
     if split != "validation":
         raise EvaluationError(
@@ -273,7 +252,7 @@ def select_rows(snapshot: Any, split: str, ids: Sequence[Any]) -> list[dict[str,
     return [by_id[i] for i in ids]
 
 
-def load_for_evaluation(study: Study, run: Any, labels: list[str] | None):
+def load_for_evaluation(study: Study, run: Run, labels: list[str] | None):
     """(model, tokenizer, base) as evaluation loads them: the untouched base for a baseline,
     else the run's final checkpoint through `tunelab.train.load_run_model`."""
     import torch
@@ -288,8 +267,9 @@ def load_for_evaluation(study: Study, run: Any, labels: list[str] | None):
     return load_run_model(study, run)
 
 
-def _worker(spec_path: str) -> None:
-    """Body of the fresh process: load, re-evaluate, write predictions (and probe logits)."""
+def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The fresh process's body: load, re-evaluate, write predictions (and probe logits);
+    returns its timings, metrics and environment."""
     import torch
     from safetensors.torch import save_file
 
@@ -299,10 +279,8 @@ def _worker(spec_path: str) -> None:
     from tunelab.records import write_jsonl_atomic
     from tunelab.study import Study
 
-    spec = json.loads(Path(spec_path).read_text())
     if spec.get("num_threads"):
         torch.set_num_threads(int(spec["num_threads"]))
-    out = Path(spec["out"])
     study = Study.open(spec["study"], spec.get("overrides") or [])
     run = study.get_run(spec["run"])
     snapshot = load_snapshot(study, spec["snapshot"])
@@ -325,36 +303,23 @@ def _worker(spec_path: str) -> None:
     val_loss = None
     if spec.get("val_loss_ids"):
         from tunelab.config import validate_config
-        from tunelab.smoke import validation_loss_of
+        from tunelab.train.validation import validation_loss_of
 
         run_cfg = validate_config(read_json(run.path("config.json"))["config"])
         val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
         val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
     checks_s = time.perf_counter() - started
-    write_json_atomic(
-        out / "result.json",
-        {
-            "load_s": round(load_s, 3),
-            "eval_s": round(eval_s, 3),
-            "checks_s": round(checks_s, 3),
-            "val_loss": val_loss,
-            "metrics": record["metrics"],
-            "spec_sha256": record["spec_sha256"],
-            "base_identity_sha256": base.identity.get("sha256"),
-            "pid": os.getpid(),
-            "env": capture_env(),
-        },
-    )
-
-
-def child_error(info: Mapping[str, Any]) -> Exception:
-    """The fresh process's TunelabError, rebuilt in this process with its kind, message, hint."""
-    from tunelab import errors
-
-    kind = getattr(errors, str(info.get("kind")), None)
-    if not (isinstance(kind, type) and issubclass(kind, errors.TunelabError)):
-        kind = errors.TunelabError
-    return kind(f"in the fresh process: {info.get('message')}", info.get("hint"))
+    return {
+        "load_s": round(load_s, 3),
+        "eval_s": round(eval_s, 3),
+        "checks_s": round(checks_s, 3),
+        "val_loss": val_loss,
+        "metrics": record["metrics"],
+        "spec_sha256": record["spec_sha256"],
+        "base_identity_sha256": base.identity.get("sha256"),
+        "pid": os.getpid(),
+        "env": capture_env(),
+    }
 
 
 def fresh_evaluate(
@@ -375,61 +340,44 @@ def fresh_evaluate(
     the training loop's validation loss on these examples, with the run's own config.
     Returns {predictions, load_s, eval_s, checks_s (the probe and validation loss), process_s,
     metrics, probe_logits (a tensor or None), val_loss (or None), pid, env (the fresh
-    process's capture_env)}. Raises CheckpointError with the child's error when it fails.
+    process's capture_env)}. Raises the child's TunelabError again (its kind), or
+    CheckpointError with the child's whole error when it fails otherwise.
     """
-    with tempfile.TemporaryDirectory(prefix="tunelab-verify-") as tmp:
-        tmp_path = Path(tmp)
-        spec = {
-            "study": str(study.root),
-            "overrides": list(study.overrides),
-            "run": run_id,
-            "snapshot": snapshot,
-            "split": split,
-            "ids": list(ids),
-            "labels": list(labels) if labels else None,
-            "probe_ids": list(probe_ids) if probe_ids else None,
-            "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
-            "out": str(tmp_path),
-            "num_threads": study.config.training.num_threads,
-        }
-        (tmp_path / "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        started = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "tunelab.verify", str(tmp_path / "spec.json")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
+    spec = {
+        "study": str(study.root),
+        "overrides": list(study.overrides),
+        "run": run_id,
+        "snapshot": snapshot,
+        "split": split,
+        "ids": list(ids),
+        "labels": list(labels) if labels else None,
+        "probe_ids": list(probe_ids) if probe_ids else None,
+        "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
+        "num_threads": study.config.training.num_threads,
+    }
+    with Worker("tunelab.verify") as worker:
+        outcome = worker.run(spec, timeout_s=timeout_s)
+        result = outcome.value(
+            CheckpointError,
+            f"in the fresh process re-evaluating run {run_id}",
+            hint="the checkpoint or the base model cannot be loaded on its own; the error "
+            "above names the file",
         )
-        process_s = time.perf_counter() - started
-        error = tmp_path / "error.json"
-        if error.exists():  # a TunelabError in the child: raised here as the same kind
-            raise child_error(read_json(error))
-        if proc.returncode != 0 or not (tmp_path / "result.json").exists():
-            tail = (proc.stderr or proc.stdout).strip()[-3000:]
-            raise CheckpointError(
-                f"the fresh process could not reload and re-evaluate run {run_id}:\n{tail}",
-                hint="the checkpoint or the base model cannot be loaded on its own; the error "
-                "above names the file",
-            )
-        result = read_json(tmp_path / "result.json")
-        result["predictions"] = read_jsonl(tmp_path / "predictions.jsonl")
-        probe = tmp_path / "probe.safetensors"
+        result["predictions"] = read_jsonl(worker.dir / "predictions.jsonl")
+        probe = worker.dir / "probe.safetensors"
         result["probe_logits"] = None
         if probe.exists():
             from safetensors.torch import load_file  # torch: only the smoke's probe needs it
 
             result["probe_logits"] = load_file(str(probe))["logits"]
-        result["process_s"] = round(process_s, 3)
+        result["process_s"] = round(outcome.seconds, 3)
     return result
 
 
 # ---------------------------------------------------------------- the stage
 
 
-def _target_of(study: Study, run: Any) -> tuple[Any, dict[str, Any] | None]:
+def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
     from tunelab.evaluate import find_evaluation
 
@@ -451,7 +399,7 @@ def _target_of(study: Study, run: Any) -> tuple[Any, dict[str, Any] | None]:
     return run, find_evaluation(study, row.id, "validation")
 
 
-def _checkpoint_of(run: Any) -> Path | None:
+def _checkpoint_of(run: Run) -> Path | None:
     from tunelab.train.layout import final_checkpoint, latest_checkpoint
 
     root = run.dir / "checkpoints"
@@ -465,7 +413,7 @@ def next_record_path(run_dir: Path, stem: str = "verify") -> Path:
     return run_dir / f"{stem}-{n}.json"
 
 
-def _write_record(run: Any, record: dict[str, Any]) -> Path:
+def _write_record(run: Run, record: dict[str, Any]) -> Path:
     from tunelab.errors import StudyError
 
     for _ in range(20):  # another verify may take the same number: take the next one
@@ -635,15 +583,4 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
 
 
 if __name__ == "__main__":
-    from tunelab.errors import TunelabError
-
-    try:
-        _worker(sys.argv[1])
-    except TunelabError as exc:  # the parent raises it again; no traceback for a user error
-        out = Path(json.loads(Path(sys.argv[1]).read_text())["out"])
-        kind = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == "tunelab.errors")
-        write_json_atomic(
-            out / "error.json", {"kind": kind, "message": exc.message, "hint": exc.hint}
-        )
-        print(str(exc), file=sys.stderr)
-        sys.exit(exc.exit_code)
+    sys.exit(serve(_reevaluate))

@@ -17,6 +17,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.cli.progress import ProgressBoard
 from tunelab.data import build_snapshot, load_snapshot
 from tunelab.data.splits import SPLITS
 
@@ -48,7 +49,8 @@ def data(
             "their sha256"
         )
         return
-    manifest = build_snapshot(s, progress=progress and not json_out)
+    with ProgressBoard(enabled=progress and not json_out, transient=True) as board:
+        manifest = build_snapshot(s, progress=board.update)
     sid = manifest["snapshot_id"]
     path = s.records / "data" / sid
     if json_out:

@@ -20,6 +20,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.cli.progress import ProgressBoard, eval_progress
 from tunelab.env import BUSY_CPU_SHARE
 from tunelab.metrics import OVERALL_METRICS
 
@@ -129,7 +130,8 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
     from tunelab.evaluate import run_baseline
 
     s = open_study(study, sets)
-    run, record = run_baseline(s, progress=not json_out)
+    with ProgressBoard(enabled=not json_out) as board:
+        run, record = run_baseline(s, progress=eval_progress(board))
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
@@ -156,7 +158,10 @@ def eval_(
     from tunelab.evaluate import run_eval
 
     s = open_study(study, sets)
-    run, record = run_eval(s, run_id, split=split, final=final, why=why, progress=not json_out)
+    with ProgressBoard(enabled=not json_out) as board:
+        run, record = run_eval(
+            s, run_id, split=split, final=final, why=why, progress=eval_progress(board)
+        )
     _warn_test_openings(record)
     if json_out:
         emit_json({"record": str(run.dir), **record})

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.cli.progress import ProgressBoard
 from tunelab.errors import ConfigError
 from tunelab.sizing.recommend import PRECISIONS, parse_bytes, parse_int_list, parse_precisions
 
@@ -67,20 +68,10 @@ def size(
         record, path = run_sizing(s, **kwargs)
         emit_json({**record, "path": str(path)})
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("[bold]size[/] {task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("starting", total=None)
+    with ProgressBoard(transient=True) as board:
 
         def on_config(i: int, n: int, label: str) -> None:
-            bar.update(task, completed=i, total=n, description=label)
+            board.update("size", i, n, text=label)
 
         record, path = run_sizing(s, progress=on_config, **kwargs)
     print_sizing(record)

@@ -19,6 +19,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.cli.progress import ProgressBoard, train_progress
 from tunelab.records import read_json
 
 _MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
@@ -83,13 +84,14 @@ def smoke(
     from tunelab.smoke import SmokeFailed, run_smoke
 
     s = open_study(study, sets)
-    run, record = run_smoke(
-        s,
-        num_train=train_examples,
-        num_steps=steps,
-        num_eval=eval_examples,
-        progress=not json_out,
-    )
+    with ProgressBoard(enabled=not json_out) as board:
+        run, record = run_smoke(
+            s,
+            num_train=train_examples,
+            num_steps=steps,
+            num_eval=eval_examples,
+            progress=train_progress(board, "smoke train"),
+        )
     if json_out:
         emit_json(record)
     else:

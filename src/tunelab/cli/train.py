@@ -18,10 +18,11 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.cli.progress import ProgressBoard, train_progress
 from tunelab.study import Run
 
 if TYPE_CHECKING:
-    from tunelab.train.distributed import Distributed
+    from tunelab.train.parallel import Distributed
 
 # Distributed training (tunelab.train.launch): torchrun starts the same command once per rank.
 StrategyOpt = Annotated[
@@ -102,8 +103,13 @@ def train(
     ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
         return
-    with rank_strategy(launch, s.config.training.precision) as ranks:
-        run = train_run(s, name=name, parent=parent, why=why, progress=not json_out, strategy=ranks)
+    with (
+        rank_strategy(launch, s.config.training.precision) as ranks,
+        ProgressBoard(enabled=not json_out) as board,
+    ):
+        run = train_run(
+            s, name=name, parent=parent, why=why, progress=train_progress(board), strategy=ranks
+        )
     _report(run, ranks, json_out, "training run")
 
 
@@ -138,6 +144,9 @@ def resume(
     ranks_cmd = forward_options(study=s.root, json=json_out)
     if relaunch(launch, s.root, ["resume", stopped.id, *ranks_cmd]):
         return
-    with rank_strategy(launch, recorded_precision(stopped.dir)) as ranks:
-        run = resume_run(s, stopped.id, progress=not json_out, strategy=ranks)
+    with (
+        rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
+        ProgressBoard(enabled=not json_out) as board,
+    ):
+        run = resume_run(s, stopped.id, progress=train_progress(board), strategy=ranks)
     _report(run, ranks, json_out, "resumed run")

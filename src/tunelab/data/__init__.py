@@ -1,6 +1,6 @@
 """Stage 2, data: readers, cleaning rules, seeded stable splits, duplicates, sealed snapshots.
 
-    build_snapshot(study, progress=True) -> manifest dict (records/data/<snapshot-id>/)
+    build_snapshot(study, progress=None) -> manifest dict (records/data/<snapshot-id>/)
     load_snapshot(study, snapshot_id=None) -> Snapshot (.id, .manifest, .labels, .rows(split))
     open_test_split(study, snapshot, who, why, run_id=None) -> list of examples (logged)
     latest_snapshot_id(study) -> str | None

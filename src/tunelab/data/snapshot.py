@@ -71,65 +71,39 @@ def data_dir(study: Study) -> Path:
 # ---------------------------------------------------------------- progress
 
 
-class _Bar:
-    """A rich progress bar on stderr for large inputs; silent when disabled or small."""
+# (stage, done, total or None) -> None: "reading" counts rows of an unknown total, the
+# duplicate search's stages ("minhash", ...) report a fraction of 1
+SnapshotProgress = Callable[[str, float, float | None], None]
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._progress: Any = None
-        self._tasks: dict[str, Any] = {}
+
+class _Bar:
+    """Turns the readers' and the duplicate search's progress into the caller's callback;
+    silent without one or on small inputs (below PROGRESS_FROM rows)."""
+
+    def __init__(self, progress: SnapshotProgress | None):
+        self.progress = progress
 
     def __enter__(self) -> _Bar:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def _ensure(self) -> Any:
-        if self._progress is None:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                Progress,
-                TaskProgressColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("{task.description:<12}"),
-                BarColumn(),
-                TaskProgressColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
-            self._progress.start()
-        return self._progress
+        pass
 
     def counter(self, name: str) -> Callable[[int], None]:
-        """Advance by n items of unknown total; the bar appears once PROGRESS_FROM are seen."""
+        """Advance by n items of unknown total; reported once PROGRESS_FROM are seen."""
         seen = [0]
 
         def advance(n: int) -> None:
             seen[0] += n
-            if not self.enabled or seen[0] < PROGRESS_FROM:
-                return
-            if name not in self._tasks:
-                self._tasks[name] = self._ensure().add_task(name, total=None)
-                n = seen[0]
-            self._progress.advance(self._tasks[name], n)
+            if self.progress and seen[0] >= PROGRESS_FROM:
+                self.progress(name, seen[0], None)
 
         return advance
 
     def fraction(self, rows: int) -> Callable[[str, float], None]:
         def update(stage: str, fraction: float) -> None:
-            if not self.enabled or rows < PROGRESS_FROM:
-                return
-            if stage not in self._tasks:
-                self._tasks[stage] = self._ensure().add_task(stage, total=1.0)
-            self._progress.update(self._tasks[stage], completed=fraction)
+            if self.progress and rows >= PROGRESS_FROM:
+                self.progress(stage, fraction, 1.0)
 
         return update
 
@@ -224,10 +198,11 @@ class _Duplicates:
     removed: dict[int, Any]  # kept row -> (the row it duplicates, its pair or None)
 
 
-def build_snapshot(study: Study, progress: bool = True) -> dict[str, Any]:
+def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
-    Returns the manifest, plus `"unchanged": True` when an identical snapshot already existed.
+    `progress(stage, done, total)` hears of large inputs (the CLI draws the bars). Returns the
+    manifest, plus `"unchanged": True` when an identical snapshot already existed.
     Raises DataError on bad input (naming file, line or row, and field), ConfigError on a bad
     rule, SnapshotError when an existing snapshot with the same id fails verification. Nothing
     is left behind on error.

@@ -19,6 +19,8 @@ BNB_RANGE = (">=0.50", "<0.51")
 INSTALL_HINT = "pip install 'tunelab[qlora]'"
 COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PROBE_FEATURES = 64  # one bitsandbytes block per row
+# training.optimizer names served by bitsandbytes.optim (8-bit block-wise AdamW states)
+BNB_OPTIMIZERS = ("AdamW8bit", "PagedAdamW8bit")
 
 
 def _bitsandbytes() -> Any:
@@ -30,6 +32,14 @@ def _bitsandbytes() -> Any:
             hint=f"{INSTALL_HINT}, or choose adaptation.method lora",
         ) from None
     return bitsandbytes
+
+
+def bnb_optimizer(name: str) -> Any:
+    """bitsandbytes.optim's optimizer class `name` (ModelError naming the extra when absent)."""
+    _bitsandbytes()
+    import bitsandbytes.optim
+
+    return getattr(bitsandbytes.optim, name)
 
 
 def quantization_record(q: QuantizationConfig) -> dict[str, Any]:
@@ -75,9 +85,14 @@ def quantized_numel(p: Any) -> int:
 
 
 def qlora_problems(cfg: StudyConfig) -> list[str]:
-    """Why the study's qlora cannot run here (`field: why` lines; empty when it can or when the
-    method is not qlora): bitsandbytes missing or outside the tested range, or a 4-bit layer
+    """Why the study's qlora or 8-bit optimizer cannot run here (`field: why` lines; empty when
+    it can or when neither is asked for): bitsandbytes missing or outside the tested range, or a 4-bit layer
     with the study's settings failing its forward and backward pass on the compute device."""
+    if cfg.training.optimizer in BNB_OPTIMIZERS:
+        try:
+            _bitsandbytes()
+        except ModelError as exc:
+            return [f"training.optimizer {cfg.training.optimizer}: {exc.message} ({exc.hint})"]
     if cfg.adaptation.method != "qlora":
         return []
     q = cfg.adaptation.quantization

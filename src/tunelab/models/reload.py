@@ -1,23 +1,21 @@
 """Reload a saved model in a fresh process and compare its outputs with the live model.
 
 A checkpoint is only as good as what a new process makes of it: `compare_fresh_reload` saves
-nothing itself; it takes a folder written by `save_trainable`, starts
-`python -m tunelab.models.reload SPEC` which loads the base (checking its identity), applies the
-folder and writes the logits for the given batch, and compares them with the live model's.
+nothing itself; it takes a folder written by `save_trainable`, starts the worker
+`python -m tunelab.models.reload SPEC` (`tunelab.worker`) which loads the base (checking its
+identity), applies the folder and writes the logits for the given batch, and compares them with
+the live model's.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError
+from tunelab.worker import Worker, serve
 
 if TYPE_CHECKING:
     from tunelab.config import StudyConfig
@@ -51,17 +49,16 @@ def compare_fresh_reload(
     """Logits of `model` vs. those of `saved_dir` reloaded in a new process, on `batch`.
 
     `batch` holds tensors for the model's forward (input_ids, attention_mask). Returns
-    {max_abs_diff, atol, ok, seconds}. Raises CheckpointError when the new process fails.
+    {max_abs_diff, atol, ok, seconds}. Raises the new process's TunelabError (a changed base:
+    ModelError), or CheckpointError with its whole error when it fails otherwise.
     """
     from safetensors.torch import load_file, save_file
 
     live = _logits(model, batch)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tunelab-reload-") as tmp:
-        tmp_path = Path(tmp)
-        save_file(
-            {k: v.contiguous() for k, v in batch.items()}, str(tmp_path / "batch.safetensors")
-        )
+    with Worker("tunelab.models.reload") as worker:
+        batch_file = worker.dir / "batch.safetensors"
+        save_file({k: v.contiguous() for k, v in batch.items()}, str(batch_file))
         spec = {
             "config": cfg.to_dict(),
             "base_path": str(base.path),
@@ -71,24 +68,14 @@ def compare_fresh_reload(
             "labels": labels,
             "saved_dir": str(Path(saved_dir).resolve()),
             "method": method,
-            "batch": str(tmp_path / "batch.safetensors"),
-            "out": str(tmp_path / "logits.safetensors"),
+            "batch": str(batch_file),
         }
-        (tmp_path / "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        proc = subprocess.run(
-            [sys.executable, "-m", "tunelab.models.reload", str(tmp_path / "spec.json")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
+        worker.run(spec, timeout_s=timeout_s).value(
+            CheckpointError,
+            f"reloading {saved_dir} in a new process failed",
+            hint="the saved folder cannot be loaded on its own; check its files",
         )
-        if proc.returncode != 0:
-            raise CheckpointError(
-                f"reloading {saved_dir} in a new process failed:\n{proc.stderr.strip()[-2000:]}",
-                hint="the saved folder cannot be loaded on its own; check its files",
-            )
-        fresh = load_file(spec["out"])["logits"]
+        fresh = load_file(str(worker.dir / "logits.safetensors"))["logits"]
     diff = (live - fresh).abs().max().item() if live.shape == fresh.shape else float("inf")
     return {
         "max_abs_diff": diff,
@@ -98,7 +85,8 @@ def compare_fresh_reload(
     }
 
 
-def _main(spec_path: str) -> None:
+def _reload(spec: dict[str, Any], out: Path) -> None:
+    """The worker's body: load the base and the saved folder, write the batch's logits."""
     from safetensors.torch import load_file, save_file
 
     from tunelab.config import validate_config
@@ -106,7 +94,6 @@ def _main(spec_path: str) -> None:
     from tunelab.models.loading import BaseModel, load_model
     from tunelab.models.persist import load_trainable
 
-    spec = json.loads(Path(spec_path).read_text())
     cfg = validate_config(spec["config"])
     base = BaseModel(
         path=Path(spec["base_path"]),
@@ -118,8 +105,8 @@ def _main(spec_path: str) -> None:
     model = load_model(base, cfg, spec["labels"])
     model = load_trainable(model, spec["saved_dir"], spec["method"])
     logits = _logits(model, load_file(spec["batch"]))
-    save_file({"logits": logits.contiguous()}, spec["out"])
+    save_file({"logits": logits.contiguous()}, str(out / "logits.safetensors"))
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    sys.exit(serve(_reload))

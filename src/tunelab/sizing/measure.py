@@ -5,7 +5,7 @@ the caches or the peak of another. The child loads the study's model through `tu
 adapts it, builds synthetic examples of exactly the asked length, and runs real optimizer steps
 through the training loop itself (`tunelab.train.loop.train_loop`: forward, token-normalized
 loss, backward, gradient clipping, optimizer step, zero grad): a warm-up step, then the measured
-steps. It prints one line `TUNELAB_SIZING_RESULT {json}`.
+steps. It is a `tunelab.worker`: its result comes back as the worker's result.json.
 
 Memory:
 - CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
@@ -32,14 +32,15 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MARKER = "TUNELAB_SIZING_RESULT "
+from tunelab.worker import Worker, serve, write_result
+
 # glibc serves blocks above this size with mmap and returns them to the system when freed. Its
 # default threshold moves up (to 32 MiB) after the first frees, and freed activations then stay in
 # the heap: the RSS keeps the warm-up's peak and grows with fragmentation instead of following the
@@ -88,33 +89,30 @@ def reset_hwm() -> bool:
 
 
 class _Watchdog(threading.Thread):
-    """Stops the process as soon as its RSS passes the budget, after printing the verdict."""
+    """Stops the process as soon as its RSS passes the budget, after writing the verdict."""
 
-    def __init__(self, budget: int, base: dict[str, Any]):
+    def __init__(self, budget: int, base: dict[str, Any], out: Path):
         super().__init__(daemon=True)
         self.budget = budget
         self.base = base
+        self.out = out
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.002):
             rss = rss_bytes()
             if rss is not None and rss > self.budget:
-                _emit(
+                write_result(
+                    self.out,
                     {
                         **self.base,
                         "status": "does_not_fit",
                         "reason": f"RSS {rss / 2**20:.0f} MiB passed the memory budget "
                         f"{self.budget / 2**20:.0f} MiB",
                         "measured": {"peak_rss": rss},
-                    }
+                    },
                 )
                 os._exit(0)
-
-
-def _emit(result: dict[str, Any]) -> None:
-    sys.stdout.write(MARKER + json.dumps(result, default=str) + "\n")
-    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------ synthetic examples
@@ -163,13 +161,12 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
 
 
-def _build(spec: dict[str, Any]):
-    """Config, base, model (adapted as training adapts it), facts."""
-    import torch
-
+def _build(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
+    """Config, base, model (built as training builds it, on `device`), facts."""
     from tunelab.config import validate_config
-    from tunelab.models import adapt, enable_activation_checkpointing, load_model, resolve_model
+    from tunelab.models import resolve_model
     from tunelab.sizing.facts import model_facts
+    from tunelab.train.build import build_model
 
     raw = json.loads(json.dumps(spec["config"]))
     t = raw.setdefault("training", {})
@@ -183,11 +180,7 @@ def _build(spec: dict[str, Any]):
     cfg = validate_config(raw, source="sizing spec")
     root = Path(spec["root"]) if spec.get("root") else None
     base = resolve_model(cfg.model, root=root)
-    torch.manual_seed(cfg.training.seed)
-    model = load_model(base, cfg, spec.get("labels"))
-    model, _audit = adapt(model, cfg.adaptation, base.architecture)
-    if cfg.training.activation_checkpointing:
-        enable_activation_checkpointing(model)
+    model, _audit = build_model(base, cfg, spec.get("labels"), device)
     lora = cfg.adaptation.method == "lora"
     facts = model_facts(
         model,
@@ -198,45 +191,138 @@ def _build(spec: dict[str, Any]):
     return cfg, base, model, facts
 
 
+def _child_device(spec: dict[str, Any]) -> Any:
+    import torch
+
+    from tunelab.models import compute_device
+
+    wanted = spec.get("device", "auto")
+    return {  # CUDA with its index: the memory-fraction call refuses a bare "cuda"
+        "auto": compute_device,
+        "cuda": lambda: torch.device("cuda", torch.cuda.current_device()),
+    }.get(wanted, lambda: torch.device(wanted))()
+
+
+def _limit_memory(
+    device: Any, budget: int | None, result: dict[str, Any], out: Path
+) -> _Watchdog | None:
+    """The budget as CUDA's memory fraction, or a watchdog on the RSS (which counts the whole
+    process from the start, loading included)."""
+    import torch
+
+    if device.type == "cuda" and budget:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    if device.type == "cpu" and budget and rss_bytes() is not None:
+        watchdog = _Watchdog(int(budget), result, out)
+        watchdog.start()
+        return watchdog
+    return None
+
+
+@dataclass
+class _Steps:
+    """The loop of the measurement and every step's metrics row so far."""
+
+    loop: Any
+    device: Any
+    state: Any = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def run_to(self, total_steps: int) -> None:
+        from tunelab.train.loop import TrainState, train_loop
+
+        self.loop.total_steps = total_steps
+        state = self.state or TrainState()
+        self.state = train_loop(self.loop, state, [lambda _s, row: self.metrics.append(row)])
+
+
+def _memory_steps(steps: _Steps, warmup: int, measured: int) -> dict[str, Any]:
+    """The warm-up steps (optimizer states, lazy init), then the measured ones, with the memory
+    before, between and after them (the module docstring says which)."""
+    import torch
+
+    cuda = steps.device.type == "cuda"
+    out: dict[str, Any] = {}
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
+        torch.cuda.reset_peak_memory_stats(steps.device)
+    out["idle_rss"] = rss_bytes()
+    steps.run_to(warmup)
+    gc.collect()
+    out["idle_rss_after_warmup"] = rss_bytes()
+    out["hwm_reset"] = reset_hwm()
+    if cuda:
+        torch.cuda.synchronize()
+        out["warmup_max_allocated"] = torch.cuda.max_memory_allocated(steps.device)
+        torch.cuda.reset_peak_memory_stats(steps.device)
+    started = time.perf_counter()
+    steps.run_to(warmup + measured)
+    if cuda:
+        torch.cuda.synchronize()
+    out["wall"] = time.perf_counter() - started
+    return out
+
+
+def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | None]:
+    """Further steps for the step time: (their seconds, allocator, their CPU share).
+
+    The pinned mmap threshold that makes the RSS honest also makes every large allocation a
+    fresh mmap with its page faults (a CPU step about twice as slow as in a training run), so
+    these steps run with glibc's usual thresholds, after one step that lets the heap grow.
+    """
+    import torch
+
+    from tunelab.env import cpu_share
+
+    allocator = "as measured"
+    if steps.device.type == "cpu" and release_mmap_threshold():
+        allocator = "released"
+        steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
+    wall_started, cpu_started = time.perf_counter(), time.process_time()
+    steps.run_to(len(steps.metrics) + timed)
+    share = cpu_share(
+        time.process_time() - cpu_started,
+        time.perf_counter() - wall_started,
+        torch.get_num_threads(),
+        steps.device,
+    )
+    return [r["seconds"] for r in steps.metrics[-timed:]], allocator, share
+
+
+def _saved_bytes(model: Any, source: Any, arch: str, precision: str, device: Any) -> int:
+    """The bytes autograd keeps, counted on one extra forward (no step): the activations term."""
+    import torch
+
+    from tunelab.sizing.facts import count_saved_bytes
+    from tunelab.train.batches import Position
+    from tunelab.train.loop import autocast, loss_sum, to_device
+
+    batch = to_device(source.next(Position())[0][0], device)
+    model.train()  # dropout and checkpointing act only in training mode
+    with torch.enable_grad():
+        return count_saved_bytes(
+            model, lambda: _forward(model, batch, arch, precision, device, autocast, loss_sum)
+        )
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one configuration in this process (the body of `python -m tunelab.sizing.measure`)."""
     import torch
 
-    from tunelab.env import cpu_share
-    from tunelab.sizing.facts import count_saved_bytes
-    from tunelab.train.batches import DataOrder, StepSource
-    from tunelab.train.loop import (
-        Loop,
-        TrainState,
-        build_optimizer,
-        build_scheduler,
-        make_grad_scaler,
-        train_loop,
-    )
+    from tunelab.train.build import build_loop
 
-    threads = spec.get("num_threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-    from tunelab.models import compute_device
-
-    wanted = spec.get("device", "auto")
-    device = {  # CUDA with its index: the memory-fraction call below refuses a bare "cuda"
-        "auto": compute_device,
-        "cuda": lambda: torch.device("cuda", torch.cuda.current_device()),
-    }.get(wanted, lambda: torch.device(wanted))()
+    if spec.get("num_threads"):
+        torch.set_num_threads(int(spec["num_threads"]))
+    device = _child_device(spec)
     result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
     budget = spec.get("memory_budget_bytes")
-    if device.type == "cuda" and budget:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
-    watchdog = None
-    if device.type == "cpu" and budget and rss_bytes() is not None:
-        # the whole process counts, from the start: loading included
-        watchdog = _Watchdog(int(budget), result)
-        watchdog.start()
+    watchdog = _limit_memory(device, budget, result, Path(spec["out"]))
     load_started = time.perf_counter()
     try:
-        cfg, base, model, facts = _build(spec)
+        cfg, base, model, facts = _build(spec, device)
     except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
         if watchdog is not None:
             watchdog.stop.set()
@@ -245,11 +331,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         raise
     result["facts"] = facts.to_dict()
     load_s = time.perf_counter() - load_started
-    t = cfg.training
-    arch = base.architecture
-    packing = bool(t.packing and arch == "causal_lm")
+    t, arch = cfg.training, base.architecture
     warmup = int(spec.get("warmup_steps", 1))
-    steps = int(spec.get("measure_steps", 1))
+    measure_steps = int(spec.get("measure_steps", 1))
     time_steps = int(spec.get("time_steps", 3))  # after the memory steps, see the module doc
     per_step = t.micro_batch_size * t.grad_accum_steps
     encoded = synthetic_examples(
@@ -261,64 +345,18 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         loss_fraction=float(spec.get("loss_fraction", 1.0)),
         seed=t.seed,
     )
-    model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, t)
-    # room for the timed steps that follow the measured ones
-    scheduler = build_scheduler(optimizer, t, warmup + steps + 1 + time_steps)
-    source = StepSource(
-        encoded=encoded,
-        order=DataOrder(len(encoded), t.seed),
-        micro_batch_size=t.micro_batch_size,
-        grad_accum_steps=t.grad_accum_steps,
-        pad_id=0,
-        architecture=arch,
-        packing=packing,
-    )
-    loop = Loop(model, optimizer, scheduler, source, t, warmup, arch)
-    loop.scaler = make_grad_scaler(t.precision, device)
-    state = TrainState()
-    metrics: list[dict[str, Any]] = []
-
-    def on_step(_state: TrainState, row: dict[str, Any]) -> None:
-        metrics.append(row)
-
-    # the bytes autograd keeps, counted on one extra forward (no step): the activations term
+    # the schedule leaves room for the timed steps that follow the measured ones
+    total = warmup + measure_steps + 1 + time_steps
+    loop = build_loop(model, t, encoded, architecture=arch, pad_id=0, total_steps=total)
     saved = None
     if spec.get("count_saved", True):
-        from tunelab.train.loop import autocast, loss_sum, to_device
-
-        batch = to_device(source.next(state.position)[0][0], device)
-        model.train()  # dropout and checkpointing act only in training mode
-        with torch.enable_grad():
-            saved = count_saved_bytes(
-                model, lambda: _forward(model, batch, arch, t.precision, device, autocast, loss_sum)
-            )
-        del batch
+        saved = _saved_bytes(model, loop.source, arch, t.precision, device)
     model.train()
     if spec.get("prime", True):
-        _prime(model, source, arch, t.precision, device)
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        idle_alloc = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    idle = rss_bytes()
+        _prime(model, loop.source, arch, t.precision, device)
+    steps = _Steps(loop, device)
     try:
-        state = train_loop(loop, state, on_step)  # warm-up: optimizer states, lazy init
-        gc.collect()
-        idle_after_warmup = rss_bytes()
-        hwm_reset = reset_hwm()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            warm_alloc = torch.cuda.max_memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        loop.total_steps = warmup + steps
-        started = time.perf_counter()
-        state = train_loop(loop, state, on_step)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - started
+        memory = _memory_steps(steps, warmup, measure_steps)
     except Exception as exc:  # noqa: BLE001
         if _is_oom(exc):
             out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
@@ -329,42 +367,25 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if watchdog is not None:
             watchdog.stop.set()
-    measured_rows = metrics[warmup:]
+    measured_rows = steps.metrics[warmup:]
     memory_step_s = [r["seconds"] for r in measured_rows]
-    peak_now = hwm_bytes() if device.type == "cpu" and hwm_reset else None
-    # The pinned mmap threshold that makes the RSS honest also makes every large allocation a
-    # fresh mmap with its page faults (a CPU step about twice as slow as in a training run).
-    # The step time comes from further steps with glibc's usual thresholds, after one step
-    # that lets the heap grow.
+    peak_now = hwm_bytes() if device.type == "cpu" and memory["hwm_reset"] else None
     timed = time_steps if memory_step_s else 0
     if budget and peak_now and peak_now > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
-    allocator = "as measured"
-    if timed and device.type == "cpu" and release_mmap_threshold():
-        allocator = "released"
-        loop.total_steps = len(metrics) + 1  # one step to let the heap grow, not timed
-        state = train_loop(loop, state, on_step)
-    timed_cpu = None
-    if timed:
-        loop.total_steps = len(metrics) + timed
-        wall_started, cpu_started = time.perf_counter(), time.process_time()
-        state = train_loop(loop, state, on_step)
-        timed_cpu = cpu_share(
-            time.process_time() - cpu_started,
-            time.perf_counter() - wall_started,
-            torch.get_num_threads(),
-            device,
-        )
-    seconds = [r["seconds"] for r in metrics[len(metrics) - timed :]] if timed else memory_step_s
-    forward_s = _time_forward(model, source, arch, t.precision, device)
-    step_s = statistics.median(seconds) if seconds else wall / max(1, steps)
+    seconds, allocator, timed_cpu = (
+        _timed_steps(steps, timed) if timed else ([], "as measured", None)
+    )
+    seconds = seconds or memory_step_s
+    forward_s = _time_forward(model, loop.source, arch, t.precision, device)
+    step_s = statistics.median(seconds) if seconds else memory["wall"] / max(1, measure_steps)
     tokens = measured_rows[0]["tokens"] if measured_rows else 0
     measured: dict[str, Any] = {
         "step_s": step_s,
         "step_s_all": seconds,
         "step_s_allocator": allocator,
         "memory_step_s": memory_step_s,
-        "warmup_step_s": metrics[0]["seconds"] if metrics else None,
+        "warmup_step_s": steps.metrics[0]["seconds"] if steps.metrics else None,
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / step_s if step_s else None,
         "examples_per_s": per_step / step_s if step_s else None,
@@ -376,33 +397,48 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_share": timed_cpu,
         "loss": measured_rows[-1]["loss"] if measured_rows else None,
     }
+    return _verdict(result, measured, memory, peak_now, device, budget)
+
+
+def _verdict(
+    result: dict[str, Any],
+    measured: dict[str, Any],
+    memory: dict[str, Any],
+    peak: int | None,
+    device: Any,
+    budget: int | None,
+) -> dict[str, Any]:
+    """The memory figures of the device added to `measured`, and the status."""
+    import torch
+
     if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
         measured.update(
-            idle_allocated=idle_alloc,
-            warmup_max_allocated=warm_alloc,
+            idle_allocated=memory["idle_allocated"],
+            warmup_max_allocated=memory["warmup_max_allocated"],
             max_allocated=torch.cuda.max_memory_allocated(device),
             max_reserved=torch.cuda.max_memory_reserved(device),
-            total_memory=torch.cuda.get_device_properties(device).total_memory,
-            cuda_major=torch.cuda.get_device_properties(device).major,
+            total_memory=props.total_memory,
+            cuda_major=props.major,
         )
         measured["peak_total"] = measured["max_allocated"]
-        measured["increase"] = measured["max_allocated"] - idle_alloc
-    else:
-        peak = peak_now
-        measured.update(
-            idle_rss=idle,
-            idle_rss_after_warmup=idle_after_warmup,
-            peak_rss=peak,
-            peak_total=peak,
-            increase=(peak - idle) if peak is not None and idle is not None else None,
-        )
-        if budget and peak and peak > budget:
-            return {
-                **result,
-                "status": "does_not_fit",
-                "reason": f"peak RSS {peak / 2**20:.0f} MiB above the budget",
-                "measured": measured,
-            }
+        measured["increase"] = measured["max_allocated"] - memory["idle_allocated"]
+        return {**result, "status": "ok", "measured": measured}
+    idle = memory["idle_rss"]
+    measured.update(
+        idle_rss=idle,
+        idle_rss_after_warmup=memory["idle_rss_after_warmup"],
+        peak_rss=peak,
+        peak_total=peak,
+        increase=(peak - idle) if peak is not None and idle is not None else None,
+    )
+    if budget and peak and peak > budget:
+        return {
+            **result,
+            "status": "does_not_fit",
+            "reason": f"peak RSS {peak / 2**20:.0f} MiB above the budget",
+            "measured": measured,
+        }
     return {**result, "status": "ok", "measured": measured}
 
 
@@ -466,29 +502,6 @@ def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa
         return loss_sum(model, batch, arch)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        print("usage: python -m tunelab.sizing.measure SPEC.json | '{...}'", file=sys.stderr)
-        return 2
-    arg = argv[0]
-    spec = json.loads(arg if arg.lstrip().startswith("{") else Path(arg).read_text())
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        result = run_child(spec)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
-        import traceback
-
-        result = {
-            "label": spec.get("label"),
-            "status": "error",
-            "reason": f"{type(exc).__name__}: {exc}"[:2000],
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    _emit(result)
-    return 0
-
-
 # ------------------------------------------------------------------ the parent side
 
 
@@ -498,32 +511,45 @@ def measure_in_subprocess(
     """Run one configuration in a fresh `python -m tunelab.sizing.measure` and return its result.
 
     A child killed by the kernel (SIGKILL: the out-of-memory killer) is reported as does_not_fit;
-    a timeout or a crash without a result as status error with the end of its stderr.
+    an exception in the child, a timeout or a crash without a result as status error, with the
+    child's whole error.
     """
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {"TOKENIZERS_PARALLELISM": "false"}
     if spec.get("allocator", "pinned") == "pinned":
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
-    cmd = [python or sys.executable, "-m", "tunelab.sizing.measure", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"label": spec.get("label"), "status": "error", "reason": f"timeout {timeout_s}s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    if proc.returncode in (-9, 137):
+    with Worker("tunelab.sizing.measure") as worker:
+        outcome = worker.run(spec, timeout_s=timeout_s, offline=False, env=env, python=python)
+    label = spec.get("label")
+    if outcome.result is not None:
+        return outcome.result
+    if outcome.error is not None:
+        error = outcome.error
         return {
-            "label": spec.get("label"),
+            "label": label,
+            "status": "error",
+            "reason": f"{error['kind']}: {error['message']}",
+            "traceback": error.get("traceback"),
+        }
+    if outcome.timed_out:
+        return {"label": label, "status": "error", "reason": f"timeout {timeout_s}s"}
+    if outcome.killed:
+        return {
+            "label": label,
             "status": "does_not_fit",
             "reason": "the process was killed (SIGKILL: most likely the kernel's out-of-memory "
             "killer)",
         }
     return {
-        "label": spec.get("label"),
+        "label": label,
         "status": "error",
-        "reason": f"exit {proc.returncode} without a result: {proc.stderr[-1500:]}",
+        "reason": f"exit {outcome.returncode} without a result: {outcome.stderr.strip()}",
     }
 
 
+def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The worker's body: the result of `run_child` (the watchdog may answer first)."""
+    return run_child(spec)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(_measure))

@@ -45,6 +45,10 @@ OPTIMIZER_STATES = {
     "Rprop": 2,
     "LBFGS": 2,
 }
+# bitsandbytes' 8-bit optimizers: states per trainable parameter, one byte each, plus one fp32
+# absmax per block of 256 (tensors under 4096 elements keep 32-bit states; not modelled).
+EIGHT_BIT_STATES = {"AdamW8bit": 2, "PagedAdamW8bit": 2}
+EIGHT_BIT_BLOCK = 256
 # Roles of the parameters of one transformer block.
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 NORM_ROLES = ("norm1", "norm2")
@@ -545,6 +549,10 @@ def _block_backward_temporaries(facts: ModelFacts, case: Case) -> tuple[int, int
 
 def optimizer_state_bytes(facts: ModelFacts, optimizer: str) -> tuple[int, bool]:
     """(bytes, known): optimizer states in the parameters' dtype (AdamW: exp_avg, exp_avg_sq)."""
+    if optimizer in EIGHT_BIT_STATES:
+        n = facts.trainable_params
+        absmax = 4 * -(-n // EIGHT_BIT_BLOCK)
+        return EIGHT_BIT_STATES[optimizer] * (n + absmax), True
     known = optimizer in OPTIMIZER_STATES
     per_param = OPTIMIZER_STATES.get(optimizer, 2)
     return per_param * facts.trainable_bytes, known

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tunelab.config import TrainingConfig
 from tunelab.errors import SnapshotError, StudyError, TunelabError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -172,6 +173,183 @@ def compare_row(
     return out
 
 
+def _lengths(
+    study: Study, seq_lens: list[int] | None
+) -> tuple[dict[str, Any], list[int], list[str] | None]:
+    """(lengths record, the sequence lengths to measure, the label set)."""
+    if seq_lens:
+        return {"source": "--seq-len", "loss_fraction": 1.0}, sorted(set(seq_lens)), _labels(study)
+    lengths = representative_lengths(study)
+    sizes = sorted({int(lengths["p95"]), int(lengths["max"])})
+    return lengths, sizes, lengths.pop("labels")
+
+
+class _Measurer:
+    """Measures configurations one by one in their own processes; keeps the rows and the model
+    facts the first successful one reports."""
+
+    def __init__(
+        self,
+        base_spec: dict[str, Any],
+        own: str,
+        total: int,
+        timeout_s: float,
+        progress: Callable[[int, int, str], None] | None,
+    ):
+        self.base_spec, self.own, self.total = base_spec, own, total
+        self.timeout_s, self.progress = timeout_s, progress
+        self.rows: list[dict[str, Any]] = []
+        self.facts: ModelFacts | None = None
+
+    def measure(self, o: Option) -> dict[str, Any]:
+        if self.progress:
+            self.progress(len(self.rows), self.total, o.label)
+        # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
+        measured_accum = min(o.grad_accum, 2)
+        spec = {
+            **self.base_spec,
+            "label": o.label,
+            "seq_len": o.seq_len,
+            "micro_batch": o.micro_batch,
+            "grad_accum": measured_accum,
+            "precision": o.precision,
+            "checkpointing": o.checkpointing,
+            "packing": o.packing,
+        }
+        if o.label == self.own:
+            spec["time_steps"] = PLANNED_TIME_STEPS
+        result = measure_in_subprocess(spec, timeout_s=self.timeout_s)
+        if result.get("facts"):
+            self.facts = self.facts or ModelFacts.from_dict(result["facts"])
+        row: dict[str, Any] = {
+            "label": o.label,
+            "options": {**o.to_dict(), "measured_accum": measured_accum},
+            "status": result.get("status"),
+            "reason": result.get("reason"),
+            "measured": result.get("measured"),
+        }
+        m = row["measured"]
+        if m and m.get("step_s"):
+            micro_s = m["step_s"] / measured_accum
+            m["micro_step_s"] = micro_s
+            m["projected_step_s"] = micro_s * o.grad_accum
+        self.rows.append(row)
+        return row
+
+
+def _case_of(
+    opts: dict[str, Any],
+    facts: ModelFacts,
+    t: TrainingConfig,
+    *,
+    loss_fraction: float,
+    device: str,
+    cuda_major: int,
+    accum: int | None = None,
+) -> Case:
+    """The analytic model's case for a row's options (the accumulation measured, or `accum`)."""
+    return Case(
+        seq_len=opts["seq_len"],
+        micro_batch=opts["micro_batch"],
+        grad_accum=accum or opts.get("measured_accum", opts["grad_accum"]),
+        precision=opts["precision"],
+        checkpointing=opts["checkpointing"],
+        packing=bool(opts["packing"] and facts.architecture == "causal_lm"),
+        loss_fraction=loss_fraction,
+        optimizer=t.optimizer,
+        device=device,
+        cuda_major=cuda_major,
+    )
+
+
+def _recommendation(
+    measurer: _Measurer,
+    case: Callable[..., Case],
+    template: Case,
+    *,
+    largest: int,
+    effective: int,
+    budget: int,
+    device: str,
+    packing: bool,
+) -> dict[str, Any]:
+    """The largest micro-batch that fits at the longest length, measured when no row has it."""
+    facts, rows = measurer.facts, measurer.rows
+    assert facts is not None
+    ok = [r for r in rows if r["status"] == "ok"]
+    idle = [r["measured"].get("idle_rss") for r in ok if r["measured"].get("idle_rss")]
+    rec = recommend(
+        facts,
+        template,
+        effective_batch=effective,
+        budget_bytes=budget,
+        fixed_bytes=0 if device == "cuda" else max(idle or [0]),
+        compare_total=device == "cuda",
+        scale=calibration(rows),
+    )
+    if not rec["fits"]:
+        return rec
+    match = next(
+        (
+            r
+            for r in rows
+            if r["options"]["seq_len"] == largest
+            and r["options"]["micro_batch"] == rec["micro_batch"]
+            and r["options"]["checkpointing"] == rec["checkpointing"]
+            and r["options"]["precision"] == rec["precision"]
+        ),
+        None,
+    )
+    if match is None:
+        o = Option(
+            "recommended",
+            largest,
+            rec["micro_batch"],
+            rec["grad_accum"],
+            rec["precision"],
+            rec["checkpointing"],
+            packing,
+        )
+        match = measurer.measure(o)
+        match.update(compare_row(facts, case(match["options"]), match["measured"], device))
+        _flat(match)
+    rec["row"] = match["label"]
+    rec["measured_status"] = match["status"]
+    if match["status"] == "ok":
+        m = match["measured"]
+        rec.update(
+            tokens_per_s=m.get("tokens_per_s"),
+            step_s=m.get("projected_step_s"),
+            micro_step_s=m.get("micro_step_s"),
+            measured_peak_bytes=m.get("peak_total"),
+        )
+    return rec
+
+
+def _projection(
+    facts: ModelFacts,
+    template: Case,
+    rec: dict[str, Any],
+    effective: int,
+    ranks: tuple[int, ...],
+) -> list[dict[str, Any]]:
+    """Per-rank memory under DDP and FSDP over `ranks` processes, at the recommendation."""
+    if not rec.get("fits"):
+        return []
+    per_rank = replace(template, micro_batch=rec["micro_batch"], checkpointing=rec["checkpointing"])
+    projection = []
+    for n in ranks:
+        # the effective batch stays: each rank takes micro-batches of at most the recommended
+        # size, the accumulation shrinks with the rank count
+        micro = max(1, min(rec["micro_batch"], effective // n))
+        accum = max(1, -(-effective // (micro * n)))
+        case = replace(per_rank, micro_batch=micro, grad_accum=accum)
+        projection.append(
+            {**project_per_rank(facts, case, n), "micro_batch": micro, "grad_accum": accum}
+        )
+    return projection
+
+
 def run_sizing(
     study: Study,
     *,
@@ -187,11 +365,11 @@ def run_sizing(
 ) -> tuple[dict[str, Any], Path]:
     """Measure, compare, recommend and record (see the module docstring).
 
-    Returns (record, path). Raises TunelabError when nothing could be measured or lengths are
-    unknown; an out-of-memory configuration is a row with status does_not_fit.
+    `progress(done, total, label)` is called before each configuration is measured. Returns
+    (record, path). Raises TunelabError when nothing could be measured or lengths are unknown;
+    an out-of-memory configuration is a row with status does_not_fit.
     """
-
-    from tunelab.env import capture_env, device_kind
+    from tunelab.env import device_kind
     from tunelab.hypothesis import require_hypothesis
     from tunelab.train.compute import resolve_precision
 
@@ -199,14 +377,7 @@ def run_sizing(
     hypothesis = require_hypothesis(study.root, cfg)
     started = time.perf_counter()
     device = device_kind()  # the steps run in child processes: no CUDA context here
-    if seq_lens:
-        lengths: dict[str, Any] = {"source": "--seq-len", "loss_fraction": 1.0}
-        sizes = sorted(set(seq_lens))
-        labels = _labels(study)
-    else:
-        lengths = representative_lengths(study)
-        sizes = sorted({int(lengths["p95"]), int(lengths["max"])})
-        labels = lengths.pop("labels")
+    lengths, sizes, labels = _lengths(study, seq_lens)
     t = cfg.training
     effective = t.micro_batch_size * t.grad_accum_steps
     options = configurations(
@@ -220,11 +391,12 @@ def run_sizing(
         precisions=[resolve_precision(p, device) for p in precisions or []],
     )
     budget = memory_budget or device_memory_bytes(device)
+    loss_fraction = float(lengths.get("loss_fraction") or 1.0)
     base_spec = {
         "config": cfg.to_dict(),
         "root": str(study.root),
         "labels": labels,
-        "loss_fraction": float(lengths.get("loss_fraction") or 1.0),
+        "loss_fraction": loss_fraction,
         "warmup_steps": 1,
         "measure_steps": measure_steps,
         "num_threads": t.num_threads,
@@ -232,141 +404,76 @@ def run_sizing(
         "memory_budget_bytes": budget,
         "allocator": allocator,
     }
-    rows: list[dict[str, Any]] = []
-    facts: ModelFacts | None = None
-    total = len(options) + 1  # + the recommended configuration, when not measured yet
-
-    def run_option(o: Option) -> dict[str, Any]:
-        nonlocal facts
-        if progress:
-            progress(len(rows), total, o.label)
-        # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
-        measured_accum = min(o.grad_accum, 2)
-        spec = {
-            **base_spec,
-            "label": o.label,
-            "seq_len": o.seq_len,
-            "micro_batch": o.micro_batch,
-            "grad_accum": measured_accum,
-            "precision": o.precision,
-            "checkpointing": o.checkpointing,
-            "packing": o.packing,
-        }
-        if o.label == own_label(sizes[0]):
-            spec["time_steps"] = PLANNED_TIME_STEPS
-        result = measure_in_subprocess(spec, timeout_s=timeout_s)
-        if result.get("facts"):
-            facts = facts or ModelFacts.from_dict(result["facts"])
-        row: dict[str, Any] = {
-            "label": o.label,
-            "options": {**o.to_dict(), "measured_accum": measured_accum},
-            "status": result.get("status"),
-            "reason": result.get("reason"),
-            "measured": result.get("measured"),
-        }
-        m = row["measured"]
-        if m and m.get("step_s"):
-            micro_s = m["step_s"] / measured_accum
-            m["micro_step_s"] = micro_s
-            m["projected_step_s"] = micro_s * o.grad_accum
-        rows.append(row)
-        return row
-
+    # + the recommended configuration, when not measured yet
+    measurer = _Measurer(base_spec, own_label(sizes[0]), len(options) + 1, timeout_s, progress)
     for o in options:
-        run_option(o)
+        measurer.measure(o)
+    rows, facts = measurer.rows, measurer.facts
     if facts is None:
         reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
         raise TunelabError(
             f"no configuration could be measured: {reasons[:1500]}",
             hint="lower --micro-batch / --seq-len, or raise --memory-budget",
         )
-    loss_fraction = base_spec["loss_fraction"]
     cuda_major = next(
         (r["measured"]["cuda_major"] for r in rows if (r["measured"] or {}).get("cuda_major")), 9
     )
 
-    def case_of(opts: dict[str, Any], accum: int | None = None) -> Case:
-        return Case(
-            seq_len=opts["seq_len"],
-            micro_batch=opts["micro_batch"],
-            grad_accum=accum or opts.get("measured_accum", opts["grad_accum"]),
-            precision=opts["precision"],
-            checkpointing=opts["checkpointing"],
-            packing=bool(opts["packing"] and facts.architecture == "causal_lm"),
-            loss_fraction=loss_fraction,
-            optimizer=t.optimizer,
-            device=device,
-            cuda_major=cuda_major,
-        )
+    def case(opts: dict[str, Any], accum: int | None = None) -> Case:
+        return _case_of(
+            opts, facts, t, loss_fraction=loss_fraction, device=device, cuda_major=cuda_major,
+            accum=accum,
+        )  # fmt: skip
 
     for row in rows:
-        row.update(compare_row(facts, case_of(row["options"]), row["measured"], device))
+        row.update(compare_row(facts, case(row["options"]), row["measured"], device))
         _flat(row)
     # the recommendation, sized at the longest length with the study's precision and packing
-    ok = [r for r in rows if r["status"] == "ok"]
-    template = case_of({**options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)
+    template = case({**options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)
     template = replace(template, checkpointing=t.activation_checkpointing)
-    idle = [r["measured"].get("idle_rss") for r in ok if r["measured"].get("idle_rss")]
-    rec = recommend(
-        facts,
-        template,
-        effective_batch=effective,
-        budget_bytes=budget,
-        fixed_bytes=0 if device == "cuda" else max(idle or [0]),
-        compare_total=device == "cuda",
-        scale=calibration(rows),
+    rec = _recommendation(
+        measurer, case, template, largest=sizes[-1], effective=effective, budget=budget,
+        device=device, packing=t.packing,
+    )  # fmt: skip
+    record = _record(
+        study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
+        _projection(facts, template, rec, effective, ranks),
+    )  # fmt: skip
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
+    study.ledger.add_event(
+        None,
+        "sizing:recorded",
+        {
+            "id": record["id"],
+            "max_error_pct": record["max_error_pct"],
+            "seconds": record["seconds"],
+        },
     )
-    if rec["fits"]:
-        match = next(
-            (
-                r
-                for r in rows
-                if r["options"]["seq_len"] == sizes[-1]
-                and r["options"]["micro_batch"] == rec["micro_batch"]
-                and r["options"]["checkpointing"] == rec["checkpointing"]
-                and r["options"]["precision"] == rec["precision"]
-            ),
-            None,
-        )
-        if match is None:
-            o = Option(
-                "recommended",
-                sizes[-1],
-                rec["micro_batch"],
-                rec["grad_accum"],
-                rec["precision"],
-                rec["checkpointing"],
-                t.packing,
-            )
-            match = run_option(o)
-            match.update(compare_row(facts, case_of(match["options"]), match["measured"], device))
-            _flat(match)
-        rec["row"] = match["label"]
-        rec["measured_status"] = match["status"]
-        if match["status"] == "ok":
-            m = match["measured"]
-            rec.update(
-                tokens_per_s=m.get("tokens_per_s"),
-                step_s=m.get("projected_step_s"),
-                micro_step_s=m.get("micro_step_s"),
-                measured_peak_bytes=m.get("peak_total"),
-            )
-    projection = []
-    if rec.get("fits"):
-        per_rank = replace(
-            template, micro_batch=rec["micro_batch"], checkpointing=rec["checkpointing"]
-        )
-        for n in ranks:
-            # the effective batch stays: each rank takes micro-batches of at most the
-            # recommended size, the accumulation shrinks with the rank count
-            micro = max(1, min(rec["micro_batch"], effective // n))
-            accum = max(1, -(-effective // (micro * n)))
-            case = replace(per_rank, micro_batch=micro, grad_accum=accum)
-            projection.append(
-                {**project_per_rank(facts, case, n), "micro_batch": micro, "grad_accum": accum}
-            )
+    return record, path
+
+
+def _record(
+    study: Study,
+    hypothesis: dict[str, Any],
+    lengths: dict[str, Any],
+    sizes: list[int],
+    device: str,
+    budget: int,
+    allocator: str,
+    facts: ModelFacts,
+    rows: list[dict[str, Any]],
+    rec: dict[str, Any],
+    projection: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """records/sizing/<id>.json (its `seconds` filled in by the caller)."""
+    from tunelab.env import capture_env
+
+    cfg = study.config
+    t = cfg.training
+    effective = t.micro_batch_size * t.grad_accum_steps
     throughput = _throughput(rows, rec, sizes)
-    record = {
+    return {
         "id": new_sizing_id(),
         "kind": "sizing",
         "created_at": utc_now(),
@@ -406,18 +513,6 @@ def run_sizing(
         "step_s": throughput.get("step_s"),
         "tokens_per_s": throughput.get("tokens_per_s"),
     }
-    record["seconds"] = round(time.perf_counter() - started, 3)
-    path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
-    study.ledger.add_event(
-        None,
-        "sizing:recorded",
-        {
-            "id": record["id"],
-            "max_error_pct": record["max_error_pct"],
-            "seconds": record["seconds"],
-        },
-    )
-    return record, path
 
 
 def _flat(row: dict[str, Any]) -> None:

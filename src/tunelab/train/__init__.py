@@ -1,9 +1,12 @@
 """Training: batches, the loop, checkpoints, and runs recorded in the study.
 
 - `collate(encoded, pad_id, architecture, packing)` and the seeded data order (`batches`)
-- `train_loop(loop, state, on_step)` (`loop`): token-normalized accumulation, clipping,
-  schedules, precision, activation checkpointing
-- `save_checkpoint` / `load_checkpoint` (`checkpoint`): atomic, safetensors + JSON, no pickle
+- `train_loop(loop, state, callbacks)` (`loop`): token-normalized accumulation, clipping,
+  precision; `build_model` / `build_loop` (`build`): what the loop trains, for train and size
+- the step callbacks of a run (`callbacks`): metrics, validation, checkpoints, update check,
+  heartbeat, progress, signals
+- `save_checkpoint` / `load_checkpoint` / `check_checkpoint_files` (`checkpoint`): atomic,
+  safetensors + JSON, no pickle, every strategy
 - `train_run`, `resume_run`, `load_run_model` (`run`)
 """
 
@@ -25,7 +28,7 @@ _HOMES = {
     "train_loop": "loop",
     "validation_loss": "loop",
     "RunFailed": "run",
-    "RunInterrupted": "run",
+    "RunInterrupted": "callbacks",
     "load_run_model": "run",
     "read_metrics": "run",
     "resume_run": "run",

@@ -83,7 +83,7 @@ def _probe_function(x: torch.Tensor) -> torch.Tensor:
 def compile_blocks(model: torch.nn.Module) -> int:
     """Compile each block of `model` in place (the blocks FSDP shards one by one); returns how
     many. Raises ConfigError when the model has no blocks to compile."""
-    from tunelab.train.distributed import decoder_layers
+    from tunelab.train.parallel import decoder_layers
 
     blocks = decoder_layers(model)
     if not blocks:
@@ -96,13 +96,18 @@ def compile_blocks(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-def prepare_model(model: torch.nn.Module, cfg: Any, device: torch.device) -> dict[str, Any]:
-    """Compile the blocks when `cfg.compile` (a TrainingConfig) asks; before the model is
-    wrapped for DDP or FSDP. Returns what it did, for `describe_compute`."""
+def prepare_model(model: torch.nn.Module, cfg: Any, device: torch.device | str) -> int:
+    """Compile the blocks when `cfg.compile` (a TrainingConfig) asks, after checking the
+    toolchain; before the model is wrapped for DDP or FSDP. Returns the blocks compiled."""
     if not getattr(cfg, "compile", False):
-        return {"enabled": False, "blocks": 0}
+        return 0
     check_compile(device)
-    return {"enabled": True, "blocks": compile_blocks(model), "mode": "default"}
+    return compile_blocks(model)
+
+
+def compiled_blocks(model: torch.nn.Module) -> int:
+    """How many modules of `model` run a compiled forward (`nn.Module.compile`)."""
+    return sum(1 for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None)
 
 
 def describe_compute(
@@ -111,7 +116,6 @@ def describe_compute(
     device: torch.device,
     input_ids: torch.Tensor,
     architecture: str,
-    compiled: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the model checks of `tunelab.train.losses` in the training's precision (causal LM)
     and return the record: precision (requested, used, why), compile, attention and loss."""
@@ -119,7 +123,7 @@ def describe_compute(
     record: dict[str, Any] = {
         "device": str(device),
         "precision": {"requested": cfg.precision, "used": precision, "why": why},
-        "compile": compiled or {"enabled": False, "blocks": 0},
+        "compile": {"enabled": bool(cfg.compile), "blocks": compiled_blocks(model)},
     }
     if architecture == "causal_lm":
         from tunelab.train.loop import autocast

@@ -19,7 +19,6 @@ failed rank ("rank 1: RuntimeError: ..."), unless the run was interrupted by a s
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -34,16 +33,15 @@ from typing import Any
 from tunelab.env import under_torchrun
 from tunelab.errors import ConfigError, RunError
 from tunelab.records import read_json, write_json_atomic
-from tunelab.train.distributed import (
+from tunelab.train.launch_dir import (
     LAUNCH_DIR_ENV,
-    STRATEGIES,
-    Distributed,
-    destroy_process_group,
-    make_strategy,
+    announced_run,
+    read_rank_records,
     report_rank_failure,
 )
-
-SINGLE = "single"
+from tunelab.train.parallel import STRATEGIES, Distributed, make_strategy
+from tunelab.train.process_group import destroy_process_group
+from tunelab.train.rank_run import SINGLE, recorded_strategy
 
 
 @dataclass
@@ -163,16 +161,6 @@ def run_torchrun(launch: Launch, command: list[str], study_root: Path) -> Launch
         shutil.rmtree(launch_dir, ignore_errors=True)
 
 
-def read_rank_records(launch_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for p in sorted(launch_dir.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1])):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            out.append({"rank": int(p.stem.split("-")[1]), "error": f"unreadable record {p.name}"})
-    return out
-
-
 # What a rank reports when another rank died under it: a consequence, not the cause.
 _PEER_GONE = (
     "connection closed by peer",
@@ -206,11 +194,10 @@ def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
     """After torchrun: copy rank records into the run, and set a failed status when due."""
     records = read_rank_records(launch_dir)
     failures = [r for r in records if r.get("kind", "failed") == "failed"]
-    announced = launch_dir / "run.json"
-    if not announced.exists():
+    info = announced_run(launch_dir)
+    if info is None:
         # Failed before rank 0 created the run, or this node does not hold rank 0.
         return LaunchResult(returncode, None, None, None, failures)
-    info = json.loads(announced.read_text())
     run_dir = Path(info["run_dir"])
     for r in records:
         write_json_atomic(run_dir / "ranks" / f"rank-{r['rank']}.json", r, overwrite=True)
@@ -259,9 +246,8 @@ def raise_for_result(result: LaunchResult) -> None:
 
 def recorded_launch(run_dir: Path) -> Launch:
     """The strategy and world size a run was started with (from its env.json)."""
-    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
-    d = env.get("distributed") or {}
-    return Launch(nproc=int(d.get("world_size", 1)), strategy=d.get("strategy", SINGLE))
+    strategy, world_size = recorded_strategy(run_dir)
+    return Launch(nproc=world_size, strategy=strategy)
 
 
 # ------------------------------------------------------------------ what the CLI calls

@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from tunelab.train.batches import (
 )
 from tunelab.train.compute import resolve_precision
 from tunelab.train.losses import causal_lm_loss_sum
+from tunelab.train.schedule import lr_factor
 from tunelab.train.strategy import SingleProcess, Strategy
 
 
@@ -51,8 +52,12 @@ class TrainState:
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> torch.optim.Optimizer:
-    """Any torch.optim optimizer by name; lr, weight_decay and betas passed where it takes them."""
-    cls = getattr(torch.optim, cfg.optimizer, None)
+    """Any torch.optim optimizer by name, or bitsandbytes' 8-bit AdamW (`BNB_OPTIMIZERS`); lr,
+    weight_decay and betas passed where it takes them."""
+    from tunelab.models.quantize import BNB_OPTIMIZERS, bnb_optimizer
+
+    cls = bnb_optimizer(cfg.optimizer) if cfg.optimizer in BNB_OPTIMIZERS else None
+    cls = cls or getattr(torch.optim, cfg.optimizer, None)
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         known = sorted(
             n
@@ -61,7 +66,8 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> to
         )
         raise ConfigError(
             f"training.optimizer: unknown optimizer {cfg.optimizer!r}",
-            hint=f"use one of torch.optim's: {', '.join(known)}",
+            hint=f"use one of torch.optim's: {', '.join(known)}; or bitsandbytes' "
+            + ", ".join(BNB_OPTIMIZERS),
         )
     accepted = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = {"lr": cfg.lr}
@@ -70,22 +76,6 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> to
     if "betas" in accepted:
         kwargs["betas"] = tuple(cfg.betas)
     return cls(params, **kwargs)
-
-
-def lr_factor(step: int, cfg: TrainingConfig, total_steps: int) -> float:
-    """Multiplier of training.lr for the 0-based optimizer step `step`.
-
-    Warm-up rises linearly to 1 over warmup_steps (never 0 at the first step); then constant,
-    linear decay, or cosine decay, ending just above 0 at the last step.
-    """
-    if step < cfg.warmup_steps:
-        return (step + 1) / (cfg.warmup_steps + 1)
-    if cfg.schedule == "constant":
-        return 1.0
-    progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-    if cfg.schedule == "linear":
-        return max(0.0, 1.0 - progress)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def build_scheduler(
@@ -181,11 +171,14 @@ class Loop:
     scaler: torch.amp.GradScaler | None = None
 
 
-def train_loop(
-    loop: Loop, state: TrainState, on_step: Callable[[TrainState, dict[str, Any]], None]
-) -> TrainState:
-    """Run optimizer steps from `state` to `loop.total_steps`; `on_step` logs, evaluates,
-    checkpoints and may stop the run by raising."""
+# Called after every optimizer step with the state and the step's metrics row (which it may
+# extend); it logs, evaluates, checkpoints, and may stop the run by raising.
+StepCallback = Callable[[TrainState, dict[str, Any]], None]
+
+
+def train_loop(loop: Loop, state: TrainState, callbacks: Sequence[StepCallback]) -> TrainState:
+    """Run optimizer steps from `state` to `loop.total_steps`, calling each of `callbacks` in
+    order after every step."""
     model, optimizer, cfg, strategy = loop.model, loop.optimizer, loop.cfg, loop.strategy
     device = model_device(model)
     scaler = loop.scaler or make_grad_scaler(cfg.precision, device)
@@ -231,18 +224,17 @@ def train_loop(
         state.loss_tokens_seen += loss_tokens
         state.last_loss = loss
         seconds = time.perf_counter() - started
-        on_step(
-            state,
-            {
-                "step": state.step,
-                "epoch": round(loop.source.order.epoch_float(next_position), 6),
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": tokens,
-                "loss_tokens": loss_tokens,
-                "seconds": seconds,
-                "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            },
-        )
+        row = {
+            "step": state.step,
+            "epoch": round(loop.source.order.epoch_float(next_position), 6),
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": tokens,
+            "loss_tokens": loss_tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        }
+        for callback in callbacks:
+            callback(state, row)
     return state

@@ -13,22 +13,15 @@ one in the same folder. Statuses (status.json and the ledger):
 
 from __future__ import annotations
 
-import math
-import os
-import random
-import resource
 import signal
-import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from tunelab.config import StudyConfig, validate_config
+from tunelab.config import StudyConfig, TrainingConfig, validate_config
 from tunelab.errors import (
     CheckpointError,
     ModelError,
@@ -37,7 +30,6 @@ from tunelab.errors import (
     TunelabError,
 )
 from tunelab.hypothesis import diff_dicts, require_hypothesis
-from tunelab.ledger import utc_now
 from tunelab.records import (
     append_jsonl,
     read_json,
@@ -47,31 +39,22 @@ from tunelab.records import (
 )
 from tunelab.study import Run, Study
 from tunelab.track.live import LiveLogger
+from tunelab.train import callbacks as cb
 from tunelab.train import checkpoint as ckpt
-from tunelab.train import compute, distributed
-from tunelab.train.batches import DataOrder, Position, StepSource, eval_batches
-from tunelab.train.loop import (
-    InvalidRun,
-    Loop,
-    TrainState,
-    build_optimizer,
-    build_scheduler,
-    make_grad_scaler,
-    train_loop,
-    validation_loss,
-)
+from tunelab.train import compute, rank_run
+from tunelab.train.batches import Position
+from tunelab.train.build import build_loop, build_model, seed_everything
+from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
+from tunelab.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
+from tunelab.train.schedule import total_steps
 from tunelab.train.strategy import SingleProcess, Strategy
+from tunelab.train.validation import validation_batches
 
-HEARTBEAT_EVERY_S = 5.0
+if TYPE_CHECKING:
+    from tunelab.models import BaseModel
+    from tunelab.preprocess import Preprocessor
+
 RUN_KIND = "train"
-
-
-class RunInterrupted(RunError):
-    """SIGINT or SIGTERM: a checkpoint was saved and the process stops (exit 128 + signal)."""
-
-    def __init__(self, message: str, hint: str | None = None, signum: int = signal.SIGTERM):
-        super().__init__(message, hint)
-        self.exit_code = 128 + int(signum)
 
 
 class RunFailed(RunError):
@@ -83,55 +66,8 @@ class RunFailed(RunError):
 # ------------------------------------------------------------------ helpers
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated CUDA memory, or the process's peak RSS on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def total_steps(cfg: StudyConfig, num_train: int, world_size: int = 1) -> int:
-    t = cfg.training
-    if t.max_steps:
-        return t.max_steps
-    per_step = t.micro_batch_size * t.grad_accum_steps * world_size
-    return max(1, math.ceil(t.num_epochs * num_train / per_step))
-
-
 def _ckpt_root(run: Run) -> Path:
     return run.dir / "checkpoints"
-
-
-class SignalStop:
-    """Turns the first SIGINT/SIGTERM into a flag the loop checks after each step; a second
-    one interrupts at once (KeyboardInterrupt)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self) -> SignalStop:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[s] = signal.signal(s, self._handle)
-            except ValueError:  # not the main thread: signals stay with the caller
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
 
 
 # ------------------------------------------------------------------ preparing
@@ -143,11 +79,11 @@ class Prepared:
 
     cfg: StudyConfig
     hypothesis: dict[str, Any]
-    snapshot: Any
-    base: Any
+    snapshot: Any  # a Snapshot, or the smoke's seeded sample of one (same id and rows())
+    base: BaseModel
     labels: list[str] | None
     tokenizer: Any = None
-    preprocessor: Any = None
+    preprocessor: Preprocessor | None = None
     train: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
 
@@ -192,18 +128,6 @@ def _encode(prep: Prepared) -> None:
     pre.check(prep.train)
 
 
-def _build_model(prep: Prepared, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
-    from tunelab.models import adapt, enable_activation_checkpointing, load_model
-
-    cfg = prep.cfg
-    seed_everything(cfg.training.seed)  # head and LoRA initialization
-    model = load_model(prep.base, cfg, prep.labels)
-    model, audit = adapt(model, cfg.adaptation, prep.base.architecture)
-    if cfg.training.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    return model.to(device), audit
-
-
 # ------------------------------------------------------------------ public API
 
 
@@ -214,19 +138,20 @@ def train_run(
     parent: str | None = None,
     why: str | None = None,
     resume_from: str | None = None,
-    progress: bool = False,
+    progress: TrainProgress | None = None,
     strategy: Strategy | None = None,
 ) -> Run:
     """Start a training run (or continue `resume_from`); returns the run once it completed.
 
-    Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
+    `progress(step, total_steps, metrics_row)` is called on rank 0 after every step (the CLI
+    draws the bar). Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
     (status invalid), RunFailed (status failed) and the usual TunelabErrors before the run
     exists (no hypothesis, no snapshot, no model).
     """
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
     prep = prepare_run(study)
-    run = distributed.create_run(  # rank 0 writes the record; the other ranks follow it
+    run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
         RUN_KIND,
@@ -236,7 +161,7 @@ def train_run(
         why=why,
         data_snapshot=prep.snapshot.id,
         hypothesis=prep.hypothesis,
-        env=distributed.environment(strategy),
+        env=rank_run.environment(strategy),
         extra={
             "labels": prep.labels,
             "base_model": prep.base.identity,
@@ -248,7 +173,11 @@ def train_run(
 
 
 def resume_run(
-    study: Study, run_id: str, *, progress: bool = False, strategy: Strategy | None = None
+    study: Study,
+    run_id: str,
+    *,
+    progress: TrainProgress | None = None,
+    strategy: Strategy | None = None,
 ) -> Run:
     """Continue a stopped run in its own folder from its latest complete checkpoint.
 
@@ -309,7 +238,7 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
-    run = distributed.follow(strategy, run)
+    run = rank_run.follow(strategy, run)
     run.set_status(
         "running",
         f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
@@ -327,7 +256,7 @@ def execute_run(
     prep: Prepared,
     *,
     resume: Path | None,
-    progress: bool,
+    progress: TrainProgress | None,
     strategy: Strategy | None,
 ) -> None:
     """Train `prep` into `run` and record the outcome as the run's status.
@@ -397,6 +326,44 @@ def _write_once(path: Path, obj: Any) -> None:
         write_json_atomic(path, obj)
 
 
+def _preprocess_record(prep: Prepared) -> dict[str, Any]:
+    """preprocess.json: the template, the length statistics of both splits, the loss tokens."""
+    from tunelab.preprocess import length_stats
+
+    return {
+        **prep.preprocessor.describe(),
+        "train": length_stats(prep.train),
+        "validation": length_stats(prep.validation),
+        "loss_tokens": sum(
+            sum(1 for x in e["labels"][1:] if x != -100) if "labels" in e else 1 for e in prep.train
+        ),
+    }
+
+
+def _restore(loop: Loop, resume: Path | None, method: str) -> tuple[TrainState, float]:
+    """The state to start from and the training seconds before it: a fresh state, or the
+    checkpoint `resume` loaded into the loop's model, optimizer, scheduler and generators."""
+    if resume is None:
+        return TrainState(), 0.0
+    saved = ckpt.load_checkpoint(
+        resume,
+        model=loop.model,
+        optimizer=loop.optimizer,
+        scheduler=loop.scheduler,
+        scaler=loop.scaler,
+        method=method,
+        strategy=loop.strategy,
+    )
+    state = TrainState(
+        step=saved["step"],
+        position=Position.from_dict(saved["position"]),
+        tokens_seen=saved["tokens_seen"],
+        loss_tokens_seen=saved["loss_tokens_seen"],
+        last_loss=saved["last_loss"],
+    )
+    return state, saved.get("elapsed_s", 0.0)
+
+
 def _train(
     study: Study,
     run: Run,
@@ -404,212 +371,115 @@ def _train(
     resume: Path | None,
     stop: SignalStop,
     beat: Heartbeat,
-    progress: bool,
+    progress: TrainProgress | None,
     strategy: Strategy,
 ) -> dict[str, Any]:
-    from tunelab.models import capture_params, check_update
-    from tunelab.preprocess import length_stats
+    from tunelab.models import compute_device
 
     cfg, t = prep.cfg, prep.cfg.training
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
     _encode(prep)
-    pre = prep.preprocessor
     if strategy.is_main:
-        _write_once(
-            run.path("preprocess.json"),
-            {
-                **pre.describe(),
-                "train": length_stats(prep.train),
-                "validation": length_stats(prep.validation),
-                "loss_tokens": sum(
-                    sum(1 for x in e["labels"][1:] if x != -100) if "labels" in e else 1
-                    for e in prep.train
-                ),
-            },
-        )
-    from tunelab.models import compute_device
-
+        _write_once(run.path("preprocess.json"), _preprocess_record(prep))
     device = compute_device()
-    model, audit = _build_model(prep, device)
+    model, audit = build_model(prep.base, cfg, prep.labels, device)
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
-    compiled = compute.prepare_model(model, t, device)
-    method = cfg.adaptation.method
-    arch = prep.base.architecture
-    packing = t.packing and arch == "causal_lm"
+    method, arch = cfg.adaptation.method, prep.base.architecture
     pad_id = prep.tokenizer.pad_token_id if prep.tokenizer.pad_token_id is not None else 0
-    model = strategy.wrap_model(model)
+    steps = total_steps(cfg, len(prep.train), strategy.world_size)
+    loop = build_loop(
+        model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
+    )
     probe = torch.tensor([prep.train[0]["input_ids"]])
-    how = compute.describe_compute(model, t, device, probe, arch, compiled)
+    how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
     if strategy.is_main:
         _write_once(run.path("compute.json"), how)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, t)
-    steps = total_steps(cfg, len(prep.train), strategy.world_size)
-    scheduler = build_scheduler(optimizer, t, steps)
-    scaler = make_grad_scaler(t.precision, device)
-    source = StepSource(
-        prep.train,
-        DataOrder(len(prep.train), t.seed),
-        t.micro_batch_size,
-        t.grad_accum_steps,
-        pad_id,
-        arch,
-        packing,
-        strategy.world_size,
-        strategy.shard_indices,
-    )
-    loop = Loop(model, optimizer, scheduler, source, t, steps, arch, strategy, scaler)
     val_batches = (
-        eval_batches(prep.validation, t.micro_batch_size, pad_id, arch, packing)
+        validation_batches(prep.validation, t, pad_id, arch)
         if prep.validation and t.eval_every_steps
         else []
     )
     root = _ckpt_root(run)
-    identity = {"config_sha256": cfg.sha256(), "data_snapshot": prep.snapshot.id}
-
-    state = TrainState()
-    elapsed_before = 0.0
-    if resume is not None:
-        saved = distributed.load_checkpoint(
-            strategy,
-            resume,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            method=method,
-        )
-        state = TrainState(
-            step=saved["step"],
-            position=Position.from_dict(saved["position"]),
-            tokens_seen=saved["tokens_seen"],
-            loss_tokens_seen=saved["loss_tokens_seen"],
-            last_loss=saved["last_loss"],
-        )
-        elapsed_before = saved.get("elapsed_s", 0.0)
+    state, elapsed_before = _restore(loop, resume, method)
     if strategy.is_main:
         # a resume without a checkpoint redoes step 0 (the initial validation loss) too
         _truncate_metrics(run, state.step if state.step > 0 else -1)
 
-    before = capture_params(model) if state.step < t.update_check_steps else None
-    update_check: dict[str, Any] = {"after_step": t.update_check_steps, "violations": None}
-    if before is None:
-        update_check["note"] = "resumed after the check step; checked in the first attempt"
-    val = {"initial": None, "last": None}
-    if val_batches and state.step == 0:
-        # every rank evaluates the whole split (an FSDP forward is collective): no reduction
-        loss, n = validation_loss(model, val_batches, arch, t.precision)
-        val["initial"] = loss
-        if strategy.is_main:
-            append_jsonl(run.path("metrics.jsonl"), {"step": 0, "val_loss": loss, "val_tokens": n})
-
-    started = time.perf_counter()
-    bar = _Progress(steps, state.step) if progress and strategy.is_main else None
-
-    def save(s: TrainState) -> Path:
-        path = distributed.save_checkpoint(
-            strategy,
-            root,
-            s.step,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            method=method,
-            state={
-                **identity,
-                "position": s.position.to_dict(),
-                "epoch": source.order.epoch_float(s.position),
-                "tokens_seen": s.tokens_seen,
-                "loss_tokens_seen": s.loss_tokens_seen,
-                "last_loss": s.last_loss,
-                "total_steps": steps,
-                "elapsed_s": elapsed_before + time.perf_counter() - started,
-            },
-        )
-        if strategy.is_main:
-            ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
-        return path
-
-    def on_step(s: TrainState, row: dict[str, Any]) -> None:
-        row["memory_bytes"] = peak_memory_bytes(device)
-        row["elapsed_s"] = elapsed_before + time.perf_counter() - started
-        if before is not None and s.step == t.update_check_steps:
-            violations = check_update(before, model, s.step, method)
-            update_check["violations"] = violations
-            if violations:
-                raise InvalidRun(
-                    f"update check after step {s.step}: {len(violations)} tensor(s) wrong: "
-                    + "; ".join(violations[:5]),
-                    hint="check adaptation (targets, frozen modules) and training.lr",
-                )
-        if val_batches and (s.step % t.eval_every_steps == 0 or s.step == steps):
-            row["val_loss"], row["val_tokens"] = validation_loss(
-                model, val_batches, arch, t.precision
-            )
-            val["last"] = row["val_loss"]
-        if strategy.is_main:
-            append_jsonl(run.path("metrics.jsonl"), row)
-            live.log(row)
-        saved_now = False
-        if s.step == steps or (t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0):
-            save(s)
-            saved_now = True
-        ckpt.kill_for_test("step", s.step)
-        beat.step = s.step
-        if saved_now:
-            beat.beat()
-        if bar is not None:
-            bar.update(s.step, row)
-        signum = distributed.agreed_stop(strategy, stop.signum)
-        if signum is not None and s.step < steps:
-            path = save(s)
-            name = signal.Signals(signum).name
-            raise RunInterrupted(
-                f"run {run.id} stopped by {name} after step {s.step}; checkpoint {path.name} saved",
-                hint=f"`tunelab resume {run.id}` continues it to the same result",
-                signum=signum,
-            )
-
-    beat.step, beat.total_steps = state.step, steps
+    update_check = cb.UpdateCheck(loop.model, method, t.update_check_steps, state.step)
+    validation = cb.Validation(loop, val_batches, t.eval_every_steps)
+    validation.before_training(state, run, strategy)
+    clock = cb.Clock(elapsed_before)
+    identity = {"config_sha256": cfg.sha256(), "data_snapshot": prep.snapshot.id}
+    saver = cb.CheckpointSaver(
+        root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints, clock=clock
+    )
+    checkpoints = cb.Checkpoints(saver, t.checkpoint_every_steps)
     live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
-    if val["initial"] is not None:
-        live.log({"step": 0, "val_loss": val["initial"]})
+    if validation.initial is not None:
+        live.log({"step": 0, "val_loss": validation.initial})
+    callbacks: list[StepCallback] = [
+        cb.StepFigures(device, clock),
+        update_check,
+        validation,
+        cb.MetricsLog(run.path("metrics.jsonl"), enabled=strategy.is_main),
+        live,
+        checkpoints,
+        cb.kill_point,
+        cb.HeartbeatStep(beat, checkpoints),
+        *([cb.ProgressReport(progress, steps)] if progress and strategy.is_main else []),
+        cb.StopOnSignal(stop, saver, run.id),
+    ]
+    beat.step, beat.total_steps = state.step, steps
     try:
         if state.step < steps:
-            train_loop(loop, state, on_step)
+            train_loop(loop, state, callbacks)
         else:
-            save(state)  # killed after the last step but before the record was finished
+            saver.save(state)  # killed after the last step but before the record was finished
     except BaseException as exc:
         live.close(exc)
         raise
-    finally:
-        if bar is not None:
-            bar.close()
     live.close()
+    summary = _finish(run, root, state, steps, validation, update_check, clock, strategy, t)
+    if strategy.is_main and update_check.passed:
+        study.ledger.add_event(run.id, "update_check", update_check.record)
+    return summary
+
+
+def _finish(
+    run: Run,
+    root: Path,
+    state: TrainState,
+    steps: int,
+    validation: cb.Validation,
+    update_check: cb.UpdateCheck,
+    clock: cb.Clock,
+    strategy: Strategy,
+    t: TrainingConfig,
+) -> dict[str, Any]:
+    """Point `final` at the last checkpoint; the summary that status.json records."""
     final = ckpt.latest_checkpoint(root)
     assert final is not None and final.name == ckpt.step_dir_name(steps)
     if strategy.is_main:
         ckpt.mark_final(root, steps)
         ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
     rows = [r for r in read_jsonl(run.path("metrics.jsonl")) if "loss" in r]
-    elapsed = elapsed_before + time.perf_counter() - started
-    if strategy.is_main and update_check["violations"] in ([], None):
-        study.ledger.add_event(run.id, "update_check", update_check)
+    elapsed = clock.elapsed()
     return {
         "steps": steps,
         "final_loss": rows[-1]["loss"] if rows else state.last_loss,
-        "val_loss": val["last"],
-        "val_loss_initial": val["initial"] if val["initial"] is not None else _initial_val(run),
+        "val_loss": validation.last,
+        "val_loss_initial": validation.initial
+        if validation.initial is not None
+        else _initial_val(run),
         "tokens": state.tokens_seen,
         "loss_tokens": state.loss_tokens_seen,
         "train_seconds": elapsed,
         "tokens_per_s": state.tokens_seen / elapsed if elapsed > 0 else None,
         "steps_per_s": steps / elapsed if elapsed > 0 else None,
         "final_checkpoint": str(final.relative_to(run.dir)),
-        "update_check": update_check,
+        "update_check": update_check.record,
     }
 
 
@@ -618,103 +488,6 @@ def _initial_val(run: Run) -> float | None:
         if r.get("step") == 0 and "val_loss" in r:
             return r["val_loss"]
     return None
-
-
-class Heartbeat:
-    """Says the run is alive every HEARTBEAT_EVERY_S from a background thread (ledger and
-    status.json, with the current step), so a slow step, a long evaluation or a big checkpoint
-    never looks like a dead process to `Study.reconcile`. Stopped before the final status."""
-
-    def __init__(self, run: Run, enabled: bool = True):
-        self.run = run
-        self.enabled = enabled
-        self.step = 0
-        self.total_steps: int | None = None
-        self.reason = run.row.reason if enabled else None  # e.g. "resumed from step-000003"
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="tunelab-heartbeat", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        if self.enabled:
-            self.beat()
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        with self._lock:
-            self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY_S):
-            try:
-                self.beat()
-            except Exception:  # noqa: BLE001 - a missed beat (busy disk, locked ledger) is retried
-                pass
-
-    def beat(self) -> None:
-        with self._lock:
-            if self._stop.is_set() or not self.enabled:
-                return
-            now = utc_now()
-            self.run.heartbeat()
-            write_json_atomic(
-                self.run.path("status.json"),
-                {
-                    "run_id": self.run.id,
-                    "status": "running",
-                    "reason": self.reason,
-                    "at": now,
-                    "heartbeat_at": now,
-                    "pid": os.getpid(),
-                    "step": self.step,
-                    "total_steps": self.total_steps,
-                },
-                overwrite=True,
-            )
-
-
-class _Progress:
-    """A rich progress bar on stderr: step, loss, tokens/s, ETA."""
-
-    def __init__(self, total: int, done: int):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("[bold]train[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
-        self.progress.start()
-        self.task = self.progress.add_task("train", total=total, completed=done, loss="-", tps="-")
-
-    def update(self, step: int, row: dict[str, Any]) -> None:
-        tps = row.get("tokens_per_s")
-        self.progress.update(
-            self.task,
-            completed=step,
-            loss=f"{row['loss']:.4f}",
-            tps=f"{tps:,.0f}" if tps else "-",
-        )
-
-    def close(self) -> None:
-        self.progress.stop()
 
 
 # ------------------------------------------------------------------ loading a trained model

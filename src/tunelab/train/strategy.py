@@ -1,31 +1,71 @@
 """The seam between the training loop and parallelism.
 
 The loop asks a strategy to wrap the model, to pick this rank's share of each step's examples, to
-sum counts across ranks, and whether a micro-step must synchronize gradients. A single process is
-the identity; DDP and FSDP strategies implement the same five members.
+sum counts across ranks, and whether a micro-step must synchronize gradients. The run asks it to
+share objects between ranks (rank 0 creates the record, the others follow it) and, through
+`shard_writer`, how a checkpoint holds the model: None for a full replica on rank 0 (the single
+process and DDP), a `ShardWriter` where each rank holds only its shards (FSDP). A single process
+is the identity.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:  # torch stays unimported for the commands that only read checkpoints
+    import torch
+
+
+class ShardWriter(Protocol):
+    """Writes and reads the weights and optimizer states of a sharded model; collectives."""
+
+    def save(
+        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+    ) -> dict[str, Any]:
+        """Write this rank's shards (and, on rank 0, the gathered trainable weights in the
+        single-process format) into `folder`; returns fields for state.json."""
+        ...
+
+    def load(
+        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+    ) -> None: ...
 
 
 class Strategy(Protocol):
+    name: str
     rank: int
     world_size: int
+    shard_writer: ShardWriter | None
 
     @property
     def is_main(self) -> bool: ...
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module whose state a replica checkpoint holds (DDP's `module`)."""
+        ...
+
     def shard_indices(self, indices: list[int]) -> list[int]: ...
 
     def all_reduce_sum(self, value: float) -> float: ...
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        ...
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """The `distributed` entry of env.json (None for a single process); a collective."""
+        ...
 
     def accumulate(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step; gradients are synchronized only when `last` (DDP no_sync)."""
@@ -35,8 +75,10 @@ class Strategy(Protocol):
 class SingleProcess:
     """One process, one device: every member is the identity."""
 
+    name = "single"
     rank = 0
     world_size = 1
+    shard_writer = None
 
     @property
     def is_main(self) -> bool:
@@ -45,11 +87,26 @@ class SingleProcess:
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
     def shard_indices(self, indices: list[int]) -> list[int]:
         return indices
 
     def all_reduce_sum(self, value: float) -> float:
         return value
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
 
     @contextlib.contextmanager
     def accumulate(self, model: torch.nn.Module, last: bool) -> Iterator[None]:

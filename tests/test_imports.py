@@ -1,0 +1,221 @@
+"""The import graph of the `tunelab` package has no cycle.
+
+Read from the source with `ast`: every `import tunelab.x` and `from tunelab.x import y` executed
+when a module is imported (the module's body, its class bodies and compound statements, not
+`if TYPE_CHECKING:` blocks nor function bodies). Importing `tunelab.a.b` first runs the package
+`tunelab.a`, so a module also depends on the packages above what it imports. A second test
+counts the imports inside functions too, for the training, checkpoint, sizing, verify and smoke
+modules: a loop there is one an import deferred to call time hides, not one it removes.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "tunelab"
+
+
+def module_files(src: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:
+    """{dotted module name: file} for every module of the package."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def top_level_imports(
+    tree: ast.Module, inside_functions: bool = False
+) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements run at import time (or, with `inside_functions`, at any time):
+    never those under `if TYPE_CHECKING:`."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                pending += node.body
+            pending += node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                pending += handler.body
+        elif isinstance(node, ast.With | ast.For | ast.While | ast.ClassDef):
+            pending += node.body + getattr(node, "orelse", [])
+        elif inside_functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            pending += node.body
+    return found
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
+
+
+def _parents(name: str, importer: str) -> set[str]:
+    """The packages above `name` that are not above `importer` too (those are already being
+    imported when `importer` runs)."""
+    parts = name.split(".")
+    above = {".".join(parts[:i]) for i in range(1, len(parts))}
+    return above - {".".join(importer.split(".")[:i]) for i in range(1, importer.count(".") + 1)}
+
+
+def _targets(name: str, node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
+    """The modules a statement names: `from pkg import sub` names the module pkg.sub, and pkg
+    itself only when it also takes a name defined there."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    base = _resolve(name, node, modules[name].name == "__init__.py")
+    subs = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules}
+    return subs | ({base} if len(subs) < len(node.names) else set())
+
+
+def import_graph(
+    src: Path = SRC, package: str = PACKAGE, inside_functions: bool = False
+) -> dict[str, set[str]]:
+    """{module: modules of the package it imports at import time (or at all)}."""
+    modules = module_files(src, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deps: set[str] = set()
+        for node in top_level_imports(tree, inside_functions):
+            for target in _targets(name, node, modules):
+                if target.split(".")[0] == package:
+                    deps |= ({target} | _parents(target, name)) & set(modules)
+        deps.discard(name)
+        # the root package holds only the version; every module runs it first, harmlessly
+        deps.discard(package)
+        graph[name] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path = [start]
+        iters = [iter(sorted(graph[start]))]
+        state[start] = 1
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                iters.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                iters.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_the_graph_reads_what_runs_at_import_time(tmp_path):
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a/__init__.py": "from pkg.a.inner import thing\n",
+        "pkg/a/inner.py": "from pkg.a import sibling\nthing = 1\n",
+        "pkg/a/sibling.py": "",
+        "pkg/b.py": (
+            "from typing import TYPE_CHECKING\n"
+            "import os\n"
+            "from pkg.a.inner import thing\n"
+            "from . import c\n"
+            "try:\n    import pkg.d\nexcept ImportError:\n    pass\n"
+            "if TYPE_CHECKING:\n    import pkg.e\n"
+            "def later():\n    import pkg.f\n"
+            "class Later:\n    import pkg.g\n"
+        ),
+        "pkg/c.py": "",
+        "pkg/d.py": "",
+        "pkg/e.py": "",
+        "pkg/f.py": "",
+        "pkg/g.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, "pkg")
+    # the package above a module runs first; the package itself only from outside it
+    assert graph["pkg.b"] == {"pkg.a", "pkg.a.inner", "pkg.c", "pkg.d", "pkg.g"}
+    assert import_graph(tmp_path, "pkg", inside_functions=True)["pkg.b"] == {
+        "pkg.a",
+        "pkg.a.inner",
+        "pkg.c",
+        "pkg.d",
+        "pkg.f",
+        "pkg.g",
+    }
+    assert graph["pkg.a"] == {"pkg.a.inner"}
+    assert graph["pkg.a.inner"] == {"pkg.a.sibling"}
+    assert len(import_graph()) > 50
+
+
+def cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The shortest cycle through `start` as [start, ..., start], or None (breadth first)."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for dep in sorted(graph.get(node, ())):
+                if dep == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if node != start else [start, start]
+                if dep not in came_from:
+                    came_from[dep] = node
+                    nxt.append(dep)
+        frontier = nxt
+    return None
+
+
+def test_a_cycle_is_found_and_named():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set()}
+    assert cycle_through(graph, "b") == ["b", "c", "a", "b"]
+    assert cycle_through(graph, "d") is None
+
+
+def test_no_import_cycle_in_tunelab():
+    cycle = find_cycle(import_graph())
+    if cycle is not None:
+        pytest.fail("module-level import cycle: " + " -> ".join(cycle))
+
+
+# the modules whose loops the imports inside functions must not hide
+NO_HIDDEN_LOOPS = ("tunelab.train", "tunelab.verify", "tunelab.smoke", "tunelab.sizing")
+
+
+def test_no_hidden_import_cycle_through_training_and_checkpoints():
+    graph = import_graph(inside_functions=True)
+    scope = [m for m in graph if m == "tunelab.worker" or m.startswith(NO_HIDDEN_LOOPS)]
+    assert "tunelab.train.checkpoint" in scope and "tunelab.verify" in scope
+    for module in sorted(scope):
+        cycle = cycle_through(graph, module)
+        if cycle is not None:
+            pytest.fail("import cycle through imports inside functions: " + " -> ".join(cycle))
