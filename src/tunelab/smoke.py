@@ -255,6 +255,8 @@ def _smoke_body(
     record: dict[str, Any],
     progress: TrainProgress | None,
 ) -> None:
+    import torch
+
     from tunelab.env import device_kind
     from tunelab.evaluate import evaluate_model, record_evaluation
     from tunelab.train import load_run_model
@@ -372,6 +374,7 @@ def _smoke_body(
         labels=labels,
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
+        num_threads=torch.get_num_threads(),
     )
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]

@@ -332,9 +332,13 @@ def fresh_evaluate(
     labels: Sequence[str] | None,
     probe_ids: Sequence[Any] | None = None,
     val_loss_ids: Sequence[Any] | None = None,
+    num_threads: int | None = None,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Re-evaluate run `run_id` on the examples `ids` in a new Python process.
+
+    `num_threads`: the caller's torch thread count when it computed the figures compared
+    (a different count reorders float sums); by default the run's training.num_threads.
 
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
     the training loop's validation loss on these examples, with the run's own config.
@@ -353,7 +357,7 @@ def fresh_evaluate(
         "labels": list(labels) if labels else None,
         "probe_ids": list(probe_ids) if probe_ids else None,
         "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
-        "num_threads": study.config.training.num_threads,
+        "num_threads": num_threads or study.config.training.num_threads,
     }
     with Worker("tunelab.verify") as worker:
         outcome = worker.run(spec, timeout_s=timeout_s)
@@ -476,6 +480,16 @@ def _reproduce(
     return out
 
 
+def _used_precision(requested: str, compute_json: Path) -> str:
+    """The precision a run trained in: its compute.json's, else `requested` resolved here."""
+    from tunelab.env import device_kind
+    from tunelab.train.compute import resolve_precision
+
+    if compute_json.exists():
+        return read_json(compute_json)["precision"]["used"]
+    return resolve_precision(requested, device_kind())
+
+
 def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
@@ -511,6 +525,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
             .get("training", {})
             .get("precision", precision)
         )
+    precision = _used_precision(precision, target.dir / "compute.json")
     atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
     started = time.perf_counter()
     record: dict[str, Any] = {
