@@ -92,17 +92,18 @@ def test_a_run_records_how_it_computes(tmp_path, tiny_llama_dir, capsys):
 
 
 def test_compile_without_a_compiler_is_a_config_error_at_the_start(
-    tmp_path, tiny_llama_dir, capsys, monkeypatch
+    tmp_path, tiny_llama_dir, capsys
 ):
     """No C++ compiler for inductor: the run stops before its first step with a located error
     and a hint (exit 2), not a traceback from inside the compiled forward."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
-    with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler"):
-        compute.check_compile("cpu")
     study_dir = _study(tmp_path, tiny_llama_dir)
-    code, out, err = run_cli(capsys, "train", "-s", study_dir, "--set", "training.compile=true")
+    # inductor's own patch: monkeypatch's undo deletes the entry, hiding it from later tests
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler"):
+            compute.check_compile("cpu")
+        code, out, err = run_cli(capsys, "train", "-s", study_dir, "--set", "training.compile=true")
     assert code == 2
     assert "training.compile" in err and "C++ compiler" in err and "Traceback" not in err
     assert "training.compile: false" in err  # the hint
