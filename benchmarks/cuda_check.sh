@@ -7,6 +7,8 @@
 #   3. sizing against measured bf16 steps on SmolLM2-135M's and Llama-3.2-1B's shapes (random
 #      weights, no download): predicted peak vs max_memory_allocated, step time, tokens/s
 #   4. the GPU plan's projected step against those fresh steps (benchmarks/gpu_projection.py)
+#   4b. QLoRA: a measured bf16 step over a 4-bit (NF4) SmolLM2-shaped base beside LoRA's, its
+#      max_memory_allocated against the prediction; the QLoRA training tests on the GPU
 #   5. the classification demo end to end on the GPU, then `tunelab plan --review`, and a plan
 #      projected onto this GPU from the catalog reviewed against the demo's GPU runs
 #   6. training throughput on Llama-3.2-1B's shape in bf16 against Trainer + peft (with and
@@ -43,6 +45,11 @@ step gpu-tests 240 $py -m pytest -q -p no:cacheprovider -m gpu \
 step sizing-bf16 190 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
     --models smollm2-shape,llama1b-shape --lengths 2048 --micro-batch 8 --threads 8 \
     --json-out "$out/sizing-bf16.json"
+step qlora 150 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
+    --models smollm2-shape --methods qlora,lora --checkpointing off,on --lengths 2048 \
+    --micro-batch 8 --threads 8 --json-out "$out/qlora.json"
+step qlora-tests 90 $py -m pytest -q -p no:cacheprovider tests/test_qlora.py \
+    -k "records_the_4bit_base or losses_fall or changed_4bit_weight"
 # the catalog id of this GPU (H200 when the name is not in the catalog)
 gpu_id=$($py -c "import torch; from tunelab.plan.catalog import gpu_of_device as g; \
 d = g(torch.cuda.get_device_name(0)); print(d.id if d else 'H200')" 2>/dev/null || echo H200)

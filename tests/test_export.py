@@ -91,7 +91,9 @@ def test_manifest_sha_and_limitations():
 def test_export_folder_and_manifest(exported):
     root, run_id, path, m = exported
     names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
-    assert "adapter/adapter_config.json" in names and "adapter/adapter_model.safetensors" in names
+    # the adapter at the top: plain `PeftModel.from_pretrained(base, EXPORT)` loads the folder
+    assert "adapter_config.json" in names and "adapter_model.safetensors" in names
+    assert not [n for n in names if n.startswith("adapter/")]
     assert "tokenizer/tokenizer.json" in names and "README.md" in names and "DONE" in names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl", ".pth"))]
     on_disk = json.loads((path / MANIFEST).read_text())
@@ -114,7 +116,7 @@ def test_export_folder_and_manifest(exported):
     assert "## Limitations" in card and "macro_f1" in card
     assert re.search(r"95% interval (above|below|spans) 0 \(significant: (yes|no)\)", card)
     # the adapter names the base, not a folder of the training machine
-    adapter_cfg = json.loads((path / "adapter" / "adapter_config.json").read_text())
+    adapter_cfg = json.loads((path / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == base["name"]
 
 
@@ -128,11 +130,9 @@ def test_adapter_loads_with_plain_peft(exported, tiny_bert_dir):
     from tunelab.train import load_run_model
 
     root, run_id, path, _ = exported
-    assert any(
-        "classifier" in k for k in load_file(str(path / "adapter/adapter_model.safetensors"))
-    )
+    assert any("classifier" in k for k in load_file(str(path / "adapter_model.safetensors")))
     base = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dir, num_labels=3)
-    model = PeftModel.from_pretrained(base, path / "adapter").eval()
+    model = PeftModel.from_pretrained(base, str(path)).eval()
     tok = AutoTokenizer.from_pretrained(path / "tokenizer")
     texts = ["Shares fell after the company reported lower profits", "The striker scored"]
     ours, tok_ours, _ = load_run_model(Study.open(root), run_id)
@@ -192,16 +192,16 @@ def test_check_export_refuses_an_edited_export(exported, tiny_bert_dir, tmp_path
 
     # the adapter changed
     changed = copy("adapter")
-    f = changed / "adapter" / "adapter_model.safetensors"
+    f = changed / "adapter_model.safetensors"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0x01
     f.write_bytes(bytes(data))
     code, _, err = run_cli(capsys, "check-export", changed, "--base", tiny_bert_dir)
-    assert code == 2 and "adapter/adapter_model.safetensors: sha256" in err
+    assert code == 2 and "adapter_model.safetensors: sha256" in err
 
     # a pickle file slipped in
     pickled = copy("pickle")
-    (pickled / "adapter" / "adapter_model.bin").write_bytes(b"\x80\x04K\x01.")
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04K\x01.")
     code, _, err = run_cli(capsys, "check-export", pickled, "--base", tiny_bert_dir)
     assert code == 2 and "pickle format, refused" in err
 
@@ -270,8 +270,8 @@ def test_full_model_export_of_a_causal_lm(tmp_path, tiny_llama_dir, capsys):
     path = Path(res["path"])
     assert path.parent == root / "records" / "exports" and (path / "DONE").exists()
     m = res["manifest"]
-    assert m["artifact"]["kind"] == "model" and (path / "model" / "model.safetensors").exists()
-    assert not (path / "adapter").exists()
+    assert m["artifact"]["kind"] == "model" and (path / "model.safetensors").exists()
+    assert not (path / "adapter_config.json").exists()
     code, out, err = run_cli(capsys, "check-export", path, "--base", tiny_llama_dir, "--json")
     assert code == 0, (out, err)
     ex = json.loads(out)["example"]
@@ -282,7 +282,7 @@ def test_full_model_export_of_a_causal_lm(tmp_path, tiny_llama_dir, capsys):
     from tunelab.study import Study
     from tunelab.train import load_run_model
 
-    model = AutoModelForCausalLM.from_pretrained(path / "model").eval()
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path / "tokenizer")
     ours, _, _ = load_run_model(Study.open(root), run_id)
     expected = logits_of(ours, tok, ["The striker scored"])

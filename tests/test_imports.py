@@ -4,16 +4,25 @@ Read from the source with `ast`: every `import tunelab.x` and `from tunelab.x im
 when a module is imported (the module's body, its class bodies and compound statements, not
 `if TYPE_CHECKING:` blocks nor function bodies). Importing `tunelab.a.b` first runs the package
 `tunelab.a`, so a module also depends on the packages above what it imports. A second test
-counts the imports inside functions too, for the training, checkpoint, sizing, verify and smoke
-modules: a loop there is one an import deferred to call time hides, not one it removes.
+counts the imports inside functions too, for every module: a loop there is one an import
+deferred to call time hides, not one it removes.
+
+`tunelab plan` works from records alone: run in a fresh process on a study's records, none of
+its paths imports torch (nor transformers, peft).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from test_pinned_plan_report import pinned  # noqa: F401 - the fixed study's records
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "tunelab"
@@ -207,15 +216,43 @@ def test_no_import_cycle_in_tunelab():
         pytest.fail("module-level import cycle: " + " -> ".join(cycle))
 
 
-# the modules whose loops the imports inside functions must not hide
-NO_HIDDEN_LOOPS = ("tunelab.train", "tunelab.verify", "tunelab.smoke", "tunelab.sizing")
-
-
-def test_no_hidden_import_cycle_through_training_and_checkpoints():
+def test_no_import_cycle_hidden_inside_functions():
+    """An import deferred to call time hides a loop, it does not remove it."""
     graph = import_graph(inside_functions=True)
-    scope = [m for m in graph if m == "tunelab.worker" or m.startswith(NO_HIDDEN_LOOPS)]
-    assert "tunelab.train.checkpoint" in scope and "tunelab.verify" in scope
-    for module in sorted(scope):
-        cycle = cycle_through(graph, module)
-        if cycle is not None:
-            pytest.fail("import cycle through imports inside functions: " + " -> ".join(cycle))
+    cycles = [c for c in (cycle_through(graph, m) for m in sorted(graph)) if c is not None]
+    if cycles:
+        shortest = min(cycles, key=len)
+        pytest.fail("import cycle through imports inside functions: " + " -> ".join(shortest))
+
+
+# a fresh process: the test process has torch imported already
+PLAN_CHILD = """
+import json, sys
+from tunelab.cli import main
+
+out, argv = sys.argv[1], sys.argv[2:]
+try:
+    main(argv)
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted(m for m in ("torch", "transformers", "peft") if m in sys.modules)
+with open(out, "w") as f:
+    json.dump({"code": code, "heavy": heavy}, f)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--review"], ["--gpu", "H100-SXM"], ["--compare-gpus"]],
+    ids=["plan", "review", "gpu", "compare-gpus"],
+)
+def test_tunelab_plan_does_not_import_torch(pinned, args, tmp_path):  # noqa: F811
+    out = tmp_path / "imported.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-c", PLAN_CHILD, str(out), "plan", "--study", str(pinned), "--json"]
+    proc = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=300)
+    assert out.exists(), proc.stderr[-2000:]
+    found = json.loads(out.read_text())
+    assert found["code"] in (0, None), proc.stderr[-2000:]
+    assert found["heavy"] == [], f"tunelab plan {' '.join(args)} imported {found['heavy']}"

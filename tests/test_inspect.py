@@ -209,6 +209,8 @@ def test_inspect_command_on_a_study(tmp_path, capsys, tiny_llama_dir):
     code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "2")
     assert code == 0, err
     assert "all checks pass" in out and "lengths (tokens)" in out
+    # in a pipe the progress board's plain line, with the final figures, on stderr
+    assert any(line.startswith("encoding train ") and "(100%)" in line for line in err.splitlines())
     assert "<|im_start|>assistant" in out and "p95" in out
     files = sorted((root / "records" / "inspect").iterdir())
     assert [f.suffix for f in files] == [".html", ".json"]

@@ -95,7 +95,7 @@ def test_plan_from_fixed_records(pinned, capsys):
     assert code == 0, err
     record = json.loads(out[out.index("{") :])
     # the config's sha covers every config field's default: a new field elsewhere changes it
-    for key in ("id", "created_at", "config_sha256"):
+    for key in ("id", "created_at", "created_ns", "config_sha256"):
         assert record.pop(key)
     record["review"]["plan"] = "plan-<id>"
     text = json.dumps(_round(record), indent=1, sort_keys=True) + "\n"

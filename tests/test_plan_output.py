@@ -82,21 +82,38 @@ def test_the_summary_keeps_the_sign_of_the_table(tmp_path, tiny_llama_dir, capsy
     assert re.search(r"experiments took 200\.\d%\s+more\s+than\s+planned\s+\(margin 15%\)", out)
 
 
-def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, capsys):
+def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    """Four plans of one second whose ids sort against their order: the dossier and the review
+    still take the last one made."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from tunelab.plan import stage
+
+    class OneSecond(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    suffixes = iter(["ffffff", "eeeeee", "dddddd", "000000"])
+    monkeypatch.setattr(stage, "datetime", OneSecond)
+    monkeypatch.setattr(stage, "secrets", SimpleNamespace(token_hex=lambda n: next(suffixes)))
     study, _ = _planned(tmp_path, tiny_llama_dir)  # budget.gpu says "1x H100 80GB"
     code, out, err = run_cli(capsys, "plan", "-s", study.root, "--days", "3")
     assert code == 0, err
     title = _lines(out)[0]
     assert title.startswith("3-day plan on this machine's CPU (") and "H100" not in title
-    code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--speedup", "20")
+    code, out, err = run_cli(capsys, "plan", "-s", study.root, "--speedup", "20")
+    assert code == 0, err
     assert out.splitlines()[0].startswith("7-day plan on 1x H100 80GB (20 x this machine's")
-    import time
-
-    time.sleep(1.1)  # the dossier takes the latest plan by its creation second
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--gpu", "L4")
     assert out.splitlines()[0].startswith("7-day plan on 1x NVIDIA L4 24GB (projected)")
+    ids = sorted(p.stem for p in (study.records / "plans").glob("plan-*.json"))
+    assert ids == [f"plan-20260102-030405-{s}" for s in ("000000", "dddddd", "eeeeee", "ffffff")]
+    from tunelab.plan import latest_plan
     from tunelab.report import build_report
 
+    assert latest_plan(study)["id"] == "plan-20260102-030405-000000"
     md = build_report(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
     assert "days on 1x NVIDIA L4 24GB (projected) at" in section

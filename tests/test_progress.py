@@ -4,6 +4,7 @@ per task appears at once, then every few seconds, and with the final figures at 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import torch
 
@@ -51,3 +52,13 @@ def test_tunelab_train_in_a_pipe_shows_its_progress(tmp_path, tiny_llama_dir, ca
     lines = [line for line in err.splitlines() if line.startswith("train ")]
     assert lines[0].startswith("train 1/2 (50%) loss ") and "tok/s" in lines[0]
     assert lines[-1].startswith("train 2/2 (100%) loss ")
+
+
+def test_only_the_cli_progress_module_draws_bars():
+    src = Path(__file__).resolve().parents[1] / "src" / "tunelab"
+    drawing = sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        if "rich.progress" in p.read_text() and p != src / "cli" / "progress.py"
+    )
+    assert drawing == []

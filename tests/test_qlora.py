@@ -265,3 +265,185 @@ def test_qlora_with_adamw8bit_resumes_to_the_uninterrupted_losses(tmp_path, tiny
 
     states = [k for k in load_file(str(ckpt / "optimizer.safetensors")) if "/state1" in k]
     assert states  # the 8-bit moments are what the checkpoint carries
+
+
+# ---------------------------------------------------------------- sizing: the 4-bit terms
+
+
+def qlora_config(model_dir: Path, targets, quantization: dict | None = None, **training):
+    from tunelab.config import StudyConfig
+
+    return StudyConfig.model_validate(
+        {
+            "name": "q",
+            "hypothesis": {"behaviour": "b", "rationale": "r", "expected_effect": "e"}
+            | {"primary_metric": "loss"},
+            "guardrails": [],
+            "data": {"source": {"format": "jsonl", "path": "x.jsonl"}},
+            "model": {"path": str(model_dir)},
+            "adaptation": {
+                "method": "qlora",
+                "rank": 4,
+                "dropout": 0.0,
+                "target_modules": targets,
+                "quantization": quantization or QUANT,
+            },
+            "training": training,
+        }
+    )
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_4bit_facts_from_the_model_equal_those_from_its_config(tiny_llama_dir, double_quant):
+    """The analytic 4-bit terms (packed weights, absmax and double-quant constants, largest
+    layer) of a config.json are what bitsandbytes really holds in the loaded model."""
+    import json
+
+    from tunelab.plan.shapes import facts_from_config
+    from tunelab.sizing.facts import model_facts
+
+    cfg = qlora_config(tiny_llama_dir, "all-linear", dict(QUANT, double_quant=double_quant))
+    base = resolve_model(cfg.model)
+    model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
+    real = model_facts(model, "causal_lm", lora_rank=4)
+    assert real.quant_tensors == 14 and real.quant_params == 2 * (
+        2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 64
+    )
+    assert real.quant_largest == 32 * 64 and real.quant_compute_dtype == "bfloat16"
+    assert real.param_dtype == "float32" and real.weight_bytes["uint8"] == real.quant_params // 2
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    assert facts_from_config(config, cfg.adaptation, architecture="causal_lm") == real
+
+
+def test_4bit_estimate_terms(tiny_llama_dir):
+    """Weights: packed bytes + constants + the rest in fp32; the dequantized copy of the largest
+    layer (fp32 from bitsandbytes, then bf16) is alive in the forward and in each backward."""
+    from tunelab.sizing.facts import model_facts
+    from tunelab.sizing.memory import Case, dequantized_layer_bytes, estimate_memory
+
+    cfg = qlora_config(tiny_llama_dir, ["q_proj", "v_proj"])
+    base = resolve_model(cfg.model)
+    model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
+    facts = model_facts(model, "causal_lm", lora_rank=4)
+    est = estimate_memory(facts, Case(seq_len=48, micro_batch=4))
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert est.weights == held + facts.quant_constant_bytes
+    assert est.weights_by_dtype["4bit_constants"] == facts.quant_constant_bytes
+    assert est.dequantized_layer == dequantized_layer_bytes(facts) == 32 * 64 * (4 + 2)
+    assert est.optimizer_states == 2 * facts.trainable_bytes
+
+
+@pytest.mark.parametrize(
+    "targets,precision",
+    [(["q_proj", "v_proj"], "fp32"), ("all-linear", "fp32"), ("all-linear", "bf16")],
+)
+def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets, precision):
+    """What autograd keeps over 4-bit layers (their packed weight, no activation) is what the
+    walk predicts."""
+    from tunelab.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.sizing.measure import synthetic_examples
+    from tunelab.sizing.memory import Case, estimate_memory, logits_bytes
+    from tunelab.train.batches import collate
+    from tunelab.train.loop import autocast, loss_sum
+
+    cfg = qlora_config(tiny_llama_dir, targets)
+    base = resolve_model(cfg.model)
+    torch.manual_seed(0)
+    model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
+    model.train()
+    encoded = synthetic_examples(
+        4, 48, "causal_lm", vocab=model.config.vocab_size, loss_fraction=0.5
+    )
+    data = collate(encoded, 0, "causal_lm", False)
+    facts = model_facts(model, "causal_lm", lora_rank=4)
+    case = Case(seq_len=48, micro_batch=4, precision=precision, loss_fraction=0.5)
+
+    def forward():
+        with autocast(precision, torch.device("cpu")):
+            return loss_sum(model, data, "causal_lm")
+
+    real = count_saved_bytes(model, forward)
+    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["log_probs"]
+    assert abs(predicted - real) / real < 0.05, (real, predicted)
+
+
+def test_size_measures_qlora_beside_lora_and_full(tmp_path, tiny_llama_dir, capsys):
+    """`tunelab size --methods full,lora` on a QLoRA study: each method measured in its own
+    process at the study's configuration and predicted from its own adapted model."""
+    import json
+
+    root = qlora_study(tmp_path / "s", tiny_llama_dir, QUANT)
+    Study.open(root)
+    from helpers import register_study
+
+    register_study(root)
+    code, out, err = run_cli(
+        capsys, "size", "-s", root, "--seq-len", "48", "--methods", "full,lora,qlora", "--json"
+    )
+    assert code == 0, err
+    record = json.loads(out[out.index("{") :])
+    rows = {c["label"]: c for c in record["configurations"]}
+    own = rows["config @48"]
+    assert own["method"] == "qlora" and "method qlora" not in rows  # the study's own: once
+    for label, method in (
+        ("config @48", "qlora"),
+        ("method lora", "lora"),
+        ("method full", "full"),
+    ):
+        row = rows[label]
+        assert row["status"] == "ok", row
+        assert row["method"] == method and row["options"]["seq_len"] == 48
+        assert row["measured"]["compared"] > 0 and row["error_pct"] is not None
+    q, lora, full = (rows[k]["predicted"] for k in ("config @48", "method lora", "method full"))
+    assert "4bit_constants" in q["weights_by_dtype"] and q["dequantized_layer"] > 0
+    assert q["weights"] < full["weights"] < lora["weights"]  # 4 bits per block weight
+    assert full["optimizer_states"] > lora["optimizer_states"] == q["optimizer_states"]
+    code, _, err = run_cli(capsys, "size", "-s", root, "--methods", "lora,int4")
+    assert code == 2 and "int4" in err
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora", "full"])
+def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
+    """Weights kept in bf16 under bf16 autocast (the 7-8B table's setting): no weight copy is
+    saved, and peft's lift of x to the fp32 adapter makes each adapter's own bf16 input copy."""
+    from tunelab.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.sizing.measure import synthetic_examples
+    from tunelab.sizing.memory import Case, estimate_memory, logits_bytes
+    from tunelab.train.batches import collate
+    from tunelab.train.loop import autocast, loss_sum
+
+    cfg = qlora_config(tiny_llama_dir, "all-linear")
+    cfg = cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(update={"dtype": "bfloat16"}),
+            "adaptation": cfg.adaptation.model_copy(update={"method": method}),
+        }
+    )
+    base = resolve_model(cfg.model)
+    torch.manual_seed(0)
+    model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
+    model.train()
+    encoded = synthetic_examples(
+        4, 48, "causal_lm", vocab=model.config.vocab_size, loss_fraction=0.5
+    )
+    data = collate(encoded, 0, "causal_lm", False)
+    facts = model_facts(model, "causal_lm", lora_rank=0 if method == "full" else 4)
+    # peft's prepare_model_for_kbit_training lifts a 4-bit model's other weights to fp32
+    assert facts.param_dtype == ("float32" if method == "qlora" else "bfloat16")
+    if method == "qlora":
+        import json
+
+        from tunelab.plan.shapes import facts_from_config
+
+        config = json.loads((tiny_llama_dir / "config.json").read_text())
+        mine = facts_from_config(config, cfg.adaptation, architecture="causal_lm", dtype="bfloat16")
+        assert mine == facts and facts.quant_dtype == "bfloat16"
+    case = Case(seq_len=48, micro_batch=4, precision="bf16", loss_fraction=0.5)
+
+    def forward():
+        with autocast("bf16", torch.device("cpu")):
+            return loss_sum(model, data, "causal_lm")
+
+    real = count_saved_bytes(model, forward)
+    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["log_probs"]
+    assert abs(predicted - real) / real < 0.05, (real, predicted)

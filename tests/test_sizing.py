@@ -4,8 +4,10 @@ real measured steps in their own process (and a configuration that does not fit)
 
 from __future__ import annotations
 
+import copy
 import json
 import random
+import re
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -389,7 +391,9 @@ def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_d
     assert lengths["split_counts"]["train"] == len(counts)
 
 
-def test_size_cli_records_and_refuses_without_lengths(tmp_path, tiny_llama_dir, capsys):
+def test_size_cli_records_and_refuses_without_lengths(
+    tmp_path, tiny_llama_dir, capsys, monkeypatch
+):
     root = write_study(tmp_path / "s", tiny_llama_dir)
     code, out, err = run_cli(capsys, "size", "-s", root, "--seq-len", "48", "--json")
     assert code == 0, err
@@ -422,6 +426,45 @@ def test_size_cli_records_and_refuses_without_lengths(tmp_path, tiny_llama_dir, 
     (root / "records" / "data").rename(root / "records" / "data-moved")
     code, _, err = run_cli(capsys, "size", "-s", root)
     assert code == 2 and "tunelab data" in err and "--seq-len" in err
+    _check_printed_at_80_columns(saved, capsys, monkeypatch)
+
+
+def _check_printed_at_80_columns(record, capsys, monkeypatch):
+    """What `tunelab size` prints for a real record, at 80 columns in a pipe: every label whole,
+    and the recommendation's peak spelled out as the sum it is (the table above compares only
+    what a step adds)."""
+    from tunelab.cli import common
+    from tunelab.cli.size import print_sizing
+
+    monkeypatch.setattr(common.console, "width", 80)
+    capsys.readouterr()
+    print_sizing(record)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert "…" not in out and "config @48" in out
+    assert "what a step adds to the idle process's RSS (MiB)" in out
+    rec = record["recommendation"]
+    flat = " ".join(out.split())
+    found = re.search(
+        r"predicted peak RSS of the whole process: ([\d.]+) MiB = the idle process ([\d.]+) MiB "
+        r"\(largest measured\) \+ ([\d.]+) MiB a step adds",
+        flat,
+    )
+    assert found, flat
+    total, idle, step = (float(x) for x in found.groups())
+    assert abs(total - (idle + step)) <= 0.11
+    ok = [c for c in record["configurations"] if c["status"] == "ok"]
+    assert idle == round(max(c["measured"]["idle_rss"] for c in ok) / 2**20, 1)
+    own = next(c for c in ok if c["label"] == rec["row"])
+    assert step >= round(own["predicted"]["compared"] / 2**20, 1)  # calibrated up, never down
+    assert f"of a {rec['budget_bytes'] / 2**30:.2f} GiB budget" in flat
+    # a step whose RSS did not grow is flagged, not turned into an error of -100 %
+    quiet = copy.deepcopy(record)
+    quiet["configurations"][1]["measured"]["compared"] = 0
+    print_sizing(quiet)
+    row = next(line for line in capsys.readouterr().out.splitlines() if "ckpt on" in line)
+    assert "noise" in row and "%" not in row, row
 
 
 @pytest.mark.gpu

@@ -345,6 +345,7 @@ def test_cli_track_table_json_and_errors(study_dir, tmp_path, sqlite_uri, capsys
         capsys, "track", "-s", study_dir, "--mlflow", uri, "--experiment", "cli"
     )
     assert code == 0, err
+    assert f"track {MIRRORS}/{MIRRORS} (100%)" in err  # the progress board's line in a pipe
     assert (
         f"{MIRRORS} created, 0 updated, 0 unchanged" in out
         and "mlflow ui --backend-store-uri" in out
@@ -356,6 +357,7 @@ def test_cli_track_table_json_and_errors(study_dir, tmp_path, sqlite_uri, capsys
     )
     assert code == 0, err
     assert json.loads(out)["counts"] == {"created": 0, "updated": 0, "unchanged": MIRRORS}
+    assert "(100%)" not in err  # no progress under --json
 
     code, out, err = run_cli(capsys, "track", "-s", study_dir)
     assert code == 2 and "no MLflow tracking URI" in err and "MLFLOW_TRACKING_URI" in err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -652,6 +653,17 @@ _REFUSED_HINTS = {
     "refers to itself": "an alias cannot be used inside its own anchor",
     "nested": "flatten the value",
 }
+
+
+def resolve_path(text: str, root: Path | None = None) -> Path:
+    """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
+    `~` is expanded, and a relative path is taken under `root` (the study folder)."""
+    if text.startswith("asset:"):
+        from tunelab.demo.assets import asset_path
+
+        return asset_path(text)
+    p = Path(os.path.expanduser(text))
+    return p if p.is_absolute() or root is None else Path(root) / p
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

@@ -65,6 +65,18 @@ def all_hypotheses(records: Path) -> list[dict[str, Any]]:
     return [read_hypothesis(p) for _, p in _versions(records)]
 
 
+def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
+    """The pins of the latest registered hypothesis ({} when none)."""
+    latest = latest_hypothesis(Path(study_root) / "records")
+    return dict((latest or {}).get("content", {}).get("pins") or {})
+
+
+def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
+    """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
+    pin = pins_of(study_root).get(key)
+    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
+
+
 def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
     """Flat list of {path, old, new} for every leaf that differs."""
     if isinstance(old, dict) and isinstance(new, dict):

@@ -2,8 +2,9 @@
 
 `tunelab register` resolves each hub repo the study names (the base model, a hub data set) and
 locks `{repo_id, repo_type, revision, commit}` into the hypothesis record under `pins`; every
-later stage loads exactly that commit. Registering again keeps a pin whose repo and revision
-are unchanged (`repin=True` resolves it again, a new hypothesis version).
+later stage loads exactly that commit (`hypothesis.pinned_commit` reads it back). Registering
+again keeps a pin whose repo and revision are unchanged (`repin=True` resolves it again, a new
+hypothesis version).
 """
 
 from __future__ import annotations
@@ -12,22 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.hub import current_commit
-from tunelab.hypothesis import latest_hypothesis
+from tunelab.hypothesis import pins_of
 
 if TYPE_CHECKING:
     from tunelab.config import StudyConfig
-
-
-def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
-    """The pins of the latest registered hypothesis ({} when none)."""
-    latest = latest_hypothesis(Path(study_root) / "records")
-    return dict((latest or {}).get("content", {}).get("pins") or {})
-
-
-def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
-    """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
-    pin = pins_of(study_root).get(key)
-    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
 
 
 def fetch_ref(cfg: StudyConfig, key: str) -> dict[str, Any]:

@@ -31,7 +31,9 @@ from tunelab.plan.probes import AdapterPass, adapter_time_ratio
 from tunelab.records import read_json, read_jsonl, write_json_atomic
 
 if TYPE_CHECKING:
+    from tunelab.study import Run, Study
     from tunelab.train.callbacks import TrainProgress
+    from tunelab.train.run import Prepared
 
 SMOKE_KIND = "smoke"
 VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
@@ -112,13 +114,13 @@ def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
 
 
 def run_smoke(
-    study: Any,
+    study: Study,
     *,
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
     progress: TrainProgress | None = None,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Run, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
     Raises the usual TunelabErrors before the run exists (no hypothesis, no snapshot, no model)
@@ -181,16 +183,15 @@ def run_smoke(
             "smoke": {**settings, "train_ids": train_ids, "eval_ids": eval_ids},
         },
     )
-    checks: list[dict[str, Any]] = []
-    timings: dict[str, Any] = {}
-    record: dict[str, Any] = {"run_id": run.id, "settings": settings}
+    found = _Findings([], {}, {"run_id": run.id, "settings": settings})
+    checks, timings, record = found.checks, found.timings, found.record
     started = time.perf_counter()
     try:
-        _smoke_body(smoke_study, run, prep, eval_rows, eval_ids, checks, timings, record, progress)
+        _smoke_body(smoke_study, run, prep, eval_rows, eval_ids, found, progress)
     except TunelabError as exc:
         if getattr(exc, "exit_code", 2) >= 128:  # interrupted by a signal: stop here
             raise
-        checks.append(_check("smoke", False, f"{type(exc).__name__}: {exc.message}"))
+        found.check("smoke", False, f"{type(exc).__name__}: {exc.message}")
         record["hint"] = exc.hint
     record["checks"] = checks
     record.update(timings)
@@ -213,7 +214,7 @@ def run_smoke(
 
 
 def _adapter_pass(
-    model: Any, tokenizer: Any, base: Any, study: Any, rows: list[dict[str, Any]], labels: Any
+    model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict[str, Any]], labels: Any
 ) -> AdapterPass:
     """The smoke's examples as the planner's adapter probe times them: one batch of the
     evaluation's prompts generated for a generating task, the evaluation itself otherwise."""
@@ -244,39 +245,43 @@ def _adapter_pass(
     return AdapterPass(model, decode=decode, max_new_tokens=ev.max_new_tokens)
 
 
+@dataclass
+class _Findings:
+    """What the smoke records as it goes: the checks in order, the timings, the other fields."""
+
+    checks: list[dict[str, Any]]
+    timings: dict[str, Any]
+    record: dict[str, Any]
+
+    def check(self, name: str, ok: bool | None, detail: str) -> None:
+        self.checks.append(_check(name, ok, detail))
+
+
 def _smoke_body(
-    study: Any,
-    run: Any,
-    prep: Any,
+    study: Study,
+    run: Run,
+    prep: Prepared,
     eval_rows: list[dict[str, Any]],
     eval_ids: list[Any],
-    checks: list[dict[str, Any]],
-    timings: dict[str, Any],
-    record: dict[str, Any],
+    found: _Findings,
     progress: TrainProgress | None,
 ) -> None:
-    import torch
+    """Train, check the checkpoint, evaluate the reloaded model, reload it in a fresh process."""
+    status = _train_pass(study, run, prep, found, progress)
+    _check_checkpoint(run, found)
+    predictions, live_logits = _evaluation_pass(study, run, prep, eval_rows, eval_ids, found)
+    _fresh_process_checks(study, run, prep, eval_ids, predictions, live_logits, status, found)
 
-    from tunelab.env import device_kind
-    from tunelab.evaluate import evaluate_model, record_evaluation
-    from tunelab.train import load_run_model
+
+def _train_pass(
+    study: Study, run: Run, prep: Prepared, found: _Findings, progress: TrainProgress | None
+) -> dict[str, Any]:
+    """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
+    checks (recorded even when training raises); returns the run's status."""
     from tunelab.train import run as train_run_mod
-    from tunelab.train.checkpoint import final_checkpoint
-    from tunelab.train.compute import resolve_precision
-    from tunelab.verify import (
-        LOGIT_ATOL,
-        SCORE_ATOL,
-        check_checkpoint_files,
-        compare_predictions,
-        fresh_evaluate,
-        probe_logits,
-    )
 
-    cfg = study.config
-    t = cfg.training
-    steps_wanted = t.max_steps
-
-    # ---- training: the real run code, 2 steps, a checkpoint
+    steps_wanted = study.config.training.max_steps
+    timings = found.timings
     train_started = time.perf_counter()
     try:
         train_run_mod.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
@@ -284,21 +289,15 @@ def _smoke_body(
         timings["train_s"] = round(time.perf_counter() - train_started, 3)
         rows = read_jsonl(run.path("metrics.jsonl")) if run.path("metrics.jsonl").exists() else []
         steps = [r for r in rows if "loss" in r]
-        record["losses"] = [r["loss"] for r in steps]
-        checks.append(
-            _check(
-                "steps ran",
-                len(steps) == steps_wanted,
-                f"{len(steps)} of {steps_wanted} optimizer steps",
-            )
+        found.record["losses"] = [r["loss"] for r in steps]
+        found.check(
+            "steps ran",
+            len(steps) == steps_wanted,
+            f"{len(steps)} of {steps_wanted} optimizer steps",
         )
         finite = bool(steps) and all(math.isfinite(r["loss"]) for r in steps)
-        checks.append(
-            _check(
-                "loss finite",
-                finite,
-                ", ".join(f"{r['loss']:.4f}" for r in steps) or "no step",
-            )
+        found.check(
+            "loss finite", finite, ", ".join(f"{r['loss']:.4f}" for r in steps) or "no step"
         )
         if steps:
             later = [r["seconds"] for r in steps[1:]] or [steps[0]["seconds"]]
@@ -307,36 +306,52 @@ def _smoke_body(
             timings["tokens_per_step"] = round(sum(r["tokens"] for r in steps) / len(steps), 1)
             timings["peak_memory_bytes"] = max(r.get("memory_bytes") or 0 for r in steps)
     status = run.status()
-    update = status.get("update_check") or {}
-    violations = update.get("violations")
-    checks.append(
-        _check(
-            "update check",
-            violations == [] if violations is not None else None,
-            "every trainable tensor moved, every frozen one stayed"
-            if violations == []
-            else ("; ".join(violations[:3]) if violations else "not run"),
-        )
+    violations = (status.get("update_check") or {}).get("violations")
+    found.check(
+        "update check",
+        violations == [] if violations is not None else None,
+        "every trainable tensor moved, every frozen one stayed"
+        if violations == []
+        else ("; ".join(violations[:3]) if violations else "not run"),
     )
+    return status
 
-    # ---- the checkpoint
+
+def _check_checkpoint(run: Run, found: _Findings) -> None:
+    """The final checkpoint is complete, with the sha256 it recorded; its size and save time."""
+    from tunelab.train.checkpoint import final_checkpoint
+    from tunelab.verify import check_checkpoint_files
+
+    timings = found.timings
     ckpt = final_checkpoint(run.dir / "checkpoints")
     files = check_checkpoint_files(ckpt) if ckpt else {"ok": False, "files_checked": 0}
     timings["checkpoint_save_s"] = _checkpoint_save_s(run, ckpt) if ckpt else None
     timings["checkpoint_bytes"] = _bytes(ckpt) if ckpt else None
-    checks.append(
-        _check(
-            "checkpoint written",
-            bool(files["ok"]),
-            f"{ckpt.relative_to(run.dir)}: {files['files_checked']} files, sha256 as recorded, "
-            f"{timings['checkpoint_bytes'] / 1e6:.1f} MB"
-            if ckpt and files["ok"]
-            else "no complete final checkpoint",
-        )
+    found.check(
+        "checkpoint written",
+        bool(files["ok"]),
+        f"{ckpt.relative_to(run.dir)}: {files['files_checked']} files, sha256 as recorded, "
+        f"{timings['checkpoint_bytes'] / 1e6:.1f} MB"
+        if ckpt and files["ok"]
+        else "no complete final checkpoint",
     )
 
-    # ---- the evaluation pass: the model loaded from the checkpoint, as `tunelab eval` does
-    labels = prep.labels
+
+def _evaluation_pass(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    eval_rows: list[dict[str, Any]],
+    eval_ids: list[Any],
+    found: _Findings,
+) -> tuple[list[dict[str, Any]], Any]:
+    """The model loaded from the checkpoint, evaluated as `tunelab eval` does, its logits on the
+    examples and the adapter's cost; returns (predictions, logits)."""
+    from tunelab.evaluate import evaluate_model, record_evaluation
+    from tunelab.train import load_run_model
+    from tunelab.verify import probe_logits
+
+    timings, labels = found.timings, prep.labels
     model, tokenizer, base = load_run_model(study, run)
     eval_record, predictions = evaluate_model(
         model, tokenizer, base, study, eval_rows, "validation", labels=labels
@@ -347,31 +362,48 @@ def _smoke_body(
     n = eval_record["n"]
     timings["eval_s"] = eval_record["seconds"]
     timings["eval_s_per_example"] = round(eval_record["seconds"] / n, 5) if n else None
-    primary = cfg.hypothesis.primary_metric
+    primary = study.config.hypothesis.primary_metric
     value = eval_record["metrics"].get(primary)
-    checks.append(
-        _check(
-            "eval ran",
-            n == len(eval_ids),
-            f"{n} validation examples, {primary} {value:.4f}"
-            if isinstance(value, (int, float))
-            else f"{n} validation examples",
-        )
+    found.check(
+        "eval ran",
+        n == len(eval_ids),
+        f"{n} validation examples, {primary} {value:.4f}"
+        if isinstance(value, (int, float))
+        else f"{n} validation examples",
     )
     live_logits = probe_logits(model, tokenizer, base, study, eval_rows, labels)
     timings["adapter_time_ratio"], timings["adapter_timing"] = adapter_time_ratio(
         model, _adapter_pass(model, tokenizer, base, study, eval_rows, labels)
     )
-    del model
+    return predictions, live_logits
 
-    # ---- a fresh process reloads the checkpoint from disk
+
+def _fresh_process_checks(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    eval_ids: list[Any],
+    predictions: list[dict[str, Any]],
+    live_logits: Any,
+    status: dict[str, Any],
+    found: _Findings,
+) -> None:
+    """A new process reloads the checkpoint from disk: the same predictions, logits and
+    validation loss as the live model, within the precision's tolerances."""
+    import torch
+
+    from tunelab.env import device_kind
+    from tunelab.train.compute import resolve_precision
+    from tunelab.verify import LOGIT_ATOL, SCORE_ATOL, compare_predictions, fresh_evaluate
+
+    timings, record = found.timings, found.record
     fresh = fresh_evaluate(
         study,
         run.id,
         snapshot=prep.snapshot.id,
         split="validation",
         ids=[p["id"] for p in predictions],
-        labels=labels,
+        labels=prep.labels,
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
@@ -380,16 +412,14 @@ def _smoke_body(
     timings["fresh_eval_s"] = fresh["eval_s"]
     timings["fresh_process_s"] = fresh["process_s"]
     timings["fresh_checks_s"] = fresh.get("checks_s")
-    precision = resolve_precision(t.precision, device_kind())
+    precision = resolve_precision(study.config.training.precision, device_kind())
     cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
     record["reload_predictions"] = cmp
-    checks.append(
-        _check(
-            "fresh-process predictions",
-            cmp["ok"],
-            f"{cmp['matched']} of {cmp['n']} identical (max score diff "
-            f"{(cmp['max_score_diff'] or 0):.2g})",
-        )
+    found.check(
+        "fresh-process predictions",
+        cmp["ok"],
+        f"{cmp['matched']} of {cmp['n']} identical (max score diff "
+        f"{(cmp['max_score_diff'] or 0):.2g})",
     )
     fresh_logits = fresh["probe_logits"]
     atol = LOGIT_ATOL[precision]
@@ -399,26 +429,20 @@ def _smoke_body(
         else math.inf
     )
     record["reload_logits_max_abs_diff"] = diff
-    checks.append(
-        _check(
-            "fresh-process logits",
-            diff <= atol,
-            f"max |diff| {diff:.2e} over {tuple(live_logits.shape)} (atol {atol:g})",
-        )
+    found.check(
+        "fresh-process logits",
+        diff <= atol,
+        f"max |diff| {diff:.2e} over {tuple(live_logits.shape)} (atol {atol:g})",
     )
-    live_val = status.get("val_loss")
-    fresh_val = fresh.get("val_loss")
+    live_val, fresh_val = status.get("val_loss"), fresh.get("val_loss")
     rtol = VAL_LOSS_RTOL[precision]
     if live_val is None or fresh_val is None:
-        checks.append(_check("fresh-process val loss", None, "no validation loss recorded"))
-    else:
-        rel = abs(live_val - fresh_val) / max(1.0, abs(live_val))
-        record["reload_val_loss"] = {"live": live_val, "fresh": fresh_val, "rel_diff": rel}
-        checks.append(
-            _check(
-                "fresh-process val loss",
-                rel <= rtol,
-                f"live model {live_val:.6f}, reloaded {fresh_val:.6f} (rel diff {rel:.1e}, "
-                f"rtol {rtol:g})",
-            )
-        )
+        found.check("fresh-process val loss", None, "no validation loss recorded")
+        return
+    rel = abs(live_val - fresh_val) / max(1.0, abs(live_val))
+    record["reload_val_loss"] = {"live": live_val, "fresh": fresh_val, "rel_diff": rel}
+    found.check(
+        "fresh-process val loss",
+        rel <= rtol,
+        f"live model {live_val:.6f}, reloaded {fresh_val:.6f} (rel diff {rel:.1e}, rtol {rtol:g})",
+    )

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, contradictions, load_config, sha256_json
+from tunelab.config import StudyConfig, contradictions, load_config, resolve_path, sha256_json
 from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -28,17 +28,6 @@ from tunelab.records import read_json, write_json_atomic
 RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
 # A running run whose heartbeat is older than this, and whose process is gone, was killed.
 STALE_HEARTBEAT_S = 120.0
-
-
-def resolve_path(text: str, root: Path | None = None) -> Path:
-    """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
-    `~` is expanded, and a relative path is taken under `root` (the study folder)."""
-    if text.startswith("asset:"):
-        from tunelab.demo.assets import asset_path
-
-        return asset_path(text)
-    p = Path(os.path.expanduser(text))
-    return p if p.is_absolute() or root is None else Path(root) / p
 
 
 def validate_study(study_dir: Path, overrides: list[str] | None = None) -> StudyConfig:

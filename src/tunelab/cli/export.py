@@ -31,14 +31,38 @@ def export(
         list[str] | None,
         typer.Option("--notes", help="A limitation or remark for the model card (repeatable)."),
     ] = None,
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge",
+            help="LoRA/QLoRA: merge the adapter into the (dequantized) base, checked against "
+            "the adapted model.",
+        ),
+    ] = False,
+    merge_dtype: Annotated[
+        str, typer.Option(help="dtype of the merged model: bf16 or fp32.")
+    ] = "bf16",
+    merge_atol: Annotated[
+        float | None,
+        typer.Option(help="Largest logit difference the merged model may show (default 0.25)."),
+    ] = None,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Export the adapter (peft) or the full model (safetensors), tokenizer, manifest, model card."""
     from tunelab.export import export_run
+    from tunelab.export.merge import MergeTolerance
 
     s = open_study(study, sets)
-    path, manifest = export_run(s, run_id, out=out, notes=notes or [])
+    tolerance = MergeTolerance() if merge_atol is None else MergeTolerance(merge_atol)
+    path, manifest = export_run(
+        s,
+        run_id,
+        out=out,
+        notes=notes or [],
+        merge_dtype=merge_dtype if merge else None,
+        merge_tolerance=tolerance,
+    )
     if json_out:
         emit_json({"path": str(path), "manifest": manifest})
         return
@@ -48,7 +72,7 @@ def export(
     rows = [
         ["export", str(path)],
         ["run", manifest["run_id"]],
-        ["artifact", f"{manifest['artifact']['dir']}/ ({manifest['artifact']['format']})"],
+        ["artifact", artifact_text(manifest)],
         ["base", f"{manifest['base'].get('name')} sha256 {manifest['base']['sha256'][:16]}..."],
         [
             "primary metric",
@@ -60,12 +84,35 @@ def export(
         ["guardrails", "-" if g["pass"] is None else ("pass" if g["pass"] else "[red]FAIL[/]")],
         ["files", f"{len(manifest['files'])} with sha256 in tunelab-manifest.json"],
     ]
+    merged = manifest.get("merge")
+    if merged:
+        rows.append(
+            [
+                "merge check",
+                f"{merged['examples']} examples: logits max diff "
+                f"{fmt(merged['logits_max_abs_diff'], 4)} (<= "
+                f"{merged['tolerance']['logits_max_abs_diff']}), greedy "
+                f"{merged['greedy_agreement']:.1%}, predictions {merged['prediction_agreement']:.1%}",
+            ]
+        )
     console.print(table("export", ["", ""], rows, show_header=False))
     for line in manifest["limitations"]:
         console.print(f"  limitation: {line}", highlight=False)
     hub = manifest["base"].get("hub")
     base_arg = f"{hub['repo_id']}@{hub['commit']}" if hub else manifest["base"]["path_at_export"]
     console.print(f"next: `tunelab check-export {path} --base {base_arg}`", soft_wrap=True)
+
+
+def artifact_text(manifest: dict) -> str:
+    """What the export folder holds at its top, and how it loads."""
+    art = manifest["artifact"]
+    if art["kind"] == "adapter":
+        where = "" if art["dir"] == "." else f" in {art['dir']}/"
+        four_bit = " for the 4-bit base" if art.get("method") == "qlora" else ""
+        return f"{art['method']} adapter{four_bit}{where} (PeftModel.from_pretrained)"
+    if art.get("merged"):
+        return f"{art['method']} merged into the base, {art['dtype']} (from_pretrained)"
+    return f"whole model, {art['format']} (from_pretrained)"
 
 
 @app.command("check-export")
@@ -104,7 +151,7 @@ def check_export_cmd(
                     else ""
                 ),
             ],
-            ["loaded", f"{result['artifact']['dir']}/ in {fmt(result['load_s'], 2)} s"],
+            ["loaded", f"{result['artifact']['kind']} in {fmt(result['load_s'], 2)} s"],
         ]
         if ex:
             rows += [

@@ -9,7 +9,7 @@ import typer
 
 from tunelab import hypothesis as hyp
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
-from tunelab.pins import pins_of, resolve_pins
+from tunelab.pins import resolve_pins
 from tunelab.study_template import TASK_KINDS, init_study
 
 
@@ -44,7 +44,7 @@ def register(
     a base or data set named by hub id is pinned to the commit its revision resolves to."""
     s = open_study(study, sets)
     hyp.check_registrable(s.config)  # before any download
-    pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
+    pins, notes = resolve_pins(s.config, hyp.pins_of(s.root), repin=repin)
     record, created = hyp.register(s.root, s.config, pins)
     if created:
         s.ledger.add_event(

@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.rule import Rule
 from rich.text import Text
 
@@ -17,11 +16,11 @@ from tunelab.cli.common import (
     StudyDir,
     app,
     console,
-    console_err,
     emit_json,
     open_study,
     table,
 )
+from tunelab.cli.progress import ProgressBoard
 from tunelab.errors import DataError
 from tunelab.inspection import describe_answer_budget
 from tunelab.preprocess import Problem, raise_problems
@@ -141,18 +140,10 @@ def inspect_cmd(
             hint="the test split is sealed; it opens only with `tunelab eval RUN --split test --final`",
         )
     s = open_study(study, sets)
-    with Progress(
-        TextColumn("encoding {task.fields[split]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=console_err,
-        transient=True,
-        disable=json_out,
-    ) as bar:
-        task_id = bar.add_task("encode", total=None, split=split)
+    with ProgressBoard(enabled=not json_out, transient=True) as board:
 
         def tick(done: int, total: int) -> None:
-            bar.update(task_id, completed=done, total=total)
+            board.update(f"encoding {split}", done, total)
 
         record = run_inspect(
             s, split=split, per_category=per_category, snapshot_id=snapshot, progress=tick

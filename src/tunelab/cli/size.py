@@ -6,11 +6,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.cli.progress import ProgressBoard
 from tunelab.errors import ConfigError
 from tunelab.sizing.recommend import PRECISIONS, parse_bytes, parse_int_list, parse_precisions
+
+METHODS = ("full", "lora", "qlora", "freeze")
 
 
 def _mib(b: Any) -> str:
@@ -44,6 +47,10 @@ def size(
         str,
         typer.Option(help="CPU: 'pinned' (RSS follows the live tensors) or 'default' (glibc)."),
     ] = "pinned",
+    methods: Annotated[
+        str | None,
+        typer.Option(help="Adaptation methods to measure besides the study's: full,lora,qlora."),
+    ] = None,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -54,8 +61,15 @@ def size(
     precisions = parse_precisions(precision) if precision else None
     if allocator not in ("pinned", "default"):
         raise ConfigError(f"--allocator {allocator!r}: unknown", hint="pinned or default")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    unknown = [m for m in chosen or [] if m not in METHODS]
+    if unknown:
+        raise ConfigError(
+            f"--methods {methods!r}: unknown {', '.join(unknown)}", hint=f"from {','.join(METHODS)}"
+        )
     s = open_study(study, sets)
     kwargs: dict[str, Any] = dict(
+        methods=chosen,
         seq_lens=parse_int_list(seq_len, "--seq-len") if seq_len else None,
         micro_batches=parse_int_list(micro_batch, "--micro-batch") if micro_batch else None,
         precisions=precisions,
@@ -78,17 +92,32 @@ def size(
     console.print(f"record: {path}")
 
 
-def print_sizing(record: dict[str, Any]) -> None:
-    cuda = record["device"] == "cuda"
-    lengths = record["lengths"]
-    src = lengths.get("source")
-    if lengths.get("p95") is not None:
-        src += f" (p50 {lengths['p50']}, p95 {lengths['p95']}, max {lengths['max']} tokens)"
-    console.print(f"lengths from {src}; device {record['device']}")
+def _size(b: Any) -> str:
+    """Bytes in the unit a reader compares at a glance: MiB under 1 GiB, else GiB."""
+    if b is None:
+        return "-"
+    return f"{b / 2**20:,.1f} MiB" if abs(b) < 2**30 else f"{b / 2**30:,.2f} GiB"
+
+
+def _compact(title: str, columns: list[str], rows: list[list[Any]], words: int = 1) -> Any:
+    """A table that keeps 8 columns inside 80: no vertical rules, figures never wrapped, the
+    first `words` columns (labels, shapes) wrapped or folded when they must."""
+    t = table(title, columns, rows, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for i, c in enumerate(t.columns):
+        if i < words:
+            c.overflow = "fold"
+        else:
+            c.no_wrap = True
+    return t
+
+
+def _configurations(record: dict[str, Any], cuda: bool) -> None:
     rows, parts = [], []
     for r in record["configurations"]:
         o, p, m = r["options"], r["predicted"], r["measured"] or {}
-        if r["status"] == "ok":
+        if r["status"] == "ok" and (m.get("compared") or 0) <= 0:
+            measured = "noise"  # the RSS did not grow: nothing to compare the prediction with
+        elif r["status"] == "ok":
             measured = _mib(m.get("compared"))
         else:
             measured = "[red]does not fit[/]" if r["status"] == "does_not_fit" else r["status"]
@@ -99,8 +128,8 @@ def print_sizing(record: dict[str, Any]) -> None:
                 shape + (" ckpt" if o["checkpointing"] else ""),
                 _mib(p["compared"]),
                 measured,
-                _pct(r.get("error_pct")),
-                _pct(r["rule_x4"]["error_pct"]),
+                "-" if measured == "noise" else _pct(r.get("error_pct")),
+                "-" if measured == "noise" else _pct(r["rule_x4"]["error_pct"]),
                 "-" if not m.get("projected_step_s") else f"{m['projected_step_s']:.2f}",
                 "-" if not m.get("tokens_per_s") else f"{m['tokens_per_s']:,.0f}",
             ]
@@ -117,52 +146,102 @@ def print_sizing(record: dict[str, Any]) -> None:
                 p["peak_phase"].replace("_", " "),
             ]
         )
-    what = "peak allocated" if cuda else "RSS a step adds to the idle process"
+    what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
     console.print(
-        table(
-            f"predicted vs measured ({what}, MiB)",
-            ["configuration", "tokens, micro x accum", "predicted", "measured", "error"]
-            + ["x4 rule", "step s", "tok/s"],
+        _compact(
+            f"predicted vs measured: {what} (MiB)",
+            ["config", "shape", "predicted", "measured", "error"] + ["x4 rule", "step s", "tok/s"],
             rows,
+            words=2,
         )
     )
+    if cuda:
+        compared = (
+            "predicted: the analytic peak of the step's tensors; measured: "
+            "torch.cuda.max_memory_allocated"
+        )
+    else:
+        compared = (
+            "predicted: the analytic increase of one step (optimizer states, gradients, "
+            "activations, logits, temporaries); measured: peak RSS less the RSS of the idle "
+            "process (model, optimizer and batch loaded); noise: the RSS did not grow"
+        )
     console.print(
-        table(
+        f"shape: tokens, micro-batch x accumulation, precision; {compared}; x4 rule: the "
+        "error of weights x 4."
+    )
+    console.print(
+        _compact(
             "analytic breakdown (MiB)",
             ["configuration", "weights", "grads", "optim", "activ", "logits", "temps", "peak at"],
             parts,
         )
     )
+
+
+def _recommendation(rec: dict[str, Any], cuda: bool) -> None:
+    budget = _size(rec["budget_bytes"])
+    if not rec.get("fits"):
+        console.print(f"[red]nothing fits[/] the budget of {budget}: {rec['reason']}")
+        return
+    measured = f", {rec['tokens_per_s']:,.0f} tokens/s measured" if rec.get("tokens_per_s") else ""
+    row = f' (row "{rec["row"]}")' if rec.get("row") else ""
+    console.print(
+        f"[green]recommended[/]: micro-batch {rec['micro_batch']} x accumulation "
+        f"{rec['grad_accum']} (effective {rec['effective_batch']}), checkpointing "
+        f"{'on' if rec['checkpointing'] else 'off'}, {rec['precision']}{measured}{row}."
+    )
+    peak = _size(rec["predicted_peak_bytes"])
+    scale = rec.get("calibration") or 1.0
+    # the table compares a step's increase (CPU) or its tensors (CUDA); the budget holds all
+    calibrated = (
+        f" (x {scale:.2f}: the largest measured / predicted ratio above)" if scale > 1 else ""
+    )
+    if "fixed_bytes" not in rec:
+        what = "peak allocated" if cuda else "peak RSS of the whole process"
+        console.print(f"predicted {what}: {peak} of a {budget} budget")
+    elif cuda:
+        console.print(
+            f"predicted peak allocated: {peak}, the analytic peak{calibrated}, of a {budget} budget "
+            f"({rec['margin']:.0%} kept as margin)."
+        )
+    else:
+        console.print(
+            f"predicted peak RSS of the whole process: {peak} = the idle process "
+            f"{_size(rec['fixed_bytes'])} (largest measured) + {_size(rec['step_peak_bytes'])} "
+            f"a step adds{calibrated}, of a {budget} budget ({rec['margin']:.0%} kept as margin)."
+        )
+
+
+def print_sizing(record: dict[str, Any]) -> None:
+    cuda = record["device"] == "cuda"
+    lengths = record["lengths"]
+    src = lengths.get("source")
+    if lengths.get("p95") is not None:
+        src += f" (p50 {lengths['p50']}, p95 {lengths['p95']}, max {lengths['max']} tokens)"
+    console.print(f"lengths from {src}; device {record['device']}")
+    _configurations(record, cuda)
     console.print(
         f"max error {_pct(record['max_error_pct'])} (the weights x 4 rule: "
         f"{_pct(record['rule_x4_max_error_pct'])}); allocator: {record['allocator']}"
     )
-    rec = record["recommendation"]
-    budget = rec["budget_bytes"] / 2**30
-    if rec.get("fits"):
-        console.print(
-            f"[green]recommended[/]: micro-batch {rec['micro_batch']} x accumulation "
-            f"{rec['grad_accum']} (effective {rec['effective_batch']}), checkpointing "
-            f"{'on' if rec['checkpointing'] else 'off'}, {rec['precision']}: predicted peak "
-            f"{rec['predicted_peak_bytes'] / 2**30:.2f} GiB of {budget:.2f} GiB "
-            f"({rec['margin']:.0%} margin kept)"
-            + (f", {rec['tokens_per_s']:,.0f} tokens/s measured" if rec.get("tokens_per_s") else "")
-        )
-    else:
-        console.print(f"[red]nothing fits[/] the budget of {budget:.2f} GiB: {rec['reason']}")
+    _recommendation(record["recommendation"], cuda)
     if record["projection"]:
         console.print(
-            table(
-                "per-rank peak over N ranks, same effective batch (GiB)",
+            _compact(
+                "per-rank peak over N ranks, same effective batch",
                 ["ranks", "micro x accum", "DDP", "FSDP"],
                 [
                     [
                         p["ranks"],
                         f"{p['micro_batch']}x{p['grad_accum']}",
-                        f"{p['ddp'] / 2**30:.2f}",
-                        f"{p['fsdp'] / 2**30:.2f}",
+                        _size(p["ddp"]),
+                        _size(p["fsdp"]),
                     ]
                     for p in record["projection"]
                 ],
             )
+        )
+        console.print(
+            "DDP, FSDP: the analytic peak of one rank's tensors, without the process's own memory."
         )

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tunelab.cli.common import JsonOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.cli.progress import ProgressBoard
 
 MlflowOpt = Annotated[
     str | None,
@@ -23,34 +24,6 @@ ExperimentOpt = Annotated[
         help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the study's name)."
     ),
 ]
-
-
-class _Bar:
-    """A progress bar over the runs, drawn from the first run on (not while MLflow starts)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]track[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[run]}"),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self.task = None
-
-    def __call__(self, done: int, total: int, run_id: str) -> None:
-        if self.task is None:
-            self.progress.start()
-            self.task = self.progress.add_task("track", total=total, run="")
-        self.progress.update(self.task, completed=done, total=total, run=run_id)
-
-    def close(self) -> None:
-        if self.task is not None:
-            self.progress.stop()
 
 
 def _ui_command(result: dict[str, Any]) -> str:
@@ -92,12 +65,13 @@ def track(
     from tunelab.track.mlflow_mirror import sync_mlflow
 
     s = open_study(study, None)
+    with ProgressBoard(enabled=not json_out, transient=True) as board:
+
+        def tick(done: int, total: int, run_id: str) -> None:
+            board.update("track", done, total, run_id)
+
+        result = sync_mlflow(s, mlflow, experiment=experiment, progress=tick)
     if json_out:
-        emit_json(sync_mlflow(s, mlflow, experiment=experiment))
+        emit_json(result)
         return
-    bar = _Bar()
-    try:
-        result = sync_mlflow(s, mlflow, experiment=experiment, progress=bar)
-    finally:
-        bar.close()
     _print(result)

@@ -1,4 +1,5 @@
-"""Readers: JSONL, CSV, Parquet, a folder of text files per label, a `datasets` dataset on disk.
+"""Readers: JSONL, CSV, Parquet, a folder of text files per label, a `datasets` dataset on disk,
+a hub data set in the snapshot folder `data.hub` fetched at its pinned commit.
 
 Each reader yields `SourceRow`s (raw id, text, label, target, user split) with `where`, the place
 a message names ("data.jsonl line 12"), and lists the files it read with their sha256. Bad input
@@ -10,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from typing import Any
 
 from tunelab.config import DataConfig, FieldsConfig
 from tunelab.errors import DataError, preview
-from tunelab.records import sha256_bytes
+from tunelab.records import sha256_bytes, sha256_file
 from tunelab.strict_load import ParseProblem, loads_json
 
 SPLIT_NAMES = ("train", "validation", "test")
@@ -522,6 +524,66 @@ def add_dataset_rows(
             progress(1)
 
 
+def datasets_cache_dir() -> Path:
+    """Where `datasets` keeps its Arrow files, from the environment now."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "datasets"
+
+
+def read_hub(src: SourceData, cfg: DataConfig, mapper: FieldMapper, progress: Any) -> None:
+    """Rows of the data set in the snapshot folder `src.root` (every file listed with its
+    sha256); `src.hub` gets repo, commit, config, splits and the `datasets` fingerprints."""
+    import datasets
+
+    source, root = cfg.source, src.root
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        src.files.append({"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+    where = f"data set {source.name}@{root.name[:12]}"
+    try:
+        loaded = datasets.load_dataset(
+            str(root), name=source.config, cache_dir=str(datasets_cache_dir())
+        )
+    except ValueError as exc:  # an unknown config names the ones there are
+        raise DataError(
+            f"{where}: {str(exc).splitlines()[0]}",
+            hint="set data.source.config to one of the data set's configs (or remove it)",
+        ) from None
+    except (FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as exc:
+        raise DataError(
+            f"{where}: no data files `datasets` can read ({exc})",
+            hint="a hub data set needs Parquet, JSON Lines or CSV files (scripts are not run)",
+        ) from None
+    if source.splits:
+        missing = [s for s in source.splits if s not in loaded]
+        if missing:
+            raise DataError(
+                f"{where}: no split {missing[0]!r} (splits: {', '.join(loaded)})",
+                hint="set data.source.splits to some of those, or remove it to read them all",
+            )
+        loaded = datasets.DatasetDict({s: loaded[s] for s in source.splits})
+    src.hub = {
+        "repo_id": source.name,
+        "repo_type": "dataset",
+        "revision": source.revision or "main",
+        "commit": root.name,
+        "config": source.config,
+        "splits": {name: ds.num_rows for name, ds in loaded.items()},
+        "fingerprints": {name: ds._fingerprint for name, ds in loaded.items()},
+        "datasets": datasets.__version__,
+    }
+    if len(loaded) > 1 and cfg.fields.split != HF_SPLIT_COLUMN:
+        src.notes.append(
+            f"{source.name} has splits {', '.join(loaded)}: they are pooled and split again; "
+            f"set data.fields.split: {HF_SPLIT_COLUMN} to keep them"
+        )
+    add_dataset_rows(src, mapper, loaded, source.name, progress)
+
+
 def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> SourceData:
     """Read every row of the configured source. `root` is the resolved data.source.path."""
     fmt = cfg.source.format
@@ -532,9 +594,7 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
         _read_folder(src, cfg, mapper, errors, progress)
     elif fmt == "hf_disk":
         _read_hf_disk(src, mapper, progress)
-    elif fmt == "hub":
-        from tunelab.data.hub import read_hub  # a data set in the hub cache, at its pinned commit
-
+    elif fmt == "hub":  # a data set in the hub cache, at its pinned commit (`data.hub`)
         read_hub(src, cfg, mapper, progress)
     else:
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]

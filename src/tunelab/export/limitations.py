@@ -99,8 +99,32 @@ def limitation_lines(detail: Mapping[str, Any]) -> list[str]:
         lines.append("the checkpoint was not verified in a fresh process (`tunelab verify`)")
     elif not detail["verify"].get("passed"):
         lines.append(f"the latest `tunelab verify` failed: {detail['verify'].get('reason')}")
+    lines += _quantization_lines(detail.get("quantization"), detail.get("merge"))
     for note in detail.get("notes") or []:
         lines.append(f"note: {note}")
+    return lines
+
+
+def _quantization_lines(q: Mapping[str, Any] | None, merge: Mapping[str, Any] | None) -> list[str]:
+    """What a 4-bit base and a merge change about how the model may be used."""
+    lines = []
+    if q and not merge:
+        lines.append(
+            f"the adapter was trained on the base loaded in 4 bits ({q.get('quant_type')}, "
+            f"double_quant {q.get('double_quant')}, compute_dtype {q.get('compute_dtype')}, "
+            f"bitsandbytes {q.get('bitsandbytes')}): load the base with that BitsAndBytesConfig; "
+            "on the base in full precision its outputs differ"
+        )
+    if merge:
+        source = "dequantized 4-bit base" if merge.get("dequantized_from") else "base"
+        lines.append(
+            f"merged into the {source} in {merge['dtype']}: not exact; on "
+            f"{merge['examples']} validation examples the largest logit difference from the "
+            f"adapted model is {merge['logits_max_abs_diff']:.4g} (tolerance "
+            f"{merge['tolerance']['logits_max_abs_diff']:g}), greedy agreement "
+            f"{merge['greedy_agreement']:.2%}, prediction agreement "
+            f"{merge['prediction_agreement']:.2%}"
+        )
     return lines
 
 

@@ -10,7 +10,12 @@ from tunelab.config import sha256_json
 from tunelab.records import sha256_file
 
 MANIFEST = "tunelab-manifest.json"
-FORMAT = "tunelab-export/1"
+# /2: the adapter (or whole model) at the top of the folder, so that plain
+# `PeftModel.from_pretrained(base, EXPORT)` loads it; /1 kept it in adapter/ (or model/), which
+# readers still find through the manifest's artifact.dir.
+FORMAT = "tunelab-export/2"
+READABLE_FORMATS = ("tunelab-export/1", FORMAT)
+ARTIFACT_DIR = "."
 # Files that hold (or may hold) pickled Python objects: never exported, never loaded.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 TOKENIZER_DIR = "tokenizer"

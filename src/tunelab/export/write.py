@@ -27,6 +27,7 @@ from tunelab.evaluate import find_evaluation, load_predictions
 from tunelab.export.card import model_card
 from tunelab.export.limitations import failure_kinds, limitation_lines, regressions
 from tunelab.export.manifest import (
+    ARTIFACT_DIR,
     EXAMPLE_FILE,
     FORMAT,
     MANIFEST,
@@ -52,6 +53,7 @@ from tunelab.verify import check_checkpoint_files
 
 if TYPE_CHECKING:
     from tunelab.data import Snapshot
+    from tunelab.export.merge import MergeTolerance
     from tunelab.ledger import RunRow
     from tunelab.study import Run, Study
 
@@ -68,8 +70,9 @@ def _copy_files(src: Path, dst: Path, names: Sequence[str]) -> None:
 
 
 def _write_adapter(ckpt: Path, dst: Path, base_name: str) -> None:
-    """Copy the checkpoint's peft adapter; base_model_name_or_path names the base, not a local
-    path of the training machine."""
+    """Copy the checkpoint's peft adapter to the top of the export (`PeftModel.from_pretrained(
+    base, EXPORT)` loads it); base_model_name_or_path names the base, not a local path of the
+    training machine."""
     src = ckpt / "adapter"
     names = [p.name for p in sorted(src.iterdir()) if p.suffix in (".json", ".safetensors")]
     if "adapter_model.safetensors" not in names or "adapter_config.json" not in names:
@@ -294,6 +297,8 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
         "test_openings_log": openings,
         "verify": _latest_verify(src.run),
         "notes": [n for n in notes if n and n.strip()],
+        "quantization": src.identity.get("quantization"),  # a QLoRA run's 4-bit base
+        "merge": None,  # export.merge's figures, once merged
     }
     env_path = src.run.path("env.json")
     run_env = read_json(env_path) if env_path.exists() else None
@@ -302,33 +307,79 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     )
 
 
-def _write_files(study: Study, src: _Source, ev: _Evidence, tmp: Path) -> dict[str, Any] | None:
-    """The weights, the base's tokenizer files and the recorded example into `tmp`; returns the
-    example (None when the run has no validation prediction)."""
+def _merge_rows(ev: _Evidence, first_id: str | None) -> list[dict[str, Any]]:
+    """The validation examples a merge is checked on: the exported example first."""
+    from tunelab.export.merge import NUM_MERGE_EXAMPLES
+
+    rows = ev.snapshot.rows("validation")
+    rows = sorted(rows, key=lambda r: r["id"] != first_id)  # stable: the rest keep their order
+    return rows[:NUM_MERGE_EXAMPLES]
+
+
+def _write_files(
+    study: Study,
+    src: _Source,
+    ev: _Evidence,
+    tmp: Path,
+    merge_dtype: str | None,
+    tolerance: MergeTolerance | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The weights (at the top of `tmp`), the base's tokenizer files and the recorded example;
+    returns (the example or None without a validation prediction, the merge record or None)."""
     method = src.cfg.adaptation.method
-    if method == "lora":
-        _write_adapter(src.ckpt, tmp / "adapter", src.identity.get("name") or str(src.base.path))
+    first = ev.predictions[0] if ev.predictions else None
+    merge, merged_predictions = None, {}
+    if merge_dtype is not None:
+        from tunelab.export.merge import merge_into
+
+        rows = _merge_rows(ev, first["id"] if first else None)
+        merge, predicted = merge_into(
+            study, src.run, method, rows, tmp, dtype=merge_dtype, tolerance=tolerance
+        )
+        merged_predictions = {predicted["id"]: predicted}
+    elif method in ("lora", "qlora"):
+        _write_adapter(src.ckpt, tmp, src.identity.get("name") or str(src.base.path))
     else:
-        _write_full_model(study, src.run, src.ckpt, tmp / "model", method)
+        _write_full_model(study, src.run, src.ckpt, tmp, method)
     tok_names = [n for n in src.identity["files"] if n in TOKENIZER_FILES]
     _copy_files(src.base.path, tmp / TOKENIZER_DIR, tok_names)
     example = None
-    if ev.predictions:
-        first = ev.predictions[0]
+    if first:
         rows = {r["id"]: r for r in ev.snapshot.rows("validation")}
         if first["id"] in rows:
             example = {"example": rows[first["id"]], "recorded": first}
+            if first["id"] in merged_predictions:  # what check-export expects of the merged model
+                example["merged"] = merged_predictions[first["id"]]
             write_json_atomic(tmp / EXAMPLE_FILE, example)
     pickled = pickle_files(tmp)
     if pickled:
         raise ExportError(
             f"the export would hold pickle files: {pickled}", hint="only safetensors and JSON"
         )
-    return example
+    return example, merge
+
+
+def _artifact(method: str, merge: dict[str, Any] | None) -> dict[str, Any]:
+    """What the export holds, at its top (ARTIFACT_DIR): a peft adapter or a whole model."""
+    adapter = method in ("lora", "qlora") and merge is None
+    art = {
+        "kind": "adapter" if adapter else "model",
+        "dir": ARTIFACT_DIR,
+        "method": method,
+        "format": "peft" if adapter else "transformers",
+        "weights": "safetensors",
+    }
+    if merge is not None:
+        art.update(merged=True, dtype=merge["dtype"])
+    return art
 
 
 def _build_manifest(
-    src: _Source, ev: _Evidence, export_id: str, example: dict[str, Any] | None
+    src: _Source,
+    ev: _Evidence,
+    export_id: str,
+    example: dict[str, Any] | None,
+    merge: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The manifest without its file hashes and its own sha256 (added once the card is written)."""
     row, cfg, method = src.run.row, src.cfg, src.cfg.adaptation.method
@@ -343,13 +394,8 @@ def _build_manifest(
         "run_name": row.name,
         "run_parent": row.parent,
         "run_why": row.why,
-        "artifact": {
-            "kind": "adapter" if method == "lora" else "model",
-            "dir": "adapter" if method == "lora" else "model",
-            "method": method,
-            "format": "peft" if method == "lora" else "transformers",
-            "weights": "safetensors",
-        },
+        "artifact": _artifact(method, merge),
+        "merge": merge,
         "tokenizer_dir": TOKENIZER_DIR,
         "base": {
             **{k: v for k, v in src.identity.items() if k != "path"},
@@ -391,11 +437,15 @@ def export_run(
     *,
     out: Path | str | None = None,
     notes: Sequence[str] = (),
+    merge_dtype: str | None = None,
+    merge_tolerance: MergeTolerance | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """`tunelab export RUN`: write the export folder; returns (folder, manifest).
 
-    Refuses a run that is not a completed training run, a damaged checkpoint, a base model that
-    changed since training, and an existing destination.
+    `merge_dtype` ("bf16" | "fp32"; `--merge`): a LoRA or QLoRA adapter merged into its base
+    (dequantized for QLoRA), written only within `merge_tolerance` (default `MergeTolerance()`)
+    of the adapted model. Refuses a run that is not a completed training run, a damaged checkpoint, a base model
+    that changed since training, and an existing destination.
     """
     import torch  # noqa: F401 (capture_env reads its build; imported before the timer starts)
 
@@ -408,8 +458,9 @@ def export_run(
     ev = _gather_evidence(study, src, notes)
     tmp = temp_dir_beside(final)
     try:
-        example = _write_files(study, src, ev, tmp)
-        manifest = _build_manifest(src, ev, export_id if not out else final.name, example)
+        example, merge = _write_files(study, src, ev, tmp, merge_dtype, merge_tolerance)
+        ev.detail["merge"] = merge
+        manifest = _build_manifest(src, ev, export_id if not out else final.name, example, merge)
         (tmp / "README.md").write_text(model_card(manifest), encoding="utf-8")
         manifest["files"] = tree_hashes(tmp)
         manifest["manifest_sha256"] = manifest_sha256(manifest)

@@ -15,6 +15,7 @@ from tunelab.models.adapt import (
     linear_module_names,
 )
 from tunelab.models.audit import param_group, parameter_audit, strip_wrappers
+from tunelab.models.device import compute_device
 from tunelab.models.gguf import cache_root, convert_gguf
 from tunelab.models.identity import (
     detect_architecture,
@@ -25,7 +26,6 @@ from tunelab.models.identity import (
 )
 from tunelab.models.loading import (
     BaseModel,
-    compute_device,
     load_model,
     load_tokenizer,
     resolve_base,

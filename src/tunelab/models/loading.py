@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.config import resolve_path
 from tunelab.errors import ModelError
+from tunelab.hypothesis import pinned_commit
 from tunelab.models._quiet import quiet_transformers
 from tunelab.models.adapt import head_module_names
 from tunelab.models.gguf import CONVERSION_FILE, convert_gguf
@@ -18,8 +20,6 @@ from tunelab.models.identity import (
     model_identity,
     read_model_config,
 )
-from tunelab.pins import pinned_commit
-from tunelab.study import resolve_path
 
 if TYPE_CHECKING:
     from tunelab.config import ModelConfig, StudyConfig
@@ -158,21 +158,6 @@ def load_tokenizer(base: BaseModel):
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-def compute_device():
-    """Where tunelab trains and evaluates (`tunelab.env.device_kind`: CUDA when present, or
-    what TUNELAB_DEVICE says). Training, the baseline, `tunelab eval`, the smoke's reload and
-    verify's fresh process all ask here, so that a checkpoint is evaluated again on the kind of
-    device its recorded predictions came from."""
-    import torch
-
-    from tunelab.env import device_kind
-
-    if device_kind() == "cuda":
-        # with its index: some CUDA calls (set_per_process_memory_fraction) refuse a bare "cuda"
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = None):

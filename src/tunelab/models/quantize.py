@@ -107,7 +107,7 @@ def qlora_problems(cfg: StudyConfig) -> list[str]:
             f"adaptation.method: qlora is tested with bitsandbytes {','.join(BNB_RANGE)}, "
             f"found {bnb.__version__} ({INSTALL_HINT})"
         ]
-    from tunelab.models.loading import compute_device
+    from tunelab.models.device import compute_device
 
     device = compute_device()
     try:

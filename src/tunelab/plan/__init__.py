@@ -33,6 +33,7 @@ _HOMES = {
     "draw_gantt": "chart",
     "make_plan": "stage",
     "latest_plan": "stored",
+    "plans_in_order": "stored",
     "plans_dir": "stored",
 }
 

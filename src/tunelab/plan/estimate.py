@@ -21,6 +21,7 @@ from typing import Any
 from tunelab.config import StudyConfig
 from tunelab.env import BUSY_CPU_SHARE
 from tunelab.plan.figures import Figures
+from tunelab.train.schedule import total_steps
 
 PHASES = ("initial check", "experiments", "evaluation", "resumption margin", "export")
 # Margin added to each phase for run-to-run variation (the resumption phase is itself a margin).
@@ -117,8 +118,6 @@ class Plan:
 def training_run(figures: Figures, cfg: StudyConfig, step_s: float, forward_s: float) -> VariantRun:
     """One variant's training run: tokenization and load, the steps (`train`'s own count), the
     validation passes and the checkpoint saves its config asks for."""
-    from tunelab.train.run import total_steps
-
     t = cfg.training
     n_train, n_val = figures.counts.train, figures.counts.validation
     steps = total_steps(cfg, n_train)

@@ -16,7 +16,7 @@ from tunelab.config import AdaptationConfig
 from tunelab.errors import StudyError
 from tunelab.plan.flops import linear_shapes
 from tunelab.sizing.facts import _BERT_TYPES, _LLAMA_TYPES
-from tunelab.sizing.memory import DTYPE_BYTES, ModelFacts
+from tunelab.sizing.memory import DTYPE_BYTES, ModelFacts, quant_constants_of
 
 # target module names as peft matches them, per block family
 _TARGETS = {
@@ -120,13 +120,14 @@ def facts_from_config(
         layer_roles = {role: "lora" for role in roles}
         adapters = [r * max(i, o) * 4 for role, (i, o) in shapes.items() if role in roles]
         largest = max([*adapters, saved * pb])
+    quant = _quantized(adaptation, shapes, layers, dtype, weight_bytes)
     dropout_key = "attention_probs_dropout_prob" if family == "bert" else "attention_dropout"
     return replace(
         base,
         tied_embeddings=tied,
         attention_dropout=float(config.get(dropout_key) or 0.0),
         hidden_dropout=float(config.get("hidden_dropout_prob") or 0.0) if family == "bert" else 0.0,
-        param_dtype=dtype,
+        param_dtype=quant.pop("param_dtype", dtype),
         weight_bytes=weight_bytes,
         num_params=dense + lora + saved,
         trainable_params=dense if full else lora + saved,
@@ -140,7 +141,39 @@ def facts_from_config(
         pooler=pooler,
         head="weight" if full or saved else None,
         approximate=model_type not in _LLAMA_TYPES | _BERT_TYPES,
+        **quant,
     )
+
+
+def _quantized(
+    adaptation: AdaptationConfig,
+    shapes: dict[str, tuple[int, int]],
+    layers: int,
+    dtype: str,
+    weight_bytes: dict[str, int],
+) -> dict[str, Any]:
+    """QLoRA: every block linear layer stored in 4 bits (moved out of `weight_bytes[dtype]`
+    into packed uint8, in place), the other weights in fp32 (peft's
+    prepare_model_for_kbit_training lifts them), and the ModelFacts fields that describe them."""
+    if adaptation.method != "qlora":
+        return {}
+    from tunelab.models.quantize import COMPUTE_DTYPES
+
+    q = adaptation.quantization
+    numels = [i * o for i, o in shapes.values()] * layers
+    n = sum(numels)
+    rest = weight_bytes.pop(dtype) // DTYPE_BYTES[dtype] - n
+    weight_bytes["float32"] = weight_bytes.get("float32", 0) + rest * 4
+    weight_bytes["uint8"] = weight_bytes.get("uint8", 0) + sum(-(-k // 2) for k in numels)
+    return {
+        "param_dtype": "float32",
+        "quant_params": n,
+        "quant_tensors": len(numels),
+        "quant_constant_bytes": quant_constants_of(numels, q.double_quant),
+        "quant_largest": max(numels),
+        "quant_dtype": dtype,
+        "quant_compute_dtype": COMPUTE_DTYPES[q.compute_dtype],
+    }
 
 
 def _dense_params(

@@ -23,7 +23,7 @@ from tunelab.plan.rental import (
     sizing_configurations,
 )
 from tunelab.plan.review import review_plan
-from tunelab.plan.stored import plans_dir
+from tunelab.plan.stored import creation_ns, plans_dir
 from tunelab.records import write_json_atomic
 from tunelab.study import Study
 
@@ -84,6 +84,7 @@ def make_plan(
         "id": plan_id,
         "kind": "plan",
         "created_at": utc_now(),
+        "created_ns": creation_ns(),
         "config_sha256": cfg.sha256(),
         "figures": figures.to_dict(),
         **plan.to_dict(),

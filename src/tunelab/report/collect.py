@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.hypothesis import all_hypotheses
+from tunelab.plan.stored import plans_in_order
 from tunelab.study import Study
 
 
@@ -96,7 +97,7 @@ def collect(study: Study) -> dict[str, Any]:
         "sizing": _records_in(rec / "sizing"),
         "runs": runs,
         "compares": _records_in(rec / "compare"),
-        "plans": _records_in(rec / "plans"),
+        "plans": plans_in_order(study),
         "exports": exports,
         "test_openings": study.ledger.test_openings(),
     }

@@ -71,13 +71,14 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
     trainable = trainable_bytes = largest = total = 0
     top: dict[str, str | None] = {"embed": None, "final_norm": None, "pooler": None, "head": None}
     seen: set[int] = set()
+    quant = _QuantCount()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen:
             continue
         seen.add(id(p))
         dtype = str(p.dtype).removeprefix("torch.")
         weight_bytes[dtype] = weight_bytes.get(dtype, 0) + p.numel() * p.element_size()
-        total += p.numel()
+        total += quant.add(p)
         if not p.requires_grad:
             continue
         trainable += p.numel()
@@ -123,7 +124,7 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         tied_embeddings=tied,
         attention_dropout=dropout_attn,
         hidden_dropout=dropout_hidden,
-        param_dtype=max(weight_bytes, key=lambda d: weight_bytes[d]) if weight_bytes else "float32",
+        param_dtype=_param_dtype(weight_bytes, quant),
         weight_bytes=weight_bytes,
         num_params=total,
         trainable_params=trainable,
@@ -133,8 +134,59 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         lora_rank=lora_rank,
         lora_dropout=lora_dropout,
         approximate=approximate,
+        **quant.facts(model),
         **top,
     )
+
+
+class _QuantCount:
+    """bitsandbytes' 4-bit parameters of a model: their weights, bytes and constants."""
+
+    def __init__(self) -> None:
+        self.params = self.tensors = self.constants = self.largest = self.packed_bytes = 0
+        self.dtype = "float32"
+
+    def add(self, p: Any) -> int:
+        """The number of weights `p` stands for (a packed 4-bit tensor holds two per byte)."""
+        state = getattr(p, "quant_state", None)
+        if state is None:
+            return p.numel()
+        numel = int(state.shape.numel())
+        self.params += numel
+        self.tensors += 1
+        self.largest = max(self.largest, numel)
+        self.packed_bytes += p.numel() * p.element_size()
+        self.dtype = str(state.dtype).removeprefix("torch.")
+        parts = [state.absmax, state.code]
+        if state.nested:
+            parts += [state.state2.absmax, state.state2.code, state.offset]
+        self.constants += sum(t.numel() * t.element_size() for t in parts)
+        return numel
+
+    def facts(self, model: Any) -> dict[str, Any]:
+        if not self.params:
+            return {}
+        qc = getattr(model.config, "quantization_config", None)
+        compute = getattr(qc, "bnb_4bit_compute_dtype", None) if qc is not None else None
+        if isinstance(qc, dict):
+            compute = qc.get("bnb_4bit_compute_dtype")
+        return {
+            "quant_params": self.params,
+            "quant_tensors": self.tensors,
+            "quant_constant_bytes": self.constants,
+            "quant_largest": self.largest,
+            "quant_dtype": self.dtype,
+            "quant_compute_dtype": str(compute or "bfloat16").removeprefix("torch."),
+        }
+
+
+def _param_dtype(weight_bytes: dict[str, int], quant: _QuantCount) -> str:
+    """The dtype most of the parameters are kept in, the packed 4-bit bytes left out."""
+    plain = dict(weight_bytes)
+    if quant.packed_bytes:
+        plain["uint8"] = plain.get("uint8", 0) - quant.packed_bytes
+    plain = {k: v for k, v in plain.items() if v > 0}
+    return max(plain, key=lambda d: plain[d]) if plain else "float32"
 
 
 def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:

@@ -181,7 +181,7 @@ def _build(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
     root = Path(spec["root"]) if spec.get("root") else None
     base = resolve_model(cfg.model, root=root)
     model, _audit = build_model(base, cfg, spec.get("labels"), device)
-    lora = cfg.adaptation.method == "lora"
+    lora = cfg.adaptation.method in ("lora", "qlora")
     facts = model_facts(
         model,
         base.architecture,

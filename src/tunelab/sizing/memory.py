@@ -49,6 +49,11 @@ OPTIMIZER_STATES = {
 # absmax per block of 256 (tensors under 4096 elements keep 32-bit states; not modelled).
 EIGHT_BIT_STATES = {"AdamW8bit": 2, "PagedAdamW8bit": 2}
 EIGHT_BIT_BLOCK = 256
+# bitsandbytes' 4-bit weights (QLoRA): two per byte, one absmax per block of 64 weights (fp32;
+# with double quantization a uint8 per block plus, per 256 of those, one fp32 absmax, and a
+# 256-entry fp32 code table and an offset per tensor) and a 16-entry fp32 code per tensor.
+QUANT_BLOCK = 64
+QUANT_BLOCK2 = 256
 # Roles of the parameters of one transformer block.
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 NORM_ROLES = ("norm1", "norm2")
@@ -91,10 +96,20 @@ class ModelFacts:
     pooler: str | None = None
     head: str | None = None
     approximate: bool = False
+    # QLoRA: the block linear layers stored in 4 bits (their packed bytes are in weight_bytes
+    # as uint8); the constants that dequantize them; the weights of the largest such layer,
+    # dequantized whole for each of its matmuls into quant_dtype (the dtype it was quantized
+    # from), then cast to quant_compute_dtype
+    quant_params: int = 0
+    quant_tensors: int = 0
+    quant_constant_bytes: int = 0
+    quant_largest: int = 0
+    quant_dtype: str = "float32"
+    quant_compute_dtype: str = "bfloat16"
 
     @property
     def total_weight_bytes(self) -> int:
-        return sum(self.weight_bytes.values())
+        return sum(self.weight_bytes.values()) + self.quant_constant_bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -156,6 +171,7 @@ class Estimate:
     rule_x4: int
     approximate: bool = False
     notes: list[str] = field(default_factory=list)
+    dequantized_layer: int = 0  # QLoRA: the largest 4-bit layer dequantized for its matmul
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,16 +236,23 @@ class _Trace:
     def cast(self, x: _T, size: int) -> _T:
         return x if x.size == size else self.new(x.numel, size, x.rg)
 
-    def linear(self, x: _T, fan_in: int, fan_out: int, train: str | None) -> _T:
-        """x @ W.T (+ LoRA B(A(dropout(x))) * scale); x has x.numel // fan_in rows."""
+    def linear(
+        self, x: _T, fan_in: int, fan_out: int, train: str | None, *, outside: bool = False
+    ) -> _T:
+        """x @ W.T (+ LoRA B(A(dropout(x))) * scale); x has x.numel // fan_in rows.
+
+        A block's linear layer of a 4-bit base (QLoRA; `outside`: the head, never 4-bit) keeps
+        only its packed weight for backward and returns x's dtype (bitsandbytes casts back)."""
         rows = x.numel // fan_in
+        four_bit = self.f.quant_params > 0 and not outside
         xin = self.cast(x, self.cd) if self.autocast else x
         if train == "weight":
             self.save(xin)  # grad W = g.T @ x
-        if self.autocast and x.rg:
-            self.save_bytes(fan_in * fan_out * self.cd)  # the low-precision weight copy
+        if self.autocast and x.rg and not four_bit and self.pb != self.cd:
+            # the low-precision weight copy (weights already in the compute dtype need none)
+            self.save_bytes(fan_in * fan_out * self.cd)
         out_size = self.cd if self.autocast else max(self.pb, x.size if train else self.pb)
-        out = self.new(rows * fan_out, out_size, x.rg or train is not None)
+        out = self.new(rows * fan_out, x.size if four_bit else out_size, x.rg or train is not None)
         if train == "lora":
             r = self.f.lora_rank
             lora_size = 4 if (self.pb < 4 and not self.autocast) else self.pb
@@ -239,6 +262,9 @@ class _Trace:
                     self.save(self.new(xa.numel, 1 if self.cuda else xa.size, False))
                 xa = self.new(xa.numel, xa.size, xa.rg)
             a_in = self.cast(xa, self.cd) if self.autocast else xa
+            if self.autocast and xa.size != 4:
+                # peft lifts x to the adapter's fp32 first: autocast's bf16 copy is a new tensor
+                a_in = self.new(xa.numel, self.cd, xa.rg)
             self.save(a_in)  # grad A = g.T @ x
             a = self.new(rows * r, self.cd if self.autocast else lora_size, True)
             self.save(a)  # grad B = g.T @ A(x)
@@ -428,7 +454,7 @@ class _Trace:
             if pooled_rg:
                 self.save(p)  # tanh output
             p = self.dropout(p, f.hidden_dropout)
-            self.linear(p, f.hidden, max(1, f.num_labels), f.head)
+            self.linear(p, f.hidden, max(1, f.num_labels), f.head, outside=True)
         else:
             # tunelab.train.losses: hidden states gathered at the loss positions before the head
             h = self.rmsnorm(x, f.final_norm)
@@ -438,7 +464,7 @@ class _Trace:
             gathered = self.new(n * f.hidden, h.size, h.rg)
             head = f.head or (f.embed if f.tied_embeddings else None)
             if self.loss_route != "fused":  # the fused loss keeps gradients, not its inputs
-                self.linear(gathered, f.hidden, f.vocab, head)
+                self.linear(gathered, f.hidden, f.vocab, head, outside=True)
         self.per_layer = per_layer
         return dict(self.groups)
 
@@ -547,6 +573,31 @@ def _block_backward_temporaries(facts: ModelFacts, case: Case) -> tuple[int, int
     return mlp, attention
 
 
+def quant_constants_of(shapes: list[int], double_quant: bool) -> int:
+    """Bytes of bitsandbytes' 4-bit quantization constants for tensors of `shapes` weights."""
+    total = 0
+    for numel in shapes:
+        blocks = -(-numel // QUANT_BLOCK)
+        total += 16 * 4  # the 4-bit code (nf4 / fp4 values)
+        if double_quant:
+            total += blocks + 4 * -(-blocks // QUANT_BLOCK2) + 256 * 4 + 4
+        else:
+            total += 4 * blocks
+    return total
+
+
+def dequantized_layer_bytes(facts: ModelFacts) -> int:
+    """The largest 4-bit layer dequantized for a matmul: in the dtype it was quantized from,
+    and cast to the compute dtype when that differs (bitsandbytes' backward does both)."""
+    if not facts.quant_params:
+        return 0
+    src = DTYPE_BYTES.get(facts.quant_dtype, 4)
+    compute = DTYPE_BYTES.get(facts.quant_compute_dtype, 2)
+    return facts.quant_largest * (
+        src + (compute if facts.quant_compute_dtype != facts.quant_dtype else 0)
+    )
+
+
 def optimizer_state_bytes(facts: ModelFacts, optimizer: str) -> tuple[int, bool]:
     """(bytes, known): optimizer states in the parameters' dtype (AdamW: exp_avg, exp_avg_sq)."""
     if optimizer in EIGHT_BIT_STATES:
@@ -618,6 +669,7 @@ def estimate_memory(
     # the optimizer step: foreach kernels (CUDA) make a temporary per trainable tensor at once;
     # the CPU loop one tensor at a time
     opt_temps = grads if case.device == "cuda" else 2 * facts.largest_trainable_bytes
+    dequantized = dequantized_layer_bytes(facts)  # during each 4-bit matmul, forward and backward
     batch = case.tokens * 8 * 3
     runtime = cuda_workspace_bytes(case.cuda_major) if case.device == "cuda" else 0
     # With accumulation, the gradients of earlier micro-steps are alive in later forwards.
@@ -636,7 +688,7 @@ def estimate_memory(
     first, last = first // shard, last // shard
     block_grads = max(0, grads - first - last)
     phases = {
-        "forward_end": activations + loss["forward"] + held + gathered,
+        "forward_end": activations + max(loss["forward"], dequantized) + held + gathered,
         "loss_backward": activations + loss["backward"] + max(held, first) + gathered,
     }
     # layer backward: block i runs with the activations of blocks < i still kept and the
@@ -651,7 +703,7 @@ def estimate_memory(
         saved, upto_attention = trace.blocks[i] if i < len(trace.blocks) else (0, 0)
         own_input = per_layer[i] if case.checkpointing and i < len(per_layer) else 0
         # + the gradient arriving at the block's output and the one leaving its input
-        inner = max(saved + mlp_temp, upto_attention + attention_temp) + flowing
+        inner = max(saved + mlp_temp, upto_attention + attention_temp) + flowing + dequantized
         grads_done = first + block_grads * (n - 1 - i) / n
         live = kept_below + below + own_input + inner + max(held, grads_done)
         best = max(best, live + gathered + gathered_grad)
@@ -663,7 +715,14 @@ def estimate_memory(
         notes.append("activations estimated with the Llama-like block: the measurement decides")
     return Estimate(
         weights=weights,
-        weights_by_dtype={k: v // shard for k, v in facts.weight_bytes.items()},
+        weights_by_dtype={
+            **{k: v // shard for k, v in facts.weight_bytes.items()},
+            **(
+                {"4bit_constants": facts.quant_constant_bytes // shard}
+                if facts.quant_params
+                else {}
+            ),
+        },
         gradients=grads,
         optimizer_states=opt,
         activations=activations,
@@ -678,6 +737,7 @@ def estimate_memory(
         rule_x4=rule_x4(facts),
         approximate=facts.approximate,
         notes=notes,
+        dequantized_layer=dequantized,
     )
 
 

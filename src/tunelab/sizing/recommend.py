@@ -254,6 +254,8 @@ def recommend(
                     "precision": template.precision,
                     "seq_len": template.seq_len,
                     "predicted_peak_bytes": peak,
+                    "fixed_bytes": int(fixed_bytes),
+                    "step_peak_bytes": int(scale * part),
                     "budget_bytes": budget_bytes,
                     "margin": margin,
                     "headroom_bytes": int(budget_bytes - peak),

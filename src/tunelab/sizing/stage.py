@@ -200,8 +200,10 @@ class _Measurer:
         self.timeout_s, self.progress = timeout_s, progress
         self.rows: list[dict[str, Any]] = []
         self.facts: ModelFacts | None = None
+        self.facts_of: dict[str, ModelFacts] = {}  # per row: another method's model
 
-    def measure(self, o: Option) -> dict[str, Any]:
+    def measure(self, o: Option, method: str | None = None) -> dict[str, Any]:
+        """Measure option `o` (with adaptation.method `method` instead of the study's)."""
         if self.progress:
             self.progress(len(self.rows), self.total, o.label)
         # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
@@ -218,12 +220,18 @@ class _Measurer:
         }
         if o.label == self.own:
             spec["time_steps"] = PLANNED_TIME_STEPS
+        if method is not None:
+            adaptation = {**spec["config"]["adaptation"], "method": method}
+            spec["config"] = {**spec["config"], "adaptation": adaptation}
         result = measure_in_subprocess(spec, timeout_s=self.timeout_s)
-        if result.get("facts"):
+        if result.get("facts") and method is not None:
+            self.facts_of[o.label] = ModelFacts.from_dict(result["facts"])
+        elif result.get("facts"):
             self.facts = self.facts or ModelFacts.from_dict(result["facts"])
         row: dict[str, Any] = {
             "label": o.label,
             "options": {**o.to_dict(), "measured_accum": measured_accum},
+            "method": method or spec["config"]["adaptation"]["method"],
             "status": result.get("status"),
             "reason": result.get("reason"),
             "measured": result.get("measured"),
@@ -362,8 +370,12 @@ def run_sizing(
     allocator: str = "pinned",
     timeout_s: float = 1800.0,
     progress: Callable[[int, int, str], None] | None = None,
+    methods: list[str] | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, compare, recommend and record (see the module docstring).
+
+    `methods`: adaptation methods (full, lora, qlora, freeze) measured besides the study's own,
+    each one row at the study's own configuration, predicted from its own adapted model.
 
     `progress(done, total, label)` is called before each configuration is measured. Returns
     (record, path). Raises TunelabError when nothing could be measured or lengths are unknown;
@@ -405,9 +417,13 @@ def run_sizing(
         "allocator": allocator,
     }
     # + the recommended configuration, when not measured yet
-    measurer = _Measurer(base_spec, own_label(sizes[0]), len(options) + 1, timeout_s, progress)
+    others = [m for m in dict.fromkeys(methods or []) if m != cfg.adaptation.method]
+    total = len(options) + len(others) + 1
+    measurer = _Measurer(base_spec, own_label(sizes[0]), total, timeout_s, progress)
     for o in options:
         measurer.measure(o)
+    for method in others:
+        measurer.measure(replace(options[0], label=f"method {method}"), method=method)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
         reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
@@ -426,7 +442,8 @@ def run_sizing(
         )  # fmt: skip
 
     for row in rows:
-        row.update(compare_row(facts, case(row["options"]), row["measured"], device))
+        own = measurer.facts_of.get(row["label"], facts)
+        row.update(compare_row(own, case(row["options"]), row["measured"], device))
         _flat(row)
     # the recommendation, sized at the longest length with the study's precision and packing
     template = case({**options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)

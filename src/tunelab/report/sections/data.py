@@ -1,0 +1,36 @@
+"""The dossier's section on the latest data snapshot: counts per split and category, duplicates."""
+
+from __future__ import annotations
+
+from tunelab.report.document import Section
+from tunelab.report.sections.context import Dossier
+
+
+def data_section(d: Dossier) -> Section:
+    sec = Section("Data")
+    if not d.data["data"]:
+        sec.text("No data snapshot recorded.")
+    for m in d.data["data"][-1:]:
+        sec.text(f"Snapshot {m.get('snapshot_id')} created {m.get('created_at')}.")
+        counts = m.get("counts") or {}
+        per = counts.get("per_category") or {}
+        if per:
+            cats = sorted({c for split in per.values() for c in split})
+            sec.table(
+                ["split", *cats, "total"],
+                [[s, *[per[s].get(c, 0) for c in cats], sum(per[s].values())] for s in per],
+                caption="examples per split and category",
+            )
+        dup = m.get("duplicates") or {}
+        sec.text(
+            f"{counts.get('rows_read')} rows read, {counts.get('dropped_by_cleaning')} dropped by cleaning, "
+            f"{counts.get('sampled_out', 0)} sampled out, {counts.get('removed_as_duplicates')} removed as "
+            f"duplicates (policy {(m.get('dedup') or {}).get('policy')})."
+        )
+        if dup:
+            sec.table(
+                ["what", "value"],
+                [[k, v] for k, v in dup.items() if not isinstance(v, list | dict)],
+                caption="duplicates",
+            )
+    return sec
