@@ -12,6 +12,7 @@ from tunelab.errors import ConfigError
 from tunelab.records import read_json
 from tunelab.study import Study
 from tunelab.train import compute
+from tunelab.train.precision import resolve_precision
 
 
 @pytest.fixture(autouse=True)
@@ -24,10 +25,10 @@ def one_thread():
 
 def test_precision_auto_is_the_default_and_fp32_on_cpu():
     assert TrainingConfig().precision == "auto"
-    assert compute.resolve_precision("auto", "cpu") == "fp32"
+    assert resolve_precision("auto", "cpu") == "fp32"
     for explicit in ("fp32", "bf16", "fp16"):
         assert TrainingConfig(precision=explicit).precision == explicit
-        assert compute.resolve_precision(explicit, "cpu") == explicit
+        assert resolve_precision(explicit, "cpu") == explicit
     assert TrainingConfig().compile is False and TrainingConfig().attention == "auto"
 
 
@@ -58,7 +59,7 @@ def test_bad_precision_compile_and_attention_values_are_config_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_precision_auto_on_cuda_is_bf16_where_supported():
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    assert compute.resolve_precision("auto", "cuda") == expected
+    assert resolve_precision("auto", "cuda") == expected
 
 
 def _study(tmp_path, tiny_llama_dir, **training):

@@ -393,7 +393,7 @@ def _fresh_process_checks(
     import torch
 
     from tunelab.env import device_kind
-    from tunelab.train.compute import resolve_precision
+    from tunelab.train.precision import resolve_precision
     from tunelab.verify import LOGIT_ATOL, SCORE_ATOL, compare_predictions, fresh_evaluate
 
     timings, record = found.timings, found.record

@@ -483,7 +483,7 @@ def _reproduce(
 def _used_precision(requested: str, compute_json: Path) -> str:
     """The precision a run trained in: its compute.json's, else `requested` resolved here."""
     from tunelab.env import device_kind
-    from tunelab.train.compute import resolve_precision
+    from tunelab.train.precision import resolve_precision
 
     if compute_json.exists():
         return read_json(compute_json)["precision"]["used"]

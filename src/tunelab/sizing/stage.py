@@ -383,7 +383,7 @@ def run_sizing(
     """
     from tunelab.env import device_kind
     from tunelab.hypothesis import require_hypothesis
-    from tunelab.train.compute import resolve_precision
+    from tunelab.train.precision import resolve_precision
 
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)

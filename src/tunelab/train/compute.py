@@ -1,8 +1,6 @@
 """How a training run computes: its precision, torch.compile of its blocks, its attention route.
 
-- `resolve_precision`: `training.precision: auto` (the default) is bf16 autocast on a CUDA
-  device that supports bf16 and fp32 elsewhere (CPU; a GPU without bf16, where fp16 needs its
-  grad scaler and is asked for by name). fp32, bf16 and fp16 mean what they say.
+- precision: `tunelab.train.precision` (`training.precision: auto` and what it resolves to).
 - `compile_blocks`: `training.compile: true` compiles each decoder block in place
   (`nn.Module.compile`: parameter names and checkpoints unchanged). The packed attention is
   left out of the compiled graphs (tunelab.train.attention), so packed rows of any length run
@@ -20,25 +18,7 @@ from typing import Any
 import torch
 
 from tunelab.errors import ConfigError
-
-
-def resolve_precision(requested: str, device: torch.device | str) -> str:
-    """ "fp32" | "bf16" | "fp16" for `requested` (which may be "auto") on `device`."""
-    return _precision(requested, torch.device(device))[0]
-
-
-def _precision(requested: str, device: torch.device) -> tuple[str, str]:
-    if requested != "auto":
-        return requested, "training.precision"
-    if device.type != "cuda":
-        return "fp32", "auto: fp32 on CPU (bf16 autocast is slower on CPUs without bf16 units)"
-    name = torch.cuda.get_device_name(device)
-    if torch.cuda.is_bf16_supported():
-        return "bf16", f"auto: bf16 autocast, supported by {name}"
-    return (
-        "fp32",
-        f"auto: {name} has no bf16; fp16 (with a grad scaler) is training.precision: fp16",
-    )
+from tunelab.train.precision import precision_choice
 
 
 def check_compile(device: torch.device | str) -> None:
@@ -119,7 +99,7 @@ def describe_compute(
 ) -> dict[str, Any]:
     """Run the model checks of `tunelab.train.losses` in the training's precision (causal LM)
     and return the record: precision (requested, used, why), compile, attention and loss."""
-    precision, why = _precision(cfg.precision, device)
+    precision, why = precision_choice(cfg.precision, device)
     record: dict[str, Any] = {
         "device": str(device),
         "precision": {"requested": cfg.precision, "used": precision, "why": why},

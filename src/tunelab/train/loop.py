@@ -27,8 +27,8 @@ from tunelab.train.batches import (
     count_input_tokens,
     count_loss_tokens,
 )
-from tunelab.train.compute import resolve_precision
 from tunelab.train.losses import causal_lm_loss_sum
+from tunelab.train.precision import resolve_precision
 from tunelab.train.schedule import lr_factor
 from tunelab.train.strategy import SingleProcess, Strategy
 
@@ -88,7 +88,7 @@ def build_scheduler(
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 / fp16 autocast on the model's device; fp32 runs as is ("auto": see
-    `tunelab.train.compute.resolve_precision`)."""
+    `tunelab.train.precision.resolve_precision`)."""
     precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from tunelab.errors import ConfigError, RunError
-from tunelab.train.compute import resolve_precision
 from tunelab.train.launch_dir import fail_for_test
+from tunelab.train.precision import resolve_precision
 from tunelab.train.process_group import backend_version, device_name, init_process_group
 from tunelab.train.sharded import ShardedCheckpoint
 from tunelab.train.strategy import ShardWriter
