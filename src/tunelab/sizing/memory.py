@@ -504,7 +504,7 @@ def logits_bytes(facts: ModelFacts, case: Case, route: str = "fused") -> dict[st
       their compute-dtype copy under autocast), the head's weight in the compute dtype under
       autocast, and the
       gradients it makes at once: of the hidden states [n, hidden] and of a trained head
-      [vocab, hidden] in fp32; backward scales them;
+      [vocab, hidden] (summed in fp32, kept in the weight's dtype); backward scales them;
     - chunked: [n, vocab] logits in the compute dtype, lifted to fp32, log_softmax keeping its
       fp32 output for backward; above CHUNK_LOGITS logits the rows go in chunks recomputed in
       backward, so one chunk is alive at a time;
@@ -527,14 +527,17 @@ def logits_bytes(facts: ModelFacts, case: Case, route: str = "fused") -> dict[st
         rows = min(n, max(FUSED_MIN_ROWS, FUSED_CHUNK_LOGITS // v))
         trains = facts.head == "weight" or (facts.tied_embeddings and facts.embed == "weight")
         grad_h = n * facts.hidden * pb
-        grad_w = v * facts.hidden * 4 if trains else 0
+        # the head's gradient is summed in fp32 over the chunks, then kept in the weight's dtype
+        grad_w_sum = v * facts.hidden * 4 if trains else 0
+        grad_w = v * facts.hidden * pb if trains else 0
         weight_copy = v * facts.hidden * cd if cd != pb else 0
+        chunk = weight_copy + rows * v * (4 + (cd if cd != 4 else 0)) + grad_h + grad_w_sum
         return {
             "logits": rows * v * cd,
             "loss_tokens": n,
             "chunk_rows": rows,
             "kept": grad_h + grad_w,
-            "forward": weight_copy + rows * v * (4 + (cd if cd != 4 else 0)) + grad_h + grad_w,
+            "forward": max(chunk, grad_h + grad_w_sum + (grad_w if pb != 4 else 0)),
             "backward": grad_h + grad_w + grad_h,
         }
     chunked = route == "chunked" and n * v > CHUNK_LOGITS
