@@ -287,3 +287,28 @@ def test_full_model_export_of_a_causal_lm(tmp_path, tiny_llama_dir, capsys):
     ours, _, _ = load_run_model(Study.open(root), run_id)
     expected = logits_of(ours, tok, ["The striker scored"])
     assert (logits_of(model, tok, ["The striker scored"]) - expected).abs().max().item() < 1e-6
+
+
+def test_check_export_reads_the_older_layout(exported, tiny_bert_dir, tmp_path, capsys):
+    """An export of format tunelab-export/1 (the adapter in adapter/) is still checked and
+    loaded: its manifest's artifact.dir says where the adapter is."""
+    _, _, path, _ = exported
+    old = tmp_path / "old-layout"
+    shutil.copytree(path, old)
+    m = json.loads((old / MANIFEST).read_text())
+    (old / "adapter").mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (old / name).rename(old / "adapter" / name)
+        m["files"][f"adapter/{name}"] = m["files"].pop(name)
+    m["format"] = "tunelab-export/1"
+    m["artifact"]["dir"] = "adapter"
+    m["manifest_sha256"] = manifest_sha256(m)
+    (old / MANIFEST).write_text(json.dumps(m))
+    code, out, err = run_cli(capsys, "check-export", old, "--base", tiny_bert_dir, "--json")
+    assert code == 0, err
+    assert json.loads(out)["example"]["matches_recorded"]
+    m["format"] = "tunelab-export/9"
+    m["manifest_sha256"] = manifest_sha256(m)
+    (old / MANIFEST).write_text(json.dumps(m))
+    code, _, err = run_cli(capsys, "check-export", old, "--base", tiny_bert_dir)
+    assert code == 2 and "unknown manifest format 'tunelab-export/9'" in err

@@ -490,6 +490,44 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     assert plan["evaluation_run_s"] == pytest.approx(25.0 - 5.0 + 5.1 + answered * 1.25 - 10.3)
 
 
+def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
+    """Where the smoke's evaluation chose the merged copy, a variant decodes as the base: no
+    adapter ratio per step or example, but the copy and the first batch's check once per
+    evaluation (the smoke's check on its 4 examples, scaled to a batch of 8)."""
+    from tunelab.plan.figures import adapted_costs as _adapted_costs
+    from tunelab.plan.figures import merged_evaluation
+
+    gen = {
+        "steps": 11,
+        "answer_steps": 11,
+        "s_per_step": 0.1,
+        "batches": [{"n": 3, "steps": 11, "answer_steps": 11, "prefill_s": 1.0, "decode_s": 1.0}],
+    }
+    baseline = {"load_s": 5.0, "seconds": 2.0, "n": 3, "generation": gen}
+    smoke_eval = {
+        "run_id": "smoke-x",
+        "n": 4,
+        "merge": {"merged": True, "reason": "first batch: 4 outputs greedy", "merge_s": 0.5,
+                  "check_s": 0.25},
+    }  # fmt: skip
+    merged = merged_evaluation(smoke_eval, batch_size=8)
+    assert merged.value == pytest.approx(0.5 + 0.25 * 2)
+    assert merged_evaluation({**smoke_eval, "merge": {"merged": False}}, 8) is None
+    assert merged_evaluation({}, 8) is None  # a smoke recorded before merging
+    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    smoke = {"reload_s": 5.1, "adapter_time_ratio": 1.25}
+    costs = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora", merged=merged)
+    assert "adapted_extra_s_per_example" not in costs
+    assert costs["variant_s_per_step"].value == pytest.approx(0.1)
+    assert costs["eval_merge_s"].value == pytest.approx(1.0)
+    unmerged = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
+    counts = SplitCounts(train=800, validation=3, test=3)
+    fast = plan_dict(figures(counts=counts, **costs), days=3)
+    slow = plan_dict(figures(counts=counts, **unmerged), days=3)
+    assert fast["evaluation_run_s"] == pytest.approx(25.0 - 5.0 + 5.1 + 2.0 - 2.0 + 1.0)
+    assert slow["evaluation_run_s"] == pytest.approx(25.0 - 5.0 + 5.1 + 2.0 * 1.25 - 2.0)
+
+
 PLAN_RECORD = {"id": "plan-x", "figures": {}, **build_plan(figures(), CFG, days=3).to_dict()}
 
 

@@ -398,6 +398,10 @@ def test_size_measures_qlora_beside_lora_and_full(tmp_path, tiny_llama_dir, caps
     assert "4bit_constants" in q["weights_by_dtype"] and q["dequantized_layer"] > 0
     assert q["weights"] < full["weights"] < lora["weights"]  # 4 bits per block weight
     assert full["optimizer_states"] > lora["optimizer_states"] == q["optimizer_states"]
+    # each other method gets its own recommendation, proposed when the study's does not fit
+    others = {o["method"]: o for o in record["recommendation"]["other_methods"]}
+    assert set(others) == {"lora", "full"} and all(o["fits"] for o in others.values())
+    assert all(o["predicted_peak_bytes"] > 0 and o["micro_batch"] for o in others.values())
     code, _, err = run_cli(capsys, "size", "-s", root, "--methods", "lora,int4")
     assert code == 2 and "int4" in err
 

@@ -1,7 +1,10 @@
-"""The dossier: built from records, escaped, self-contained, rendered by headless Chromium."""
+"""The dossier: built from records, escaped, self-contained, rendered by headless Chromium, and
+laid out inside the page at 1280 px for a study of 40 categories."""
 
 from __future__ import annotations
 
+import html
+import json
 import shutil
 import subprocess
 
@@ -15,11 +18,12 @@ from tunelab.study import Study
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def render_dom(html_path, tmp_path) -> str:
+def render_dom(html_path, tmp_path, *extra: str) -> str:
     """The DOM Chromium builds from the page (headless, no network, fresh profile)."""
     out = subprocess.run(
         [
             CHROMIUM,
+            *extra,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -86,3 +90,138 @@ def test_dossier_renders_in_headless_chromium(hostile_study, tmp_path):
     assert "tunelab dossier" in dom
     assert "Hypothesis and guardrails" in dom and "Limitations" in dom
     assert 'data-pwned="' not in dom, "a script from the data ran in the dossier"
+
+
+# measures the page once it is laid out: what overflows the viewport, outside a scrolling box
+_MEASURE = """<script>
+window.addEventListener("load", () => {
+  const page = document.documentElement, width = page.clientWidth;
+  const outside = [...document.body.querySelectorAll("*")].filter(
+    (e) => !e.closest(".wide") && e.getBoundingClientRect().right > width + 1);
+  const tables = [...document.querySelectorAll("table")];
+  document.body.setAttribute("data-layout", JSON.stringify({
+    scrollWidth: page.scrollWidth, clientWidth: width,
+    bodyScrollWidth: document.body.scrollWidth,
+    outside: outside.map((e) => e.tagName + ":" + (e.textContent || "").slice(0, 40)),
+    tables: tables.length, boxed: tables.filter((t) => t.parentElement.matches(".wide")).length,
+    scrolling: tables.filter((t) => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
+      .map((t) => (t.caption || {}).textContent || t.rows[0].textContent.slice(0, 40)),
+  }));
+});
+</script>"""
+
+_CATEGORIES = [
+    f"customer-support-{topic}-{k:02d}" for k in range(20) for topic in ("billing", "shipping")
+]
+
+
+def _many_category_study(root, model_dir):
+    """A classification study of 40 categories with long names sharing a prefix, run through
+    the real stages: register, data, baseline, a 2-step LoRA, its evaluation, compare."""
+    from helpers import FILLED_HYPOTHESIS
+    from tunelab.study_template import render_study_yaml
+
+    root.mkdir(parents=True)
+    rows = []
+    for k, label in enumerate(_CATEGORIES):
+        for i in range(5):
+            split = "train" if i < 3 else "validation" if i < 4 else "test"
+            text = f"ticket {i} of queue {k}: {label.replace('-', ' ')} question number {i}"
+            rows.append({"id": f"q{k:02d}-{i}", "text": text, "label": label, "split": split})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(render_study_yaml("classification", "forty-queues"))
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["task"]["labels"] = _CATEGORIES
+    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
+    raw["data"]["dedup"]["near"] = False
+    raw["model"].update(path=str(model_dir), architecture="encoder")
+    raw["adaptation"].update(method="lora", target_modules=["query", "value"])
+    raw["preprocess"]["max_seq_len"] = 32
+    raw["training"].update(
+        micro_batch_size=8, max_steps=2, lr=5e-3, warmup_steps=0, eval_every_steps=None,
+        checkpoint_every_steps=None, num_threads=1,
+    )  # fmt: skip
+    raw["evaluation"].update(batch_size=16, bootstrap_samples=50)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (make setup installs it as root)"
+)
+def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_bert_dir, capsys):
+    root = _many_category_study(tmp_path / "s", tiny_bert_dir)
+    for args in (["register"], ["data"], ["baseline"], ["train", "--name", "v1"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, err
+    study = Study.open(root)
+    v1 = next(r for r in study.list_runs() if r.kind == "train")
+    for args in (["eval", v1.id], ["compare"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, err
+    paths = build_report(study)
+    md = paths["markdown"].read_text()
+    # the decision comes first, then a table of contents naming every section
+    assert md.index("Contents:") < md.index("## Decision") < md.index("## Hypothesis")
+    assert "| adopted variant |" in md and "| guardrails |" in md
+    assert "- [Comparisons and guardrails](#comparisons-and-guardrails)" in md
+    # one row per category, not one column: the table of counts has 5 columns, not 42
+    assert "| category | train | validation | test | total |" in md
+    assert md.count("| 40. customer-support-shipping-19 |") == 2  # baseline's and v1's matrix
+    page = paths["html"].read_text()
+    assert '<a href="#comparisons-and-guardrails">' in page
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    dom = render_dom(probe, tmp_path, "--window-size=1280,900", "--virtual-time-budget=10000")
+    start = dom.index('data-layout="') + len('data-layout="')
+    layout = json.loads(html.unescape(dom[start : dom.index('"', start)]))
+    assert layout["clientWidth"] >= 1200, layout
+    assert layout["scrollWidth"] <= layout["clientWidth"], layout  # no horizontal scroll bar
+    assert layout["bodyScrollWidth"] <= layout["clientWidth"], layout
+    assert layout["outside"] == [], layout
+    assert layout["tables"] == layout["boxed"], layout
+    # the confusion matrices are wider than the page: they scroll in their own box
+    assert any("confusion matrix" in c for c in layout["scrolling"]), layout
+
+
+def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_test_figure():
+    from tunelab.report.document import cell_text
+    from tunelab.report.sections.context import Dossier
+    from tunelab.report.sections.decision import decision_section
+
+    compare = {
+        "id": "compare-1",
+        "split": "validation",
+        "hypothesis_version": 1,
+        "primary_metric": "macro_f1",
+        "min_improvement": 0.05,
+        "runs": [
+            {"run_id": "train-a", "name": "v1", "compared": True, "flags": [],
+             "primary": {"baseline": 0.3, "variant": 0.8, "delta": 0.5, "ci_low": 0.4,
+                         "ci_high": 0.6, "meets_min_improvement": True, "significant": True},
+             "guardrails": [{"rule": "f1", "pass": True}, {"rule": "acc", "pass": True}]},
+            {"run_id": "train-b", "name": "v2", "compared": True, "flags": [],
+             "primary": {"baseline": 0.3, "variant": 0.9, "delta": 0.6, "ci_low": 0.5,
+                         "ci_high": 0.7, "meets_min_improvement": True, "significant": True},
+             "guardrails": [{"rule": "f1", "pass": False, "item": "sport"}]},
+        ],
+    }  # fmt: skip
+    test_run = {
+        "row": {"id": "eval-t", "kind": "eval", "parent": "train-a"},
+        "evaluations": {"test": {"n": 120, "metrics": {"macro_f1": 0.7912}}},
+    }
+    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "y"}]
+    data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
+    sec = decision_section(Dossier(None, data, None))
+    rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
+    assert rows["adopted variant"] == "v1 (run train-a)"  # v2 gains more but fails a guardrail
+    assert rows["primary metric (macro_f1, validation)"].startswith(
+        "0.3000 -> 0.8000, delta +0.5000, 95 % CI [+0.4000, +0.6000]"
+    )
+    assert rows["guardrails"] == "2 of 2 checks pass"
+    assert rows["sealed test split"] == "macro_f1 0.7912 on 120 examples (its only opening)"
+    data["test_openings"] = []
+    sec = decision_section(Dossier(None, {**data, "runs": []}, None))
+    rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
+    assert rows["sealed test split"].startswith("not opened yet: `tunelab eval train-a")

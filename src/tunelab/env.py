@@ -201,6 +201,20 @@ def device_kind() -> str:
 BUSY_CPU_SHARE = 0.8
 
 
+def free_cores() -> tuple[int, str]:
+    """CPU cores free for this process now: the cores it may run on less the 1-minute load
+    average (other jobs' runnable threads), at least 1. Returns (cores, how it was found)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    if not hasattr(os, "getloadavg"):
+        return cores, f"{cores} cores"
+    load = os.getloadavg()[0]
+    free = max(1, min(cores, int(cores - load + 0.5)))
+    return free, f"{cores} cores, load {load:.2f}"
+
+
 def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
     """The share of its threads' time some work on the CPU had: process CPU seconds over wall
     seconds x threads. About 0.95 on a quiet machine; another process on the cores lowers it.

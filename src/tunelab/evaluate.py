@@ -27,11 +27,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
-from tunelab.config import StudyConfig, generation_room_problem, sha256_json
+from tunelab.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
 from tunelab.errors import EvaluationError, RunError
+from tunelab.generation import (  # noqa: F401  (pad helpers and generate_outputs: public here)
+    batches_of,
+    generate_outputs,
+    pad_id_for,
+    pad_sequences,
+)
 from tunelab.hypothesis import evaluation_spec_sha, require_hypothesis
+from tunelab.merged_eval import EvalModels, as_models, close_scores
 from tunelab.models.identity import hub_source
-from tunelab.plan.probes import StepClock, generation_timing
+from tunelab.plan.probes import generation_timing
 from tunelab.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 if TYPE_CHECKING:
@@ -39,6 +46,10 @@ if TYPE_CHECKING:
 
 EVAL_KIND = "eval"
 BASELINE_KIND = "baseline"
+# Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
+# tolerance allows one unit in the 4th decimal; reduced precision gets a wider one. Verify
+# reproduces recorded scores within it, and a merged copy must stay within it.
+SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
 
 
 def spec_sha256(locked_spec_sha: str, template_sha: str) -> str:
@@ -49,42 +60,13 @@ def spec_sha256(locked_spec_sha: str, template_sha: str) -> str:
 # ---------------------------------------------------------------- batching helpers
 
 
-def _batches(order: Sequence[int], size: int) -> list[list[int]]:
-    return [list(order[i : i + size]) for i in range(0, len(order), size)]
-
-
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
-    """[batch, seq] input ids and attention mask, padded on the left or the right.
-
-    Rows keep their token order; padding positions hold `pad_id` and mask 0, tokens mask 1.
-    """
-    import torch
-
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        if not s:
-            continue
-        if left:
-            ids[row, width - len(s) :] = torch.tensor(s)
-            mask[row, width - len(s) :] = 1
-        else:
-            ids[row, : len(s)] = torch.tensor(s)
-            mask[row, : len(s)] = 1
-    return ids, mask
-
-
-def pad_id_for(tokenizer: Any) -> int:
-    """The id to pad with: the pad token, else EOS, else 0; always an int."""
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if tid is not None:
-            return int(tid)
-    return 0  # pragma: no cover
-
-
 def _device(model: Any):
     return next(model.parameters()).device
+
+
+def _tensor_rows(compare: Any) -> Any:
+    """A comparison of score lists applied to [batch, labels] tensors."""
+    return lambda a, b: compare(a.tolist(), b.tolist())
 
 
 # (examples done, examples in all, what is evaluated) -> None, after every batch
@@ -120,11 +102,16 @@ def predict_encoder(
 
     out: list[dict[str, Any] | None] = [None] * len(encoded)
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]["input_ids"]), i))
-    device = _device(model)
-    for batch in _batches(order, batch_size):
+    models = as_models(model)
+    device = models.device
+    for batch in batches_of(order, batch_size):
         ids, mask = pad_sequences([encoded[i]["input_ids"] for i in batch], pad_id, left=False)
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        probs = torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+
+        def forward(m: Any, ids: Any = ids, mask: Any = mask) -> Any:
+            logits = m(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+
+        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
         for row, i in enumerate(batch):
             p = probs[row].tolist()
             best = max(range(len(p)), key=lambda j: p[j])
@@ -134,6 +121,42 @@ def predict_encoder(
             }
         tick(len(batch))
     return out  # type: ignore[return-value]
+
+
+def predict_images(
+    model: Any,
+    pre: Any,
+    rows: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[dict[str, Any]]:
+    """Label and per-label probabilities of each image (the deterministic chain, in order)."""
+    import torch
+
+    from tunelab.models.vision import pixels_for
+
+    out = []
+    models = as_models(model)
+    for start in range(0, len(rows), batch_size):
+        chunk = [pre.encode(r) for r in rows[start : start + batch_size]]
+        stacked = torch.stack([e["pixel_values"] for e in chunk])  # [b, 3, H, W]
+
+        def forward(m: Any, stacked: Any = stacked) -> Any:
+            logits = m(pixel_values=pixels_for(m, stacked)).logits
+            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+
+        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
+        for p in probs.tolist():
+            best = max(range(len(p)), key=lambda j: p[j])
+            out.append(
+                {
+                    "label": labels[best],
+                    "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
+                }
+            )
+        tick(len(chunk))
+    return out
 
 
 def score_candidates(
@@ -153,8 +176,9 @@ def score_candidates(
 
     scores: list[float] = [0.0] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i][0]), i))
-    device = _device(model)
-    for batch in _batches(order, batch_size):
+    models = as_models(model)
+    device = models.device
+    for batch in batches_of(order, batch_size):
         ids, mask = pad_sequences([sequences[i][0] for i in batch], pad_id, left=True)
         width = ids.shape[1]
         # target positions (in padded coordinates) of each row
@@ -166,73 +190,35 @@ def score_candidates(
         first = min((t for row in targets for t, _ in row), default=width - 1)
         keep = width - (first - 1)  # logits of positions first-1 .. width-1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=position_ids.to(device),
-            logits_to_keep=keep,
-            use_cache=False,
-        ).logits  # [batch, keep, vocab]
-        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         start = width - keep
-        for row, i in enumerate(batch):
-            scores[i] = float(sum(logp[row, t - 1 - start, tok] for t, tok in targets[row]))
-        tick(len(batch))
-    return scores
 
-
-def generate_outputs(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    batch_size: int,
-    tick: Callable[[int], None] = lambda n: None,
-    stats: list[dict[str, Any]] | None = None,
-) -> list[str]:
-    """Greedy continuations of each prompt (left padding, KV cache, stop at EOS); only the new
-    tokens are decoded, special tokens dropped.
-
-    `stats`, when given, receives one entry per batch: `rows` (indices into `prompts`),
-    `prompt_tokens` (the padded width), `steps` (tokens generated: the batch runs until its
-    longest answer ends), `prefill_s` (up to the first new token) and `decode_s` (the rest)."""
-    import torch
-    from transformers import GenerationConfig
-
-    pad_id = pad_id_for(tokenizer)
-    eos = tokenizer.eos_token_id
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        use_cache=True,
-        eos_token_id=eos,
-        pad_token_id=pad_id,
-    )
-    outputs: list[str] = [""] * len(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    device = _device(model)
-    for batch in _batches(order, batch_size):
-        ids, mask = pad_sequences([prompts[i] for i in batch], pad_id, left=True)
-        clock = StepClock()
-        with torch.inference_mode():
-            out = model.generate(
+        def forward(
+            m: Any,
+            ids: Any = ids,
+            mask: Any = mask,
+            position_ids: Any = position_ids,
+            keep: int = keep,
+            start: int = start,
+            targets: list = targets,
+        ) -> list:
+            logits = m(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
-                generation_config=config,
-                streamer=clock if stats is not None else None,
-            )
-        new = out[:, ids.shape[1] :].cpu().tolist()  # [batch, new tokens]
-        if stats is not None:
-            stats.append({"rows": list(batch), "prompt_tokens": int(ids.shape[1]), **clock.split()})
+                position_ids=position_ids.to(device),
+                logits_to_keep=keep,
+                use_cache=False,
+            ).logits  # [batch, keep, vocab]
+            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+            return [
+                [float(sum(logp[row, t - 1 - start, tok] for t, tok in targets[row]))]
+                for row in range(len(targets))
+            ]
+
+        found = models.run(forward, close_scores(models.atol))
         for row, i in enumerate(batch):
-            tokens = new[row]
-            if eos is not None and eos in tokens:
-                tokens = tokens[: tokens.index(eos)]
-            outputs[i] = tokenizer.decode(tokens, skip_special_tokens=True)
+            scores[i] = found[row][0]
         tick(len(batch))
-    return outputs
+    return scores
 
 
 # ---------------------------------------------------------------- the evaluation
@@ -242,7 +228,7 @@ def _task_labels(study: Study, labels: Sequence[str] | None) -> list[str] | None
     if labels is not None:
         return list(labels)
     cfg: StudyConfig = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -262,6 +248,7 @@ def evaluate_model(
     labels: Sequence[str] | None = None,
     progress: EvalProgress | None = None,
     expect_template_sha256: str | None = None,
+    merge: bool | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on `examples` with the study's locked evaluation procedure.
 
@@ -272,6 +259,9 @@ def evaluate_model(
             snapshot's labels).
         expect_template_sha256: the template sha the model was trained with (its run's
             preprocess.json); a different rendering now is refused before any inference.
+        merge: a LoRA model is evaluated through a merged copy (`tunelab.merged_eval`): None
+            checks it on the first batch and falls back when it differs, True / False
+            reproduce a recorded choice. The record's `merge` says what was used.
     Returns:
         (record, predictions). record = {"split", "spec_sha256", "evaluation_spec_sha256",
         "template_sha256", "hypothesis_version", "task_kind", "labels", "fields", "n",
@@ -306,12 +296,16 @@ def evaluate_model(
     timing: dict[str, Any] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
     what = f"evaluate {split} ({len(rows)} examples)"
+    tick = _Ticker(progress or None, len(rows), what)
+    tick(0)  # a line at once in a pipe, before the first batch's minutes
     try:
+        models = EvalModels.prepare(model, merge, merge_atol(cfg))
         with torch.inference_mode():
-            tick = _Ticker(progress or None, len(rows), what)
             predictions = predict_rows(
-                model, tokenizer, pre, task, cfg, rows, architecture, tick, timing
+                models, tokenizer, pre, task, cfg, rows, architecture, tick, timing
             )
+        merge_record = models.record
+        del models  # the merged copy goes with it
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - started
@@ -339,8 +333,17 @@ def evaluate_model(
         "evaluation": ev.model_dump(mode="json"),
         "metrics": metric_values,
         "generation": timing or None,
+        "merge": merge_record,
     }
     return record, predictions
+
+
+def merge_atol(cfg: StudyConfig) -> float:
+    """How far a merged copy's scores may drift from the model's: verify's tolerance."""
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
+
+    return SCORE_ATOL.get(resolve_precision(cfg.training.precision, device_kind()), 2e-4)
 
 
 def predict_rows(
@@ -368,6 +371,8 @@ def predict_rows(
         if architecture == "encoder":
             encoded = [pre.encode(r) for r in rows]
             found = predict_encoder(model, encoded, labels, pad_id, ev.batch_size, tick)
+        elif architecture == "image":
+            found = predict_images(model, pre, rows, labels, ev.batch_size, tick)
         else:
             found = _score_labels(model, pre, rows, labels, pad_id, ev.batch_size, tick)
         out = []
@@ -401,6 +406,8 @@ def predict_rows(
         batch_size=ev.batch_size,
         tick=tick,
         stats=batches,
+        # the answer is the first JSON object: nothing after it is read
+        stop_at_answer=task.kind == "extraction",
     )
     if timing is not None:
         answers = [pre.target_len(r) for r in rows]
@@ -537,12 +544,20 @@ def load_base_model(study: Study, labels: list[str] | None):
     return model, tokenizer, base
 
 
-def _set_threads(cfg: StudyConfig) -> None:
-    """Use training.num_threads for inference too (CPU oversubscription slows both alike)."""
-    if cfg.training.num_threads:
-        import torch
+def set_evaluation_threads(cfg: StudyConfig) -> str:
+    """Torch's CPU threads for inference: evaluation.num_threads, else the cores free now
+    (more threads than free cores slow every step: they wait for each other). Returns where the
+    count came from, for the record."""
+    import torch
 
-        torch.set_num_threads(cfg.training.num_threads)
+    from tunelab.env import free_cores
+
+    if cfg.evaluation.num_threads:
+        torch.set_num_threads(cfg.evaluation.num_threads)
+        return "evaluation.num_threads"
+    n, how = free_cores()
+    torch.set_num_threads(n)
+    return f"free cores ({how})"
 
 
 def require_generation_room(cfg: StudyConfig) -> None:
@@ -570,7 +585,7 @@ def run_baseline(
     cfg: StudyConfig = study.config
     require_generation_room(cfg)
     hypothesis = require_hypothesis(study.root, cfg)
-    _set_threads(cfg)
+    threads = set_evaluation_threads(cfg)
     snapshot = load_snapshot(study)
     labels = _task_labels_from(cfg, snapshot)
     split = "validation"
@@ -595,6 +610,7 @@ def run_baseline(
         # the model's load (libraries included), which `tunelab plan` sets against the smoke's
         # fresh-process load of an adapted checkpoint
         record["load_s"] = round(load_s, 3)
+        record["threads_from"] = threads
         record["data_snapshot"] = snapshot.id
         record["base_identity_sha256"] = (base.identity or {}).get("sha256")
         record_evaluation(run, record, predictions)
@@ -607,7 +623,7 @@ def run_baseline(
 
 
 def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     return list(cfg.task.labels) if cfg.task.labels else list(snapshot.labels or [])
 
@@ -659,7 +675,7 @@ def run_eval(
         raise EvaluationError(
             "--final is only for the test split", hint="add --split test, or drop --final"
         )
-    _set_threads(cfg)
+    threads = set_evaluation_threads(cfg)
     snapshot = load_snapshot(study, row.data_snapshot)
     labels = _task_labels_from(cfg, snapshot)
     run = study.create_run(
@@ -705,6 +721,7 @@ def run_eval(
         )
         record["evaluates"] = row.id
         record["load_s"] = round(load_s, 3)
+        record["threads_from"] = threads
         record["data_snapshot"] = snapshot.id
         if openings is not None:
             record["test_openings"] = openings

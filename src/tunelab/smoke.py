@@ -394,7 +394,13 @@ def _fresh_process_checks(
 
     from tunelab.env import device_kind
     from tunelab.train.precision import resolve_precision
-    from tunelab.verify import LOGIT_ATOL, SCORE_ATOL, compare_predictions, fresh_evaluate
+    from tunelab.verify import (
+        LOGIT_ATOL,
+        SCORE_ATOL,
+        compare_predictions,
+        fresh_evaluate,
+        recorded_merge,
+    )
 
     timings, record = found.timings, found.record
     fresh = fresh_evaluate(
@@ -407,6 +413,7 @@ def _fresh_process_checks(
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
+        merge=recorded_merge(read_json(run.path("metrics-validation.json"))),
     )
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
+from tunelab.evaluate import SCORE_ATOL
 from tunelab.records import read_json, read_jsonl, write_json_atomic
 from tunelab.train.checkpoint import check_checkpoint_files
 from tunelab.worker import Worker, serve
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
     from tunelab.models import BaseModel
     from tunelab.study import Run, Study
 
-# Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
-# tolerance allows one unit in the 4th decimal; reduced precision gets a wider one.
-SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
 # Raw logits of the smoke probe are compared unrounded.
 LOGIT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2}
 SHOWN_MISMATCHES = 10
@@ -203,6 +201,18 @@ def _probe_batch(
     return ids, mask
 
 
+def _image_batch(processor: Any, study: Study, rows: list[dict], labels: Sequence[str] | None):
+    """pixel_values [batch, 3, H, W] of `rows`, the evaluation's deterministic chain."""
+    import torch
+
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config, list(labels) if labels else None)
+    pre = Preprocessor(processor, study.config, task, "image")
+    return torch.stack([pre.encode(r)["pixel_values"] for r in rows])
+
+
 def probe_logits(
     model: Any,
     tokenizer: Any,
@@ -214,16 +224,21 @@ def probe_logits(
     """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
     import torch
 
-    ids, mask = _probe_batch(model, tokenizer, base, study, rows, labels)
     device = next(model.parameters()).device
+    if base.architecture == "image":
+        kwargs: dict[str, Any] = {"pixel_values": _image_batch(tokenizer, study, rows, labels)}
+    else:
+        ids, mask = _probe_batch(model, tokenizer, base, study, rows, labels)
+        kwargs = {"input_ids": ids, "attention_mask": mask}
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    if base.architecture == "image":
+        from tunelab.models.vision import pixels_for
+
+        kwargs["pixel_values"] = pixels_for(model, kwargs["pixel_values"])
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            kwargs: dict[str, Any] = {
-                "input_ids": ids.to(device),
-                "attention_mask": mask.to(device),
-            }
             if base.architecture == "causal_lm":
                 kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
                 kwargs["use_cache"] = False
@@ -291,7 +306,7 @@ def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     started = time.perf_counter()
     record, predictions = evaluate_model(
-        model, tokenizer, base, study, rows, spec["split"], labels=labels
+        model, tokenizer, base, study, rows, spec["split"], labels=labels, merge=spec.get("merge")
     )
     eval_s = time.perf_counter() - started
     write_jsonl_atomic(out / "predictions.jsonl", predictions)
@@ -316,6 +331,7 @@ def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         "val_loss": val_loss,
         "metrics": record["metrics"],
         "spec_sha256": record["spec_sha256"],
+        "merge": record["merge"],
         "base_identity_sha256": base.identity.get("sha256"),
         "pid": os.getpid(),
         "env": capture_env(),
@@ -333,12 +349,15 @@ def fresh_evaluate(
     probe_ids: Sequence[Any] | None = None,
     val_loss_ids: Sequence[Any] | None = None,
     num_threads: int | None = None,
+    merge: bool | None = None,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Re-evaluate run `run_id` on the examples `ids` in a new Python process.
 
     `num_threads`: the caller's torch thread count when it computed the figures compared
     (a different count reorders float sums); by default the run's training.num_threads.
+    `merge`: the recorded evaluation's choice (merged copy or not) to reproduce; None lets the
+    fresh process check and choose as an evaluation does.
 
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
     the training loop's validation loss on these examples, with the run's own config.
@@ -358,6 +377,7 @@ def fresh_evaluate(
         "probe_ids": list(probe_ids) if probe_ids else None,
         "val_loss_ids": list(val_loss_ids) if val_loss_ids else None,
         "num_threads": num_threads or study.config.training.num_threads,
+        "merge": merge,
     }
     with Worker("tunelab.verify") as worker:
         outcome = worker.run(spec, timeout_s=timeout_s)
@@ -430,6 +450,12 @@ def _write_record(run: Run, record: dict[str, Any]) -> Path:
     raise AssertionError("could not find a free verify-<n>.json name")
 
 
+def recorded_merge(eval_record: Mapping[str, Any]) -> bool:
+    """Whether the recorded evaluation ran on a merged copy (a record without `merge` predates
+    merging: it ran unmerged)."""
+    return bool((eval_record.get("merge") or {}).get("merged"))
+
+
 def _reproduce(
     study: Study,
     model_run: str,
@@ -451,6 +477,8 @@ def _reproduce(
             split=record["split"],
             ids=[r["id"] for r in recorded],
             labels=eval_record.get("labels"),
+            num_threads=eval_record.get("torch_threads"),
+            merge=recorded_merge(eval_record),
         )
     except (CheckpointError, ModelError) as exc:
         return {

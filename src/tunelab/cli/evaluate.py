@@ -47,6 +47,13 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
             ],
         )
         rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
+    merge = record.get("merge") or {}
+    if merge.get("merged") or "check_s" in merge:  # a LoRA model: merged, or why not
+        rows.insert(
+            -1, ["adapter", "merged" if merge["merged"] else f"unmerged: {merge['reason']}"]
+        )
+    if record.get("torch_threads"):
+        rows.insert(-1, ["threads", record["torch_threads"]])
     console.print(table(title, ["metric", "value"], rows))
     if m.get("per_category"):
         cats = [

@@ -183,6 +183,14 @@ def _recommendation(rec: dict[str, Any], cuda: bool) -> None:
     budget = _size(rec["budget_bytes"])
     if not rec.get("fits"):
         console.print(f"[red]nothing fits[/] the budget of {budget}: {rec['reason']}")
+        for other in rec.get("other_methods") or []:
+            if other["fits"]:  # a method measured beside the study's (--methods)
+                console.print(
+                    f"  adaptation.method {other['method']} fits: micro-batch "
+                    f"{other['micro_batch']} x {other['grad_accum']}, checkpointing "
+                    f"{'on' if other['checkpointing'] else 'off'}, predicted peak "
+                    f"{_size(other['predicted_peak_bytes'])}"
+                )
         return
     measured = f", {rec['tokens_per_s']:,.0f} tokens/s measured" if rec.get("tokens_per_s") else ""
     row = f' (row "{rec["row"]}")' if rec.get("row") else ""

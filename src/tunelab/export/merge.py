@@ -53,14 +53,12 @@ class MergeTolerance:
         return out
 
 
-def merged_model(study: Study, run: Run, method: str, dtype: str):
-    """The run's base with its adapter merged in, in `dtype` ("bf16" | "fp32"), on the CPU: a
-    QLoRA base is loaded in 4 bits as in training and dequantized first (transformers'
-    `dequantize`), so the adapter is added to the weights it was trained against."""
+def merged_model(study: Study, run: Run, dtype: str):
+    """The run's base with its adapter merged in, in `dtype` ("bf16" | "fp32"), on the CPU."""
     import torch
 
     from tunelab.config import validate_config
-    from tunelab.models import load_model, load_trainable, resolve_recorded
+    from tunelab.models import load_model, resolve_recorded
     from tunelab.records import read_json
     from tunelab.train.layout import final_checkpoint
 
@@ -69,14 +67,24 @@ def merged_model(study: Study, run: Run, method: str, dtype: str):
     base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
     torch.manual_seed(cfg.training.seed)
     model = load_model(base, cfg, record.get("labels"))
-    if method == "qlora":
-        from tunelab.models._quiet import quiet_transformers
-
-        with quiet_transformers():
-            model = model.dequantize()
-    model = model.to(getattr(torch, MERGE_DTYPES[dtype]))
     ckpt = final_checkpoint(run.dir / "checkpoints")
-    model = load_trainable(model, ckpt / "adapter", "lora")
+    return merge_adapter(model, ckpt / "adapter", dtype)
+
+
+def merge_adapter(base: Any, adapter_dir: Path, dtype: str):
+    """`base` (a freshly loaded model, 4-bit or not) with the peft adapter of `adapter_dir`
+    merged in, in `dtype`: a 4-bit base is dequantized first (transformers' `dequantize`), so
+    the adapter is added to the weights it was trained against, not quantized again."""
+    import torch
+
+    from tunelab.models import load_trainable
+    from tunelab.models._quiet import quiet_transformers
+
+    if getattr(base, "is_loaded_in_4bit", False):
+        with quiet_transformers():
+            base = base.dequantize()
+    base = base.to(getattr(torch, MERGE_DTYPES[dtype]))
+    model = load_trainable(base, adapter_dir, "lora")
     return model.merge_and_unload().eval()
 
 
@@ -93,11 +101,25 @@ def load_merged(folder: Path, architecture: str, dtype: str):
     return model.eval()
 
 
-def _logits(model: Any, ids: Any, mask: Any) -> Any:
+def logit_agreement(reference: Any, other: Any, ids: Any, mask: Any, *, causal: bool) -> dict:
+    """Two models' logits on `ids` [batch, seq] compared over the tokens `mask` keeps (an
+    encoder: its label logits): {examples, positions, logits_max_abs_diff, logits_max_abs,
+    greedy_agreement}."""
     import torch
 
     with torch.inference_mode():
-        return model(input_ids=ids, attention_mask=mask).logits.float()
+        ref = reference(input_ids=ids, attention_mask=mask).logits.float()
+        got = other(input_ids=ids, attention_mask=mask).logits.float()
+    if causal:  # [batch, seq, vocab] -> [tokens, vocab]
+        ref, got = ref[mask.bool()], got[mask.bool()]
+    agree = (ref.argmax(-1) == got.argmax(-1)).float()
+    return {
+        "examples": int(ids.shape[0]),
+        "positions": int(agree.numel()),
+        "logits_max_abs_diff": float((ref - got).abs().max()),
+        "logits_max_abs": float(ref.abs().max()),
+        "greedy_agreement": float(agree.mean()),
+    }
 
 
 def compare_models(
@@ -121,22 +143,14 @@ def compare_models(
     ids, mask = pad_sequences(
         [pre.encode(r)["input_ids"] for r in rows], pad_id_for(tokenizer), left=False
     )
-    ref, got = _logits(reference, ids, mask), _logits(merged, ids, mask)
-    if architecture != "encoder":  # [batch, seq, vocab] -> [tokens, vocab]
-        ref, got = ref[mask.bool()], got[mask.bool()]
-    agree = (ref.argmax(-1) == got.argmax(-1)).float()
+    figures = logit_agreement(reference, merged, ids, mask, causal=architecture != "encoder")
     want = predict(reference, tokenizer, cfg, labels, architecture, rows)
     mine = predict(merged, tokenizer, cfg, labels, architecture, rows)
     same = [a["prediction"] == b["prediction"] for a, b in zip(want, mine, strict=True)]
-    figures = {
-        "examples": len(rows),
-        "positions": int(agree.numel()),
-        "logits_max_abs_diff": float((ref - got).abs().max()),
-        "logits_max_abs": float(ref.abs().max()),
-        "greedy_agreement": float(agree.mean()),
-        "prediction_agreement": sum(same) / len(same),
-        "predictions_differ": [a["id"] for a, ok in zip(rows, same, strict=True) if not ok],
-    }
+    figures.update(
+        prediction_agreement=sum(same) / len(same),
+        predictions_differ=[a["id"] for a, ok in zip(rows, same, strict=True) if not ok],
+    )
     # in bf16 a row's scores depend on the batch it is padded in: the example alone
     return figures, predict(merged, tokenizer, cfg, labels, architecture, rows[:1])[0]
 
@@ -204,7 +218,7 @@ def merge_into(
     record = read_json(run.path("config.json"))
     cfg = validate_config(record["config"], source=str(run.path("config.json")))
     with quiet_transformers():
-        merged_model(study, run, method, dtype).save_pretrained(dst, safe_serialization=True)
+        merged_model(study, run, dtype).save_pretrained(dst, safe_serialization=True)
     reference, tokenizer, base = load_run_model(study, run, device="cpu")
     # the model as a user loads it: its buffers (RoPE frequencies) as from_pretrained makes them
     merged = load_merged(dst, base.architecture, dtype)

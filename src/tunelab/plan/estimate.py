@@ -169,6 +169,8 @@ def evaluations(figures: Figures, speedup: float) -> Evaluations:
         run_s = max(0.0, baseline_s - base_load) / speedup + eval_load
     else:
         run_s = figures.reload_s.seconds + eval_val * eval_per_ex
+    # a merged variant: the copy and its first-batch check, once per evaluation
+    run_s += figures.eval_merge_s.seconds if figures.eval_merge_s is not None else 0.0
     run_s = max(0.0, run_s + eval_val * extra)
     per_example = max(0.0, eval_per_ex + extra)
     overhead_s = max(0.0, run_s - eval_val * per_example)

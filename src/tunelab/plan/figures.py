@@ -17,6 +17,7 @@ from typing import Any
 from tunelab.errors import StudyError
 from tunelab.plan import probes
 from tunelab.records import read_json
+from tunelab.smoke_record import latest_smoke
 from tunelab.study import Study
 
 
@@ -86,6 +87,7 @@ class Figures:
     answer_length_s_per_example: Figure | None = None
     adapted_extra_s_per_example: Figure | None = None
     variant_s_per_step: Figure | None = None
+    eval_merge_s: Figure | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """{name: {value, source}} for figures, plain values for the rest; absent optionals left
@@ -124,16 +126,6 @@ def expected_max(quantiles: list[int], m: int) -> float:
         u0, u1 = i / n, (i + 1) / n
         total += (quantiles[i] + quantiles[i + 1]) / 2 * (u1**m - u0**m)
     return total
-
-
-def latest_smoke(study: Study) -> tuple[dict[str, Any] | None, Any]:
-    """The newest completed smoke's smoke.json and its ledger row, or (None, None)."""
-    rows = [r for r in study.ledger.list_runs("smoke") if r.status == "completed"]
-    for row in reversed(rows):
-        path = study.runs_dir / row.id / "smoke.json"
-        if path.exists():
-            return read_json(path), row
-    return None, None
 
 
 def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:
@@ -274,6 +266,10 @@ def _baseline_figures(
     f.eval_s_per_example = Figure(
         rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
     )
+    smoke_eval = {}
+    if smoke_row is not None:
+        path = study.runs_dir / smoke_row.id / "metrics-validation.json"
+        smoke_eval = read_json(path) if path.exists() else {}
     costs = adapted_costs(
         smoke,
         smoke_row.id if smoke_row is not None else None,
@@ -281,9 +277,27 @@ def _baseline_figures(
         row.id,
         facts,
         study.config.adaptation.method,
+        merged=merged_evaluation(smoke_eval, study.config.evaluation.batch_size),
     )
     for name, figure in costs.items():
         setattr(f, name, figure)
+
+
+def merged_evaluation(smoke_eval: dict[str, Any], batch_size: int) -> Figure | None:
+    """The fixed cost of evaluating a variant merged, from the smoke's evaluation when it chose
+    the merged copy (`tunelab.merged_eval`), else None: building the copy, plus the first batch's
+    check, which the smoke ran on its few examples and a full batch repeats in proportion."""
+    merge = smoke_eval.get("merge") or {}
+    if not merge.get("merged") or merge.get("merge_s") is None:
+        return None
+    n = max(1, int(smoke_eval.get("n") or 1))
+    check = (merge.get("check_s") or 0.0) * max(1.0, batch_size / n)
+    return Figure(
+        merge["merge_s"] + check,
+        f"smoke {smoke_eval.get('run_id')}: evaluated merged ({merge.get('reason')}); the copy "
+        f"took {merge['merge_s']:.2f} s, its check {merge.get('check_s') or 0:.2f} s on {n} "
+        f"examples, scaled to a batch of {batch_size}",
+    )
 
 
 def adapted_costs(
@@ -293,6 +307,7 @@ def adapted_costs(
     baseline_id: str,
     facts: dict[str, Any],
     method: str,
+    merged: Figure | None = None,
 ) -> dict[str, Figure]:
     """What a variant's evaluation costs beside the baseline's run, which is its unit of work.
 
@@ -308,6 +323,9 @@ def adapted_costs(
       the parameters (from the sizing's facts), which is right for the FLOPs of a large batch.
       The smoke's own per-example time is not used: its few examples are one small batch
       whose per-example time holds the first batch's fixed costs.
+    - `merged` (`merged_evaluation`): where the smoke's evaluation chose the merged copy, a
+      variant runs at the base's speed (no adapter cost per example or step) and pays the
+      copy and its check once per evaluation (`eval_merge_s`).
     """
     out: dict[str, Figure] = {}
     per_example = rec["seconds"] / rec["n"]
@@ -327,6 +345,15 @@ def adapted_costs(
     ratio = (smoke or {}).get("adapter_time_ratio")
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
     step = (rec.get("generation") or {}).get("s_per_step")
+    if merged is not None:
+        out["eval_merge_s"] = merged
+        if step:
+            out["variant_s_per_step"] = Figure(
+                step,
+                f"baseline {baseline_id}: {1000 * step:.0f} ms a decoding step; merged, a "
+                "variant decodes as the base",
+            )
+        return out
     if step:
         adapted = max(1.0, ratio) if method == "lora" and ratio is not None else 1.0
         out["variant_s_per_step"] = Figure(

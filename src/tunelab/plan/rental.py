@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tunelab.config import StudyConfig
+from tunelab.config import CLASSIFYING_KINDS, StudyConfig
 from tunelab.errors import SnapshotError
 from tunelab.plan.estimate import PROCESS_START_S
 from tunelab.plan.figures import (
@@ -129,7 +129,7 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
         )
         if not causal:
             loss, loss_source = 0.0, "the label"
-    generating = causal and cfg.task.kind != "classification"
+    generating = causal and cfg.task.kind not in CLASSIFYING_KINDS
     ev = cfg.evaluation
     prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)
     requested = cfg.training.precision

@@ -1,22 +1,32 @@
 """A small document model rendered twice: Markdown and self-contained HTML.
 
 Sections hold paragraphs, tables and images; both renderers walk the same structure, so the two
-dossiers cannot disagree. The HTML escapes every string (they come from data and configs) and
-inlines images as base64.
+dossiers cannot disagree. The HTML escapes every string (they come from data and configs),
+inlines images as base64, keeps every table inside the page (a wide one scrolls in its own box)
+and shows the exact value of a rounded figure on hover.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
+@dataclass(frozen=True)
+class Value:
+    """A cell shown as `shown` (rounded, with its unit) whose exact value is `exact`."""
+
+    shown: str
+    exact: Any = None
+
+
 @dataclass
 class Table:
-    columns: list[str]
+    columns: list[str | Value]
     rows: list[list[Any]]
     caption: str | None = None
 
@@ -37,7 +47,7 @@ class Section:
         return self
 
     def table(
-        self, columns: list[str], rows: list[list[Any]], caption: str | None = None
+        self, columns: list[str | Value], rows: list[list[Any]], caption: str | None = None
     ) -> Section:
         self.blocks.append(Table(columns, rows, caption))
         return self
@@ -48,12 +58,31 @@ class Section:
         return self
 
 
-def _cell(v: Any) -> str:
+def cell_text(v: Any) -> str:
+    """What a cell shows: "-" for nothing, yes/no, floats to 4 decimals, a Value as given."""
     if v is None:
         return "-"
+    if isinstance(v, Value):
+        return v.shown
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
+
+
+def _exact(v: Any) -> str | None:
+    """What hovering a cell shows: the exact value, when the cell rounds it."""
+    if isinstance(v, Value):
+        return None if v.exact is None or str(v.exact) == v.shown else str(v.exact)
+    if isinstance(v, float) and float(cell_text(v)) != v:
+        return repr(v)
+    return None
+
+
+def anchor(title: str) -> str:
+    """The id of a section heading, as GitHub and most Markdown renderers derive it."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).strip().replace(" ", "-")
 
 
 def _md_escape(s: str) -> str:
@@ -61,7 +90,8 @@ def _md_escape(s: str) -> str:
 
 
 def render_markdown(title: str, sections: list[Section], image_base: Path) -> str:
-    out = [f"# {title}", ""]
+    out = [f"# {title}", "", "Contents:", ""]
+    out += [f"- [{sec.title}](#{anchor(sec.title)})" for sec in sections] + [""]
     for sec in sections:
         out += [f"## {sec.title}", ""]
         for b in sec.blocks:
@@ -70,10 +100,10 @@ def render_markdown(title: str, sections: list[Section], image_base: Path) -> st
             elif isinstance(b, Table):
                 if b.caption:
                     out += [f"*{b.caption}*", ""]
-                out.append("| " + " | ".join(_md_escape(c) for c in b.columns) + " |")
+                out.append("| " + " | ".join(_md_escape(cell_text(c)) for c in b.columns) + " |")
                 out.append("|" + "---|" * len(b.columns))
                 for r in b.rows:
-                    out.append("| " + " | ".join(_md_escape(_cell(v)) for v in r) + " |")
+                    out.append("| " + " | ".join(_md_escape(cell_text(v)) for v in r) + " |")
                 out.append("")
             elif isinstance(b, Image):
                 try:
@@ -87,15 +117,24 @@ def render_markdown(title: str, sections: list[Section], image_base: Path) -> st
 _CSS = """
 body{font-family:system-ui,-apple-system,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{border-bottom:2px solid #333}h2{border-bottom:1px solid #ccc;margin-top:2em}
-table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
-th{background:#f3f3f3}caption{text-align:left;font-style:italic;padding:.3em 0}
+nav ol{columns:2;line-height:1.6}
+.wide{overflow-x:auto;max-width:100%;margin:1em 0}
+td:first-child,th:first-child{white-space:nowrap;max-width:none;position:sticky;left:0;background:#fff}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top;overflow-wrap:break-word;max-width:32em}
+th,th:first-child{background:#f3f3f3}caption{text-align:left;font-style:italic;padding:.3em 0}
+td[title],th[title]{text-decoration:underline dotted #999;cursor:help}
 img{max-width:100%;border:1px solid #eee}.pass{color:#070}.fail{color:#b00;font-weight:bold}
-p{line-height:1.5}
+p{line-height:1.5;overflow-wrap:anywhere}
 """
 
 
+def _attrs(v: Any) -> str:
+    exact = _exact(v)
+    return "" if exact is None else f' title="{html.escape(exact, quote=True)}"'
+
+
 def _html_cell(v: Any) -> str:
-    s = html.escape(_cell(v))
+    s = html.escape(cell_text(v))
     if s in ("pass", "PASS"):
         return f'<span class="pass">{s}</span>'
     if s in ("fail", "FAIL"):
@@ -103,29 +142,43 @@ def _html_cell(v: Any) -> str:
     return s
 
 
+def _html_table(b: Table) -> list[str]:
+    out = ['<div class="wide"><table>']
+    if b.caption:
+        out.append(f"<caption>{html.escape(b.caption)}</caption>")
+    out.append(
+        "<tr>"
+        + "".join(f"<th{_attrs(c)}>{html.escape(cell_text(c))}</th>" for c in b.columns)
+        + "</tr>"
+    )
+    for r in b.rows:
+        out.append("<tr>" + "".join(f"<td{_attrs(v)}>{_html_cell(v)}</td>" for v in r) + "</tr>")
+    out.append("</table></div>")
+    return out
+
+
 def render_html(title: str, sections: list[Section]) -> str:
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(title)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
+        '<nav aria-label="contents"><ol>',
+        *(
+            f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a></li>'
+            for sec in sections
+        ),
+        "</ol></nav>",
     ]
-    for i, sec in enumerate(sections):
-        out.append(f'<h2 id="s{i}">{html.escape(sec.title)}</h2>')
+    for sec in sections:
+        out.append(f'<h2 id="{anchor(sec.title)}">{html.escape(sec.title)}</h2>')
         for b in sec.blocks:
             if isinstance(b, str):
                 out.append(f"<p>{html.escape(b)}</p>")
             elif isinstance(b, Table):
-                out.append("<table>")
-                if b.caption:
-                    out.append(f"<caption>{html.escape(b.caption)}</caption>")
-                out.append(
-                    "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in b.columns) + "</tr>"
-                )
-                for r in b.rows:
-                    out.append("<tr>" + "".join(f"<td>{_html_cell(v)}</td>" for v in r) + "</tr>")
-                out.append("</table>")
+                out += _html_table(b)
             elif isinstance(b, Image):
                 data = base64.b64encode(b.path.read_bytes()).decode("ascii")
                 out.append(

@@ -41,21 +41,40 @@ def plot_loss_curves(runs: list[dict[str, Any]], out: Path) -> Path | None:
 def plot_grouped_bars(
     groups: list[str], series: dict[str, list[float | None]], title: str, ylabel: str, out: Path
 ) -> Path | None:
-    """Bars per group (category or field), one colour per run (baseline first)."""
+    """Bars per group (category or field), one colour per run (baseline first); horizontal,
+    one line per group, past a dozen groups, so that every name stays readable."""
     if not groups or not series:
         return None
     n = len(series)
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) + 2), 4))
+    many = len(groups) > 12
+    size = (
+        (8, 0.2 * len(groups) * (1 + 0.25 * (n - 1)) + 1.5)
+        if many
+        else (max(6, 1.2 * len(groups) + 2), 4)
+    )
+    fig, ax = plt.subplots(figsize=size)
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=20, ha="right")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel(ylabel)
+        heights = [v if v is not None else 0 for v in values]
+        if many:
+            ax.barh(xs, heights, width, label=name)
+        else:
+            ax.bar(xs, heights, width, label=name)
+    if many:
+        ax.set_yticks(range(len(groups)))
+        ax.set_yticklabels(groups, fontsize=8)
+        ax.set_ylim(len(groups) - 0.5, -0.5)  # the first group on top, as in the table
+        ax.set_xlim(0, 1.05)
+        ax.set_xlabel(ylabel)
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, rotation=20, ha="right")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
     ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -16,9 +16,10 @@ Memory:
   `peak - idle` is what a training step adds to the process: optimizer states, gradients,
   activations, logits and temporaries, the part the analytic model predicts.
 
-Time: the median of `time_steps` (3) further steps. On CPU the parent pins glibc's mmap threshold
-so that the RSS follows the live tensors, which also makes every large allocation a page-faulting
-mmap; before the timed steps the child gives glibc its usual thresholds back and runs one step to
+Time: the median of `time_steps` (3) further steps at most, fewer when the last two agree
+within 5 % (`stable_times`: more would not move the median). On CPU the parent pins glibc's
+mmap threshold so that the RSS follows the live tensors, which also makes every large
+allocation a page-faulting mmap; before the timed steps the child gives glibc its usual thresholds back and runs one step to
 let the heap grow, so the step time is that of a training run.
 
 Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or an RSS above
@@ -46,6 +47,9 @@ from tunelab.worker import Worker, serve, write_result
 # the heap: the RSS keeps the warm-up's peak and grows with fragmentation instead of following the
 # live tensors. Pinning it makes the RSS of the child measure what the step's tensors need.
 MMAP_THRESHOLD = 65536
+# the timed steps stop once the last STABLE_STEPS of them agree within STABLE_TOLERANCE
+STABLE_STEPS = 2
+STABLE_TOLERANCE = 0.05
 _OOM_WORDS = (
     "out of memory",
     "can't allocate memory",
@@ -128,14 +132,26 @@ def synthetic_examples(
     loss_fraction: float = 1.0,
     seed: int = 0,
     low_id: int = 5,
+    image_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
 
     causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
+    image: `pixel_values` [3, image_size, image_size] (seq_len is then the patch tokens).
     """
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    if architecture == "image":
+        size = int(image_size or 224)
+        return [
+            {
+                "id": f"synthetic-{i}",
+                "pixel_values": torch.randn((3, size, size), generator=g),
+                "label": i % max(1, num_labels),
+            }
+            for i in range(count)
+        ]
     hi = max(low_id + 1, vocab)
     out = []
     for i in range(count):
@@ -266,8 +282,19 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int) -> dict[str, Any]:
     return out
 
 
+def stable_times(seconds: list[float]) -> bool:
+    """Whether the last `STABLE_STEPS` step times agree within `STABLE_TOLERANCE` of their
+    mean: more steps would not move the median the sizing reports."""
+    last = seconds[-STABLE_STEPS:]
+    if len(last) < STABLE_STEPS:
+        return False
+    mean = sum(last) / len(last)
+    return mean > 0 and (max(last) - min(last)) <= STABLE_TOLERANCE * mean
+
+
 def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | None]:
-    """Further steps for the step time: (their seconds, allocator, their CPU share).
+    """Further steps for the step time, at most `timed`, fewer once `stable_times` holds:
+    (their seconds, allocator, their CPU share).
 
     The pinned mmap threshold that makes the RSS honest also makes every large allocation a
     fresh mmap with its page faults (a CPU step about twice as slow as in a training run), so
@@ -282,7 +309,12 @@ def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | N
         allocator = "released"
         steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
     wall_started, cpu_started = time.perf_counter(), time.process_time()
-    steps.run_to(len(steps.metrics) + timed)
+    first = len(steps.metrics)
+    while len(steps.metrics) - first < timed:
+        steps.run_to(len(steps.metrics) + 1)
+        if stable_times([r["seconds"] for r in steps.metrics[first:]]):
+            break
+    timed = len(steps.metrics) - first
     share = cpu_share(
         time.process_time() - cpu_started,
         time.perf_counter() - wall_started,
@@ -344,6 +376,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         num_labels=max(2, facts.num_labels),
         loss_fraction=float(spec.get("loss_fraction", 1.0)),
         seed=t.seed,
+        image_size=base.config.get("image_size") if arch == "image" else None,
     )
     # the schedule leaves room for the timed steps that follow the measured ones
     total = warmup + measure_steps + 1 + time_steps

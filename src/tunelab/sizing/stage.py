@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import TrainingConfig
+from tunelab.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.errors import SnapshotError, StudyError, TunelabError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -42,6 +42,48 @@ from tunelab.study import Study
 # gets twice the other rows' 3.
 PLANNED_TIME_STEPS = 6
 DEFAULT_RANKS = (2, 4, 8)
+# what a configuration costs besides its timed steps, in steps: the saved-activation count and
+# the prime (a forward, a forward and backward), the warm-up, the memory step (about two: every
+# large allocation faults its pages in), the step that grows the heap and the forward timing
+CONFIG_OVERHEAD_STEPS = 6.0
+# a new process per configuration: Python, torch and transformers imported, the model loaded
+PROCESS_START_S = 15.0
+
+
+def expected_seconds(
+    options: list[Option], own: str, step_s: float, tokens_per_step: float, start_s: float
+) -> float:
+    """How long measuring `options` takes, from a step of `step_s` seconds over
+    `tokens_per_step` tokens (a step's time in proportion to its tokens)."""
+    total = 0.0
+    for o in options:
+        tokens = o.seq_len * o.micro_batch * min(o.grad_accum, 2)
+        step = step_s * tokens / max(1.0, tokens_per_step) * (1.3 if o.checkpointing else 1.0)
+        timed = PLANNED_TIME_STEPS if o.label == own else 3
+        total += start_s + step * (CONFIG_OVERHEAD_STEPS + timed)
+    return total
+
+
+def _clock_text(seconds: float) -> str:
+    return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+
+
+def sizing_forecast(study: Study, options: list[Option], own: str) -> str:
+    """A sentence saying how long the sizing will take, from the latest smoke's step time (the
+    only step measured before), or that it is known after the first configuration."""
+    from tunelab.smoke_record import latest_smoke
+
+    smoke, row = latest_smoke(study)
+    if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
+        return (
+            f"{len(options)} configurations, each in its own process (time known after the first)"
+        )
+    start = smoke.get("fresh_process_s") or PROCESS_START_S
+    seconds = expected_seconds(options, own, smoke["step_s"], smoke["tokens_per_step"], start)
+    return (
+        f"{len(options)} configurations, each in its own process: {_clock_text(seconds)} "
+        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} tokens)"
+    )
 
 
 def sizing_dir(study: Study) -> Path:
@@ -99,6 +141,8 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
         ) from None
     base = resolve_base(study)
     task = get_task(cfg, snapshot.labels)
+    if base.architecture == "image":
+        return _image_lengths(base, snapshot, task)
     pre = Preprocessor(load_tokenizer(base), cfg, task, base.architecture)
     started = time.perf_counter()
     encoded = [pre.encode(r) for r in snapshot.rows("train")]
@@ -129,9 +173,39 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
     }
 
 
+def _image_lengths(base: Any, snapshot: Any, task: Any) -> dict[str, Any]:
+    """An image model's "length": the patch tokens of every image (one size for all)."""
+    from tunelab.errors import ModelError
+    from tunelab.models.vision import patch_tokens
+
+    tokens = patch_tokens(base.config)
+    if tokens is None:
+        raise ModelError(
+            f"tunelab size models image transformers with patch tokens (ViT, DeiT); "
+            f"{base.config.get('model_type')!r} has no patch_size",
+            hint="the smoke's record (`tunelab smoke`) has this model's measured step time",
+        )
+    counts = dict(snapshot.manifest.get("counts", {}).get("final", {}))
+    return {
+        "source": f"snapshot {snapshot.id}",
+        "snapshot": snapshot.id,
+        "n": counts.get("train", 0),
+        **{k: tokens for k in ("p50", "p95", "max", "mean")},
+        "truncated": 0,
+        "share_truncated": 0.0,
+        "target_truncated": 0,
+        "image_size": base.config.get("image_size"),
+        "loss_fraction": 1.0,
+        "labels": list(task.labels),
+        "split_counts": counts,
+        "encode_train_s": 0.0,
+        "quantiles": [tokens] * 101,
+    }
+
+
 def _labels(study: Study) -> list[str] | None:
     cfg = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -202,10 +276,11 @@ class _Measurer:
         self.facts: ModelFacts | None = None
         self.facts_of: dict[str, ModelFacts] = {}  # per row: another method's model
 
-    def measure(self, o: Option, method: str | None = None) -> dict[str, Any]:
-        """Measure option `o` (with adaptation.method `method` instead of the study's)."""
+    def measure(self, o: Option, method: str | None = None, note: str = "") -> dict[str, Any]:
+        """Measure option `o` (with adaptation.method `method` instead of the study's); `note`
+        follows its label on the progress line."""
         if self.progress:
-            self.progress(len(self.rows), self.total, o.label)
+            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
         # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
         measured_accum = min(o.grad_accum, 2)
         spec = {
@@ -243,6 +318,17 @@ class _Measurer:
             m["projected_step_s"] = micro_s * o.grad_accum
         self.rows.append(row)
         return row
+
+
+def _remaining(done: list[tuple[Option, float]], left: list[Option], own: str, first: Any) -> str:
+    """How long the configurations `left` take: at the first measured step's time per token,
+    and the start of a process as the measured ones took beyond their steps."""
+    if not left or not first or not first.get("step_s") or not first.get("tokens_per_step"):
+        return ""
+    step_s, tokens = first["step_s"], first["tokens_per_step"]
+    starts = [max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0)) for o, s in done]
+    start = sum(starts) / len(starts) if starts else PROCESS_START_S
+    return f"{_clock_text(expected_seconds(left, own, step_s, tokens, start))} left"
 
 
 def _case_of(
@@ -334,6 +420,30 @@ def _recommendation(
     return rec
 
 
+def _other_methods(
+    measurer: _Measurer, template: Case, effective: int, budget: int, device: str
+) -> list[dict[str, Any]]:
+    """For each method measured beside the study's (`--methods`): its own recommendation at
+    the longest length, so that a method that fits where the study's does not is proposed."""
+    out = []
+    for row in measurer.rows:
+        facts = measurer.facts_of.get(row["label"])
+        if facts is None:
+            continue
+        idle = (row["measured"] or {}).get("idle_rss") or 0
+        rec = recommend(
+            facts,
+            template,
+            effective_batch=effective,
+            budget_bytes=budget,
+            fixed_bytes=0 if device == "cuda" else idle,
+            compare_total=device == "cuda",
+        )
+        keys = ("fits", "micro_batch", "grad_accum", "checkpointing", "predicted_peak_bytes")
+        out.append({"method": row["method"], **{k: rec.get(k) for k in keys}})
+    return out
+
+
 def _projection(
     facts: ModelFacts,
     template: Case,
@@ -419,11 +529,18 @@ def run_sizing(
     # + the recommended configuration, when not measured yet
     others = [m for m in dict.fromkeys(methods or []) if m != cfg.adaptation.method]
     total = len(options) + len(others) + 1
-    measurer = _Measurer(base_spec, own_label(sizes[0]), total, timeout_s, progress)
-    for o in options:
-        measurer.measure(o)
-    for method in others:
-        measurer.measure(replace(options[0], label=f"method {method}"), method=method)
+    own = own_label(sizes[0])
+    measurer = _Measurer(base_spec, own, total, timeout_s, progress)
+    queue = [(o, None) for o in options]
+    queue += [(replace(options[0], label=f"method {m}"), m) for m in others]
+    note = sizing_forecast(study, [o for o, _ in queue], own)
+    done: list[tuple[Option, float]] = []
+    for i, (o, method) in enumerate(queue):
+        at = time.perf_counter()
+        measurer.measure(o, method=method, note=note)
+        done.append((o, time.perf_counter() - at))
+        first = next((r["measured"] for r in measurer.rows if r.get("measured")), None)
+        note = _remaining(done, [q for q, _ in queue[i + 1 :]], own, first)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
         reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
@@ -452,6 +569,7 @@ def run_sizing(
         measurer, case, template, largest=sizes[-1], effective=effective, budget=budget,
         device=device, packing=t.packing,
     )  # fmt: skip
+    rec["other_methods"] = _other_methods(measurer, template, effective, budget, device)
     record = _record(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),

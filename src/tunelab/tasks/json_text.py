@@ -138,3 +138,18 @@ def find_json_object(raw: str | None) -> FoundJson:
     if first_invalid is not None:
         return FoundJson(None, "invalid_json", first_invalid)
     return _bare_value(text)
+
+
+def answer_complete(text: str) -> bool:
+    """Whether `find_json_object` already reads an object from `text` that no continuation of
+    the text can change: the first object that closes and parses is found, and the text does not
+    open with an array (which a continuation could still close around it).
+
+    Generation stops there for a task whose answer is that object: what follows is never read.
+    """
+    fence = _LEADING_FENCE.match(text)
+    opening = text[fence.end() if fence else 0 :].lstrip()
+    if not opening or opening.startswith("["):
+        return False
+    found = find_json_object(text)
+    return found.failure is None and found.end is not None

@@ -120,7 +120,12 @@ def loss_sum(
     """Summed cross-entropy of a collated batch (not divided: the caller normalizes)."""
     if architecture == "causal_lm":  # padded or packed; logits only at loss positions
         return causal_lm_loss_sum(model, batch)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    if architecture == "image":
+        from tunelab.models.vision import pixels_for
+
+        logits = model(pixel_values=pixels_for(model, batch["pixel_values"])).logits
+    else:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return F.cross_entropy(
         logits.float(), batch["labels"], reduction="sum"
     )  # logits [batch, classes]

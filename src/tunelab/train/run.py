@@ -118,7 +118,7 @@ def _encode(prep: Prepared) -> None:
     task = get_task(prep.cfg, prep.labels)
     pre = Preprocessor(prep.tokenizer, prep.cfg, task, prep.base.architecture)
     prep.preprocessor = pre
-    prep.train = [pre.encode(r) for r in prep.snapshot.rows("train")]
+    prep.train = [pre.encode_train(r) for r in prep.snapshot.rows("train")]
     prep.validation = [pre.encode(r) for r in prep.snapshot.rows("validation")]
     if not prep.train:
         raise PreprocessError(
@@ -387,7 +387,7 @@ def _train(
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
     method, arch = cfg.adaptation.method, prep.base.architecture
-    pad_id = prep.tokenizer.pad_token_id if prep.tokenizer.pad_token_id is not None else 0
+    pad_id = getattr(prep.tokenizer, "pad_token_id", None) or 0  # an image processor has none
     steps = total_steps(cfg, len(prep.train), strategy.world_size)
     loop = build_loop(
         model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy

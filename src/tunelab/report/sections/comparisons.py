@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from tunelab.report.decision import format_ci
-from tunelab.report.document import Section
+from tunelab.report.document import Section, cell_text
 from tunelab.report.sections.context import Dossier
+from tunelab.report.units import p_value
 
 
 def _per_item(sec: Section, name: str, v: dict[str, Any]) -> None:
@@ -82,7 +83,7 @@ def _variant(sec: Section, v: dict[str, Any]) -> None:
     mc = v.get("mcnemar") or {}
     if mc:
         sec.text(
-            f"{name}: McNemar ({mc.get('method', '')}) p = {mc.get('p_value')}, "
+            f"{name}: McNemar ({mc.get('method', '')}) p = {cell_text(p_value(mc.get('p_value')))}, "
             f"{mc.get('b', mc.get('improved', '-'))}/{mc.get('c', mc.get('regressed', '-'))} discordant."
         )
     _guardrails_and_flips(sec, name, v)

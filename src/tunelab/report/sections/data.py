@@ -15,12 +15,16 @@ def data_section(d: Dossier) -> Section:
         counts = m.get("counts") or {}
         per = counts.get("per_category") or {}
         if per:
+            # one row per category: a study may have dozens, a page has room for few columns
             cats = sorted({c for split in per.values() for c in split})
             sec.table(
-                ["split", *cats, "total"],
-                [[s, *[per[s].get(c, 0) for c in cats], sum(per[s].values())] for s in per],
-                caption="examples per split and category",
-            )
+                ["category", *per, "total"],
+                [[c, *(per[s].get(c, 0) for s in per), sum(per[s].get(c, 0) for s in per)]
+                 for c in cats]
+                + [["total", *(sum(per[s].values()) for s in per),
+                    sum(sum(v.values()) for v in per.values())]],
+                caption="examples per category and split",
+            )  # fmt: skip
         dup = m.get("duplicates") or {}
         sec.text(
             f"{counts.get('rows_read')} rows read, {counts.get('dropped_by_cleaning')} dropped by cleaning, "

@@ -1,10 +1,63 @@
-"""The dossier's first section: the decision of the latest comparison, and the test figure."""
+"""The dossier's first section: a summary of the decision (the adopted variant, its primary
+metric with the interval, its guardrails, its test figure), then the decision in words."""
 
 from __future__ import annotations
 
-from tunelab.report.decision import decide, final_test
+from typing import Any
+
+from tunelab.report.decision import choose_variant, decide, final_test, format_ci, test_figure
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier
+
+
+def _closest(compare: dict[str, Any]) -> dict[str, Any] | None:
+    """The compared variant with the largest primary-metric gain (what a reader looks at when
+    none is adopted)."""
+    compared = [r for r in compare.get("runs", []) if r.get("compared")]
+    return max(compared, key=lambda r: (r.get("primary") or {}).get("delta") or 0.0, default=None)
+
+
+def _test_row(t: dict[str, Any] | None) -> str:
+    if t is None:
+        return "not opened: no variant is adopted"
+    if t["eval_run"] is None:
+        return f"not opened yet: `tunelab eval {t['run_id']} --split test --final`"
+    times = "its only opening" if t["openings"] == 1 else f"opened {t['openings']} times in all"
+    value = f"{t['value']:.4f}" if isinstance(t["value"], float) else str(t["value"])
+    return f"{t['metric']} {value} on {t['n']} examples ({times})"
+
+
+def _summary(compare: dict[str, Any], test: dict[str, Any] | None) -> list[list[Any]]:
+    metric = compare.get("primary_metric")
+    chosen, _ = choose_variant(compare)
+    shown = chosen or _closest(compare)
+    if shown is None:
+        return [["adopted variant", "none: no variant was compared"]]
+    name = shown.get("name") or shown.get("run_id")
+    p = shown.get("primary") or {}
+    guards = shown.get("guardrails") or []
+    passing = sum(1 for g in guards if g.get("pass"))
+
+    def num(x: Any) -> str:
+        return f"{x:.4f}" if isinstance(x, int | float) else "-"
+
+    delta = p.get("delta")
+    return [
+        [
+            "adopted variant",
+            f"{name} (run {shown.get('run_id')})"
+            if chosen
+            else f"none: the baseline is kept (closest: {name})",
+        ],
+        [
+            f"primary metric ({metric}, validation)",
+            f"{num(p.get('baseline'))} -> {num(p.get('variant'))}, delta "
+            f"{'-' if delta is None else f'{delta:+.4f}'}, 95 % CI {format_ci(p)}"
+            f" (minimum improvement {compare.get('min_improvement')})",
+        ],
+        ["guardrails", f"{passing} of {len(guards)} checks pass"],
+        ["sealed test split", _test_row(test)],
+    ]
 
 
 def decision_section(d: Dossier) -> Section:
@@ -12,10 +65,16 @@ def decision_section(d: Dossier) -> Section:
     if not d.data["compares"]:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
     latest = d.data["compares"][-1]
+    openings = d.data["test_openings"]
+    sec.table(
+        ["what", "value"],
+        _summary(latest, test_figure(latest, d.runs, openings)),
+        caption="decision summary",
+    )
+    test = final_test(latest, d.runs, openings)
     sec.text(decide(latest))
     sec.text(
         f"From comparison {latest.get('id')} on the {latest.get('split')} split "
         f"(hypothesis v{latest.get('hypothesis_version')})."
     )
-    test = final_test(latest, d.runs, d.data["test_openings"])
     return sec.text(test) if test else sec

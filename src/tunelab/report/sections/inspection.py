@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier, short
+from tunelab.report.units import share
 
 
 def inspection_section(d: Dossier) -> Section:
@@ -22,7 +23,15 @@ def inspection_section(d: Dossier) -> Section:
         )
         cats = {"all": ins.get("stats") or {}, **(ins.get("category_stats") or {})}
         sec.table(
-            ["category", "n", "p50 tokens", "p95", "max", "truncated share", "target truncated"],
+            [
+                "category",
+                "n",
+                "p50 (tokens)",
+                "p95 (tokens)",
+                "max (tokens)",
+                "truncated",
+                "target truncated",
+            ],
             [
                 [
                     c,
@@ -30,7 +39,7 @@ def inspection_section(d: Dossier) -> Section:
                     st.get("p50"),
                     st.get("p95"),
                     st.get("max"),
-                    st.get("share_truncated"),
+                    share(st.get("share_truncated")),
                     st.get("target_truncated"),
                 ]
                 for c, st in cats.items()

@@ -8,6 +8,7 @@ from typing import Any
 from tunelab.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier
+from tunelab.report.units import percent, seconds
 
 
 def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any]:
@@ -21,19 +22,13 @@ def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any
         if r.get("far_off"):
             within += ", but far off"
 
-    def seconds(x: float | None) -> str | None:
-        return None if x is None else f"{x:.1f}"
-
-    def pct(x: float | None) -> str | None:
-        return None if x is None else f"{x:+.1f}"
-
     return [
         ph.get("phase") or ph.get("name"),
         seconds(r.get("planned_s", ph.get("total_s"))),
-        ph.get("margin_pct"),
+        percent(ph.get("margin_pct")),
         seconds(r.get("actual_s")),
-        pct(r.get("error_pct")),
-        pct(r.get("error_at_run_speed_pct")),
+        percent(r.get("error_pct"), signed=True),
+        percent(r.get("error_at_run_speed_pct"), signed=True),
         within,
     ]
 
@@ -44,27 +39,21 @@ def plan_section(d: Dossier) -> Section:
         sec.text("No plan recorded.")
     for p in d.data["plans"][-1:]:
         cost = p.get("cost") or {}
+        price = p.get("gpu_hour_price")
+        at = f" at {price:g} per GPU-hour" if isinstance(price, int | float) else ""
         sec.text(
-            f"{p.get('days')} days on {p.get('device') or p.get('gpu')} at "
-            f"{p.get('gpu_hour_price')}/h: "
+            f"{p.get('days')} days on {p.get('device') or p.get('gpu')}{at}: "
             f"{p.get('variants_that_fit')} variants would fit, the study registers "
-            f"{p.get('num_variants')}; busy "
-            f"{cost.get('busy_hours', 0):.2f} h (cost {cost.get('busy_cost', 0):.2f}), rental "
-            f"{cost.get('rental_cost', 0):.2f}."
+            f"{p.get('num_variants')}; busy {cost.get('busy_hours', 0):.2f} h (cost "
+            f"{cost.get('busy_cost', 0):.2f}), rental {cost.get('rental_hours', 0):.0f} h "
+            f"(cost {cost.get('rental_cost', 0):.2f}), in the price's currency."
         )
         # against the ledger as it is now: a plan made after the initial check has no actual
         # experiments in the review it stored
         review = {r.get("phase"): r for r in review_plan(d.study, p)["rows"]}
         sec.table(
-            [
-                "phase",
-                "planned s",
-                "margin %",
-                "actual s",
-                "error %",
-                "error % at the runs' speed",
-                "within margin",
-            ],
+            ["phase", "planned", "margin", "actual", "error", "error at the runs' speed"]
+            + ["within margin"],
             [_plan_row(ph, review) for ph in p.get("phases") or [] if isinstance(ph, dict)],
         )
         for r in review.values():

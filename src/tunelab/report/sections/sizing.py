@@ -1,10 +1,19 @@
 """The dossier's section on the latest sizing: each measured configuration and the
-recommendation."""
+recommendation, in MiB, GiB, seconds and percent (the exact figures on hover)."""
 
 from __future__ import annotations
 
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier
+from tunelab.report.units import by_key, mib, percent, seconds
+
+
+def _name(key: str) -> str:
+    """A record's key in words; the unit it names is in the value."""
+    for unit in ("_bytes", "_s"):
+        if key.endswith(unit) and key != "tokens_per_s":
+            key = key.removesuffix(unit)
+    return key.replace("_", " ")
 
 
 def sizing_section(d: Dossier) -> Section:
@@ -12,6 +21,7 @@ def sizing_section(d: Dossier) -> Section:
     if not d.data["sizing"]:
         sec.text("No sizing recorded.")
     for s in d.data["sizing"][-1:]:
+        cuda = s.get("device") == "cuda"
         rows = []
         for c in s.get("configurations", s.get("rows", [])):
             rows.append(
@@ -19,30 +29,30 @@ def sizing_section(d: Dossier) -> Section:
                     c.get("label") or c.get("name") or c.get("options"),
                     c.get("seq_len"),
                     c.get("micro_batch"),
-                    c.get("predicted_mb") or (c.get("predicted") or {}).get("total_mb"),
-                    c.get("measured_mb") or (c.get("measured") or {}).get("peak_mb"),
-                    c.get("error_pct"),
-                    c.get("step_s") or (c.get("measured") or {}).get("step_s"),
+                    mib(c.get("predicted_mb") or (c.get("predicted") or {}).get("total_mb")),
+                    mib(c.get("measured_mb") or (c.get("measured") or {}).get("peak_mb")),
+                    percent(c.get("error_pct"), signed=True),
+                    seconds(c.get("step_s") or (c.get("measured") or {}).get("step_s")),
                     c.get("status", ""),
                 ]
             )
+        what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
         sec.table(
-            [
-                "configuration",
-                "seq len",
-                "micro-batch",
-                "predicted MB",
-                "measured MB",
-                "error %",
-                "step s",
-                "status",
-            ],
+            ["configuration", "seq len (tokens)", "micro-batch", "predicted", "measured"]
+            + ["error", "step", "status"],
             rows,
+            caption=f"predicted vs measured: {what}",
         )
         rec = s.get("recommendation")
         if rec:
             sec.table(
                 ["recommendation", "value"],
-                [[k, v] for k, v in rec.items() if not isinstance(v, dict | list)],
+                [
+                    [_name(k), by_key(k, v)]
+                    for k, v in rec.items()
+                    if not isinstance(v, dict | list)
+                ],
+                caption="the recommendation (predicted peak: the whole process, against the "
+                "budget)",
             )
     return sec

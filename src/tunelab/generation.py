@@ -1,0 +1,228 @@
+"""Greedy generation for evaluation: batches that do not wait for more than they must.
+
+- Prompts are sorted by length into batches (least padding), results returned in the order of
+  the prompts given.
+- A batch ends as soon as every row ended: at EOS, or, for a task whose answer is one JSON
+  object (extraction), at the token that completes that object (`answer_complete`): what a
+  model writes after it is never read. The output is the text up to and including that token.
+- Each batch runs on the model `EvalModels` chooses (the merged copy once the first batch agreed).
+
+Outputs equal the greedy decoding of each prompt alone, cut at the same end (tests check it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunelab.merged_eval import as_models
+from tunelab.plan.probes import StepClock
+from tunelab.tasks.json_text import answer_complete
+
+
+def batches_of(order: Sequence[int], size: int) -> list[list[int]]:
+    return [list(order[i : i + size]) for i in range(0, len(order), size)]
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
+    """[batch, seq] input ids and attention mask, padded on the left or the right.
+
+    Rows keep their token order; padding positions hold `pad_id` and mask 0, tokens mask 1.
+    """
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if not s:
+            continue
+        if left:
+            ids[row, width - len(s) :] = torch.tensor(s)
+            mask[row, width - len(s) :] = 1
+        else:
+            ids[row, : len(s)] = torch.tensor(s)
+            mask[row, : len(s)] = 1
+    return ids, mask
+
+
+def pad_id_for(tokenizer: Any) -> int:
+    """The id to pad with: the pad token, else EOS, else 0; always an int."""
+    # an image processor has neither: 0, which image batches never use
+    for tid in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        0,
+    ):
+        if tid is not None:
+            return int(tid)
+    return 0  # pragma: no cover
+
+
+class AnswerEnd:
+    """A stopping criterion for `generate`: a row ends at the token that completes its answer
+    (`answer_complete` on the new text). `ends[row]` is then the number of new tokens kept."""
+
+    def __init__(self, tokenizer: Any, prompt_width: int, rows: int):
+        self.tokenizer = tokenizer
+        self.width = prompt_width
+        self.ends: list[int | None] = [None] * rows
+        self._closes: dict[int, bool] = {}  # token id -> its text holds a closing brace
+
+    def _may_close(self, token: int) -> bool:
+        if token not in self._closes:
+            self._closes[token] = "}" in self.tokenizer.decode([token])
+        return self._closes[token]
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        new = input_ids.shape[1] - self.width
+        for row in range(input_ids.shape[0]):
+            if self.ends[row] is None and self._may_close(int(input_ids[row, -1])):
+                tokens = input_ids[row, self.width :].tolist()
+                if answer_complete(self.tokenizer.decode(tokens, skip_special_tokens=True)):
+                    self.ends[row] = new
+        done = [end is not None for end in self.ends]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _generate_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Sequence[int]],
+    config: Any,
+    stop_at_answer: bool,
+    timed: bool,
+) -> Generated:
+    """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's timing."""
+    import torch
+
+    pad_id = pad_id_for(tokenizer)
+    eos = tokenizer.eos_token_id
+    ids, mask = pad_sequences(prompts, pad_id, left=True)
+    device = next(model.parameters()).device
+    clock = StepClock()
+    end = AnswerEnd(tokenizer, ids.shape[1], len(prompts)) if stop_at_answer else None
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=config,
+            streamer=clock if timed else None,
+            stopping_criteria=[end] if end is not None else None,
+        )
+    new = out[:, ids.shape[1] :].cpu().tolist()  # [batch, new tokens]
+    tokens, ends = [], []
+    for row, seq in enumerate(new):
+        how = "budget"
+        if end is not None and end.ends[row] is not None:
+            seq, how = seq[: end.ends[row]], "answer"
+        if eos is not None and eos in seq:
+            seq, how = seq[: seq.index(eos)], "eos"
+        tokens.append(seq)
+        ends.append(how)
+    stats = {"prompt_tokens": int(ids.shape[1]), **clock.split()} if timed else {}
+    return Generated(tokens, ends, stats)
+
+
+@dataclass
+class Generated:
+    """One batch's new tokens per row (cut at the end), how each ended ("eos", "answer",
+    "budget"), and the batch's timing."""
+
+    tokens: list[list[int]]
+    ends: list[str]
+    stats: dict[str, Any]
+
+
+def greedy_agreement(
+    model: Any, tokenizer: Any, prompts: list[Sequence[int]], got: Generated
+) -> tuple[bool, float | None, str]:
+    """Whether `model` decodes `got` greedily: fed each prompt and its output in one forward
+    pass, its argmax must be every output token and, where the output ended at EOS, EOS after
+    it. Returns (agrees, None, detail with the smallest top-2 logit margin met)."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    seqs = [list(p) + t for p, t in zip(prompts, got.tokens, strict=True)]
+    wanted = [
+        t + ([eos] if how == "eos" else []) for t, how in zip(got.tokens, got.ends, strict=True)
+    ]
+    ids, mask = pad_sequences(seqs, pad_id_for(tokenizer), left=True)
+    keep = max(len(w) for w in wanted) + 1
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
+            logits_to_keep=keep,
+            use_cache=False,
+        ).logits.float()  # [batch, keep, vocab]: the last `keep` positions
+    top = logits.topk(2, dim=-1)
+    differ, margin = 0, float("inf")
+    for row, want in enumerate(wanted):
+        if not want:
+            continue
+        # the position before output token k predicts it; the row ends at the right edge
+        first = keep - 1 - len(got.tokens[row])
+        picks = top.indices[row, first : first + len(want), 0].tolist()
+        gaps = top.values[row, first : first + len(want)]
+        margin = min(margin, float((gaps[:, 0] - gaps[:, 1]).min()))
+        differ += picks != want
+    n = len(wanted)
+    shown = f", smallest top-2 logit margin {margin:.3g}" if margin != float("inf") else ""
+    if differ:
+        return False, None, f"{differ} of {n} outputs not greedy for the unmerged model{shown}"
+    return True, None, f"{n} outputs greedy for the unmerged model (teacher-forced){shown}"
+
+
+def generate_outputs(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+    stats: list[dict[str, Any]] | None = None,
+    stop_at_answer: bool = False,
+) -> list[str]:
+    """Greedy continuations of each prompt (left padding, KV cache, stop at EOS, or at the end of
+    the answer with `stop_at_answer`); only the new tokens are decoded, special tokens dropped.
+
+    `model`: a model, or an `EvalModels` choosing merged or not. `stats`, when given, receives
+    one entry per batch: `rows` (indices into `prompts`), `prompt_tokens` (the padded width),
+    `steps` (tokens generated: the batch runs until its last row ended), `prefill_s` (up to the
+    first new token) and `decode_s` (the rest)."""
+    from transformers import GenerationConfig
+
+    models = as_models(model)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        use_cache=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id_for(tokenizer),
+    )
+    outputs: list[str] = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    for batch in batches_of(order, batch_size):
+        rows = [prompts[i] for i in batch]
+
+        def compute(m: Any, rows: list[Sequence[int]] = rows) -> Generated:
+            return _generate_batch(m, tokenizer, rows, config, stop_at_answer, stats is not None)
+
+        def agrees(m: Any, got: Generated, rows: list[Sequence[int]] = rows):
+            return greedy_agreement(m, tokenizer, rows, got)
+
+        got = models.run(compute, agrees=agrees)
+        if stats is not None:
+            stats.append({"rows": list(batch), **got.stats})
+        for row, i in enumerate(batch):
+            outputs[i] = tokenizer.decode(got.tokens[row], skip_special_tokens=True)
+        tick(len(batch))
+    return outputs
