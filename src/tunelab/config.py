@@ -440,7 +440,13 @@ class TrainingConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = 1.0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on a CUDA device with bf16, else fp32."
+    )
+    compile: bool = Field(False, description="torch.compile each decoder block.")
+    attention: Literal["auto", "flash_varlen", "torch_varlen", "flex", "per_example"] = Field(
+        "auto", description="Attention of packed rows; auto: the best that runs here and is exact."
+    )
     activation_checkpointing: bool = False
     packing: bool = Field(True, description="Padding-free batches for causal LMs where exact.")
     eval_every_steps: int | None = None

@@ -340,7 +340,10 @@ def evaluate_model(
 
 def merge_atol(cfg: StudyConfig) -> float:
     """How far a merged copy's scores may drift from the model's: verify's tolerance."""
-    return SCORE_ATOL.get(cfg.training.precision, 2e-4)
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
+
+    return SCORE_ATOL.get(resolve_precision(cfg.training.precision, device_kind()), 2e-4)
 
 
 def predict_rows(

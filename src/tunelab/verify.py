@@ -508,6 +508,16 @@ def _reproduce(
     return out
 
 
+def _used_precision(requested: str, compute_json: Path) -> str:
+    """The precision a run trained in: its compute.json's, else `requested` resolved here."""
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
+
+    if compute_json.exists():
+        return read_json(compute_json)["precision"]["used"]
+    return resolve_precision(requested, device_kind())
+
+
 def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
@@ -543,6 +553,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
             .get("training", {})
             .get("precision", precision)
         )
+    precision = _used_precision(precision, target.dir / "compute.json")
     atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
     started = time.perf_counter()
     record: dict[str, Any] = {

@@ -493,6 +493,7 @@ def run_sizing(
     """
     from tunelab.env import device_kind
     from tunelab.hypothesis import require_hypothesis
+    from tunelab.train.precision import resolve_precision
 
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)
@@ -505,11 +506,11 @@ def run_sizing(
         lengths=sizes,
         micro_batch=t.micro_batch_size,
         effective_batch=effective,
-        precision=t.precision,
+        precision=resolve_precision(t.precision, device),
         checkpointing=t.activation_checkpointing,
         packing=t.packing,
         micro_batches=micro_batches,
-        precisions=precisions,
+        precisions=[resolve_precision(p, device) for p in precisions or []],
     )
     budget = memory_budget or device_memory_bytes(device)
     loss_fraction = float(lengths.get("loss_fraction") or 1.0)

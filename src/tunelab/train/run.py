@@ -41,7 +41,7 @@ from tunelab.study import Run, Study
 from tunelab.track.live import LiveLogger
 from tunelab.train import callbacks as cb
 from tunelab.train import checkpoint as ckpt
-from tunelab.train import rank_run
+from tunelab.train import compute, rank_run
 from tunelab.train.batches import Position
 from tunelab.train.build import build_loop, build_model, seed_everything
 from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
@@ -392,6 +392,10 @@ def _train(
     loop = build_loop(
         model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
     )
+    probe = torch.tensor([prep.train[0]["input_ids"]])
+    how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
+    if strategy.is_main:
+        _write_once(run.path("compute.json"), how)
     val_batches = (
         validation_batches(prep.validation, t, pad_id, arch)
         if prep.validation and t.eval_every_steps
