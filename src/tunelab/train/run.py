@@ -392,7 +392,8 @@ def _train(
     loop = build_loop(
         model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
     )
-    probe = torch.tensor([prep.train[0]["input_ids"]])
+    first = prep.train[0]
+    probe = torch.tensor([first["input_ids"]]) if "input_ids" in first else None  # images: none
     how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
     if strategy.is_main:
         _write_once(run.path("compute.json"), how)
