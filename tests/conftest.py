@@ -51,6 +51,14 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vit_dir(tmp_path_factory) -> Path:
+    """A 2-layer ViT backbone (hidden 32, 16x16 images) with its image processor."""
+    from tunelab.models.tiny import save_tiny_vit
+
+    return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit"))
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from tunelab.demo.assets import minilm_path
 

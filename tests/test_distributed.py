@@ -37,6 +37,10 @@ from tunelab.train.launch import (
 from tunelab.train.parallel import shard_step
 
 TOL = 1e-5
+# A single process fuses the LM head with the cross-entropy; under DDP / FSDP the head runs
+# inside the model's forward. Both are exact and round differently, which full fine-tuning
+# carries into the gradient norm of the later steps (1.2e-5 relative seen after four steps).
+GRAD_NORM_RTOL = 3e-5
 BASE_SETS = ["training.micro_batch_size=2"]  # per rank; the single process takes 4
 
 
@@ -213,7 +217,7 @@ def assert_same_curve(run_dir: Path, reference: Path) -> float:
         for name in ("loss", "grad_norm", "val_loss"):
             if name in w:
                 # The gradient norm is a sum over shards in another order: relative tolerance.
-                tol = TOL * max(1.0, abs(w[name])) if name == "grad_norm" else TOL
+                tol = GRAD_NORM_RTOL * max(1.0, abs(w[name])) if name == "grad_norm" else TOL
                 assert abs(g[name] - w[name]) < tol, (key, name, g[name], w[name])
                 worst = max(worst, abs(g[name] - w[name])) if name == "loss" else worst
         for name in ("tokens", "loss_tokens", "val_tokens", "lr", "epoch"):

@@ -70,6 +70,12 @@ def test_compare_shows_names_full_ids_and_both_verdicts(tmp_path, capsys):
     assert rows["r16"].split("│")[3:5] == [" above 0 ", " yes   "]
     assert rows[messy.id].split("│")[3:5] == [" spans 0 ", " no    "]
     assert "oom: failed: CUDA out of memory" in summary
+    # flipped ids as a list a reader reads, not a Python list; no empty note column
+    flat = " ".join(out.split())
+    assert "['" not in out and re.search(
+        r"flips: 18 improved: \S+, \S+, .* \(10 more\); 0 regressed", flat
+    )
+    assert "┃ note" not in out
 
 
 def test_compare_says_no_difference_for_an_empty_config_diff(tmp_path, capsys):

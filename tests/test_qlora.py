@@ -363,7 +363,7 @@ def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets
             return loss_sum(model, data, "causal_lm")
 
     real = count_saved_bytes(model, forward)
-    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["log_probs"]
+    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["kept"]
     assert abs(predicted - real) / real < 0.05, (real, predicted)
 
 
@@ -449,5 +449,5 @@ def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
             return loss_sum(model, data, "causal_lm")
 
     real = count_saved_bytes(model, forward)
-    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["log_probs"]
+    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["kept"]
     assert abs(predicted - real) / real < 0.05, (real, predicted)

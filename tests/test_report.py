@@ -183,3 +183,45 @@ def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_b
     assert layout["tables"] == layout["boxed"], layout
     # the confusion matrices are wider than the page: they scroll in their own box
     assert any("confusion matrix" in c for c in layout["scrolling"]), layout
+
+
+def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_test_figure():
+    from tunelab.report.document import cell_text
+    from tunelab.report.sections.context import Dossier
+    from tunelab.report.sections.decision import decision_section
+
+    compare = {
+        "id": "compare-1",
+        "split": "validation",
+        "hypothesis_version": 1,
+        "primary_metric": "macro_f1",
+        "min_improvement": 0.05,
+        "runs": [
+            {"run_id": "train-a", "name": "v1", "compared": True, "flags": [],
+             "primary": {"baseline": 0.3, "variant": 0.8, "delta": 0.5, "ci_low": 0.4,
+                         "ci_high": 0.6, "meets_min_improvement": True, "significant": True},
+             "guardrails": [{"rule": "f1", "pass": True}, {"rule": "acc", "pass": True}]},
+            {"run_id": "train-b", "name": "v2", "compared": True, "flags": [],
+             "primary": {"baseline": 0.3, "variant": 0.9, "delta": 0.6, "ci_low": 0.5,
+                         "ci_high": 0.7, "meets_min_improvement": True, "significant": True},
+             "guardrails": [{"rule": "f1", "pass": False, "item": "sport"}]},
+        ],
+    }  # fmt: skip
+    test_run = {
+        "row": {"id": "eval-t", "kind": "eval", "parent": "train-a"},
+        "evaluations": {"test": {"n": 120, "metrics": {"macro_f1": 0.7912}}},
+    }
+    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "y"}]
+    data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
+    sec = decision_section(Dossier(None, data, None))
+    rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
+    assert rows["adopted variant"] == "v1 (run train-a)"  # v2 gains more but fails a guardrail
+    assert rows["primary metric (macro_f1, validation)"].startswith(
+        "0.3000 -> 0.8000, delta +0.5000, 95 % CI [+0.4000, +0.6000]"
+    )
+    assert rows["guardrails"] == "2 of 2 checks pass"
+    assert rows["sealed test split"] == "macro_f1 0.7912 on 120 examples (its only opening)"
+    data["test_openings"] = []
+    sec = decision_section(Dossier(None, {**data, "runs": []}, None))
+    rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
+    assert rows["sealed test split"].startswith("not opened yet: `tunelab eval train-a")

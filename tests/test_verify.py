@@ -77,6 +77,17 @@ def test_compare_predictions_identical_and_changed():
     assert not compare_predictions([], [], atol=1e-4)["ok"]  # nothing reproduced is no pass
 
 
+def test_tolerance_follows_the_precision_the_run_used(tmp_path):
+    """precision auto: the run's compute.json says what it trained in; without one, auto is
+    resolved on this machine (fp32 on CPU)."""
+    from tunelab.verify import _used_precision
+
+    record = tmp_path / "compute.json"
+    assert _used_precision("auto", record) == "fp32"
+    record.write_text(json.dumps({"precision": {"requested": "auto", "used": "bf16"}}))
+    assert _used_precision("auto", record) == "bf16"
+
+
 def test_generated_outputs_compared_exactly():
     rec = [_row("x", {"sender": "a@b"}, raw='{"sender": "a@b"}')]
     rec[0].pop("scores")

@@ -32,7 +32,9 @@ from tunelab.strict_load import ParseProblem, load_yaml
 # a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 
-TaskKind = Literal["classification", "format", "extraction"]
+TaskKind = Literal["classification", "format", "extraction", "image_classification"]
+# kinds scored as classification (a label per example, per-category metrics)
+CLASSIFYING_KINDS = ("classification", "image_classification")
 
 
 class Section(BaseModel):
@@ -186,6 +188,19 @@ class FieldsConfig(Section):
     split: str | None = Field(
         None, description="Column with the user's own split (train/validation/test)."
     )
+    image: str | None = Field(
+        None,
+        description="image_classification, jsonl/csv/parquet: column with the image file's "
+        "path (relative to the data file's folder).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
+        # absent when unset, so the snapshot ids of text studies keep their sha256
+        out = handler(self)
+        if self.image is None:
+            out.pop("image", None)
+        return out
 
 
 class CleaningRule(Section):
@@ -287,7 +302,7 @@ class ModelConfig(Section):
     allow_pickle: bool = Field(
         False, description="Hub repo without safetensors: load its *.bin / *.pt pickles."
     )
-    architecture: Literal["auto", "encoder", "causal_lm"] = "auto"
+    architecture: Literal["auto", "encoder", "causal_lm", "image"] = "auto"
     trust_remote_code: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -357,6 +372,27 @@ class AdaptationConfig(Section):
 # ---------------------------------------------------------------- preprocessing
 
 
+class ImageTransformsConfig(Section):
+    """image_classification: the transform chain; unset sizes and statistics come from the
+    base model's image processor (preprocessor_config.json)."""
+
+    resize: int | None = Field(
+        None, ge=1, description="Resize to this square size in pixels (processor's size if unset)."
+    )
+    crop: int | None = Field(
+        None, ge=1, description="Center crop to this square size (processor's crop_size if set)."
+    )
+    mean: list[float] | None = Field(None, description="Per-channel mean (processor's if unset).")
+    std: list[float] | None = Field(None, description="Per-channel std (processor's if unset).")
+    train_random_crop: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Training only: crop a random square of this share of the side, then resize.",
+    )
+    train_flip: bool = Field(False, description="Training only: random horizontal flip.")
+
+
 class PreprocessConfig(Section):
     max_seq_len: int = Field(256, ge=8)
     template: Literal["chat", "plain"] = Field(
@@ -371,6 +407,17 @@ class PreprocessConfig(Section):
     )
     train_on_prompt: bool = False
     allow_target_truncation: bool = False
+    image: ImageTransformsConfig | None = Field(
+        None, description="image_classification: resize, crop, normalize, training augmentation."
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
+        # absent when unset, so the locked evaluation specs of text studies keep their sha256
+        out = handler(self)
+        if self.image is None:
+            out.pop("image", None)
+        return out
 
 
 # ---------------------------------------------------------------- training
@@ -393,7 +440,13 @@ class TrainingConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = 1.0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on a CUDA device with bf16, else fp32."
+    )
+    compile: bool = Field(False, description="torch.compile each decoder block.")
+    attention: Literal["auto", "flash_varlen", "torch_varlen", "flex", "per_example"] = Field(
+        "auto", description="Attention of packed rows; auto: the best that runs here and is exact."
+    )
     activation_checkpointing: bool = False
     packing: bool = Field(True, description="Padding-free batches for causal LMs where exact.")
     eval_every_steps: int | None = None
@@ -466,6 +519,26 @@ class StudyConfig(Section):
                 "data.splits.stratify: target_kind needs task.kind: extraction "
                 "(other tasks stratify by label: true)"
             )
+        images = self.task.kind == "image_classification"
+        if images and self.data.source.format in ("hf_disk", "hub"):
+            raise ValueError(
+                f"data.source.format {self.data.source.format}: image_classification reads a "
+                "folder per label, or jsonl/csv/parquet with data.fields.image (not yet a "
+                "datasets Image column)"
+            )
+        if images and self.data.cleaning:
+            raise ValueError("data.cleaning rules apply to text: remove them for image data")
+        if not images and (self.data.fields.image or self.preprocess.image):
+            raise ValueError(
+                "data.fields.image and preprocess.image need task.kind: image_classification"
+            )
+        if images and self.model.architecture not in ("auto", "image"):
+            raise ValueError(
+                f"model.architecture {self.model.architecture}: image_classification needs an "
+                "image model (architecture auto or image)"
+            )
+        if not images and self.model.architecture == "image":
+            raise ValueError("model.architecture image needs task.kind: image_classification")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -562,7 +635,7 @@ def generation_room_problem(cfg: StudyConfig) -> str | None:
     """A generating task's prompt is cut to leave room for `max_new_tokens`: a budget as long
     as the window leaves none for the input."""
     ev, pre = cfg.evaluation, cfg.preprocess
-    if cfg.task.kind == "classification" or ev.max_new_tokens < pre.max_seq_len:
+    if cfg.task.kind in CLASSIFYING_KINDS or ev.max_new_tokens < pre.max_seq_len:
         return None
     return (
         f"evaluation.max_new_tokens ({ev.max_new_tokens}) must be below "

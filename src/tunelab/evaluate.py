@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
-from tunelab.config import StudyConfig, generation_room_problem, sha256_json
+from tunelab.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
 from tunelab.errors import EvaluationError, RunError
 from tunelab.generation import (  # noqa: F401  (pad helpers and generate_outputs: public here)
     batches_of,
@@ -123,6 +123,42 @@ def predict_encoder(
     return out  # type: ignore[return-value]
 
 
+def predict_images(
+    model: Any,
+    pre: Any,
+    rows: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    batch_size: int,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[dict[str, Any]]:
+    """Label and per-label probabilities of each image (the deterministic chain, in order)."""
+    import torch
+
+    from tunelab.models.vision import pixels_for
+
+    out = []
+    models = as_models(model)
+    for start in range(0, len(rows), batch_size):
+        chunk = [pre.encode(r) for r in rows[start : start + batch_size]]
+        stacked = torch.stack([e["pixel_values"] for e in chunk])  # [b, 3, H, W]
+
+        def forward(m: Any, stacked: Any = stacked) -> Any:
+            logits = m(pixel_values=pixels_for(m, stacked)).logits
+            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
+
+        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
+        for p in probs.tolist():
+            best = max(range(len(p)), key=lambda j: p[j])
+            out.append(
+                {
+                    "label": labels[best],
+                    "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
+                }
+            )
+        tick(len(chunk))
+    return out
+
+
 def score_candidates(
     model: Any,
     sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -192,7 +228,7 @@ def _task_labels(study: Study, labels: Sequence[str] | None) -> list[str] | None
     if labels is not None:
         return list(labels)
     cfg: StudyConfig = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -304,7 +340,10 @@ def evaluate_model(
 
 def merge_atol(cfg: StudyConfig) -> float:
     """How far a merged copy's scores may drift from the model's: verify's tolerance."""
-    return SCORE_ATOL.get(cfg.training.precision, 2e-4)
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
+
+    return SCORE_ATOL.get(resolve_precision(cfg.training.precision, device_kind()), 2e-4)
 
 
 def predict_rows(
@@ -332,6 +371,8 @@ def predict_rows(
         if architecture == "encoder":
             encoded = [pre.encode(r) for r in rows]
             found = predict_encoder(model, encoded, labels, pad_id, ev.batch_size, tick)
+        elif architecture == "image":
+            found = predict_images(model, pre, rows, labels, ev.batch_size, tick)
         else:
             found = _score_labels(model, pre, rows, labels, pad_id, ev.batch_size, tick)
         out = []
@@ -582,7 +623,7 @@ def run_baseline(
 
 
 def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     return list(cfg.task.labels) if cfg.task.labels else list(snapshot.labels or [])
 

@@ -49,7 +49,12 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
 
 def pad_id_for(tokenizer: Any) -> int:
     """The id to pad with: the pad token, else EOS, else 0; always an int."""
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+    # an image processor has neither: 0, which image batches never use
+    for tid in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        0,
+    ):
         if tid is not None:
             return int(tid)
     return 0  # pragma: no cover

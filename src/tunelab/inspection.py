@@ -412,14 +412,21 @@ def run_inspect(
     tokenizer, architecture = load_base_tokenizer(study)
     task = get_task(study.config, snapshot.labels)
     pre = Preprocessor(tokenizer, study.config, task, architecture)
-    body = inspect_rows(
-        pre,
-        task,
-        rows,
-        per_category=per_category,
-        progress=progress,
-        max_new_tokens=study.config.evaluation.max_new_tokens,
-    )
+    if architecture == "image":
+        from tunelab.inspect_images import inspect_images, render_images_html
+
+        body = inspect_images(pre, rows, split=split, per_category=per_category, progress=progress)
+        render = render_images_html
+    else:
+        body = inspect_rows(
+            pre,
+            task,
+            rows,
+            per_category=per_category,
+            progress=progress,
+            max_new_tokens=study.config.evaluation.max_new_tokens,
+        )
+        render = render_html
     inspect_id = new_inspect_id()
     out_dir = study.records / "inspect"
     record = {
@@ -434,7 +441,7 @@ def run_inspect(
     }
     record["sha256"] = sha256_json(record)
     json_path = write_json_atomic(out_dir / f"{inspect_id}.json", record)
-    page = render_html(record)
+    page = render(record)
     html_path = write_bytes_atomic(out_dir / f"{inspect_id}.html", page.encode("utf-8"))
     study.ledger.add_event(
         None,

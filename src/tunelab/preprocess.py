@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import PreprocessError
+from tunelab.preprocess_problems import FIXES as FIXES  # re-exported
+from tunelab.preprocess_problems import Problem, _problem, raise_problems
 from tunelab.tasks import ClassificationTask, Task
 
 IGNORE_INDEX = -100
@@ -35,62 +36,6 @@ RECIPE_VERSION = 1
 INPUT_PLACEHOLDER = "\u27e6tunelab-input-3f9c\u27e7"
 TARGET_PLACEHOLDER = "\u27e6tunelab-target-3f9c\u27e7"
 ARCHITECTURES = ("encoder", "causal_lm")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One broken example: what is wrong (`kind`, `message`) and how to fix it."""
-
-    example_id: str
-    kind: str
-    message: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-# Problem kinds, each with its fix. The stop conditions of `tunelab inspect` and of training.
-FIXES = {
-    "no_loss_positions": "the example has no target tokens to learn from: give it a non-empty "
-    "target, or raise preprocess.max_seq_len",
-    "target_truncated": "raise preprocess.max_seq_len (to at least {needed}), or shorten the "
-    "prompt template / instruction; set preprocess.allow_target_truncation: true only if a cut "
-    "answer is acceptable",
-    "eos_missing": "the last loss position must be the EOS token so the model learns to stop: "
-    "encode with tunelab.preprocess.Preprocessor (it appends EOS to the target)",
-    "eos_masked_by_pad": "the pad token equals EOS and the labels were masked by token value, "
-    "which removed the EOS loss: build labels from positions (Preprocessor.encode does), or "
-    "give the tokenizer a pad token different from EOS",
-    "loss_span_mismatch": "the tokens under the loss do not decode to the target: the mask is "
-    "shifted or covers the prompt; build labels with Preprocessor.encode, and check the "
-    "template separators in `tunelab inspect`",
-    "no_label": "the example has no valid label index: check task.labels and the data's label "
-    "column, then rebuild the snapshot with `tunelab data`",
-    "too_long": "the sequence is longer than preprocess.max_seq_len: encode with "
-    "Preprocessor.encode, which truncates the input",
-}
-
-
-def _problem(example_id: Any, kind: str, message: str, **fmt: Any) -> Problem:
-    return Problem(str(example_id), kind, message, FIXES[kind].format(**fmt))
-
-
-def raise_problems(problems: Sequence[Problem], what: str = "preprocessing check") -> None:
-    """Raise one PreprocessError naming every broken example (the first 10) and the fixes."""
-    if not problems:
-        return
-    # no square brackets: the CLI prints messages with rich markup
-    shown = [f"  - example {p.example_id!r} ({p.kind}): {p.message}" for p in problems[:10]]
-    more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-    fixes = []
-    for p in problems:
-        if p.fix not in fixes:
-            fixes.append(p.fix)
-    raise PreprocessError(
-        f"{len(problems)} example(s) fail the {what}:\n" + "\n".join(shown) + more,
-        hint="; ".join(fixes[:3]) + " (see `tunelab inspect`)",
-    )
 
 
 def check_template_match(train_sha: str | None, eval_sha: str | None) -> None:
@@ -193,6 +138,14 @@ class Preprocessor:
             the input or ignores the generation prompt, a plain template without {input}), no
             EOS token, or a task the architecture cannot do.
     """
+
+    def __new__(cls, tokenizer: Any, cfg: StudyConfig, task: Task, architecture: str):
+        # an image model's examples go through the image chain, behind this same interface
+        if cls is Preprocessor and architecture == "image":
+            from tunelab.image_transforms import ImagePreprocessor
+
+            return ImagePreprocessor(tokenizer, cfg, task, architecture)
+        return super().__new__(cls)
 
     def __init__(self, tokenizer: Any, cfg: StudyConfig, task: Task, architecture: str):
         if architecture not in ARCHITECTURES:
@@ -539,6 +492,10 @@ class Preprocessor:
         input_text, target_text = self.task.render(example)
         return self._encode_causal(example, input_text, target_text)
 
+    def encode_train(self, example: dict[str, Any]) -> dict[str, Any]:
+        """A training example's encoding (text: `encode`; images may augment)."""
+        return self.encode(example)
+
     def encode_with_target(self, example: dict[str, Any], target_text: str) -> dict[str, Any]:
         """Encode with another target text (e.g. a candidate label to score), same prompt."""
         if self.architecture == "encoder":
@@ -692,7 +649,10 @@ def nearest_rank(ordered: Sequence[int], q: float) -> int:
 
 
 def length_stats(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Token-count statistics of encoded examples: p50, p95, max, share truncated."""
+    """Token-count statistics of encoded examples: p50, p95, max, share truncated (images:
+    the number of examples and the tensor shape)."""
+    if encoded and "pixel_values" in encoded[0]:
+        return {"n": len(encoded), "shape": list(encoded[0]["pixel_values"].shape)}
     lengths = sorted(len(e["input_ids"]) for e in encoded)
     n = len(lengths)
     if n == 0:

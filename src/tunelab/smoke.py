@@ -392,6 +392,8 @@ def _fresh_process_checks(
     validation loss as the live model, within the precision's tolerances."""
     import torch
 
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
     from tunelab.verify import (
         LOGIT_ATOL,
         SCORE_ATOL,
@@ -417,7 +419,7 @@ def _fresh_process_checks(
     timings["fresh_eval_s"] = fresh["eval_s"]
     timings["fresh_process_s"] = fresh["process_s"]
     timings["fresh_checks_s"] = fresh.get("checks_s")
-    precision = study.config.training.precision
+    precision = resolve_precision(study.config.training.precision, device_kind())
     cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
     record["reload_predictions"] = cmp
     found.check(

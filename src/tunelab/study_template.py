@@ -91,7 +91,8 @@ training:
   schedule: linear            # constant | linear | cosine
   warmup_steps: 5
   grad_clip: 1.0
-  precision: fp32             # fp32 | bf16 | fp16 (fp16 on CUDA, with a grad scaler)
+  precision: auto             # auto (bf16 on a CUDA GPU with bf16, else fp32) | fp32 | bf16 | fp16
+  compile: false              # torch.compile each decoder block
   activation_checkpointing: false
   eval_every_steps: 50
   checkpoint_every_steps: 50

@@ -201,6 +201,18 @@ def _probe_batch(
     return ids, mask
 
 
+def _image_batch(processor: Any, study: Study, rows: list[dict], labels: Sequence[str] | None):
+    """pixel_values [batch, 3, H, W] of `rows`, the evaluation's deterministic chain."""
+    import torch
+
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    task = get_task(study.config, list(labels) if labels else None)
+    pre = Preprocessor(processor, study.config, task, "image")
+    return torch.stack([pre.encode(r)["pixel_values"] for r in rows])
+
+
 def probe_logits(
     model: Any,
     tokenizer: Any,
@@ -212,16 +224,21 @@ def probe_logits(
     """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
     import torch
 
-    ids, mask = _probe_batch(model, tokenizer, base, study, rows, labels)
     device = next(model.parameters()).device
+    if base.architecture == "image":
+        kwargs: dict[str, Any] = {"pixel_values": _image_batch(tokenizer, study, rows, labels)}
+    else:
+        ids, mask = _probe_batch(model, tokenizer, base, study, rows, labels)
+        kwargs = {"input_ids": ids, "attention_mask": mask}
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    if base.architecture == "image":
+        from tunelab.models.vision import pixels_for
+
+        kwargs["pixel_values"] = pixels_for(model, kwargs["pixel_values"])
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            kwargs: dict[str, Any] = {
-                "input_ids": ids.to(device),
-                "attention_mask": mask.to(device),
-            }
             if base.architecture == "causal_lm":
                 kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
                 kwargs["use_cache"] = False
@@ -491,6 +508,16 @@ def _reproduce(
     return out
 
 
+def _used_precision(requested: str, compute_json: Path) -> str:
+    """The precision a run trained in: its compute.json's, else `requested` resolved here."""
+    from tunelab.env import device_kind
+    from tunelab.train.precision import resolve_precision
+
+    if compute_json.exists():
+        return read_json(compute_json)["precision"]["used"]
+    return resolve_precision(requested, device_kind())
+
+
 def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
@@ -526,6 +553,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
             .get("training", {})
             .get("precision", precision)
         )
+    precision = _used_precision(precision, target.dir / "compute.json")
     atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
     started = time.perf_counter()
     record: dict[str, Any] = {

@@ -30,6 +30,14 @@ def _delta(entry: dict[str, Any] | None) -> str:
     return text
 
 
+def _ids(count: int, what: str, ids: list[Any], shown: int = 8) -> str:
+    """`69 improved: a, b, ... (61 more)`: the first ids of a flip list, comma-separated."""
+    if not count:
+        return f"0 {what}"
+    more = f" ({count - shown} more)" if count > shown else ""
+    return f"{count} {what}: " + ", ".join(map(str, ids[:shown])) + more
+
+
 def _print_run(run: dict[str, Any]) -> None:
     name = f"{run['name']}  " if run.get("name") else ""
     console.print(f"\n[bold]{name}{run['run_id']}[/]")
@@ -64,13 +72,14 @@ def _print_run(run: dict[str, Any]) -> None:
         ]
         for g in run["guardrails"]
     ]
-    console.print(table("guardrails", ["rule", "item", "value", "bound", "verdict", "note"], rules))
+    columns = ["rule", "item", "value", "bound", "verdict", "note"]
+    if not any(r[-1] for r in rules):  # no notes: the rule keeps the column's width
+        columns, rules = columns[:-1], [r[:-1] for r in rules]
+    console.print(table("guardrails", columns, rules))
     fl = run["flips"]
     console.print(
-        f"flips: {fl['num_improved']} improved {fl['improved'][:8]}"
-        f"{' ...' if fl['num_improved'] > 8 else ''}; "
-        f"{fl['num_regressed']} regressed {fl['regressed'][:8]}"
-        f"{' ...' if fl['num_regressed'] > 8 else ''}"
+        f"flips: {_ids(fl['num_improved'], 'improved', fl['improved'])}; "
+        f"{_ids(fl['num_regressed'], 'regressed', fl['regressed'])}"
     )
     diff = run["config_diff"]
     shown = lambda v: "null" if v is None else v  # noqa: E731

@@ -150,6 +150,10 @@ def inspect_cmd(
         )
     if json_out:
         emit_json(record)
+    elif record.get("kind") == "image":
+        from tunelab.cli.inspect_images import print_image_record
+
+        print_image_record(record)
     else:
         print_record(record)
     raise_problems([Problem(**p) for p in record["problems"]], what="inspect checks")

@@ -210,23 +210,35 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
     cfg = study.config.data
     compile_rules(cfg.cleaning)  # a bad regular expression fails before any reading
     source_path = source_root(study)
+    images = None
     with _Bar(progress) as bar:
-        src = read_source(source_path, cfg, bar.counter("reading"))
+        if study.config.task.kind == "image_classification":
+            from tunelab.data.images import read_image_source
+
+            src, images = read_image_source(source_path, cfg)
+        else:
+            src = read_source(source_path, cfg, bar.counter("reading"))
         read = RowsRead(src.rows, study.config, source_path)
         notes = list(src.notes) + run_checks(read)
         rows = src.rows
         ids = assign_ids(rows)
         cleaned = _clean(rows, cfg, source_path)
         kept = _keep(cleaned, cfg)
+        if images is not None:  # an image's split key is its decoded pixels' hash
+            kept.keys = [images.facts[i].pixel_sha256 for i in kept.index]
         notes += control_notes(kept.texts, [rows[i] for i in kept.index], "text")
         labels = [rows[i].label for i in kept.index]
         kinds = _target_kinds(study, [rows[i] for i in kept.index])
         split = _split(kept, labels, rows, cfg, read.has_label, source_path, kinds)
         notes += split.notes
-        dups = _find_duplicates(kept, split.splits, cfg.dedup, bar.fraction(len(kept.index)))
+        if images is not None:
+            dups = _find_image_duplicates(kept, images, split.splits, cfg.dedup)
+        else:
+            dups = _find_duplicates(kept, split.splits, cfg.dedup, bar.fraction(len(kept.index)))
 
     row_ids = [ids[i] for i in kept.index]
     examples = _examples(rows, kept, row_ids, split.splits, dups.removed)
+    image_outputs = _add_images(examples, images, kept, row_ids) if images else {}
     if split.method == "hash":
         notes += _emptied_categories(examples, labels, cfg, notes)
     duplicates = _duplicates_record(dups, row_ids, split.splits, labels, cfg.dedup)
@@ -236,6 +248,7 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
     outputs = {SPLIT_FILES[s]: _jsonl(examples[s]) for s in SPLITS}
     outputs["duplicates.json"] = dumps_json(duplicates).encode("utf-8")
     outputs["dropped.jsonl"] = _jsonl(dropped_rows)
+    outputs.update(image_outputs)
     kind_counts = None
     if kinds is not None:
         final = [k for k in range(len(kept.index)) if k not in dups.removed]
@@ -355,6 +368,39 @@ def _find_duplicates(
     return _Duplicates(pairs, lsh, dedup.apply_policy(pairs, splits, d.policy))
 
 
+def _find_image_duplicates(
+    kept: _Kept, images: Any, splits: list[str], d: DedupConfig
+) -> _Duplicates:
+    """Exact (decoded pixels) and near (dHash) duplicates of the kept images."""
+    from tunelab.data.images import find_image_duplicates
+
+    facts = [images.facts[i] for i in kept.index]
+    pairs, info = find_image_duplicates(facts, exact=d.exact, near=d.near, threshold=d.threshold)
+    return _Duplicates(pairs, info, dedup.apply_policy(pairs, splits, d.policy))
+
+
+def _add_images(
+    examples: dict[str, list[dict[str, Any]]], images: Any, kept: _Kept, row_ids: list[str]
+) -> dict[str, bytes]:
+    """Each image example gains its stored file name and sha256; returns the files to store
+    (`images/<sha256>.<ext>`) and `images.jsonl`, the facts of the train and validation images."""
+    from tunelab.data.images import stored_name
+
+    by_id = {row_ids[k]: images.facts[i] for k, i in enumerate(kept.index)}
+    out: dict[str, bytes] = {}
+    facts_rows = []
+    for s in SPLITS:
+        for e in examples[s]:
+            f = by_id[e["id"]]
+            name = stored_name(f)
+            e.update(image=name, image_sha256=f.sha256)
+            out[name] = images.data[name]
+            if s != "test":  # the sealed split's labels stay in test.jsonl alone
+                facts_rows.append({"id": e["id"], "split": s, "label": e["label"], **f.to_dict()})
+    out["images.jsonl"] = _jsonl(facts_rows)
+    return out
+
+
 def _examples(
     rows: list[SourceRow],
     kept: _Kept,
@@ -435,13 +481,13 @@ def _duplicates_record(
     }
 
 
-def _transforms(cfg: DataConfig) -> dict[str, Any]:
+def _transforms(cfg: DataConfig, images: bool = False) -> dict[str, Any]:
     """How ids, split keys and samples are made from the rows (hashed into the snapshot id)."""
     return {
         "id": "data.fields.id, else sha256(text, label, target)[:16]"
         if cfg.source.format != "folder"
         else "path of the file inside data.source.path",
-        "split_key": "sha256 of the normalized text",
+        "split_key": "sha256 of the decoded pixels" if images else "sha256 of the normalized text",
         "normalization": NORMALIZATION,
         "max_examples": cfg.max_examples,
         "encoding_errors": cfg.source.encoding_errors,
@@ -471,7 +517,8 @@ def _manifest(
         if task_labels
         else (sorted({lab for lab in labels if lab is not None}) if read.has_label else None)
     )
-    transforms = _transforms(cfg)
+    images = read.config.task.kind == "image_classification"
+    transforms = _transforms(cfg, images)
     dedup_config = cfg.dedup.model_dump(mode="json")
     splits_config = cfg.splits.model_dump(mode="json")
     manifest: dict[str, Any] = {
@@ -510,7 +557,9 @@ def _manifest(
             "sha256": sha256_json(dedup_config),
             "normalization": NORMALIZATION,
             "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
-            "algorithm": {
+            "algorithm": dups.lsh
+            if images
+            else {
                 "version": dedup.DEDUP_ALGORITHM_VERSION,
                 "minhash_seed": 1,
                 "verification": "exact Jaccard of word shingle sets",
@@ -618,7 +667,11 @@ class Snapshot:
     def _read(self, split: str) -> list[dict[str, Any]]:
         name = SPLIT_FILES[split]
         data = _verified_bytes(self.dir, name, self.manifest["files"].get(name), self.id)
-        return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        for row in rows:  # an image example: where its verified file lies
+            if "image" in row:
+                row["image_path"] = str(self.dir / row["image"])
+        return rows
 
 
 def _tampered(snapshot_id: str, what: str) -> SnapshotError:
@@ -715,7 +768,8 @@ def load_snapshot(study: Study, snapshot_id: str | None = None) -> Snapshot:
     if identity != sid or manifest.get("snapshot_id") != sid:
         raise _tampered(sid, "the folder name, the manifest's snapshot_id and its content disagree")
     listed = set(manifest["files"]) | {"manifest.json", "DONE"}
-    extra = sorted(p.name for p in folder.iterdir() if p.name not in listed)
+    present = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+    extra = sorted(name for name in present if name not in listed)
     if extra:
         raise _tampered(sid, f"unexpected file(s) {extra} in {folder}")
     for name, sha in manifest["files"].items():

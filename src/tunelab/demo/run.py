@@ -28,16 +28,22 @@ from typing import Any
 
 import yaml
 
-from tunelab.demo.studies import classification_study, extraction_study
+from tunelab.demo.studies import classification_study, extraction_study, image_study
 from tunelab.errors import StudyError
 
-DEMO_TASKS = ("classification", "extraction")
+DEMO_TASKS = ("classification", "extraction", "image")
+STUDIES = {
+    "classification": classification_study,
+    "extraction": extraction_study,
+    "image": image_study,
+}
 
 
 # The one change of variant 2 and the question it asks, by demo task.
 VARIANT_CHANGE = {
     "classification": (["--set", "adaptation.rank=16"], "does a larger LoRA rank help?"),
     "extraction": (["--set", "training.lr=2e-3"], "does a larger learning rate help?"),
+    "image": (["--set", "training.lr=1e-3"], "does a smaller learning rate help?"),
 }
 FINAL_WHY = "final evaluation of the variant the comparison adopts"
 
@@ -170,9 +176,13 @@ def run_demo(task: str, directory: Path, log: Callable[[str], None] = print) -> 
     if (directory / "study.yaml").exists():
         raise StudyError(f"{directory} already holds a study", hint="pass --dir to a new folder")
     directory.mkdir(parents=True, exist_ok=True)
-    study = (classification_study if task == "classification" else extraction_study)(directory)
+    study = STUDIES[task](directory)
     (directory / "study.yaml").write_text(
         "# Written by `tunelab demo`: a real study on packaged assets.\n"
         + yaml.safe_dump(study, sort_keys=False)
     )
+    if task == "image":
+        from tunelab.demo.images import DIGITS_NOTE
+
+        log(f"image demo: {DIGITS_NOTE}")
     return run_stages(directory, demo_stages(*VARIANT_CHANGE[task]), log)

@@ -89,8 +89,13 @@ def model_card(m: Mapping[str, Any]) -> str:
     lines += ["", "## Limitations", ""]
     lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
     arch = base.get("architecture")
-    auto = "AutoModelForSequenceClassification" if arch == "encoder" else "AutoModelForCausalLM"
-    head = f", num_labels={len(task['labels'])}" if arch == "encoder" and task.get("labels") else ""
+    auto = {
+        "encoder": "AutoModelForSequenceClassification",
+        "image": "AutoModelForImageClassification",
+    }.get(arch, "AutoModelForCausalLM")
+    reader = "AutoImageProcessor" if arch == "image" else "AutoTokenizer"
+    labelled = arch in ("encoder", "image") and task.get("labels")
+    head = f", num_labels={len(task['labels'])}" if labelled else ""
     lines += [
         "",
         "## Loading",
@@ -102,11 +107,11 @@ def model_card(m: Mapping[str, Any]) -> str:
         "```",
         "",
         "```python",
-        f"from transformers import AutoTokenizer, {auto}",
+        f"from transformers import {reader}, {auto}",
     ]
     lines += _load_lines(m, auto, head)
     lines += [
-        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER/tokenizer")',
+        f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")',
         "```",
         "",
         "## Training",

@@ -259,14 +259,19 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
         q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
         kwargs["quantization_config"] = quantization_config(q)
     art_dir = _safe(export_dir, art["dir"])
+    loader = AutoTokenizer
+    if arch == "image":
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        auto, loader = AutoModelForImageClassification, AutoImageProcessor
     with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer = loader.from_pretrained(
             _safe(export_dir, manifest["tokenizer_dir"]), trust_remote_code=remote
         )
         if art["kind"] == "adapter":
             from peft import PeftModel
 
-            if arch == "encoder":
+            if arch in ("encoder", "image"):
                 kwargs.update(
                     num_labels=len(labels),
                     id2label=dict(enumerate(labels)),
@@ -280,7 +285,7 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
             model = PeftModel.from_pretrained(base, art_dir)
         else:
             model = auto.from_pretrained(art_dir, **kwargs)
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+    if arch != "image" and tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return model, tokenizer
@@ -338,6 +343,9 @@ def check_export(
     }
     if manifest.get("example"):
         stored = read_json(_safe(export_dir, manifest["example"]))
+        if "image" in stored["example"]:  # the example's image file lies in the export
+            path = _safe(export_dir, stored["example"]["image_path"])
+            stored["example"]["image_path"] = str(path)
         started = time.perf_counter()
         fresh = run_example(model, tokenizer, manifest, stored["example"])
         # a merged model is held to its own output at export (the run's is in manifest.merge)

@@ -347,7 +347,7 @@ def _write_files(
     if first:
         rows = {r["id"]: r for r in ev.snapshot.rows("validation")}
         if first["id"] in rows:
-            example = {"example": rows[first["id"]], "recorded": first}
+            example = {"example": _with_example_image(rows[first["id"]], tmp), "recorded": first}
             if first["id"] in merged_predictions:  # what check-export expects of the merged model
                 example["merged"] = merged_predictions[first["id"]]
             write_json_atomic(tmp / EXAMPLE_FILE, example)
@@ -372,6 +372,15 @@ def _artifact(method: str, merge: dict[str, Any] | None) -> dict[str, Any]:
     if merge is not None:
         art.update(merged=True, dtype=merge["dtype"])
     return art
+
+
+def _with_example_image(row: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """An image example travels with its image file, named relative to the export."""
+    if "image" not in row:
+        return row
+    name = "example-image" + Path(row["image"]).suffix
+    write_bytes_atomic(tmp / name, Path(row["image_path"]).read_bytes())
+    return {**row, "image_path": name}
 
 
 def _build_manifest(

@@ -32,7 +32,7 @@ def linear_module_names(model: Any) -> list[str]:
 
 def head_module_names(model: Any, architecture: str) -> list[str]:
     """The classification head of an encoder: top-level children outside the base encoder."""
-    if architecture != "encoder":
+    if architecture not in ("encoder", "image"):
         return []
     prefix = getattr(model, "base_model_prefix", "")
     return [
@@ -164,7 +164,10 @@ def _apply_lora(model: Any, adaptation: AdaptationConfig, architecture: str, hea
         lora_dropout=adaptation.dropout,
         target_modules=adaptation.target_modules,
         modules_to_save=list(to_save) or None,  # peft extends the list it is given
-        task_type=TaskType.SEQ_CLS if architecture == "encoder" else TaskType.CAUSAL_LM,
+        # an image classifier: peft's generic PeftModel (it passes pixel_values through)
+        task_type={"encoder": TaskType.SEQ_CLS, "image": None}.get(
+            architecture, TaskType.CAUSAL_LM
+        ),
     )
     with quiet_transformers():
         peft_model = get_peft_model(model, config)

@@ -17,6 +17,7 @@ from tunelab.records import sha256_file
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 TOKENIZER_FILES = (
+    "preprocessor_config.json",  # an image model's processor: its "tokenizer"
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -176,9 +177,14 @@ def read_model_config(path: Path) -> dict[str, Any]:
 
 
 def detect_architecture(config: dict[str, Any]) -> str:
-    """'encoder' for BERT-like models, 'causal_lm' for *ForCausalLM / decoder models."""
+    """'encoder' for BERT-like models, 'causal_lm' for *ForCausalLM / decoder models, 'image'
+    for image classifiers and backbones (ViT, ConvNeXt, ResNet, ...)."""
+    from tunelab.models.vision import is_image_config
+
     archs = config.get("architectures") or []
     model_type = str(config.get("model_type", "")).lower()
+    if is_image_config(config):
+        return "image"
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return "causal_lm"
     if model_type in ENCODER_TYPES or model_type.replace("_", "-") in ENCODER_TYPES:

@@ -33,7 +33,7 @@ class BaseModel:
     """A resolved base model: a transformers folder, its architecture and its identity."""
 
     path: Path
-    architecture: str  # "encoder" | "causal_lm"
+    architecture: str  # "encoder" | "causal_lm" | "image"
     identity: dict[str, Any]
     trust_remote_code: bool = False
     config: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -144,8 +144,14 @@ def _default_name(model_cfg: ModelConfig) -> str:
 
 
 def load_tokenizer(base: BaseModel):
-    """The base's tokenizer; a causal LM without a pad token gets pad = eos."""
+    """The base's tokenizer (an image model: its image processor); a causal LM without a pad
+    token gets pad = eos."""
     from transformers import AutoTokenizer
+
+    if base.architecture == "image":
+        from tunelab.models.vision import load_image_processor
+
+        return load_image_processor(base)
 
     try:
         with quiet_transformers():
@@ -176,13 +182,19 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
         "trust_remote_code": base.trust_remote_code,
         "output_loading_info": True,
     }
-    if base.architecture == "encoder":
+    if base.architecture in ("encoder", "image"):
         if not labels:
             raise ModelError(
-                "an encoder needs the label set to build its classification head",
+                f"an {base.architecture} model needs the label set to build its classification "
+                "head",
                 hint="set task.labels or build a data snapshot first (`tunelab data`)",
             )
-        auto = AutoModelForSequenceClassification
+        if base.architecture == "image":
+            from tunelab.models.vision import image_model_class
+
+            auto = image_model_class()
+        else:
+            auto = AutoModelForSequenceClassification
         kwargs.update(
             ignore_mismatched_sizes=True,  # a checkpoint's head for another label set is replaced
             num_labels=len(labels),

@@ -59,8 +59,13 @@ def save_trainable(model: Any, out_dir: Path | str, method: str | None = None) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():
-        if method in ("lora", "qlora", "full"):
+        if method in ("lora", "qlora"):
             model.save_pretrained(out, safe_serialization=True)
+        elif method == "full":
+            # the names the model has in memory: transformers would rename some models' tensors
+            # (ViT's q_proj back to attention.query) to their original checkpoint format, which
+            # load_trainable's exact check then refuses; from_pretrained reads both
+            model.save_pretrained(out, safe_serialization=True, save_original_format=False)
         elif method == "freeze":
             from safetensors.torch import save_file
 

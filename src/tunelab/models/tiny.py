@@ -147,3 +147,34 @@ def save_tiny_bert(
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def save_tiny_vit(
+    out: Path,
+    *,
+    image_size: int = 16,
+    patch_size: int = 4,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    seed: int = 0,
+) -> Path:
+    """A 2-layer ViT backbone (hidden 32, 16x16 images, 4x4 patches) with its image processor."""
+    import torch
+    from transformers import ViTConfig, ViTImageProcessor, ViTModel
+
+    cfg = ViTConfig(
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=3,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=hidden * 2,
+    )
+    torch.manual_seed(seed)
+    model = ViTModel(cfg, add_pooling_layer=False)
+    out = Path(out)
+    model.save_pretrained(out)
+    ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tunelab.config import StudyConfig
+from tunelab.config import CLASSIFYING_KINDS, StudyConfig
 from tunelab.errors import SnapshotError
 from tunelab.plan.estimate import PROCESS_START_S
 from tunelab.plan.figures import (
@@ -129,10 +129,17 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
         )
         if not causal:
             loss, loss_source = 0.0, "the label"
-    generating = causal and cfg.task.kind != "classification"
+    generating = causal and cfg.task.kind not in CLASSIFYING_KINDS
     ev = cfg.evaluation
     prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)
-    precision = cfg.training.precision if cfg.training.precision in ("bf16", "fp16") else "bf16"
+    requested = cfg.training.precision
+    precision = requested if requested in ("bf16", "fp16") else "bf16"
+    planned_as = (
+        "training.precision auto: bf16 autocast on a GPU that has it"
+        if requested == "auto"
+        else "training.precision is fp32: planned in bf16 autocast on the GPU "
+        "(set training.precision=bf16 there)"
+    )
     shape = StudyShape(
         facts=facts,
         facts_source=facts_source,
@@ -151,10 +158,7 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
         answer_steps=answers,
         generation_source=gen_source,
         precision=precision,
-        precision_source="training.precision"
-        if precision == cfg.training.precision
-        else "training.precision is fp32: planned in bf16 autocast on the GPU "
-        "(set training.precision=bf16 there)",
+        precision_source="training.precision" if precision == requested else planned_as,
     )
     return shape, sizing
 

@@ -70,18 +70,19 @@ def decide(compare: dict[str, Any]) -> str:
     )
 
 
-def final_test(
+def test_figure(
     compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
-) -> str | None:
-    """The adopted variant's primary metric on the sealed test split, from the evaluation that
-    opened it first (None when no variant is adopted).
+) -> dict[str, Any] | None:
+    """The adopted variant on the sealed test split, from the evaluation that opened it first:
+    `{name, run_id, metric, eval_run, n, value, openings, validation}` (`eval_run` None while
+    it has not been evaluated there); None when no variant is adopted.
 
     `runs` are the dossier's collected runs (`row`, `evaluations` by split); `openings` the
     ledger's test openings, each naming the eval run that opened the split."""
     chosen, _ = choose_variant(compare)
     if chosen is None:
         return None
-    run_id, name = chosen["run_id"], chosen.get("name") or chosen["run_id"]
+    run_id = chosen["run_id"]
     metric = compare.get("primary_metric")
     tests = {
         r["row"]["id"]: r
@@ -91,20 +92,42 @@ def final_test(
         and "test" in r["evaluations"]
     }
     first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
-    if first is None:
+    record = tests[first]["evaluations"]["test"] if first else {}
+    return {
+        "name": chosen.get("name") or run_id,
+        "run_id": run_id,
+        "metric": metric,
+        "eval_run": first,
+        "n": record.get("n"),
+        "value": (record.get("metrics") or {}).get(metric),
+        "openings": len(openings),
+        "validation": (chosen.get("primary") or {}).get("variant"),
+    }
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def final_test(
+    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+) -> str | None:
+    """The adopted variant's primary metric on the sealed test split as a sentence (None when
+    no variant is adopted); see `test_figure`."""
+    t = test_figure(compare, runs, openings)
+    if t is None:
+        return None
+    if t["eval_run"] is None:
         return (
-            f"{name} is not yet evaluated on the sealed test split: "
-            f"`tunelab eval {run_id} --split test --final` opens it, once."
+            f"{t['name']} is not yet evaluated on the sealed test split: "
+            f"`tunelab eval {t['run_id']} --split test --final` opens it, once."
         )
-    record = tests[first]["evaluations"]["test"]
-    value = (record.get("metrics") or {}).get(metric)
-    shown = f"{value:.4f}" if isinstance(value, float) else str(value)
     times = (
         "its only opening"
-        if len(openings) == 1
-        else f"opened {len(openings)} times in all: no longer an untouched control"
+        if t["openings"] == 1
+        else f"opened {t['openings']} times in all: no longer an untouched control"
     )
     return (
-        f"On the sealed test split ({record.get('n')} examples, eval run {first}, {times}): "
-        f"{name} {metric} {shown} (validation {(chosen.get('primary') or {}).get('variant'):.4f})."
+        f"On the sealed test split ({t['n']} examples, eval run {t['eval_run']}, {times}): "
+        f"{t['name']} {t['metric']} {_shown(t['value'])} (validation {t['validation']:.4f})."
     )

@@ -16,6 +16,8 @@ from tunelab.sizing.memory import ModelFacts
 
 _LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "granite"}
 _BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
+# ViTs: a BERT-like encoder over patch tokens (pre-norm); walked as "bert", approximate
+_VIT_TYPES = {"vit", "deit"}
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 _ROLES_LLAMA = {
     "self_attn.q_proj": "q",
@@ -40,6 +42,18 @@ _ROLES_BERT = {
 }
 
 
+_ROLES_VIT = {
+    "attention.q_proj": "q",
+    "attention.k_proj": "k",
+    "attention.v_proj": "v",
+    "attention.o_proj": "o",
+    "layernorm_before": "norm1",
+    "mlp.fc1": "up",
+    "mlp.fc2": "down",
+    "layernorm_after": "norm2",
+}
+
+
 def _plain(name: str) -> str:
     """A parameter name without peft's wrappers: adapters and saved-module copies removed."""
     name = name.removeprefix("module.").removeprefix("base_model.model.")
@@ -59,9 +73,11 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
     """ModelFacts of `model` as adapted (trainable flags read from requires_grad)."""
     cfg = model.config
     model_type = getattr(cfg, "model_type", "")
-    family = "bert" if model_type in _BERT_TYPES else "llama"
+    family = "bert" if model_type in _BERT_TYPES | _VIT_TYPES else "llama"
     approximate = model_type not in _LLAMA_TYPES | _BERT_TYPES
     roles = _ROLES_BERT if family == "bert" else _ROLES_LLAMA
+    if model_type in _VIT_TYPES:
+        roles = _ROLES_VIT
     layers = int(getattr(cfg, "num_hidden_layers", 0))
     heads = int(getattr(cfg, "num_attention_heads", 1))
     hidden = int(cfg.hidden_size)
@@ -119,8 +135,10 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         heads=heads,
         kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
         head_dim=head_dim,
-        vocab=int(cfg.vocab_size),
-        num_labels=int(getattr(cfg, "num_labels", 0) or 0) if architecture == "encoder" else 0,
+        vocab=int(getattr(cfg, "vocab_size", 0) or 0),  # an image model has none
+        num_labels=int(getattr(cfg, "num_labels", 0) or 0)
+        if architecture in ("encoder", "image")
+        else 0,
         tied_embeddings=tied,
         attention_dropout=dropout_attn,
         hidden_dropout=dropout_hidden,

@@ -132,14 +132,26 @@ def synthetic_examples(
     loss_fraction: float = 1.0,
     seed: int = 0,
     low_id: int = 5,
+    image_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
 
     causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
+    image: `pixel_values` [3, image_size, image_size] (seq_len is then the patch tokens).
     """
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    if architecture == "image":
+        size = int(image_size or 224)
+        return [
+            {
+                "id": f"synthetic-{i}",
+                "pixel_values": torch.randn((3, size, size), generator=g),
+                "label": i % max(1, num_labels),
+            }
+            for i in range(count)
+        ]
     hi = max(low_id + 1, vocab)
     out = []
     for i in range(count):
@@ -364,6 +376,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         num_labels=max(2, facts.num_labels),
         loss_fraction=float(spec.get("loss_fraction", 1.0)),
         seed=t.seed,
+        image_size=base.config.get("image_size") if arch == "image" else None,
     )
     # the schedule leaves room for the timed steps that follow the measured ones
     total = warmup + measure_steps + 1 + time_steps

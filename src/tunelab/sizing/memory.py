@@ -9,9 +9,12 @@
   (a linear layer keeps its input only when its weight trains, a product `a * b` keeps `b` only
   when `a` needs a gradient). So LoRA on a frozen base keeps far less than full fine-tuning, and
   layers before the first trainable parameter keep almost nothing;
-- the logits and loss buffers: tunelab's loss runs the head on the loss positions only, in
-  chunks above 2^26 logits (`tunelab.train.losses`), so these are `[loss tokens, vocab]`
-  tensors; and the temporaries of backward and of the optimizer;
+- the logits and loss buffers: tunelab's loss runs the head on the loss positions only
+  (`tunelab.train.losses`). A plain head is fused with the cross-entropy: chunks of 2^22
+  logits (at least 256 rows), their gradients made in the forward pass, nothing of
+  `[loss tokens, vocab]` kept for backward. A LoRA head runs in chunks recomputed in backward, and under DDP or FSDP
+  the head runs inside the model's forward on all loss positions at once; and the temporaries
+  of backward and of the optimizer;
 - the peak: the largest of the forward end, the loss backward, the layer backward and the
   optimizer step, each with what is alive at that moment.
 
@@ -197,9 +200,10 @@ class _T:
 class _Trace:
     """Walks a forward pass op by op and records the tensors autograd saves for backward."""
 
-    def __init__(self, facts: ModelFacts, case: Case):
+    def __init__(self, facts: ModelFacts, case: Case, loss_route: str = "fused"):
         self.f = facts
         self.c = case
+        self.loss_route = loss_route
         self.pb = DTYPE_BYTES.get(facts.param_dtype, 4)
         self.autocast = case.precision in ("bf16", "fp16")
         self.cd = 2 if self.autocast else self.pb  # dtype of matmul inputs and outputs
@@ -459,7 +463,8 @@ class _Trace:
                 self.save_bytes(n * 8)  # the gather's index
             gathered = self.new(n * f.hidden, h.size, h.rg)
             head = f.head or (f.embed if f.tied_embeddings else None)
-            self.linear(gathered, f.hidden, f.vocab, head, outside=True)
+            if self.loss_route != "fused":  # the fused loss keeps gradients, not its inputs
+                self.linear(gathered, f.hidden, f.vocab, head, outside=True)
         self.per_layer = per_layer
         return dict(self.groups)
 
@@ -467,7 +472,11 @@ class _Trace:
 # ------------------------------------------------------------------ the estimate
 
 
-CHUNK_LOGITS = 1 << 26  # tunelab.train.losses: logits computed at once above which CE is chunked
+# tunelab.train.losses: logits computed at once by a head that is not fused, and by the fused
+# loss (in chunks of at least FUSED_MIN_ROWS rows)
+CHUNK_LOGITS = 1 << 26
+FUSED_CHUNK_LOGITS = 1 << 22
+FUSED_MIN_ROWS = 256
 
 
 def loss_token_count(case: Case) -> int:
@@ -476,21 +485,62 @@ def loss_token_count(case: Case) -> int:
     return max(1, round(shifted * min(1.0, max(0.0, case.loss_fraction))))
 
 
-def logits_bytes(facts: ModelFacts, case: Case) -> dict[str, int]:
-    """The cross-entropy buffers of tunelab's loss (tunelab.train.losses).
+def loss_route(facts: ModelFacts, strategy: str = "single") -> str:
+    """How tunelab.train.losses computes the cross-entropy: "fused" (a plain head, one
+    process), "chunked" (a LoRA head) or "model" (DDP / FSDP: the head inside the forward)."""
+    if facts.architecture != "causal_lm":
+        return "model"
+    if strategy != "single":
+        return "model"
+    return "chunked" if facts.head == "lora" else "fused"
 
-    causal LM: the head runs on the loss positions only, [n, vocab] logits in the compute dtype,
-    lifted to fp32, log_softmax keeping its fp32 output for backward; above CHUNK_LOGITS logits
-    the rows go in chunks recomputed in backward, so one chunk is alive at a time. Backward:
-    the log-probabilities beside the gradients of nll and log_softmax.
+
+def logits_bytes(facts: ModelFacts, case: Case, route: str = "fused") -> dict[str, int]:
+    """The cross-entropy buffers of tunelab's loss (tunelab.train.losses) on `route`.
+
+    `kept` is what the loss keeps from forward to backward; `forward` and `backward` what is
+    alive at its largest moment in each. causal LM, the head on the loss positions only:
+    - fused: per chunk of rows, the logits in fp32 (turned into the softmax in place; beside
+      their compute-dtype copy under autocast), the head's weight in the compute dtype under
+      autocast, and the
+      gradients it makes at once: of the hidden states [n, hidden] and of a trained head
+      [vocab, hidden] (summed in fp32, kept in the weight's dtype); backward scales them;
+    - chunked: [n, vocab] logits in the compute dtype, lifted to fp32, log_softmax keeping its
+      fp32 output for backward; above CHUNK_LOGITS logits the rows go in chunks recomputed in
+      backward, so one chunk is alive at a time;
+    - model: the same all at once (the head runs inside the model's forward).
     """
     if facts.architecture != "causal_lm":
         n = case.micro_batch * max(1, facts.num_labels) * 4
-        return {"logits": n, "loss_tokens": case.micro_batch, "forward": 3 * n, "backward": 3 * n}
-    cd = 2 if case.precision in ("bf16", "fp16") else DTYPE_BYTES.get(facts.param_dtype, 4)
+        return {
+            "logits": n,
+            "loss_tokens": case.micro_batch,
+            "forward": 3 * n,
+            "backward": 3 * n,
+            "kept": n,
+        }
+    pb = DTYPE_BYTES.get(facts.param_dtype, 4)
+    cd = 2 if case.precision in ("bf16", "fp16") else pb
     v = facts.vocab
     n = loss_token_count(case)
-    chunked = n * v > CHUNK_LOGITS
+    if route == "fused":
+        rows = min(n, max(FUSED_MIN_ROWS, FUSED_CHUNK_LOGITS // v))
+        trains = facts.head == "weight" or (facts.tied_embeddings and facts.embed == "weight")
+        grad_h = n * facts.hidden * pb
+        # the head's gradient is summed in fp32 over the chunks, then kept in the weight's dtype
+        grad_w_sum = v * facts.hidden * 4 if trains else 0
+        grad_w = v * facts.hidden * pb if trains else 0
+        weight_copy = v * facts.hidden * cd if cd != pb else 0
+        chunk = weight_copy + rows * v * (4 + (cd if cd != 4 else 0)) + grad_h + grad_w_sum
+        return {
+            "logits": rows * v * cd,
+            "loss_tokens": n,
+            "chunk_rows": rows,
+            "kept": grad_h + grad_w,
+            "forward": max(chunk, grad_h + grad_w_sum + (grad_w if pb != 4 else 0)),
+            "backward": grad_h + grad_w + grad_h,
+        }
+    chunked = route == "chunked" and n * v > CHUNK_LOGITS
     rows = max(1, CHUNK_LOGITS // v) if chunked else n
     logits = rows * v * cd
     lifted = rows * v * 4 if cd != 4 else 0
@@ -499,7 +549,7 @@ def logits_bytes(facts: ModelFacts, case: Case) -> dict[str, int]:
         "logits": logits,
         "loss_tokens": n,
         "chunk_rows": rows,
-        "log_probs": 0 if chunked else log_probs,  # kept from forward to backward
+        "kept": 0 if chunked else log_probs,
         "forward": logits + lifted + log_probs,
         "backward": 3 * rows * v * 4 + (logits if chunked else 0),
     }
@@ -599,7 +649,8 @@ def estimate_memory(
     ranks = max(1, int(ranks))
     shard = ranks if strategy == "fsdp" else 1
     notes: list[str] = []
-    trace = _Trace(facts, case)
+    route = loss_route(facts, strategy)
+    trace = _Trace(facts, case, route)
     detail = trace.run()
     activations = trace.total
     recompute = trace.recompute
@@ -616,7 +667,7 @@ def estimate_memory(
     gathered = max(_embedding_bytes(facts), 2 * block) if shard > 1 else 0
     gathered_grad = facts.trainable_bytes // n if shard > 1 else 0
     buckets = facts.trainable_bytes if strategy == "ddp" and ranks > 1 else 0
-    loss = logits_bytes(facts, case)
+    loss = logits_bytes(facts, case, route)
     temps = _block_backward_temporaries(facts, case)
     # the optimizer step: foreach kernels (CUDA) make a temporary per trainable tensor at once;
     # the CPU loop one tensor at a time

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import TrainingConfig
+from tunelab.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.errors import SnapshotError, StudyError, TunelabError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -141,6 +141,8 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
         ) from None
     base = resolve_base(study)
     task = get_task(cfg, snapshot.labels)
+    if base.architecture == "image":
+        return _image_lengths(base, snapshot, task)
     pre = Preprocessor(load_tokenizer(base), cfg, task, base.architecture)
     started = time.perf_counter()
     encoded = [pre.encode(r) for r in snapshot.rows("train")]
@@ -171,9 +173,39 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
     }
 
 
+def _image_lengths(base: Any, snapshot: Any, task: Any) -> dict[str, Any]:
+    """An image model's "length": the patch tokens of every image (one size for all)."""
+    from tunelab.errors import ModelError
+    from tunelab.models.vision import patch_tokens
+
+    tokens = patch_tokens(base.config)
+    if tokens is None:
+        raise ModelError(
+            f"tunelab size models image transformers with patch tokens (ViT, DeiT); "
+            f"{base.config.get('model_type')!r} has no patch_size",
+            hint="the smoke's record (`tunelab smoke`) has this model's measured step time",
+        )
+    counts = dict(snapshot.manifest.get("counts", {}).get("final", {}))
+    return {
+        "source": f"snapshot {snapshot.id}",
+        "snapshot": snapshot.id,
+        "n": counts.get("train", 0),
+        **{k: tokens for k in ("p50", "p95", "max", "mean")},
+        "truncated": 0,
+        "share_truncated": 0.0,
+        "target_truncated": 0,
+        "image_size": base.config.get("image_size"),
+        "loss_fraction": 1.0,
+        "labels": list(task.labels),
+        "split_counts": counts,
+        "encode_train_s": 0.0,
+        "quantiles": [tokens] * 101,
+    }
+
+
 def _labels(study: Study) -> list[str] | None:
     cfg = study.config
-    if cfg.task.kind != "classification":
+    if cfg.task.kind not in CLASSIFYING_KINDS:
         return None
     if cfg.task.labels:
         return list(cfg.task.labels)
@@ -461,6 +493,7 @@ def run_sizing(
     """
     from tunelab.env import device_kind
     from tunelab.hypothesis import require_hypothesis
+    from tunelab.train.precision import resolve_precision
 
     cfg = study.config
     hypothesis = require_hypothesis(study.root, cfg)
@@ -473,11 +506,11 @@ def run_sizing(
         lengths=sizes,
         micro_batch=t.micro_batch_size,
         effective_batch=effective,
-        precision=t.precision,
+        precision=resolve_precision(t.precision, device),
         checkpointing=t.activation_checkpointing,
         packing=t.packing,
         micro_batches=micro_batches,
-        precisions=precisions,
+        precisions=[resolve_precision(p, device) for p in precisions or []],
     )
     budget = memory_budget or device_memory_bytes(device)
     loss_fraction = float(lengths.get("loss_fraction") or 1.0)

@@ -62,6 +62,10 @@ def task_for(t: TaskConfig, labels: list[str] | None = None) -> Task:
     """The task a task section describes (a study's, or one a hypothesis locked)."""
     if t.kind == "classification":
         return ClassificationTask(_resolve_labels(t.labels, labels), t.instruction)
+    if t.kind == "image_classification":
+        from tunelab.tasks.image_classification import ImageClassificationTask
+
+        return ImageClassificationTask(_resolve_labels(t.labels, labels), t.instruction)
     if t.kind == "format":
         return FormatTask(t.instruction, t.json_schema, t.regex)
     if t.kind == "extraction":

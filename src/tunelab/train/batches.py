@@ -90,6 +90,12 @@ def collate(
     `num_tokens` counts the non-padding input tokens.
     """
     assert encoded, "empty batch"
+    if architecture == "image":  # one loss position per image
+        return {
+            "pixel_values": torch.stack([e["pixel_values"] for e in encoded]),  # [b, 3, H, W]
+            "labels": torch.tensor([int(e["label"]) for e in encoded]),
+            "num_tokens": torch.tensor(len(encoded)),
+        }
     lengths = [len(e["input_ids"]) for e in encoded]
     num_tokens = torch.tensor(sum(lengths))
     if architecture == "causal_lm" and packing:

@@ -1,9 +1,10 @@
 """What the loop trains, built in one place for `tunelab train` and `tunelab size`.
 
 `build_model` turns a base model into the model that trains: loaded, adapted (full, LoRA,
-freeze), activation checkpointing, on its device. `build_loop` gives it what the loop needs: the
-strategy's wrapping, the optimizer over the trainable parameters, the schedule, the grad scaler
-of the precision, and the seeded order of the examples.
+freeze), activation checkpointing, on its device, its blocks compiled when `training.compile`.
+`build_loop` gives it what the loop needs: the strategy's wrapping, the optimizer over the
+trainable parameters, the schedule, the grad scaler of the precision, and the seeded order of
+the examples.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from tunelab.config import StudyConfig, TrainingConfig
 from tunelab.train.batches import DataOrder, StepSource
+from tunelab.train.compute import prepare_model
 from tunelab.train.loop import Loop, build_optimizer, build_scheduler, make_grad_scaler
 from tunelab.train.strategy import SingleProcess, Strategy
 
@@ -44,7 +46,9 @@ def build_model(
     model, audit = adapt(model, cfg.adaptation, base.architecture)
     if cfg.training.activation_checkpointing:
         enable_activation_checkpointing(model)
-    return model.to(device), audit
+    model = model.to(device)
+    prepare_model(model, cfg.training, device)  # training.compile, before any wrapping
+    return model, audit
 
 
 def build_loop(

@@ -28,6 +28,7 @@ from tunelab.train.batches import (
     count_loss_tokens,
 )
 from tunelab.train.losses import causal_lm_loss_sum
+from tunelab.train.precision import resolve_precision
 from tunelab.train.schedule import lr_factor
 from tunelab.train.strategy import SingleProcess, Strategy
 
@@ -86,7 +87,9 @@ def build_scheduler(
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 / fp16 autocast on the model's device; fp32 runs as is."""
+    """bf16 / fp16 autocast on the model's device; fp32 runs as is ("auto": see
+    `tunelab.train.precision.resolve_precision`)."""
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
@@ -95,6 +98,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A grad scaler for fp16 on CUDA; a disabled (pass-through) one otherwise."""
+    precision = resolve_precision(precision, device)
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(
             "training.precision: fp16 needs a CUDA device (it trains with a grad scaler)",
@@ -116,7 +120,12 @@ def loss_sum(
     """Summed cross-entropy of a collated batch (not divided: the caller normalizes)."""
     if architecture == "causal_lm":  # padded or packed; logits only at loss positions
         return causal_lm_loss_sum(model, batch)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    if architecture == "image":
+        from tunelab.models.vision import pixels_for
+
+        logits = model(pixel_values=pixels_for(model, batch["pixel_values"])).logits
+    else:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return F.cross_entropy(
         logits.float(), batch["labels"], reduction="sum"
     )  # logits [batch, classes]

@@ -2,16 +2,20 @@
 
 Two things make a step of supervised fine-tuning cheaper without changing its result:
 
-- Logits only at loss positions. The LM head (hidden -> vocabulary) is the largest matmul of a
-  small model, and with completion-only loss most positions (the prompt) need no logits. The
-  decoder body runs on every token; its hidden states are gathered at the loss positions
-  BEFORE the head, so the head projects `[loss_tokens, hidden]` instead of `[batch, seq, hidden]`.
-  For large vocabularies the cross-entropy runs in chunks whose logits are recomputed in
-  backward, so at most one chunk of `[rows, vocab]` logits is alive at a time.
+- Logits only at loss positions, fused with the cross-entropy. The LM head (hidden -> vocabulary)
+  is the largest matmul of a small model, and with completion-only loss most positions (the
+  prompt) need no logits. The decoder body runs on every token; its hidden states are gathered
+  at the loss positions BEFORE the head, so the head projects `[loss_tokens, hidden]` instead of
+  `[batch, seq, hidden]`. A plain linear head then goes through `linear_cross_entropy_sum`:
+  chunk by chunk, logits, loss and their gradients in one pass, so no more than one chunk of
+  `[rows, vocab]` logits ever exists and none is kept for backward (Liger Kernel's fused kernel
+  does it on CUDA when installed). Another head (LoRA on `lm_head`) runs in chunks whose logits
+  are recomputed in backward.
 - Padding-free batches (`collate(..., packing=True)`): several examples in one row, positions
   restarting at 0 per example, no attention mask; transformers (sdpa, eager, flash) keeps
-  attention inside each example when `use_cache=False`, and a model on "sdpa" is switched to
-  per-example attention (`tunelab.train.attention`), which skips the work of the block mask.
+  attention inside each example when `use_cache=False`, and a model on "sdpa" is switched to a
+  packed route of `tunelab.train.attention` (FlashAttention varlen, torch varlen, FlexAttention
+  or per-example SDPA), which skips the work of the block mask.
 
 Both are exact, and both are checked on the model itself once (`check_model`: a few tokens, no
 gradient, no randomness used) before they are relied on: the split body + head must reproduce
@@ -19,10 +23,11 @@ the model's own logits (a model that rescales or soft-caps logits after its head
 declares it in its config, and gets the head applied inside its own forward instead), and a
 packed pair of sequences must give the logits of the same pair as a padded batch (a model that
 lets packed examples see each other fails that and its packed batches are unpacked into padded
-ones, with a warning).
+ones, with a warning). The packing check runs in the precision training uses (the autocast
+around the first call), so a route that needs bf16 is checked in bf16.
 
 Routes, best first:
-- split: `body(...)` -> gather -> `head` -> (chunked) cross-entropy. A plain model or a peft
+- split: `body(...)` -> gather -> `head` -> fused (or chunked) cross-entropy. A plain model or a peft
   model (`PeftModel -> base_model.model -> get_decoder()` and `get_output_embeddings()`; a head
   adapted by LoRA is a module like any other and is applied whole to the gathered rows).
 - hook: the model's own forward with a pre-hook on its output embeddings that gathers the
@@ -33,6 +38,7 @@ Routes, best first:
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -42,10 +48,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tunelab.train.attention import restore_sdpa, segment_bounds, use_packed_sdpa
+from tunelab.train import attention
 
 IGNORE = -100
-CHUNK_LOGITS = 1 << 26  # logits per chunk of cross-entropy (256 MB in fp32)
+CHUNK_LOGITS = 1 << 26  # logits per recomputed chunk of a head that is not fused (256 MB fp32)
+FUSED_CHUNK_LOGITS = 1 << 22  # logits per chunk of the fused loss (16 MB fp32) ...
+FUSED_MIN_ROWS = 256  # ... but never fewer rows: small matmuls waste a GPU
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,22 @@ class ModelChecks:
     route: str  # "split" | "hook" | "full"
     parts: tuple[torch.nn.Module, torch.nn.Module] | None  # (body, head) on the split route
     packing_exact: bool
-    packed_attention: bool  # per-example attention (tunelab.train.attention) in use
+    packed_attention: bool  # a route of tunelab.train.attention is in use
+    # a route of tunelab.train.attention, "block_mask" (transformers' own), "unpacked" (packed
+    # batches padded again) or "model" (an attention other than sdpa, left as it is)
+    attention: str = "block_mask"
+    attention_tried: tuple[dict[str, str], ...] = ()  # [{route, reason}] of the routes not used
+    cross_entropy: str = "chunked"  # "fused" | "liger" | "chunked" | "model"
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records: the routes chosen and why the better ones were not."""
+        return {
+            "loss_route": self.route,
+            "cross_entropy": self.cross_entropy,
+            "packing_exact": self.packing_exact,
+            "attention": self.attention,
+            "attention_not_used": list(self.attention_tried),
+        }
 
 
 _CHECKS: weakref.WeakKeyDictionary[torch.nn.Module, ModelChecks] = weakref.WeakKeyDictionary()
@@ -65,14 +88,15 @@ def causal_lm_loss_sum(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     *,
-    chunk_logits: int = CHUNK_LOGITS,
+    chunk_logits: int | None = None,
     route: str | None = None,
 ) -> torch.Tensor:
     """Summed next-token cross-entropy of a collated causal-LM batch (padded or packed).
 
     `batch` holds `input_ids` and `labels` [rows, seq] (labels aligned with inputs, -100 where
     there is no loss) and either `attention_mask` (padded) or `position_ids` (packed).
-    `chunk_logits`: largest number of logits computed at once. `route` forces "split", "hook"
+    `chunk_logits`: largest number of logits computed at once (None: each path's own, see
+    `cross_entropy_sum`). `route` forces "split", "hook"
     or "full" (tests); by default the best route the model passed is used.
     Returns a 0-dim fp32 tensor, the sum (the caller divides by the step's loss tokens).
     """
@@ -121,13 +145,22 @@ def cross_entropy_sum(
     head: torch.nn.Module,
     hidden: torch.Tensor,
     targets: torch.Tensor,
-    chunk_logits: int = CHUNK_LOGITS,
+    chunk_logits: int | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of `head(hidden)` [n, vocab] against `targets` [n].
 
-    Above `chunk_logits` logits, rows go through the head in chunks under activation
+    A plain linear head: fused (`linear_cross_entropy_sum`, in chunks of `chunk_logits` logits,
+    by default `fused_chunk_rows`; or Liger's kernel on CUDA). Another head: above
+    `chunk_logits` logits (default CHUNK_LOGITS), rows go through it in chunks under activation
     checkpointing: each chunk's logits are freed after its loss and recomputed in backward.
     """
+    kind = cross_entropy_kind(head, hidden.device)
+    if kind == "liger" and chunk_logits is None:
+        return _liger_sum(head, hidden, targets)
+    if kind in ("fused", "liger"):
+        rows = None if chunk_logits is None else max(1, chunk_logits // head.out_features)
+        return linear_cross_entropy_sum(hidden, head.weight, head.bias, targets, rows)
+    chunk_logits = chunk_logits or CHUNK_LOGITS
     vocab = _out_features(head)
     n = hidden.shape[0]
     if vocab is None or n * vocab <= chunk_logits:
@@ -142,8 +175,125 @@ def cross_entropy_sum(
     return total
 
 
+def cross_entropy_kind(head: torch.nn.Module, device: torch.device) -> str:
+    """ "liger" (CUDA, liger_kernel installed), "fused" (a plain nn.Linear head) or "chunked"."""
+    if type(head) is not torch.nn.Linear:
+        return "chunked"
+    if device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None:
+        return "liger"
+    return "fused"
+
+
 def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor):
     return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def linear_cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """sum(cross_entropy(hidden @ weight.T + bias, targets)) without the [n, vocab] logits.
+
+    hidden [n, hidden], weight [vocab, hidden], bias [vocab] or None, targets [n]. Rows go in
+    chunks of `chunk_rows` (None: `fused_chunk_rows(vocab)`); each chunk's logits are made in
+    the compute dtype (the autocast dtype when autocast is on, as `F.linear` would), lifted to
+    fp32 for the softmax,
+    and turned at once into the gradients of `hidden`, `weight` and `bias` (softmax minus the
+    one-hot target, through the head), which backward only scales. So no logits are kept for
+    backward and no matmul is repeated. Returns a 0-dim fp32 tensor.
+    """
+    needs = [t is not None and t.requires_grad for t in (hidden, weight, bias)]
+    rows = chunk_rows or fused_chunk_rows(weight.shape[0])
+    if torch.is_grad_enabled() and any(needs):
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows)
+    with torch.no_grad():
+        return _linear_ce_chunks(hidden, weight, bias, targets, rows, (False,) * 3)[0]
+
+
+def fused_chunk_rows(vocab: int) -> int:
+    """Rows per chunk of the fused loss: FUSED_CHUNK_LOGITS logits, at least FUSED_MIN_ROWS."""
+    return max(FUSED_MIN_ROWS, FUSED_CHUNK_LOGITS // vocab)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rows):  # noqa: ANN001, ANN205
+        needs = tuple(ctx.needs_input_grad[:3])
+        loss, *grads = _linear_ce_chunks(hidden, weight, bias, targets, rows, needs)
+        ctx.save_for_backward(*(g for g in grads if g is not None))
+        ctx.present = tuple(g is not None for g in grads)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):  # noqa: ANN001, ANN205
+        saved = iter(ctx.saved_tensors)
+        grads = [next(saved) * grad_output if present else None for present in ctx.present]
+        return (*grads, None, None)
+
+
+def _linear_ce_chunks(hidden, weight, bias, targets, rows, needs):  # noqa: ANN001, ANN202
+    """(loss, grad hidden, grad weight, grad bias) for `linear_cross_entropy_sum`; a gradient
+    is None where `needs` says it is not wanted. Gradients are of the unscaled sum."""
+    kind = hidden.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+    n = hidden.shape[0]
+    with torch.autocast(kind, enabled=False):
+        w = weight.to(dtype)  # [vocab, hidden], the copy autocast would make
+        b = bias.to(dtype) if bias is not None else None
+        grad_h = torch.empty_like(hidden) if needs[0] else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if needs[1] else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if needs[2] else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, rows):
+            part = slice(start, start + rows)
+            h = hidden[part].to(dtype)  # [r, hidden]
+            loss, probs = _fused_chunk(h, targets[part], w, b, want=any(needs))
+            total += loss
+            if probs is None:
+                continue
+            g = probs.to(dtype)  # d loss / d logits in the compute dtype, as autocast's backward
+            if grad_h is not None:
+                grad_h[part] = g @ w
+            if grad_w is not None:
+                grad_w += (g.t() @ h).float()
+            if grad_b is not None:
+                grad_b += probs.sum(0)
+            del probs, g  # before the next chunk's logits exist: one chunk alive at a time
+    grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+    grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
+    return total, grad_h, grad_w, grad_b
+
+
+def _fused_chunk(h, t, w, b, want: bool):  # noqa: ANN001, ANN202
+    """(summed loss, softmax minus one-hot [r, vocab] fp32 or None) of one chunk; the logits
+    become the softmax in place, so one [r, vocab] fp32 buffer is all it holds."""
+    logits = F.linear(h, w, b).float()  # [r, vocab]
+    picked = logits.gather(1, t.unsqueeze(1))  # [r, 1]
+    top = logits.amax(dim=1, keepdim=True)
+    probs = logits.sub_(top).exp_()
+    norm = probs.sum(dim=1, keepdim=True)
+    loss = (norm.log() + top - picked).sum()  # log-sum-exp - target logit
+    if not want:
+        return loss, None
+    probs.div_(norm)
+    probs[torch.arange(t.shape[0], device=t.device), t] -= 1.0
+    return loss, probs
+
+
+def _liger_sum(head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor):
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    kind = hidden.device.type
+    weight, bias = head.weight, head.bias
+    if torch.is_autocast_enabled(kind):  # Liger computes in its inputs' dtype
+        dtype = torch.get_autocast_dtype(kind)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    loss = liger_fused_linear_cross_entropy(hidden, weight, targets, bias=bias, reduction="sum")
+    return loss.float()
 
 
 def _out_features(head: torch.nn.Module) -> int | None:
@@ -163,7 +313,7 @@ def forward_inputs(batch: dict[str, torch.Tensor], packed_attention: bool) -> di
     if "position_ids" in batch:  # packed: attention stays inside each example
         inputs["position_ids"] = batch["position_ids"]
         if packed_attention:
-            inputs["tunelab_segments"] = segment_bounds(batch["position_ids"])
+            inputs["tunelab_segments"] = attention.segment_bounds(batch["position_ids"])
     else:
         inputs["attention_mask"] = batch["attention_mask"]
     return inputs
@@ -237,18 +387,24 @@ def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] 
     return body, head
 
 
-def check_model(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
-    """The route and the packing of `model`, checked on its first batch, then remembered.
+def check_model(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_route: str = "auto"
+) -> ModelChecks:
+    """The route, the packing and the packed attention of `model`, checked on its first batch,
+    then remembered.
 
-    Three forward passes on 11 tokens of `input_ids` (no gradient, eval mode, no autocast, no
-    randomness consumed): two sequences as a padded batch of 2 rows (the reference), the same
-    two packed in one row, and the decoder body alone on the padded batch. A model on "sdpa" is
-    switched to per-example attention first and back to "sdpa" if packing is then not exact.
-    Warns once when packing cannot be exact (its packed batches are then unpacked).
+    Forward passes on 11 tokens of `input_ids` (no gradient, eval mode, no randomness consumed):
+    two sequences as a padded batch of 2 rows in fp32 (the reference), the decoder body alone on
+    it, the same batch in the training's precision when autocast is on around this call, and
+    the two sequences packed in one row with each candidate attention route
+    (`tunelab.train.attention.candidates` for `attention_route`: "auto" or one route) until one
+    equals the reference as closely as the padded batch does in that precision. Then
+    transformers' block mask; warns once when packing cannot be exact (its packed batches are
+    then unpacked). A route asked by name that cannot run or is not exact raises ConfigError.
     """
     checks = _CHECKS.get(model)
     if checks is None:
-        checks = _CHECKS[model] = _run_checks(model, input_ids)
+        checks = _CHECKS[model] = _run_checks(model, input_ids, attention_route)
         if not checks.packing_exact:
             warnings.warn(
                 f"{type(_unwrap(model)).__name__} lets packed examples attend to each other "
@@ -257,6 +413,11 @@ def check_model(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
                 stacklevel=3,
             )
     return checks
+
+
+def checks_of(model: torch.nn.Module) -> ModelChecks | None:
+    """What `check_model` found for `model`, or None before its first check."""
+    return _CHECKS.get(model)
 
 
 def choose_route(model: torch.nn.Module, input_ids: torch.Tensor) -> str:
@@ -269,31 +430,98 @@ def packing_is_exact(model: torch.nn.Module, input_ids: torch.Tensor) -> bool:
     return check_model(model, input_ids).packing_exact
 
 
-def _run_checks(model: torch.nn.Module, input_ids: torch.Tensor) -> ModelChecks:
+def _run_checks(model: torch.nn.Module, input_ids: torch.Tensor, requested: str) -> ModelChecks:
     ids = _probe_ids(input_ids, 11)  # [1, 11]: sequences of 5 and 6 tokens
     padded = torch.cat([torch.cat([ids[:, :5], ids[:, :1]], dim=1), ids[:, 5:]])  # [2, 6]
     mask = torch.ones_like(padded)
     mask[0, 5] = 0
     positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0).to(ids.device)
     packed = {"input_ids": ids, "position_ids": positions}
-    inner = _unwrap(model)
-    packed_attention = use_packed_sdpa(inner)
+    device = ids.device
+    amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     parts = lm_parts(model) if _has_head(model) else None
-    with _Probe(model, ids.device):
+    with _Probe(model, device):
         reference = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
         apart = torch.cat([reference[0, :5], reference[1]])  # [11, vocab]
-        exact = _close(apart, model(**forward_inputs(packed, packed_attention)).logits[0])
-        if not exact and packed_attention:
-            restore_sdpa(inner)
-            packed_attention = False
-            exact = _close(apart, model(**forward_inputs(packed, False)).logits[0])
         split = False
         if parts is not None:
             body, head = parts
             logits = head(body(input_ids=padded, attention_mask=mask, use_cache=False)[0])
             split = _close(reference[0, :5], logits[0, :5]) and _close(reference[1], logits[1])
+        noise = 0.0  # how far the training's precision moves the padded logits
+        if amp is not None:
+            with torch.autocast(device.type, dtype=amp):
+                low = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
+            noise = float((torch.cat([low[0, :5], low[1]]).float() - apart).abs().max())
+        choice = _choose_attention(model, packed, apart, noise, amp, requested)
     route = "split" if split else "hook" if _has_head(model) else "full"
-    return ModelChecks(route, parts if split else None, exact, packed_attention)
+    head = parts[1] if split and parts is not None else None
+    kind = cross_entropy_kind(head, device) if head is not None else "model"
+    attention_name, tried, exact = choice
+    packed_attention = attention_name in attention.ROUTES
+    return ModelChecks(
+        route,
+        parts if split else None,
+        exact,
+        packed_attention,
+        attention_name,
+        tuple(tried),
+        kind,
+    )
+
+
+def _choose_attention(
+    model: torch.nn.Module,
+    packed: dict[str, torch.Tensor],
+    apart: torch.Tensor,
+    noise: float,
+    amp: torch.dtype | None,
+    requested: str,
+) -> tuple[str, list[dict[str, str]], bool]:
+    """(attention, [{route, reason}] of the routes not used, packing exact) for `_run_checks`."""
+    from tunelab.errors import ConfigError
+
+    inner = _unwrap(model)
+    device = apart.device
+
+    def packed_logits(segmented: bool) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            return model(**forward_inputs(packed, segmented)).logits[0]
+
+    impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    if impl != "sdpa" and attention.route_of(inner) is None:  # eager, flash, ...: as it is
+        if requested != "auto":
+            raise ConfigError(
+                f"training.attention: {requested} needs a model on sdpa attention; this one "
+                f"runs {impl!r}",
+                hint="use training.attention: auto",
+            )
+        exact = _close(apart, packed_logits(False), noise)
+        return ("model" if exact else "unpacked"), [], exact
+    dtype = amp or next(inner.parameters()).dtype
+    routes, tried = attention.candidates(requested, device, dtype)
+    for route in routes:
+        if not attention.use_route(inner, route):
+            tried.append({"route": route, "reason": "the model cannot switch its attention"})
+            continue
+        try:
+            out = packed_logits(True)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is skipped
+            tried.append({"route": route, "reason": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        if _close(apart, out, noise):
+            return route, tried, True
+        diff = float((out.float() - apart).abs().max())
+        tried.append({"route": route, "reason": f"packed logits differ from padded by {diff:.3g}"})
+    attention.restore_sdpa(inner)
+    if requested != "auto":
+        raise ConfigError(
+            f"training.attention: {requested} does not keep packed examples apart on this model "
+            f"({tried[-1]['reason']})",
+            hint="use training.attention: auto",
+        )
+    exact = _close(apart, packed_logits(False), noise)
+    return ("block_mask" if exact else "unpacked"), tried, exact
 
 
 def _has_head(model: torch.nn.Module) -> bool:
@@ -311,7 +539,8 @@ def _probe_ids(input_ids: torch.Tensor, n: int = 12) -> torch.Tensor:
 
 
 class _Probe:
-    """No gradient, eval mode (no dropout), no autocast; the training mode is restored."""
+    """No gradient, eval mode (no dropout), no autocast (each pass in the training's precision
+    enters its own); the training mode is restored."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self.model, self.device = model, device
@@ -329,11 +558,14 @@ class _Probe:
         self.model.train(self.was_training)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal up to the rounding of the parameters' dtype, relative to the logits' scale."""
+def _close(a: torch.Tensor, b: torch.Tensor, noise: float = 0.0) -> bool:
+    """Equal up to the rounding of the parameters' dtype, relative to the logits' scale, or
+    within twice `noise` (how far the padded batch itself moves in a lower precision)."""
     rel = 1e-4 if a.dtype == torch.float32 else 2e-2
     a, b = a.float(), b.float()
-    return a.shape == b.shape and float((a - b).abs().max()) <= rel * (1.0 + float(a.abs().max()))
+    if a.shape != b.shape:
+        return False
+    return float((a - b).abs().max()) <= max(rel * (1.0 + float(a.abs().max())), 2 * noise)
 
 
 def unpack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

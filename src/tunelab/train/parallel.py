@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from tunelab.errors import ConfigError, RunError
 from tunelab.train.launch_dir import fail_for_test
+from tunelab.train.precision import resolve_precision
 from tunelab.train.process_group import backend_version, device_name, init_process_group
 from tunelab.train.sharded import ShardedCheckpoint
 from tunelab.train.strategy import ShardWriter
@@ -61,7 +62,7 @@ class Distributed:
         self.rank, self.world_size, self.local_rank, self.device, self.backend = (
             init_process_group()
         )
-        self.precision = precision
+        self.precision = resolve_precision(precision, self.device)
 
     @property
     def is_main(self) -> bool:

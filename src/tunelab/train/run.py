@@ -41,7 +41,7 @@ from tunelab.study import Run, Study
 from tunelab.track.live import LiveLogger
 from tunelab.train import callbacks as cb
 from tunelab.train import checkpoint as ckpt
-from tunelab.train import rank_run
+from tunelab.train import compute, rank_run
 from tunelab.train.batches import Position
 from tunelab.train.build import build_loop, build_model, seed_everything
 from tunelab.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
@@ -118,7 +118,7 @@ def _encode(prep: Prepared) -> None:
     task = get_task(prep.cfg, prep.labels)
     pre = Preprocessor(prep.tokenizer, prep.cfg, task, prep.base.architecture)
     prep.preprocessor = pre
-    prep.train = [pre.encode(r) for r in prep.snapshot.rows("train")]
+    prep.train = [pre.encode_train(r) for r in prep.snapshot.rows("train")]
     prep.validation = [pre.encode(r) for r in prep.snapshot.rows("validation")]
     if not prep.train:
         raise PreprocessError(
@@ -387,11 +387,16 @@ def _train(
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
     method, arch = cfg.adaptation.method, prep.base.architecture
-    pad_id = prep.tokenizer.pad_token_id if prep.tokenizer.pad_token_id is not None else 0
+    pad_id = getattr(prep.tokenizer, "pad_token_id", None) or 0  # an image processor has none
     steps = total_steps(cfg, len(prep.train), strategy.world_size)
     loop = build_loop(
         model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
     )
+    first = prep.train[0]
+    probe = torch.tensor([first["input_ids"]]) if "input_ids" in first else None  # images: none
+    how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
+    if strategy.is_main:
+        _write_once(run.path("compute.json"), how)
     val_batches = (
         validation_batches(prep.validation, t, pad_id, arch)
         if prep.validation and t.eval_every_steps

@@ -43,7 +43,7 @@ def validation_loss_of(
 
     pre = Preprocessor(tokenizer, cfg, get_task(cfg, labels), base.architecture)
     encoded = [pre.encode(r) for r in rows]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = getattr(tokenizer, "pad_token_id", None) or 0  # an image processor has none
     batches = validation_batches(encoded, cfg.training, pad_id, base.architecture)
     loss, _ = validation_loss(model, batches, base.architecture, cfg.training.precision)
     return float(loss)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunelab.report.decision import choose_variant, decide, final_test, format_ci
+from tunelab.report.decision import choose_variant, decide, final_test, format_ci, test_figure
 from tunelab.report.document import Section
 from tunelab.report.sections.context import Dossier
 
@@ -17,7 +17,17 @@ def _closest(compare: dict[str, Any]) -> dict[str, Any] | None:
     return max(compared, key=lambda r: (r.get("primary") or {}).get("delta") or 0.0, default=None)
 
 
-def _summary(compare: dict[str, Any], test: str | None) -> list[list[Any]]:
+def _test_row(t: dict[str, Any] | None) -> str:
+    if t is None:
+        return "not opened: no variant is adopted"
+    if t["eval_run"] is None:
+        return f"not opened yet: `tunelab eval {t['run_id']} --split test --final`"
+    times = "its only opening" if t["openings"] == 1 else f"opened {t['openings']} times in all"
+    value = f"{t['value']:.4f}" if isinstance(t["value"], float) else str(t["value"])
+    return f"{t['metric']} {value} on {t['n']} examples ({times})"
+
+
+def _summary(compare: dict[str, Any], test: dict[str, Any] | None) -> list[list[Any]]:
     metric = compare.get("primary_metric")
     chosen, _ = choose_variant(compare)
     shown = chosen or _closest(compare)
@@ -46,7 +56,7 @@ def _summary(compare: dict[str, Any], test: str | None) -> list[list[Any]]:
             f" (minimum improvement {compare.get('min_improvement')})",
         ],
         ["guardrails", f"{passing} of {len(guards)} checks pass"],
-        ["sealed test split", test or "not opened for an adopted variant"],
+        ["sealed test split", _test_row(test)],
     ]
 
 
@@ -55,8 +65,13 @@ def decision_section(d: Dossier) -> Section:
     if not d.data["compares"]:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
     latest = d.data["compares"][-1]
-    test = final_test(latest, d.runs, d.data["test_openings"])
-    sec.table(["what", "value"], _summary(latest, test), caption="decision summary")
+    openings = d.data["test_openings"]
+    sec.table(
+        ["what", "value"],
+        _summary(latest, test_figure(latest, d.runs, openings)),
+        caption="decision summary",
+    )
+    test = final_test(latest, d.runs, openings)
     sec.text(decide(latest))
     sec.text(
         f"From comparison {latest.get('id')} on the {latest.get('split')} split "

@@ -1,0 +1,30 @@
+"""`training.precision`: what each value computes in on a device.
+
+`auto` (the default) is bf16 autocast on a CUDA device that supports bf16 and fp32 elsewhere
+(CPU; a GPU without bf16, where fp16 needs its grad scaler and is asked for by name). fp32, bf16
+and fp16 mean what they say. Every reader of training.precision resolves it here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_precision(requested: str, device: torch.device | str) -> str:
+    """ "fp32" | "bf16" | "fp16" for `requested` (which may be "auto") on `device`."""
+    return precision_choice(requested, torch.device(device))[0]
+
+
+def precision_choice(requested: str, device: torch.device) -> tuple[str, str]:
+    """(precision, why) for `requested` on `device`: the reason compute.json records."""
+    if requested != "auto":
+        return requested, "training.precision"
+    if device.type != "cuda":
+        return "fp32", "auto: fp32 on CPU (bf16 autocast is slower on CPUs without bf16 units)"
+    name = torch.cuda.get_device_name(device)
+    if torch.cuda.is_bf16_supported():
+        return "bf16", f"auto: bf16 autocast, supported by {name}"
+    return (
+        "fp32",
+        f"auto: {name} has no bf16; fp16 (with a grad scaler) is training.precision: fp16",
+    )

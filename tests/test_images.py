@@ -1,0 +1,385 @@
+"""task.kind image_classification: reading, hashing and deduplicating images, the transform
+chain, inspect, and the stages on a tiny ViT, on images made in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from helpers import run_cli
+from tunelab.data.images import (
+    find_image_duplicates,
+    hamming_pairs,
+    image_facts,
+    max_distance_for,
+)
+from tunelab.errors import DataError, SnapshotError
+
+COLOURS = {"red": 0, "green": 1, "blue": 2}
+
+
+def colour_image(channel: int, seed: int, size: tuple[int, int] = (24, 20)) -> Image.Image:
+    """A noisy image whose `channel` is bright: a trained head tells the colours apart."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 80, size=(size[1], size[0], 3), dtype=np.uint8)
+    a[..., channel] = rng.integers(150, 256, size=(size[1], size[0]), dtype=np.uint8)
+    return Image.fromarray(a)
+
+
+def png_bytes(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def write_colour_folder(data: Path, per_label: int = 12) -> Path:
+    for label, channel in COLOURS.items():
+        (data / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            colour_image(channel, 100 * channel + i).save(data / label / f"{i}.png")
+    return data
+
+
+def write_image_study(root: Path, model_dir: Path, source: dict, **sections) -> Path:
+    raw = {
+        "name": "colours",
+        "task": {"kind": "image_classification"},
+        "hypothesis": {
+            "behaviour": "tell the dominant colour",
+            "rationale": "the head is new",
+            "expected_effect": "macro_f1 +0.3",
+            "primary_metric": "macro_f1",
+        },
+        "guardrails": [
+            {
+                "metric": "f1",
+                "scope": "every_category",
+                "op": ">=",
+                "value": -0.5,
+                "relative_to": "baseline",
+            }
+        ],
+        "data": {"source": source, "dedup": {"threshold": 0.95}},
+        "model": {"path": str(model_dir)},
+        "adaptation": {"method": "lora", "target_modules": ["q_proj", "v_proj"]},
+        "training": {"max_steps": 3, "micro_batch_size": 8, "lr": 0.01},
+        "evaluation": {"batch_size": 16, "bootstrap_samples": 100},
+        **sections,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return root
+
+
+# ---------------------------------------------------------------- hashes and duplicates
+
+
+def test_pixel_hash_sees_through_re_encoding_and_dhash_finds_near_copies():
+    img = colour_image(0, 1, size=(32, 32))
+    png, bmp = image_facts(png_bytes(img), "a.png"), image_facts(png_bytes(img, "BMP"), "a.bmp")
+    assert png.sha256 != bmp.sha256 and png.pixel_sha256 == bmp.pixel_sha256
+    assert (png.width, png.height, png.mode, png.format) == (32, 32, "RGB", "PNG")
+    jpeg = image_facts(png_bytes(img, "JPEG", quality=80), "a.jpg")
+    other = image_facts(png_bytes(colour_image(2, 7, size=(32, 32))), "b.png")
+    pairs, info = find_image_duplicates(
+        [png, bmp, jpeg, other], exact=True, near=True, threshold=0.9
+    )
+    kinds = {(p.a, p.b): p.kind for p in pairs}
+    assert kinds[(0, 1)] == "exact"
+    assert kinds.get((0, 2)) == "near" and kinds.get((1, 2)) == "near"
+    assert not any(3 in (p.a, p.b) for p in pairs)
+    assert info["max_hamming_distance"] == max_distance_for(0.9) == 6
+
+
+def test_hamming_pairs_equal_brute_force():
+    rng = np.random.default_rng(3)
+    hashes = rng.integers(0, 2**63, size=300, dtype=np.uint64)
+    hashes[7] = hashes[3] ^ np.uint64(0b101)  # 2 bits apart
+    idx, dist = hamming_pairs(hashes, 20)
+    got = {(int(a), int(b)): int(d) for (a, b), d in zip(idx, dist, strict=True)}
+    want = {}
+    for i in range(300):
+        for j in range(i + 1, 300):
+            d = bin(int(hashes[i]) ^ int(hashes[j])).count("1")
+            if d <= 20:
+                want[(i, j)] = d
+    assert got == want and got[(3, 7)] == 2
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def test_truncated_image_is_named_and_nothing_is_written(tmp_path, tiny_vit_dir, capsys):
+    data = write_colour_folder(tmp_path / "s" / "data", per_label=3)
+    whole = (data / "red" / "1.png").read_bytes()
+    (data / "red" / "1.png").write_bytes(whole[: len(whole) // 2])
+    study = write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "data"})
+    code, out, err = run_cli(capsys, "data", "-s", study)
+    assert code == 2
+    assert "red/1.png" in err and "not a readable image" in err
+    assert not (study / "records" / "data").exists() or not any(
+        (study / "records" / "data").iterdir()
+    )
+
+
+def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_path, tiny_vit_dir):
+    from tunelab.data import build_snapshot, load_snapshot
+    from tunelab.study import Study
+
+    root = tmp_path / "s"
+    pics = root / "pics"
+    pics.mkdir(parents=True)
+    rows = []
+    for label, channel in COLOURS.items():
+        for i in range(8):
+            img = colour_image(channel, 10 * channel + i, size=(20 + i, 20))
+            if i == 0:
+                img = img.convert("L")  # mixed modes
+            name = f"{label}{i}.png"
+            img.save(pics / name)
+            rows.append({"path": f"pics/{name}", "y": label})
+    # the same pixels as red0.png, re-encoded as BMP: an exact duplicate
+    Image.open(pics / "red0.png").save(pics / "copy.bmp")
+    rows.append({"path": "pics/copy.bmp", "y": "red"})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_image_study(
+        root,
+        tiny_vit_dir,
+        {"format": "jsonl", "path": "data.jsonl"},
+    )
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"] = {"image": "path", "label": "y"}
+    raw["data"]["dedup"]["policy"] = "drop_all_but_one"
+    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    study = Study.open(root)
+    manifest = build_snapshot(study)
+    assert manifest["duplicates"]["exact_pairs"] >= 1
+    assert manifest["counts"]["removed_as_duplicates"] >= 1
+    assert manifest["transforms"]["split_key"] == "sha256 of the decoded pixels"
+    snap = load_snapshot(study)
+    train = snap.rows("train")
+    assert all(Path(r["image_path"]).is_file() for r in train)
+    assert {r["text"] for r in train} <= {r["path"] for r in rows}
+    facts = [json.loads(x) for x in (snap.dir / "images.jsonl").read_text().splitlines()]
+    assert {f["split"] for f in facts} <= {"train", "validation"}
+    assert "L" in {f["mode"] for f in facts} or len(facts) < 20
+    # an edited image is found when the snapshot is opened again
+    victim = Path(train[0]["image_path"])
+    victim.write_bytes(victim.read_bytes() + b"x")
+    with pytest.raises(SnapshotError, match="no longer matches"):
+        load_snapshot(study, snap.id)
+
+
+def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
+    from tunelab.data import build_snapshot
+    from tunelab.study import Study
+
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "data.jsonl").write_text(json.dumps({"path": "nope.png", "label": "red"}) + "\n")
+    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"] = {"image": "path"}
+    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(DataError, match=r"data.jsonl line 1.*nope.png"):
+        build_snapshot(Study.open(root))
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def test_chain_equals_the_processor_and_augments_training_only(tmp_path, tiny_vit_dir):
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    raw = yaml.safe_load(
+        (
+            write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
+            / "study.yaml"
+        ).read_text()
+    )
+    raw["preprocess"] = {"image": {"train_random_crop": 0.5, "train_flip": True}}
+    cfg = validate_config(raw)
+    processor = AutoImageProcessor.from_pretrained(tiny_vit_dir)
+    pre = Preprocessor(processor, cfg, get_task(cfg, list(COLOURS)), "image")
+    path = tmp_path / "x.png"
+    img = colour_image(1, 5, size=(37, 23))
+    img.save(path)
+    row = {"id": "x", "label": "green", "image_path": str(path), "text": "x.png"}
+    enc = pre.encode(row)
+    assert enc["label"] == 1 and list(enc["pixel_values"].shape) == [3, 16, 16]
+    theirs = processor(images=img, return_tensors="np")["pixel_values"][0]
+    assert np.abs(enc["pixel_values"].numpy() - theirs).max() < 1e-5
+    assert (pre.encode(row)["pixel_values"] == enc["pixel_values"]).all()
+    view = pre.encode_train(row)["pixel_values"]
+    assert (pre.encode_train(row)["pixel_values"] == view).all()  # seeded
+    assert not (view == enc["pixel_values"]).all()  # the crop changes what training sees
+    # evaluation's procedure (the template sha256) is the deterministic chain; training's
+    # augmentation is hashed apart
+    raw["preprocess"]["image"]["train_flip"] = False
+    no_flip = Preprocessor(processor, validate_config(raw), pre.task, "image")
+    assert no_flip.template_sha256 == pre.template_sha256
+    assert no_flip.describe()["augmentation_sha256"] != pre.describe()["augmentation_sha256"]
+    raw["preprocess"]["image"]["resize"] = 12
+    smaller = Preprocessor(processor, validate_config(raw), pre.task, "image")
+    assert smaller.template_sha256 != pre.template_sha256
+    assert list(smaller.encode(row)["pixel_values"].shape) == [3, 12, 12]
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def test_inspect_shows_steps_and_flags_sizes_and_modes(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=6)
+    for i in range(6):  # every blue image larger and grey: a shortcut the model could learn
+        colour_image(2, 50 + i, size=(64, 64)).convert("L").save(data / "blue" / f"{i}.png")
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "1")
+    assert code == 0, err
+    assert "resize -> 16x16 RGB" in out and "tensor [3, 16, 16] float32" in out
+    assert "category 'blue': median image area 4096" in out
+    assert "mode L" in out
+    page = next((root / "records" / "inspect").glob("*.html")).read_text()
+    assert page.count("data:image/png;base64,") >= 6  # before and after, per example
+    record = json.loads(next((root / "records" / "inspect").glob("*.json")).read_text())
+    assert record["distributions"]["blue"]["modes"] == {"L": record["distributions"]["blue"]["n"]}
+    ex = record["examples"][0]
+    assert ex["original"]["format"] == "PNG" and ex["tensor"]["shape"] == [3, 16, 16]
+
+
+def test_inspect_stops_on_a_mode_the_chain_cannot_take(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=4)
+    deep = np.arange(20 * 24, dtype=np.uint16).reshape(20, 24) * 100
+    Image.fromarray(deep).save(data / "red" / "deep.png")  # 16-bit grey: mode I;16
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    run_cli(capsys, "register", "-s", root)
+    assert run_cli(capsys, "data", "-s", root)[0] == 0
+    split = "train"
+    snap_dir = next((root / "records" / "data").iterdir())
+    if "deep.png" not in (snap_dir / "train.jsonl").read_text():
+        split = "validation"
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--split", split)
+    assert code == 2
+    assert "unsupported_mode" in err or "does not convert" in err
+
+
+# ---------------------------------------------------------------- the stages
+
+
+def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=12)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    for args in (["validate"], ["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    assert code == 0, err
+    run_id = json.loads(out[out.find("{") :])["run_id"]
+    assert run_cli(capsys, "eval", run_id, "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "compare", "-s", root)
+    assert code == 0, err
+    assert "per-category f1" in out
+    code, out, err = run_cli(capsys, "export", run_id, "-s", root)
+    assert code == 0, err
+    export = next((root / "records" / "exports").iterdir())
+    assert (export / "tokenizer" / "preprocessor_config.json").is_file()
+    assert (export / "example-image.png").is_file()
+    from tunelab.export import check_export
+
+    result = check_export(export, tiny_vit_dir)
+    assert result["example"]["matches_recorded"]
+    assert run_cli(capsys, "report", "-s", root)[0] == 0
+    metrics = json.loads(
+        next((root / "records" / "runs").glob("eval-*/metrics-validation.json")).read_text()
+    )
+    assert set(metrics["metrics"]["per_category"]) == set(COLOURS)
+
+
+def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, capsys):
+    """The patch tokens ((16 / 4)^2 + CLS = 17) stand for the sequence length; one real step
+    of the ViT is measured and set against the analytic estimate, and the plan reads it."""
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "size", "-s", root, "--micro-batch", "4", "--json")
+    assert code == 0, err
+    record = json.loads(out[out.find("{") :])
+    assert record["lengths"]["max"] == 17 and record["lengths"]["image_size"] == 16
+    row = record["configurations"][0]
+    assert row["status"] == "ok", row
+    assert row["measured"]["step_s"] > 0 and row["predicted"]["activations"] > 0
+    assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
+    assert code == 0, err
+
+
+@pytest.mark.slow
+def test_image_demo_runs_every_stage_to_the_dossier(tmp_path):
+    """The image demo's study (real digits, a ViT from a config): every stage runs as its own
+    command, the trained ViT beats its untrained head, and the dossier is written."""
+    from tunelab.demo.run import VARIANT_CHANGE, demo_stages, run_stages
+    from tunelab.demo.studies import image_study
+
+    root = tmp_path / "demo"
+    root.mkdir()
+    study = image_study(root)
+    (root / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    lines: list[str] = []
+    result = run_stages(root, demo_stages(*VARIANT_CHANGE["image"]), lines.append)
+    assert (root / "report" / "dossier.html").is_file()
+    assert any((root / "records" / "sizing").iterdir()) and any(
+        (root / "records" / "plans").iterdir()
+    )
+    titles = [t for t, _ in result["timings_s"]]
+    assert "size a full training step" in titles and "dossier" in titles
+    baseline = json.loads(
+        next((root / "records" / "runs").glob("baseline-*/metrics-validation.json")).read_text()
+    )
+    evals = [
+        json.loads(p.read_text())
+        for p in (root / "records" / "runs").glob("eval-*/metrics-validation.json")
+    ]
+    best = max(e["metrics"]["macro_f1"] for e in evals)
+    assert best > baseline["metrics"]["macro_f1"] + 0.2
+
+
+def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
+    """transformers renames some models' tensors on save (ViT's q_proj -> attention.query);
+    a full checkpoint keeps the names the model has, so it loads back tensor for tensor."""
+    import torch
+
+    from tunelab.config import validate_config
+    from tunelab.models import adapt, load_model, load_trainable, resolve_model, save_trainable
+
+    raw = yaml.safe_load(
+        (
+            write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
+            / "study.yaml"
+        ).read_text()
+    )
+    raw["adaptation"] = {"method": "full"}
+    cfg = validate_config(raw)
+    base = resolve_model(cfg.model)
+    model, _ = adapt(load_model(base, cfg, list(COLOURS)), cfg.adaptation, "image")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    save_trainable(model, tmp_path / "ckpt")
+    fresh = load_trainable(load_model(base, cfg, list(COLOURS)), tmp_path / "ckpt")
+    pixels = torch.randn(2, 3, 16, 16)
+    assert torch.equal(model(pixel_values=pixels).logits, fresh(pixel_values=pixels).logits)
