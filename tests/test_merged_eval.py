@@ -281,3 +281,28 @@ def test_evaluation_threads_are_their_own_setting_outside_the_locked_spec(tmp_pa
         assert 1 <= torch.get_num_threads() <= len(os.sched_getaffinity(0))
     finally:
         torch.set_num_threads(before)
+
+
+def test_free_cores_count_other_processes_running_now_not_this_ones_past(tmp_path):
+    """A spinning process is counted as soon as it runs; this process's own earlier work (which
+    the 1-minute load average would still hold) is not."""
+    import subprocess
+    import sys
+    import time
+
+    from tunelab.env import free_cores, others_runnable
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert others_runnable() >= 1
+        cores, how = free_cores()
+        assert "other runnable" in how and cores >= 1
+    finally:
+        spin.kill()
+        spin.wait()
+    busy_until = time.perf_counter() + 1.0
+    while time.perf_counter() < busy_until:  # this process's own work, just before
+        pass
+    cores, how = free_cores()
+    assert cores >= 1 and "load" not in how

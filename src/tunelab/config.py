@@ -483,7 +483,8 @@ class EvaluationConfig(Section):
         None,
         ge=1,
         description="CPU threads for inference; unset: the cores free when it starts (the "
-        "process's cores less the 1-minute load). Not part of the locked procedure.",
+        "process's cores less other processes' threads runnable now). Not part of the locked "
+        "procedure.",
     )
 
 

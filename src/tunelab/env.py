@@ -202,17 +202,41 @@ BUSY_CPU_SHARE = 0.8
 
 
 def free_cores() -> tuple[int, str]:
-    """CPU cores free for this process now: the cores it may run on less the 1-minute load
-    average (other jobs' runnable threads), at least 1. Returns (cores, how it was found)."""
+    """CPU cores free for this process now: the cores it may run on less the other jobs' threads
+    runnable right now, at least 1. Returns (cores, how it was found). The 1-minute load average
+    is only the fallback: it counts this process's own loading of the model as another job."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    if not hasattr(os, "getloadavg"):
+    busy = others_runnable()
+    if busy is not None:
+        what = f"{busy:g} other runnable"
+    elif hasattr(os, "getloadavg"):
+        busy = os.getloadavg()[0]
+        what = f"load {busy:.2f}"
+    else:
         return cores, f"{cores} cores"
-    load = os.getloadavg()[0]
-    free = max(1, min(cores, int(cores - load + 0.5)))
-    return free, f"{cores} cores, load {load:.2f}"
+    free = max(1, min(cores, int(cores - busy + 0.5)))
+    return free, f"{cores} cores, {what}"
+
+
+def others_runnable(reads: int = 5, gap_s: float = 0.04) -> float | None:
+    """Threads of other processes runnable now: the median over a few reads of /proc/loadavg's
+    running count, less the reading thread itself. None where /proc/loadavg is missing."""
+    import statistics
+    import time
+
+    counts = []
+    try:
+        for k in range(reads):
+            if k:
+                time.sleep(gap_s)
+            with open("/proc/loadavg", encoding="ascii") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return float(statistics.median(counts))
 
 
 def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
