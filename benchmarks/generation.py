@@ -124,7 +124,8 @@ def main() -> int:
     cache = Path(os.environ.get("TUNELAB_CACHE") or Path.home() / ".cache" / "tunelab")
     folder = cache_study(args.study or cache / "bench" / "generation")
     torch.set_num_threads(args.threads)
-    study = Study.open(folder)
+    # both sides decode with the same thread count (tunelab's default counts free cores)
+    study = Study.open(folder, overrides=[f"evaluation.num_threads={args.threads}"])
     run = next(
         r
         for r in sorted(study.list_runs(), key=lambda r: r.created_at, reverse=True)
