@@ -37,6 +37,14 @@ TaskKind = Literal["classification", "format", "extraction", "image_classificati
 CLASSIFYING_KINDS = ("classification", "image_classification")
 
 
+def _without_unset(model: BaseModel, handler: Any, field: str) -> dict[str, Any]:
+    """The model serialized without `field` when it is None."""
+    out = handler(model)
+    if getattr(model, field) is None:
+        out.pop(field, None)
+    return out
+
+
 class Section(BaseModel):
     # strict: "8" is not an int and "true" not a bool; a number written as text is an error
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
@@ -113,10 +121,7 @@ class TaskConfig(Section):
     @model_serializer(mode="wrap")
     def _drop_unset_scoring(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the locked evaluation specs of existing studies keep their sha256
-        out = handler(self)
-        if self.scoring is None:
-            out.pop("scoring", None)
-        return out
+        return _without_unset(self, handler, "scoring")
 
     @model_validator(mode="after")
     def _check_kind(self) -> TaskConfig:
@@ -197,10 +202,7 @@ class FieldsConfig(Section):
     @model_serializer(mode="wrap")
     def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the snapshot ids of text studies keep their sha256
-        out = handler(self)
-        if self.image is None:
-            out.pop("image", None)
-        return out
+        return _without_unset(self, handler, "image")
 
 
 class CleaningRule(Section):
@@ -414,10 +416,7 @@ class PreprocessConfig(Section):
     @model_serializer(mode="wrap")
     def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the locked evaluation specs of text studies keep their sha256
-        out = handler(self)
-        if self.image is None:
-            out.pop("image", None)
-        return out
+        return _without_unset(self, handler, "image")
 
 
 # ---------------------------------------------------------------- training
