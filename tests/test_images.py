@@ -383,3 +383,38 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
     fresh = load_trainable(load_model(base, cfg, list(COLOURS)), tmp_path / "ckpt")
     pixels = torch.randn(2, 3, 16, 16)
     assert torch.equal(model(pixel_values=pixels).logits, fresh(pixel_values=pixels).logits)
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
+    import shutil
+
+    from helpers import FILLED_HYPOTHESIS
+
+    root = tmp_path / "s"
+    code, out, err = run_cli(capsys, "init", root, "--task", "image_classification")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 2 and "data.source.path" in err  # the template names a folder to fill
+    write_colour_folder(root / "data", per_label=6)
+    shutil.copytree(tiny_vit_dir, root / "models" / "vit-base")
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 0, err
+    assert "warning" not in out + err
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    assert raw["model"]["architecture"] == "image" and raw["data"]["cleaning"] == []
+    assert {g["metric"] for g in raw["guardrails"]} == {"accuracy", "macro_f1", "f1"}
+    augment = raw["preprocess"]["image"]
+    assert augment["train_random_crop"] and augment["train_flip"]
+    assert run_cli(capsys, "register", "-s", root)[0] == 2  # the TODO hypothesis is refused
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "1")
+    assert code == 0, err
+    assert "training view" in out and "random_crop" in out and "random_flip" in out
+    code, out, err = run_cli(capsys, "smoke", "-s", root)
+    assert code == 0, err
