@@ -418,3 +418,88 @@ def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_d
     assert "training view" in out and "random_crop" in out and "random_flip" in out
     code, out, err = run_cli(capsys, "smoke", "-s", root)
     assert code == 0, err
+
+
+# ---------------------------------------------------------------- the dossier
+
+
+def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, capsys):
+    import base64
+    import html
+    import re
+    from collections import Counter
+
+    from tunelab.report.sections.flipped_images import PER_CATEGORY
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=20)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["splits"] = {"train": 0.6, "validation": 0.3, "test": 0.1, "seed": 0}
+    raw["training"]["max_steps"] = 6
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    assert code == 0, err
+    run_id = json.loads(out[out.find("{") :])["run_id"]
+    for args in (["eval", run_id], ["compare"], ["report"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    compare = json.loads(next((root / "records" / "compare").glob("*.json")).read_text())
+    flips = compare["runs"][0]["flips"]
+    assert flips["num_improved"] + flips["num_regressed"] > 0
+    eval_dir = root / "records" / "runs" / compare["runs"][0]["eval_run"]
+    preds = {
+        p["id"]: p
+        for p in map(
+            json.loads, (eval_dir / "predictions-validation.jsonl").read_text().splitlines()
+        )
+    }
+    want = 0
+    for key in ("improved", "regressed"):
+        per_gold = Counter(preds[i]["gold"] for i in flips[key])
+        want += sum(min(PER_CATEGORY, n) for n in per_gold.values())
+    page = (root / "report" / "dossier.html").read_text()
+    thumbs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)" style', page)
+    assert len(thumbs) == want
+    for caption, data in thumbs:
+        example_id = caption.split(":")[0]
+        assert example_id in flips["improved"] + flips["regressed"]
+        assert f"gold {preds[example_id]['gold']}" in caption
+        assert f"variant {preds[example_id]['prediction']}" in caption
+        assert Image.open(io.BytesIO(base64.b64decode(data))).size == (96, 80)  # 24x20 scaled
+    for key, direction in (("improved", "wrong -> right"), ("regressed", "right -> wrong")):
+        assert (html.escape(f"v1: {direction} on validation") in page) == bool(flips[key])
+    assert thumbs[0][0] in (root / "report" / "dossier.md").read_text()
+
+    # the other direction, on the same records: the baseline as the variant, flips swapped
+    from tunelab.report.collect import collect
+    from tunelab.report.document import Gallery
+    from tunelab.report.sections.context import Dossier
+    from tunelab.report.sections.flipped_images import flipped_galleries
+    from tunelab.study import Study
+
+    study = Study.open(root)
+    dossier = Dossier(study, collect(study), tmp_path / "plots")
+    swapped = {
+        "name": "swapped",
+        "eval_run": compare["baseline"]["eval_run"],
+        "flips": {"improved": flips["regressed"], "regressed": flips["improved"]},
+    }
+    back = {**compare, "baseline": {"eval_run": compare["runs"][0]["eval_run"]}}
+    galleries = [g for g in flipped_galleries(dossier, back, swapped) if isinstance(g, Gallery)]
+    regressed = next(g for g in galleries if "right -> wrong" in (g.caption or ""))
+    per_gold = Counter(preds[i]["gold"] for i in flips["improved"])
+    assert len(regressed.thumbs) == sum(min(PER_CATEGORY, n) for n in per_gold.values())
+    golds = [t.caption.split("gold ")[1].split(";")[0] for t in regressed.thumbs]
+    assert golds == sorted(golds)  # grouped by category
+
+    # an image edited after the snapshot is not shown as if it were the one evaluated
+    first = preds[thumbs[0][0].split(":")[0]]["image"]
+    snap = next((root / "records" / "data").iterdir())
+    (snap / first).write_bytes(png_bytes(colour_image(0, 999)))
+    assert run_cli(capsys, "report", "-s", root)[0] == 0
+    page = (root / "report" / "dossier.html").read_text()
+    shown = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)" style', page)
+    assert thumbs[0][0] not in [caption for caption, _ in shown]
+    assert "1 flipped image(s) not shown (missing from the data snapshot" in page
