@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -503,3 +504,146 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
     shown = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)" style', page)
     assert thumbs[0][0] not in [caption for caption, _ in shown]
     assert "1 flipped image(s) not shown (missing from the data snapshot" in page
+
+
+# ---------------------------------------------------------------- a view per epoch
+
+
+def augmenting_preprocessor(tmp_path: Path, model_dir: Path, seed: int = 0):
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    study = write_image_study(tmp_path / "s", model_dir, {"format": "folder", "path": "d"})
+    raw = yaml.safe_load((study / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.6, "train_flip": True}}
+    raw["training"]["seed"] = seed
+    cfg = validate_config(raw)
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    return Preprocessor(processor, cfg, get_task(cfg, list(COLOURS)), "image")
+
+
+def test_each_epoch_sees_a_new_view_and_a_restart_reads_the_same_tensors(tmp_path, tiny_vit_dir):
+    import torch
+
+    from tunelab.preprocess import Preprocessor
+    from tunelab.train.batches import DataOrder, Position, StepSource
+
+    rows = []
+    for i, (label, channel) in enumerate(list(COLOURS.items()) * 2):
+        path = tmp_path / f"{i}.png"
+        colour_image(channel, 70 + i, size=(37, 23)).save(path)
+        rows.append({"id": f"e{i}", "label": label, "image_path": str(path), "text": path.name})
+    pre = augmenting_preprocessor(tmp_path, tiny_vit_dir)
+    encoded = [pre.encode_train(r) for r in rows]
+    view = pre.train_views(rows, encoded)
+
+    def pixels(i: int, epoch: int):
+        return view(i, epoch)["pixel_values"]
+
+    for i in range(len(rows)):
+        assert torch.equal(pixels(i, 0), encoded[i]["pixel_values"])  # epoch 0: as encoded
+        epochs = [pixels(i, e) for e in range(3)]
+        assert not any(torch.equal(epochs[a], epochs[b]) for a, b in ((0, 1), (0, 2), (1, 2)))
+        assert torch.equal(pixels(i, 2), epochs[2])  # seeded: drawn again, the same view
+    # another process (a resumed run) builds its own preprocessor: the same views
+    again = augmenting_preprocessor(tmp_path / "again", tiny_vit_dir)
+    assert torch.equal(again.encode_train(rows[3], 2)["pixel_values"], pixels(3, 2))
+    other_seed = augmenting_preprocessor(tmp_path / "seed1", tiny_vit_dir, seed=1)
+    assert not torch.equal(other_seed.encode_train(rows[3], 2)["pixel_values"], pixels(3, 2))
+    assert pre.describe()["augmentation_sha256"] != other_seed.describe()["augmentation_sha256"]
+
+    # the loop's stream over three epochs, and a restart from the position after step 3
+    def source(p: Any) -> StepSource:
+        views = p.train_views(rows, [p.encode_train(r) for r in rows])
+        return StepSource(encoded, DataOrder(len(rows), 0), 4, 1, 0, "image", views=views)
+
+    straight, position, positions = [], Position(), []
+    for _ in range(5):  # 20 examples: epochs 0, 1, 2 and part of 3
+        batches, position = source(pre).next(position)
+        straight.append(batches[0]["pixel_values"])
+        positions.append(position)
+    assert positions[-1].epoch == 3
+    resumed, position = [], positions[2]
+    fresh = source(again)
+    for _ in range(2):
+        batches, position = fresh.next(position)
+        resumed.append(batches[0]["pixel_values"])
+    assert all(torch.equal(a, b) for a, b in zip(resumed, straight[3:], strict=True))
+    # without augmentation every epoch reads the encodings as they are
+    from tunelab.config import validate_config
+
+    plain = write_image_study(tmp_path / "plain", tiny_vit_dir, {"format": "folder", "path": "d"})
+    cfg = validate_config(yaml.safe_load((plain / "study.yaml").read_text()))
+    assert Preprocessor(pre.tokenizer, cfg, pre.task, "image").train_views(rows, encoded) is None
+
+
+def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
+    tmp_path, tiny_vit_dir, capsys
+):
+    import os
+    import signal
+
+    from test_train_run import assert_same_result
+    from tunelab.study import Study
+    from tunelab.train.callbacks import RunInterrupted
+    from tunelab.train.run import resume_run, train_run
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
+    raw["training"].update(
+        max_steps=8, micro_batch_size=4, checkpoint_every_steps=2, eval_every_steps=4
+    )
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    study = Study.open(root)
+    straight = train_run(study, name="straight")
+    epochs = [r.get("epoch") for r in map(json.loads, (straight.dir / "metrics.jsonl").open())]
+    assert max(e for e in epochs if e is not None) > 2  # the run reads more than two epochs
+
+    def stop_after_step_3(step: int, total: int, row: Any) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop saves a checkpoint and stops
+
+    with pytest.raises(RunInterrupted):
+        train_run(study, name="stopped", progress=stop_after_step_3)
+    (row,) = [r for r in study.ledger.list_runs() if r.name == "stopped"]
+    resumed = resume_run(Study.open(root), row.id)
+    assert_same_result(resumed.dir, straight.dir)  # exact losses, bit-identical adapter
+
+
+def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypatch):
+    """The same run with one view per example for every epoch: equal in the first epoch, then
+    not."""
+    from tunelab.image_transforms import ImagePreprocessor
+    from tunelab.study import Study
+    from tunelab.train.run import train_run
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
+    raw["training"].update(max_steps=6, micro_batch_size=4, eval_every_steps=0)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    study = Study.open(root)
+
+    def losses(run: Any) -> list[tuple[float, float]]:
+        rows = map(json.loads, (run.dir / "metrics.jsonl").open())
+        return [(r["epoch"], r["loss"]) for r in rows if r.get("loss") is not None]
+
+    per_epoch = losses(train_run(study, name="per-epoch"))
+    monkeypatch.setattr(ImagePreprocessor, "train_views", lambda self, rows, encoded: None)
+    one_view = losses(train_run(study, name="one-view"))
+    first = [k for k, (epoch, _) in enumerate(per_epoch) if epoch <= 1.0]
+    assert first and len(first) < len(per_epoch)
+    assert [per_epoch[k] for k in first] == [one_view[k] for k in first]
+    assert per_epoch[len(first) :] != one_view[len(first) :]
