@@ -647,3 +647,81 @@ def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypa
     assert first and len(first) < len(per_epoch)
     assert [per_epoch[k] for k in first] == [one_view[k] for k in first]
     assert per_epoch[len(first) :] != one_view[len(first) :]
+
+
+# ---------------------------------------------------------------- sizing conv nets
+
+
+def conv_net(kind: str):
+    """A small ResNet (basic or bottleneck layers) or ConvNeXt built from a config."""
+    import torch
+    from transformers import (
+        ConvNextConfig,
+        ConvNextForImageClassification,
+        ResNetConfig,
+        ResNetForImageClassification,
+    )
+
+    torch.manual_seed(0)
+    if kind == "convnext":
+        cfg = ConvNextConfig(
+            hidden_sizes=[8, 16], depths=[2, 1], num_stages=2, num_labels=3, image_size=32
+        )
+        return ConvNextForImageClassification(cfg).train()
+    basic = kind == "resnet-basic"
+    cfg = ResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16, 24] if basic else [16, 32],
+        depths=[1, 2, 1] if basic else [2, 1],
+        layer_type="basic" if basic else "bottleneck",
+        downsample_in_first_stage=not basic,
+        num_labels=3,
+        image_size=40 if basic else 48,
+    )
+    return ResNetForImageClassification(cfg).train()
+
+
+@pytest.mark.parametrize("kind", ["resnet-basic", "resnet-bottleneck", "convnext"])
+@pytest.mark.parametrize("trains", ["full", "head", "last-stage", "lora"])
+def test_conv_net_activations_equal_what_autograd_saves(kind, trains):
+    """The walk of a conv net's feature maps predicts, byte for byte, what autograd keeps for
+    backward, whatever trains: everything, the head only, the last stage, LoRA adapters."""
+    import torch
+
+    from tunelab.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.sizing.memory import Case, ModelFacts, estimate_memory
+
+    model = conv_net(kind)
+    if trains == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["pwconv1", "pwconv2"] if kind == "convnext" else ["convolution"]
+        lora = LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.1,
+            target_modules=targets,
+            modules_to_save=["classifier"],
+        )
+        model = get_peft_model(model, lora).train()
+    else:
+        for name, p in model.named_parameters():
+            last = ".stages.1." in name
+            p.requires_grad_(
+                trains == "full" or "classifier" in name or (trains == "last-stage" and last)
+            )
+    facts = model_facts(model, "image", lora_rank=4, lora_dropout=0.1)
+    assert ModelFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+    size = facts.conv["image_size"]
+    if trains == "lora" and kind != "convnext":  # LoRA inside a convolution is not walked
+        assert facts.approximate
+        assert estimate_memory(facts, Case(seq_len=1, micro_batch=2)).approximate
+        return
+    assert not facts.approximate and facts.conv["trains"]
+    for batch in (2, 5):
+        pixels = torch.randn(batch, 3, size, size)
+        saved = count_saved_bytes(model, lambda p=pixels: model(pixel_values=p).logits)
+        estimate = estimate_memory(facts, Case(seq_len=1, micro_batch=batch))
+        assert estimate.activations == saved > 0 and not estimate.approximate
+        assert estimate.peak_total > estimate.weights + saved
+    assert estimate_memory(facts, Case(seq_len=1, micro_batch=2, precision="bf16")).approximate
