@@ -67,6 +67,10 @@ def main() -> None:
         steps = (s["measured"]["step_s"], f["measured"]["step_s"])
         line.append(f"step {steps[0]:.2f} vs {steps[1]:.2f} s")
         print("  ".join(line))
+    for name, record in (("fresh", fresh), ("shared", shared)):
+        for r in record["configurations"]:
+            phases = (r.get("measured") or {}).get("phase_s") or {}
+            print(f"{name} {r['label']} phase_s " + " ".join(f"{k}={v}" for k, v in phases.items()))
     ratio = fresh["seconds"] / shared["seconds"]
     print(f"ratio_time_fresh_vs_shared={ratio:.2f} max_memory_diff_pct={worst:.2f}")
 

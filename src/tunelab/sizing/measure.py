@@ -32,7 +32,9 @@ Memory:
   batches exist, before the first step; the peak high-water mark (VmHWM) is reset after the
   warm-up (`/proc/self/clear_refs` 5) and read after the measured steps. The measured increase
   `peak - idle` is what a training step adds to the process: optimizer states, gradients,
-  activations, logits and temporaries, the part the analytic model predicts.
+  activations, logits and temporaries, the part the analytic model predicts. Before `idle` and
+  before the reset the heap's free pages are returned (`malloc_trim`): what the measured step
+  takes from the heap then shows in the RSS, not only what it maps.
 
 Time: the median of `time_steps` (3) steps at most after one untimed step that lets the heap
 grow, fewer when the last two agree within 5 % (`stable_times`: more would not move the
@@ -223,7 +225,7 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> di
 
     cuda = steps.device.type == "cuda"
     out: dict[str, Any] = {}
-    gc.collect()
+    _collect(cuda)
     if cuda:
         torch.cuda.synchronize()
         out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
@@ -235,7 +237,7 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> di
     else:
         steps.run_to(warmup)
     out["warmup_steps"] = warmup
-    gc.collect()
+    _collect(cuda)
     out["idle_rss_after_warmup"] = rss_bytes()
     out["hwm_reset"] = reset_hwm()
     if cuda:
@@ -261,6 +263,15 @@ def _make_states(optimizer: Any) -> None:
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _collect(cuda: bool) -> None:
+    """Garbage collected and, on CPU, the heap's free pages returned (`malloc_trim`): what a
+    step then takes from the heap faults its pages in again, and the RSS shows it, whatever
+    the configurations before it in the process left there."""
+    gc.collect()
+    if not cuda:
+        trim_heap()
 
 
 def stable_times(seconds: list[float]) -> bool:
