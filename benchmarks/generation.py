@@ -157,6 +157,16 @@ def main() -> int:
             else:
                 record, preds = evaluate_model(model, tokenizer, base, study, rows, "validation")
                 merge = record["merge"]
+                draws = record["generation"]["batches"]
+                print(
+                    "  tunelab batches: "
+                    + "; ".join(
+                        f"{d['steps']} tokens in {d.get('forwards', d['steps'] - 1) + 1} "
+                        f"forwards, {d.get('kept', 0)}/{d.get('proposed', 0)} drafted kept"
+                        for d in draws
+                    ),
+                    flush=True,
+                )
                 got["tunelab"] = (preds, record["seconds"], before)
         tokens, hf_s, hf_load = got["hf"]
         preds, tl_s, tl_load = got["tunelab"]
