@@ -6,6 +6,8 @@
   object (extraction), at the token that completes that object (`answer_complete`): what a
   model writes after it is never read. The output is the text up to and including that token.
 - Each batch runs on the model `EvalModels` chooses (the merged copy once the first batch agreed).
+- Decoding (`tunelab.decoding`) writes the KV cache in place and checks drafts looked up in the
+  prompt and the earlier answers in one forward pass, keeping what greedy decoding agrees with.
 
 Outputs equal the greedy decoding of each prompt alone, cut at the same end (tests check it).
 """
@@ -16,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunelab.decoding import SEPARATOR, decode, in_place_cache, pad_sequences
+from tunelab.decoding import DRAFT_TOKENS, SEPARATOR, decode, in_place_cache, pad_sequences
 from tunelab.merged_eval import as_models
 from tunelab.plan.probes import StepClock
 from tunelab.tasks.json_text import answer_complete
@@ -82,6 +84,7 @@ def _generate_batch(
     stop_at_answer: bool,
     timed: bool,
     lookup: Sequence[int] = (),
+    draft_tokens: int = DRAFT_TOKENS,
 ) -> Generated:
     """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's figures:
     by `decoding.decode` (in-place cache, prompt-lookup drafts; `lookup`: earlier answers), or
@@ -100,6 +103,7 @@ def _generate_batch(
         eos_id=tokenizer.eos_token_id,
         answered=end.complete if end is not None else (lambda tokens: False),
         lookup=lookup,
+        draft_tokens=draft_tokens,
     )
     width = max(len(p) for p in prompts)
     stats = {"prompt_tokens": width, **got.stats} if timed else {}
@@ -207,6 +211,7 @@ def generate_outputs(
     tick: Callable[[int], None] = lambda n: None,
     stats: list[dict[str, Any]] | None = None,
     stop_at_answer: bool = False,
+    draft_tokens: int = DRAFT_TOKENS,
 ) -> list[str]:
     """Greedy continuations of each prompt (left padding, KV cache, stop at EOS, or at the end of
     the answer with `stop_at_answer`); only the new tokens are decoded, special tokens dropped.
@@ -214,7 +219,10 @@ def generate_outputs(
     `model`: a model, or an `EvalModels` choosing merged or not. `stats`, when given, receives
     one entry per batch: `rows` (indices into `prompts`), `prompt_tokens` (the padded width),
     `steps` (tokens generated: the batch runs until its last row ended), `prefill_s` (up to the
-    first new token) and `decode_s` (the rest)."""
+    first new token), `decode_s` (the rest), and where `decoding.decode` ran, `forwards` (the
+    decoding forward passes), `proposed` and `kept` (draft tokens).
+
+    `draft_tokens`: the most tokens a row proposes per step (0: one token per step)."""
     from transformers import GenerationConfig
 
     models = as_models(model)
@@ -235,7 +243,9 @@ def generate_outputs(
 
         def compute(m: Any, rows: list[Sequence[int]] = rows, lookup: list[int] = lookup):
             timed = stats is not None
-            return _generate_batch(m, tokenizer, rows, config, stop_at_answer, timed, lookup)
+            return _generate_batch(
+                m, tokenizer, rows, config, stop_at_answer, timed, lookup, draft_tokens
+            )
 
         def agrees(m: Any, got: Generated, rows: list[Sequence[int]] = rows):
             return greedy_agreement(m, tokenizer, rows, got)
