@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -383,3 +384,344 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
     fresh = load_trainable(load_model(base, cfg, list(COLOURS)), tmp_path / "ckpt")
     pixels = torch.randn(2, 3, 16, 16)
     assert torch.equal(model(pixel_values=pixels).logits, fresh(pixel_values=pixels).logits)
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
+    import shutil
+
+    from helpers import FILLED_HYPOTHESIS
+
+    root = tmp_path / "s"
+    code, out, err = run_cli(capsys, "init", root, "--task", "image_classification")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 2 and "data.source.path" in err  # the template names a folder to fill
+    write_colour_folder(root / "data", per_label=6)
+    shutil.copytree(tiny_vit_dir, root / "models" / "vit-base")
+    code, out, err = run_cli(capsys, "validate", "-s", root)
+    assert code == 0, err
+    assert "warning" not in out + err
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    assert raw["model"]["architecture"] == "image" and raw["data"]["cleaning"] == []
+    assert {g["metric"] for g in raw["guardrails"]} == {"accuracy", "macro_f1", "f1"}
+    augment = raw["preprocess"]["image"]
+    assert augment["train_random_crop"] and augment["train_flip"]
+    assert run_cli(capsys, "register", "-s", root)[0] == 2  # the TODO hypothesis is refused
+    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "inspect", "-s", root, "--per-category", "1")
+    assert code == 0, err
+    assert "training view" in out and "random_crop" in out and "random_flip" in out
+    code, out, err = run_cli(capsys, "smoke", "-s", root)
+    assert code == 0, err
+
+
+# ---------------------------------------------------------------- the dossier
+
+
+def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, capsys):
+    import base64
+    import html
+    import re
+    from collections import Counter
+
+    from tunelab.report.sections.flipped_images import PER_CATEGORY
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=20)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["splits"] = {"train": 0.6, "validation": 0.3, "test": 0.1, "seed": 0}
+    raw["training"]["max_steps"] = 6
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    assert code == 0, err
+    run_id = json.loads(out[out.find("{") :])["run_id"]
+    for args in (["eval", run_id], ["compare"], ["report"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    compare = json.loads(next((root / "records" / "compare").glob("*.json")).read_text())
+    flips = compare["runs"][0]["flips"]
+    assert flips["num_improved"] + flips["num_regressed"] > 0
+    eval_dir = root / "records" / "runs" / compare["runs"][0]["eval_run"]
+    preds = {
+        p["id"]: p
+        for p in map(
+            json.loads, (eval_dir / "predictions-validation.jsonl").read_text().splitlines()
+        )
+    }
+    want = 0
+    for key in ("improved", "regressed"):
+        per_gold = Counter(preds[i]["gold"] for i in flips[key])
+        want += sum(min(PER_CATEGORY, n) for n in per_gold.values())
+    page = (root / "report" / "dossier.html").read_text()
+    thumbs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)" style', page)
+    assert len(thumbs) == want
+    for caption, data in thumbs:
+        example_id = caption.split(":")[0]
+        assert example_id in flips["improved"] + flips["regressed"]
+        assert f"gold {preds[example_id]['gold']}" in caption
+        assert f"variant {preds[example_id]['prediction']}" in caption
+        assert Image.open(io.BytesIO(base64.b64decode(data))).size == (96, 80)  # 24x20 scaled
+    for key, direction in (("improved", "wrong -> right"), ("regressed", "right -> wrong")):
+        assert (html.escape(f"v1: {direction} on validation") in page) == bool(flips[key])
+    assert thumbs[0][0] in (root / "report" / "dossier.md").read_text()
+
+    # the other direction, on the same records: the baseline as the variant, flips swapped
+    from tunelab.report.collect import collect
+    from tunelab.report.document import Gallery
+    from tunelab.report.sections.context import Dossier
+    from tunelab.report.sections.flipped_images import flipped_galleries
+    from tunelab.study import Study
+
+    study = Study.open(root)
+    dossier = Dossier(study, collect(study), tmp_path / "plots")
+    swapped = {
+        "name": "swapped",
+        "eval_run": compare["baseline"]["eval_run"],
+        "flips": {"improved": flips["regressed"], "regressed": flips["improved"]},
+    }
+    back = {**compare, "baseline": {"eval_run": compare["runs"][0]["eval_run"]}}
+    galleries = [g for g in flipped_galleries(dossier, back, swapped) if isinstance(g, Gallery)]
+    regressed = next(g for g in galleries if "right -> wrong" in (g.caption or ""))
+    per_gold = Counter(preds[i]["gold"] for i in flips["improved"])
+    assert len(regressed.thumbs) == sum(min(PER_CATEGORY, n) for n in per_gold.values())
+    golds = [t.caption.split("gold ")[1].split(";")[0] for t in regressed.thumbs]
+    assert golds == sorted(golds)  # grouped by category
+
+    # an image edited after the snapshot is not shown as if it were the one evaluated
+    first = preds[thumbs[0][0].split(":")[0]]["image"]
+    snap = next((root / "records" / "data").iterdir())
+    (snap / first).write_bytes(png_bytes(colour_image(0, 999)))
+    assert run_cli(capsys, "report", "-s", root)[0] == 0
+    page = (root / "report" / "dossier.html").read_text()
+    shown = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)" style', page)
+    assert thumbs[0][0] not in [caption for caption, _ in shown]
+    assert "1 flipped image(s) not shown (missing from the data snapshot" in page
+
+
+# ---------------------------------------------------------------- a view per epoch
+
+
+def augmenting_preprocessor(tmp_path: Path, model_dir: Path, seed: int = 0):
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    study = write_image_study(tmp_path / "s", model_dir, {"format": "folder", "path": "d"})
+    raw = yaml.safe_load((study / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.6, "train_flip": True}}
+    raw["training"]["seed"] = seed
+    cfg = validate_config(raw)
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    return Preprocessor(processor, cfg, get_task(cfg, list(COLOURS)), "image")
+
+
+def test_each_epoch_sees_a_new_view_and_a_restart_reads_the_same_tensors(tmp_path, tiny_vit_dir):
+    import torch
+
+    from tunelab.preprocess import Preprocessor
+    from tunelab.train.batches import DataOrder, Position, StepSource
+
+    rows = []
+    for i, (label, channel) in enumerate(list(COLOURS.items()) * 2):
+        path = tmp_path / f"{i}.png"
+        colour_image(channel, 70 + i, size=(37, 23)).save(path)
+        rows.append({"id": f"e{i}", "label": label, "image_path": str(path), "text": path.name})
+    pre = augmenting_preprocessor(tmp_path, tiny_vit_dir)
+    encoded = [pre.encode_train(r) for r in rows]
+    view = pre.train_views(rows, encoded)
+
+    def pixels(i: int, epoch: int):
+        return view(i, epoch)["pixel_values"]
+
+    for i in range(len(rows)):
+        assert torch.equal(pixels(i, 0), encoded[i]["pixel_values"])  # epoch 0: as encoded
+        epochs = [pixels(i, e) for e in range(3)]
+        assert not any(torch.equal(epochs[a], epochs[b]) for a, b in ((0, 1), (0, 2), (1, 2)))
+        assert torch.equal(pixels(i, 2), epochs[2])  # seeded: drawn again, the same view
+    # another process (a resumed run) builds its own preprocessor: the same views
+    again = augmenting_preprocessor(tmp_path / "again", tiny_vit_dir)
+    assert torch.equal(again.encode_train(rows[3], 2)["pixel_values"], pixels(3, 2))
+    other_seed = augmenting_preprocessor(tmp_path / "seed1", tiny_vit_dir, seed=1)
+    assert not torch.equal(other_seed.encode_train(rows[3], 2)["pixel_values"], pixels(3, 2))
+    assert pre.describe()["augmentation_sha256"] != other_seed.describe()["augmentation_sha256"]
+
+    # the loop's stream over three epochs, and a restart from the position after step 3
+    def source(p: Any) -> StepSource:
+        views = p.train_views(rows, [p.encode_train(r) for r in rows])
+        return StepSource(encoded, DataOrder(len(rows), 0), 4, 1, 0, "image", views=views)
+
+    straight, position, positions = [], Position(), []
+    for _ in range(5):  # 20 examples: epochs 0, 1, 2 and part of 3
+        batches, position = source(pre).next(position)
+        straight.append(batches[0]["pixel_values"])
+        positions.append(position)
+    assert positions[-1].epoch == 3
+    resumed, position = [], positions[2]
+    fresh = source(again)
+    for _ in range(2):
+        batches, position = fresh.next(position)
+        resumed.append(batches[0]["pixel_values"])
+    assert all(torch.equal(a, b) for a, b in zip(resumed, straight[3:], strict=True))
+    # without augmentation every epoch reads the encodings as they are
+    from tunelab.config import validate_config
+
+    plain = write_image_study(tmp_path / "plain", tiny_vit_dir, {"format": "folder", "path": "d"})
+    cfg = validate_config(yaml.safe_load((plain / "study.yaml").read_text()))
+    assert Preprocessor(pre.tokenizer, cfg, pre.task, "image").train_views(rows, encoded) is None
+
+
+def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
+    tmp_path, tiny_vit_dir, capsys
+):
+    import os
+    import signal
+
+    from test_train_run import assert_same_result
+    from tunelab.study import Study
+    from tunelab.train.callbacks import RunInterrupted
+    from tunelab.train.run import resume_run, train_run
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
+    raw["training"].update(
+        max_steps=8, micro_batch_size=4, checkpoint_every_steps=2, eval_every_steps=4
+    )
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    study = Study.open(root)
+    straight = train_run(study, name="straight")
+    epochs = [r.get("epoch") for r in map(json.loads, (straight.dir / "metrics.jsonl").open())]
+    assert max(e for e in epochs if e is not None) > 2  # the run reads more than two epochs
+
+    def stop_after_step_3(step: int, total: int, row: Any) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop saves a checkpoint and stops
+
+    with pytest.raises(RunInterrupted):
+        train_run(study, name="stopped", progress=stop_after_step_3)
+    (row,) = [r for r in study.ledger.list_runs() if r.name == "stopped"]
+    resumed = resume_run(Study.open(root), row.id)
+    assert_same_result(resumed.dir, straight.dir)  # exact losses, bit-identical adapter
+
+
+def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypatch):
+    """The same run with one view per example for every epoch: equal in the first epoch, then
+    not."""
+    from tunelab.image_transforms import ImagePreprocessor
+    from tunelab.study import Study
+    from tunelab.train.run import train_run
+
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=6)
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
+    raw["training"].update(max_steps=6, micro_batch_size=4, eval_every_steps=0)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    study = Study.open(root)
+
+    def losses(run: Any) -> list[tuple[float, float]]:
+        rows = map(json.loads, (run.dir / "metrics.jsonl").open())
+        return [(r["epoch"], r["loss"]) for r in rows if r.get("loss") is not None]
+
+    per_epoch = losses(train_run(study, name="per-epoch"))
+    monkeypatch.setattr(ImagePreprocessor, "train_views", lambda self, rows, encoded: None)
+    one_view = losses(train_run(study, name="one-view"))
+    first = [k for k, (epoch, _) in enumerate(per_epoch) if epoch <= 1.0]
+    assert first and len(first) < len(per_epoch)
+    assert [per_epoch[k] for k in first] == [one_view[k] for k in first]
+    assert per_epoch[len(first) :] != one_view[len(first) :]
+
+
+# ---------------------------------------------------------------- sizing conv nets
+
+
+def conv_net(kind: str):
+    """A small ResNet (basic or bottleneck layers) or ConvNeXt built from a config."""
+    import torch
+    from transformers import (
+        ConvNextConfig,
+        ConvNextForImageClassification,
+        ResNetConfig,
+        ResNetForImageClassification,
+    )
+
+    torch.manual_seed(0)
+    if kind == "convnext":
+        cfg = ConvNextConfig(
+            hidden_sizes=[8, 16], depths=[2, 1], num_stages=2, num_labels=3, image_size=32
+        )
+        return ConvNextForImageClassification(cfg).train()
+    basic = kind == "resnet-basic"
+    cfg = ResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16, 24] if basic else [16, 32],
+        depths=[1, 2, 1] if basic else [2, 1],
+        layer_type="basic" if basic else "bottleneck",
+        downsample_in_first_stage=not basic,
+        num_labels=3,
+        image_size=40 if basic else 48,
+    )
+    return ResNetForImageClassification(cfg).train()
+
+
+@pytest.mark.parametrize("kind", ["resnet-basic", "resnet-bottleneck", "convnext"])
+@pytest.mark.parametrize("trains", ["full", "head", "last-stage", "lora"])
+def test_conv_net_activations_equal_what_autograd_saves(kind, trains):
+    """The walk of a conv net's feature maps predicts, byte for byte, what autograd keeps for
+    backward, whatever trains: everything, the head only, the last stage, LoRA adapters."""
+    import torch
+
+    from tunelab.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.sizing.memory import Case, ModelFacts, estimate_memory
+
+    model = conv_net(kind)
+    if trains == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["pwconv1", "pwconv2"] if kind == "convnext" else ["convolution"]
+        lora = LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.1,
+            target_modules=targets,
+            modules_to_save=["classifier"],
+        )
+        model = get_peft_model(model, lora).train()
+    else:
+        for name, p in model.named_parameters():
+            last = ".stages.1." in name
+            p.requires_grad_(
+                trains == "full" or "classifier" in name or (trains == "last-stage" and last)
+            )
+    facts = model_facts(model, "image", lora_rank=4, lora_dropout=0.1)
+    assert ModelFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+    size = facts.conv["image_size"]
+    if trains == "lora" and kind != "convnext":  # LoRA inside a convolution is not walked
+        assert facts.approximate
+        assert estimate_memory(facts, Case(seq_len=1, micro_batch=2)).approximate
+        return
+    assert not facts.approximate and facts.conv["trains"]
+    for batch in (2, 5):
+        pixels = torch.randn(batch, 3, size, size)
+        saved = count_saved_bytes(model, lambda p=pixels: model(pixel_values=p).logits)
+        estimate = estimate_memory(facts, Case(seq_len=1, micro_batch=batch))
+        assert estimate.activations == saved > 0 and not estimate.approximate
+        assert estimate.peak_total > estimate.weights + saved
+    assert estimate_memory(facts, Case(seq_len=1, micro_batch=2, precision="bf16")).approximate

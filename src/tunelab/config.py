@@ -195,8 +195,8 @@ class FieldsConfig(Section):
     )
     image: str | None = Field(
         None,
-        description="image_classification, jsonl/csv/parquet: column with the image file's "
-        "path (relative to the data file's folder).",
+        description="image_classification: the column holding each image: jsonl/csv/parquet, "
+        "the file's path (relative to the data file's folder); hf_disk/hub, an Image column.",
     )
 
     @model_serializer(mode="wrap")
@@ -528,12 +528,6 @@ class StudyConfig(Section):
                 "(other tasks stratify by label: true)"
             )
         images = self.task.kind == "image_classification"
-        if images and self.data.source.format in ("hf_disk", "hub"):
-            raise ValueError(
-                f"data.source.format {self.data.source.format}: image_classification reads a "
-                "folder per label, or jsonl/csv/parquet with data.fields.image (not yet a "
-                "datasets Image column)"
-            )
         if images and self.data.cleaning:
             raise ValueError("data.cleaning rules apply to text: remove them for image data")
         if not images and (self.data.fields.image or self.preprocess.image):

@@ -387,6 +387,9 @@ def predict_rows(
                     "correct": f["label"] == gold,
                     "verdicts": {"correct": f["label"] == gold},
                     "scores": f["scores"],
+                    # the stored image (`images/<sha256>.<ext>` in the snapshot): the dossier's
+                    # thumbnails find it without opening the split files
+                    **({"image": r["image"]} if architecture == "image" else {}),
                 }
             )
         return out

@@ -4,9 +4,9 @@ The deterministic chain (every split, evaluation included): convert to RGB -> re
 crop (when set) -> rescale to [0, 1] -> normalize with the mean and std. Sizes, statistics and
 the resampling filter come from the base's image processor unless `preprocess.image` sets them.
 Training examples may first pass a seeded augmentation (`preprocess.image.train_random_crop`,
-`train_flip`): one random view per example and run, drawn from `training.seed` and the example
-id, so a rerun sees the same views. Evaluation never augments (`encode` is the deterministic
-chain; only `encode_train` augments).
+`train_flip`): a new random view of each example every epoch, drawn from `training.seed`, the
+epoch and the example id, so a rerun, and a resumed run, see the same views. Evaluation never
+augments (`encode` is the deterministic chain; only `encode_train` augments).
 
 `ImagePreprocessor` has the interface of `tunelab.preprocess.Preprocessor` (`Preprocessor(...)`
 returns one for an `image` architecture): `encode`, `encode_train`, `check`, `find_problems`, `describe`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,9 +174,11 @@ def apply_chain(
     return np.ascontiguousarray(arr.transpose(2, 0, 1))  # [3, H, W]
 
 
-def example_rng(seed: int, example_id: str) -> random.Random:
-    """The augmentation's generator of one example: fixed by the seed and the id."""
-    digest = hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
+def example_rng(seed: int, example_id: str, epoch: int = 0) -> random.Random:
+    """The augmentation's generator of one example in one epoch: fixed by the seed, the epoch
+    and the id (epoch 0's key is the seed and the id alone)."""
+    key = f"{seed}:{example_id}" if epoch == 0 else f"{seed}:{epoch}:{example_id}"
+    digest = hashlib.sha256(key.encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
@@ -234,11 +236,13 @@ class ImagePreprocessor:
             "kind": "image",
             "steps": self.chain.steps(train=False),
             "train_steps": train_steps,
-            "augmentation_sha256": sha256_json({"steps": train_steps, "seed": self.seed}),
+            "augmentation_sha256": sha256_json(
+                {"steps": train_steps, "seed": self.seed, "views": "per epoch"}
+            ),
             "notes": list(self.notes),
         }
 
-    def _encode(self, example: dict[str, Any], train: bool) -> dict[str, Any]:
+    def _encode(self, example: dict[str, Any], train: bool, epoch: int = 0) -> dict[str, Any]:
         import torch
 
         img = open_example_image(example)
@@ -249,7 +253,7 @@ class ImagePreprocessor:
                 hint=f"convert the file to one of {', '.join(ACCEPTED_MODES)} (8 bits per "
                 "channel), then `tunelab data`",
             )
-        rng = example_rng(self.seed, str(example["id"])) if train else None
+        rng = example_rng(self.seed, str(example["id"]), epoch) if train else None
         pixels = apply_chain(img, self.chain, rng)
         label = self.task.label_to_index.get(str(example.get("label")), -1)
         return {"id": example["id"], "pixel_values": torch.from_numpy(pixels), "label": label}
@@ -258,9 +262,22 @@ class ImagePreprocessor:
         """The deterministic chain: {"id", "pixel_values": [3, H, W] float32, "label": int}."""
         return self._encode(example, train=False)
 
-    def encode_train(self, example: dict[str, Any]) -> dict[str, Any]:
-        """The training form: the seeded augmentation first, when configured."""
-        return self._encode(example, train=True)
+    def encode_train(self, example: dict[str, Any], epoch: int = 0) -> dict[str, Any]:
+        """The training form in `epoch`: the seeded augmentation first, when configured."""
+        return self._encode(example, train=True, epoch=epoch)
+
+    def train_views(
+        self, rows: Sequence[dict[str, Any]], encoded: Sequence[dict[str, Any]]
+    ) -> Callable[[int, int], dict[str, Any]] | None:
+        """`view(i, epoch)`: training example i as augmented in that epoch (epoch 0: `encoded`,
+        its `encode_train`s); None when nothing augments (every epoch sees `encoded`)."""
+        if not (self.chain.train_random_crop or self.chain.train_flip):
+            return None
+
+        def view(i: int, epoch: int) -> dict[str, Any]:
+            return encoded[i] if epoch == 0 else self.encode_train(rows[i], epoch)
+
+        return view
 
     def find_problems(self, encoded: Sequence[dict[str, Any]]) -> list[Problem]:
         out = []

@@ -146,15 +146,21 @@ def _open(row: dict[str, Any]) -> tuple[Any, dict[str, str] | None]:
         )
 
 
-def _thumb(img: Any) -> str:
-    """A PNG data URI of `img`, scaled to THUMB_PX (nearest neighbour: small images stay sharp)."""
+def thumbnail_png(img: Any, px: int = THUMB_PX) -> bytes:
+    """`img` as RGB PNG bytes, its longer side scaled to `px` (nearest neighbour: small images
+    stay sharp)."""
     from PIL import Image
 
-    scale = THUMB_PX / max(img.width, img.height)
+    scale = px / max(img.width, img.height)
     size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
     buf = io.BytesIO()
     img.convert("RGB").resize(size, Image.NEAREST).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
+
+
+def _thumb(img: Any) -> str:
+    """A PNG data URI of `img`, scaled to THUMB_PX."""
+    return "data:image/png;base64," + base64.b64encode(thumbnail_png(img)).decode("ascii")
 
 
 def describe_image(pre: Any, row: dict[str, Any], img: Any, train: bool) -> dict[str, Any]:

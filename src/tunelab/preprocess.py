@@ -496,6 +496,10 @@ class Preprocessor:
         """A training example's encoding (text: `encode`; images may augment)."""
         return self.encode(example)
 
+    def train_views(self, rows: Any, encoded: Any) -> None:
+        """Text has one view of each example: the loop reads `encoded` every epoch."""
+        return None
+
     def encode_with_target(self, example: dict[str, Any], target_text: str) -> dict[str, Any]:
         """Encode with another target text (e.g. a candidate label to score), same prompt."""
         if self.architecture == "encoder":

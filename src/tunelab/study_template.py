@@ -21,7 +21,7 @@ _HEADER = """\
 name: {name}
 
 task:
-  kind: {task}               # classification | format | extraction
+  kind: {task}  # classification | format | extraction | image_classification
 {task_block}
 # The question, locked by `tunelab register` before any training. Replace every TODO.
 hypothesis:
@@ -35,6 +35,55 @@ hypothesis:
 # op (>=, <=, >, <), value, and relative_to: baseline for a bound relative to the base model.
 guardrails:
 {guardrails}
+{data_block}model:
+  path: {model_path}          # {model_comment}
+  gguf_file: null             # or a .gguf file inside path, converted once to a cached folder
+  architecture: {architecture}  # auto | encoder | causal_lm | image
+  trust_remote_code: false
+  dtype: float32
+
+adaptation:
+  method: lora                # full | lora | freeze
+  target_modules: {targets}
+  rank: 8
+  alpha: 16
+  dropout: 0.0
+  modules_to_save: {modules_to_save}
+  # trainable: []             # method freeze: the modules left trainable
+
+{preprocess_block}training:
+  seed: 0
+  micro_batch_size: 8
+  grad_accum_steps: 1
+  max_steps: 100
+  optimizer: AdamW
+  lr: {lr}
+  weight_decay: 0.0
+  schedule: linear            # constant | linear | cosine
+  warmup_steps: 5
+  grad_clip: 1.0
+  precision: auto             # auto (bf16 on a CUDA GPU with bf16, else fp32) | fp32 | bf16 | fp16
+  compile: false              # torch.compile each decoder block
+  activation_checkpointing: false
+  eval_every_steps: 50
+  checkpoint_every_steps: 50
+  keep_last_checkpoints: 2
+
+evaluation:                   # locked with the hypothesis: every variant is evaluated the same way
+  split: validation
+  batch_size: 16
+{generation_lines}  seed: 0
+
+budget:
+  rental_days: 7              # 3 | 7 | 30
+  gpu_hour_price: 2.5
+  gpu: "1x H100 80GB"
+  num_variants: 4
+"""
+
+_TEXT_MODEL = "a local transformers folder (no hub access assumed)"
+
+_TEXT_DATA = """\
 data:
   source:
     format: {source_format}   # jsonl | csv | parquet | folder (one folder per label) | hf_disk
@@ -57,22 +106,9 @@ data:
     threshold: 0.8            # Jaccard similarity of word 5-shingles (MinHash + LSH)
     policy: drop_eval         # drop_eval | drop_all_but_one | report_only
 
-model:
-  path: {model_path}          # a local transformers folder (no hub access assumed)
-  gguf_file: null             # or a .gguf file inside path, converted once to a cached folder
-  architecture: {architecture}  # auto | encoder | causal_lm
-  trust_remote_code: false
-  dtype: float32
+"""
 
-adaptation:
-  method: lora                # full | lora | freeze
-  target_modules: {targets}
-  rank: 8
-  alpha: 16
-  dropout: 0.0
-  modules_to_save: {modules_to_save}
-  trainable: []               # freeze: modules left trainable
-
+_TEXT_PREPROCESS = """\
 preprocess:
   max_seq_len: {max_seq_len}
   template: chat              # chat (tokenizer's chat template) | plain (plain_template)
@@ -80,36 +116,43 @@ preprocess:
   train_on_prompt: false
   allow_target_truncation: false
 
-training:
-  seed: 0
-  micro_batch_size: 8
-  grad_accum_steps: 1
-  max_steps: 100
-  optimizer: AdamW
-  lr: {lr}
-  weight_decay: 0.0
-  schedule: linear            # constant | linear | cosine
-  warmup_steps: 5
-  grad_clip: 1.0
-  precision: auto             # auto (bf16 on a CUDA GPU with bf16, else fp32) | fp32 | bf16 | fp16
-  compile: false              # torch.compile each decoder block
-  activation_checkpointing: false
-  eval_every_steps: 50
-  checkpoint_every_steps: 50
-  keep_last_checkpoints: 2
+"""
 
-evaluation:                   # locked with the hypothesis: every variant is evaluated the same way
-  split: validation
-  batch_size: 16
+_GENERATION = """\
   max_new_tokens: 64
   decoding: greedy
-  seed: 0
+"""
 
-budget:
-  rental_days: 7              # 3 | 7 | 30
-  gpu_hour_price: 2.5
-  gpu: "1x H100 80GB"
-  num_variants: 4
+_IMAGE_DATA = """\
+data:
+  source:
+    format: folder            # folder: data/<label>/*.png|jpg|jpeg|webp|bmp|tif|tiff
+    path: data/               # or jsonl | csv | parquet (fields.image: a column of paths),
+                              # hf_disk | hub (fields.image: a datasets Image column)
+  fields:
+    image: null               # folder: null; otherwise the column holding each image
+    label: label              # a string column, or a datasets ClassLabel (its names)
+    split: null               # a column with your own train/validation/test split, if any
+  cleaning: []                # the cleaning rules are for text
+  splits: {train: 0.8, validation: 0.1, test: 0.1, seed: 0, stratify: true}
+  dedup:
+    exact: true               # equal decoded pixels (a copy saved in another format counts)
+    near: true
+    threshold: 0.95           # difference-hash similarity 1 - d/64 (0.95: at most 3 bits)
+    policy: drop_eval         # drop_eval | drop_all_but_one | report_only
+
+"""
+
+_IMAGE_PREPROCESS = """\
+preprocess:
+  image:                      # null: the value of the model's preprocessor_config.json
+    resize: null              # square side in pixels
+    crop: null                # center crop side
+    mean: null                # per channel, e.g. [0.5, 0.5, 0.5]
+    std: null
+    train_random_crop: 0.9    # training only: a random square of 90 % of the side, resized
+    train_flip: true          # training only: random horizontal flip (false for digits, text)
+
 """
 
 _TASKS = {
@@ -128,6 +171,7 @@ _TASKS = {
         modules_to_save="[classifier]",
         max_seq_len=256,
         lr="5.0e-4",
+        model_comment=_TEXT_MODEL,
     ),
     "format": dict(
         task_block='  instruction: "Answer with a JSON object."\n'
@@ -145,6 +189,7 @@ _TASKS = {
         modules_to_save="[]",
         max_seq_len=512,
         lr="2.0e-4",
+        model_comment=_TEXT_MODEL,
     ),
     "extraction": dict(
         task_block='  instruction: "Extract the fields as a JSON object."\n'
@@ -165,10 +210,39 @@ _TASKS = {
         modules_to_save="[]",
         max_seq_len=512,
         lr="2.0e-4",
+        model_comment=_TEXT_MODEL,
+    ),
+    "image_classification": dict(
+        task_block="  labels: null               # read from the data (the label folders) when null\n",
+        metric="macro_f1",
+        guardrails='  - {metric: accuracy, scope: overall, op: ">=", value: -0.01, relative_to: baseline}\n'
+        '  - {metric: macro_f1, scope: overall, op: ">=", value: -0.01, relative_to: baseline}\n'
+        '  - {metric: f1, scope: every_category, op: ">=", value: -0.02, relative_to: baseline}\n',
+        model_path="models/vit-base",
+        model_comment="a local image model folder, with its preprocessor_config.json",
+        architecture="image",
+        targets="[q_proj, v_proj]",
+        modules_to_save="[classifier]",
+        lr="5.0e-4",
+        data_block=_IMAGE_DATA,
+        preprocess_block=_IMAGE_PREPROCESS,
+        generation_lines="",
     ),
 }
 
 TASK_KINDS = tuple(_TASKS)
+
+
+def _blocks(values: dict[str, str]) -> dict[str, str]:
+    """The data, preprocess and evaluation lines of a task: the text ones unless it has its own."""
+    if "data_block" in values:
+        return values
+    return {
+        **values,
+        "data_block": _TEXT_DATA.format(**values),
+        "preprocess_block": _TEXT_PREPROCESS.format(**values),
+        "generation_lines": _GENERATION,
+    }
 
 
 def render_study_yaml(task: str, name: str) -> str:
@@ -176,7 +250,7 @@ def render_study_yaml(task: str, name: str) -> str:
         raise StudyError(
             f"unknown task kind {task!r}", hint=f"choose one of {', '.join(TASK_KINDS)}"
         )
-    return _HEADER.format(name=name, task=task, **_TASKS[task])
+    return _HEADER.format(name=name, task=task, **_blocks(_TASKS[task]))
 
 
 def init_study(root: Path, task: str, name: str | None = None) -> Path:

@@ -196,6 +196,11 @@ def attach_images(src: SourceData, cfg: DataConfig) -> ImageSource:
 def _add_image(src: SourceData, images: ImageSource, path: Path, where: str) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
+    add_image_bytes(images, data, where)
+
+
+def add_image_bytes(images: ImageSource, data: bytes, where: str) -> None:
+    """Decode and describe one image's bytes, and keep them under their stored name."""
     facts = image_facts(data, where)
     images.facts.append(facts)
     images.data[stored_name(facts)] = data
@@ -263,21 +268,3 @@ def find_image_duplicates(
         "max_hamming_distance": max_d,
     }
     return pairs, info
-
-
-def read_image_source(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSource]:
-    """The rows and images of an image_classification source at `root`."""
-    if cfg.source.format == "folder":
-        src = SourceData(rows=[], files=[], root=root)
-        return src, read_image_folder(src, cfg)
-    from tunelab.data.readers import read_source
-
-    if not cfg.fields.image:
-        raise DataError(
-            f"data.source.format {cfg.source.format} with task.kind image_classification needs "
-            "data.fields.image",
-            hint="set data.fields.image to the column holding each image's path",
-        )
-    as_text = cfg.fields.model_copy(update={"text": cfg.fields.image})
-    src = read_source(root, cfg.model_copy(update={"fields": as_text}))
-    return src, attach_images(src, cfg)

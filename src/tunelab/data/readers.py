@@ -473,6 +473,12 @@ def _read_folder(
 
 
 def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> None:
+    add_dataset_rows(src, mapper, load_hf_disk(src), src.root.name, progress)
+
+
+def load_hf_disk(src: SourceData) -> Any:
+    """The Dataset or DatasetDict saved with `save_to_disk` at `src.root`, every file under it
+    listed with its sha256."""
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets is a dependency
@@ -493,7 +499,7 @@ def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> N
             f"{root}: not a dataset saved with save_to_disk ({exc})",
             hint="save it with `Dataset.save_to_disk(path)` or pick another data.source.format",
         ) from None
-    add_dataset_rows(src, mapper, loaded, root.name, progress)
+    return loaded
 
 
 def add_dataset_rows(
@@ -537,6 +543,12 @@ def datasets_cache_dir() -> Path:
 def read_hub(src: SourceData, cfg: DataConfig, mapper: FieldMapper, progress: Any) -> None:
     """Rows of the data set in the snapshot folder `src.root` (every file listed with its
     sha256); `src.hub` gets repo, commit, config, splits and the `datasets` fingerprints."""
+    add_dataset_rows(src, mapper, load_hub(src, cfg), cfg.source.name, progress)
+
+
+def load_hub(src: SourceData, cfg: DataConfig) -> Any:
+    """The DatasetDict in the hub snapshot folder `src.root` (the splits asked for), its files
+    listed with their sha256 and `src.hub` filled in."""
     import datasets
 
     source, root = cfg.source, src.root
@@ -581,7 +593,7 @@ def read_hub(src: SourceData, cfg: DataConfig, mapper: FieldMapper, progress: An
             f"{source.name} has splits {', '.join(loaded)}: they are pooled and split again; "
             f"set data.fields.split: {HF_SPLIT_COLUMN} to keep them"
         )
-    add_dataset_rows(src, mapper, loaded, source.name, progress)
+    return loaded
 
 
 def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> SourceData:

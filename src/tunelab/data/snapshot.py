@@ -213,7 +213,7 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
     images = None
     with _Bar(progress) as bar:
         if study.config.task.kind == "image_classification":
-            from tunelab.data.images import read_image_source
+            from tunelab.data.image_sources import read_image_source
 
             src, images = read_image_source(source_path, cfg)
         else:

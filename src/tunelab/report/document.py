@@ -1,9 +1,10 @@
 """A small document model rendered twice: Markdown and self-contained HTML.
 
-Sections hold paragraphs, tables and images; both renderers walk the same structure, so the two
-dossiers cannot disagree. The HTML escapes every string (they come from data and configs),
-inlines images as base64, keeps every table inside the page (a wide one scrolls in its own box)
-and shows the exact value of a rounded figure on hover.
+Sections hold paragraphs, tables, images and galleries of thumbnails; both renderers walk the
+same structure, so the two dossiers cannot disagree (Markdown lists a gallery's captions). The
+HTML escapes every string (they come from data and configs), inlines images as base64, keeps
+every table inside the page (a wide one scrolls in its own box) and shows the exact value of a
+rounded figure on hover.
 """
 
 from __future__ import annotations
@@ -38,9 +39,23 @@ class Image:
 
 
 @dataclass
+class Thumb:
+    """A small picture inlined in the HTML (PNG bytes) with the caption both renderers show."""
+
+    png: bytes
+    caption: str
+
+
+@dataclass
+class Gallery:
+    thumbs: list[Thumb]
+    caption: str | None = None
+
+
+@dataclass
 class Section:
     title: str
-    blocks: list[str | Table | Image] = field(default_factory=list)
+    blocks: list[str | Table | Image | Gallery] = field(default_factory=list)
 
     def text(self, s: str) -> Section:
         self.blocks.append(s)
@@ -50,6 +65,11 @@ class Section:
         self, columns: list[str | Value], rows: list[list[Any]], caption: str | None = None
     ) -> Section:
         self.blocks.append(Table(columns, rows, caption))
+        return self
+
+    def gallery(self, thumbs: list[Thumb], caption: str | None = None) -> Section:
+        if thumbs:
+            self.blocks.append(Gallery(thumbs, caption))
         return self
 
     def image(self, path: Path | None, alt: str) -> Section:
@@ -111,6 +131,10 @@ def render_markdown(title: str, sections: list[Section], image_base: Path) -> st
                 except ValueError:
                     rel = b.path
                 out += [f"![{b.alt}]({rel.as_posix()})", ""]
+            elif isinstance(b, Gallery):
+                if b.caption:
+                    out += [f"*{b.caption}* (thumbnails in dossier.html)", ""]
+                out += [f"- {_md_escape(t.caption)}" for t in b.thumbs] + [""]
     return "\n".join(out)
 
 
@@ -157,6 +181,24 @@ def _html_table(b: Table) -> list[str]:
     return out
 
 
+def _html_gallery(b: Gallery) -> list[str]:
+    out = ['<figure style="margin:1em 0">']
+    if b.caption:
+        out.append(f"<figcaption><i>{html.escape(b.caption)}</i></figcaption>")
+    out.append('<div style="display:flex;flex-wrap:wrap;gap:.8em;margin-top:.4em">')
+    for t in b.thumbs:
+        data = base64.b64encode(t.png).decode("ascii")
+        caption = html.escape(t.caption, quote=True)
+        out.append(
+            '<figure style="margin:0;width:8.5em;font-size:.8em">'
+            f'<img alt="{caption}" src="data:image/png;base64,{data}" '
+            'style="image-rendering:pixelated">'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
+    out.append("</div></figure>")
+    return out
+
+
 def render_html(title: str, sections: list[Section]) -> str:
     out = [
         "<!DOCTYPE html>",
@@ -179,6 +221,8 @@ def render_html(title: str, sections: list[Section]) -> str:
                 out.append(f"<p>{html.escape(b)}</p>")
             elif isinstance(b, Table):
                 out += _html_table(b)
+            elif isinstance(b, Gallery):
+                out += _html_gallery(b)
             elif isinstance(b, Image):
                 data = base64.b64encode(b.path.read_bytes()).decode("ascii")
                 out.append(

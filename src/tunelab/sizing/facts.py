@@ -19,6 +19,22 @@ _BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
 # ViTs: a BERT-like encoder over patch tokens (pre-norm); walked as "bert", approximate
 _VIT_TYPES = {"vit", "deit"}
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
+# conv nets, walked feature map by feature map (sizing.memory): their config's fields
+_CONV_TYPES = {"resnet", "convnext"}
+_CONV_FIELDS = (
+    "num_channels",
+    "embedding_size",
+    "hidden_sizes",
+    "depths",
+    "layer_type",
+    "hidden_act",
+    "downsample_in_first_stage",
+    "downsample_in_bottleneck",
+    "patch_size",
+    "layer_scale_init_value",
+    "drop_path_rate",
+)
+DEFAULT_IMAGE_SIZE = 224  # what `tunelab size` feeds a model whose config names no image size
 _ROLES_LLAMA = {
     "self_attn.q_proj": "q",
     "self_attn.k_proj": "k",
@@ -73,6 +89,8 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
     """ModelFacts of `model` as adapted (trainable flags read from requires_grad)."""
     cfg = model.config
     model_type = getattr(cfg, "model_type", "")
+    if model_type in _CONV_TYPES:
+        return _conv_facts(model, architecture, lora_rank=lora_rank, lora_dropout=lora_dropout)
     family = "bert" if model_type in _BERT_TYPES | _VIT_TYPES else "llama"
     approximate = model_type not in _LLAMA_TYPES | _BERT_TYPES
     roles = _ROLES_BERT if family == "bert" else _ROLES_LLAMA
@@ -154,6 +172,65 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         approximate=approximate,
         **quant.facts(model),
         **top,
+    )
+
+
+def _conv_facts(model: Any, architecture: str, *, lora_rank: int, lora_dropout: float):
+    """ModelFacts of a ResNet or ConvNeXt: the config the walk needs and, per module path, what
+    trains ("weight" or "lora"); marked approximate where the walk does not follow the model."""
+    cfg = model.config
+    conv = {k: getattr(cfg, k) for k in _CONV_FIELDS if getattr(cfg, k, None) is not None}
+    conv["image_size"] = int(getattr(cfg, "image_size", None) or DEFAULT_IMAGE_SIZE)
+    trains: dict[str, str] = {}
+    weight_bytes: dict[str, int] = {}
+    trainable = trainable_bytes = largest = total = 0
+    prefix = f"{cfg.model_type}."
+    for name, p in model.named_parameters():
+        dtype = str(p.dtype).removeprefix("torch.")
+        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + p.numel() * p.element_size()
+        total += p.numel()
+        if not p.requires_grad:
+            continue
+        trainable += p.numel()
+        trainable_bytes += p.numel() * p.element_size()
+        largest = max(largest, p.numel() * p.element_size())
+        plain = _plain(name).removeprefix(prefix)
+        path = plain.rsplit(".", 1)[0] if plain.endswith((".weight", ".bias")) else plain
+        if path.startswith("classifier"):
+            path = "classifier"
+        kind = "lora" if ".lora_" in name else "weight"
+        trains[path] = "weight" if trains.get(path) == "weight" else kind
+    conv["trains"] = trains
+    # LoRA on a convolution, drop path and other activations are not walked
+    lora_conv = any(k == "lora" and "pwconv" not in p for p, k in trains.items())
+    approximate = (
+        lora_conv
+        or float(conv.get("drop_path_rate") or 0.0) > 0
+        or conv.get("hidden_act", "relu") not in ("relu", "gelu")
+    )
+    hidden = int(cfg.hidden_sizes[-1])
+    return ModelFacts(
+        family=cfg.model_type,
+        architecture=architecture,
+        hidden=hidden,
+        intermediate=4 * hidden,
+        layers=sum(int(d) for d in cfg.depths),
+        heads=1,
+        kv_heads=1,
+        head_dim=hidden,
+        vocab=0,
+        num_labels=int(getattr(cfg, "num_labels", 0) or 0),
+        param_dtype=max(weight_bytes, key=lambda d: weight_bytes[d]) if weight_bytes else "float32",
+        weight_bytes=weight_bytes,
+        num_params=total,
+        trainable_params=trainable,
+        trainable_bytes=trainable_bytes,
+        largest_trainable_bytes=largest,
+        lora_rank=lora_rank,
+        lora_dropout=lora_dropout,
+        head=trains.get("classifier"),
+        approximate=approximate,
+        conv=conv,
     )
 
 

@@ -20,7 +20,10 @@
 
 Two block families are walked: `llama` (pre-norm RMSNorm, RoPE, fused attention, gated SiLU MLP:
 Llama, Mistral, Qwen2, SmolLM2) and `bert` (post-norm LayerNorm, GELU MLP, dropout). Other
-models use the `llama` walk and are marked approximate. No torch import: values in, values out.
+transformers use the `llama` walk and are marked approximate. Two conv nets are walked feature
+map by feature map, at the model's image size: `resnet` (convolution, batch norm, ReLU, max
+pool, basic or bottleneck layers) and `convnext` (depthwise convolution, LayerNorm, pointwise
+linear layers, layer scale). No torch import: values in, values out.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ QUANT_BLOCK2 = 256
 # Roles of the parameters of one transformer block.
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 NORM_ROLES = ("norm1", "norm2")
-FAMILIES = ("llama", "bert")
+CONV_FAMILIES = ("resnet", "convnext")  # image models without tokens: walked map by map
+FAMILIES = ("llama", "bert", *CONV_FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class ModelFacts:
     quant_largest: int = 0
     quant_dtype: str = "float32"
     quant_compute_dtype: str = "bfloat16"
+    # a conv net (family resnet | convnext): its config (image_size, num_channels, hidden_sizes,
+    # depths, ...) and "trains": module path (as in the model, no prefix) -> "weight" | "lora"
+    conv: dict[str, Any] | None = None
 
     @property
     def total_weight_bytes(self) -> int:
@@ -404,9 +411,144 @@ class _Trace:
         d = self.dropout(d, f.hidden_dropout)
         return self.layernorm(self.add(d, y), train.get("norm2"))
 
+    # conv nets: feature maps [batch, channels, height, width]
+    def conv2d(self, x: _T, c_out: int, hw: tuple[int, int], train: str | None) -> _T:
+        """A convolution keeps its input whenever anything of it needs a gradient (one
+        backward for input and weight), unlike a linear layer."""
+        if x.rg or train:
+            self.save(self.cast(x, self.cd) if self.autocast else x)
+        out = self.new(self.c.micro_batch * c_out * hw[0] * hw[1], self.cd, x.rg or bool(train))
+        self.largest_map = max(self.largest_map, out.nbytes)
+        return out
+
+    def batchnorm(self, x: _T, channels: int, train: str | None) -> _T:
+        if x.rg or train:  # the input, the batch mean and inverse std, the running statistics
+            self.save(x, self.new(4 * channels, 4, False))
+        return self.new(x.numel, x.size, x.rg or bool(train))
+
+    def relu(self, x: _T) -> _T:
+        out = self.new(x.numel, x.size, x.rg)
+        if x.rg:
+            self.save(out)  # relu's backward reads its output
+        return out
+
+    def maxpool(self, x: _T, out_numel: int) -> _T:
+        if x.rg:
+            self.save(x, self.new(out_numel, 8, False))  # the input and the int64 indices
+        return self.new(out_numel, x.size, x.rg)
+
+    def _train(self, path: str) -> str | None:
+        return (self.f.conv or {}).get("trains", {}).get(path)
+
+    def resnet(self) -> _T:
+        """transformers' ResNet: conv 7x7/2 + BN + ReLU, max pool 3x3/2, stages of basic or
+        bottleneck layers (conv + BN (+ ReLU)), a 1x1 conv + BN shortcut where the shape
+        changes, the residual added in place and a ReLU, then the average pool."""
+        cfg, b, tr = self.f.conv or {}, self.c.micro_batch, self._train
+        side = -(-int(cfg["image_size"]) // 2)
+        x = self.new(b * int(cfg["num_channels"]) * int(cfg["image_size"]) ** 2, self.pb, False)
+
+        def conv_layer(x: _T, path: str, c_out: int, hw: tuple[int, int], act: bool) -> _T:
+            x = self.conv2d(x, c_out, hw, tr(f"{path}.convolution"))
+            x = self.batchnorm(x, c_out, tr(f"{path}.normalization"))
+            return self.relu(x) if act else x
+
+        c = int(cfg["embedding_size"])
+        x = conv_layer(x, "embedder.embedder", c, (side, side), True)
+        side = -(-side // 2)
+        x = self.maxpool(x, b * c * side * side)
+        bottleneck = cfg.get("layer_type") == "bottleneck"
+        first_stride = 2 if cfg.get("downsample_in_first_stage") else 1
+        stages = zip(cfg["hidden_sizes"], cfg["depths"], strict=True)
+        for i, (c_out, depth) in enumerate(stages):
+            for j in range(depth):
+                self.group(f"layer.{len(self.blocks)}")
+                before = self.total
+                stride = (first_stride if i == 0 else 2) if j == 0 else 1
+                out_side = -(-side // stride)
+                path, hw = f"encoder.stages.{i}.layers.{j}", (out_side, out_side)
+                h = x
+                if bottleneck:
+                    r = c_out // int(cfg.get("reduction", 4))
+                    in_bottleneck = cfg.get("downsample_in_bottleneck")
+                    hw1 = hw if in_bottleneck else (side, side)
+                    h = conv_layer(h, f"{path}.layer.0", r, hw1, True)
+                    h = conv_layer(h, f"{path}.layer.1", r, hw, True)
+                    h = conv_layer(h, f"{path}.layer.2", c_out, hw, False)
+                else:
+                    h = conv_layer(h, f"{path}.layer.0", c_out, hw, True)
+                    h = conv_layer(h, f"{path}.layer.1", c_out, hw, False)
+                residual = x
+                if c != c_out or stride != 1:
+                    residual = conv_layer(x, f"{path}.shortcut", c_out, hw, False)
+                x = self.relu(self.new(h.numel, h.size, h.rg or residual.rg))
+                c, side = c_out, out_side
+                self.blocks.append((self.total - before, 0))
+                self.per_layer.append(self.total - before)
+        return self.new(b * c, self.pb, x.rg)  # the average pool keeps nothing
+
+    def convnext(self) -> _T:
+        """transformers' ConvNeXt: a patchify conv + LayerNorm, stages of a downsampling
+        LayerNorm + conv 2x2/2 and blocks (depthwise conv 7x7, LayerNorm, Linear 4x, GELU, Linear,
+        layer scale, residual), then the mean over the map and a LayerNorm."""
+        cfg, b, tr = self.f.conv or {}, self.c.micro_batch, self._train
+        size = int(cfg["image_size"])
+        x = self.new(b * int(cfg["num_channels"]) * size * size, self.pb, False)
+        side = size // int(cfg.get("patch_size", 4))
+        c = int(cfg["hidden_sizes"][0])
+        x = self.conv2d(x, c, (side, side), tr("embeddings.patch_embeddings"))
+        x = self._norm(x, c, tr("embeddings.layernorm"))
+        stages = zip(cfg["hidden_sizes"], cfg["depths"], strict=True)
+        for i, (c_out, depth) in enumerate(stages):
+            if i > 0:
+                x = self._norm(x, c, tr(f"encoder.stages.{i}.downsampling_layer.0"))
+                side //= 2
+                x = self.conv2d(
+                    x, c_out, (side, side), tr(f"encoder.stages.{i}.downsampling_layer.1")
+                )
+            c = int(c_out)
+            for j in range(depth):
+                self.group(f"layer.{len(self.blocks)}")
+                before = self.total
+                path = f"encoder.stages.{i}.layers.{j}"
+                h = self.conv2d(x, c, (side, side), tr(f"{path}.dwconv"))
+                h = self._norm(h, c, tr(f"{path}.layernorm"))
+                h = self.linear(h, c, 4 * c, tr(f"{path}.pwconv1"))
+                h = self.pointwise_saving_input(h)  # GELU
+                h = self.linear(h, 4 * c, c, tr(f"{path}.pwconv2"))
+                if cfg.get("layer_scale_init_value", 1e-6) > 0:
+                    scale = tr(f"{path}.layer_scale_parameter")
+                    if scale:
+                        self.save(h)  # grad of the scale = sum(g * h)
+                    h = self.new(h.numel, h.size, h.rg or bool(scale))
+                x = self.add(x, h)
+                self.blocks.append((self.total - before, 0))
+                self.per_layer.append(self.total - before)
+        pooled = self.new(b * c, self.pb, x.rg)  # mean over the map: keeps nothing
+        return self._norm(pooled, c, tr("layernorm"), tokens=b)
+
+    def _norm(self, x: _T, channels: int, train: str | None, tokens: int | None = None) -> _T:
+        """A LayerNorm over the channels: the input and per position a mean and an rstd."""
+        n = tokens if tokens is not None else x.numel // channels
+        if x.rg or train:
+            self.save(x, self.new(n, 4, False), self.new(n, 4, False))
+        return self.new(x.numel, max(self.pb, x.size), x.rg or bool(train))
+
+    def run_conv(self) -> dict[str, int]:
+        """A conv net's forward: its feature maps, then the head on the pooled features."""
+        f = self.f
+        self.per_layer, self.blocks, self.recompute, self.largest_map = [], [], 0, 0
+        self.group("embeddings")
+        pooled = self.resnet() if f.family == "resnet" else self.convnext()
+        self.group("final")
+        self.linear(pooled, f.hidden, max(1, f.num_labels), f.head, outside=True)
+        return dict(self.groups)
+
     # the whole model
     def run(self) -> dict[str, int]:
         f, c = self.f, self.c
+        if f.family in CONV_FAMILIES:
+            return self.run_conv()
         self.rows, self.s = (1, c.tokens) if c.packing else (c.micro_batch, c.seq_len)
         self.rows_pos = 1
         self.rope_saved = False
@@ -632,6 +774,14 @@ def _embedding_bytes(facts: ModelFacts) -> int:
     return facts.vocab * facts.hidden * pb * (2 if untied_head else 1)
 
 
+def _batch_bytes(facts: ModelFacts, case: Case) -> int:
+    """The micro-batch itself: ids, mask and labels (int64), or a conv net's fp32 pixels."""
+    if facts.family in CONV_FAMILIES and facts.conv:
+        side = int(facts.conv["image_size"])
+        return case.micro_batch * (int(facts.conv["num_channels"]) * side * side * 4 + 8)
+    return case.tokens * 8 * 3
+
+
 def estimate_memory(
     facts: ModelFacts, case: Case, *, strategy: str = "single", ranks: int = 1
 ) -> Estimate:
@@ -668,12 +818,14 @@ def estimate_memory(
     gathered_grad = facts.trainable_bytes // n if shard > 1 else 0
     buckets = facts.trainable_bytes if strategy == "ddp" and ranks > 1 else 0
     loss = logits_bytes(facts, case, route)
-    temps = _block_backward_temporaries(facts, case)
+    conv = facts.family in CONV_FAMILIES
+    # a conv net's backward: the gradients of its largest feature map, coming and going
+    temps = (trace.largest_map, 0) if conv else _block_backward_temporaries(facts, case)
     # the optimizer step: foreach kernels (CUDA) make a temporary per trainable tensor at once;
     # the CPU loop one tensor at a time
     opt_temps = grads if case.device == "cuda" else 2 * facts.largest_trainable_bytes
     dequantized = dequantized_layer_bytes(facts)  # during each 4-bit matmul, forward and backward
-    batch = case.tokens * 8 * 3
+    batch = _batch_bytes(facts, case)
     runtime = cuda_workspace_bytes(case.cuda_major) if case.device == "cuda" else 0
     # With accumulation, the gradients of earlier micro-steps are alive in later forwards.
     held = grads if case.grad_accum > 1 else 0
@@ -698,7 +850,7 @@ def estimate_memory(
     # gradients of the blocks above already made; inside it, the MLP runs backward first with
     # the block's saved tensors held, the attention later without the MLP's
     mlp_temp, attention_temp = temps
-    flowing = 2 * case.tokens * facts.hidden * pb
+    flowing = 2 * trace.largest_map if conv else 2 * case.tokens * facts.hidden * pb
     kept_below = detail.get("embeddings", 0)
     best = 0
     for i in range(n - 1, -1, -1):
@@ -714,7 +866,11 @@ def estimate_memory(
     phases["optimizer_step"] = grads + opt_temps
     peak_phase = max(phases, key=lambda k: phases[k])
     transient = phases[peak_phase]
-    if facts.approximate:
+    approximate = facts.approximate
+    if conv and (case.checkpointing or case.precision != "fp32"):
+        approximate = True  # the walk follows a conv net's fp32 forward without recomputation
+        notes.append("conv net: mixed precision and checkpointing are not walked")
+    elif facts.approximate:
         notes.append("activations estimated with the Llama-like block: the measurement decides")
     return Estimate(
         weights=weights,
@@ -738,7 +894,7 @@ def estimate_memory(
         peak_total=weights + batch + runtime + opt + buckets + transient,
         peak_increase=runtime + opt + buckets + transient,
         rule_x4=rule_x4(facts),
-        approximate=facts.approximate,
+        approximate=approximate,
         notes=notes,
         dequantized_layer=dequantized,
     )

@@ -4,11 +4,13 @@ The data order is a seeded permutation per epoch (seed + epoch), read as one end
 optimizer step takes the next `micro_batch_size * grad_accum_steps * world_size` indices, so
 micro 4 x accumulation 2 sees exactly the examples of micro 8 x accumulation 1. The position in
 that stream, `(epoch, index)`, is saved in checkpoints so a resumed run continues where it was.
+An example may look different each epoch (`StepSource.views`: augmented images, drawn from the
+seed, the epoch and the example), so the position fixes the views too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +51,19 @@ class DataOrder:
 
     def take(self, position: Position, count: int) -> tuple[list[int], Position]:
         """The next `count` indices from `position` (crossing epochs) and the position after them."""
-        out: list[int] = []
+        pairs, after = self.take_with_epochs(position, count)
+        return [i for _, i in pairs], after
+
+    def take_with_epochs(
+        self, position: Position, count: int
+    ) -> tuple[list[tuple[int, int]], Position]:
+        """As `take`, each index with the epoch it is read in: [(epoch, index)]."""
+        out: list[tuple[int, int]] = []
         epoch, index = position.epoch, position.index
         while len(out) < count:
             perm = self.permutation(epoch)
             chunk = perm[index : index + count - len(out)]
-            out += chunk
+            out += [(epoch, i) for i in chunk]
             index += len(chunk)
             if index >= self.num_examples:
                 epoch, index = epoch + 1, 0
@@ -157,23 +166,22 @@ class StepSource:
     packing: bool = False
     world_size: int = 1
     shard: Any = None  # callable(list[int]) -> list[int]: this rank's share of a step
+    # (index, epoch) -> the example's view in that epoch (augmented images); None: `encoded`
+    views: Callable[[int, int], dict[str, Any]] | None = None
 
     @property
     def examples_per_step(self) -> int:
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
 
     def next(self, position: Position) -> tuple[list[dict[str, torch.Tensor]], Position]:
-        indices, after = self.order.take(position, self.examples_per_step)
-        if self.shard is not None:
-            indices = self.shard(indices)
+        pairs, after = self.order.take_with_epochs(position, self.examples_per_step)
+        if self.shard is not None:  # the share of the step's slots, so each keeps its epoch
+            pairs = [pairs[k] for k in self.shard(list(range(len(pairs))))]
+        views = self.views
+        examples = [self.encoded[i] if views is None else views(i, epoch) for epoch, i in pairs]
         m = self.micro_batch_size
         batches = [
-            collate(
-                [self.encoded[i] for i in indices[k : k + m]],
-                self.pad_id,
-                self.architecture,
-                self.packing,
-            )
-            for k in range(0, len(indices), m)
+            collate(examples[k : k + m], self.pad_id, self.architecture, self.packing)
+            for k in range(0, len(examples), m)
         ]
         return batches, after

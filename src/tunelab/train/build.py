@@ -60,8 +60,10 @@ def build_loop(
     pad_id: int,
     total_steps: int,
     strategy: Strategy | None = None,
+    views: Any = None,
 ) -> Loop:
-    """The loop over `encoded` for `total_steps` optimizer steps (the schedule's length too).
+    """The loop over `encoded` for `total_steps` optimizer steps (the schedule's length too);
+    `views(i, epoch)`, when given, is example i as it is read in that epoch.
 
     The model is wrapped by the strategy (DDP, FSDP) before the optimizer sees its parameters;
     `loop.model` is the wrapped one.
@@ -81,6 +83,7 @@ def build_loop(
         cfg.packing and architecture == "causal_lm",
         strategy.world_size,
         strategy.shard_indices,
+        views,
     )
     scaler = make_grad_scaler(cfg.precision, device)
     return Loop(

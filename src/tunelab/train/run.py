@@ -86,6 +86,7 @@ class Prepared:
     preprocessor: Preprocessor | None = None
     train: list[dict[str, Any]] = field(default_factory=list)
     validation: list[dict[str, Any]] = field(default_factory=list)
+    train_views: Any = None  # (index, epoch) -> a training example's view that epoch, or None
 
 
 def prepare_run(study: Study, snapshot_id: str | None = None) -> Prepared:
@@ -118,7 +119,9 @@ def _encode(prep: Prepared) -> None:
     task = get_task(prep.cfg, prep.labels)
     pre = Preprocessor(prep.tokenizer, prep.cfg, task, prep.base.architecture)
     prep.preprocessor = pre
-    prep.train = [pre.encode_train(r) for r in prep.snapshot.rows("train")]
+    rows = prep.snapshot.rows("train")
+    prep.train = [pre.encode_train(r) for r in rows]
+    prep.train_views = pre.train_views(rows, prep.train)
     prep.validation = [pre.encode(r) for r in prep.snapshot.rows("validation")]
     if not prep.train:
         raise PreprocessError(
@@ -390,7 +393,14 @@ def _train(
     pad_id = getattr(prep.tokenizer, "pad_token_id", None) or 0  # an image processor has none
     steps = total_steps(cfg, len(prep.train), strategy.world_size)
     loop = build_loop(
-        model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps, strategy=strategy
+        model,
+        t,
+        prep.train,
+        architecture=arch,
+        pad_id=pad_id,
+        total_steps=steps,
+        strategy=strategy,
+        views=prep.train_views,
     )
     first = prep.train[0]
     probe = torch.tensor([first["input_ids"]]) if "input_ids" in first else None  # images: none

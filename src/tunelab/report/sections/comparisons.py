@@ -1,5 +1,6 @@
 """The dossier's section on the latest comparison: each variant's deltas with their intervals,
-per-category or per-field deltas, McNemar, guardrails, flipped examples and the config diff."""
+per-category or per-field deltas, McNemar, guardrails, flipped examples (with thumbnails for an
+image study) and the config diff."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from tunelab.report.decision import format_ci
 from tunelab.report.document import Section, cell_text
 from tunelab.report.sections.context import Dossier
+from tunelab.report.sections.flipped_images import flipped_galleries
 from tunelab.report.units import p_value
 
 
@@ -33,7 +35,7 @@ def _per_item(sec: Section, name: str, v: dict[str, Any]) -> None:
         )
 
 
-def _guardrails_and_flips(sec: Section, name: str, v: dict[str, Any]) -> None:
+def _guardrails_and_flips(sec: Section, name: str, v: dict[str, Any], flipped: list) -> None:
     guards = v.get("guardrails") or []
     if guards:
         sec.table(
@@ -60,9 +62,10 @@ def _guardrails_and_flips(sec: Section, name: str, v: dict[str, Any]) -> None:
             ],
             caption=f"{name} flipped examples",
         )
+    sec.blocks.extend(flipped)  # an image study's thumbnails of them
 
 
-def _variant(sec: Section, v: dict[str, Any]) -> None:
+def _variant(sec: Section, v: dict[str, Any], flipped: list) -> None:
     name = v.get("name") or v.get("run_id")
     if not v.get("compared"):
         sec.text(
@@ -86,7 +89,7 @@ def _variant(sec: Section, v: dict[str, Any]) -> None:
             f"{name}: McNemar ({mc.get('method', '')}) p = {cell_text(p_value(mc.get('p_value')))}, "
             f"{mc.get('b', mc.get('improved', '-'))}/{mc.get('c', mc.get('regressed', '-'))} discordant."
         )
-    _guardrails_and_flips(sec, name, v)
+    _guardrails_and_flips(sec, name, v, flipped)
     diff = (v.get("config_diff") or {}).get("changes") or []
     if diff:
         sec.table(
@@ -111,5 +114,5 @@ def comparisons_section(d: Dossier) -> Section:
         for w in cmp.get("warnings") or []:
             sec.text(f"warning: {w}")
         for v in cmp.get("runs", []):
-            _variant(sec, v)
+            _variant(sec, v, flipped_galleries(d, cmp, v) if v.get("compared") else [])
     return sec
