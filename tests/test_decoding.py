@@ -133,3 +133,28 @@ def test_a_sliding_window_cache_is_left_to_generate(tmp_path):
     assert in_place_cache(MistralForCausalLM(config)) is None
     config.sliding_window = None
     assert in_place_cache(MistralForCausalLM(config)) is not None
+
+
+def test_an_evaluation_with_drafts_predicts_what_one_without_predicts(tmp_path, tiny_llama_dir):
+    from test_evaluate import extraction_examples, load, make_study
+    from tunelab.evaluate import evaluate_model
+
+    preds, batches = {}, {}
+    for drafts in (0, 4):
+        study = make_study(
+            tmp_path / f"s{drafts}",
+            "extraction",
+            tiny_llama_dir,
+            evaluation={"max_new_tokens": 16, "draft_tokens": drafts},
+        )
+        model, tok, base = load(study)
+        record, got = evaluate_model(model, tok, base, study, extraction_examples(), "validation")
+        preds[drafts] = [p["raw_output"] for p in got]
+        batches[drafts] = record["generation"]["batches"]
+        # a speed setting: the locked evaluation spec is the same with and without drafts
+        spec = study.config.evaluation_spec()["evaluation"]
+        assert "draft_tokens" not in spec
+    assert preds[4] == preds[0]
+    assert "forwards" not in batches[0][0]  # generate
+    assert all(b["forwards"] <= b["steps"] - 1 for b in batches[4])
+    assert [b["steps"] for b in batches[4]] == [b["steps"] for b in batches[0]]

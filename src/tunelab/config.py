@@ -486,12 +486,13 @@ class EvaluationConfig(Section):
         "procedure.",
     )
     draft_tokens: int = Field(
-        4,
+        0,
         ge=0,
         le=16,
         description="Tokens a row may propose per decoding step, looked up in its prompt and "
-        "the earlier answers, and kept only where greedy decoding agrees (0: one token per "
-        "step). Speed alone: the outputs are the greedy ones. Not part of the locked procedure.",
+        "the earlier answers, and kept only where greedy decoding agrees (0: `generate`, one "
+        "token per step). Speed alone: the outputs are the greedy ones. Not part of the locked "
+        "procedure.",
     )
 
 

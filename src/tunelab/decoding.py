@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# the most tokens a row proposes in one step: each costs a position in the checking forward
-DRAFT_TOKENS = 4
 # the longest tail looked up; shorter tails are tried when it has no earlier occurrence
 NGRAM = 3
 # between the texts a lookup source joins: no token id, so no draft runs across it
@@ -177,7 +175,7 @@ def decode(
     eos_id: int | None,
     answered: Callable[[list[int]], bool] = lambda tokens: False,
     lookup: Sequence[int] = (),
-    draft_tokens: int = DRAFT_TOKENS,
+    draft_tokens: int = 4,
 ) -> Decoded:
     """Greedy continuations of `prompts` (left padded, one batch) on `cache` (from
     `in_place_cache`), with prompt-lookup drafts of at most `draft_tokens` (0: one token per

@@ -6,8 +6,9 @@
   object (extraction), at the token that completes that object (`answer_complete`): what a
   model writes after it is never read. The output is the text up to and including that token.
 - Each batch runs on the model `EvalModels` chooses (the merged copy once the first batch agreed).
-- Decoding (`tunelab.decoding`) writes the KV cache in place and checks drafts looked up in the
-  prompt and the earlier answers in one forward pass, keeping what greedy decoding agrees with.
+- With `evaluation.draft_tokens`, decoding (`tunelab.decoding`) writes the KV cache in place and
+  checks drafts looked up in the prompt and the earlier answers in one forward pass, keeping
+  what greedy decoding agrees with.
 
 Outputs equal the greedy decoding of each prompt alone, cut at the same end (tests check it).
 """
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunelab.decoding import DRAFT_TOKENS, SEPARATOR, decode, in_place_cache, pad_sequences
+from tunelab.decoding import SEPARATOR, decode, in_place_cache, pad_sequences
 from tunelab.merged_eval import as_models
 from tunelab.plan.probes import StepClock
 from tunelab.tasks.json_text import answer_complete
@@ -84,13 +85,13 @@ def _generate_batch(
     stop_at_answer: bool,
     timed: bool,
     lookup: Sequence[int] = (),
-    draft_tokens: int = DRAFT_TOKENS,
+    draft_tokens: int = 0,
 ) -> Generated:
     """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's figures:
-    by `decoding.decode` (in-place cache, prompt-lookup drafts; `lookup`: earlier answers), or
-    by `generate` for a model whose cache it cannot take."""
+    with `draft_tokens`, by `decoding.decode` (in-place cache, prompt-lookup drafts; `lookup`:
+    earlier answers); else, or for a model whose cache it cannot take, by `generate`."""
     pad_id = pad_id_for(tokenizer)
-    cache = in_place_cache(model)
+    cache = in_place_cache(model) if draft_tokens else None
     if cache is None:
         return _generate_with_hf(model, tokenizer, prompts, config, stop_at_answer, timed)
     end = AnswerEnd(tokenizer, 0, len(prompts)) if stop_at_answer else None
@@ -211,7 +212,7 @@ def generate_outputs(
     tick: Callable[[int], None] = lambda n: None,
     stats: list[dict[str, Any]] | None = None,
     stop_at_answer: bool = False,
-    draft_tokens: int = DRAFT_TOKENS,
+    draft_tokens: int = 0,
 ) -> list[str]:
     """Greedy continuations of each prompt (left padding, KV cache, stop at EOS, or at the end of
     the answer with `stop_at_answer`); only the new tokens are decoded, special tokens dropped.
@@ -222,7 +223,7 @@ def generate_outputs(
     first new token), `decode_s` (the rest), and where `decoding.decode` ran, `forwards` (the
     decoding forward passes), `proposed` and `kept` (draft tokens).
 
-    `draft_tokens`: the most tokens a row proposes per step (0: one token per step)."""
+    `draft_tokens`: the most tokens a row proposes per step (0: `generate`, one per step)."""
     from transformers import GenerationConfig
 
     models = as_models(model)
