@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tunelab.sizing.measure import measure_in_subprocess
 from tunelab.sizing.memory import Case, ModelFacts
+from tunelab.sizing.processes import measure_in_subprocess
 from tunelab.sizing.stage import compare_row
 
 MODELS = {

@@ -105,9 +105,11 @@ class Worker:
         offline: bool = True,
         env: dict[str, str] | None = None,
         python: str | None = None,
+        poll: Callable[[], None] | None = None,
     ) -> Outcome:
         """Run the module on `spec` and wait (at most `timeout_s`). `offline`: the child may not
-        reach the Hugging Face hub; `env`: more variables for it."""
+        reach the Hugging Face hub; `env`: more variables for it; `poll()` is called about
+        every half second while the child runs (to read what it has written so far)."""
         (self.dir / SPEC).write_text(json.dumps({**spec, "out": str(self.dir)}, default=str))
         child_env = dict(os.environ)
         child_env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -116,17 +118,31 @@ class Worker:
         child_env.update(env or {})
         cmd = [python or sys.executable, "-m", self.module, str(self.dir / SPEC)]
         started = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, env=child_env, timeout=timeout_s
-            )
-            returncode, stderr = proc.returncode, proc.stderr or proc.stdout or ""
-        except subprocess.TimeoutExpired as exc:
-            returncode, stderr = None, _text(exc.stderr)
+        returncode, stderr = _wait(cmd, child_env, timeout_s, poll)
         seconds = time.perf_counter() - started
         result = read_json(self.dir / RESULT) if (self.dir / RESULT).exists() else None
         error = read_json(self.dir / ERROR) if (self.dir / ERROR).exists() else None
         return Outcome(returncode, result, error, stderr, seconds, timeout_s)
+
+
+def _wait(
+    cmd: list[str], env: dict[str, str], timeout_s: float, poll: Callable[[], None] | None
+) -> tuple[int | None, str]:
+    """(exit code, or None when stopped at the timeout; stderr, else stdout)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        left = deadline - time.perf_counter()
+        try:  # communicate again after its timeout loses no output
+            out, err = proc.communicate(timeout=max(0.01, min(left, 0.5 if poll else left)))
+            return proc.returncode, err or out or ""
+        except subprocess.TimeoutExpired:
+            if time.perf_counter() >= deadline:
+                proc.kill()
+                out, err = proc.communicate()
+                return None, _text(err)
+            if poll is not None:
+                poll()
 
 
 def _text(data: bytes | str | None) -> str:

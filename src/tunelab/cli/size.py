@@ -51,11 +51,19 @@ def size(
         str | None,
         typer.Option(help="Adaptation methods to measure besides the study's: full,lora,qlora."),
     ] = None,
+    fresh_processes: Annotated[
+        bool,
+        typer.Option(
+            "--fresh-processes",
+            help="Measure each configuration in its own new process (default: all in one).",
+        ),
+    ] = False,
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure full training steps (each configuration in its own process) against the analytic
-    memory model; recommend micro-batch and accumulation within the memory budget."""
+    """Measure full training steps (all configurations in one process, the model rebuilt for
+    each) against the analytic memory model; recommend micro-batch and accumulation within the
+    memory budget."""
     from tunelab.sizing.stage import run_sizing
 
     precisions = parse_precisions(precision) if precision else None
@@ -77,6 +85,7 @@ def size(
         ranks=tuple(parse_int_list(ranks, "--ranks")),
         measure_steps=max(1, steps),
         allocator=allocator,
+        shared=not fresh_processes,
     )
     if json_out:
         record, path = run_sizing(s, **kwargs)

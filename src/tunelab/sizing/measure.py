@@ -1,11 +1,29 @@
-"""One configuration measured in its own process: `python -m tunelab.sizing.measure SPEC`.
+"""Configurations measured in a child process: `python -m tunelab.sizing.measure SPEC`.
 
-A fresh process per configuration, so that one measurement does not inherit the allocator state,
-the caches or the peak of another. The child loads the study's model through `tunelab.models`,
-adapts it, builds synthetic examples of exactly the asked length, and runs real optimizer steps
-through the training loop itself (`tunelab.train.loop.train_loop`: forward, token-normalized
-loss, backward, gradient clipping, optimizer step, zero grad): a warm-up step, then the measured
-steps. It is a `tunelab.worker`: its result comes back as the worker's result.json.
+The parent (`tunelab.sizing.processes`) gives one child all the configurations of a sizing
+(or, `--fresh-processes`, one each). For each, the child builds the study's model through
+`tunelab.models` as training builds it, adapted, with synthetic examples of exactly the asked
+length, and runs real optimizer steps through the training loop itself
+(`tunelab.train.loop.train_loop`: forward, token-normalized loss, backward, gradient clipping,
+optimizer step, zero grad): a warm-up, then the measured steps. It is a `tunelab.worker`;
+each configuration's result is a file of its own (`result_path`), written as soon as known.
+
+The warm-up makes what a first step leaves for good: the optimizer's states. Fresh processes
+(`spec["warmup"] == "step"`) take a whole warm-up step for it, pinned and so about twice a
+step's time; one process for all (`"states"`) makes the states with one optimizer step over
+zero gradients (`_make_states`), the lazy one-time allocations of forward and backward having
+been made by the prime already.
+
+Order (`run_configurations`): first the memory of every configuration, one after another with
+the mmap threshold pinned, each on a model built for it after the previous one's memory was
+given back (`settle`: garbage collected, `malloc_trim`, threshold pinned again; on CUDA the
+cache emptied and the peak stats reset); then, with glibc's usual thresholds, the step time of
+each that fits, the last one on the model it has, the others on a model built again. Memory
+before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
+allocations take before any mmap, and a step measured after them would show the heap's
+high-water mark rather than its live tensors (on a hidden-256 Llama, +72 % for the second
+configuration of a process), whereas configurations measured pinned one after another give
+what fresh processes give (tests/test_sizing.py: within 5 %; benchmarks/sizing_time.py).
 
 Memory:
 - CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
@@ -16,37 +34,44 @@ Memory:
   `peak - idle` is what a training step adds to the process: optimizer states, gradients,
   activations, logits and temporaries, the part the analytic model predicts.
 
-Time: the median of `time_steps` (3) further steps at most, fewer when the last two agree
-within 5 % (`stable_times`: more would not move the median). On CPU the parent pins glibc's
-mmap threshold so that the RSS follows the live tensors, which also makes every large
-allocation a page-faulting mmap; before the timed steps the child gives glibc its usual thresholds back and runs one step to
-let the heap grow, so the step time is that of a training run.
+Time: the median of `time_steps` (3) steps at most after one untimed step that lets the heap
+grow, fewer when the last two agree within 5 % (`stable_times`: more would not move the
+median). The pinned threshold that keeps the RSS honest makes every large allocation a
+page-faulting mmap (a CPU step about twice as slow as in a training run); the timed steps run
+with glibc's own thresholds, so the step time is that of a training run. `measured.phase_s`
+gives the seconds of each part (load, count_saved, prime, memory_steps, timing_load,
+timed_steps, forward).
 
 Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or an RSS above
-`memory_budget_bytes` (a watchdog thread stops the child at once) is reported as
-`status: does_not_fit`, never as a crash of the caller.
+`memory_budget_bytes` (a watchdog thread stops the child at once, after writing the verdict of
+the configuration it was on) is reported as `status: does_not_fit`, never as a crash of the
+caller; the parent gives the configurations left to a new child.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import os
 import statistics
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunelab.worker import Worker, serve, write_result
+from tunelab.records import write_json_atomic
+from tunelab.sizing.process_memory import (
+    Watchdog,
+    hwm_bytes,
+    pin_mmap_threshold,
+    release_mmap_threshold,
+    reset_hwm,
+    rss_bytes,
+    trim_heap,
+)
+from tunelab.worker import serve
 
-# glibc serves blocks above this size with mmap and returns them to the system when freed. Its
-# default threshold moves up (to 32 MiB) after the first frees, and freed activations then stay in
-# the heap: the RSS keeps the warm-up's peak and grows with fragmentation instead of following the
-# live tensors. Pinning it makes the RSS of the child measure what the step's tensors need.
-MMAP_THRESHOLD = 65536
 # the timed steps stop once the last STABLE_STEPS of them agree within STABLE_TOLERANCE
 STABLE_STEPS = 2
 STABLE_TOLERANCE = 0.05
@@ -56,67 +81,6 @@ _OOM_WORDS = (
     "cannot allocate memory",
     "not enough memory",
 )
-
-
-# ------------------------------------------------------------------ process memory (Linux)
-
-
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def rss_bytes() -> int | None:
-    kb = _status_kb("VmRSS")
-    return None if kb is None else kb * 1024
-
-
-def hwm_bytes() -> int | None:
-    kb = _status_kb("VmHWM")
-    return None if kb is None else kb * 1024
-
-
-def reset_hwm() -> bool:
-    """Reset the RSS high-water mark to the current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-class _Watchdog(threading.Thread):
-    """Stops the process as soon as its RSS passes the budget, after writing the verdict."""
-
-    def __init__(self, budget: int, base: dict[str, Any], out: Path):
-        super().__init__(daemon=True)
-        self.budget = budget
-        self.base = base
-        self.out = out
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.002):
-            rss = rss_bytes()
-            if rss is not None and rss > self.budget:
-                write_result(
-                    self.out,
-                    {
-                        **self.base,
-                        "status": "does_not_fit",
-                        "reason": f"RSS {rss / 2**20:.0f} MiB passed the memory budget "
-                        f"{self.budget / 2**20:.0f} MiB",
-                        "measured": {"peak_rss": rss},
-                    },
-                )
-                os._exit(0)
 
 
 # ------------------------------------------------------------------ synthetic examples
@@ -219,9 +183,7 @@ def _child_device(spec: dict[str, Any]) -> Any:
     }.get(wanted, lambda: torch.device(wanted))()
 
 
-def _limit_memory(
-    device: Any, budget: int | None, result: dict[str, Any], out: Path
-) -> _Watchdog | None:
+def _limit_memory(device: Any, budget: int | None) -> Watchdog | None:
     """The budget as CUDA's memory fraction, or a watchdog on the RSS (which counts the whole
     process from the start, loading included)."""
     import torch
@@ -230,7 +192,7 @@ def _limit_memory(
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
     if device.type == "cpu" and budget and rss_bytes() is not None:
-        watchdog = _Watchdog(int(budget), result, out)
+        watchdog = Watchdog(int(budget))
         watchdog.start()
         return watchdog
     return None
@@ -253,9 +215,10 @@ class _Steps:
         self.state = train_loop(self.loop, state, [lambda _s, row: self.metrics.append(row)])
 
 
-def _memory_steps(steps: _Steps, warmup: int, measured: int) -> dict[str, Any]:
-    """The warm-up steps (optimizer states, lazy init), then the measured ones, with the memory
-    before, between and after them (the module docstring says which)."""
+def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> dict[str, Any]:
+    """The warm-up (optimizer states, lazy init): `warmup` steps, or with `states` the
+    optimizer's states made by a step over zero gradients (`_make_states`); then the measured
+    steps, with the memory before, between and after them (the module docstring says which)."""
     import torch
 
     cuda = steps.device.type == "cuda"
@@ -266,7 +229,12 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int) -> dict[str, Any]:
         out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
         torch.cuda.reset_peak_memory_stats(steps.device)
     out["idle_rss"] = rss_bytes()
-    steps.run_to(warmup)
+    if states:
+        _make_states(steps.loop.optimizer)
+        warmup = 0
+    else:
+        steps.run_to(warmup)
+    out["warmup_steps"] = warmup
     gc.collect()
     out["idle_rss_after_warmup"] = rss_bytes()
     out["hwm_reset"] = reset_hwm()
@@ -280,6 +248,19 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int) -> dict[str, Any]:
         torch.cuda.synchronize()
     out["wall"] = time.perf_counter() - started
     return out
+
+
+def _make_states(optimizer: Any) -> None:
+    """The optimizer's states as its first step makes them, without a forward and backward:
+    one step over zero gradients (no update but weight decay), then the gradients dropped as
+    the loop's zero grad drops them."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def stable_times(seconds: list[float]) -> bool:
@@ -340,33 +321,134 @@ def _saved_bytes(model: Any, source: Any, arch: str, precision: str, device: Any
         )
 
 
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Measure one configuration in this process (the body of `python -m tunelab.sizing.measure`)."""
+def _marker(phases: dict[str, float]) -> Callable[[str], None]:
+    """`mark(name)`: the seconds since the previous mark (or the call) stored as `phases[name]`."""
+    last = [time.perf_counter()]
+
+    def mark(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = round(now - last[0], 3)
+        last[0] = now
+
+    return mark
+
+
+def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Measure `specs` in this process: first the memory of each, one after another with the
+    mmap threshold pinned (`memory-<i>.json` as soon as known), then, with glibc's usual
+    thresholds, the step time of each that fits (`configuration-<i>.json`, the whole result).
+
+    Memory first: a heap grown by unpinned steps keeps free chunks that later allocations
+    reuse before any mmap, and the RSS of a step measured after them would follow the heap's
+    high-water mark instead of the live tensors. Before each configuration the previous one's
+    memory is given back (`settle`). The last configuration's model goes on to its timed steps
+    as it is; the others are built again for theirs. `out/phase.json` says which configuration
+    runs in which phase, for the parent to know where a process that ended early stopped.
+    The threads, the device and the budget are the first spec's (one study's configurations).
+    """
     import torch
 
+    first = specs[0]
+    if first.get("num_threads"):
+        torch.set_num_threads(int(first["num_threads"]))
+    device = _child_device(first)
+    watchdog = _limit_memory(device, first.get("memory_budget_bytes"))
+    pinned = first.get("allocator", "pinned") == "pinned"
+    fitted: dict[int, dict[str, Any]] = {}
+    kept: _Session | None = None
+    for i, spec in enumerate(specs):
+        kept = None
+        settle(device, pinned=pinned)
+        _phase(out, "memory", i)
+        result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
+        if watchdog is not None:
+            watchdog.aim(result_path(out, i, "memory"), result)
+        session, result = _guarded(result, measure_memory, spec, device, result)
+        if watchdog is not None:
+            watchdog.pause()
+        write_json_atomic(result_path(out, i, "memory"), result, overwrite=True)
+        if result["status"] == "ok":
+            fitted[i] = result
+            kept = session
+        session = None
+    if device.type == "cpu" and pinned and fitted:
+        release_mmap_threshold()
+    for i in sorted(fitted, key=lambda i: i != len(specs) - 1 or kept is None):
+        session = kept if kept is not None and i == len(specs) - 1 else None
+        kept = None
+        if session is None:
+            settle(device, pinned=False)
+        _phase(out, "timing", i)
+        _, timed = _guarded(fitted[i], measure_time, specs[i], device, fitted[i], session)
+        session = None
+        write_json_atomic(result_path(out, i), timed, overwrite=True)
+    return {"configurations": len(specs)}
+
+
+def _guarded(result: dict[str, Any], run: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """`run(*args)` as a pair (a lone result as (None, it)), or on an exception (None, `result`
+    with status error and the whole error)."""
+    try:
+        out = run(*args)
+    except Exception as exc:  # noqa: BLE001 - one configuration's error, the next still run
+        from tunelab.worker import describe_error
+
+        error = describe_error(exc)
+        del exc
+        return None, {
+            **result,
+            "status": "error",
+            "reason": f"{error['kind']}: {error['message']}",
+            "traceback": error["traceback"],
+        }
+    return out if isinstance(out, tuple) else (None, out)
+
+
+def _phase(out: Path, phase: str, index: int) -> None:
+    write_json_atomic(out / "phase.json", {"phase": phase, "index": index}, overwrite=True)
+
+
+def result_path(out: Path, index: int, phase: str = "configuration") -> Path:
+    """Where the child leaves configuration `index`'s result: `memory-<i>.json` after its
+    memory steps, `configuration-<i>.json` once timed too."""
+    return out / f"{phase}-{index}.json"
+
+
+def settle(device: Any, *, pinned: bool) -> None:
+    """What the previous configuration left, given back before the next one is built: garbage
+    collected; on CPU the heap's free pages returned (`malloc_trim`) and the mmap threshold
+    pinned; on CUDA the cached blocks released and the peak stats reset."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    elif pinned:
+        pin_mmap_threshold()
+        trim_heap()
+
+
+@dataclass
+class _Session:
+    """A configuration's model and training loop, built as training builds them."""
+
+    model: Any
+    loop: Any
+    steps: _Steps
+    facts: Any
+    arch: str
+    training: Any
+    load_s: float
+
+
+def _session(spec: dict[str, Any], device: Any) -> _Session:
     from tunelab.train.build import build_loop
 
-    if spec.get("num_threads"):
-        torch.set_num_threads(int(spec["num_threads"]))
-    device = _child_device(spec)
-    result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
-    budget = spec.get("memory_budget_bytes")
-    watchdog = _limit_memory(device, budget, result, Path(spec["out"]))
-    load_started = time.perf_counter()
-    try:
-        cfg, base, model, facts = _build(spec, device)
-    except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
-        if watchdog is not None:
-            watchdog.stop.set()
-        if _is_oom(exc):
-            return {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
-        raise
-    result["facts"] = facts.to_dict()
-    load_s = time.perf_counter() - load_started
+    started = time.perf_counter()
+    cfg, base, model, facts = _build(spec, device)
     t, arch = cfg.training, base.architecture
-    warmup = int(spec.get("warmup_steps", 1))
-    measure_steps = int(spec.get("measure_steps", 1))
-    time_steps = int(spec.get("time_steps", 3))  # after the memory steps, see the module doc
     per_step = t.micro_batch_size * t.grad_accum_steps
     encoded = synthetic_examples(
         per_step,
@@ -378,59 +460,109 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         seed=t.seed,
         image_size=base.config.get("image_size") if arch == "image" else None,
     )
-    # the schedule leaves room for the timed steps that follow the measured ones
-    total = warmup + measure_steps + 1 + time_steps
+    # the schedule leaves room for every step the measurement may take
+    total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))
+    total += 1 + int(spec.get("time_steps", 3))
     loop = build_loop(model, t, encoded, architecture=arch, pad_id=0, total_steps=total)
+    load_s = time.perf_counter() - started
+    return _Session(model, loop, _Steps(loop, device), facts, arch, t, load_s)
+
+
+def measure_memory(
+    spec: dict[str, Any], device: Any, result: dict[str, Any]
+) -> tuple[_Session | None, dict[str, Any]]:
+    """The memory part of a configuration, in this process: (its session for the timed steps,
+    `result` with status, the memory figures and the model's facts)."""
+    import torch
+
+    phases: dict[str, float] = {}
+    mark = _marker(phases)
+    try:
+        session = _session(spec, device)
+    except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
+        if _is_oom(exc):
+            return None, {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
+        raise
+    mark("load")
+    model, loop, t, arch = session.model, session.loop, session.training, session.arch
+    result["facts"] = session.facts.to_dict()
+    warmup = int(spec.get("warmup_steps", 1))
+    measure_steps = int(spec.get("measure_steps", 1))
     saved = None
     if spec.get("count_saved", True):
         saved = _saved_bytes(model, loop.source, arch, t.precision, device)
+    mark("count_saved")
     model.train()
     if spec.get("prime", True):
         _prime(model, loop.source, arch, t.precision, device)
-    steps = _Steps(loop, device)
+    mark("prime")
+    steps = session.steps
     try:
-        memory = _memory_steps(steps, warmup, measure_steps)
+        memory = _memory_steps(steps, warmup, measure_steps, spec.get("warmup") == "states")
     except Exception as exc:  # noqa: BLE001
         if _is_oom(exc):
             out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
             if device.type == "cuda":
                 out["measured"] = {"max_allocated": torch.cuda.max_memory_allocated(device)}
-            return out
+            return None, out
         raise
-    finally:
-        if watchdog is not None:
-            watchdog.stop.set()
+    mark("memory_steps")
+    warmup = memory["warmup_steps"]
     measured_rows = steps.metrics[warmup:]
-    memory_step_s = [r["seconds"] for r in measured_rows]
-    peak_now = hwm_bytes() if device.type == "cpu" and memory["hwm_reset"] else None
-    timed = time_steps if memory_step_s else 0
-    if budget and peak_now and peak_now > 0.8 * budget:
+    peak = hwm_bytes() if device.type == "cpu" and memory["hwm_reset"] else None
+    measured: dict[str, Any] = {
+        "memory_step_s": [r["seconds"] for r in measured_rows],
+        "memory_wall_s": memory["wall"] / max(1, measure_steps),
+        "warmup_step_s": steps.metrics[0]["seconds"] if warmup and steps.metrics else None,
+        "warmup": "optimizer states" if memory["warmup_steps"] == 0 else "steps",
+        "tokens_per_step": measured_rows[0]["tokens"] if measured_rows else 0,
+        "examples_per_step": t.micro_batch_size * t.grad_accum_steps,
+        "saved_activation_bytes": saved,
+        "load_s": session.load_s,
+        "loss": measured_rows[-1]["loss"] if measured_rows else None,
+        "phase_s": phases,
+    }
+    budget = spec.get("memory_budget_bytes")
+    return session, _verdict(result, measured, memory, peak, device, budget)
+
+
+def measure_time(
+    spec: dict[str, Any], device: Any, result: dict[str, Any], session: _Session | None
+) -> dict[str, Any]:
+    """The step time of a configuration whose memory fitted (`result`), with glibc's usual
+    thresholds: on `session` where its model is still there, else on one built again."""
+    started = time.perf_counter()
+    session = session or _session(spec, device)
+    measured = dict(result["measured"])
+    phases = measured["phase_s"] = dict(measured["phase_s"])
+    phases["timing_load"] = round(time.perf_counter() - started, 3)
+    mark = _marker(phases)
+    budget = spec.get("memory_budget_bytes")
+    timed = int(spec.get("time_steps", 3)) if measured["memory_step_s"] else 0
+    if budget and (measured.get("peak_rss") or 0) > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
     seconds, allocator, timed_cpu = (
-        _timed_steps(steps, timed) if timed else ([], "as measured", None)
+        _timed_steps(session.steps, timed) if timed else ([], "as measured", None)
     )
-    seconds = seconds or memory_step_s
-    forward_s = _time_forward(model, loop.source, arch, t.precision, device)
-    step_s = statistics.median(seconds) if seconds else memory["wall"] / max(1, measure_steps)
-    tokens = measured_rows[0]["tokens"] if measured_rows else 0
-    measured: dict[str, Any] = {
-        "step_s": step_s,
-        "step_s_all": seconds,
-        "step_s_allocator": allocator,
-        "memory_step_s": memory_step_s,
-        "warmup_step_s": steps.metrics[0]["seconds"] if steps.metrics else None,
-        "tokens_per_step": tokens,
-        "tokens_per_s": tokens / step_s if step_s else None,
-        "examples_per_s": per_step / step_s if step_s else None,
-        "saved_activation_bytes": saved,
-        "forward_s": forward_s,
-        "load_s": load_s,
+    mark("timed_steps")
+    seconds = seconds or measured["memory_step_s"]
+    t = session.training
+    forward_s = _time_forward(session.model, session.loop.source, session.arch, t.precision, device)
+    mark("forward")
+    step_s = statistics.median(seconds) if seconds else measured["memory_wall_s"]
+    tokens, examples = measured["tokens_per_step"], measured["examples_per_step"]
+    measured.update(
+        step_s=step_s,
+        step_s_all=seconds,
+        step_s_allocator=allocator,
+        tokens_per_s=tokens / step_s if step_s else None,
+        examples_per_s=examples / step_s if step_s else None,
+        forward_s=forward_s,
         # the timed steps' share of their threads' CPU time: low when another process shared
         # the cores, and the step time with it (tunelab plan warns)
-        "cpu_share": timed_cpu,
-        "loss": measured_rows[-1]["loss"] if measured_rows else None,
-    }
-    return _verdict(result, measured, memory, peak_now, device, budget)
+        cpu_share=timed_cpu,
+    )
+    return {**result, "measured": measured}
 
 
 def _verdict(
@@ -473,23 +605,6 @@ def _verdict(
             "measured": measured,
         }
     return {**result, "status": "ok", "measured": measured}
-
-
-def release_mmap_threshold() -> bool:
-    """Give glibc back thresholds like those it reaches by itself in a long-running process
-    (mmap above 32 MiB, trim above 64 MiB). False where there is no glibc `mallopt`."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(
-            libc.mallopt(m_mmap_threshold, 32 * 2**20)
-            and libc.mallopt(m_trim_threshold, 64 * 2**20)
-        )
-    except (OSError, AttributeError):
-        return False
 
 
 def _prime(model, source, arch, precision, device) -> None:  # noqa: ANN001
@@ -535,53 +650,9 @@ def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa
         return loss_sum(model, batch, arch)
 
 
-# ------------------------------------------------------------------ the parent side
-
-
-def measure_in_subprocess(
-    spec: dict[str, Any], *, timeout_s: float = 1800.0, python: str | None = None
-) -> dict[str, Any]:
-    """Run one configuration in a fresh `python -m tunelab.sizing.measure` and return its result.
-
-    A child killed by the kernel (SIGKILL: the out-of-memory killer) is reported as does_not_fit;
-    an exception in the child, a timeout or a crash without a result as status error, with the
-    child's whole error.
-    """
-    env = {"TOKENIZERS_PARALLELISM": "false"}
-    if spec.get("allocator", "pinned") == "pinned":
-        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
-    with Worker("tunelab.sizing.measure") as worker:
-        outcome = worker.run(spec, timeout_s=timeout_s, offline=False, env=env, python=python)
-    label = spec.get("label")
-    if outcome.result is not None:
-        return outcome.result
-    if outcome.error is not None:
-        error = outcome.error
-        return {
-            "label": label,
-            "status": "error",
-            "reason": f"{error['kind']}: {error['message']}",
-            "traceback": error.get("traceback"),
-        }
-    if outcome.timed_out:
-        return {"label": label, "status": "error", "reason": f"timeout {timeout_s}s"}
-    if outcome.killed:
-        return {
-            "label": label,
-            "status": "does_not_fit",
-            "reason": "the process was killed (SIGKILL: most likely the kernel's out-of-memory "
-            "killer)",
-        }
-    return {
-        "label": label,
-        "status": "error",
-        "reason": f"exit {outcome.returncode} without a result: {outcome.stderr.strip()}",
-    }
-
-
 def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    """The worker's body: the result of `run_child` (the watchdog may answer first)."""
-    return run_child(spec)
+    """The worker's body: `spec["configurations"]` measured in turn (see `run_configurations`)."""
+    return run_configurations(spec["configurations"], out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
    positions carrying loss are what the synthetic examples of the measurement reproduce.
 2. Configurations (`recommend.configurations`): the study's own at each length, then each
    option alone at the longest length (activation checkpointing, micro-batch sizes, precision),
-   then combined. Each runs in its own process (`measure.measure_in_subprocess`).
+   then combined. All are measured in one child process (`processes.measure_configurations`:
+   imports and the model's files paid once, the model built again for each, its memory given
+   back in between), or each in its own (`--fresh-processes`, and `--allocator default`).
 3. For each: the analytic estimate (`memory.estimate_memory`), the measurement, the error in
    percent, and what the weights x 4 rule would have said.
 4. The recommendation (micro-batch, accumulation, within the memory budget) with its measured
@@ -32,8 +34,9 @@ from tunelab.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.errors import SnapshotError, StudyError, TunelabError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
-from tunelab.sizing.measure import MMAP_THRESHOLD, measure_in_subprocess
 from tunelab.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
+from tunelab.sizing.process_memory import MMAP_THRESHOLD
+from tunelab.sizing.processes import measure_configurations
 from tunelab.sizing.recommend import Option, calibration, configurations, own_label, recommend
 from tunelab.study import Study
 
@@ -46,42 +49,80 @@ DEFAULT_RANKS = (2, 4, 8)
 # the prime (a forward, a forward and backward), the warm-up, the memory step (about two: every
 # large allocation faults its pages in), the step that grows the heap and the forward timing
 CONFIG_OVERHEAD_STEPS = 6.0
-# a new process per configuration: Python, torch and transformers imported, the model loaded
+# a measuring process's start: Python, torch and transformers imported, the model loaded
 PROCESS_START_S = 15.0
+# each further configuration of a shared process: the model built again from the loaded files
+CONFIG_BUILD_S = 2.0
+# the timed part of a configuration besides its timed steps, in steps: the step that grows the
+# heap and the forward timing
+TIMING_OVERHEAD_STEPS = 2.0
+
+
+def _step_of(o: Option, step_s: float, tokens_per_step: float) -> float:
+    """A step's time in proportion to its tokens (checkpointing recomputes a forward)."""
+    tokens = o.seq_len * o.micro_batch * min(o.grad_accum, 2)
+    return step_s * tokens / max(1.0, tokens_per_step) * (1.3 if o.checkpointing else 1.0)
+
+
+def _timed(o: Option, own: str) -> int:
+    return PLANNED_TIME_STEPS if o.label == own else 3
 
 
 def expected_seconds(
-    options: list[Option], own: str, step_s: float, tokens_per_step: float, start_s: float
+    options: list[Option],
+    own: str,
+    step_s: float,
+    tokens_per_step: float,
+    start_s: float,
+    build_s: float = CONFIG_BUILD_S,
 ) -> float:
-    """How long measuring `options` takes, from a step of `step_s` seconds over
-    `tokens_per_step` tokens (a step's time in proportion to its tokens)."""
-    total = 0.0
-    for o in options:
-        tokens = o.seq_len * o.micro_batch * min(o.grad_accum, 2)
-        step = step_s * tokens / max(1.0, tokens_per_step) * (1.3 if o.checkpointing else 1.0)
-        timed = PLANNED_TIME_STEPS if o.label == own else 3
-        total += start_s + step * (CONFIG_OVERHEAD_STEPS + timed)
+    """How long measuring `options` in one process takes, from a step of `step_s` seconds over
+    `tokens_per_step` tokens: `start_s` for the process, `build_s` for each configuration after
+    the first (`build_s=start_s`: a fresh process for each)."""
+    total = start_s
+    for i, o in enumerate(options):
+        steps = CONFIG_OVERHEAD_STEPS + _timed(o, own)
+        total += (build_s if i else 0.0) + _step_of(o, step_s, tokens_per_step) * steps
     return total
+
+
+def timing_seconds(
+    options: list[Option], own: str, step_s: float, tokens_per_step: float, build_s: float
+) -> float:
+    """How long the timed part of `options` takes once their memory is measured (a shared
+    process): the model built again, the step that grows the heap, the timed steps, the
+    forward."""
+    return sum(
+        build_s + _step_of(o, step_s, tokens_per_step) * (TIMING_OVERHEAD_STEPS + _timed(o, own))
+        for o in options
+    )
 
 
 def _clock_text(seconds: float) -> str:
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
 
 
-def sizing_forecast(study: Study, options: list[Option], own: str) -> str:
+def _processes_text(count: int, shared: bool) -> str:
+    where = "in one process" if shared else "each in its own process"
+    return f"{count} configurations {where}"
+
+
+def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool = True) -> str:
     """A sentence saying how long the sizing will take, from the latest smoke's step time (the
     only step measured before), or that it is known after the first configuration."""
     from tunelab.smoke_record import latest_smoke
 
     smoke, row = latest_smoke(study)
+    what = _processes_text(len(options), shared)
     if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
-        return (
-            f"{len(options)} configurations, each in its own process (time known after the first)"
-        )
+        return f"{what} (time known after the first)"
     start = smoke.get("fresh_process_s") or PROCESS_START_S
-    seconds = expected_seconds(options, own, smoke["step_s"], smoke["tokens_per_step"], start)
+    seconds = expected_seconds(
+        options, own, smoke["step_s"], smoke["tokens_per_step"], start,
+        build_s=CONFIG_BUILD_S if shared else start,
+    )  # fmt: skip
     return (
-        f"{len(options)} configurations, each in its own process: {_clock_text(seconds)} "
+        f"{what}: {_clock_text(seconds)} "
         f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} tokens)"
     )
 
@@ -259,8 +300,9 @@ def _lengths(
 
 
 class _Measurer:
-    """Measures configurations one by one in their own processes; keeps the rows and the model
-    facts the first successful one reports."""
+    """Measures configurations (all in one process unless `shared` is off, see
+    `processes.measure_configurations`); keeps the rows and the model facts the first
+    successful one reports."""
 
     def __init__(
         self,
@@ -269,26 +311,23 @@ class _Measurer:
         total: int,
         timeout_s: float,
         progress: Callable[[int, int, str], None] | None,
+        shared: bool = True,
     ):
         self.base_spec, self.own, self.total = base_spec, own, total
-        self.timeout_s, self.progress = timeout_s, progress
+        self.timeout_s, self.progress, self.shared = timeout_s, progress, shared
         self.rows: list[dict[str, Any]] = []
         self.facts: ModelFacts | None = None
         self.facts_of: dict[str, ModelFacts] = {}  # per row: another method's model
 
-    def measure(self, o: Option, method: str | None = None, note: str = "") -> dict[str, Any]:
-        """Measure option `o` (with adaptation.method `method` instead of the study's); `note`
-        follows its label on the progress line."""
-        if self.progress:
-            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
-        # measure at most 2 micro-steps per step: the time per micro-step scales to the rest
-        measured_accum = min(o.grad_accum, 2)
+    def spec(self, o: Option, method: str | None) -> dict[str, Any]:
+        """The child's spec for option `o` (with adaptation.method `method` instead of the
+        study's): at most 2 micro-steps a step, the time per micro-step scales to the rest."""
         spec = {
             **self.base_spec,
             "label": o.label,
             "seq_len": o.seq_len,
             "micro_batch": o.micro_batch,
-            "grad_accum": measured_accum,
+            "grad_accum": min(o.grad_accum, 2),
             "precision": o.precision,
             "checkpointing": o.checkpointing,
             "packing": o.packing,
@@ -298,11 +337,43 @@ class _Measurer:
         if method is not None:
             adaptation = {**spec["config"]["adaptation"], "method": method}
             spec["config"] = {**spec["config"], "adaptation": adaptation}
-        result = measure_in_subprocess(spec, timeout_s=self.timeout_s)
+        return spec
+
+    def measure_all(
+        self,
+        queue: list[tuple[Option, str | None]],
+        on_row: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        """Measure every (option, method) of `queue`; `on_row(index, row)` as each ends."""
+        specs = [self.spec(o, m) for o, m in queue]
+        rows: dict[int, dict[str, Any]] = {}
+
+        def on_result(i: int, result: dict[str, Any]) -> None:
+            rows[i] = self._row(*queue[i], specs[i], result)
+            if on_row is not None:
+                on_row(i, rows[i])
+
+        measure_configurations(
+            specs, timeout_s=self.timeout_s, shared=self.shared, on_result=on_result
+        )
+        self.rows += [rows[i] for i in range(len(queue))]
+
+    def measure(self, o: Option, method: str | None = None, note: str = "") -> dict[str, Any]:
+        """Measure option `o` alone (its own process); `note` follows its label on the
+        progress line."""
+        if self.progress:
+            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
+        self.measure_all([(o, method)])
+        return self.rows[-1]
+
+    def _row(
+        self, o: Option, method: str | None, spec: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
         if result.get("facts") and method is not None:
             self.facts_of[o.label] = ModelFacts.from_dict(result["facts"])
         elif result.get("facts"):
             self.facts = self.facts or ModelFacts.from_dict(result["facts"])
+        measured_accum = spec["grad_accum"]
         row: dict[str, Any] = {
             "label": o.label,
             "options": {**o.to_dict(), "measured_accum": measured_accum},
@@ -310,25 +381,31 @@ class _Measurer:
             "status": result.get("status"),
             "reason": result.get("reason"),
             "measured": result.get("measured"),
+            "process": result.get("process"),
         }
         m = row["measured"]
         if m and m.get("step_s"):
             micro_s = m["step_s"] / measured_accum
             m["micro_step_s"] = micro_s
             m["projected_step_s"] = micro_s * o.grad_accum
-        self.rows.append(row)
         return row
 
 
-def _remaining(done: list[tuple[Option, float]], left: list[Option], own: str, first: Any) -> str:
-    """How long the configurations `left` take: at the first measured step's time per token,
-    and the start of a process as the measured ones took beyond their steps."""
+def _remaining(
+    done: list[tuple[Option, float]], left: list[Option], own: str, first: Any, shared: bool
+) -> str:
+    """How long the configurations `left` take, at the first measured step's time per token.
+    Fresh processes: each as the measured ones took beyond their steps. One process: results
+    come in once every memory is measured, so what is left is their timed part."""
     if not left or not first or not first.get("step_s") or not first.get("tokens_per_step"):
         return ""
     step_s, tokens = first["step_s"], first["tokens_per_step"]
-    starts = [max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0)) for o, s in done]
-    start = sum(starts) / len(starts) if starts else PROCESS_START_S
-    return f"{_clock_text(expected_seconds(left, own, step_s, tokens, start))} left"
+    if shared:
+        seconds = timing_seconds(left, own, step_s, tokens, CONFIG_BUILD_S)
+        return f"{_clock_text(seconds)} left"
+    costs = [max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0)) for o, s in done]
+    start = sum(costs) / len(costs) if costs else PROCESS_START_S
+    return f"{_clock_text(expected_seconds(left, own, step_s, tokens, start, start))} left"
 
 
 def _case_of(
@@ -481,11 +558,14 @@ def run_sizing(
     timeout_s: float = 1800.0,
     progress: Callable[[int, int, str], None] | None = None,
     methods: list[str] | None = None,
+    shared: bool = True,
 ) -> tuple[dict[str, Any], Path]:
     """Measure, compare, recommend and record (see the module docstring).
 
     `methods`: adaptation methods (full, lora, qlora, freeze) measured besides the study's own,
     each one row at the study's own configuration, predicted from its own adapted model.
+    `shared`: all configurations in one measuring process (False: a fresh one for each,
+    `tunelab size --fresh-processes`; see `processes.measure_configurations`).
 
     `progress(done, total, label)` is called before each configuration is measured. Returns
     (record, path). Raises TunelabError when nothing could be measured or lengths are unknown;
@@ -530,17 +610,33 @@ def run_sizing(
     others = [m for m in dict.fromkeys(methods or []) if m != cfg.adaptation.method]
     total = len(options) + len(others) + 1
     own = own_label(sizes[0])
-    measurer = _Measurer(base_spec, own, total, timeout_s, progress)
+    measurer = _Measurer(base_spec, own, total, timeout_s, progress, shared)
     queue = [(o, None) for o in options]
     queue += [(replace(options[0], label=f"method {m}"), m) for m in others]
-    note = sizing_forecast(study, [o for o, _ in queue], own)
+    planned = [o for o, _ in queue]
+    note = sizing_forecast(study, planned, own, shared)
+    if progress:
+        progress(0, total, f"{planned[0].label}; {note}")
     done: list[tuple[Option, float]] = []
-    for i, (o, method) in enumerate(queue):
-        at = time.perf_counter()
-        measurer.measure(o, method=method, note=note)
-        done.append((o, time.perf_counter() - at))
-        first = next((r["measured"] for r in measurer.rows if r.get("measured")), None)
-        note = _remaining(done, [q for q, _ in queue[i + 1 :]], own, first)
+    clock = [time.perf_counter()]
+
+    timed: list[dict[str, Any]] = []
+
+    def on_row(i: int, row: dict[str, Any]) -> None:
+        """The progress line once a configuration's result is in (in the order they end)."""
+        now = time.perf_counter()
+        done.append((planned[i], now - clock[0]))
+        clock[0] = now
+        if (row.get("measured") or {}).get("step_s"):
+            timed.append(row["measured"])
+        finished.add(i)
+        left = [o for j, o in enumerate(planned) if j not in finished]
+        if progress and left:
+            note = _remaining(done, left, own, timed[0] if timed else None, shared)
+            progress(len(done), total, f"{len(done)} of {len(planned)} measured; {note}")
+
+    finished: set[int] = set()
+    measurer.measure_all(queue, on_row)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
         reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
@@ -575,6 +671,7 @@ def run_sizing(
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 3)
+    record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
     study.ledger.add_event(
         None,
@@ -633,6 +730,7 @@ def _record(
         "lengths": lengths,
         "seq_lens": sizes,
         "memory_budget_bytes": budget,
+        "processes": None,
         "allocator": (
             f"glibc mmap threshold pinned at {MMAP_THRESHOLD} bytes in the measuring process"
             if allocator == "pinned"
