@@ -110,6 +110,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--study", type=Path, default=None)
+    ap.add_argument("--draft-tokens", type=int, default=None, help="evaluation.draft_tokens")
     args = ap.parse_args()
 
     import torch
@@ -125,7 +126,10 @@ def main() -> int:
     folder = cache_study(args.study or cache / "bench" / "generation")
     torch.set_num_threads(args.threads)
     # both sides decode with the same thread count (tunelab's default counts free cores)
-    study = Study.open(folder, overrides=[f"evaluation.num_threads={args.threads}"])
+    overrides = [f"evaluation.num_threads={args.threads}"]
+    if args.draft_tokens is not None:
+        overrides.append(f"evaluation.draft_tokens={args.draft_tokens}")
+    study = Study.open(folder, overrides=overrides)
     run = next(
         r
         for r in sorted(study.list_runs(), key=lambda r: r.created_at, reverse=True)
@@ -157,6 +161,16 @@ def main() -> int:
             else:
                 record, preds = evaluate_model(model, tokenizer, base, study, rows, "validation")
                 merge = record["merge"]
+                draws = record["generation"]["batches"]
+                print(
+                    "  tunelab batches: "
+                    + "; ".join(
+                        f"{d['steps']} tokens in {d.get('forwards', d['steps'] - 1) + 1} "
+                        f"forwards, {d.get('kept', 0)}/{d.get('proposed', 0)} drafted kept"
+                        for d in draws
+                    ),
+                    flush=True,
+                )
                 got["tunelab"] = (preds, record["seconds"], before)
         tokens, hf_s, hf_load = got["hf"]
         preds, tl_s, tl_load = got["tunelab"]

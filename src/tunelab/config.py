@@ -485,10 +485,19 @@ class EvaluationConfig(Section):
         "process's cores less other processes' threads runnable now). Not part of the locked "
         "procedure.",
     )
+    draft_tokens: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Tokens a row may propose per decoding step, looked up in its prompt and "
+        "the earlier answers, and kept only where greedy decoding agrees (0: `generate`, one "
+        "token per step). Speed alone: the outputs are the greedy ones. Not part of the locked "
+        "procedure.",
+    )
 
 
 # evaluation settings of speed alone: outside the locked evaluation spec
-EVALUATION_SPEED_FIELDS = {"num_threads"}
+EVALUATION_SPEED_FIELDS = {"num_threads", "draft_tokens"}
 
 
 class BudgetConfig(Section):

@@ -411,6 +411,7 @@ def predict_rows(
         stats=batches,
         # the answer is the first JSON object: nothing after it is read
         stop_at_answer=task.kind == "extraction",
+        draft_tokens=ev.draft_tokens,
     )
     if timing is not None:
         answers = [pre.target_len(r) for r in rows]

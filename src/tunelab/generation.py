@@ -6,6 +6,9 @@
   object (extraction), at the token that completes that object (`answer_complete`): what a
   model writes after it is never read. The output is the text up to and including that token.
 - Each batch runs on the model `EvalModels` chooses (the merged copy once the first batch agreed).
+- With `evaluation.draft_tokens`, decoding (`tunelab.decoding`) writes the KV cache in place and
+  checks drafts looked up in the prompt and the earlier answers in one forward pass, keeping
+  what greedy decoding agrees with.
 
 Outputs equal the greedy decoding of each prompt alone, cut at the same end (tests check it).
 """
@@ -16,35 +19,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tunelab.decoding import SEPARATOR, decode, in_place_cache, pad_sequences
 from tunelab.merged_eval import as_models
 from tunelab.plan.probes import StepClock
 from tunelab.tasks.json_text import answer_complete
 
+# the earlier answers a batch's drafts may copy from (keys and punctuation repeat)
+LOOKUP_ANSWERS = 2
+
 
 def batches_of(order: Sequence[int], size: int) -> list[list[int]]:
     return [list(order[i : i + size]) for i in range(0, len(order), size)]
-
-
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
-    """[batch, seq] input ids and attention mask, padded on the left or the right.
-
-    Rows keep their token order; padding positions hold `pad_id` and mask 0, tokens mask 1.
-    """
-    import torch
-
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        if not s:
-            continue
-        if left:
-            ids[row, width - len(s) :] = torch.tensor(s)
-            mask[row, width - len(s) :] = 1
-        else:
-            ids[row, : len(s)] = torch.tensor(s)
-            mask[row, : len(s)] = 1
-    return ids, mask
 
 
 def pad_id_for(tokenizer: Any) -> int:
@@ -75,15 +60,19 @@ class AnswerEnd:
             self._closes[token] = "}" in self.tokenizer.decode([token])
         return self._closes[token]
 
+    def complete(self, tokens: list[int]) -> bool:
+        """Whether the answer is complete after `tokens` (the row's new tokens)."""
+        if not tokens or not self._may_close(int(tokens[-1])):
+            return False
+        return answer_complete(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
         new = input_ids.shape[1] - self.width
         for row in range(input_ids.shape[0]):
-            if self.ends[row] is None and self._may_close(int(input_ids[row, -1])):
-                tokens = input_ids[row, self.width :].tolist()
-                if answer_complete(self.tokenizer.decode(tokens, skip_special_tokens=True)):
-                    self.ends[row] = new
+            if self.ends[row] is None and self.complete(input_ids[row, self.width :].tolist()):
+                self.ends[row] = new
         done = [end is not None for end in self.ends]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
@@ -95,8 +84,42 @@ def _generate_batch(
     config: Any,
     stop_at_answer: bool,
     timed: bool,
+    lookup: Sequence[int] = (),
+    draft_tokens: int = 0,
 ) -> Generated:
-    """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's timing."""
+    """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's figures:
+    with `draft_tokens`, by `decoding.decode` (in-place cache, prompt-lookup drafts; `lookup`:
+    earlier answers); else, or for a model whose cache it cannot take, by `generate`."""
+    pad_id = pad_id_for(tokenizer)
+    cache = in_place_cache(model) if draft_tokens else None
+    if cache is None:
+        return _generate_with_hf(model, tokenizer, prompts, config, stop_at_answer, timed)
+    end = AnswerEnd(tokenizer, 0, len(prompts)) if stop_at_answer else None
+    got = decode(
+        model,
+        cache,
+        prompts,
+        max_new_tokens=config.max_new_tokens,
+        pad_id=pad_id,
+        eos_id=tokenizer.eos_token_id,
+        answered=end.complete if end is not None else (lambda tokens: False),
+        lookup=lookup,
+        draft_tokens=draft_tokens,
+    )
+    width = max(len(p) for p in prompts)
+    stats = {"prompt_tokens": width, **got.stats} if timed else {}
+    return Generated(got.tokens, got.ends, stats)
+
+
+def _generate_with_hf(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Sequence[int]],
+    config: Any,
+    stop_at_answer: bool,
+    timed: bool,
+) -> Generated:
+    """`_generate_batch` through `transformers`' `generate` (left padding, KV cache)."""
     import torch
 
     pad_id = pad_id_for(tokenizer)
@@ -189,6 +212,7 @@ def generate_outputs(
     tick: Callable[[int], None] = lambda n: None,
     stats: list[dict[str, Any]] | None = None,
     stop_at_answer: bool = False,
+    draft_tokens: int = 0,
 ) -> list[str]:
     """Greedy continuations of each prompt (left padding, KV cache, stop at EOS, or at the end of
     the answer with `stop_at_answer`); only the new tokens are decoded, special tokens dropped.
@@ -196,7 +220,10 @@ def generate_outputs(
     `model`: a model, or an `EvalModels` choosing merged or not. `stats`, when given, receives
     one entry per batch: `rows` (indices into `prompts`), `prompt_tokens` (the padded width),
     `steps` (tokens generated: the batch runs until its last row ended), `prefill_s` (up to the
-    first new token) and `decode_s` (the rest)."""
+    first new token), `decode_s` (the rest), and where `decoding.decode` ran, `forwards` (the
+    decoding forward passes), `proposed` and `kept` (draft tokens).
+
+    `draft_tokens`: the most tokens a row proposes per step (0: `generate`, one per step)."""
     from transformers import GenerationConfig
 
     models = as_models(model)
@@ -210,11 +237,16 @@ def generate_outputs(
     )
     outputs: list[str] = [""] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    recent: list[list[int]] = []  # the answers so far, where drafts are looked up too
     for batch in batches_of(order, batch_size):
         rows = [prompts[i] for i in batch]
+        lookup = [t for answer in recent[-LOOKUP_ANSWERS:] for t in (*answer, SEPARATOR)]
 
-        def compute(m: Any, rows: list[Sequence[int]] = rows) -> Generated:
-            return _generate_batch(m, tokenizer, rows, config, stop_at_answer, stats is not None)
+        def compute(m: Any, rows: list[Sequence[int]] = rows, lookup: list[int] = lookup):
+            timed = stats is not None
+            return _generate_batch(
+                m, tokenizer, rows, config, stop_at_answer, timed, lookup, draft_tokens
+            )
 
         def agrees(m: Any, got: Generated, rows: list[Sequence[int]] = rows):
             return greedy_agreement(m, tokenizer, rows, got)
@@ -224,5 +256,6 @@ def generate_outputs(
             stats.append({"rows": list(batch), **got.stats})
         for row, i in enumerate(batch):
             outputs[i] = tokenizer.decode(got.tokens[row], skip_special_tokens=True)
+        recent.extend(got.tokens)
         tick(len(batch))
     return outputs
