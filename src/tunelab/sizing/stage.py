@@ -545,6 +545,40 @@ def _projection(
     return projection
 
 
+class _RowProgress:
+    """The progress line once a configuration's result is in (in the order they end), with
+    how long the rest will take."""
+
+    def __init__(
+        self,
+        planned: list[Option],
+        own: str,
+        total: int,
+        shared: bool,
+        progress: Callable[[int, int, str], None] | None,
+    ):
+        self.planned, self.own, self.total, self.shared = planned, own, total, shared
+        self.progress = progress
+        self.done: list[tuple[Option, float]] = []
+        self.timed: list[dict[str, Any]] = []
+        self.finished: set[int] = set()
+        self.clock = time.perf_counter()
+
+    def __call__(self, i: int, row: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        self.done.append((self.planned[i], now - self.clock))
+        self.clock = now
+        if (row.get("measured") or {}).get("step_s"):
+            self.timed.append(row["measured"])
+        self.finished.add(i)
+        left = [o for j, o in enumerate(self.planned) if j not in self.finished]
+        if self.progress and left:
+            first = self.timed[0] if self.timed else None
+            note = _remaining(self.done, left, self.own, first, self.shared)
+            n = len(self.done)
+            self.progress(n, self.total, f"{n} of {len(self.planned)} measured; {note}")
+
+
 def run_sizing(
     study: Study,
     *,
@@ -617,25 +651,7 @@ def run_sizing(
     note = sizing_forecast(study, planned, own, shared)
     if progress:
         progress(0, total, f"{planned[0].label}; {note}")
-    done: list[tuple[Option, float]] = []
-    clock = [time.perf_counter()]
-
-    timed: list[dict[str, Any]] = []
-
-    def on_row(i: int, row: dict[str, Any]) -> None:
-        """The progress line once a configuration's result is in (in the order they end)."""
-        now = time.perf_counter()
-        done.append((planned[i], now - clock[0]))
-        clock[0] = now
-        if (row.get("measured") or {}).get("step_s"):
-            timed.append(row["measured"])
-        finished.add(i)
-        left = [o for j, o in enumerate(planned) if j not in finished]
-        if progress and left:
-            note = _remaining(done, left, own, timed[0] if timed else None, shared)
-            progress(len(done), total, f"{len(done)} of {len(planned)} measured; {note}")
-
-    finished: set[int] = set()
+    on_row = _RowProgress(planned, own, total, shared, progress)
     measurer.measure_all(queue, on_row)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
