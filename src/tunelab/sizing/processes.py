@@ -47,7 +47,7 @@ def measure_configurations(
     necessarily in order). `timeout_s` is per configuration. Each result carries `process`
     {index, position}: which child measured it, and its place among that child's specs."""
     shared = shared and all(s.get("allocator", "pinned") == "pinned" for s in specs)
-    # one process makes the optimizer's states without a warm-up step; fresh ones as before
+    # one process makes the optimizer's states without a warm-up step; fresh ones run one
     specs = [{"warmup": "states" if shared else "step", **s} for s in specs]
     results: dict[int, dict[str, Any]] = {}
     pending = list(range(len(specs)))
