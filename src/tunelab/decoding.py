@@ -136,15 +136,20 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, left: bool):
 
 
 @dataclass
-class Decoded:
-    """Each row's new tokens (without EOS), how each ended ("eos", "answer", "budget"), and the
-    batch's figures: `steps` (the longest row's tokens, EOS counted: what plain decoding runs),
-    `forwards` (the forward passes after the prompt's), the tokens proposed and kept,
-    `prefill_s` and `decode_s`."""
+class Generated:
+    """One batch's new tokens per row (cut at the end, without EOS), how each ended ("eos",
+    "answer", "budget"), and the batch's figures (`decode`: `steps`, the longest row's tokens
+    with EOS counted, `forwards`, the draft tokens `proposed` and `kept`, `prefill_s`,
+    `decode_s`)."""
 
     tokens: list[list[int]]
     ends: list[str]
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+def left_padded_positions(mask: Any) -> Any:
+    """Position ids of left-padded rows: 0 at each row's first token (padding at 0 too)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 @dataclass
@@ -176,7 +181,7 @@ def decode(
     answered: Callable[[list[int]], bool] = lambda tokens: False,
     lookup: Sequence[int] = (),
     draft_tokens: int = 4,
-) -> Decoded:
+) -> Generated:
     """Greedy continuations of `prompts` (left padded, one batch) on `cache` (from
     `in_place_cache`), with prompt-lookup drafts of at most `draft_tokens` (0: one token per
     step). `lookup`: further tokens drafts may be looked up in (earlier answers).
@@ -192,7 +197,7 @@ def decode(
         logits = model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
+            position_ids=left_padded_positions(mask).to(device),
             use_cache=True,
             logits_to_keep=1,
             **{kwarg: cache},
@@ -262,4 +267,4 @@ def decode(
         "prefill_s": round(prefill_s, 4),
         "decode_s": round(time.perf_counter() - started - prefill_s, 4) if forwards else 0.0,
     }
-    return Decoded([r.tokens for r in rows], [r.end or "budget" for r in rows], stats)
+    return Generated([r.tokens for r in rows], [r.end or "budget" for r in rows], stats)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab import metrics as M
 from tunelab.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
+from tunelab.decoding import left_padded_positions
 from tunelab.errors import EvaluationError, RunError
 from tunelab.generation import (  # noqa: F401  (pad helpers and generate_outputs: public here)
     batches_of,
@@ -189,7 +190,7 @@ def score_candidates(
             targets.append([(offset + t, seq[t]) for t, v in enumerate(lab) if v != -100 and t > 0])
         first = min((t for row in targets for t, _ in row), default=width - 1)
         keep = width - (first - 1)  # logits of positions first-1 .. width-1
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = left_padded_positions(mask)
         start = width - keep
 
         def forward(

@@ -16,10 +16,16 @@ Outputs equal the greedy decoding of each prompt alone, cut at the same end (tes
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from tunelab.decoding import SEPARATOR, decode, in_place_cache, pad_sequences
+from tunelab.decoding import (
+    SEPARATOR,
+    Generated,
+    decode,
+    in_place_cache,
+    left_padded_positions,
+    pad_sequences,
+)
 from tunelab.merged_eval import as_models
 from tunelab.plan.probes import StepClock
 from tunelab.tasks.json_text import answer_complete
@@ -106,9 +112,8 @@ def _generate_batch(
         lookup=lookup,
         draft_tokens=draft_tokens,
     )
-    width = max(len(p) for p in prompts)
-    stats = {"prompt_tokens": width, **got.stats} if timed else {}
-    return Generated(got.tokens, got.ends, stats)
+    got.stats = {"prompt_tokens": max(len(p) for p in prompts), **got.stats} if timed else {}
+    return got
 
 
 def _generate_with_hf(
@@ -150,16 +155,6 @@ def _generate_with_hf(
     return Generated(tokens, ends, stats)
 
 
-@dataclass
-class Generated:
-    """One batch's new tokens per row (cut at the end), how each ended ("eos", "answer",
-    "budget"), and the batch's timing."""
-
-    tokens: list[list[int]]
-    ends: list[str]
-    stats: dict[str, Any]
-
-
 def greedy_agreement(
     model: Any, tokenizer: Any, prompts: list[Sequence[int]], got: Generated
 ) -> tuple[bool, float | None, str]:
@@ -180,7 +175,7 @@ def greedy_agreement(
         logits = model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
+            position_ids=left_padded_positions(mask).to(device),
             logits_to_keep=keep,
             use_cache=False,
         ).logits.float()  # [batch, keep, vocab]: the last `keep` positions

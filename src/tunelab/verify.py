@@ -224,6 +224,8 @@ def probe_logits(
     """Raw fp32 logits of `model` on `rows` (see `_probe_batch`), for exact reload checks."""
     import torch
 
+    from tunelab.decoding import left_padded_positions
+
     device = next(model.parameters()).device
     if base.architecture == "image":
         kwargs: dict[str, Any] = {"pixel_values": _image_batch(tokenizer, study, rows, labels)}
@@ -240,7 +242,7 @@ def probe_logits(
     try:
         with torch.inference_mode():
             if base.architecture == "causal_lm":
-                kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+                kwargs["position_ids"] = left_padded_positions(mask).to(device)
                 kwargs["use_cache"] = False
                 kwargs["logits_to_keep"] = 1
             logits = model(**kwargs).logits.float().cpu()
