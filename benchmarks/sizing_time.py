@@ -5,9 +5,10 @@ fresh process for each (`--fresh-processes`), and whether the memory figures agr
 
 Both sizings run on a copy of STUDY (its config, data and data snapshot; no record is written
 into STUDY), one after the other in the same run, fresh first. Prints each sizing's seconds,
-per configuration the measured increase and peak of both and their difference in percent, and
-last `ratio_time_fresh_vs_shared=X max_memory_diff_pct=Y` (Y: the largest difference of
-`increase` or `peak_total` over the configurations both measured).
+per configuration the measured increase and peak of both and their difference in percent, the
+step and forward times of both, each sizing's phase seconds and timed steps, and last
+`ratio_time_fresh_vs_shared=X max_memory_diff_pct=Y` (Y: the largest difference of `increase`
+or `peak_total` over the configurations both measured).
 """
 
 from __future__ import annotations
@@ -64,13 +65,15 @@ def main() -> None:
             d = _diff(a, b)
             worst = max(worst, abs(d or 0.0))
             line.append(f"{key} {a / 2**20:.1f} vs {b / 2**20:.1f} MiB ({d:+.2f} %)")
-        steps = (s["measured"]["step_s"], f["measured"]["step_s"])
-        line.append(f"step {steps[0]:.2f} vs {steps[1]:.2f} s")
+        for key in ("step_s", "forward_s"):
+            line.append(f"{key} {s['measured'][key]:.2f} vs {f['measured'][key]:.2f}")
         print("  ".join(line))
     for name, record in (("fresh", fresh), ("shared", shared)):
         for r in record["configurations"]:
             phases = (r.get("measured") or {}).get("phase_s") or {}
             print(f"{name} {r['label']} phase_s " + " ".join(f"{k}={v}" for k, v in phases.items()))
+            steps = (r.get("measured") or {}).get("step_s_all") or []
+            print(f"{name} {r['label']} step_s_all " + " ".join(f"{x:.2f}" for x in steps))
     ratio = fresh["seconds"] / shared["seconds"]
     print(f"ratio_time_fresh_vs_shared={ratio:.2f} max_memory_diff_pct={worst:.2f}")
 

@@ -147,6 +147,68 @@ def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
     assert alive == [], [tuple(t.shape) for t in alive]
 
 
+@pytest.mark.parametrize(
+    "method,packing,ckpt,dropout",
+    [("lora", False, False, 0.0), ("lora", True, True, 0.1), ("full", True, False, 0.0)],
+)
+def test_the_prime_counts_what_a_separate_count_gives(
+    tiny_llama_dir, method, packing, ckpt, dropout
+):
+    """The measurement's prime counts the saved bytes on its own forward, then runs its
+    backward: the bytes of a forward counted alone, the gradients of a plain backward, and
+    nothing of the forward alive afterwards (the graph keeps detached aliases, no cycle)."""
+    import gc
+    import weakref
+
+    from tunelab.sizing.measure import _prime, _session
+    from tunelab.train.batches import Position
+
+    cfg = _config(tiny_llama_dir, activation_checkpointing=ckpt)
+    if method == "lora":
+        cfg["adaptation"] = {"method": "lora", "target_modules": "all-linear", "dropout": dropout}
+    spec = {"config": cfg, "seq_len": 48, "micro_batch": 4, "packing": packing}
+    spec["checkpointing"] = ckpt
+    cpu = torch.device("cpu")
+    session = _session(spec, cpu)
+    model, source = session.model, session.loop.source
+    model.train()
+    batch = {k: v for k, v in source.next(Position())[0][0].items() if v.dim() > 0}
+
+    def forward():
+        torch.manual_seed(1)  # the same dropout masks in every forward
+        return loss_sum(model, batch, "causal_lm")
+
+    alone = count_saved_bytes(model, forward)
+    assert alone > 0
+    torch.manual_seed(1)
+    assert _prime(model, source, "causal_lm", "fp32", cpu, True) == alone
+    assert all(p.grad is None for p in model.parameters())  # given back as the loop does
+    forward().backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    outputs: list[weakref.ref] = []
+
+    def keep_ref(_module, _args, out):  # noqa: ANN001
+        t = out[0] if isinstance(out, tuple) else out
+        if isinstance(t, torch.Tensor):
+            outputs.append(weakref.ref(t))
+
+    handles = [m.register_forward_hook(keep_ref) for m in model.modules()]
+    counted = count_saved_bytes(model, forward, lambda loss: loss.backward())
+    for h in handles:
+        h.remove()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert counted == alone and plain and grads.keys() == plain.keys()
+    for name, grad in grads.items():
+        assert torch.equal(grad, plain[name]), name
+    del grads
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert len(outputs) > 20
+    alive = [r() for r in outputs if r() is not None]
+    assert alive == [], [tuple(t.shape) for t in alive]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_counting_saved_bytes_gives_back_cuda_memory(tiny_llama_dir):
@@ -570,8 +632,15 @@ def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_di
     seen: list[int] = []
     shared = measure_configurations(specs, on_result=lambda i, _r: seen.append(i))
     fresh = measure_configurations(specs, shared=False)
-    assert sorted(seen) == [0, 1, 2]  # the last one is timed first, on the model it has
+    assert sorted(seen) == [0, 1, 2]  # timed from the largest peak to the smallest
     assert [r["label"] for r in shared] == ["a", "b", "c"]
+    # after "a", the largest, the others' steps run on the heap it grew; "b" differs from "a"
+    # only by checkpointing, which a no-grad forward does not use: a's forward time is b's
+    grown = {r["label"]: r["measured"]["heap_grown_before"] for r in shared}
+    assert grown == {"a": False, "b": True, "c": True}
+    of = {r["label"]: r["measured"]["forward_of"] for r in shared}
+    assert of == {"a": "a", "b": "a", "c": "c"}
+    assert shared[1]["measured"]["forward_s"] == shared[0]["measured"]["forward_s"]
     assert [r["process"] for r in shared] == [{"index": 0, "position": j} for j in range(3)]
     assert [r["process"]["index"] for r in fresh] == [0, 1, 2]
     for s, f in zip(shared, fresh, strict=True):
@@ -587,6 +656,8 @@ def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_di
         )
         assert abs(ms["peak_total"] - mf["peak_total"]) <= 0.05 * mf["peak_total"]
         assert ms["saved_activation_bytes"] == mf["saved_activation_bytes"]
+        # a fresh process has nothing timed before its one configuration: it does all
+        assert not mf["heap_grown_before"] and mf["forward_of"] == f["label"]
 
 
 def test_a_configuration_over_the_budget_loses_none_of_the_others(wider_llama_dir):

@@ -284,15 +284,19 @@ def _param_dtype(weight_bytes: dict[str, int], quant: _QuantCount) -> str:
     return max(plain, key=lambda d: plain[d]) if plain else "float32"
 
 
-def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:
+def count_saved_bytes(
+    model: Any, forward: Callable[[], Any], backward: Callable[[Any], None] | None = None
+) -> int:
     """Bytes of the distinct tensors autograd saves while `forward()` runs (parameters excluded).
 
-    Tensors are told apart by their storage, so views of one tensor count once. The forward is
-    for counting only: its graph keeps nothing (backward through it raises), so every activation
-    is freed when it returns. A pack hook that returned the tensor itself would keep the tensors
-    an op saves of its own output (softmax, SiLU, ...) in a reference cycle through the C++
-    graph that Python's garbage collector cannot see: on CUDA the whole forward's activations
-    would still be allocated when the measured step begins.
+    Tensors are told apart by their storage, so views of one tensor count once. Without
+    `backward` the forward is for counting only: its graph keeps nothing (backward through it
+    raises), so every activation is freed when it returns. With it, the graph keeps a detached
+    alias of each saved tensor and `backward(out)` runs on the forward's output once the hooks
+    are left: the same bytes, and a forward and backward in one. A pack hook that returned the
+    tensor itself would keep the tensors an op saves of its own output (softmax, SiLU, ...) in
+    a reference cycle through the C++ graph that Python's garbage collector cannot see: on CUDA
+    the whole forward's activations would still be allocated when the measured step begins.
     """
     import torch
 
@@ -302,18 +306,23 @@ def count_saved_bytes(model: Any, forward: Callable[[], Any]) -> int:
     # block's address is reused by a later tensor and taken for one already counted.
     held: list[Any] = []
 
-    def pack(t: torch.Tensor) -> int:
+    def pack(t: torch.Tensor) -> Any:
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in params and key not in seen:
             seen[key] = storage.nbytes()
             held.append(storage)
-        return key
+        return key if backward is None else t.detach()
 
-    def unpack(_key: int) -> torch.Tensor:
-        raise RuntimeError("count_saved_bytes counts a forward's saved tensors; no backward")
+    def unpack(saved: Any) -> torch.Tensor:
+        if backward is None:
+            raise RuntimeError("count_saved_bytes counts a forward's saved tensors; no backward")
+        return saved
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = forward()
-    del out, held[:]
+    del held[:]
+    if backward is not None:
+        backward(out)
+    del out
     return sum(seen.values())

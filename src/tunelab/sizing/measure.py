@@ -12,13 +12,16 @@ The warm-up makes what a first step leaves for good: the optimizer's states. Fre
 (`spec["warmup"] == "step"`) take a whole warm-up step for it, pinned and so about twice a
 step's time; one process for all (`"states"`) makes the states with one optimizer step over
 zero gradients (`_make_states`), the lazy one-time allocations of forward and backward having
-been made by the prime already.
+been made by the prime already. The prime (`_prime`, a forward and backward before `idle` is
+read) also counts the bytes autograd saves in its forward (`facts.count_saved_bytes` with its
+backward: the same bytes as a forward counted alone, `saved_activation_bytes`).
 
 Order (`run_configurations`): first the memory of every configuration, one after another with
 the mmap threshold pinned, each on a model built for it after the previous one's memory was
 given back (`settle`: garbage collected, `malloc_trim`, threshold pinned again; on CUDA the
 cache emptied and the peak stats reset); then, with glibc's usual thresholds, the step time of
-each that fits, the last one on the model it has, the others on a model built again. Memory
+each that fits, from the largest peak to the smallest, the last configuration on the model it
+has when it comes first, the others on a model built again. Memory
 before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
 allocations take before any mmap, and a step measured after them would show the heap's
 high-water mark rather than its live tensors (on a hidden-256 Llama, +72 % for the second
@@ -40,9 +43,16 @@ Time: the median of `time_steps` (3) steps at most after one untimed step that l
 grow, fewer when the last two agree within 5 % (`stable_times`: more would not move the
 median). The pinned threshold that keeps the RSS honest makes every large allocation a
 page-faulting mmap (a CPU step about twice as slow as in a training run); the timed steps run
-with glibc's own thresholds, so the step time is that of a training run. `measured.phase_s`
-gives the seconds of each part (load, count_saved, prime, memory_steps, timing_load,
-timed_steps, forward).
+with glibc's own thresholds, so the step time is that of a training run. Then one no-grad
+forward in eval mode is timed after an untimed one (`forward_s`, the validation forward).
+What a process's earlier timings leave (`_TimedBefore`) is not made again: a configuration
+whose peak is at most one timed before it runs its timed steps on the heap that one grew,
+without the untimed step (`heap_grown_before`); once one forward was timed the next is not
+warmed; a configuration whose forward is that of one timed before (the same spec but for
+activation checkpointing, which a no-grad forward does not use) takes its time (`forward_of`).
+A fresh process, with one configuration, always does all. `measured.phase_s` gives the
+seconds of each part (load, prime with the count, memory_steps, timing_load, timed_steps,
+forward).
 
 Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or an RSS above
 `memory_budget_bytes` (a watchdog thread stops the child at once, after writing the verdict of
@@ -284,13 +294,16 @@ def stable_times(seconds: list[float]) -> bool:
     return mean > 0 and (max(last) - min(last)) <= STABLE_TOLERANCE * mean
 
 
-def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | None]:
+def _timed_steps(
+    steps: _Steps, timed: int, grow: bool = True
+) -> tuple[list[float], str, float | None]:
     """Further steps for the step time, at most `timed`, fewer once `stable_times` holds:
     (their seconds, allocator, their CPU share).
 
     The pinned mmap threshold that makes the RSS honest also makes every large allocation a
     fresh mmap with its page faults (a CPU step about twice as slow as in a training run), so
-    these steps run with glibc's usual thresholds, after one step that lets the heap grow.
+    these steps run with glibc's usual thresholds, after one step that lets the heap grow
+    (`grow`; without it the heap is the one the previous configuration's steps grew).
     """
     import torch
 
@@ -299,7 +312,8 @@ def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | N
     allocator = "as measured"
     if steps.device.type == "cpu" and release_mmap_threshold():
         allocator = "released"
-        steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
+        if grow:
+            steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
     wall_started, cpu_started = time.perf_counter(), time.process_time()
     first = len(steps.metrics)
     while len(steps.metrics) - first < timed:
@@ -314,22 +328,6 @@ def _timed_steps(steps: _Steps, timed: int) -> tuple[list[float], str, float | N
         steps.device,
     )
     return [r["seconds"] for r in steps.metrics[-timed:]], allocator, share
-
-
-def _saved_bytes(model: Any, source: Any, arch: str, precision: str, device: Any) -> int:
-    """The bytes autograd keeps, counted on one extra forward (no step): the activations term."""
-    import torch
-
-    from tunelab.sizing.facts import count_saved_bytes
-    from tunelab.train.batches import Position
-    from tunelab.train.loop import autocast, loss_sum, to_device
-
-    batch = to_device(source.next(Position())[0][0], device)
-    model.train()  # dropout and checkpointing act only in training mode
-    with torch.enable_grad():
-        return count_saved_bytes(
-            model, lambda: _forward(model, batch, arch, precision, device, autocast, loss_sum)
-        )
 
 
 def _marker(phases: dict[str, float]) -> Callable[[str], None]:
@@ -352,8 +350,10 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
     Memory first: a heap grown by unpinned steps keeps free chunks that later allocations
     reuse before any mmap, and the RSS of a step measured after them would follow the heap's
     high-water mark instead of the live tensors. Before each configuration the previous one's
-    memory is given back (`settle`). The last configuration's model goes on to its timed steps
-    as it is; the others are built again for theirs. `out/phase.json` says which configuration
+    memory is given back (`settle`). The timing goes from the largest peak to the smallest
+    (`measure_time`: the heap the first grows holds the steps of the next); the last
+    configuration's model goes on to its timed steps as it is when it comes first, the others
+    are built again for theirs. `out/phase.json` says which configuration
     runs in which phase, for the parent to know where a process that ended early stopped.
     The threads, the device and the budget are the first spec's (one study's configurations).
     """
@@ -384,13 +384,16 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
         session = None
     if device.type == "cpu" and pinned and fitted:
         release_mmap_threshold()
-    for i in sorted(fitted, key=lambda i: i != len(specs) - 1 or kept is None):
+    before = _TimedBefore()
+    # the largest first: the heap its steps grow holds the later ones' steps
+    order = sorted(fitted, key=lambda i: -(fitted[i]["measured"].get("peak_total") or 0))
+    for i in order:
         session = kept if kept is not None and i == len(specs) - 1 else None
         kept = None
         if session is None:
             settle(device, pinned=False)
         _phase(out, "timing", i)
-        _, timed = _guarded(fitted[i], measure_time, specs[i], device, fitted[i], session)
+        _, timed = _guarded(fitted[i], measure_time, specs[i], device, fitted[i], session, before)
         session = None
         write_json_atomic(result_path(out, i), timed, overwrite=True)
     return {"configurations": len(specs)}
@@ -499,13 +502,8 @@ def measure_memory(
     result["facts"] = session.facts.to_dict()
     warmup = int(spec.get("warmup_steps", 1))
     measure_steps = int(spec.get("measure_steps", 1))
-    saved = None
-    if spec.get("count_saved", True):
-        saved = _saved_bytes(model, loop.source, arch, t.precision, device)
-    mark("count_saved")
-    model.train()
-    if spec.get("prime", True):
-        _prime(model, loop.source, arch, t.precision, device)
+    model.train()  # dropout and checkpointing act only in training mode
+    saved = _prime(model, loop.source, arch, t.precision, device, spec.get("count_saved", True))
     mark("prime")
     steps = session.steps
     try:
@@ -537,11 +535,37 @@ def measure_memory(
     return session, _verdict(result, measured, memory, peak, device, budget)
 
 
+@dataclass
+class _TimedBefore:
+    """What the configurations timed before in this process leave the next one: a heap their
+    released steps grew (the largest peak among them), a warmed no-grad forward, and its
+    seconds for each model and shape (`_forward_key`) with the label of the configuration that
+    measured them."""
+
+    heap_peak: int = 0
+    forwards: dict[str, tuple[float, Any]] = field(default_factory=dict)
+
+
+def _forward_key(spec: dict[str, Any]) -> str:
+    """What a no-grad forward in eval mode depends on: the whole spec but the label, the timed
+    steps' count and activation checkpointing (which acts only in training with gradients)."""
+    drop = ("label", "time_steps", "checkpointing")
+    return json.dumps({k: v for k, v in spec.items() if k not in drop}, sort_keys=True)
+
+
 def measure_time(
-    spec: dict[str, Any], device: Any, result: dict[str, Any], session: _Session | None
+    spec: dict[str, Any],
+    device: Any,
+    result: dict[str, Any],
+    session: _Session | None,
+    before: _TimedBefore | None = None,
 ) -> dict[str, Any]:
     """The step time of a configuration whose memory fitted (`result`), with glibc's usual
-    thresholds: on `session` where its model is still there, else on one built again."""
+    thresholds: on `session` where its model is still there, else on one built again. After
+    other configurations in this process (`before`), the heap they grew is not grown again, the
+    forward they warmed not warmed again, and a forward they timed not timed again (the
+    configurations are timed largest first, so that the heap is grown once)."""
+    before = before if before is not None else _TimedBefore()
     started = time.perf_counter()
     session = session or _session(spec, device)
     measured = dict(result["measured"])
@@ -552,13 +576,23 @@ def measure_time(
     timed = int(spec.get("time_steps", 3)) if measured["memory_step_s"] else 0
     if budget and (measured.get("peak_rss") or 0) > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
+    peak = measured.get("peak_total") or 0
+    grown = 0 < peak <= before.heap_peak
     seconds, allocator, timed_cpu = (
-        _timed_steps(session.steps, timed) if timed else ([], "as measured", None)
+        _timed_steps(session.steps, timed, grow=not grown) if timed else ([], "as measured", None)
     )
+    if allocator == "released":
+        before.heap_peak = max(before.heap_peak, peak)
     mark("timed_steps")
     seconds = seconds or measured["memory_step_s"]
-    t = session.training
-    forward_s = _time_forward(session.model, session.loop.source, session.arch, t.precision, device)
+    key = _forward_key(spec)
+    if key not in before.forwards:
+        t, warmed = session.training, bool(before.forwards)
+        forward_s = _time_forward(
+            session.model, session.loop.source, session.arch, t.precision, device, not warmed
+        )
+        before.forwards[key] = (forward_s, spec.get("label"))
+    forward_s, forward_of = before.forwards[key]
     mark("forward")
     step_s = statistics.median(seconds) if seconds else measured["memory_wall_s"]
     tokens, examples = measured["tokens_per_step"], measured["examples_per_step"]
@@ -569,6 +603,10 @@ def measure_time(
         tokens_per_s=tokens / step_s if step_s else None,
         examples_per_s=examples / step_s if step_s else None,
         forward_s=forward_s,
+        # the configuration whose forward was timed (the same model and shape), and whether
+        # the timed steps ran on a heap a larger configuration's steps had grown
+        forward_of=forward_of,
+        heap_grown_before=grown,
         # the timed steps' share of their threads' CPU time: low when another process shared
         # the cores, and the step time with it (tunelab plan warns)
         cpu_share=timed_cpu,
@@ -618,25 +656,39 @@ def _verdict(
     return {**result, "status": "ok", "measured": measured}
 
 
-def _prime(model, source, arch, precision, device) -> None:  # noqa: ANN001
+def _prime(model, source, arch, precision, device, count: bool) -> int | None:  # noqa: ANN001
     """One forward and backward of a micro-batch before `idle` is read, with no optimizer
     step: the lazy one-time allocations of the runtime (autograd engine, thread pools, kernel
     and primitive caches for these shapes) then sit in `idle` rather than in the measured
-    increase, which keeps what a step adds: optimizer states, gradients, activations."""
+    increase, which keeps what a step adds: optimizer states, gradients, activations. With
+    `count`, its forward also counts the bytes autograd keeps (`count_saved_bytes`: the
+    activations term), returned."""
+    import torch
+
+    from tunelab.sizing.facts import count_saved_bytes
     from tunelab.train.batches import Position
     from tunelab.train.loop import autocast, loss_sum, to_device
 
     first = source.next(Position())[0][0]
     batch = to_device({k: v for k, v in first.items() if v.dim() > 0}, device)
-    with autocast(precision, device):
-        loss = loss_sum(model, batch, arch)
-    loss.backward()
+
+    def forward() -> Any:
+        with autocast(precision, device):
+            return loss_sum(model, batch, arch)
+
+    with torch.enable_grad():
+        if count:
+            saved = count_saved_bytes(model, forward, lambda loss: loss.backward())
+        else:
+            forward().backward()
+            saved = None
     model.zero_grad(set_to_none=True)
-    del loss, batch
+    return saved
 
 
-def _time_forward(model, source, arch, precision, device) -> float:  # noqa: ANN001
-    """Seconds of one no-grad forward of a micro-batch in eval mode (validation loss)."""
+def _time_forward(model, source, arch, precision, device, warm: bool) -> float:  # noqa: ANN001
+    """Seconds of one no-grad forward of a micro-batch in eval mode (validation loss), after
+    an untimed one where `warm`."""
     import torch
 
     from tunelab.train.batches import Position
@@ -645,7 +697,8 @@ def _time_forward(model, source, arch, precision, device) -> float:  # noqa: ANN
     batch = source.next(Position())[0][:1]
     model.eval()
     with torch.no_grad():
-        validation_loss(model, batch, arch, precision)  # warm
+        if warm:
+            validation_loss(model, batch, arch, precision)
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -654,11 +707,6 @@ def _time_forward(model, source, arch, precision, device) -> float:  # noqa: ANN
             torch.cuda.synchronize()
     model.train()
     return time.perf_counter() - started
-
-
-def _forward(model, batch, arch, precision, device, autocast, loss_sum):  # noqa: ANN001
-    with autocast(precision, device):
-        return loss_sum(model, batch, arch)
 
 
 def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:

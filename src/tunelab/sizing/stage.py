@@ -45,10 +45,10 @@ from tunelab.study import Study
 # gets twice the other rows' 3.
 PLANNED_TIME_STEPS = 6
 DEFAULT_RANKS = (2, 4, 8)
-# what a configuration costs besides its timed steps, in steps: the saved-activation count and
-# the prime (a forward, a forward and backward), the warm-up, the memory step (about two: every
-# large allocation faults its pages in), the step that grows the heap and the forward timing
-CONFIG_OVERHEAD_STEPS = 6.0
+# what a configuration costs besides its timed steps, in steps: the prime (a forward and
+# backward that counts the saved activations too), the warm-up, the memory step (about two:
+# every large allocation faults its pages in), the step that grows the heap and the forward
+CONFIG_OVERHEAD_STEPS = 5.0
 # a measuring process's start: Python, torch and transformers imported, the model loaded
 PROCESS_START_S = 15.0
 # each further configuration of a shared process: the model built again from the loaded files
