@@ -155,6 +155,64 @@ def test_an_evaluation_with_drafts_predicts_what_one_without_predicts(tmp_path, 
         spec = study.config.evaluation_spec()["evaluation"]
         assert "draft_tokens" not in spec
     assert preds[4] == preds[0]
-    assert "forwards" not in batches[0][0]  # generate
+    # the chat template's shared start is computed once: both decode after it
+    assert all(b["prefix_tokens"] >= 8 for b in batches[0] + batches[4])
+    assert all(b["proposed"] == 0 and b["forwards"] == b["steps"] - 1 for b in batches[0])
     assert all(b["forwards"] <= b["steps"] - 1 for b in batches[4])
     assert [b["steps"] for b in batches[4]] == [b["steps"] for b in batches[0]]
+
+
+def test_the_shared_prefix_is_what_every_prompt_starts_with_less_one_token():
+    from tunelab.decoding import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 5]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # each keeps a token of its own
+    assert shared_prefix_length([[1, 2], [3, 2]]) == 0
+    assert shared_prefix_length([[7]]) == 0
+    assert shared_prefix_length([]) == 0
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 3])
+def test_decoding_after_a_shared_prefix_emits_what_each_prompt_alone_emits(
+    tiny_llama_dir, draft_tokens
+):
+    from tunelab.decoding import decode, in_place_cache, prefix_states, shared_prefix_length
+    from tunelab.generation import pad_id_for
+
+    model, tok, prompts = _model_and_prompts(tiny_llama_dir)
+    head = tok("Answer in one line. The text:")["input_ids"]
+    # rows of different lengths after the prefix: their padding sits between it and them
+    rows = [head + p[1:] for p in prompts]
+    shared = shared_prefix_length(rows)
+    assert shared >= len(head) - 1
+    prefix = prefix_states(model, rows[0][:shared])
+    got = decode(
+        model,
+        in_place_cache(model),
+        rows,
+        max_new_tokens=16,
+        pad_id=pad_id_for(tok),
+        eos_id=tok.eos_token_id,
+        draft_tokens=draft_tokens,
+        prefix=prefix,
+    )
+    assert got.tokens == [_alone(model, tok, r, 16) for r in rows]
+    assert got.stats["prefix_tokens"] == shared
+
+
+def test_the_check_after_a_shared_prefix_judges_as_the_whole_prompts_do(tiny_llama_dir):
+    from tunelab.decoding import Generated, prefix_states, shared_prefix_length
+    from tunelab.generation import greedy_agreement
+
+    model, tok, prompts = _model_and_prompts(tiny_llama_dir)
+    head = tok("Answer in one line. The text:")["input_ids"]
+    rows = [head + p[1:] for p in prompts]
+    prefix = prefix_states(model, rows[0][: shared_prefix_length(rows)])
+    outs = [_alone(model, tok, r, 12) for r in rows]
+    ends = ["eos" if len(o) < 12 else "budget" for o in outs]
+    right = Generated(outs, ends)
+    assert greedy_agreement(model, tok, rows, right, prefix)[0]
+    assert greedy_agreement(model, tok, rows, right)[0]
+    wrong = Generated([o[:-1] + [(o[-1] + 1) % 64] if o else [5] for o in outs], ends)
+    assert not greedy_agreement(model, tok, rows, wrong, prefix)[0]
+    assert not greedy_agreement(model, tok, rows, wrong)[0]

@@ -11,6 +11,12 @@
   the number of forward passes changes. Rejected proposals stay in the cache, masked for every
   later position (a masked key gets zero attention weight).
 
+- A shared prefix: an evaluation's prompts start with the same tokens (the system prompt and
+  the instruction of a chat template). Their keys and values depend on those tokens alone, so
+  they are computed once per model (`prefix_states`, one row) and copied into each batch's cache
+  (`forward_rows`); each row's own tokens follow them, left padded, at the positions they have
+  in the whole prompt. Only the row's own tokens are computed.
+
 A model whose cache is not plain full attention (a sliding window counts cache positions, the
 masked ones too) is decoded by `transformers`' `generate` instead (`in_place_cache` is None).
 """
@@ -153,6 +159,89 @@ def left_padded_positions(mask: Any) -> Any:
 
 
 @dataclass
+class Prefix:
+    """The tokens every prompt starts with, and their keys and values in one model (one row per
+    layer): computed once, copied into each batch's cache."""
+
+    tokens: list[int]
+    layers: list[tuple[Any, Any]]
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every prompt shares, leaving each at least one of its own (the
+    last prompt position's logits give the first new token)."""
+    if not prompts:
+        return 0
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
+def prefix_states(model: Any, tokens: Sequence[int]) -> Prefix | None:
+    """`tokens`' keys and values in `model` (None when its cache is not one `decode` takes)."""
+    import torch
+
+    cache = in_place_cache(model)
+    if cache is None or not tokens:
+        return None
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(tokens)], device=device)
+    with torch.inference_mode():
+        model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(len(tokens), device=device)[None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{_cache_kwarg(model): cache},
+        )
+    layers = [(x.keys.clone(), x.values.clone()) for x in cache.layers]
+    return Prefix(list(tokens), layers)
+
+
+def forward_rows(
+    model: Any,
+    seqs: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    logits_to_keep: int,
+    cache: Any = None,
+    prefix: Prefix | None = None,
+) -> tuple[Any, Any]:
+    """One forward pass over `seqs`, left padded: (the logits of the last `logits_to_keep`
+    positions, the attention mask over what the cache then holds). With `prefix` (whose tokens
+    every row starts with; `cache` required), its keys and values are copied into `cache` first
+    and only the rows' own tokens are computed, at their positions in the whole sequence."""
+    import torch
+
+    device = next(model.parameters()).device
+    skip = len(prefix.tokens) if prefix is not None else 0
+    if prefix is not None and any(list(s[:skip]) != prefix.tokens for s in seqs):
+        raise ValueError("a row does not start with the shared prefix")
+    ids, mask = pad_sequences([s[skip:] for s in seqs], pad_id, left=True)
+    positions = left_padded_positions(mask) + skip
+    if prefix is not None:
+        for index, (keys, values) in enumerate(prefix.layers):
+            rows = (len(seqs), *keys.shape[1:])
+            cache.update(keys.expand(rows), values.expand(rows), index)
+        mask = torch.cat([torch.ones((len(seqs), skip), dtype=mask.dtype), mask], dim=1)
+    mask = mask.to(device)
+    extra = {_cache_kwarg(model): cache} if cache is not None else {}
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids.to(device),
+            attention_mask=mask,
+            position_ids=positions.to(device),
+            use_cache=cache is not None,
+            logits_to_keep=logits_to_keep,
+            **extra,
+        ).logits
+    return logits, mask
+
+
+@dataclass
 class _Row:
     prompt: list[int]
     tokens: list[int] = field(default_factory=list)
@@ -181,32 +270,27 @@ def decode(
     answered: Callable[[list[int]], bool] = lambda tokens: False,
     lookup: Sequence[int] = (),
     draft_tokens: int = 4,
+    prefix: Prefix | None = None,
 ) -> Generated:
     """Greedy continuations of `prompts` (left padded, one batch) on `cache` (from
     `in_place_cache`), with prompt-lookup drafts of at most `draft_tokens` (0: one token per
     step). `lookup`: further tokens drafts may be looked up in (earlier answers).
-    `answered(tokens)`: whether a row's answer is complete after `tokens`."""
+    `answered(tokens)`: whether a row's answer is complete after `tokens`. `prefix`: the
+    keys and values of the tokens every prompt starts with (`prefix_states`)."""
     import torch
 
     device = next(model.parameters()).device
     kwarg = _cache_kwarg(model)
-    ids, mask = pad_sequences(prompts, pad_id, left=True)
     rows = [_Row(list(p), valid=len(p)) for p in prompts]
     started = time.perf_counter()
+    logits, mask = forward_rows(
+        model, prompts, pad_id=pad_id, logits_to_keep=1, cache=cache, prefix=prefix
+    )
     with torch.inference_mode():
-        logits = model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=left_padded_positions(mask).to(device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{kwarg: cache},
-        ).logits
         first = logits[:, -1].argmax(-1).tolist()
         prefill_s = time.perf_counter() - started
         for row, token in zip(rows, first, strict=True):
             row.emit(token, eos_id, max_new_tokens, answered)
-        mask = mask.to(device)
         forwards, proposed, kept = 0, 0, 0
         while any(r.end is None for r in rows):
             chunks = []
@@ -264,6 +348,7 @@ def decode(
         "forwards": forwards,
         "proposed": proposed,
         "kept": kept,
+        "prefix_tokens": len(prefix.tokens) if prefix is not None else 0,
         "prefill_s": round(prefill_s, 4),
         "decode_s": round(time.perf_counter() - started - prefill_s, 4) if forwards else 0.0,
     }

@@ -6,6 +6,9 @@
   object (extraction), at the token that completes that object (`answer_complete`): what a
   model writes after it is never read. The output is the text up to and including that token.
 - Each batch runs on the model `EvalModels` chooses (the merged copy once the first batch agreed).
+- The tokens every prompt starts with (a chat template's system prompt and the instruction)
+  are computed once per model and their keys and values copied into each batch
+  (`decoding.prefix_states`); the first batch's check starts from them too.
 - With `evaluation.draft_tokens`, decoding (`tunelab.decoding`) writes the KV cache in place and
   checks drafts looked up in the prompt and the earlier answers in one forward pass, keeping
   what greedy decoding agrees with.
@@ -21,10 +24,13 @@ from typing import Any
 from tunelab.decoding import (
     SEPARATOR,
     Generated,
+    Prefix,
     decode,
+    forward_rows,
     in_place_cache,
-    left_padded_positions,
     pad_sequences,
+    prefix_states,
+    shared_prefix_length,
 )
 from tunelab.merged_eval import as_models
 from tunelab.plan.probes import StepClock
@@ -32,6 +38,8 @@ from tunelab.tasks.json_text import answer_complete
 
 # the earlier answers a batch's drafts may copy from (keys and punctuation repeat)
 LOOKUP_ANSWERS = 2
+# the fewest shared leading tokens worth the one-row pass that computes them once
+SHARED_PREFIX_MIN = 8
 
 
 def batches_of(order: Sequence[int], size: int) -> list[list[int]]:
@@ -92,12 +100,14 @@ def _generate_batch(
     timed: bool,
     lookup: Sequence[int] = (),
     draft_tokens: int = 0,
+    prefix: Prefix | None = None,
 ) -> Generated:
     """The new tokens of each prompt (cut at EOS or the answer's end) and the batch's figures:
-    with `draft_tokens`, by `decoding.decode` (in-place cache, prompt-lookup drafts; `lookup`:
-    earlier answers); else, or for a model whose cache it cannot take, by `generate`."""
+    with `draft_tokens` or a shared `prefix`, by `decoding.decode` (in-place cache,
+    prompt-lookup drafts; `lookup`: earlier answers); else, or for a model whose cache it cannot
+    take, by `generate`."""
     pad_id = pad_id_for(tokenizer)
-    cache = in_place_cache(model) if draft_tokens else None
+    cache = in_place_cache(model) if draft_tokens or prefix is not None else None
     if cache is None:
         return _generate_with_hf(model, tokenizer, prompts, config, stop_at_answer, timed)
     end = AnswerEnd(tokenizer, 0, len(prompts)) if stop_at_answer else None
@@ -111,6 +121,7 @@ def _generate_batch(
         answered=end.complete if end is not None else (lambda tokens: False),
         lookup=lookup,
         draft_tokens=draft_tokens,
+        prefix=prefix,
     )
     got.stats = {"prompt_tokens": max(len(p) for p in prompts), **got.stats} if timed else {}
     return got
@@ -156,29 +167,32 @@ def _generate_with_hf(
 
 
 def greedy_agreement(
-    model: Any, tokenizer: Any, prompts: list[Sequence[int]], got: Generated
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Sequence[int]],
+    got: Generated,
+    prefix: Prefix | None = None,
 ) -> tuple[bool, float | None, str]:
     """Whether `model` decodes `got` greedily: fed each prompt and its output in one forward
-    pass, its argmax must be every output token and, where the output ended at EOS, EOS after
-    it. Returns (agrees, None, detail with the smallest top-2 logit margin met)."""
-    import torch
-
+    pass (after `prefix`, the keys and values of the tokens every prompt starts with, in
+    `model`), its argmax must be every output token and, where the output ended at EOS, EOS
+    after it. Returns (agrees, None, detail with the smallest top-2 logit margin met)."""
     eos = tokenizer.eos_token_id
     seqs = [list(p) + t for p, t in zip(prompts, got.tokens, strict=True)]
     wanted = [
         t + ([eos] if how == "eos" else []) for t, how in zip(got.tokens, got.ends, strict=True)
     ]
-    ids, mask = pad_sequences(seqs, pad_id_for(tokenizer), left=True)
     keep = max(len(w) for w in wanted) + 1
-    device = next(model.parameters()).device
-    with torch.inference_mode():
-        logits = model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=left_padded_positions(mask).to(device),
-            logits_to_keep=keep,
-            use_cache=False,
-        ).logits.float()  # [batch, keep, vocab]: the last `keep` positions
+    cache = in_place_cache(model) if prefix is not None else None
+    logits, _ = forward_rows(
+        model,
+        seqs,
+        pad_id=pad_id_for(tokenizer),
+        logits_to_keep=keep,
+        cache=cache,
+        prefix=prefix if cache is not None else None,
+    )
+    logits = logits.float()  # [batch, keep, vocab]: the last `keep` positions
     top = logits.topk(2, dim=-1)
     differ, margin = 0, float("inf")
     for row, want in enumerate(wanted):
@@ -195,6 +209,27 @@ def greedy_agreement(
     if differ:
         return False, None, f"{differ} of {n} outputs not greedy for the unmerged model{shown}"
     return True, None, f"{n} outputs greedy for the unmerged model (teacher-forced){shown}"
+
+
+class SharedPrefixes:
+    """The keys and values of the tokens all `prompts` start with, per model they run on
+    (computed on first use; None when fewer than `SHARED_PREFIX_MIN` tokens are shared or the
+    model's cache is not one `decoding.decode` takes)."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]]):
+        shared = shared_prefix_length(prompts)
+        self.tokens = list(prompts[0][:shared]) if shared >= SHARED_PREFIX_MIN else []
+        self._states: list[tuple[Any, Prefix | None]] = []  # (model, its prefix): kept alive
+
+    def __call__(self, model: Any) -> Prefix | None:
+        if not self.tokens:
+            return None
+        for seen, states in self._states:
+            if seen is model:
+                return states
+        states = prefix_states(model, self.tokens)
+        self._states.append((model, states))
+        return states
 
 
 def generate_outputs(
@@ -233,6 +268,7 @@ def generate_outputs(
     outputs: list[str] = [""] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     recent: list[list[int]] = []  # the answers so far, where drafts are looked up too
+    prefixes = SharedPrefixes(prompts)
     for batch in batches_of(order, batch_size):
         rows = [prompts[i] for i in batch]
         lookup = [t for answer in recent[-LOOKUP_ANSWERS:] for t in (*answer, SEPARATOR)]
@@ -240,11 +276,11 @@ def generate_outputs(
         def compute(m: Any, rows: list[Sequence[int]] = rows, lookup: list[int] = lookup):
             timed = stats is not None
             return _generate_batch(
-                m, tokenizer, rows, config, stop_at_answer, timed, lookup, draft_tokens
+                m, tokenizer, rows, config, stop_at_answer, timed, lookup, draft_tokens, prefixes(m)
             )
 
         def agrees(m: Any, got: Generated, rows: list[Sequence[int]] = rows):
-            return greedy_agreement(m, tokenizer, rows, got)
+            return greedy_agreement(m, tokenizer, rows, got, prefixes(m))
 
         got = models.run(compute, agrees=agrees)
         if stats is not None:

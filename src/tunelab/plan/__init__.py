@@ -13,8 +13,7 @@ Names load on first use (PEP 562), so the stages that import a probe load nothin
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tunelab.lazy import lazy_names
 
 _HOMES = {
     "Figure": "figures",
@@ -37,14 +36,7 @@ _HOMES = {
     "plans_dir": "stored",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, globals(), _HOMES)
 
 
 __all__ = sorted(_HOMES)

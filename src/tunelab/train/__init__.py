@@ -12,8 +12,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tunelab.lazy import lazy_names
 
 # Names load on first use (PEP 562): `tunelab.train.layout` and the commands that only look for
 # a checkpoint stay free of torch's import (about 2 s on a CPU machine).
@@ -37,32 +36,7 @@ _HOMES = {
     "Strategy": "strategy",
 }
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, globals(), _HOMES)
 
 
-__all__ = [
-    "DataOrder",
-    "InvalidRun",
-    "Loop",
-    "Position",
-    "RunFailed",
-    "RunInterrupted",
-    "SingleProcess",
-    "StepSource",
-    "Strategy",
-    "TrainState",
-    "collate",
-    "load_run_model",
-    "read_metrics",
-    "resume_run",
-    "train_loop",
-    "train_run",
-    "validation_loss",
-]
+__all__ = sorted(_HOMES)
