@@ -68,7 +68,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,8 @@ def synthetic_examples(
     """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
 
     causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
-    image: `pixel_values` [3, image_size, image_size] (seq_len is then the patch tokens).
+    image: `pixel_values` [3, image_size, image_size] (seq_len is then a ViT's patch tokens or
+    a conv net's image side).
     """
     import torch
 
@@ -180,7 +181,14 @@ def _build(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
         lora_rank=cfg.adaptation.rank if lora else 0,
         lora_dropout=cfg.adaptation.dropout if lora else 0.0,
     )
+    if facts.conv:  # a conv net's "length" is the side of the images it is fed
+        facts = replace(facts, conv={**facts.conv, "image_size": int(spec["seq_len"])})
     return cfg, base, model, facts
+
+
+def _image_side(spec: dict[str, Any], base: Any, facts: Any) -> int | None:
+    """The side of the synthetic images: a conv net's length, else the ViT's config size."""
+    return int(spec["seq_len"]) if facts.conv else base.config.get("image_size")
 
 
 def _child_device(spec: dict[str, Any]) -> Any:
@@ -472,7 +480,7 @@ def _session(spec: dict[str, Any], device: Any) -> _Session:
         num_labels=max(2, facts.num_labels),
         loss_fraction=float(spec.get("loss_fraction", 1.0)),
         seed=t.seed,
-        image_size=base.config.get("image_size") if arch == "image" else None,
+        image_size=_image_side(spec, base, facts) if arch == "image" else None,
     )
     # the schedule leaves room for every step the measurement may take
     total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))

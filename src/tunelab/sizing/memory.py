@@ -514,6 +514,8 @@ class _Trace:
                 h = self.conv2d(x, c, (side, side), tr(f"{path}.dwconv"))
                 h = self._norm(h, c, tr(f"{path}.layernorm"))
                 h = self.linear(h, c, 4 * c, tr(f"{path}.pwconv1"))
+                if h.rg:
+                    self.largest_expanded = max(self.largest_expanded, h.nbytes)
                 h = self.pointwise_saving_input(h)  # GELU
                 h = self.linear(h, 4 * c, c, tr(f"{path}.pwconv2"))
                 if cfg.get("layer_scale_init_value", 1e-6) > 0:
@@ -538,6 +540,7 @@ class _Trace:
         """A conv net's forward: its feature maps, then the head on the pooled features."""
         f = self.f
         self.per_layer, self.blocks, self.recompute, self.largest_map = [], [], 0, 0
+        self.largest_expanded = 0  # ConvNeXt's 4x map between its two Linear layers
         self.group("embeddings")
         pooled = self.resnet() if f.family == "resnet" else self.convnext()
         self.group("final")
@@ -697,6 +700,12 @@ def logits_bytes(facts: ModelFacts, case: Case, route: str = "fused") -> dict[st
     }
 
 
+def _conv_temporaries(trace: _Trace) -> tuple[int, int]:
+    """A conv net's backward: the gradient of its largest feature map, or the two of a
+    ConvNeXt GELU (into and out of it) over the 4x map."""
+    return max(trace.largest_map, 2 * trace.largest_expanded), 0
+
+
 def _block_backward_temporaries(facts: ModelFacts, case: Case) -> tuple[int, int]:
     """Working memory while one block runs backward, (MLP part, attention part).
 
@@ -819,8 +828,7 @@ def estimate_memory(
     buckets = facts.trainable_bytes if strategy == "ddp" and ranks > 1 else 0
     loss = logits_bytes(facts, case, route)
     conv = facts.family in CONV_FAMILIES
-    # a conv net's backward: the gradients of its largest feature map, coming and going
-    temps = (trace.largest_map, 0) if conv else _block_backward_temporaries(facts, case)
+    temps = _conv_temporaries(trace) if conv else _block_backward_temporaries(facts, case)
     # the optimizer step: foreach kernels (CUDA) make a temporary per trainable tensor at once;
     # the CPU loop one tensor at a time
     opt_temps = grads if case.device == "cuda" else 2 * facts.largest_trainable_bytes

@@ -125,8 +125,10 @@ def configurations(
     packing: bool,
     micro_batches: list[int] | None = None,
     precisions: list[str] | None = None,
+    can_checkpoint: bool = True,
 ) -> list[Option]:
-    """The configurations to measure, the study's own first (see the module docstring)."""
+    """The configurations to measure, the study's own first (see the module docstring);
+    without the checkpointing ones for a model that cannot checkpoint (`can_checkpoint`)."""
     lengths = sorted(set(lengths))
     longest = lengths[-1]
     base = Option(
@@ -141,7 +143,8 @@ def configurations(
     out = [replace(base, label=own_label(n), seq_len=n) for n in lengths]
     alone: list[Option] = []
     ck = "ckpt " + ("off" if checkpointing else "on")
-    alone.append(replace(base, label=ck, checkpointing=not checkpointing, changes=(ck,)))
+    if can_checkpoint:
+        alone.append(replace(base, label=ck, checkpointing=not checkpointing, changes=(ck,)))
     for m in micro_batches or []:
         if m != micro_batch:
             change = f"micro {m}"
@@ -159,8 +162,8 @@ def configurations(
             alone.append(replace(base, label=p, precision=p, changes=(p,)))
     out += alone
     # combined: checkpointing on, the largest micro-batch asked, the first other precision
-    combined = replace(base, checkpointing=True)
-    changes = [] if checkpointing else ["ckpt on"]
+    combined = replace(base, checkpointing=can_checkpoint or checkpointing)
+    changes = [] if checkpointing or not can_checkpoint else ["ckpt on"]
     bigger = [m for m in (micro_batches or []) if m > micro_batch]
     if bigger:
         m = max(bigger)
@@ -211,6 +214,7 @@ def recommend(
     margin: float = SAFETY_MARGIN,
     strategy: str = "single",
     ranks: int = 1,
+    can_checkpoint: bool = True,
 ) -> dict[str, Any]:
     """The largest micro-batch dividing `effective_batch` that fits `budget_bytes * (1 - margin)`.
 
@@ -222,7 +226,9 @@ def recommend(
     """
     limit = budget_bytes * (1.0 - margin)
     tried: list[dict[str, Any]] = []
-    orders = [template.checkpointing] + ([True] if not template.checkpointing else [])
+    orders = [template.checkpointing] + (
+        [True] if not template.checkpointing and can_checkpoint else []
+    )
     for ckpt in orders:
         for micro in sorted(divisors(effective_batch), reverse=True):
             case = replace(

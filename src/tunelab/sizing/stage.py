@@ -183,7 +183,7 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
     base = resolve_base(study)
     task = get_task(cfg, snapshot.labels)
     if base.architecture == "image":
-        return _image_lengths(base, snapshot, task)
+        return _image_lengths(base, snapshot, task, cfg)
     pre = Preprocessor(load_tokenizer(base), cfg, task, base.architecture)
     started = time.perf_counter()
     encoded = [pre.encode(r) for r in snapshot.rows("train")]
@@ -214,16 +214,42 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
     }
 
 
-def _image_lengths(base: Any, snapshot: Any, task: Any) -> dict[str, Any]:
-    """An image model's "length": the patch tokens of every image (one size for all)."""
+def conv_image_side(base: Any, cfg: Any) -> int:
+    """The side of the square images a conv net is fed in training: the study's image chain
+    (`preprocess.image` over the base's processor), its center crop, else its fixed resize."""
+    from tunelab.errors import ModelError
+    from tunelab.image_transforms import resolve_chain
+    from tunelab.models.vision import load_image_processor
+
+    chain = resolve_chain(load_image_processor(base), cfg)
+    height, width = chain.crop or (
+        (None, None) if chain.shortest_edge else (chain.height, chain.width)
+    )
+    if height is None or height != width:
+        fed = "the shortest edge only" if height is None else f"{width}x{height}"
+        raise ModelError(
+            f"tunelab size walks a conv net at one square image side; the image chain feeds {fed}",
+            hint="set preprocess.image.crop (or preprocess.image.resize) in study.yaml, so "
+            "that every image reaches the model at one square size",
+        )
+    return int(height)
+
+
+def _image_lengths(base: Any, snapshot: Any, task: Any, cfg: Any) -> dict[str, Any]:
+    """An image model's "length": a ViT's patch tokens (at config.image_size), or a conv net's
+    image side as the image chain feeds it (one size for all)."""
     from tunelab.errors import ModelError
     from tunelab.models.vision import patch_tokens
+    from tunelab.sizing.memory import CONV_FAMILIES
 
-    tokens = patch_tokens(base.config)
+    model_type = str(base.config.get("model_type", "")).lower()
+    tokens, image_size = patch_tokens(base.config), base.config.get("image_size")
+    if model_type in CONV_FAMILIES:  # ConvNeXt's config has a patch_size too (its stem's)
+        tokens = image_size = conv_image_side(base, cfg)
     if tokens is None:
         raise ModelError(
-            f"tunelab size models image transformers with patch tokens (ViT, DeiT); "
-            f"{base.config.get('model_type')!r} has no patch_size",
+            f"tunelab size models image transformers with patch tokens (ViT, DeiT) and the "
+            f"conv nets {', '.join(CONV_FAMILIES)}; {model_type!r} is neither (no patch_size)",
             hint="the smoke's record (`tunelab smoke`) has this model's measured step time",
         )
     counts = dict(snapshot.manifest.get("counts", {}).get("final", {}))
@@ -235,13 +261,30 @@ def _image_lengths(base: Any, snapshot: Any, task: Any) -> dict[str, Any]:
         "truncated": 0,
         "share_truncated": 0.0,
         "target_truncated": 0,
-        "image_size": base.config.get("image_size"),
+        "image_size": image_size,
+        "length_unit": "image side" if model_type in CONV_FAMILIES else "patch tokens",
         "loss_fraction": 1.0,
         "labels": list(task.labels),
         "split_counts": counts,
         "encode_train_s": 0.0,
         "quantiles": [tokens] * 101,
     }
+
+
+def supports_checkpointing(study: Study) -> bool:
+    """Whether the study's model can checkpoint activations: an image classifier's transformers
+    class says (ResNet and ConvNeXt cannot); other models are taken to."""
+    from tunelab.models import resolve_base
+
+    base = resolve_base(study)
+    if base.architecture != "image":
+        return True
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    name = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(str(base.config.get("model_type")))
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    return bool(getattr(cls, "supports_gradient_checkpointing", True))
 
 
 def _labels(study: Study) -> list[str] | None:
@@ -443,6 +486,7 @@ def _recommendation(
     budget: int,
     device: str,
     packing: bool,
+    can_checkpoint: bool = True,
 ) -> dict[str, Any]:
     """The largest micro-batch that fits at the longest length, measured when no row has it."""
     facts, rows = measurer.facts, measurer.rows
@@ -457,6 +501,7 @@ def _recommendation(
         fixed_bytes=0 if device == "cuda" else max(idle or [0]),
         compare_total=device == "cuda",
         scale=calibration(rows),
+        can_checkpoint=can_checkpoint,
     )
     if not rec["fits"]:
         return rec
@@ -498,7 +543,12 @@ def _recommendation(
 
 
 def _other_methods(
-    measurer: _Measurer, template: Case, effective: int, budget: int, device: str
+    measurer: _Measurer,
+    template: Case,
+    effective: int,
+    budget: int,
+    device: str,
+    can_checkpoint: bool = True,
 ) -> list[dict[str, Any]]:
     """For each method measured beside the study's (`--methods`): its own recommendation at
     the longest length, so that a method that fits where the study's does not is proposed."""
@@ -515,6 +565,7 @@ def _other_methods(
             budget_bytes=budget,
             fixed_bytes=0 if device == "cuda" else idle,
             compare_total=device == "cuda",
+            can_checkpoint=can_checkpoint,
         )
         keys = ("fits", "micro_batch", "grad_accum", "checkpointing", "predicted_peak_bytes")
         out.append({"method": row["method"], **{k: rec.get(k) for k in keys}})
@@ -614,6 +665,7 @@ def run_sizing(
     started = time.perf_counter()
     device = device_kind()  # the steps run in child processes: no CUDA context here
     lengths, sizes, labels = _lengths(study, seq_lens)
+    can_checkpoint = supports_checkpointing(study)
     t = cfg.training
     effective = t.micro_batch_size * t.grad_accum_steps
     options = configurations(
@@ -625,6 +677,7 @@ def run_sizing(
         packing=t.packing,
         micro_batches=micro_batches,
         precisions=[resolve_precision(p, device) for p in precisions or []],
+        can_checkpoint=can_checkpoint,
     )
     budget = memory_budget or device_memory_bytes(device)
     loss_fraction = float(lengths.get("loss_fraction") or 1.0)
@@ -679,26 +732,26 @@ def run_sizing(
     template = replace(template, checkpointing=t.activation_checkpointing)
     rec = _recommendation(
         measurer, case, template, largest=sizes[-1], effective=effective, budget=budget,
-        device=device, packing=t.packing,
+        device=device, packing=t.packing, can_checkpoint=can_checkpoint,
     )  # fmt: skip
-    rec["other_methods"] = _other_methods(measurer, template, effective, budget, device)
+    rec["other_methods"] = _other_methods(
+        measurer, template, effective, budget, device, can_checkpoint
+    )
     record = _record(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
+    return record, _save(study, record)
+
+
+def _save(study: Study, record: dict[str, Any]) -> Path:
+    """records/sizing/<id>.json, and its event in the ledger."""
     path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
-    study.ledger.add_event(
-        None,
-        "sizing:recorded",
-        {
-            "id": record["id"],
-            "max_error_pct": record["max_error_pct"],
-            "seconds": record["seconds"],
-        },
-    )
-    return record, path
+    keys = ("id", "max_error_pct", "seconds")
+    study.ledger.add_event(None, "sizing:recorded", {k: record[k] for k in keys})
+    return path
 
 
 def _record(

@@ -1,0 +1,128 @@
+"""`tunelab size` on conv nets (ResNet, ConvNeXt): the image side the study's image chain feeds
+is the "length", the measured increase is set against the feature-map walk, and a model that
+is neither patch-based nor a known conv net is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from test_images import write_colour_folder, write_image_study
+
+# |predicted - measured| / measured of a full fine-tuning step's peak RSS increase, fp32, at
+# micro-batches 4 and 8 of 128-pixel images (measured: ResNet within 10 %, ConvNeXt within 1 %)
+TOLERANCE_PCT = 20.0
+
+
+def save_conv_net(out: Path, kind: str) -> Path:
+    """A tiny ResNet or ConvNeXt classifier backbone from a config, with an image processor
+    whose size differs from config.image_size (so the record shows which one is fed)."""
+    import torch
+    from transformers import (
+        ConvNextConfig,
+        ConvNextImageProcessor,
+        ConvNextModel,
+        ResNetConfig,
+        ResNetModel,
+        ViTImageProcessor,
+    )
+
+    torch.manual_seed(0)
+    if kind == "convnext":
+        model = ConvNextModel(
+            ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=224)
+        )
+        processor = ViTImageProcessor(size={"height": 128, "width": 128})
+    else:
+        cfg = ResNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+            image_size=224,
+        )  # fmt: skip
+        model = ResNetModel(cfg)
+        processor = ConvNextImageProcessor(size={"shortest_edge": 136})
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def sized_study(tmp_path: Path, capsys, kind: str, **sections) -> Path:
+    model_dir = save_conv_net(tmp_path / kind, kind)
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=4)
+    write_image_study(root, model_dir, {"format": "folder", "path": "data"}, **sections)
+    raw = (root / "study.yaml").read_text().replace("method: lora", "method: full")
+    (root / "study.yaml").write_text(raw)
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    return root
+
+
+@pytest.mark.parametrize(
+    ("kind", "side", "sections"),
+    [
+        ("resnet", 128, {"preprocess": {"image": {"crop": 128}}}),
+        ("convnext", 128, {}),
+    ],
+)
+def test_size_measures_a_conv_net_at_the_side_its_chain_feeds(
+    tmp_path, capsys, kind, side, sections
+):
+    """ResNet: shortest edge 136 then the study's crop 128; ConvNeXt: the processor's 128x128.
+    Neither is config.image_size (224). Each fp32 increase is within TOLERANCE_PCT of the
+    walk, the recommendation is measured, and the plan reads the record."""
+    root = sized_study(tmp_path, capsys, kind, **sections)
+    args = ["--micro-batch", "4"] + (["--precision", "bf16"] if kind == "resnet" else [])
+    code, out, err = run_cli(capsys, "size", "-s", root, *args, "--json")
+    assert code == 0, err
+    record = json.loads(out[out.find("{") :])
+    lengths = record["lengths"]
+    assert lengths["max"] == lengths["image_size"] == side
+    assert lengths["length_unit"] == "image side"
+    assert record["facts"]["family"] == kind and record["facts"]["conv"]["image_size"] == side
+    rows = record["configurations"]
+    assert all(r["status"] == "ok" for r in rows), rows
+    assert not any(r["options"]["checkpointing"] for r in rows)  # neither can checkpoint
+    assert {r["options"]["precision"] for r in rows} == (
+        {"fp32", "bf16"} if kind == "resnet" else {"fp32"}
+    )
+    for row in (r for r in rows if r["options"]["precision"] == "fp32"):
+        assert row["predicted"]["activations"] > 0
+        assert abs(row["error_pct"]) <= TOLERANCE_PCT, (row["label"], row["error_pct"])
+    rec = record["recommendation"]
+    assert rec["fits"] and rec["measured_status"] == "ok" and not rec["checkpointing"], rec
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
+    assert code == 0, err
+
+
+def test_size_refuses_an_image_model_neither_patched_nor_a_known_conv_net(tmp_path, capsys):
+    """A RegNet (model_type regnet, no patch_size) is refused, exit 2, naming its type and
+    what is supported."""
+    import torch
+    from transformers import ConvNextImageProcessor, RegNetConfig, RegNetModel
+
+    torch.manual_seed(0)
+    out = tmp_path / "regnet"
+    RegNetModel(
+        RegNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1])
+    ).save_pretrained(out)
+    ConvNextImageProcessor(size={"shortest_edge": 32}).save_pretrained(out)
+    root = tmp_path / "s"
+    write_colour_folder(root / "data", per_label=4)
+    write_image_study(root, out, {"format": "folder", "path": "data"})
+    for args in (["register"], ["data"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out_text, err = run_cli(capsys, "size", "-s", root)
+    assert code == 2
+    assert "'regnet'" in err and "resnet" in err and "convnext" in err and "ViT" in err
+    assert "Traceback" not in err
+
+
+def test_size_refuses_a_conv_net_fed_no_single_square_side(tmp_path, capsys):
+    """The ResNet's processor resizes by the shortest edge without a crop: the 24x20 images reach
+    the model at 48x40, no square side, so sizing says to set preprocess.image.crop."""
+    root = sized_study(tmp_path, capsys, "resnet")
+    code, _, err = run_cli(capsys, "size", "-s", root)
+    assert code == 2 and "preprocess.image.crop" in err and "Traceback" not in err
