@@ -4,11 +4,14 @@ real measured steps in their own process (and a configuration that does not fit)
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import json
 import random
 import re
 import statistics
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,14 +114,37 @@ def _saved_vs_predicted(model_dir, architecture, case_row, seq_len=48, batch=4):
     return real, predicted
 
 
+@contextlib.contextmanager
+def _module_outputs(model):
+    """Weak references to every module output computed inside the block."""
+    outputs: list[weakref.ref] = []
+
+    def keep_ref(_module, _args, out):  # noqa: ANN001
+        t = out[0] if isinstance(out, tuple) else out
+        if isinstance(t, torch.Tensor):
+            outputs.append(weakref.ref(t))
+
+    handles = [m.register_forward_hook(keep_ref) for m in model.modules()]
+    try:
+        yield outputs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _assert_freed(outputs: list[weakref.ref]) -> None:
+    gc.collect()
+    assert len(outputs) > 20
+    alive = [r() for r in outputs if r() is not None]
+    assert alive == [], [tuple(t.shape) for t in alive]
+
+
 @pytest.mark.parametrize("packing,ckpt", [(False, False), (True, False), (True, True)])
 def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
     """After the counting forward nothing it computed is alive. A pack hook returning the tensor
     itself would keep the outputs ops save for backward in a cycle the garbage collector cannot
     see: on CUDA the counting forward's activations would stay allocated into the measured step
     and inflate max_memory_allocated."""
-    import gc
-    import weakref
 
     from transformers import AutoModelForCausalLM
 
@@ -130,21 +156,10 @@ def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
     model.train()
     encoded = synthetic_examples(4, 32, "causal_lm", vocab=model.config.vocab_size, num_labels=2)
     data = collate(encoded, 0, "causal_lm", packing)
-    outputs: list[weakref.ref] = []
-
-    def keep_ref(_module, _args, out):  # noqa: ANN001
-        t = out[0] if isinstance(out, tuple) else out
-        if isinstance(t, torch.Tensor):
-            outputs.append(weakref.ref(t))
-
-    handles = [m.register_forward_hook(keep_ref) for m in model.modules()]
-    saved = count_saved_bytes(model, lambda: loss_sum(model, data, "causal_lm"))
-    for h in handles:
-        h.remove()
-    gc.collect()
-    assert saved > 0 and len(outputs) > 20
-    alive = [r() for r in outputs if r() is not None]
-    assert alive == [], [tuple(t.shape) for t in alive]
+    with _module_outputs(model) as outputs:
+        saved = count_saved_bytes(model, lambda: loss_sum(model, data, "causal_lm"))
+    assert saved > 0
+    _assert_freed(outputs)
 
 
 @pytest.mark.parametrize(
@@ -157,8 +172,6 @@ def test_the_prime_counts_what_a_separate_count_gives(
     """The measurement's prime counts the saved bytes on its own forward, then runs its
     backward: the bytes of a forward counted alone, the gradients of a plain backward, and
     nothing of the forward alive afterwards (the graph keeps detached aliases, no cycle)."""
-    import gc
-    import weakref
 
     from tunelab.sizing.measure import _prime, _session
     from tunelab.train.batches import Position
@@ -186,27 +199,15 @@ def test_the_prime_counts_what_a_separate_count_gives(
     forward().backward()
     plain = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    outputs: list[weakref.ref] = []
-
-    def keep_ref(_module, _args, out):  # noqa: ANN001
-        t = out[0] if isinstance(out, tuple) else out
-        if isinstance(t, torch.Tensor):
-            outputs.append(weakref.ref(t))
-
-    handles = [m.register_forward_hook(keep_ref) for m in model.modules()]
-    counted = count_saved_bytes(model, forward, lambda loss: loss.backward())
-    for h in handles:
-        h.remove()
+    with _module_outputs(model) as outputs:
+        counted = count_saved_bytes(model, forward, lambda loss: loss.backward())
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert counted == alone and plain and grads.keys() == plain.keys()
     for name, grad in grads.items():
         assert torch.equal(grad, plain[name]), name
     del grads
     model.zero_grad(set_to_none=True)
-    gc.collect()
-    assert len(outputs) > 20
-    alive = [r() for r in outputs if r() is not None]
-    assert alive == [], [tuple(t.shape) for t in alive]
+    _assert_freed(outputs)
 
 
 @pytest.mark.gpu
@@ -214,8 +215,6 @@ def test_the_prime_counts_what_a_separate_count_gives(
 def test_counting_saved_bytes_gives_back_cuda_memory(tiny_llama_dir):
     """On CUDA such a leak is allocated memory: after counting, what is allocated is what was
     allocated before (the model and the batch)."""
-    import gc
-
     from transformers import AutoModelForCausalLM
 
     from tunelab.train.loop import to_device
