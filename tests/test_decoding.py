@@ -57,25 +57,29 @@ def _alone(model, tok, prompt, budget):
     return new[: new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
 
 
-@pytest.mark.parametrize("draft_tokens", [0, 1, 4])
-def test_drafted_decoding_emits_what_plain_greedy_emits(tiny_llama_dir, draft_tokens):
+def _decode(model, tok, prompts, budget, **options):
+    """`decode` of `prompts` on a fresh in-place cache, padded and ended as evaluation does."""
     from tunelab.decoding import decode, in_place_cache
     from tunelab.generation import pad_id_for
 
-    model, tok, prompts = _model_and_prompts(tiny_llama_dir)
-    budget = 24
-    # the lookup source holds what an earlier answer wrote: the rows may copy it too
-    lookup = [*_alone(model, tok, prompts[0], budget), SEPARATOR]
-    got = decode(
+    return decode(
         model,
         in_place_cache(model),
         prompts,
         max_new_tokens=budget,
         pad_id=pad_id_for(tok),
         eos_id=tok.eos_token_id,
-        lookup=lookup,
-        draft_tokens=draft_tokens,
+        **options,
     )
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 1, 4])
+def test_drafted_decoding_emits_what_plain_greedy_emits(tiny_llama_dir, draft_tokens):
+    model, tok, prompts = _model_and_prompts(tiny_llama_dir)
+    budget = 24
+    # the lookup source holds what an earlier answer wrote: the rows may copy it too
+    lookup = [*_alone(model, tok, prompts[0], budget), SEPARATOR]
+    got = _decode(model, tok, prompts, budget, lookup=lookup, draft_tokens=draft_tokens)
     assert got.tokens == [_alone(model, tok, p, budget) for p in prompts]
     s = got.stats
     assert s["steps"] == max(
@@ -89,9 +93,6 @@ def test_drafted_decoding_emits_what_plain_greedy_emits(tiny_llama_dir, draft_to
 
 
 def test_a_row_ends_where_its_answer_ends_inside_a_kept_draft(tiny_llama_dir):
-    from tunelab.decoding import decode, in_place_cache
-    from tunelab.generation import pad_id_for
-
     model, tok, prompts = _model_and_prompts(tiny_llama_dir)
     full = [_alone(model, tok, p, 24) for p in prompts]
     cut = {i: len(t) // 2 for i, t in enumerate(full) if len(t) > 3}
@@ -99,16 +100,7 @@ def test_a_row_ends_where_its_answer_ends_inside_a_kept_draft(tiny_llama_dir):
     def answered_at(tokens):  # a row's answer ends after half its plain output
         return any(tokens == full[i][:k] for i, k in cut.items())
 
-    got = decode(
-        model,
-        in_place_cache(model),
-        prompts,
-        max_new_tokens=24,
-        pad_id=pad_id_for(tok),
-        eos_id=tok.eos_token_id,
-        answered=answered_at,
-        draft_tokens=4,
-    )
+    got = _decode(model, tok, prompts, 24, answered=answered_at, draft_tokens=4)
     for i, tokens in enumerate(got.tokens):
         if i in cut:
             assert tokens == full[i][: cut[i]] and got.ends[i] == "answer"
@@ -176,8 +168,7 @@ def test_the_shared_prefix_is_what_every_prompt_starts_with_less_one_token():
 def test_decoding_after_a_shared_prefix_emits_what_each_prompt_alone_emits(
     tiny_llama_dir, draft_tokens
 ):
-    from tunelab.decoding import decode, in_place_cache, prefix_states, shared_prefix_length
-    from tunelab.generation import pad_id_for
+    from tunelab.decoding import prefix_states, shared_prefix_length
 
     model, tok, prompts = _model_and_prompts(tiny_llama_dir)
     head = tok("Answer in one line. The text:")["input_ids"]
@@ -186,16 +177,7 @@ def test_decoding_after_a_shared_prefix_emits_what_each_prompt_alone_emits(
     shared = shared_prefix_length(rows)
     assert shared >= len(head) - 1
     prefix = prefix_states(model, rows[0][:shared])
-    got = decode(
-        model,
-        in_place_cache(model),
-        rows,
-        max_new_tokens=16,
-        pad_id=pad_id_for(tok),
-        eos_id=tok.eos_token_id,
-        draft_tokens=draft_tokens,
-        prefix=prefix,
-    )
+    got = _decode(model, tok, rows, 16, draft_tokens=draft_tokens, prefix=prefix)
     assert got.tokens == [_alone(model, tok, r, 16) for r in rows]
     assert got.stats["prefix_tokens"] == shared
 

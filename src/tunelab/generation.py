@@ -183,14 +183,14 @@ def greedy_agreement(
         t + ([eos] if how == "eos" else []) for t, how in zip(got.tokens, got.ends, strict=True)
     ]
     keep = max(len(w) for w in wanted) + 1
-    cache = in_place_cache(model) if prefix is not None else None
     logits, _ = forward_rows(
         model,
         seqs,
         pad_id=pad_id_for(tokenizer),
         logits_to_keep=keep,
-        cache=cache,
-        prefix=prefix if cache is not None else None,
+        # a prefix exists only for a model whose cache decode takes (prefix_states)
+        cache=in_place_cache(model) if prefix is not None else None,
+        prefix=prefix,
     )
     logits = logits.float()  # [batch, keep, vocab]: the last `keep` positions
     top = logits.topk(2, dim=-1)

@@ -24,9 +24,9 @@ each that fits, from the largest peak to the smallest, the last configuration on
 has when it comes first, the others on a model built again. Memory
 before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
 allocations take before any mmap, and a step measured after them would show the heap's
-high-water mark rather than its live tensors (on a hidden-256 Llama, +72 % for the second
-configuration of a process), whereas configurations measured pinned one after another give
-what fresh processes give (tests/test_sizing.py: within 5 %; benchmarks/sizing_time.py).
+high-water mark rather than its live tensors, whereas configurations measured pinned one
+after another give what fresh processes give (docs/sizing.md; tests/test_sizing.py;
+benchmarks/sizing_time.py).
 
 Memory:
 - CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
