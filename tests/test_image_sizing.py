@@ -13,7 +13,7 @@ from helpers import run_cli
 from test_images import write_colour_folder, write_image_study
 
 # |predicted - measured| / measured of a full fine-tuning step's peak RSS increase, fp32, at
-# micro-batches 4 and 8 of 128-pixel images (measured: ResNet within 10 %, ConvNeXt within 1 %)
+# micro-batches 4 and 8 of 128-pixel images (measured: ResNet -10 to +9 %, ConvNeXt -7 to +14 %)
 TOLERANCE_PCT = 20.0
 
 

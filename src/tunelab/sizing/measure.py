@@ -63,6 +63,7 @@ caller; the parent gives the configurations left to a new child.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import statistics
 import sys
@@ -511,7 +512,8 @@ def measure_memory(
     warmup = int(spec.get("warmup_steps", 1))
     measure_steps = int(spec.get("measure_steps", 1))
     model.train()  # dropout and checkpointing act only in training mode
-    saved = _prime(model, loop.source, arch, t.precision, device, spec.get("count_saved", True))
+    count = spec.get("count_saved", True)
+    saved = _prime(model, loop.source, arch, t.precision, device, count, loop.optimizer)
     mark("prime")
     steps = session.steps
     try:
@@ -664,13 +666,16 @@ def _verdict(
     return {**result, "status": "ok", "measured": measured}
 
 
-def _prime(model, source, arch, precision, device, count: bool) -> int | None:  # noqa: ANN001
+def _prime(  # noqa: ANN001, PLR0913
+    model, source, arch, precision, device, count: bool, optimizer: Any = None
+) -> int | None:
     """One forward and backward of a micro-batch before `idle` is read, with no optimizer
-    step: the lazy one-time allocations of the runtime (autograd engine, thread pools, kernel
-    and primitive caches for these shapes) then sit in `idle` rather than in the measured
-    increase, which keeps what a step adds: optimizer states, gradients, activations. With
-    `count`, its forward also counts the bytes autograd keeps (`count_saved_bytes`: the
-    activations term), returned."""
+    step on the model: the lazy one-time allocations of the runtime (autograd engine, thread
+    pools, kernel and primitive caches for these shapes) then sit in `idle` rather than in the
+    measured increase, which keeps what a step adds: optimizer states, gradients, activations.
+    With `optimizer`, the step's other code runs once too (`_warm_update`). With `count`, its
+    forward also counts the bytes autograd keeps (`count_saved_bytes`: the activations term),
+    returned."""
     import torch
 
     from tunelab.sizing.facts import count_saved_bytes
@@ -690,8 +695,38 @@ def _prime(model, source, arch, precision, device, count: bool) -> int | None:  
         else:
             forward().backward()
             saved = None
+    if optimizer is not None:
+        _warm_update(model, optimizer)
     model.zero_grad(set_to_none=True)
     return saved
+
+
+def _warm_update(model: Any, optimizer: Any) -> None:
+    """The step's gradient clipping over the prime's gradients, and one step of a throwaway
+    optimizer like `optimizer` over one stand-in tensor per dtype and device of its parameters.
+    The first run of that code maps the library pages that hold it: counted in the file-backed
+    RSS, up to 8 MB on CPU, they would otherwise land in the first measured increase of the
+    process, while the optimizer's states stay for the measured step to make."""
+    import torch
+
+    grads = [p for p in model.parameters() if p.grad is not None]
+    if grads:
+        torch.nn.utils.clip_grad_norm_(grads, float("inf"))
+    kinds = {
+        (p.dtype, p.device)
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad
+    }
+    # 4096 elements: bitsandbytes keeps 32-bit states for smaller tensors (min_8bit_size)
+    stand_ins = [torch.zeros(4096, dtype=d, device=dev, requires_grad=True) for d, dev in kinds]
+    if not stand_ins:
+        return
+    for t in stand_ins:
+        t.grad = torch.ones_like(t)
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    cls(stand_ins, **{k: v for k, v in optimizer.defaults.items() if k in accepted}).step()
 
 
 def _time_forward(model, source, arch, precision, device, warm: bool) -> float:  # noqa: ANN001

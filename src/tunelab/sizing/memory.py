@@ -419,6 +419,7 @@ class _Trace:
             self.save(self.cast(x, self.cd) if self.autocast else x)
         out = self.new(self.c.micro_batch * c_out * hw[0] * hw[1], self.cd, x.rg or bool(train))
         self.largest_map = max(self.largest_map, out.nbytes)
+        self.block_map = max(self.block_map, out.nbytes)
         return out
 
     def batchnorm(self, x: _T, channels: int, train: str | None) -> _T:
@@ -463,7 +464,7 @@ class _Trace:
         for i, (c_out, depth) in enumerate(stages):
             for j in range(depth):
                 self.group(f"layer.{len(self.blocks)}")
-                before = self.total
+                before, self.block_map = self.total, x.nbytes
                 stride = (first_stride if i == 0 else 2) if j == 0 else 1
                 out_side = -(-side // stride)
                 path, hw = f"encoder.stages.{i}.layers.{j}", (out_side, out_side)
@@ -485,6 +486,7 @@ class _Trace:
                 c, side = c_out, out_side
                 self.blocks.append((self.total - before, 0))
                 self.per_layer.append(self.total - before)
+                self.block_maps.append(self.block_map)
         return self.new(b * c, self.pb, x.rg)  # the average pool keeps nothing
 
     def convnext(self) -> _T:
@@ -509,7 +511,7 @@ class _Trace:
             c = int(c_out)
             for j in range(depth):
                 self.group(f"layer.{len(self.blocks)}")
-                before = self.total
+                before, self.block_map = self.total, x.nbytes
                 path = f"encoder.stages.{i}.layers.{j}"
                 h = self.conv2d(x, c, (side, side), tr(f"{path}.dwconv"))
                 h = self._norm(h, c, tr(f"{path}.layernorm"))
@@ -526,6 +528,7 @@ class _Trace:
                 x = self.add(x, h)
                 self.blocks.append((self.total - before, 0))
                 self.per_layer.append(self.total - before)
+                self.block_maps.append(self.block_map)
         pooled = self.new(b * c, self.pb, x.rg)  # mean over the map: keeps nothing
         return self._norm(pooled, c, tr("layernorm"), tokens=b)
 
@@ -540,6 +543,9 @@ class _Trace:
         """A conv net's forward: its feature maps, then the head on the pooled features."""
         f = self.f
         self.per_layer, self.blocks, self.recompute, self.largest_map = [], [], 0, 0
+        # each block's largest map, its input's included: the gradients flowing through it
+        self.block_maps: list[int] = []
+        self.block_map = 0
         self.largest_expanded = 0  # ConvNeXt's 4x map between its two Linear layers
         self.group("embeddings")
         pooled = self.resnet() if f.family == "resnet" else self.convnext()
@@ -858,7 +864,7 @@ def estimate_memory(
     # gradients of the blocks above already made; inside it, the MLP runs backward first with
     # the block's saved tensors held, the attention later without the MLP's
     mlp_temp, attention_temp = temps
-    flowing = 2 * trace.largest_map if conv else 2 * case.tokens * facts.hidden * pb
+    flowing = 2 * case.tokens * facts.hidden * pb
     kept_below = detail.get("embeddings", 0)
     best = 0
     for i in range(n - 1, -1, -1):
@@ -866,6 +872,8 @@ def estimate_memory(
         saved, upto_attention = trace.blocks[i] if i < len(trace.blocks) else (0, 0)
         own_input = per_layer[i] if case.checkpointing and i < len(per_layer) else 0
         # + the gradient arriving at the block's output and the one leaving its input
+        if conv:
+            flowing = 2 * trace.block_maps[i] if i < len(trace.block_maps) else 0
         inner = max(saved + mlp_temp, upto_attention + attention_temp) + flowing + dequantized
         grads_done = first + block_grads * (n - 1 - i) / n
         live = kept_below + below + own_input + inner + max(held, grads_done)
