@@ -95,6 +95,10 @@ def test_size_measures_a_conv_net_at_the_side_its_chain_feeds(
     assert rec["fits"] and rec["measured_status"] == "ok" and not rec["checkpointing"], rec
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
+    assert f"{side} px a side" in " ".join(out.split()), out
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3", "--compare-gpus")
+    assert code == 0, err
+    assert f"images of {side} px a side" in " ".join(out.split()), out
 
 
 def test_size_refuses_an_image_model_neither_patched_nor_a_known_conv_net(tmp_path, capsys):
@@ -126,3 +130,71 @@ def test_size_refuses_a_conv_net_fed_no_single_square_side(tmp_path, capsys):
     root = sized_study(tmp_path, capsys, "resnet")
     code, _, err = run_cli(capsys, "size", "-s", root)
     assert code == 2 and "preprocess.image.crop" in err and "Traceback" not in err
+
+
+def _counted_flops(model, side: int, b: int) -> tuple[dict, dict]:
+    """torch's FlopCounterMode counts by op over a forward and over its backward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def by_op(counter) -> dict:
+        return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+    x = torch.randn(b, 3, side, side)
+    with FlopCounterMode(display=False) as counter:
+        logits = model(pixel_values=x).logits
+    forward = by_op(counter)
+    with FlopCounterMode(display=False) as counter:
+        logits.sum().backward()
+    return forward, by_op(counter)
+
+
+@pytest.mark.parametrize(
+    ("kind", "layer_type", "frozen"),
+    [
+        ("resnet", "basic", False),
+        ("resnet", "bottleneck", False),
+        ("resnet", "bottleneck", True),
+        ("convnext", None, False),
+    ],
+)
+def test_conv_flops_equal_what_torch_counts(kind, layer_type, frozen):
+    """The plan's FLOPs of a conv net's step (`micro_step_flops` over its walk) against torch's
+    FlopCounterMode on the model itself: forward and backward equal for ResNet, full or with
+    only the head training. ConvNeXt: the forward equal, the linear layers' backward twice
+    their forward, and the convolutions' twice theirs but the pixels' gradient (torch's counter
+    counts a depthwise convolution's backward once per group, so it is not compared)."""
+    from dataclasses import replace
+
+    import torch
+    from transformers import AutoModelForImageClassification, ConvNextConfig, ResNetConfig
+
+    from tunelab.plan.flops import MicroBatch, micro_step_flops
+    from tunelab.sizing.facts import model_facts
+
+    torch.manual_seed(0)
+    side, b = 96, 3
+    if kind == "resnet":
+        cfg = ResNetConfig(
+            embedding_size=8, hidden_sizes=[16, 32], depths=[2, 1], layer_type=layer_type
+        )
+    else:
+        cfg = ConvNextConfig(hidden_sizes=[8, 16], depths=[2, 1], num_stages=2)
+    cfg.num_labels, cfg.image_size = 5, side
+    model = AutoModelForImageClassification.from_config(cfg)
+    if frozen:
+        for name, p in model.named_parameters():
+            p.requires_grad = name.startswith("classifier")
+    facts = model_facts(model, "image")
+    facts = replace(facts, conv={**facts.conv, "image_size": side})
+    step = micro_step_flops(facts, MicroBatch(b * side, 0, b, b), checkpointing=False)
+    forward, backward = _counted_flops(model, side, b)
+    assert step.forward == pytest.approx(sum(forward.values()), rel=1e-9)
+    if kind == "resnet":
+        assert step.backward == pytest.approx(sum(backward.values()), rel=1e-9)
+        assert step.backward > 0
+    else:
+        patchify = 2 * b * 8 * (side // 4) ** 2 * 3 * 4 * 4  # its input, the pixels, needs none
+        assert backward["aten.mm"] == pytest.approx(2 * forward["aten.addmm"], rel=1e-9)
+        convolutions = 2 * forward["aten.convolution"] - patchify
+        assert step.backward == pytest.approx(backward["aten.mm"] + convolutions, rel=1e-9)

@@ -191,12 +191,16 @@ def gather_figures(study: Study) -> Figures:
     measured_len = own["options"]["seq_len"]
     packing = bool(cfg.training.packing and sizing["facts"]["architecture"] == "causal_lm")
     micro = cfg.training.micro_batch_size
-    if quant:
+    conv = lengths.get("length_unit") == "image side"
+    if conv:
+        typical, how = measured_len, "every image at that side"
+    elif quant:
         typical = lengths.get("mean") if packing else expected_max(quant, micro)
         how = "mean length (packed)" if packing else f"expected longest of {micro} (padded)"
     else:
         typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
     scale = (typical or measured_len) / measured_len
+    per_example = "px a side" if conv else "tokens/example"
     sid = f"sizing {sizing['id']}"
     load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
     smoke, smoke_row = latest_smoke(study)
@@ -206,7 +210,7 @@ def gather_figures(study: Study) -> Figures:
         sizing_id=sizing["id"],
         step_s=Figure(
             thr["step_s"] * scale,
-            f"{sid}: {thr['step_s']:.3f} s at {measured_len} tokens/example x {scale:.3f} ({how})",
+            f"{sid}: {thr['step_s']:.3f} s at {measured_len} {per_example} x {scale:.3f} ({how})",
         ),
         forward_s=Figure(
             (m.get("forward_s") or 0.0) * scale, f"{sid}: one validation forward of a micro-batch"

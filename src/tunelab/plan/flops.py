@@ -7,14 +7,15 @@ FLOPs per parameter per token, and LoRA on a frozen base about 4 (input gradient
 per adapter parameter. Attention's two products cost 4 x heads x head_dim FLOPs per (query, key)
 pair forward, twice that backward. tunelab's loss runs the LM head on the loss positions only
 (`tunelab.train.losses`), so the head counts at those positions. Activation checkpointing runs
-each block's forward again during backward.
+each block's forward again during backward. A ResNet or ConvNeXt costs 2 FLOPs per multiply of
+each convolution and linear layer, counted by the memory model's walk of its feature maps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunelab.sizing.memory import ModelFacts
+from tunelab.sizing.memory import ModelFacts, conv_flops
 
 _LLAMA_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 _BERT_ROLES = ("q", "k", "v", "o", "up", "down")
@@ -89,7 +90,11 @@ def _head_size(facts: ModelFacts) -> int:
 
 
 def micro_step_flops(facts: ModelFacts, batch: MicroBatch, *, checkpointing: bool) -> StepFlops:
-    """FLOPs of one forward and backward of `batch` (see the module docstring)."""
+    """FLOPs of one forward and backward of `batch` (see the module docstring); a conv net's
+    from its feature-map walk over `batch.examples` images (`conv_flops`)."""
+    if facts.conv is not None:
+        forward, backward = conv_flops(facts, batch.examples)
+        return StepFlops(forward, backward, 0.0)  # neither conv net checkpoints
     shapes = linear_shapes(facts)
     first = _first_trainable_block(facts)
     forward = backward = recompute = 0.0

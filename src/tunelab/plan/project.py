@@ -430,7 +430,9 @@ def _inputs(shape: StudyShape, gpu: Gpu, util: UtilizationRange) -> list[Input]:
         ),
         Input(
             "lengths",
-            f"mean {shape.mean_len:.0f}, longest {shape.max_len} tokens{packed}",
+            f"images of {shape.max_len} px a side"
+            if f.conv
+            else f"mean {shape.mean_len:.0f}, longest {shape.max_len} tokens{packed}",
             shape.lengths_source,
             _kind(shape.lengths_source),
         ),

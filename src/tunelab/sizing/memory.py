@@ -412,15 +412,36 @@ class _Trace:
         return self.layernorm(self.add(d, y), train.get("norm2"))
 
     # conv nets: feature maps [batch, channels, height, width]
-    def conv2d(self, x: _T, c_out: int, hw: tuple[int, int], train: str | None) -> _T:
+    def conv2d(self, x: _T, c_out: int, hw: tuple[int, int], train: str | None, fan_in: int) -> _T:
         """A convolution keeps its input whenever anything of it needs a gradient (one
-        backward for input and weight), unlike a linear layer."""
+        backward for input and weight), unlike a linear layer. `fan_in`: the inputs one output
+        element multiplies (input channels per group x kernel area)."""
         if x.rg or train:
             self.save(self.cast(x, self.cd) if self.autocast else x)
         out = self.new(self.c.micro_batch * c_out * hw[0] * hw[1], self.cd, x.rg or bool(train))
+        self.count_flops(2.0 * out.numel * fan_in, x.rg, train)
         self.largest_map = max(self.largest_map, out.nbytes)
         self.block_map = max(self.block_map, out.nbytes)
         return out
+
+    def count_flops(self, forward: float, input_grad: bool, train: str | None) -> None:
+        """A conv net's layer: `forward` FLOPs, and as many again in backward for its input's
+        gradient (where it needs one) and for its weight's (where it trains)."""
+        self.flops[0] += forward
+        self.flops[1] += forward * (int(input_grad) + int(train == "weight"))
+
+    def conv_linear(
+        self, x: _T, fan_in: int, fan_out: int, train: str | None, *, outside: bool = False
+    ) -> _T:
+        """A conv net's linear layer (ConvNeXt's pointwise layers, the head), FLOPs counted;
+        a LoRA adapter's two small products cost 2 FLOPs a weight forward, twice that back."""
+        rows = x.numel // fan_in
+        self.count_flops(2.0 * rows * fan_in * fan_out, x.rg, train)
+        if train == "lora":
+            lora = 2.0 * rows * self.f.lora_rank * (fan_in + fan_out)
+            self.flops[0] += lora
+            self.flops[1] += 2 * lora
+        return self.linear(x, fan_in, fan_out, train, outside=outside)
 
     def batchnorm(self, x: _T, channels: int, train: str | None) -> _T:
         if x.rg or train:  # the input, the batch mean and inverse std, the running statistics
@@ -449,13 +470,15 @@ class _Trace:
         side = -(-int(cfg["image_size"]) // 2)
         x = self.new(b * int(cfg["num_channels"]) * int(cfg["image_size"]) ** 2, self.pb, False)
 
-        def conv_layer(x: _T, path: str, c_out: int, hw: tuple[int, int], act: bool) -> _T:
-            x = self.conv2d(x, c_out, hw, tr(f"{path}.convolution"))
+        def conv_layer(  # noqa: PLR0913
+            x: _T, path: str, c_in: int, c_out: int, hw: tuple[int, int], act: bool, k: int = 3
+        ) -> _T:
+            x = self.conv2d(x, c_out, hw, tr(f"{path}.convolution"), c_in * k * k)
             x = self.batchnorm(x, c_out, tr(f"{path}.normalization"))
             return self.relu(x) if act else x
 
         c = int(cfg["embedding_size"])
-        x = conv_layer(x, "embedder.embedder", c, (side, side), True)
+        x = conv_layer(x, "embedder.embedder", int(cfg["num_channels"]), c, (side, side), True, 7)
         side = -(-side // 2)
         x = self.maxpool(x, b * c * side * side)
         bottleneck = cfg.get("layer_type") == "bottleneck"
@@ -473,15 +496,15 @@ class _Trace:
                     r = c_out // int(cfg.get("reduction", 4))
                     in_bottleneck = cfg.get("downsample_in_bottleneck")
                     hw1 = hw if in_bottleneck else (side, side)
-                    h = conv_layer(h, f"{path}.layer.0", r, hw1, True)
-                    h = conv_layer(h, f"{path}.layer.1", r, hw, True)
-                    h = conv_layer(h, f"{path}.layer.2", c_out, hw, False)
+                    h = conv_layer(h, f"{path}.layer.0", c, r, hw1, True, 1)
+                    h = conv_layer(h, f"{path}.layer.1", r, r, hw, True)
+                    h = conv_layer(h, f"{path}.layer.2", r, c_out, hw, False, 1)
                 else:
-                    h = conv_layer(h, f"{path}.layer.0", c_out, hw, True)
-                    h = conv_layer(h, f"{path}.layer.1", c_out, hw, False)
+                    h = conv_layer(h, f"{path}.layer.0", c, c_out, hw, True)
+                    h = conv_layer(h, f"{path}.layer.1", c_out, c_out, hw, False)
                 residual = x
                 if c != c_out or stride != 1:
-                    residual = conv_layer(x, f"{path}.shortcut", c_out, hw, False)
+                    residual = conv_layer(x, f"{path}.shortcut", c, c_out, hw, False, 1)
                 x = self.relu(self.new(h.numel, h.size, h.rg or residual.rg))
                 c, side = c_out, out_side
                 self.blocks.append((self.total - before, 0))
@@ -496,9 +519,16 @@ class _Trace:
         cfg, b, tr = self.f.conv or {}, self.c.micro_batch, self._train
         size = int(cfg["image_size"])
         x = self.new(b * int(cfg["num_channels"]) * size * size, self.pb, False)
-        side = size // int(cfg.get("patch_size", 4))
+        patch = int(cfg.get("patch_size", 4))
+        side = size // patch
         c = int(cfg["hidden_sizes"][0])
-        x = self.conv2d(x, c, (side, side), tr("embeddings.patch_embeddings"))
+        x = self.conv2d(
+            x,
+            c,
+            (side, side),
+            tr("embeddings.patch_embeddings"),
+            int(cfg["num_channels"]) * patch**2,
+        )
         x = self._norm(x, c, tr("embeddings.layernorm"))
         stages = zip(cfg["hidden_sizes"], cfg["depths"], strict=True)
         for i, (c_out, depth) in enumerate(stages):
@@ -506,20 +536,20 @@ class _Trace:
                 x = self._norm(x, c, tr(f"encoder.stages.{i}.downsampling_layer.0"))
                 side //= 2
                 x = self.conv2d(
-                    x, c_out, (side, side), tr(f"encoder.stages.{i}.downsampling_layer.1")
+                    x, c_out, (side, side), tr(f"encoder.stages.{i}.downsampling_layer.1"), c * 4
                 )
             c = int(c_out)
             for j in range(depth):
                 self.group(f"layer.{len(self.blocks)}")
                 before, self.block_map = self.total, x.nbytes
                 path = f"encoder.stages.{i}.layers.{j}"
-                h = self.conv2d(x, c, (side, side), tr(f"{path}.dwconv"))
+                h = self.conv2d(x, c, (side, side), tr(f"{path}.dwconv"), 49)  # depthwise 7x7
                 h = self._norm(h, c, tr(f"{path}.layernorm"))
-                h = self.linear(h, c, 4 * c, tr(f"{path}.pwconv1"))
+                h = self.conv_linear(h, c, 4 * c, tr(f"{path}.pwconv1"))
                 if h.rg:
                     self.largest_expanded = max(self.largest_expanded, h.nbytes)
                 h = self.pointwise_saving_input(h)  # GELU
-                h = self.linear(h, 4 * c, c, tr(f"{path}.pwconv2"))
+                h = self.conv_linear(h, 4 * c, c, tr(f"{path}.pwconv2"))
                 if cfg.get("layer_scale_init_value", 1e-6) > 0:
                     scale = tr(f"{path}.layer_scale_parameter")
                     if scale:
@@ -543,6 +573,7 @@ class _Trace:
         """A conv net's forward: its feature maps, then the head on the pooled features."""
         f = self.f
         self.per_layer, self.blocks, self.recompute, self.largest_map = [], [], 0, 0
+        self.flops = [0.0, 0.0]  # forward, backward (count_flops)
         # each block's largest map, its input's included: the gradients flowing through it
         self.block_maps: list[int] = []
         self.block_map = 0
@@ -550,7 +581,7 @@ class _Trace:
         self.group("embeddings")
         pooled = self.resnet() if f.family == "resnet" else self.convnext()
         self.group("final")
-        self.linear(pooled, f.hidden, max(1, f.num_labels), f.head, outside=True)
+        self.conv_linear(pooled, f.hidden, max(1, f.num_labels), f.head, outside=True)
         return dict(self.groups)
 
     # the whole model
@@ -704,6 +735,16 @@ def logits_bytes(facts: ModelFacts, case: Case, route: str = "fused") -> dict[st
         "forward": logits + lifted + log_probs,
         "backward": 3 * rows * v * 4 + (logits if chunked else 0),
     }
+
+
+def conv_flops(facts: ModelFacts, examples: int) -> tuple[float, float]:
+    """(forward, backward) FLOPs of a conv net's micro-batch of `examples` images of
+    `facts.conv["image_size"]`: its convolutions and linear layers, as the walk meets them
+    (normalization, activations and pooling, a few % of a ResNet's, are left out)."""
+    side = int((facts.conv or {})["image_size"])
+    trace = _Trace(facts, Case(seq_len=side, micro_batch=max(1, int(examples))))
+    trace.run_conv()
+    return trace.flops[0], trace.flops[1]
 
 
 def _conv_temporaries(trace: _Trace) -> tuple[int, int]:
