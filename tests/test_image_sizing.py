@@ -17,7 +17,7 @@ from test_images import write_colour_folder, write_image_study
 TOLERANCE_PCT = 20.0
 
 
-def save_conv_net(out: Path, kind: str) -> Path:
+def save_conv_net(out: Path, kind: str, processor=None) -> Path:  # noqa: ANN001
     """A tiny ResNet or ConvNeXt classifier backbone from a config, with an image processor
     whose size differs from config.image_size (so the record shows which one is fed)."""
     import torch
@@ -42,14 +42,15 @@ def save_conv_net(out: Path, kind: str) -> Path:
             image_size=224,
         )  # fmt: skip
         model = ResNetModel(cfg)
-        processor = ConvNextImageProcessor(size={"shortest_edge": 136})
+        # ResNet checkpoints use ConvNeXt's processor: 136 / crop_pct 0.875, then 136 x 136
+        processor = processor or ConvNextImageProcessor(size={"shortest_edge": 136})
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
 
 
-def sized_study(tmp_path: Path, capsys, kind: str, **sections) -> Path:
-    model_dir = save_conv_net(tmp_path / kind, kind)
+def sized_study(tmp_path: Path, capsys, kind: str, processor=None, **sections) -> Path:  # noqa: ANN001
+    model_dir = save_conv_net(tmp_path / kind, kind, processor)
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=4)
     write_image_study(root, model_dir, {"format": "folder", "path": "data"}, **sections)
@@ -64,13 +65,15 @@ def sized_study(tmp_path: Path, capsys, kind: str, **sections) -> Path:
     ("kind", "side", "sections"),
     [
         ("resnet", 128, {"preprocess": {"image": {"crop": 128}}}),
+        ("resnet", 136, {}),
         ("convnext", 128, {}),
     ],
 )
 def test_size_measures_a_conv_net_at_the_side_its_chain_feeds(
     tmp_path, capsys, kind, side, sections
 ):
-    """ResNet: shortest edge 136 then the study's crop 128; ConvNeXt: the processor's 128x128.
+    """ResNet: the study's crop 128, or the processor's own 136 (shortest edge 155 = 136 /
+    crop_pct, then its centre 136 x 136); ConvNeXt: the processor's 128x128.
     Neither is config.image_size (224). Each fp32 increase is within TOLERANCE_PCT of the
     walk, the recommendation is measured, and the plan reads the record."""
     root = sized_study(tmp_path, capsys, kind, **sections)
@@ -125,9 +128,13 @@ def test_size_refuses_an_image_model_neither_patched_nor_a_known_conv_net(tmp_pa
 
 
 def test_size_refuses_a_conv_net_fed_no_single_square_side(tmp_path, capsys):
-    """The ResNet's processor resizes by the shortest edge without a crop: the 24x20 images reach
-    the model at 48x40, no square side, so sizing says to set preprocess.image.crop."""
-    root = sized_study(tmp_path, capsys, "resnet")
+    """A processor that resizes by the shortest edge without a crop (CLIP's, crop off): the
+    24x20 images reach the model at 163x136, no square side, so sizing says to set
+    preprocess.image.crop."""
+    from transformers import CLIPImageProcessor
+
+    processor = CLIPImageProcessor(size={"shortest_edge": 136}, do_center_crop=False)
+    root = sized_study(tmp_path, capsys, "resnet", processor)
     code, _, err = run_cli(capsys, "size", "-s", root)
     assert code == 2 and "preprocess.image.crop" in err and "Traceback" not in err
 

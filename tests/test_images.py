@@ -236,6 +236,42 @@ def test_chain_equals_the_processor_and_augments_training_only(tmp_path, tiny_vi
     assert list(smaller.encode(row)["pixel_values"].shape) == [3, 12, 12]
 
 
+@pytest.mark.parametrize(
+    ("kind", "settings", "shape"),
+    [
+        ("convnext", {"size": {"shortest_edge": 32}, "crop_pct": 0.875}, [3, 32, 32]),
+        ("convnext", {"size": {"shortest_edge": 400}}, [3, 400, 400]),
+        ("clip", {"size": {"shortest_edge": 21}, "crop_size": 16}, [3, 16, 16]),
+    ],
+)
+@pytest.mark.parametrize("image_size", [(37, 23), (23, 37)])
+def test_chain_equals_shortest_edge_processors(
+    tmp_path, tiny_vit_dir, kind, settings, shape, image_size
+):
+    """Processors sized by the shortest edge, as transformers applies them: ConvNeXt's (which
+    ResNet checkpoints also use) to edge / crop_pct then the centre edge x edge below 384, a
+    square warp from 384 on; CLIP's shortest edge then its crop. The long side is truncated
+    as transformers does, in both orientations."""
+    from transformers import CLIPImageProcessor, ConvNextImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    root = write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
+    cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
+    cls = ConvNextImageProcessor if kind == "convnext" else CLIPImageProcessor
+    processor = cls(**settings)
+    pre = Preprocessor(processor, cfg, get_task(cfg, list(COLOURS)), "image")
+    path = tmp_path / "x.png"
+    img = colour_image(1, 5, size=image_size)
+    img.save(path)
+    enc = pre.encode({"id": "x", "label": "green", "image_path": str(path), "text": "x.png"})
+    theirs = processor(images=img, return_tensors="np")["pixel_values"][0]
+    assert list(enc["pixel_values"].shape) == shape == list(theirs.shape)
+    assert np.abs(enc["pixel_values"].numpy() - theirs).max() < 1e-5
+
+
 # ---------------------------------------------------------------- inspect
 
 

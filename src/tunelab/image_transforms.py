@@ -27,7 +27,7 @@ from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import PreprocessError
 from tunelab.preprocess_problems import Problem, _problem, raise_problems
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the shortest-edge resize truncates like transformers; crop_pct
 # Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
 ACCEPTED_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -99,6 +99,14 @@ def resolve_chain(processor: Any, cfg: StudyConfig) -> Chain:
     if getattr(processor, "do_center_crop", False):
         ch, cw, _ = _size_of(getattr(processor, "crop_size", None))
         crop = (ch, cw) if ch and cw else None
+    crop_pct = getattr(processor, "crop_pct", None)
+    if shortest and crop_pct and not (own and own.resize):
+        # ConvNeXt's processor (also ResNet's checkpoints): below 384 the shortest edge goes
+        # to edge / crop_pct, then the centre edge x edge; from 384 on a square warp
+        if shortest < 384:
+            crop, shortest = (shortest, shortest), int(shortest / float(crop_pct))
+        else:
+            shortest = None
     if own and own.crop:
         crop = (own.crop, own.crop)
     mean = own.mean if own and own.mean else getattr(processor, "image_mean", None)
@@ -159,9 +167,11 @@ def apply_chain(
             img = img.transpose(0)  # Image.FLIP_LEFT_RIGHT
         note("random_flip", img, flipped=flipped)
     if chain.shortest_edge:
-        short = min(img.width, img.height)
-        w = round(img.width * chain.shortest_edge / short)
-        h = round(img.height * chain.shortest_edge / short)
+        edge = chain.shortest_edge  # the long side truncated, as transformers computes it
+        if img.width <= img.height:
+            w, h = edge, int(edge * img.height / img.width)
+        else:
+            w, h = int(edge * img.width / img.height), edge
         img = img.resize((w, h), chain.resample)
     else:
         img = img.resize((chain.width, chain.height), chain.resample)
