@@ -27,7 +27,7 @@ from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import PreprocessError
 from tunelab.preprocess_problems import Problem, _problem, raise_problems
 
-RECIPE_VERSION = 2  # 2: the shortest-edge resize truncates like transformers; crop_pct
+RECIPE_VERSION = 2  # raised when a rule changes the pixels, so stored recipes stop matching
 # Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
 ACCEPTED_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

@@ -191,7 +191,7 @@ def gather_figures(study: Study) -> Figures:
     measured_len = own["options"]["seq_len"]
     packing = bool(cfg.training.packing and sizing["facts"]["architecture"] == "causal_lm")
     micro = cfg.training.micro_batch_size
-    conv = lengths.get("length_unit") == "image side"
+    conv = bool(sizing["facts"].get("conv"))
     if conv:
         typical, how = measured_len, "every image at that side"
     elif quant:

@@ -705,8 +705,8 @@ def _warm_update(model: Any, optimizer: Any) -> None:
     """The step's gradient clipping over the prime's gradients, and one step of a throwaway
     optimizer like `optimizer` over one stand-in tensor per dtype and device of its parameters.
     The first run of that code maps the library pages that hold it: counted in the file-backed
-    RSS, up to 8 MB on CPU, they would otherwise land in the first measured increase of the
-    process, while the optimizer's states stay for the measured step to make."""
+    RSS (docs/sizing.md gives the size), they would otherwise land in the first measured
+    increase of the process, while the optimizer's states stay for the measured step to make."""
     import torch
 
     grads = [p for p in model.parameters() if p.grad is not None]

@@ -537,7 +537,7 @@ class _Trace:
                 side //= 2
                 x = self.conv2d(
                     x, c_out, (side, side), tr(f"encoder.stages.{i}.downsampling_layer.1"), c * 4
-                )
+                )  # 2x2, stride 2
             c = int(c_out)
             for j in range(depth):
                 self.group(f"layer.{len(self.blocks)}")
