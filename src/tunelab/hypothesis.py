@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, sha256_json
+from tunelab.config import StudyConfig, contradictions, sha256_json
 from tunelab.errors import HypothesisError
 from tunelab.ledger import utc_now
 from tunelab.records import read_json, write_json_atomic
@@ -94,8 +94,11 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 
 def check_registrable(cfg: StudyConfig) -> None:
-    """Refuse a template hypothesis or no guardrails (before anything is resolved or written)."""
-    problems = []
+    """Refuse a template hypothesis, no guardrails, or settings `tunelab validate` refuses that
+    the lock would hold (before anything is resolved or written)."""
+    from tunelab.tasks import task_problems
+
+    problems = contradictions(cfg) + task_problems(cfg.task)
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
             problems.append(f"hypothesis.{field} is still the template ({value!r})")
@@ -104,7 +107,8 @@ def check_registrable(cfg: StudyConfig) -> None:
     if problems:
         raise HypothesisError(
             "cannot register: " + "; ".join(problems),
-            hint="edit study.yaml (hypothesis and guardrails), then `tunelab register` again",
+            hint="edit study.yaml where named (`tunelab validate` lists every problem), then "
+            "`tunelab register` again",
         )
 
 
