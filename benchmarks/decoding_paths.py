@@ -6,13 +6,15 @@ first batch's check. Paths, interleaved over `--repeats` rounds:
 
 - `generate`: `transformers`' `generate` (the shared prompt start computed in every row);
 - `prefix`: `tunelab.decoding.decode` after the prompts' shared start computed once;
-- `prefix+draftsN`: the same with `evaluation.draft_tokens` N for each `--draft-tokens` value.
+- `prefix+draftsN`: the same with `evaluation.draft_tokens` N for each `--draft-tokens` value;
+- `prefix+packed` (`--packed`): `prefix` on a second merged copy whose linear layers are packed
+  for oneDNN, as the evaluation packs its copy on a CPU (`tunelab.packed_linear`).
 
 Every path must give the same outputs, or the script fails. Prints per round each path's
 seconds and prefill seconds, then each path's median and its speedup over `generate`; last line
 `speedup_prefix_vs_generate=X identical_outputs=true`.
 
-    python benchmarks/decoding_paths.py [--repeats 3] [--threads 2] [--draft-tokens 1,2]
+    python benchmarks/decoding_paths.py [--repeats 3] [--threads 2] [--draft-tokens 1,2] [--packed]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--study", type=Path, default=None)
     ap.add_argument("--draft-tokens", default="", help="e.g. 1,2 (default: none)")
+    ap.add_argument("--packed", action="store_true", help="add the packed copy's path")
     args = ap.parse_args()
 
     import torch
@@ -39,6 +42,7 @@ def main() -> int:
     import tunelab.generation as generation
     from tunelab.data import load_snapshot
     from tunelab.merged_eval import merged_copy
+    from tunelab.packed_linear import pack_linears
     from tunelab.preprocess import Preprocessor
     from tunelab.study import Study
     from tunelab.tasks import get_task
@@ -60,9 +64,14 @@ def main() -> int:
     prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
     merged = merged_copy(model)
     drafts = [int(x) for x in args.draft_tokens.split(",") if x]
-    # (name, fewest shared tokens that count as a prefix, draft tokens)
-    paths = [("generate", 10**9, 0), ("prefix", generation.SHARED_PREFIX_MIN, 0)]
-    paths += [(f"prefix+drafts{n}", generation.SHARED_PREFIX_MIN, n) for n in drafts]
+    least = generation.SHARED_PREFIX_MIN
+    # (name, fewest shared tokens that count as a prefix, draft tokens, model)
+    paths = [("generate", 10**9, 0, merged), ("prefix", least, 0, merged)]
+    paths += [(f"prefix+drafts{n}", least, n, merged) for n in drafts]
+    if args.packed:
+        packed = merged_copy(model)
+        pack_linears(packed, ev.batch_size)
+        paths.append(("prefix+packed", least, 0, packed))
     shared = generation.shared_prefix_length(prompts)
     print(
         f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
@@ -70,15 +79,15 @@ def main() -> int:
         f"{args.threads} threads",
         flush=True,
     )
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in paths}
+    seconds: dict[str, list[float]] = {name: [] for name, *_ in paths}
     reference, identical = None, True
     for k in range(args.repeats):
-        for name, least, n in paths if k % 2 == 0 else paths[::-1]:
+        for name, least, n, on in paths if k % 2 == 0 else paths[::-1]:
             generation.SHARED_PREFIX_MIN = least
             stats: list[dict] = []
             started = time.perf_counter()
             out = generation.generate_outputs(
-                merged,
+                on,
                 tokenizer,
                 prompts,
                 max_new_tokens=ev.max_new_tokens,
@@ -99,7 +108,7 @@ def main() -> int:
                 flush=True,
             )
     base_s = statistics.median(seconds["generate"])
-    for name, _, _ in paths:
+    for name, *_ in paths:
         median = statistics.median(seconds[name])
         print(f"{name}: median {median:.2f} s, speedup over generate {base_s / median:.3f}")
     speedup = base_s / statistics.median(seconds["prefix"])

@@ -151,7 +151,7 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     task = get_task(study.config, LABELS)
     pre = Preprocessor(tok, study.config, task, "causal_lm")
     rows = cls_examples()
-    models = EvalModels.prepare(model, None, -1.0)
+    models = EvalModels.prepare(model, None, -1.0, 4)
     got = predict_rows(
         models, tok, pre, task, study.config, rows, "causal_lm", _Ticker(None, 7, "")
     )

@@ -302,7 +302,7 @@ def evaluate_model(
     tick = _Ticker(progress or None, len(rows), what)
     tick(0)  # a line at once in a pipe, before the first batch's minutes
     try:
-        models = EvalModels.prepare(model, merge, merge_atol(cfg))
+        models = EvalModels.prepare(model, merge, merge_atol(cfg), ev.batch_size)
         with torch.inference_mode():
             predictions = predict_rows(
                 models, tokenizer, pre, task, cfg, rows, architecture, tick, timing

@@ -4,7 +4,8 @@ An unmerged LoRA adapter adds two small matmuls to every adapted layer at every 
 merged into the weights (W + scale * B @ A) the model runs as fast as its base. Evaluation,
 verify and the smoke's evaluation pass therefore evaluate a merged copy built in memory (the
 checkpoint on disk is never touched; only the weights the merge writes into are copied, every
-other tensor is shared with the model as loaded).
+other tensor is shared with the model as loaded). On a CPU the copy's linear layers are packed for
+oneDNN as well (`tunelab.packed_linear`), under the same check.
 
 Merging reorders float sums, so it is adopted only after the first batch gave the same answers
 both ways: for a generating task, the model as loaded, fed the merged copy's outputs in one
@@ -89,8 +90,11 @@ class EvalModels:
     _checked: bool = False
 
     @classmethod
-    def prepare(cls, model: Any, choice: bool | None, atol: float) -> EvalModels:
-        """Build the merged copy when the model has an adapter and `choice` allows it."""
+    def prepare(cls, model: Any, choice: bool | None, atol: float, rows: int) -> EvalModels:
+        """Build the merged copy when the model has an adapter and `choice` allows it; on a
+        CPU its linear layers are packed for oneDNN too (`rows`: the batch, the layout's hint)."""
+        from tunelab.packed_linear import pack_linears, packing_unavailable
+
         reason = unmergeable_reason(model)
         if reason is not None or choice is False:
             why = reason or "the recorded evaluation was unmerged"
@@ -98,6 +102,12 @@ class EvalModels:
         started = time.perf_counter()
         merged = merged_copy(model)
         out = cls(model, choice, atol, {"merged": choice, "merge_s": 0.0})
+        unpacked = packing_unavailable(merged)
+        out.record["packed"] = (
+            {"linears": 0, "reason": unpacked}
+            if unpacked
+            else {"linears": pack_linears(merged, rows), "kernel": "onednn"}
+        )
         out._merged = merged
         out.record["merge_s"] = round(time.perf_counter() - started, 3)
         if choice:
