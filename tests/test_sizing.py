@@ -634,6 +634,13 @@ def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
 
     left = timing_seconds([ckpt], own.label, 2.0, 1024, 1.5)
     assert left == pytest.approx(1.5 + 2.0 * 4 * 1.3 * (TIMING_OVERHEAD_STEPS + 3))
+    # an image step counts images (its seq_len is a ViT's 197 patch tokens): 8 images a step
+    vit = Option("config @ 197", 197, 8, 1, "fp32", False, True)
+    images = expected_seconds([vit], vit.label, 2.0, 8, 10.0, images=True)
+    assert images == pytest.approx(10.0 + 2.0 * (CONFIG_OVERHEAD_STEPS + PLANNED_TIME_STEPS))
+    assert timing_seconds([vit], "", 2.0, 8, 1.5, images=True) == pytest.approx(
+        1.5 + 2.0 * (TIMING_OVERHEAD_STEPS + 3)
+    )
 
 
 # ------------------------------------------------------------------ one process for all

@@ -58,9 +58,11 @@ CONFIG_BUILD_S = 2.0
 TIMING_OVERHEAD_STEPS = 2.0
 
 
-def _step_of(o: Option, step_s: float, tokens_per_step: float) -> float:
-    """A step's time in proportion to its tokens (checkpointing recomputes a forward)."""
-    tokens = o.seq_len * o.micro_batch * min(o.grad_accum, 2)
+def _step_of(o: Option, step_s: float, tokens_per_step: float, images: bool) -> float:
+    """A step's time in proportion to its tokens (checkpointing recomputes a forward). An
+    image step counts images, as its batches do: a configuration's `seq_len` is then the
+    chain's patch tokens or side, the same for every configuration."""
+    tokens = (1 if images else o.seq_len) * o.micro_batch * min(o.grad_accum, 2)
     return step_s * tokens / max(1.0, tokens_per_step) * (1.3 if o.checkpointing else 1.0)
 
 
@@ -75,6 +77,7 @@ def expected_seconds(
     tokens_per_step: float,
     start_s: float,
     build_s: float = CONFIG_BUILD_S,
+    images: bool = False,
 ) -> float:
     """How long measuring `options` in one process takes, from a step of `step_s` seconds over
     `tokens_per_step` tokens: `start_s` for the process, `build_s` for each configuration after
@@ -82,18 +85,24 @@ def expected_seconds(
     total = start_s
     for i, o in enumerate(options):
         steps = CONFIG_OVERHEAD_STEPS + _timed(o, own)
-        total += (build_s if i else 0.0) + _step_of(o, step_s, tokens_per_step) * steps
+        total += (build_s if i else 0.0) + _step_of(o, step_s, tokens_per_step, images) * steps
     return total
 
 
 def timing_seconds(
-    options: list[Option], own: str, step_s: float, tokens_per_step: float, build_s: float
+    options: list[Option],
+    own: str,
+    step_s: float,
+    tokens_per_step: float,
+    build_s: float,
+    images: bool = False,
 ) -> float:
     """How long the timed part of `options` takes once their memory is measured (a shared
     process): the model built again, the step that grows the heap, the timed steps, the
     forward."""
     return sum(
-        build_s + _step_of(o, step_s, tokens_per_step) * (TIMING_OVERHEAD_STEPS + _timed(o, own))
+        build_s
+        + _step_of(o, step_s, tokens_per_step, images) * (TIMING_OVERHEAD_STEPS + _timed(o, own))
         for o in options
     )
 
@@ -117,13 +126,15 @@ def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool 
     if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
         return f"{what} (time known after the first)"
     start = smoke.get("fresh_process_s") or PROCESS_START_S
+    images = study.config.task.kind == "image_classification"
     seconds = expected_seconds(
         options, own, smoke["step_s"], smoke["tokens_per_step"], start,
-        build_s=CONFIG_BUILD_S if shared else start,
+        build_s=CONFIG_BUILD_S if shared else start, images=images,
     )  # fmt: skip
+    unit = "images" if images else "tokens"
     return (
         f"{what}: {_clock_text(seconds)} "
-        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} tokens)"
+        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} {unit})"
     )
 
 
@@ -435,7 +446,12 @@ class _Measurer:
 
 
 def _remaining(
-    done: list[tuple[Option, float]], left: list[Option], own: str, first: Any, shared: bool
+    done: list[tuple[Option, float]],
+    left: list[Option],
+    own: str,
+    first: Any,
+    shared: bool,
+    images: bool,
 ) -> str:
     """How long the configurations `left` take, at the first measured step's time per token.
     Fresh processes: each as the measured ones took beyond their steps. One process: results
@@ -444,11 +460,15 @@ def _remaining(
         return ""
     step_s, tokens = first["step_s"], first["tokens_per_step"]
     if shared:
-        seconds = timing_seconds(left, own, step_s, tokens, CONFIG_BUILD_S)
+        seconds = timing_seconds(left, own, step_s, tokens, CONFIG_BUILD_S, images)
         return f"{_clock_text(seconds)} left"
-    costs = [max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0)) for o, s in done]
+    costs = [
+        max(0.0, s - expected_seconds([o], own, step_s, tokens, 0.0, images=images))
+        for o, s in done
+    ]
     start = sum(costs) / len(costs) if costs else PROCESS_START_S
-    return f"{_clock_text(expected_seconds(left, own, step_s, tokens, start, start))} left"
+    seconds = expected_seconds(left, own, step_s, tokens, start, start, images)
+    return f"{_clock_text(seconds)} left"
 
 
 def _case_of(
@@ -607,8 +627,10 @@ class _RowProgress:
         total: int,
         shared: bool,
         progress: Callable[[int, int, str], None] | None,
+        images: bool = False,
     ):
         self.planned, self.own, self.total, self.shared = planned, own, total, shared
+        self.images = images
         self.progress = progress
         self.done: list[tuple[Option, float]] = []
         self.timed: list[dict[str, Any]] = []
@@ -625,7 +647,7 @@ class _RowProgress:
         left = [o for j, o in enumerate(self.planned) if j not in self.finished]
         if self.progress and left:
             first = self.timed[0] if self.timed else None
-            note = _remaining(self.done, left, self.own, first, self.shared)
+            note = _remaining(self.done, left, self.own, first, self.shared, self.images)
             n = len(self.done)
             self.progress(n, self.total, f"{n} of {len(self.planned)} measured; {note}")
 
@@ -704,7 +726,8 @@ def run_sizing(
     note = sizing_forecast(study, planned, own, shared)
     if progress:
         progress(0, total, f"{planned[0].label}; {note}")
-    on_row = _RowProgress(planned, own, total, shared, progress)
+    images = cfg.task.kind == "image_classification"
+    on_row = _RowProgress(planned, own, total, shared, progress, images)
     measurer.measure_all(queue, on_row)
     rows, facts = measurer.rows, measurer.facts
     if facts is None:
