@@ -276,3 +276,20 @@ def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp
     m = build_snapshot(study)
     assert m["duplicates"]["near_pairs"] == 1
     assert "punctuation" in m["dedup"]["shingle_normalization"]
+
+
+def test_bitsandbytes_optional_kernel_note_is_kept_off_the_screen():
+    """Its CPU backend logs, at import, that an optional package is missing (then uses its own
+    kernel); every other record of that logger still reaches the user."""
+    import logging
+
+    import tunelab  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+
+    def shown(msg: str) -> bool:
+        record = logger.makeRecord(logger.name, logging.WARNING, "ops.py", 1, msg, (), None)
+        return logger.filter(record)
+
+    assert not shown("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please")
+    assert shown("Failed to quantize: something a user must see")
