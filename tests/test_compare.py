@@ -454,6 +454,19 @@ def test_compare_without_baseline_says_what_to_run(tmp_path):
     assert "tunelab baseline" in err.value.hint
 
 
+def test_compare_before_any_training_run_says_what_to_run(tmp_path, capsys):
+    from helpers import run_cli
+
+    study = _study(tmp_path)
+    base = study.create_run("baseline", name="baseline", data_snapshot="snap1")
+    _record(study, base, GOLDS, BASE_P)
+    base.set_status("completed")
+    code, out, err = run_cli(capsys, "compare", "--study", study.root)
+    assert code == 2, (out, err)
+    assert f"no training run to compare with the baseline {base.id} yet" in err
+    assert "tunelab train" in err and not (study.records / "compare").exists()
+
+
 def test_compare_cli_json_and_tables(tmp_path, capsys):
     import json
 

@@ -707,6 +707,13 @@ def compare_study(
         rows = [study.get_run(r).row for r in run_ids or []]
     else:
         rows = [r for r in study.list_runs() if r.kind == "train"]
+        if not rows:
+            from tunelab.errors import EvaluationError
+
+            raise EvaluationError(
+                f"no training run to compare with the baseline {base.row.id} yet",
+                hint="run `tunelab train`, then `tunelab eval RUN`, then `tunelab compare`",
+            )
     entries = []
     for row in rows:
         if row.id == base.row.id:
