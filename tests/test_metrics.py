@@ -229,6 +229,25 @@ def test_guardrail_relative_per_category_with_numbers():
     assert not all_pass(out)
 
 
+def test_a_category_without_a_gold_example_is_not_judged_a_pass():
+    """f1 0 against a baseline's 0 passed a relative rule for a category the split lacks."""
+    empty = {"f1": 0.0, "precision": 0.0, "recall": 0.0, "support": 0}
+    base = {"per_category": {"a": {"f1": 0.8, "support": 5}, "c": dict(empty)}}
+    run = {"per_category": {"a": {"f1": 0.8, "support": 5}, "c": dict(empty)}}
+    rule = {"metric": "f1", "scope": "every_category", "value": -0.02, "relative_to": "baseline"}
+    by = {v["item"]: v for v in check_guardrails([rule], base, run)}
+    assert by["a"]["pass"] is True and by["a"]["note"] is None
+    assert by["c"]["pass"] is False
+    assert by["c"]["note"] == "'c' has no examples in this split: its f1 cannot be judged"
+    # the count itself is judged as any metric; a field is empty when it has no slot
+    support = {"metric": "support", "scope": "every_category", "op": ">=", "value": 0}
+    assert all_pass(check_guardrails([support], None, run))
+    fields = {"per_field": {"sender": {"presence_rate": 0.0, "slots": 0}}}
+    presence = {"metric": "field_presence_rate", "scope": "every_field", "op": ">=", "value": 0}
+    (verdict,) = check_guardrails([presence], None, fields)
+    assert verdict["pass"] is False and "'sender' has no slots" in verdict["note"]
+
+
 def test_guardrail_bound_equal_to_value_passes_despite_float_noise():
     run = {"per_category": {"a": {"f1": 0.78}, "b": {"f1": 0.58}}}
     rule = {"metric": "f1", "scope": "every_category", "value": -0.02, "relative_to": "baseline"}

@@ -50,6 +50,25 @@ def lookup(metrics: Mapping[str, Any], metric: str, scope: str) -> dict[str, flo
     return out
 
 
+# what a scope item's row counts its examples by: a category its gold examples, a field its slots
+_ITEM_COUNT = {"every_category": ("support", "examples"), "every_field": ("slots", "slots")}
+
+
+def _empty_item(metrics: Mapping[str, Any], metric: str, scope: str, item: Any) -> str | None:
+    """Why `item` of `scope` has nothing to judge `metric` on (None when it has): a category
+    without a gold example in the split, or a field without a slot."""
+    if scope not in _ITEM_COUNT or item is None:
+        return None
+    count_key, what = _ITEM_COUNT[scope]
+    row = (metrics.get(_SCOPE_TABLE[scope]) or {}).get(item)
+    if metric.removeprefix(_SCOPE_PREFIX[scope]) == count_key or not isinstance(row, Mapping):
+        return None
+    count = row.get(count_key)
+    if isinstance(count, (int, float)) and count == 0:
+        return f"{item!r} has no {what} in this split: its {metric} cannot be judged"
+    return None
+
+
 def _compare(value: float, op: str, bound: float) -> bool:
     if op in (">=", "<=") and abs(value - bound) <= _EPS:
         return True
@@ -62,8 +81,9 @@ def check_guardrails(
     run_metrics: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """One verdict per rule and scope item: {rule, metric, scope, item, op, value, baseline,
-    bound, pass, note}. A metric the run lacks, or a relative rule without a baseline value,
-    fails with a note saying so (a guardrail that cannot be checked does not pass)."""
+    bound, pass, note}. A metric the run lacks, a relative rule without a baseline value, or a
+    category (field) with no example (slot) in the split fails with a note saying so (a
+    guardrail that cannot be checked does not pass)."""
     base = inner_metrics(baseline_metrics)
     run = inner_metrics(run_metrics)
     out = []
@@ -83,7 +103,10 @@ def check_guardrails(
             bound: float | None = rule.value
             if rule.relative_to:
                 bound = None if baseline is None else baseline + rule.value
-            if value is None:
+            empty = _empty_item(run, rule.metric, rule.scope, item)
+            if empty is not None:
+                note = empty
+            elif value is None:
                 where = f" for {item!r}" if item is not None else ""
                 note = f"the run has no {rule.metric}{where}"
             elif bound is None:
