@@ -86,7 +86,7 @@ _TEXT_MODEL = "a local transformers folder (no hub access assumed)"
 _TEXT_DATA = """\
 data:
   source:
-    format: {source_format}   # jsonl | csv | parquet | folder (one folder per label) | hf_disk
+    format: {source_format}   # jsonl | csv | parquet | folder (per label) | hf_disk | hub (name:)
     path: {source_path}
   fields:                     # column names in the source
     text: text
