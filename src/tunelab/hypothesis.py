@@ -14,6 +14,7 @@ from typing import Any
 from tunelab.config import StudyConfig, sha256_json
 from tunelab.errors import HypothesisError
 from tunelab.ledger import utc_now
+from tunelab.metrics import study_metric_problems
 from tunelab.records import read_json, write_json_atomic
 
 TEMPLATE_MARK = "TODO"
@@ -94,8 +95,9 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 
 def check_registrable(cfg: StudyConfig) -> None:
-    """Refuse a template hypothesis or no guardrails (before anything is resolved or written)."""
-    problems = []
+    """Refuse a template hypothesis, no guardrails, or a metric the task never records
+    (before anything is resolved or written)."""
+    problems = study_metric_problems(cfg)
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
             problems.append(f"hypothesis.{field} is still the template ({value!r})")

@@ -23,6 +23,7 @@ from typing import Any
 from tunelab.config import StudyConfig, contradictions, load_config, resolve_path, sha256_json
 from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
+from tunelab.metrics import study_metric_problems
 from tunelab.records import read_json, write_json_atomic
 
 RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
@@ -40,7 +41,7 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     cfg = load_config(path, overrides)
     from tunelab.models.quantize import qlora_problems
 
-    problems = contradictions(cfg) + qlora_problems(cfg)
+    problems = contradictions(cfg) + study_metric_problems(cfg) + qlora_problems(cfg)
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:
