@@ -518,7 +518,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
         runs.append(run)
     out = compare_study(study)
     assert out["baseline"]["metrics"]["json_valid_rate"] == 0.5  # the stray fence reads now
-    assert "judged again by tunelab-extraction/2" in out["warnings"][0]
+    assert "judged again by tunelab-extraction/3" in out["warnings"][0]
     (row,) = out["runs"]
     assert row["metrics"]["json_valid_rate"]["delta"] == 0.0
     assert row["metrics"]["field_micro_f1"]["delta"] == 0.0

@@ -649,3 +649,21 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert run_cli(capsys, "report", "-s", study.root)[0] == 0
     md = (study.root / "report" / "dossier.md").read_text()
     assert f"{n} of the {n} evaluated validation answers are longer than" in md
+
+
+def test_an_unscorable_gold_stops_the_evaluation_before_any_decoding(tmp_path, tiny_llama_dir):
+    """A gold that gives a key twice (let in by data.invalid_targets: keep) is named before a
+    single answer is generated, not after the whole split is decoded, nor read last-wins."""
+    from tunelab.errors import DataError
+    from tunelab.evaluate import evaluate_model
+
+    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
+    model, tok, base = load(study)
+    examples = extraction_examples()
+    examples[-1]["target"] = '{"sender": "a@x.org", "subject": "Hi", "subject": "Re: Hi"}'
+    calls = []
+    with pytest.raises(DataError, match="'x4'.*key 'subject' given twice"):
+        evaluate_model(
+            model, tok, base, study, examples, "validation", progress=lambda *a: calls.append(a)
+        )
+    assert calls == []

@@ -248,3 +248,46 @@ def test_error_messages_are_not_read_as_markup(tmp_path, capsys):
     code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "[/bold]missing[/x]")
     assert code == 2
     assert "[/bold]missing[/x]" in err
+
+
+@pytest.mark.parametrize(
+    "schema_edit,fragment",
+    [
+        ({"type": "bool"}, "not a valid JSON Schema"),  # a type JSON Schema does not have
+        ({"type": "datetime"}, "not a valid JSON Schema"),
+    ],
+)
+def test_validate_and_register_refuse_a_json_schema_no_stage_could_use(
+    tmp_path, capsys, schema_edit, fragment
+):
+    run_cli(capsys, "init", tmp_path / "s", "--task", "extraction")
+    path = tmp_path / "s" / "study.yaml"
+    fill_hypothesis(path)
+    raw = yaml.safe_load(path.read_text())
+    raw["task"]["json_schema"]["properties"]["subject"] = schema_edit
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s")
+    assert code == 2 and fragment in err
+    code, _, err = run_cli(capsys, "register", "-s", tmp_path / "s")
+    assert code == 2 and fragment in err
+    assert not list((tmp_path / "s" / "records").glob("hypothesis-*"))
+
+
+def test_validate_and_register_refuse_scoring_options_naming_no_path(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s", "--task", "extraction")
+    path = tmp_path / "s" / "study.yaml"
+    fill_hypothesis(path)
+    bad = ["task.scoring={'tolerance': {'subject': 0.1}}"]
+    for command in ("validate", "register"):
+        code, _, err = run_cli(capsys, command, "-s", tmp_path / "s", "--set", *bad)
+        assert code == 2 and "not a number path" in err, err
+    assert not list((tmp_path / "s" / "records").glob("hypothesis-*"))
+
+
+def test_register_refuses_what_validate_refuses(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    fill_hypothesis(tmp_path / "s" / "study.yaml")
+    over = ["--set", "training.max_steps=10", "--set", "training.warmup_steps=50"]
+    code, _, err = run_cli(capsys, "register", "-s", tmp_path / "s", *over)
+    assert code == 2 and "training.warmup_steps" in err
+    assert not list((tmp_path / "s" / "records").glob("hypothesis-*"))

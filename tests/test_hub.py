@@ -510,3 +510,14 @@ def test_register_refuses_a_pickle_only_repo(hub_cache, tmp_path, tiny_llama_dir
     code, out, err = run_cli(capsys, "register", "-s", root)
     assert code == 2 and "pytorch_model.bin" in err and "allow_pickle" in err
     assert not (root / "records" / "hypothesis-v1.json").exists()
+
+
+def test_hub_cache_lays_in_a_folder_that_lies_under_a_dot_cache(tmp_path, tiny_llama_dir):
+    # a conversion cache such as ~/.cache/tunelab/gguf/<digest>/ is a model folder like any other
+    folder = tmp_path / ".cache" / "tunelab" / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / ".cache" / "huggingface").mkdir(parents=True)
+    (folder / ".cache" / "huggingface" / "download.lock").write_text("")
+    snap = write_snapshot(folder, "org/converted", cache_dir=tmp_path / "hub")
+    laid = sorted(p.name for p in snap.path.iterdir())
+    assert laid == sorted(p.name for p in tiny_llama_dir.iterdir() if p.is_file())

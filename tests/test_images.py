@@ -296,21 +296,31 @@ def test_inspect_shows_steps_and_flags_sizes_and_modes(tmp_path, tiny_vit_dir, c
     assert ex["original"]["format"] == "PNG" and ex["tensor"]["shape"] == [3, 16, 16]
 
 
-def test_inspect_stops_on_a_mode_the_chain_cannot_take(tmp_path, tiny_vit_dir, capsys):
+def test_a_mode_the_chain_cannot_take_stops_data_and_inspect(tmp_path, tiny_vit_dir, capsys):
+    """A 16-bit file is refused when the snapshot is made (it could land in the sealed test
+    split, which inspect never reads); inspect still stops on one read from elsewhere."""
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.inspect_images import inspect_images
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
     root = tmp_path / "s"
     data = write_colour_folder(root / "data", per_label=4)
     deep = np.arange(20 * 24, dtype=np.uint16).reshape(20, 24) * 100
     Image.fromarray(deep).save(data / "red" / "deep.png")  # 16-bit grey: mode I;16
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
     run_cli(capsys, "register", "-s", root)
-    assert run_cli(capsys, "data", "-s", root)[0] == 0
-    split = "train"
-    snap_dir = next((root / "records" / "data").iterdir())
-    if "deep.png" not in (snap_dir / "train.jsonl").read_text():
-        split = "validation"
-    code, out, err = run_cli(capsys, "inspect", "-s", root, "--split", split)
-    assert code == 2
-    assert "unsupported_mode" in err or "does not convert" in err
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 2 and "red/deep.png: mode 'I;16'" in err and "8 bits per channel" in err
+    cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
+    pre = Preprocessor(
+        AutoImageProcessor.from_pretrained(tiny_vit_dir), cfg, get_task(cfg, list(COLOURS)), "image"
+    )
+    row = {"id": "deep", "label": "red", "image_path": str(data / "red" / "deep.png"), "text": "x"}
+    record = inspect_images(pre, [row], split="train", per_category=1)
+    assert [p["kind"] for p in record["problems"]] == ["unsupported_mode"]
 
 
 # ---------------------------------------------------------------- the stages

@@ -73,7 +73,11 @@ def write_snapshot(
         raise ConfigError(f"{folder}: not a folder", hint="give the model or data set folder")
     if commit is not None and not COMMIT_RE.fullmatch(commit):
         raise ConfigError(f"commit {commit!r} is not 40 hex digits", hint="e.g. --commit 0123...")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    # `.cache/` inside the folder is what `hf download --local-dir` keeps: not part of the repo;
+    # a folder that itself lies under some `.cache` (a conversion cache) is laid in whole
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts
+    )
     if not files:
         raise ConfigError(f"{folder}: no files", hint="give the model or data set folder")
     tree = {p.relative_to(folder).as_posix(): _entry(p) for p in files}

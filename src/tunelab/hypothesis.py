@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, sha256_json
+from tunelab.config import StudyConfig, contradictions, sha256_json
 from tunelab.errors import HypothesisError
 from tunelab.ledger import utc_now
 from tunelab.metrics import study_metric_problems
@@ -95,9 +95,12 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 
 def check_registrable(cfg: StudyConfig) -> None:
-    """Refuse a template hypothesis, no guardrails, or a metric the task never records
-    (before anything is resolved or written)."""
-    problems = study_metric_problems(cfg)
+    """Refuse a template hypothesis, no guardrails, or settings `tunelab validate` refuses that
+    the lock would hold: contradictions, a task section that cannot be built, a metric the task
+    never records (before anything is resolved or written)."""
+    from tunelab.tasks import task_problems
+
+    problems = contradictions(cfg) + task_problems(cfg.task) + study_metric_problems(cfg)
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
             problems.append(f"hypothesis.{field} is still the template ({value!r})")
@@ -106,7 +109,8 @@ def check_registrable(cfg: StudyConfig) -> None:
     if problems:
         raise HypothesisError(
             "cannot register: " + "; ".join(problems),
-            hint="edit study.yaml (hypothesis and guardrails), then `tunelab register` again",
+            hint="edit study.yaml where named (`tunelab validate` lists every problem), then "
+            "`tunelab register` again",
         )
 
 

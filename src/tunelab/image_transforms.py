@@ -1,7 +1,7 @@
 """Image transforms: the chain from an image file to the `pixel_values` a model reads.
 
-The deterministic chain (every split, evaluation included): convert to RGB -> resize -> center
-crop (when set) -> rescale to [0, 1] -> normalize with the mean and std. Sizes, statistics and
+The deterministic chain (every split, evaluation included): convert to RGB (as transformers'
+`convert_to_rgb`: transparency composited onto white) -> resize -> center crop (when set) -> rescale to [0, 1] -> normalize with the mean and std. Sizes, statistics and
 the resampling filter come from the base's image processor unless `preprocess.image` sets them.
 Training examples may first pass a seeded augmentation (`preprocess.image.train_random_crop`,
 `train_flip`): a new random view of each example every epoch, drawn from `training.seed`, the
@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 
 from tunelab.config import StudyConfig, sha256_json
+from tunelab.data.images import ACCEPTED_MODES, model_rgb, open_image
 from tunelab.errors import PreprocessError
 from tunelab.preprocess_problems import Problem, _problem, raise_problems
 
-RECIPE_VERSION = 2  # raised when a rule changes the pixels, so stored recipes stop matching
-# Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
-ACCEPTED_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
+RECIPE_VERSION = 3  # raised when a rule changes the pixels, so stored recipes stop matching
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
@@ -50,7 +49,7 @@ class Chain:
 
     def steps(self, train: bool = False) -> list[dict[str, Any]]:
         """The steps in order, with their settings (what inspect prints and the recipe hashes)."""
-        out: list[dict[str, Any]] = [{"step": "convert", "mode": "RGB"}]
+        out: list[dict[str, Any]] = [{"step": "convert", "mode": "RGB", "transparency": "white"}]
         if train and self.train_random_crop:
             out.append({"step": "random_crop", "share": self.train_random_crop, "train_only": True})
         if train and self.train_flip:
@@ -153,7 +152,7 @@ def apply_chain(
         if trace is not None:
             trace.append({"step": step, "size": [im.width, im.height], "mode": im.mode, **extra})
 
-    img = img.convert("RGB")
+    img = model_rgb(img)
     note("convert", img)
     if rng is not None and chain.train_random_crop:
         side = max(1, round(min(img.width, img.height) * chain.train_random_crop))
@@ -194,8 +193,6 @@ def example_rng(seed: int, example_id: str, epoch: int = 0) -> random.Random:
 
 def open_example_image(example: dict[str, Any]) -> Any:
     """The Pillow image of a snapshot example (`image_path`, set when the snapshot is read)."""
-    from tunelab.data.images import open_image
-
     path = example.get("image_path")
     if not path:
         raise PreprocessError(

@@ -27,13 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from tunelab.data.images import ACCEPTED_MODES, ORIENTED
 from tunelab.errors import DataError, PreprocessError
-from tunelab.image_transforms import (
-    ACCEPTED_MODES,
-    apply_chain,
-    example_rng,
-    open_example_image,
-)
+from tunelab.image_transforms import apply_chain, example_rng, open_example_image
 from tunelab.preprocess_problems import Problem
 
 THUMB_PX = 96
@@ -183,6 +179,7 @@ def describe_image(pre: Any, row: dict[str, Any], img: Any, train: bool) -> dict
             "size": [img.width, img.height],
             "mode": img.mode,
             "format": img.format,
+            **({"exif_orientation": img.info[ORIENTED]} if ORIENTED in img.info else {}),
         },
         "steps": steps,
         "tensor": tensor_summary(pixels),

@@ -126,7 +126,7 @@ _GENERATION = """\
 _IMAGE_DATA = """\
 data:
   source:
-    format: folder            # folder: data/<label>/*.png|jpg|jpeg|webp|bmp|tif|tiff
+    format: folder            # folder: data/<label>/*.png|jpg|jpeg|webp|bmp|tif|tiff|gif
     path: data/               # or jsonl | csv | parquet (fields.image: a column of paths),
                               # hf_disk | hub (fields.image: a datasets Image column)
   fields:

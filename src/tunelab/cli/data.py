@@ -121,10 +121,17 @@ def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
     across = [[f"  {k}", v] for k, v in by.items() if k.split("-")[0] != k.split("-")[1]]
     removed = ", ".join(f"{s} {n}" for s, n in d["removed_by_split"].items())
     cfg = m["dedup"]["config"]
+    algorithm = m["dedup"].get("algorithm") or {}
+    images = "image_hash" in algorithm
+    near = (
+        f"dHash similarity >= {cfg['threshold']:g}, at most "
+        f"{algorithm['max_hamming_distance']} of 64 bits apart"
+        if images
+        else f"Jaccard >= {cfg['threshold']:g} on word {cfg['shingle_size']}-shingles"
+    )
     console.print(
         table(
-            f"duplicates (policy {m['dedup']['policy']}, near = Jaccard >= "
-            f"{cfg['threshold']:g} on word {cfg['shingle_size']}-shingles)",
+            f"duplicates (policy {m['dedup']['policy']}, near = {near})",
             ["", "pairs"],
             [
                 ["exact", d["exact_pairs"]],
@@ -151,7 +158,7 @@ def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
         t = table(f"duplicate pairs (first {len(shown)}; all in duplicates.json)", [], [])
         for name in ("a", "b"):
             t.add_column(name, overflow="fold")  # ids wrap, never cut
-        for name in ("splits", "kind", "jaccard"):
+        for name in ("splits", "kind", "similarity" if images else "jaccard"):
             t.add_column(name, no_wrap=True)
         for p in shown:
             splits = (
@@ -160,22 +167,24 @@ def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
             t.add_row(p["a"], p["b"], splits, p["kind"], f"{p['similarity']:.3f}")
         console.print(t)
     if d["label_conflicts"]:
-        _print_label_conflicts(dup["pairs"], m["dedup"]["policy"])
+        _print_label_conflicts(dup["pairs"], m["dedup"]["policy"], images)
 
 
-def _print_label_conflicts(pairs: list[dict[str, Any]], policy: str, worst: int = 5) -> None:
+def _print_label_conflicts(
+    pairs: list[dict[str, Any]], policy: str, images: bool, worst: int = 5
+) -> None:
     from tunelab.data.dedup import label_conflict_groups
 
     groups = label_conflict_groups(pairs)
     console.print(
-        f"[bold yellow]warning:[/] {len(groups)} group(s) of identical or near-identical texts "
-        "carry different labels; the worst:"
+        f"[bold yellow]warning:[/] {len(groups)} group(s) of identical or near-identical "
+        f"{'images' if images else 'texts'} carry different labels; the worst:"
     )
     t = table(None, [], [])
     t.add_column("rows", justify="right", no_wrap=True)
     t.add_column("labels", overflow="fold")
     t.add_column("ids", overflow="fold")
-    t.add_column("jaccard", no_wrap=True)
+    t.add_column("similarity" if images else "jaccard", no_wrap=True)
     for g in groups[:worst]:
         ids = sorted(g["rows"])
         t.add_row(
@@ -186,9 +195,14 @@ def _print_label_conflicts(pairs: list[dict[str, Any]], policy: str, worst: int 
         )
     console.print(t)
     keep = "" if policy == "drop_all_but_one" else " or set data.dedup.policy: drop_all_but_one"
+    fix = (
+        "move each image to its category's folder (or fix its label in the source), remove it"
+        if images
+        else "correct the labels in the source file, add a cleaning rule that drops or rewrites "
+        "these rows"
+    )
     console.print(
-        "[yellow]hint:[/] correct the labels in the source file, add a cleaning rule that drops "
-        f"or rewrites these rows{keep} (every pair with its labels is in duplicates.json)"
+        f"[yellow]hint:[/] {fix}{keep} (every pair with its labels is in duplicates.json)"
     )
 
 

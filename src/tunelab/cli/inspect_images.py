@@ -34,8 +34,13 @@ def print_image_record(record: dict[str, Any]) -> None:
         console.print(Rule(Text(f"{ex['id']}  {ex['category']}"), align="left"))
         console.print(
             Text(
-                f"original {o['size'][0]}x{o['size'][1]} {o['mode']} {o['format']}; "
-                f"label index {ex['label_index']}",
+                f"original {o['size'][0]}x{o['size'][1]} {o['mode']} {o['format']}"
+                + (
+                    f" (upright by its EXIF orientation {o['exif_orientation']})"
+                    if o.get("exif_orientation")
+                    else ""
+                )
+                + f"; label index {ex['label_index']}",
                 style="dim",
             )
         )

@@ -15,7 +15,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tunelab.config import DataConfig
-from tunelab.data.images import ImageSource, add_image_bytes, attach_images, read_image_folder
+from tunelab.data.images import (
+    ImageSource,
+    add_image_bytes,
+    attach_images,
+    finish,
+    read_image_folder,
+)
 from tunelab.data.readers import (
     HF_SPLIT_COLUMN,
     FieldMapper,
@@ -33,7 +39,13 @@ IMAGE_TEXT = "\x00image-row"
 
 
 def read_image_source(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSource]:
-    """The rows and images of an image_classification source at `root`."""
+    """The rows and images of an image_classification source at `root`; DataError naming every
+    file that cannot be used (`images.finish`)."""
+    src, images = _read(root, cfg)
+    return src, finish(src, images)
+
+
+def _read(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSource]:
     if cfg.source.format == "folder":
         src = SourceData(rows=[], files=[], root=root)
         return src, read_image_folder(src, cfg)

@@ -4,13 +4,17 @@ duplicates.
 An image example is the usual example dict plus `image` (the file's name inside the snapshot,
 `images/<sha256>.<ext>`, where its original bytes are stored) and `image_sha256`; its `text` is
 the file's path inside the source, for people to read. Sources: a folder per label (PNG, JPEG,
-WebP, BMP, TIFF), or JSONL / CSV / Parquet with a column of paths (`data.fields.image`, relative
-to the data file's folder). Every file is decoded in full when read, so an unreadable or
-truncated file is named before anything is written.
+WebP, BMP, TIFF, GIF), or JSONL / CSV / Parquet with a column of paths (`data.fields.image`,
+relative to the data file's folder). Every file is decoded in full when read, so an unreadable,
+truncated, animated or 16-bit file is named before anything is written (all of them at once).
+A label folder's hidden entries, system files and files of other extensions are skipped, and a
+note lists them. A JPEG's EXIF orientation is applied (the picture is read upright, as
+transformers' `load_image` and `datasets`' Image read it).
 
-Duplicates: exact when the decoded pixels are equal (sha256 of the RGB(A) pixels and the size:
-a PNG re-saved as BMP or WebP-lossless counts), near when the 64-bit difference hashes (dHash)
-of two images differ in few bits: similarity = 1 - Hamming distance / 64, compared with
+What the model reads is `model_rgb(image)`: transformers' `convert_to_rgb`, transparency
+composited onto white. Duplicates compare that: exact when those pixels are equal (a PNG
+re-saved as BMP or WebP-lossless counts), near when the 64-bit difference hashes (dHash) of two
+images differ in few bits: similarity = 1 - Hamming distance / 64, compared with
 `data.dedup.threshold`.
 """
 
@@ -18,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import asdict, dataclass
+import os
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +35,16 @@ from tunelab.data.dedup import DuplicatePair, exact_group_ids
 from tunelab.data.readers import SourceData, SourceRow, _contained, _record_file, _rel
 from tunelab.errors import DataError
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+# Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
+ACCEPTED_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
+# files an operating system leaves in folders of pictures
+SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
 HASH_BITS = 64
-DHASH_VERSION = 1
+DHASH_VERSION = 2
+EXIF_ORIENTATION = 0x0112
+ORIENTED = "tunelab_exif_orientation"  # Image.info key: the EXIF orientation applied when read
+NOTE_NAMES = 8  # file names a note lists before "(+N more)"
 # rows compared at once in the near-duplicate search ([block, n] uint64 XORs)
 BLOCK_ROWS = 1024
 
@@ -46,9 +59,10 @@ class ImageFacts:
     width: int
     height: int
     mode: str  # Pillow mode as stored: RGB, L, RGBA, P, ...
-    format: str  # PNG, JPEG, WEBP, BMP, TIFF
+    format: str  # PNG, JPEG, WEBP, BMP, TIFF, GIF
     ext: str  # the stored file's extension, e.g. ".png"
     bytes: int
+    orientation: int = 1  # EXIF orientation applied when read (1: none); width x height upright
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -64,41 +78,102 @@ def _pil():
     return Image
 
 
-def open_image(data: bytes, where: str):
-    """Decode `data` completely (a truncated file fails here); DataError naming `where`."""
+_REPLACE = "replace the file, or remove it"
+_AGAIN = "then run `tunelab data` again"
+
+
+def _unreadable(where: str, data: bytes, exc: Exception) -> DataError:
+    """The DataError for bytes Pillow cannot decode, saying what is wrong with them."""
+    Image = _pil()
+    if not data:
+        return DataError(f"{where}: an empty file (0 bytes)", hint=_REPLACE)
+    if isinstance(exc, Image.DecompressionBombError):
+        return DataError(
+            f"{where}: too large to decode safely ({exc})",
+            hint="a damaged or hostile header, or a huge picture: downscale it (a model reads a "
+            f"few hundred pixels a side), or {_REPLACE}",
+        )
+    if isinstance(exc, Image.UnidentifiedImageError):
+        return DataError(
+            f"{where}: not a readable image, of no format Pillow knows ({len(data):,} bytes "
+            f"starting {data[:8]!r})",
+            hint=f"PNG, JPEG, WebP, BMP, TIFF and GIF are read: convert it, or {_REPLACE}",
+        )
+    return DataError(
+        f"{where}: not a readable image, cut short or damaged (Pillow: {type(exc).__name__}: {exc})",
+        hint=f"copy the file again from where it came from, or {_REPLACE}",
+    )
+
+
+def decode_image(data: bytes, where: str) -> tuple[Any, int]:
+    """(image, EXIF orientation) of `data`, decoded completely (a truncated file fails here) and
+    turned upright by its EXIF orientation; DataError naming `where`."""
     Image = _pil()
     try:
-        with Image.open(io.BytesIO(data)) as probe:
-            probe.verify()  # structure and checksums, without decoding
-        img = Image.open(io.BytesIO(data))
-        img.load()  # every pixel: catches a file cut short
+        with warnings.catch_warnings():  # a large picture is read; its size is recorded
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as probe:
+                probe.verify()  # structure and checksums, without decoding
+            img = Image.open(io.BytesIO(data))
+            img.load()  # every pixel: catches a file cut short
     except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad files
+        raise _unreadable(where, data, exc) from None
+    frames = getattr(img, "n_frames", 1)
+    if frames > 1:
         raise DataError(
-            f"{where}: not a readable image ({type(exc).__name__}: {exc})",
-            hint="replace or remove the file (PNG, JPEG, WebP, BMP and TIFF are read), then run "
-            "`tunelab data` again",
-        ) from None
-    return img
+            f"{where}: an animated {img.format} of {frames} frames; a classifier reads one picture",
+            hint="save the frame you mean as its own file (Pillow: `im.seek(i); "
+            f"im.save('frame.png')`), or {_REPLACE}",
+        )
+    orientation = int(img.getexif().get(EXIF_ORIENTATION) or 1)
+    if orientation != 1:
+        from PIL import ImageOps
+
+        fmt = img.format
+        img = ImageOps.exif_transpose(img)
+        img.format = fmt
+        img.info[ORIENTED] = orientation  # for inspect to say so
+    return img, orientation
 
 
-def canonical_pixels(img: Any) -> Any:
-    """RGB, or RGBA when the image has transparency: the form exact duplicates compare."""
-    has_alpha = img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info
-    return img.convert("RGBA" if has_alpha else "RGB")
+def open_image(data: bytes, where: str):
+    """The upright image of `data`, decoded in full; DataError naming `where`."""
+    return decode_image(data, where)[0]
+
+
+def model_rgb(img: Any) -> Any:
+    """The RGB image a model reads, as transformers' `convert_to_rgb` makes it: transparency
+    (an alpha band or a palette's transparent colour) composited onto white."""
+    Image = _pil()
+    if img.mode == "RGB":
+        return img
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
 
 
 def dhash(img: Any) -> int:
     """64-bit difference hash: a 9x8 grey-level thumbnail, one bit per left<right neighbour."""
     Image = _pil()
-    small = np.asarray(canonical_pixels(img).convert("L").resize((9, 8), Image.BILINEAR))
+    small = np.asarray(model_rgb(img).convert("L").resize((9, 8), Image.BILINEAR))
     bits = (small[:, 1:] > small[:, :-1]).flatten()
     return int(sum(1 << i for i, b in enumerate(bits.tolist()) if b))
 
 
 def image_facts(data: bytes, where: str) -> ImageFacts:
-    """Decode `data` and describe it; DataError naming `where` when it cannot be read."""
-    img = open_image(data, where)
-    pixels = canonical_pixels(img)
+    """Decode `data` and describe it; DataError naming `where` when it cannot be read, or when
+    its mode does not convert to RGB faithfully (16-bit or float)."""
+    img, orientation = decode_image(data, where)
+    if img.mode not in ACCEPTED_MODES:
+        raise DataError(
+            f"{where}: mode {img.mode!r} ({img.format}) does not convert to 8-bit RGB "
+            "faithfully: transformers' conversion would clip its values",
+            hint="save it with 8 bits per channel, e.g. for 16-bit grey "
+            "`Image.fromarray((np.asarray(im) >> 8).astype('uint8')).save(path)`",
+        )
+    pixels = model_rgb(img)
     h = hashlib.sha256(f"{pixels.mode}:{pixels.width}x{pixels.height}:".encode())
     h.update(pixels.tobytes())
     fmt = (img.format or "").upper()
@@ -113,6 +188,7 @@ def image_facts(data: bytes, where: str) -> ImageFacts:
         format=fmt,
         ext=ext,
         bytes=len(data),
+        orientation=orientation,
     )
 
 
@@ -126,14 +202,60 @@ def stored_name(facts: ImageFacts) -> str:
 
 @dataclass
 class ImageSource:
-    """The image behind each source row (same order as `SourceData.rows`) and its bytes."""
+    """The image behind each source row (same order as `SourceData.rows`) and its bytes, with
+    what reading found: the files it refused, skipped and turned upright."""
 
     facts: list[ImageFacts]
     data: dict[str, bytes]  # stored name -> bytes
+    problems: list[DataError] = field(default_factory=list)  # raised together by `finish`
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+    oriented: list[tuple[str, int]] = field(default_factory=list)  # (where, EXIF orientation)
 
 
-def _is_image(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
+def _skip_reason(name: str) -> str | None:
+    """Why a file of a label folder is not read as an image, or None when it is."""
+    if name.startswith("."):
+        return "hidden"
+    if name.lower() in SYSTEM_FILES:
+        return "system file"
+    suffix = Path(name).suffix.lower()
+    if suffix not in IMAGE_EXTENSIONS:
+        return f"extension {suffix or '(none)'}"
+    return None
+
+
+def _label_files(folder: Path, root: Path, skipped: list[tuple[str, str]]) -> list[Path]:
+    """The image files under a label folder (its sub-folders too, links followed once); hidden
+    folders and other files go to `skipped`."""
+    files, seen = [], set()
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:  # a link back to a folder already read
+            dirs[:] = []
+            continue
+        seen.add(real)
+        here_path = Path(here)
+        skipped += [(_rel(here_path / d, root) + "/", "hidden") for d in dirs if d[0] == "."]
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            why = _skip_reason(name)
+            if why:
+                skipped.append((_rel(here_path / name, root), why))
+            else:
+                files.append(here_path / name)
+    return sorted(files)
+
+
+def _label_folders(root: Path, follow: bool, src: SourceData, images: ImageSource) -> list[Path]:
+    labels = []
+    for p in sorted(root.iterdir()):
+        if not p.is_dir():
+            images.skipped.append((p.name, "not in a label folder"))
+        elif p.name.startswith("."):
+            images.skipped.append((p.name + "/", "hidden"))
+        elif _contained(p, root, follow, src):
+            labels.append(p)
+    return labels
 
 
 def read_image_folder(src: SourceData, cfg: DataConfig) -> ImageSource:
@@ -144,19 +266,15 @@ def read_image_folder(src: SourceData, cfg: DataConfig) -> ImageSource:
             f"{root}: not a folder (format: folder wants one sub-folder of images per label)",
             hint="fix data.source.path, or set data.source.format to the file's format",
         )
-    labels = sorted(
-        p
-        for p in root.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and _contained(p, root, follow, src)
-    )
+    images = ImageSource([], {})
+    labels = _label_folders(root, follow, src, images)
     if not labels:
         raise DataError(
             f"{root}: no label folders (format: folder wants {root}/<label>/<image files>)",
             hint="put each category's images in a sub-folder named after the category",
         )
-    images = ImageSource([], {})
     for folder in labels:
-        files = sorted(p for p in folder.rglob("*") if _is_image(p))
+        files = _label_files(folder, root, images.skipped)
         if not files:
             raise DataError(
                 f"{folder}: label folder {folder.name!r} has no image files "
@@ -194,23 +312,64 @@ def attach_images(src: SourceData, cfg: DataConfig) -> ImageSource:
 
 
 def _add_image(src: SourceData, images: ImageSource, path: Path, where: str) -> None:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:  # a broken link, no permission
+        _refuse(images, DataError(f"{where}: cannot be read ({exc.strerror})", hint=_REPLACE))
+        return
     _record_file(src, path, data)
     add_image_bytes(images, data, where)
 
 
+def _refuse(images: ImageSource, problem: DataError) -> None:
+    images.problems.append(problem)
+    images.facts.append(ImageFacts("", "", 0, 0, 0, "", "", "", 0))  # keeps the rows' order
+
+
 def add_image_bytes(images: ImageSource, data: bytes, where: str) -> None:
-    """Decode and describe one image's bytes, and keep them under their stored name."""
-    facts = image_facts(data, where)
+    """Decode and describe one image's bytes, and keep them under their stored name; a file
+    that cannot be used joins `images.problems` (`finish` raises them together)."""
+    try:
+        facts = image_facts(data, where)
+    except DataError as exc:
+        _refuse(images, exc)
+        return
     images.facts.append(facts)
     images.data[stored_name(facts)] = data
+    if facts.orientation != 1:
+        images.oriented.append((where, facts.orientation))
 
 
-def read_images(src: SourceData, cfg: DataConfig) -> ImageSource:
-    """Read the images of an image_classification source (`read_source` read the rows)."""
-    if cfg.source.format == "folder":
-        return read_image_folder(src, cfg)
-    return attach_images(src, cfg)
+def _listed(items: list[str]) -> str:
+    more = f" (+{len(items) - NOTE_NAMES} more)" if len(items) > NOTE_NAMES else ""
+    return ", ".join(items[:NOTE_NAMES]) + more
+
+
+def finish(src: SourceData, images: ImageSource) -> ImageSource:
+    """Raise every unusable file at once (DataError, each named with its fix); else add the
+    notes of what reading skipped and turned upright to `src.notes`."""
+    if len(images.problems) == 1:
+        p = images.problems[0]
+        raise DataError(p.message, hint=f"{p.hint or _REPLACE}, {_AGAIN}")
+    if images.problems:
+        raise DataError(
+            f"{len(images.problems)} image files cannot be used:\n"
+            + "\n".join(f"  - {p.message}\n    fix: {p.hint}" for p in images.problems),
+            hint=f"fix or remove each file listed, {_AGAIN}",
+        )
+    if images.skipped:
+        src.notes.append(
+            f"skipped {len(images.skipped)} entr{'y' if len(images.skipped) == 1 else 'ies'} "
+            "that are not images of a label folder: "
+            + _listed([f"{path} ({why})" for path, why in images.skipped])
+        )
+    if images.oriented:
+        src.notes.append(
+            f"{len(images.oriented)} image(s) carry an EXIF orientation and are read upright "
+            "(as transformers' load_image and datasets' Image read them): "
+            + _listed([f"{where} (orientation {o})" for where, o in images.oriented])
+        )
+    return images
 
 
 # ---------------------------------------------------------------- duplicates
@@ -264,7 +423,7 @@ def find_image_duplicates(
     pairs.sort(key=lambda p: (p.a, p.b))
     info = {
         "image_hash": f"dhash-{HASH_BITS} v{DHASH_VERSION}",
-        "exact": "sha256 of the decoded RGB(A) pixels and the size",
+        "exact": "sha256 of the RGB pixels the model reads (transparency on white) and the size",
         "max_hamming_distance": max_d,
     }
     return pairs, info

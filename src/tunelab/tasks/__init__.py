@@ -25,6 +25,7 @@ __all__ = [
     "find_json_object",
     "get_task",
     "task_for",
+    "task_problems",
 ]
 
 
@@ -78,3 +79,16 @@ def task_for(t: TaskConfig, labels: list[str] | None = None) -> Task:
             tolerance=scoring.tolerance if scoring else None,
         )
     raise ConfigError(f"unknown task.kind {t.kind!r}")  # pragma: no cover - config validates
+
+
+def task_problems(t: TaskConfig) -> list[str]:
+    """What the task section cannot be built with, checked before any data or model is read
+    (`tunelab validate`, `tunelab register`): a task.json_schema that is no JSON Schema, and
+    task.scoring options naming no path of it. Classification labels come from the data."""
+    if t.kind not in ("format", "extraction"):
+        return []
+    try:
+        task_for(t)
+    except ConfigError as exc:
+        return [exc.message + (f" ({exc.hint})" if exc.hint else "")]
+    return []

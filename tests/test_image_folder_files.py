@@ -1,0 +1,171 @@
+"""A user's folder of pictures as it comes: mixed modes and formats, system and hidden files,
+EXIF-rotated photographs, animations, 16-bit scans, empty, truncated and oversized files.
+
+Every odd file gets a stated treatment (read as transformers reads it, with a note) or a
+located refusal with its fix, all refusals at once; never a traceback or a silent drop."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from helpers import run_cli
+from test_images import COLOURS, colour_image, png_bytes, write_colour_folder, write_image_study
+from tunelab.data.images import dhash, image_facts
+
+
+def alpha_only(seed: int) -> Image.Image:
+    """A picture drawn in the alpha band alone (black everywhere, opacity varies), as icons and
+    exported drawings are."""
+    rng = np.random.default_rng(seed)
+    rgba = np.zeros((20, 24, 4), np.uint8)
+    rgba[..., 3] = rng.integers(0, 256, size=(20, 24), dtype=np.uint8)
+    return Image.fromarray(rgba, "RGBA")
+
+
+def test_transparency_is_composited_on_white_as_transformers_converts(tmp_path, tiny_vit_dir):
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    root = write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
+    cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
+    processor = AutoImageProcessor.from_pretrained(tiny_vit_dir)
+    pre = Preprocessor(processor, cfg, get_task(cfg, list(COLOURS)), "image")
+    grey = np.asarray(colour_image(0, 3).convert("L"))
+    palette = Image.fromarray(grey).convert("P", palette=Image.ADAPTIVE, colors=16)
+    palette.info["transparency"] = 0
+    images = {
+        "rgba": alpha_only(1),
+        "la": Image.fromarray(np.stack([grey, 255 - grey], -1), "LA"),
+        "p": palette,
+        "cmyk": colour_image(2, 4).convert("CMYK"),
+    }
+    for name, img in images.items():
+        path = tmp_path / f"{name}.{'jpg' if name == 'cmyk' else 'png'}"
+        img.save(path)
+        row = {"id": name, "label": "red", "image_path": str(path), "text": path.name}
+        ours = pre.encode(row)["pixel_values"].numpy()
+        theirs = processor(images=Image.open(path), return_tensors="np", do_convert_rgb=True)
+        assert np.abs(ours - theirs["pixel_values"][0]).max() < 1e-5, name
+    assert pre.describe()["steps"][0] == {"step": "convert", "mode": "RGB", "transparency": "white"}
+    # two different pictures in the alpha band are different pictures (not one blank hash)
+    a, b = (image_facts(png_bytes(alpha_only(s)), f"{s}.png") for s in (1, 2))
+    assert a.pixel_sha256 != b.pixel_sha256 and a.dhash != b.dhash
+    assert dhash(alpha_only(1)) == dhash(Image.open(tmp_path / "rgba.png"))
+
+
+def exif_rotated_jpeg(img: Image.Image) -> bytes:
+    """`img` stored turned a quarter, with EXIF orientation 6 (a viewer turns it back upright)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return png_bytes(img.transpose(Image.ROTATE_90), "JPEG", quality=95, exif=exif.tobytes())
+
+
+def test_a_users_folder_reads_every_picture_and_states_what_it_skips(
+    tmp_path, tiny_vit_dir, capsys
+):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=6)
+    (data / "red" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1" + b"\x00" * 20)
+    (data / "red" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0" + b"\x00" * 20)
+    (data / "green" / "notes.txt").write_text("scanned on tuesday\n")
+    (data / "green" / ".thumbnails").mkdir()
+    colour_image(1, 99, size=(8, 8)).save(data / "green" / ".thumbnails" / "t.png")
+    (data / ".cache").mkdir()
+    colour_image(0, 98).save(data / ".cache" / "x.png")
+    colour_image(0, 97).save(data / "loose.png")
+    colour_image(2, 96).convert("P").save(data / "blue" / "still.gif")  # one frame: read
+    colour_image(2, 95).save(data / "blue" / "UPPER.JPG")
+    colour_image(0, 94).save(data / "red" / "scan 2 été.png")
+    upright = colour_image(1, 93, size=(30, 18))
+    (data / "green" / "phone.jpg").write_bytes(exif_rotated_jpeg(upright))
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "skipped 6 entries that are not images of a label folder" in flat
+    for entry in (
+        ".cache/ (hidden)",
+        "loose.png (not in a label folder)",
+        "red/.DS_Store (hidden)",
+        "red/Thumbs.db (system file)",
+        "green/notes.txt (extension .txt)",
+        "green/.thumbnails/ (hidden)",
+    ):
+        assert entry in flat, entry
+    assert "green/phone.jpg (orientation 6)" in flat
+    snap = next((root / "records" / "data").iterdir())
+    manifest = json.loads((snap / "manifest.json").read_text())
+    files = {f["path"] for f in manifest["source"]["files"]}
+    assert {"blue/still.gif", "blue/UPPER.JPG", "red/scan 2 été.png", "green/phone.jpg"} <= files
+    assert not any(".thumbnails" in f or f.startswith(".cache") for f in files)
+    assert any("skipped 6 entries" in n for n in manifest["notes"])
+    facts = image_facts(exif_rotated_jpeg(upright), "phone.jpg")
+    assert (facts.width, facts.height, facts.orientation) == (30, 18, 6)
+
+
+def bomb_png() -> bytes:
+    """A real small PNG whose header claims 20000 x 20000 pixels (over Pillow's limit)."""
+    raw = png_bytes(colour_image(0, 1))
+    body = bytearray(raw[16:29])
+    body[0:8] = struct.pack(">II", 20000, 20000)
+    crc = struct.pack(">I", zlib.crc32(b"IHDR" + bytes(body)) & 0xFFFFFFFF)
+    return raw[:16] + bytes(body) + crc + raw[33:]
+
+
+def test_every_unusable_file_is_named_with_its_fix_at_once(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=4)
+    (data / "red" / "empty.png").write_bytes(b"")
+    whole = (data / "red" / "1.png").read_bytes()
+    (data / "red" / "cut.png").write_bytes(whole[: len(whole) // 2])
+    frames = [colour_image(1, i).convert("P") for i in range(3)]
+    frames[0].save(data / "green" / "anim.gif", save_all=True, append_images=frames[1:])
+    deep = np.arange(20 * 24, dtype=np.uint16).reshape(20, 24) * 100
+    Image.fromarray(deep).save(data / "blue" / "deep.png")  # 16-bit grey: mode I;16
+    (data / "blue" / "bomb.png").write_bytes(bomb_png())
+    (data / "blue" / "gone.png").symlink_to(data / "blue" / "nowhere.png")
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    run_cli(capsys, "register", "-s", root)
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 2 and "Traceback" not in err
+    flat = " ".join(err.split())
+    assert "6 image files cannot be used" in flat
+    for expected in (
+        "red/empty.png: an empty file (0 bytes)",
+        "red/cut.png: not a readable image, cut short or damaged",
+        "green/anim.gif: an animated GIF of 3 frames",
+        "blue/deep.png: mode 'I;16' (PNG) does not convert to 8-bit RGB faithfully",
+        "blue/bomb.png: too large to decode safely",
+        "blue/gone.png: cannot be read",
+    ):
+        assert expected in flat, expected
+    assert flat.count("fix:") == 6 and "then run `tunelab data` again" in flat
+    assert "BytesIO" not in flat
+    assert not (root / "records" / "data").exists() or not any(
+        (root / "records" / "data").iterdir()
+    )
+
+
+def test_image_duplicates_are_told_in_image_terms(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=6)
+    (data / "green" / "same.png").write_bytes((data / "red" / "0.png").read_bytes())
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
+    run_cli(capsys, "register", "-s", root)
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "near = dHash similarity >= 0.95, at most 3 of 64 bits apart" in flat
+    assert "identical or near-identical images carry different labels" in flat
+    assert "move each image to its category's folder" in flat
+    assert "Jaccard" not in flat and "shingle" not in flat and "cleaning rule" not in flat
