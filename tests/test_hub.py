@@ -521,3 +521,13 @@ def test_hub_cache_lays_in_a_folder_that_lies_under_a_dot_cache(tmp_path, tiny_l
     snap = write_snapshot(folder, "org/converted", cache_dir=tmp_path / "hub")
     laid = sorted(p.name for p in snap.path.iterdir())
     assert laid == sorted(p.name for p in tiny_llama_dir.iterdir() if p.is_file())
+
+
+def test_data_of_a_hub_data_set_names_it_and_draws_no_bars_of_its_own(hub_cache, tmp_path, capsys):
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 0, err
+    assert f"(hub: {DATA_REPO}@{DATA_COMMIT[:12]})" in out and "None" not in out
+    assert "Generating" not in err and "examples/s" not in err  # `datasets`' own bars

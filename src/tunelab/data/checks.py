@@ -265,13 +265,17 @@ def check_targets(read: RowsRead) -> list[str]:
     lines = [f"  - {row.where}: {problem}" for row, problem in bad[:SHOWN_ROWS]]
     more = len(bad) - SHOWN_ROWS
     raise DataError(
-        f"{len(bad)} gold target(s) do not satisfy {against} (a {task.kind} task scores "
+        f"{len(bad)} gold target(s) do not satisfy {against} ({_article(task.kind)} task scores "
         "answers against them):\n"
         + "\n".join(lines)
         + (f"\n  ... and {more} more" if more > 0 else ""),
         hint=f"fix the targets in the data (data.fields.target: {data.fields.target!r}), or "
         "set data.invalid_targets: keep to keep them",
     )
+
+
+def _article(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 SOURCE_CHECKS: list[Check] = [check_not_empty, check_label_spellings, check_labels, check_targets]

@@ -556,6 +556,9 @@ def load_hub(src: SourceData, cfg: DataConfig) -> Any:
         rel = path.relative_to(root).as_posix()
         src.files.append({"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
     where = f"data set {source.name}@{root.name[:12]}"
+    quiet = not datasets.utils.are_progress_bars_disabled()
+    if quiet:  # the library draws nothing: `datasets` would print its bars on stderr
+        datasets.utils.disable_progress_bars()
     try:
         loaded = datasets.load_dataset(
             str(root), name=source.config, cache_dir=str(datasets_cache_dir())
@@ -570,6 +573,9 @@ def load_hub(src: SourceData, cfg: DataConfig) -> Any:
             f"{where}: no data files `datasets` can read ({exc})",
             hint="a hub data set needs Parquet, JSON Lines or CSV files (scripts are not run)",
         ) from None
+    finally:
+        if quiet:
+            datasets.utils.enable_progress_bars()
     if source.splits:
         missing = [s for s in source.splits if s not in loaded]
         if missing:
