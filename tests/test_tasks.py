@@ -134,11 +134,60 @@ def test_format_regex_full_match():
     assert task.parse("2002-08-22 12:00")["failure"] == "no_match"
 
 
-def test_format_bad_config_is_named():
-    with pytest.raises(ConfigError, match="task.regex"):
-        get_task(make_cfg("format", json_schema=None, regex="(unclosed"))
-    with pytest.raises(ConfigError, match="task.json_schema"):
-        get_task(make_cfg("format", json_schema={"type": "no-such-type"}))
+def test_format_regex_failure_says_where_the_answer_leaves_the_format():
+    task = get_task(make_cfg("format", json_schema=None, regex=r"From: \S+@\S+ \| Subject: .+"))
+    error = {
+        raw: task.parse(raw)["error"]
+        for raw in (
+            "From: a@b.c | Subject: Hi\nHope this helps!",
+            "From: a@b.c | Subject",
+            "Sure! From: a@b.c | Subject: Hi",
+            "I cannot do that.",
+        )
+    }
+    assert list(error.values()) == [
+        "the first line matches task.regex, then 1 more line(s) follow",
+        "does not match task.regex (starts 'From: a@b.c | Subject')",
+        "holds a match of task.regex at character 7, but the whole answer must match",
+        "does not match task.regex (starts 'I cannot do that.')",
+    ]
+    date = get_task(make_cfg("format", json_schema=None, regex=r"\d{4}-\d{2}-\d{2}"))
+    assert date.parse("2002-08-22 12:00")["error"] == (
+        "matches task.regex up to character 10 of 16; the rest does not (' 12:00')"
+    )
+
+
+def test_format_regex_dot_stops_at_a_newline_as_python_reads_it():
+    # `.+` for a one-line answer must not accept a line of chatter after it
+    one_line = get_task(make_cfg("format", json_schema=None, regex=r"Subject: .+"))
+    assert one_line.parse("Subject: Hi")["valid"]
+    assert one_line.parse("Subject: Hi\nLet me know if you need more.")["failure"] == "no_match"
+    spans = get_task(make_cfg("format", json_schema=None, regex=r"(?s)Subject: .+"))
+    assert spans.parse("Subject: Hi\nLet me know if you need more.")["valid"]
+
+
+def test_format_bad_locked_spec_is_named():
+    # a task section read from a record, past the config's checks, is still refused by name
+    with pytest.raises(ConfigError, match="task.regex: not a valid"):
+        FormatTask("i", None, "(unclosed")
+    with pytest.raises(ConfigError, match="task.json_schema: not a valid"):
+        FormatTask("i", {"type": "no-such-type"}, None)
+
+
+@pytest.mark.parametrize(
+    ("task", "where", "says"),
+    [
+        ({"json_schema": None, "regex": "(unclosed"}, "task.regex", "not a valid regular"),
+        ({"json_schema": None, "regex": ""}, "task.regex", "empty"),
+        ({"json_schema": None, "regex": "  "}, "task.regex", "empty"),
+        ({"json_schema": {"properties": {"a": {"type": 3}}}}, "task.json_schema", "properties/a"),
+    ],
+)
+def test_format_spec_that_cannot_work_is_refused_by_the_config(task, where, says):
+    # validate and register read the config: a broken spec must stop there, not crash `data`
+    with pytest.raises(ConfigError) as err:
+        make_cfg("format", **task)
+    assert f"{where}: " in str(err.value) and says in str(err.value)
 
 
 def test_format_missing_target_names_example():

@@ -11,24 +11,19 @@ import json
 import re
 from typing import Any
 
-from jsonschema import exceptions as jsonschema_exceptions
 from jsonschema import validators
 
-from tunelab.errors import ConfigError, DataError
+from tunelab.config import json_schema_problem, regex_problem
+from tunelab.errors import ConfigError, DataError, preview
 from tunelab.tasks.base import Task, failure
 
 
 def make_validator(schema: dict[str, Any]):
     """A jsonschema validator for `schema` (its draft from `$schema`, else the latest)."""
-    cls = validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except jsonschema_exceptions.SchemaError as exc:
-        raise ConfigError(
-            f"task.json_schema is not a valid JSON Schema: {exc.message}",
-            hint="fix task.json_schema in study.yaml (see https://json-schema.org)",
-        ) from None
-    return cls(schema)
+    problem = json_schema_problem(schema)
+    if problem:
+        raise ConfigError(f"task.json_schema: {problem}", hint="fix task.json_schema in study.yaml")
+    return validators.validator_for(schema)(schema)
 
 
 def schema_errors(validator, value: Any) -> list[str]:
@@ -38,6 +33,36 @@ def schema_errors(validator, value: Any) -> list[str]:
         where = "/".join(str(p) for p in err.absolute_path) or "(root)"
         out.append(f"{where}: {err.message}")
     return out
+
+
+def answer_pattern(regex: str) -> re.Pattern[str]:
+    """task.regex compiled as Python reads it: `.` stops at a newline, so `Subject: .+` keeps a
+    one-line answer one line (`(?s)` in the regex lets `.` span lines)."""
+    return re.compile(regex)
+
+
+def regex_mismatch(pattern: re.Pattern[str], text: str) -> str | None:
+    """Why `text` (already stripped) does not match `pattern` in full, or None when it does."""
+    if pattern.fullmatch(text) is not None:
+        return None
+    if not text:
+        return "empty"
+    lines = text.splitlines()
+    if len(lines) > 1 and pattern.fullmatch(lines[0].strip()) is not None:
+        return f"the first line matches task.regex, then {len(lines) - 1} more line(s) follow"
+    head = pattern.match(text)
+    if head is not None and head.end() > 0:
+        return (
+            f"matches task.regex up to character {head.end()} of {len(text)}; "
+            f"the rest does not ({preview(text[head.end() :], 40)})"
+        )
+    found = pattern.search(text)
+    if found is not None and found.end() > found.start():
+        return (
+            f"holds a match of task.regex at character {found.start() + 1}, "
+            "but the whole answer must match"
+        )
+    return f"does not match task.regex (starts {preview(text, 40)})"
 
 
 def target_string(example: dict[str, Any]) -> str:
@@ -63,13 +88,10 @@ class FormatTask(Task):
         self.validator = make_validator(json_schema) if json_schema is not None else None
         self.pattern = None
         if regex is not None:
-            try:
-                self.pattern = re.compile(regex, re.DOTALL)
-            except re.error as exc:
-                raise ConfigError(
-                    f"task.regex {regex!r} is not a valid regular expression: {exc}",
-                    hint="fix task.regex in study.yaml (Python `re` syntax)",
-                ) from None
+            problem = regex_problem(regex)
+            if problem:
+                raise ConfigError(f"task.regex: {problem}", hint="fix task.regex in study.yaml")
+            self.pattern = answer_pattern(regex)
         base = ("format_valid_rate", "exact_match")
         self.metric_names = base + (("json_valid_rate",) if json_schema is not None else ())
 
@@ -81,8 +103,9 @@ class FormatTask(Task):
         if not text:
             return failure("empty", "the output is empty", json_valid=False)
         if self.pattern is not None:
-            if self.pattern.fullmatch(text) is None:
-                return failure("no_match", f"does not match {self.regex!r}", json_valid=None)
+            mismatch = regex_mismatch(self.pattern, text)
+            if mismatch is not None:
+                return failure("no_match", mismatch, json_valid=None)
             return {
                 "valid": True,
                 "failure": None,
