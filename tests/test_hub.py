@@ -113,6 +113,21 @@ def test_offline_and_missing_names_cache_and_command(hub_cache):
         resolve_model(ModelConfig(name=REPO, revision="c" * 40))
 
 
+def test_a_typo_or_an_uncached_revision_offline_names_what_the_cache_holds(hub_cache):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="tunelab-test/tiny-lama"))  # one letter short
+    assert exc.value.hint.startswith(f"model.name: the cache holds {REPO}; or fill the cache")
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="v9"))
+    assert f"the cache holds {REPO} at main, v1, {COMMIT_A}" in exc.value.hint
+    assert "model.revision" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="someone-else/other-model"))
+    assert exc.value.hint.startswith("fill the cache")  # nothing near: only the download
+
+
 def test_only_the_files_a_load_needs(hub_cache, tmp_path, tiny_llama_dir, monkeypatch):
     from tunelab.models import resolve_model
 
@@ -531,3 +546,15 @@ def test_data_of_a_hub_data_set_names_it_and_draws_no_bars_of_its_own(hub_cache,
     assert code == 0, err
     assert f"(hub: {DATA_REPO}@{DATA_COMMIT[:12]})" in out and "None" not in out
     assert "Generating" not in err and "examples/s" not in err  # `datasets`' own bars
+
+
+def test_models_prints_a_long_repo_id_whole_at_80_columns(
+    hub_cache, tiny_llama_dir, capsys, monkeypatch
+):
+    long_id = "a-long-organisation-name/a-model-name-of-forty-letters-or-so"
+    write_snapshot(tiny_llama_dir, long_id, commit=COMMIT_B)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, "models")
+    assert code == 0, err
+    assert long_id in out.splitlines() and REPO in out.splitlines()
+    assert COMMIT_B[:12] in out and all(len(line) <= 80 for line in out.splitlines()[1:])

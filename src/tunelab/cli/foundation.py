@@ -18,8 +18,10 @@ from tunelab.study import validate_study
 def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
     report every problem at once."""
+    from tunelab.tasks import task_warnings
+
     cfg = validate_study(study, sets or [])
-    warnings = config_warnings(cfg)
+    warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
         emit_json(
