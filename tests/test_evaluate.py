@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, register_study, run_cli
+from helpers import filled_hypothesis, register_study, run_cli
 from tunelab import hypothesis as hyp
 from tunelab import metrics as M
 from tunelab.data import load_snapshot
@@ -29,7 +29,7 @@ LABELS = ["business", "sport", "tech"]
 
 def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["model"]["path"] = str(model_dir)
     raw["model"]["architecture"] = "encoder" if kind == "classification" else "causal_lm"
     raw["preprocess"]["max_seq_len"] = 96
@@ -401,7 +401,7 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
     ]
     (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", "stage"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
     raw["data"]["cleaning"] = []

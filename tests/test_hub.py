@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import filled_hypothesis, run_cli
 from tunelab.config import ConfigError, ModelConfig
 from tunelab.errors import HypothesisError, ModelError
 from tunelab.hub_cache import cached_repos, write_snapshot
@@ -237,7 +237,7 @@ def write_hub_study(
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
     raw = yaml.safe_load(render_study_yaml("extraction", "hub-study"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
     if hub_data:
         raw["data"]["source"] = {"format": "hub", "name": DATA_REPO}
