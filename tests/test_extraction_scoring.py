@@ -762,3 +762,9 @@ def test_targets_inspect_refuses():
     assert "line 1, column 17" in problems["cut"]["message"]
     assert "quantities/0/value" in problems["off"]["message"]
     assert task.categories(rows[:1] + rows[3:]) == ["quantities empty", "quantities filled"]
+    # never "all", the name of inspect's overall row
+    assert task.categories(rows[:2] + [{"id": "none", "target": "{}"}]) == [
+        "quantities empty",
+        "(target not a JSON object)",
+        "(no list or nullable field)",
+    ]
