@@ -62,22 +62,23 @@ def runs(
         "invalid": "red",
         "interrupted": "yellow",
     }
-    t = table(
-        f"runs of {s.config.name}",
-        ["id", "kind", "name", "parent", "status", "reason", "created"],
-        [],
-    )
+    # ids are never cut: the id (its parent's below it) has a column of its own; the creation
+    # time is in the id, the reasons follow the table in full
+    t = table(f"runs of {s.config.name}", [], [])
+    t.add_column("id (parent)", no_wrap=True, min_width=max((len(r.id) for r in rows), default=2))
+    for name in ("kind", "name", "status"):
+        t.add_column(name, overflow="fold")
     for r in rows:
         t.add_row(
-            r.id,
+            r.id + (f"\n[dim]from {r.parent}[/]" if r.parent else ""),
             r.kind,
             r.name or "",
-            r.parent or "",
             f"[{colour.get(r.status, 'white')}]{r.status}[/]",
-            (r.reason or "")[:80],
-            r.created_at,
         )
     console.print(t)
+    for r in rows:
+        if r.reason:
+            console.print(f"{r.id} {r.status}: {r.reason}", highlight=False)
     if not rows:
         console.print("no runs yet")
 
