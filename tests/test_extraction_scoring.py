@@ -134,7 +134,8 @@ VALUE_CASES = [
     # booleans and null: exactly (true is not 1)
     (ANY, True, 1, {}, dict(slots=1, present=1, pred=1, gold=1, wrong_type=1)),
     (ANY, True, True, {}, dict(slots=1, present=1, exact=1, match=1, tp=1, pred=1, gold=1)),
-    (ANY, None, None, {}, dict(slots=1, exact=1, match=1)),
+    # a null gold answered null: not present, but answered (presence rates count it)
+    (ANY, None, None, {}, dict(slots=1, empty_match=1, exact=1, match=1)),
     (ANY, None, "", {}, dict(slots=1, wrong_type=1)),
     (ANY, None, ..., {}, dict(slots=1, missing=1)),
     (ANY, "x", None, {}, dict(slots=1, gold=1, wrong_type=1)),
@@ -268,7 +269,7 @@ def test_a_tuple_is_compared_position_by_position(coords):
 
 EMPTY_CASES = [
     # gold is []: only [] is right, and each wrong answer is its own kind
-    ("[]", [], c(slots=1, exact=1, match=1)),
+    ("[]", [], c(slots=1, empty_match=1, exact=1, match=1)),
     ("null", None, c(slots=1, wrong_type=1)),
     ("missing key", MISSING_KEY, c(slots=1, missing=1)),
     ("not JSON", "garbage", c(slots=1, not_json=1)),
@@ -280,6 +281,35 @@ EMPTY_CASES = [
 @pytest.mark.parametrize("name,answer,counts", EMPTY_CASES, ids=[x[0] for x in EMPTY_CASES])
 def test_empty_gold(name, answer, counts):
     assert _lists([], answer) == (counts, {}, {})
+
+
+def test_a_right_null_is_a_present_field():
+    """A nullable field whose gold is null, answered null, is answered: a perfect answer has
+    presence 1, so a variant that stops inventing values does not lose presence."""
+    schema = {
+        "type": "object",
+        "required": ["list_id", "name"],
+        "properties": {"list_id": {"type": ["string", "null"]}, "name": {"type": "string"}},
+    }
+    task = ExtractionTask("x", schema)
+    golds = ['{"list_id": null, "name": "a"}', '{"list_id": "l.org", "name": "b"}']
+
+    def metrics(answers):
+        verdicts = [
+            task.verdicts(task.parse(a), {"id": str(i), "target": g})
+            for i, (g, a) in enumerate(zip(golds, answers, strict=True))
+        ]
+        return M.extraction_metrics(verdicts, task.fields, task.paths)
+
+    perfect = metrics(golds)
+    assert perfect["field_presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["precision"] == 1.0  # a null is no prediction
+    invented = metrics(['{"list_id": "x.org", "name": "a"}', golds[1]])
+    assert invented["per_field"]["list_id"]["presence_rate"] == 1.0  # given, though wrong
+    assert invented["per_field"]["list_id"]["precision"] == 0.5
+    dropped = metrics(['{"list_id": null, "name": "a"}', '{"list_id": null, "name": "b"}'])
+    assert dropped["per_field"]["list_id"]["presence_rate"] == 0.5
 
 
 def test_empty_gold_in_every_metric():

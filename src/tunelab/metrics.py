@@ -235,7 +235,8 @@ def _path_row(kind: str, sums: Mapping[str, int]) -> dict[str, Any]:
     return {
         "kind": kind,
         "slots": slots,
-        "presence_rate": _div(sums.get("present", 0), slots),
+        # a field answered: a present value, or the null / [] an empty gold asks for
+        "presence_rate": _div(sums.get("present", 0) + sums.get("empty_match", 0), slots),
         "exact_match": _div(sums.get("exact", 0), slots),
         "normalized_match": _div(sums.get("match", 0), slots),
         "precision": precision,

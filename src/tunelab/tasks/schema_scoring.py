@@ -20,7 +20,8 @@ absent), `wrong_type`, `wrong_value` (same type, other value) or `not_json` (the
 JSON object). Fields inside a missing or mistyped object inherit its failure kind.
 
 Per path and example, `score` counts (all ints): `slots`, `present` (answer value not null,
-blank, [] or {}), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
+blank, [] or {}), `empty_match` (the gold is null, blank, [] or {} and the answer matches it:
+the field is answered, though not present; presence rates count both), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
 `pred`, `gold` for precision and recall: for a list path they count items (a true positive is a
 gold item paired with an answer item that matches it whole); elsewhere present values (a true
 positive is a present answer value matching a present gold value). Sub-fields of list items are
@@ -43,7 +44,17 @@ from tunelab.tasks.json_text import json_type
 
 SCORING_VERSION = "tunelab-extraction/3"
 SLOT_FAILURES = ("missing", "wrong_type", "wrong_value", "not_json")
-COUNT_KEYS = ("slots", "present", "exact", "match", "tp", "pred", "gold", *SLOT_FAILURES)
+COUNT_KEYS = (
+    "slots",
+    "present",
+    "empty_match",
+    "exact",
+    "match",
+    "tp",
+    "pred",
+    "gold",
+    *SLOT_FAILURES,
+)
 LIST_KINDS = ("list", "list_of_objects")
 
 
@@ -368,6 +379,7 @@ class SchemaScorer:
         if failure:
             c[failure] += 1
         c["match"] += matched
+        c["empty_match"] += matched and not is_present(gold)
         if as_list:
             c["gold"] += len(gold) if gold_type == "array" else 0
             c["pred"] += len(answer) if given and isinstance(answer, list) else 0
