@@ -277,3 +277,12 @@ def test_extraction_verdicts(ext):
 def test_extraction_target_as_object_is_serialized(ext):
     ex = {"id": "o", "text": "t", "target": {"sender": "a", "subject": "é"}}
     assert json.loads(ext.render(ex)[1]) == {"sender": "a", "subject": "é"}
+
+
+@pytest.mark.parametrize("kind", ["classification", "format", "extraction"])
+def test_template_lists_every_text_field_mapping(kind):
+    # a user with an id column finds data.fields.id in the study.yaml init writes
+    from tunelab.config import FieldsConfig
+
+    fields = yaml.safe_load(render_study_yaml(kind, "t"))["data"]["fields"]
+    assert set(fields) == set(FieldsConfig.model_fields) - {"image"}
