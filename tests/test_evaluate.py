@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -645,7 +646,15 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert f"{n} of {n} gold answers are longer than evaluation.max_new_tokens (8)" in " ".join(
         err.split()
     )
-    assert "generated tokens" in out
+    # decoding steps, batch by batch (a batch steps until its last row ends), not tokens
+    from tunelab.records import read_json
+
+    (baseline,) = Study.open(study.root).list_runs("baseline")
+    runs = Study.open(study.root).runs_dir
+    gen = read_json(runs / baseline.id / "metrics-validation.json")["generation"]
+    assert re.search(
+        rf"decoding steps +│ {gen['steps']} in {len(gen['batches'])} batches \(the gold", out
+    ), out
     assert run_cli(capsys, "report", "-s", study.root)[0] == 0
     md = (study.root / "report" / "dossier.md").read_text()
     assert f"{n} of the {n} evaluated validation answers are longer than" in md
