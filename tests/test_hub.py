@@ -576,5 +576,5 @@ def test_hub_cache_refuses_a_ref_that_is_no_branch_name_before_writing(
 def test_hub_cache_takes_nested_refs_and_says_a_commit_is_lowercase(tmp_path, tiny_llama_dir):
     snap = write_snapshot(tiny_llama_dir, "org/x", refs=("release/v1.0",), cache_dir=tmp_path)
     assert (tmp_path / "models--org--x" / "refs" / "release" / "v1.0").read_text() == snap.commit
-    with pytest.raises(ConfigError, match="40 lowercase hex digits"):
+    with pytest.raises(ConfigError, match="40 hex digits in lowercase"):
         write_snapshot(tiny_llama_dir, "org/x", commit="A" * 40, cache_dir=tmp_path)

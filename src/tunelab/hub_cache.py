@@ -76,7 +76,7 @@ def write_snapshot(
         raise ConfigError(f"{folder}: not a folder", hint="give the model or data set folder")
     if commit is not None and not COMMIT_RE.fullmatch(commit):
         raise ConfigError(
-            f"commit {commit!r} is not 40 lowercase hex digits", hint="e.g. --commit 0123abcd..."
+            f"commit {commit!r} is not 40 hex digits in lowercase", hint="e.g. --commit 0123abcd..."
         )
     for ref in refs:  # checked before anything is written: a ref names a file under refs/
         if not REF_RE.fullmatch(ref) or ".." in ref or ref.endswith(".lock"):
