@@ -127,6 +127,22 @@ def test_format_json_schema_strict():
     assert task.verdicts(task.parse('{"answer": "no"}'), ex)["exact_match"] is False
 
 
+def test_format_exact_match_tells_true_from_1():
+    task = get_task(make_cfg("format", json_schema={"type": "object"}))
+    ex = {"id": "1", "text": "q", "target": '{"n": 1, "ok": true, "xs": [1, 2]}'}
+    exact = {
+        raw: task.verdicts(task.parse(raw), ex)["exact_match"]
+        for raw in (
+            '{"n": true, "ok": 1, "xs": [1, 2]}',
+            '{"n": 1.0, "ok": true, "xs": [1, 2.0]}',
+            '{"xs": [1, 2], "ok": true, "n": 1}',
+            '{"n": 1, "ok": true, "xs": [2, 1]}',
+            '{"n": 1, "ok": true, "xs": [1, 2], "extra": null}',
+        )
+    }
+    assert list(exact.values()) == [False, True, True, False, False]
+
+
 def test_format_regex_full_match():
     task = get_task(make_cfg("format", json_schema=None, regex=r"\d{4}-\d{2}-\d{2}"))
     assert task.parse("2002-08-22\n")["valid"]
@@ -261,3 +277,12 @@ def test_extraction_verdicts(ext):
 def test_extraction_target_as_object_is_serialized(ext):
     ex = {"id": "o", "text": "t", "target": {"sender": "a", "subject": "é"}}
     assert json.loads(ext.render(ex)[1]) == {"sender": "a", "subject": "é"}
+
+
+@pytest.mark.parametrize("kind", ["classification", "format", "extraction"])
+def test_template_lists_every_text_field_mapping(kind):
+    # a user with an id column finds data.fields.id in the study.yaml init writes
+    from tunelab.config import FieldsConfig
+
+    fields = yaml.safe_load(render_study_yaml(kind, "t"))["data"]["fields"]
+    assert set(fields) == set(FieldsConfig.model_fields) - {"image"}

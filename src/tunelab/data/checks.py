@@ -257,6 +257,14 @@ def check_targets(read: RowsRead) -> list[str]:
             hint=f"fix {against} in study.yaml (every answer would fail it), or check that "
             f"data.fields.target ({data.fields.target!r}) names the answer column",
         )
+    empty = [row for row, _ in bad if not row.target.strip()]
+    if empty and data.invalid_targets == "keep":
+        raise DataError(
+            f"{len(empty)} gold target(s) are empty, e.g. {empty[0].where} (field "
+            f"{data.fields.target!r}): an empty answer can be neither trained on nor scored, "
+            "so data.invalid_targets: keep does not keep it",
+            hint="write the answer in those rows, or remove the rows, then run `tunelab data`",
+        )
     if data.invalid_targets == "keep":
         return [
             f"{len(bad)} target(s) do not satisfy {against} (kept: data.invalid_targets is "

@@ -65,6 +65,21 @@ def regex_mismatch(pattern: re.Pattern[str], text: str) -> str | None:
     return f"does not match task.regex (starts {preview(text, 40)})"
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """JSON values equal as JSON means them: numbers by value (`1` = `1.0`), but `true` is no
+    `1` (Python's `True == 1` would count a wrong answer right), objects key by key, arrays in
+    order."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        return False
+    return a == b
+
+
 def target_string(example: dict[str, Any]) -> str:
     target = example.get("target")
     if isinstance(target, (dict, list)):
@@ -139,7 +154,7 @@ class FormatTask(Task):
                 gold = gold_text
         else:
             gold = gold_text.strip()
-        exact = parsed.get("value") == gold if parsed.get("failure") != "parse_error" else False
+        exact = parsed.get("failure") != "parse_error" and same_json(parsed.get("value"), gold)
         return {
             "valid": bool(parsed.get("valid")),
             "json_valid": parsed.get("json_valid"),
