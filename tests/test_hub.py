@@ -558,3 +558,23 @@ def test_models_prints_a_long_repo_id_whole_at_80_columns(
     assert code == 0, err
     assert long_id in out.splitlines() and REPO in out.splitlines()
     assert COMMIT_B[:12] in out and all(len(line) <= 80 for line in out.splitlines()[1:])
+
+
+@pytest.mark.parametrize("ref", ["", "../../outside", "/abs", "a/../b", "main.lock", "-x"])
+def test_hub_cache_refuses_a_ref_that_is_no_branch_name_before_writing(
+    tmp_path, tiny_llama_dir, capsys, ref
+):
+    cache = tmp_path / "hub"
+    with pytest.raises(ConfigError, match="is not a branch or tag name"):
+        write_snapshot(tiny_llama_dir, "org/x", refs=(ref,), cache_dir=cache)
+    assert not cache.exists()  # nothing written, inside the cache or out of it
+    assert not (tmp_path / "outside").exists()
+    code, _, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "org/x", "--ref", ref)
+    assert code == 2 and "--ref" in err
+
+
+def test_hub_cache_takes_nested_refs_and_says_a_commit_is_lowercase(tmp_path, tiny_llama_dir):
+    snap = write_snapshot(tiny_llama_dir, "org/x", refs=("release/v1.0",), cache_dir=tmp_path)
+    assert (tmp_path / "models--org--x" / "refs" / "release" / "v1.0").read_text() == snap.commit
+    with pytest.raises(ConfigError, match="40 hex digits in lowercase"):
+        write_snapshot(tiny_llama_dir, "org/x", commit="A" * 40, cache_dir=tmp_path)
