@@ -127,6 +127,17 @@ def test_format_json_schema_strict():
     assert task.verdicts(task.parse('{"answer": "no"}'), ex)["exact_match"] is False
 
 
+def test_format_json_answer_is_read_as_strictly_as_the_gold():
+    task = get_task(make_cfg("format", json_schema={"type": ["object", "number"]}))
+    for raw, says in (
+        ('{"answer": "a", "answer": "b"}', "key 'answer' given twice"),
+        ("NaN", "NaN is not a JSON value"),
+        ('{"answer": "a"', "at line 1, column 15"),
+    ):
+        parsed = task.parse(raw)
+        assert parsed["failure"] == "parse_error" and says in parsed["error"], parsed
+
+
 def test_format_exact_match_tells_true_from_1():
     task = get_task(make_cfg("format", json_schema={"type": "object"}))
     ex = {"id": "1", "text": "q", "target": '{"n": 1, "ok": true, "xs": [1, 2]}'}

@@ -15,6 +15,7 @@ from jsonschema import validators
 
 from tunelab.config import json_schema_problem, regex_problem
 from tunelab.errors import ConfigError, DataError, preview
+from tunelab.strict_load import ParseProblem, loads_json
 from tunelab.tasks.base import Task, failure
 
 
@@ -129,11 +130,10 @@ class FormatTask(Task):
                 "json_valid": None,
             }
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return failure(
-                "parse_error", f"not JSON: {exc.msg} at char {exc.pos}", json_valid=False
-            )
+            value = loads_json(text)  # as strict as the gold check: no NaN, no key twice
+        except ParseProblem as exc:
+            where = f" at {exc.place()}" if exc.place() else ""
+            return failure("parse_error", f"not JSON: {exc.problem}{where}", json_valid=False)
         errors = schema_errors(self.validator, value)
         if errors:
             return {
@@ -149,8 +149,8 @@ class FormatTask(Task):
         gold_text = self.target_text(example)
         if self.pattern is None:
             try:
-                gold: Any = json.loads(gold_text)
-            except json.JSONDecodeError:
+                gold: Any = loads_json(gold_text)
+            except ParseProblem:
                 gold = gold_text
         else:
             gold = gold_text.strip()
