@@ -603,3 +603,16 @@ def test_a_hub_target_column_datasets_would_retype_is_refused(hub_cache, tmp_pat
     assert not (root / "records" / "data").exists() or not any(
         (root / "records" / "data").iterdir()
     )
+
+
+def test_check_export_base_missing_from_the_cache_names_the_option(hub_cache):
+    from tunelab.export.check import resolve_base_arg
+
+    manifest = {"base": {"hub": {"repo_id": REPO, "commit": COMMIT_A}, "patterns": ["*"]}}
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg(f"{REPO}@v9", manifest)
+    assert f"pass --base {REPO}@REV, REV one of them" in exc.value.hint
+    assert "model.revision" not in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg("tunelab-test/tiny-lama", manifest)
+    assert exc.value.hint.startswith(f"--base: the cache holds {REPO}")
