@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, register_study, run_cli
+from helpers import filled_hypothesis, register_study, run_cli
 from tunelab import hypothesis as hyp
 from tunelab import metrics as M
 from tunelab.data import load_snapshot
@@ -29,7 +30,7 @@ LABELS = ["business", "sport", "tech"]
 
 def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["model"]["path"] = str(model_dir)
     raw["model"]["architecture"] = "encoder" if kind == "classification" else "causal_lm"
     raw["preprocess"]["max_seq_len"] = 96
@@ -401,7 +402,7 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
     ]
     (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", "stage"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
     raw["data"]["cleaning"] = []
@@ -645,7 +646,33 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert f"{n} of {n} gold answers are longer than evaluation.max_new_tokens (8)" in " ".join(
         err.split()
     )
-    assert "generated tokens" in out
+    # decoding steps, batch by batch (a batch steps until its last row ends), not tokens
+    from tunelab.records import read_json
+
+    (baseline,) = Study.open(study.root).list_runs("baseline")
+    runs = Study.open(study.root).runs_dir
+    gen = read_json(runs / baseline.id / "metrics-validation.json")["generation"]
+    assert re.search(
+        rf"decoding steps +│ {gen['steps']} in {len(gen['batches'])} batches \(the gold", out
+    ), out
     assert run_cli(capsys, "report", "-s", study.root)[0] == 0
     md = (study.root / "report" / "dossier.md").read_text()
     assert f"{n} of the {n} evaluated validation answers are longer than" in md
+
+
+def test_an_unscorable_gold_stops_the_evaluation_before_any_decoding(tmp_path, tiny_llama_dir):
+    """A gold that gives a key twice (let in by data.invalid_targets: keep) is named before a
+    single answer is generated, not after the whole split is decoded, nor read last-wins."""
+    from tunelab.errors import DataError
+    from tunelab.evaluate import evaluate_model
+
+    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
+    model, tok, base = load(study)
+    examples = extraction_examples()
+    examples[-1]["target"] = '{"sender": "a@x.org", "subject": "Hi", "subject": "Re: Hi"}'
+    calls = []
+    with pytest.raises(DataError, match="'x4'.*key 'subject' given twice"):
+        evaluate_model(
+            model, tok, base, study, examples, "validation", progress=lambda *a: calls.append(a)
+        )
+    assert calls == []

@@ -22,7 +22,7 @@ from tunelab.data.splits import (
     split_by_hash,
     unit_hash,
 )
-from tunelab.errors import ConfigError
+from tunelab.errors import ConfigError, DataError
 from tunelab.guardrails import check_guardrails
 from tunelab.tasks import ExtractionTask, find_json_object
 from tunelab.tasks.alignment import align
@@ -45,6 +45,10 @@ from tunelab.tasks.schema_scoring import SchemaScorer
         ('{"a": {"b": 1}, "c": "cut', "truncated", None),  # not the inner object
         ("```json\n{'a': 1}\n```", "invalid_json", None),
         ('{"a": NaN}', "invalid_json", None),
+        # a key given twice: neither value is taken, nor the object after it
+        ('{"a": 1, "a": 2}', "invalid_json", None),
+        ('{"a": {"b": 1, "b": 2}} then {"a": 3}', "invalid_json", None),
+        ('[{"a": 1, "a": 2}]', "invalid_json", None),
         ('[{"a": 1}]', "not_an_object", [{"a": 1}]),  # a list holding the object
         ("```json\n[1, 2]\n```", "not_an_object", [1, 2]),
         ("42", "not_an_object", 42),
@@ -58,6 +62,35 @@ def test_reader(raw, failure, value):
     found = find_json_object(raw)
     assert (found.failure, found.value) == (failure, value)
     assert (found.error is None) == (failure is None)
+
+
+def test_a_key_given_twice_is_named_and_ends_the_generation():
+    from tunelab.tasks.json_text import answer_complete
+
+    found = find_json_object('{"list_id": null, "list_id": "x.org"}')
+    assert "key 'list_id' given twice" in found.error
+    assert answer_complete('{"a": 1, "a": 2}')  # no continuation can make it readable
+    assert not answer_complete('{"a": 1, "a": ')
+
+
+def test_a_gold_target_is_read_strictly():
+    """A gold object is exactly one JSON object: a key given twice does not take its last
+    value, and prose or a fence around it (which answers may have) is refused."""
+    task = ExtractionTask("x", {"type": "object", "required": ["a"]})
+    for target, problem in [
+        ('{"a": 1, "a": 2}', "key 'a' given twice"),
+        ('{"a": {"b": 1, "b": 1}}', "key 'b' given twice"),
+        ('Gold: {"a": 1}', "Expecting value at line 1, column 1"),
+        ('```json\n{"a": 1}\n```', "Expecting value"),
+        ('{"a": NaN}', "NaN"),
+        ('["a"]', "a JSON array, not an object"),
+    ]:
+        with pytest.raises(DataError, match="'g1': the target is not a JSON object") as err:
+            task.gold({"id": "g1", "target": target})
+        assert problem in err.value.message, target
+        (p,) = task.target_problems([{"id": "g1", "target": target}])
+        assert p["kind"] == "target_not_json" and problem in p["message"]
+    assert task.gold({"id": "g2", "target": ' {"a": "2"}\n'}) == {"a": "2"}  # no coercion
 
 
 def test_stray_fence_parses_as_the_full_fence_does():
@@ -101,7 +134,8 @@ VALUE_CASES = [
     # booleans and null: exactly (true is not 1)
     (ANY, True, 1, {}, dict(slots=1, present=1, pred=1, gold=1, wrong_type=1)),
     (ANY, True, True, {}, dict(slots=1, present=1, exact=1, match=1, tp=1, pred=1, gold=1)),
-    (ANY, None, None, {}, dict(slots=1, exact=1, match=1)),
+    # a null gold answered null: not present, but answered (presence rates count it)
+    (ANY, None, None, {}, dict(slots=1, empty_match=1, exact=1, match=1)),
     (ANY, None, "", {}, dict(slots=1, wrong_type=1)),
     (ANY, None, ..., {}, dict(slots=1, missing=1)),
     (ANY, "x", None, {}, dict(slots=1, gold=1, wrong_type=1)),
@@ -214,9 +248,28 @@ def test_order_matters_only_when_asked():
     )
 
 
+@pytest.mark.parametrize(
+    "coords",
+    [
+        {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}]},
+        {"type": "array", "items": [{"type": "number"}, {"type": "number"}]},  # draft 7
+    ],
+)
+def test_a_tuple_is_compared_position_by_position(coords):
+    """[lat, lon] answered [lon, lat] is wrong: a tuple's positions are not a multiset."""
+    schema = {"type": "object", "required": ["at"], "properties": {"at": coords}}
+    if isinstance(coords["items"] if "items" in coords else None, list):
+        schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    task = ExtractionTask("x", schema)
+    gold = {"id": "1", "target": '{"at": [48.8, 2.3]}'}
+    swapped = task.verdicts(task.parse('{"at": [2.3, 48.8]}'), gold)
+    assert not swapped["correct"] and swapped["paths"]["at"]["wrong_value"] == 1
+    assert task.verdicts(task.parse('{"at": [48.8, 2.3]}'), gold)["correct"]
+
+
 EMPTY_CASES = [
     # gold is []: only [] is right, and each wrong answer is its own kind
-    ("[]", [], c(slots=1, exact=1, match=1)),
+    ("[]", [], c(slots=1, empty_match=1, exact=1, match=1)),
     ("null", None, c(slots=1, wrong_type=1)),
     ("missing key", MISSING_KEY, c(slots=1, missing=1)),
     ("not JSON", "garbage", c(slots=1, not_json=1)),
@@ -228,6 +281,35 @@ EMPTY_CASES = [
 @pytest.mark.parametrize("name,answer,counts", EMPTY_CASES, ids=[x[0] for x in EMPTY_CASES])
 def test_empty_gold(name, answer, counts):
     assert _lists([], answer) == (counts, {}, {})
+
+
+def test_a_right_null_is_a_present_field():
+    """A nullable field whose gold is null, answered null, is answered: a perfect answer has
+    presence 1, so a variant that stops inventing values does not lose presence."""
+    schema = {
+        "type": "object",
+        "required": ["list_id", "name"],
+        "properties": {"list_id": {"type": ["string", "null"]}, "name": {"type": "string"}},
+    }
+    task = ExtractionTask("x", schema)
+    golds = ['{"list_id": null, "name": "a"}', '{"list_id": "l.org", "name": "b"}']
+
+    def metrics(answers):
+        verdicts = [
+            task.verdicts(task.parse(a), {"id": str(i), "target": g})
+            for i, (g, a) in enumerate(zip(golds, answers, strict=True))
+        ]
+        return M.extraction_metrics(verdicts, task.fields, task.paths)
+
+    perfect = metrics(golds)
+    assert perfect["field_presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["precision"] == 1.0  # a null is no prediction
+    invented = metrics(['{"list_id": "x.org", "name": "a"}', golds[1]])
+    assert invented["per_field"]["list_id"]["presence_rate"] == 1.0  # given, though wrong
+    assert invented["per_field"]["list_id"]["precision"] == 0.5
+    dropped = metrics(['{"list_id": null, "name": "a"}', '{"list_id": null, "name": "b"}'])
+    assert dropped["per_field"]["list_id"]["presence_rate"] == 0.5
 
 
 def test_empty_gold_in_every_metric():
@@ -706,7 +788,13 @@ def test_targets_inspect_refuses():
         "cut": "target_not_json",
         "off": "target_schema_error",
     }
-    assert "not_an_object" in problems["list"]["message"]
-    assert "truncated" in problems["cut"]["message"]
+    assert "a JSON array, not an object" in problems["list"]["message"]
+    assert "line 1, column 17" in problems["cut"]["message"]
     assert "quantities/0/value" in problems["off"]["message"]
     assert task.categories(rows[:1] + rows[3:]) == ["quantities empty", "quantities filled"]
+    # never "all", the name of inspect's overall row
+    assert task.categories(rows[:2] + [{"id": "none", "target": "{}"}]) == [
+        "quantities empty",
+        "(target not a JSON object)",
+        "(no list or nullable field)",
+    ]

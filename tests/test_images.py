@@ -438,7 +438,7 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
 def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
     import shutil
 
-    from helpers import FILLED_HYPOTHESIS
+    from helpers import filled_hypothesis
 
     root = tmp_path / "s"
     code, out, err = run_cli(capsys, "init", root, "--task", "image_classification")
@@ -456,7 +456,7 @@ def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_d
     augment = raw["preprocess"]["image"]
     assert augment["train_random_crop"] and augment["train_flip"]
     assert run_cli(capsys, "register", "-s", root)[0] == 2  # the TODO hypothesis is refused
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     for args in (["register"], ["data"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args

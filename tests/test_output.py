@@ -285,3 +285,21 @@ def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp
     m = build_snapshot(study)
     assert m["duplicates"]["near_pairs"] == 1
     assert "punctuation" in m["dedup"]["shingle_normalization"]
+
+
+def test_runs_lists_every_id_and_parent_whole_and_each_reason(tmp_path, capsys):
+    from tunelab.study import Study
+
+    run_cli(capsys, "init", tmp_path / "s")
+    study = Study.open(tmp_path / "s")
+    base = study.create_run("baseline")
+    base.set_status("completed")
+    child = study.create_run("train", name="lora-rank-16-all-linear", parent=base.id)
+    reason = "the update check failed: " + "a frozen tensor moved, " * 6 + "see status.json"
+    child.set_status("failed", reason)
+    code, out, err = run_cli(capsys, "runs", "-s", tmp_path / "s")
+    assert code == 0, err
+    assert_fits(out)
+    assert "…" not in out
+    assert base.id in out and f"from {base.id}" in out and child.id in out
+    assert reason in " ".join(out.split())

@@ -473,7 +473,7 @@ def write_study(root: Path, model_dir: Path) -> Path:
         text = f"From: {who}@example.com\nSubject: s{i}\n\nMessage {i}: " + "word " * (i % 9)
         target = json.dumps({"sender": f"{who}@example.com", "subject": f"s{i}"})
         rows.append({"id": f"m{i}", "text": text, "target": target})
-    training = {"micro_batch_size": 4, "grad_accum_steps": 1, "max_steps": 4, "num_threads": 1}
+    training = {"micro_batch_size": 4, "max_steps": 4, "warmup_steps": 1, "num_threads": 1}
     return write_extraction_study(root, model_dir, "size-test", rows, training=training)
 
 

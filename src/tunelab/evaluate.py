@@ -288,6 +288,8 @@ def evaluate_model(
             hint="check the data snapshot (`tunelab data`) and evaluation.max_examples",
         )
     task = get_task(cfg, _task_labels(study, labels))
+    if task.kind == "extraction":
+        task.check_golds(rows)  # an unscorable gold stops here, not after minutes of decoding
     architecture = base.architecture
     pre = Preprocessor(tokenizer, cfg, task, architecture)
     check_template_match(expect_template_sha256, pre.template_sha256)

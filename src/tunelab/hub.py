@@ -8,6 +8,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -168,7 +169,8 @@ def download(
         reason = "offline (HF_HUB_OFFLINE=1)" if offline else "the hub cannot be reached"
         raise err(
             f"{where}: {reason} and not in the cache {hub_cache_dir()}",
-            hint=f"fill the cache where the hub is reachable: `{fill_command(repo_id, revision, repo_type)}` "
+            hint=cached_instead(repo_id, revision, repo_type, field)
+            + f"fill the cache where the hub is reachable: `{fill_command(repo_id, revision, repo_type)}` "
             "(or unset HF_HUB_OFFLINE); HF_HUB_CACHE / HF_HOME choose the cache folder",
         ) from None
     except HfHubHTTPError as exc:
@@ -179,6 +181,29 @@ def download(
         ) from None
     path = Path(path)
     return HubSnapshot(repo_id, repo_type, revision, path.name, path)
+
+
+def cached_instead(repo_id: str, revision: str, repo_type: str, field: str) -> str:
+    """What the cache holds in place of `repo_id@revision`, as the start of a hint: the repo's
+    cached refs and commits (a revision not in the cache), or cached repos whose id is close
+    (a typo in the id); empty when there is nothing near."""
+    folder = repo_folder(repo_id, repo_type)
+    if folder.is_dir():
+        refs = sorted(p.relative_to(folder / "refs").as_posix() for p in folder.glob("refs/**/*"))
+        commits = sorted(p.name for p in folder.glob("snapshots/*") if p.is_dir())
+        held = ", ".join(refs + commits) or "no revision"
+        revision_field = "data.source.revision" if repo_type == "dataset" else "model.revision"
+        return f"the cache holds {repo_id} at {held} (set {revision_field} to one of them); or "
+    prefix = f"{repo_type}s--"
+    cached = [
+        p.name[len(prefix) :].replace("--", "/", 1)
+        for p in hub_cache_dir().glob(f"{prefix}*")
+        if p.is_dir()
+    ]
+    near = difflib.get_close_matches(repo_id, cached, n=3, cutoff=0.8)
+    if not near:
+        return ""
+    return f"{field}: the cache holds {', '.join(near)}; or "
 
 
 def listed_files(snapshot: HubSnapshot) -> list[str] | None:

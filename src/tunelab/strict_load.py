@@ -180,11 +180,16 @@ _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class DuplicateKey(ParseProblem):
+    """A key given twice in one JSON object (which of its values counts is undefined)."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads` object_pairs_hook: the object, or DuplicateKey for a key given twice."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ParseProblem(f"key {preview_key(key)} given twice in one object")
+            raise DuplicateKey(f"key {preview_key(key)} given twice in one object")
         out[key] = value
     return out
 
@@ -214,7 +219,7 @@ def loads_json(text: str) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH and json_depth(text) > MAX_DEPTH:
         raise ParseProblem(f"nested {json_depth(text)} levels deep (at most {MAX_DEPTH})")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
     except ParseProblem:
         raise
     except json.JSONDecodeError as exc:

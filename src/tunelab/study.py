@@ -23,6 +23,7 @@ from typing import Any
 from tunelab.config import StudyConfig, contradictions, load_config, resolve_path, sha256_json
 from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
+from tunelab.metrics import study_metric_problems
 from tunelab.records import read_json, write_json_atomic
 
 RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
@@ -41,7 +42,12 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     from tunelab.models.quantize import qlora_problems
     from tunelab.tasks import task_problems
 
-    problems = contradictions(cfg) + task_problems(cfg.task) + qlora_problems(cfg)
+    problems = (
+        contradictions(cfg)
+        + task_problems(cfg.task)
+        + study_metric_problems(cfg)
+        + qlora_problems(cfg)
+    )
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:

@@ -89,6 +89,7 @@ data:
     format: {source_format}   # jsonl | csv | parquet | folder (one folder per label) | hf_disk
     path: {source_path}
   fields:                     # column names in the source
+    id: null                  # a column with a stable id per example (null: a content hash)
     text: text
     label: {label_field}
     target: {target_field}
@@ -176,7 +177,8 @@ _TASKS = {
     "format": dict(
         task_block='  instruction: "Answer with a JSON object."\n'
         "  json_schema: {type: object, required: [answer], properties: {answer: {type: string}}}\n"
-        "  regex: null                # or a regular expression instead of json_schema\n",
+        "  regex: null                # or a Python regular expression the whole answer must\n"
+        "                             # match (then json_schema: null), e.g. '(spam|ham)'\n",
         metric="format_valid_rate",
         guardrails='  - {metric: format_valid_rate, scope: overall, op: ">=", value: 0.99}\n',
         source_format="jsonl",

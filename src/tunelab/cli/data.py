@@ -64,9 +64,10 @@ def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
     if m.get("unchanged"):
         console.print(f"snapshot [bold]{m['snapshot_id']}[/] unchanged (same inputs and rules)")
     src = m["source"]
+    hub = src.get("hub")
+    where = f"{hub['repo_id']}@{hub['commit'][:12]}" if hub else src["path"]
     console.print(
-        f"read {c['rows_read']} rows from {src['num_files']} file(s) ({src['format']}: "
-        f"{src['path']})"
+        f"read {c['rows_read']} rows from {src['num_files']} file(s) ({src['format']}: {where})"
     )
     if src.get("replaced_invalid_utf8_bytes"):
         console.print(

@@ -42,8 +42,9 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         rows.insert(
             -1,
             [
-                "generated tokens (gold answers')",
-                f"{gen['steps']} in {len(gen['batches'])} batches ({gen['answer_steps']})",
+                "decoding steps",  # a batch steps until its last row ends: not a token count
+                f"{gen['steps']} in {len(gen['batches'])} batches (the gold answers would "
+                f"take {gen['answer_steps']})",
             ],
         )
         rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])

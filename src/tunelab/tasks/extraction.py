@@ -2,7 +2,8 @@
 
 Parsing is forgiving about the wrapping and strict about the content: the object is read from
 free text by `json_text.find_json_object` (fences, prose before or after), then must satisfy
-the schema. Failure kinds of `parse`: `empty`, `parse_error` (no JSON object can be read; the
+the schema. A gold target is read strictly (`strict_load.loads_json`, as `tunelab data` checks
+it): the whole target is one JSON object, a key given twice is refused, not last-wins. Failure kinds of `parse`: `empty`, `parse_error` (no JSON object can be read; the
 reader's own kind is in `json_failure`), `not_an_object`, `schema_error`. Scoring follows the
 schema path by path (`schema_scoring.SchemaScorer`), with `task.scoring` options.
 """
@@ -13,12 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tunelab.errors import DataError
+from tunelab.strict_load import ParseProblem, loads_json
 from tunelab.tasks.base import Task, failure
 from tunelab.tasks.format import make_validator, schema_errors, target_string
-from tunelab.tasks.json_text import find_json_object
+from tunelab.tasks.json_text import find_json_object, json_type
 from tunelab.tasks.schema_scoring import SchemaScorer, is_present
 
-NO_KINDS = "all"
+# inspect's categories besides the target kinds: apart from its overall "all" row
+NO_KINDS = "(no list or nullable field)"
+NOT_JSON = "(target not a JSON object)"
 
 
 class ExtractionTask(Task):
@@ -86,14 +90,22 @@ class ExtractionTask(Task):
         }
 
     def gold(self, example: dict[str, Any]) -> dict[str, Any]:
-        """The example's gold object, read by the same reader as the answers."""
-        found = find_json_object(self.target_text(example))
-        if found.failure is not None or not isinstance(found.value, dict):
+        """The example's gold object. Raises DataError when the target is not exactly one JSON
+        object (a key given twice included): no answer could be scored against it."""
+        value, problem = read_gold(self.target_text(example))
+        if problem is not None:
             raise DataError(
-                f"example {example.get('id')!r}: the target is not a JSON object ({found.error})",
-                hint="fix the example's target column; it must be a JSON object string",
+                f"example {example.get('id')!r}: the target is not a JSON object ({problem})",
+                hint="fix the target in the data (or drop the row), then rebuild the snapshot "
+                "with `tunelab data`; data.invalid_targets: keep lets such targets in",
             )
-        return found.value
+        return value
+
+    def check_golds(self, examples: Sequence[dict[str, Any]]) -> None:
+        """Raise `gold`'s DataError for the first example whose target cannot be scored: an
+        evaluation checks every gold before it generates any answer."""
+        for example in examples:
+            self.gold(example)
 
     def verdicts(self, parsed: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
         """Per-example verdicts: the parse outcome, the counts of every path (`paths`, see
@@ -125,20 +137,28 @@ class ExtractionTask(Task):
         """The target's kinds that scoring treats apart (`SchemaScorer.target_kinds`); none
         for a target that is not a JSON object (evaluation refuses it, inspect reports it)."""
         try:
-            found = find_json_object(self.target_text(example))
+            value, problem = read_gold(self.target_text(example))
         except DataError:
             return []
-        if not isinstance(found.value, dict) or found.failure is not None:
-            return []
-        return self.scorer.target_kinds(found.value)
+        return [] if problem is not None else self.scorer.target_kinds(value)
 
     def categories(self, rows: Sequence[dict[str, Any]]) -> list[str] | None:
-        """Inspect's category of each unlabelled row: its target kinds, e.g. `list null`
-        (None for labelled rows or a schema without list or nullable fields)."""
+        """Inspect's category of each unlabelled row: its target kinds, e.g. `list null`, else
+        NO_KINDS, or NOT_JSON for a target no answer can be scored against (None for labelled
+        rows or when every row is NO_KINDS)."""
         if any(r.get("label") is not None for r in rows):
             return None
-        kinds = [", ".join(self.target_kinds(r)) for r in rows]
-        return [k or NO_KINDS for k in kinds] if any(kinds) else None
+        out = [self._category(r) for r in rows]
+        return None if all(c == NO_KINDS for c in out) else out
+
+    def _category(self, row: dict[str, Any]) -> str:
+        try:
+            value, problem = read_gold(self.target_text(row))
+        except DataError:
+            return NOT_JSON
+        if problem is not None:
+            return NOT_JSON
+        return ", ".join(self.scorer.target_kinds(value)) or NO_KINDS
 
     def target_problems(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         """Targets that can never be matched: not read as a JSON object by the answers' reader,
@@ -146,20 +166,19 @@ class ExtractionTask(Task):
         out = []
         for r in rows:
             where = str(r.get("id"))
-            found = find_json_object(target_string(r))
-            if found.failure is not None:
+            value, problem = read_gold(target_string(r))
+            if problem is not None:
                 out.append(
                     {
                         "example_id": where,
                         "kind": "target_not_json",
-                        "message": f"the target is not a JSON object ({found.failure}: "
-                        f"{found.error})",
+                        "message": f"the target is not a JSON object ({problem})",
                         "fix": "make the target column a JSON object string, then rebuild "
                         "the snapshot with `tunelab data`",
                     }
                 )
                 continue
-            errors = schema_errors(self.validator, found.value)
+            errors = schema_errors(self.validator, value)
             if errors:
                 out.append(
                     {
@@ -174,3 +193,16 @@ class ExtractionTask(Task):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "paths": self.paths}
+
+
+def read_gold(target: str) -> tuple[dict[str, Any], None] | tuple[None, str]:
+    """(the gold object, None) or (None, what is wrong): the target must be one JSON object,
+    read strictly (no prose or fence around it, no key given twice, no NaN)."""
+    try:
+        value = loads_json(target)
+    except ParseProblem as exc:
+        place = exc.place()
+        return None, f"{exc.problem}" + (f" at {place}" if place else "")
+    if not isinstance(value, dict):
+        return None, f"a JSON {json_type(value)}, not an object"
+    return value, None

@@ -5,7 +5,9 @@ sentence before it, a remark after it. Fences are treated as prose, so every wra
 same. The answer is the first `{` whose braces close (outside JSON strings) on text that parses;
 a candidate that closes but does not parse (e.g. `{the answer}`) is skipped along with the
 braces inside it. A `{` that never closes is the end of the search: an answer cut by the
-generation budget must not be replaced by an object nested inside it.
+generation budget must not be replaced by an object nested inside it. An object that gives a
+key twice (`{"a": 1, "a": 2}`) is the answer and `invalid_json`: which value counts is
+undefined, so neither is taken (nor a later object).
 
 Failure kinds (`FAILURE_KINDS`): `empty` (blank output), `no_json` (no object and no other JSON
 value), `truncated` (an object that never closes), `invalid_json` (objects close but none
@@ -18,6 +20,8 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from tunelab.strict_load import DuplicateKey, no_duplicate_keys
 
 FAILURE_KINDS = ("empty", "no_json", "truncated", "invalid_json", "not_an_object")
 # a fence marker, with its language tag, at the start of the text
@@ -56,8 +60,9 @@ def _reject_constant(name: str) -> Any:
 
 
 def _loads(text: str) -> Any:
-    """json.loads without the NaN / Infinity extensions Python accepts."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """json.loads without the NaN / Infinity extensions Python accepts, and refusing a key
+    given twice in one object (DuplicateKey) rather than keeping its last value."""
+    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=no_duplicate_keys)
 
 
 def _closing_brace(text: str, start: int) -> int | None:
@@ -93,7 +98,12 @@ def _leading_array(text: str) -> FoundJson | None:
     if not text.startswith("[", at):
         return None
     try:
-        value, end = json.JSONDecoder(parse_constant=_reject_constant).raw_decode(text, at)
+        decoder = json.JSONDecoder(
+            parse_constant=_reject_constant, object_pairs_hook=no_duplicate_keys
+        )
+        value, end = decoder.raw_decode(text, at)
+    except DuplicateKey as exc:
+        return FoundJson(None, "invalid_json", f"broken JSON: {exc.problem}", at)
     except (json.JSONDecodeError, ValueError):
         return None
     return FoundJson(value, "not_an_object", "expected a JSON object, found an array", at, end)
@@ -128,6 +138,9 @@ def find_json_object(raw: str | None) -> FoundJson:
             )
         try:
             value = _loads(text[at : close + 1])
+        except DuplicateKey as exc:  # the answer, ambiguous: no later object replaces it
+            where = f"broken JSON: {exc.problem} (the object at char {at})"
+            return FoundJson(None, "invalid_json", where, at, close + 1)
         except json.JSONDecodeError as exc:
             first_invalid = first_invalid or f"broken JSON: {exc.msg} at char {at + exc.pos}"
         except ValueError as exc:
@@ -152,4 +165,4 @@ def answer_complete(text: str) -> bool:
     if not opening or opening.startswith("["):
         return False
     found = find_json_object(text)
-    return found.failure is None and found.end is not None
+    return found.end is not None  # an object read, or one that gives a key twice

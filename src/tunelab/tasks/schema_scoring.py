@@ -13,13 +13,15 @@ Rules for one value (gold g, answer a):
 - lists are multisets: gold and answer items are paired one to one (`alignment.align`) to
   maximize first the number of items that match whole, then the number of agreeing fields; a
   list matches when every gold item is paired with a whole match and no answer item is left
-  over. A list path named in `ordered` pairs items by position instead.
+  over. A list path named in `ordered` pairs items by position instead, and so does a tuple
+  (`prefixItems`, or `items` given as a list): its positions mean different things.
 Each judged place (a slot) gets one verdict: a match, or a failure kind: `missing` (the key is
 absent), `wrong_type`, `wrong_value` (same type, other value) or `not_json` (the output held no
 JSON object). Fields inside a missing or mistyped object inherit its failure kind.
 
 Per path and example, `score` counts (all ints): `slots`, `present` (answer value not null,
-blank, [] or {}), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
+blank, [] or {}), `empty_match` (the gold is null, blank, [] or {} and the answer matches it:
+the field is answered, though not present; presence rates count both), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
 `pred`, `gold` for precision and recall: for a list path they count items (a true positive is a
 gold item paired with an answer item that matches it whole); elsewhere present values (a true
 positive is a present answer value matching a present gold value). Sub-fields of list items are
@@ -40,9 +42,19 @@ from tunelab.errors import ConfigError
 from tunelab.tasks.alignment import align
 from tunelab.tasks.json_text import json_type
 
-SCORING_VERSION = "tunelab-extraction/2"
+SCORING_VERSION = "tunelab-extraction/3"
 SLOT_FAILURES = ("missing", "wrong_type", "wrong_value", "not_json")
-COUNT_KEYS = ("slots", "present", "exact", "match", "tp", "pred", "gold", *SLOT_FAILURES)
+COUNT_KEYS = (
+    "slots",
+    "present",
+    "empty_match",
+    "exact",
+    "match",
+    "tp",
+    "pred",
+    "gold",
+    *SLOT_FAILURES,
+)
 LIST_KINDS = ("list", "list_of_objects")
 
 
@@ -128,6 +140,7 @@ class SchemaScorer:
         self.root = schema
         self.fields: list[str] = [str(f) for f in schema.get("required") or []]
         self.paths: dict[str, PathSpec] = {}
+        self.tuples: set[str] = set()  # list paths whose schema gives each position its own
         for key in self.fields:
             self._walk(self.child(schema, key), key, depth=0)
         self.ordered = frozenset(ordered)
@@ -208,6 +221,8 @@ class SchemaScorer:
             for key in _named(node) or []:
                 self._walk(self.child(node, key), join_path(path, key), depth + 1)
         elif kind in LIST_KINDS:
+            if "prefixItems" in node or isinstance(node.get("items"), list):
+                self.tuples.add(path)
             item = self.items(node)
             if kind == "list_of_objects":
                 for key in _named(item) or []:
@@ -270,10 +285,10 @@ class SchemaScorer:
         self, node: Mapping[str, Any], path: str, gold: list[Any], answer: list[Any]
     ) -> list[tuple[int, int, bool]]:
         """(gold index, answer index, matches whole) for each paired item of the list at
-        `path`: by position for an ordered path, else by `align` on (whole matches, agreeing
-        fields)."""
+        `path`: by position for an ordered path or a tuple, else by `align` on (whole matches,
+        agreeing fields)."""
         item, item_path = self.items(node), f"{path}[]"
-        if path in self.ordered:
+        if path in self.ordered or path in self.tuples:
             return [
                 (i, i, self.same(item, item_path, gold[i], answer[i]))
                 for i in range(min(len(gold), len(answer)))
@@ -364,6 +379,7 @@ class SchemaScorer:
         if failure:
             c[failure] += 1
         c["match"] += matched
+        c["empty_match"] += matched and not is_present(gold)
         if as_list:
             c["gold"] += len(gold) if gold_type == "array" else 0
             c["pred"] += len(answer) if given and isinstance(answer, list) else 0
