@@ -578,3 +578,41 @@ def test_hub_cache_takes_nested_refs_and_says_a_commit_is_lowercase(tmp_path, ti
     assert (tmp_path / "models--org--x" / "refs" / "release" / "v1.0").read_text() == snap.commit
     with pytest.raises(ConfigError, match="40 hex digits in lowercase"):
         write_snapshot(tiny_llama_dir, "org/x", commit="A" * 40, cache_dir=tmp_path)
+
+
+def test_a_hub_target_column_datasets_would_retype_is_refused(hub_cache, tmp_path, capsys):
+    """JSON lines whose targets are objects: `datasets` infers one type for the column and
+    reads the string "3" as the number 3; the data stage refuses rather than score that."""
+    folder = tmp_path / "objects"
+    folder.mkdir()
+    rows = mail_rows(6)
+    for i, r in enumerate(rows):
+        target = json.loads(r["target"])
+        r["target"] = {**target, "count": "3" if i == 1 else i}
+    (folder / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_snapshot(folder, DATA_REPO, repo_type="dataset")
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"]["split"] = None
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 2, out
+    assert "the target column 'target'" in err and "mail.jsonl" in err
+    assert "JSON string" in err
+    assert not (root / "records" / "data").exists() or not any(
+        (root / "records" / "data").iterdir()
+    )
+
+
+def test_check_export_base_missing_from_the_cache_names_the_option(hub_cache):
+    from tunelab.export.check import resolve_base_arg
+
+    manifest = {"base": {"hub": {"repo_id": REPO, "commit": COMMIT_A}, "patterns": ["*"]}}
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg(f"{REPO}@v9", manifest)
+    assert f"pass --base {REPO}@REV, REV one of them" in exc.value.hint
+    assert "model.revision" not in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg("tunelab-test/tiny-lama", manifest)
+    assert exc.value.hint.startswith(f"--base: the cache holds {REPO}")

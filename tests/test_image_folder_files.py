@@ -169,3 +169,70 @@ def test_image_duplicates_are_told_in_image_terms(tmp_path, tiny_vit_dir, capsys
     assert "identical or near-identical images carry different labels" in flat
     assert "move each image to its category's folder" in flat
     assert "Jaccard" not in flat and "shingle" not in flat and "cleaning rule" not in flat
+
+
+def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
+    tmp_path, tiny_vit_dir, capsys
+):
+    """The card's loading recipe (AutoImageProcessor on the export's tokenizer folder) gives
+    the pixel values training read, for grey and transparent pictures and the study's own
+    mean and std; a chain the processor's form cannot hold is said, not silently different."""
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.export import check_export
+    from tunelab.image_transforms import processor_config_for, processor_gap, resolve_chain
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=8)
+    colour_image(0, 77).convert("L").save(data / "red" / "grey.png")
+    own = {"mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}
+    write_image_study(
+        root, tiny_vit_dir, {"format": "folder", "path": "data"}, preprocess={"image": own}
+    )
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    run_id = json.loads(out[out.find("{") :])["run_id"]
+    assert run_cli(capsys, "eval", run_id, "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "export", run_id, "-s", root)
+    assert code == 0, err
+    export = next((root / "records" / "exports").iterdir())
+    manifest = json.loads((export / "tunelab-manifest.json").read_text())
+    assert manifest["limitations_detail"]["processor"]["matches"] is True
+    assert "pixel_values are the training transforms'" in (export / "README.md").read_text()
+    cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
+    theirs = AutoImageProcessor.from_pretrained(export / "tokenizer")
+    pre = Preprocessor(
+        AutoImageProcessor.from_pretrained(tiny_vit_dir), cfg, get_task(cfg, list(COLOURS)), "image"
+    )
+    alpha_only(5).save(tmp_path / "icon.png")
+    for path in (data / "red" / "grey.png", tmp_path / "icon.png"):
+        ours = pre.encode({"id": "x", "label": "red", "image_path": str(path), "text": "x"})
+        got = theirs(images=Image.open(path), return_tensors="np")["pixel_values"][0]
+        assert np.abs(ours["pixel_values"].numpy() - got).max() < 1e-5, path.name
+    result = check_export(export, tiny_vit_dir)
+    assert result["processor"]["matches"] and result["example"]["matches_recorded"]
+    code, out, err = run_cli(capsys, "check-export", str(export), "--base", str(tiny_vit_dir))
+    assert code == 0, err
+    assert "gives the training transforms' pixel values" in " ".join(out.split())
+    # ConvNeXt's processor holds no square resize: the gap is measured and named, not hidden
+    from transformers import ConvNextImageProcessor
+
+    convnext = ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875)
+    resized = cfg.preprocess.image.model_copy(update={"resize": 20})
+    study = cfg.model_copy(
+        update={"preprocess": cfg.preprocess.model_copy(update={"image": resized})}
+    )
+    chain = resolve_chain(convnext, study)
+    convnext.save_pretrained(tmp_path / "p")
+    path = tmp_path / "p" / "preprocessor_config.json"
+    path.write_text(json.dumps(processor_config_for(json.loads(path.read_text()), chain, resized)))
+    gap = processor_gap(AutoImageProcessor.from_pretrained(tmp_path / "p"), chain, None)
+    assert not gap["matches"] and "ConvNextImageProcessor" in gap["error"]
+    from tunelab.export.limitations import limitation_lines
+
+    (line,) = limitation_lines({"processor": gap, "verify": {"passed": True}})
+    assert "does not give the training transforms' pixel values" in line

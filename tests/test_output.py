@@ -214,6 +214,15 @@ def test_a_small_confusion_keeps_its_label_names(capsys):
     assert "numbered" not in out
 
 
+def test_one_character_labels_keep_the_gold_header_whole(capsys):
+    from tunelab.cli.evaluate import print_evaluation
+
+    print_evaluation(_evaluation_record([str(d) for d in range(10)]), "validation evaluation")
+    out = capsys.readouterr().out
+    assert_fits(out)
+    assert re.search(r"┃ gold ┃ 0 ┃ 1 ┃", out)  # digits as labels: "gold" is not folded
+
+
 def test_a_typo_in_a_set_key_names_set_as_its_source(tmp_path, capsys):
     root = tmp_path / "study"
     assert run_cli(capsys, "init", root, "--task", "classification")[0] == 0

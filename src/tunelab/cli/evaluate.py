@@ -101,7 +101,7 @@ def confusion_tables(conf: dict[str, Any], width: int) -> list[Table]:
     labels, columns, matrix = conf["labels"], conf["predicted"], conf["matrix"]
     digits = max((len(str(v)) for row in matrix for v in row), default=1)
     names = [str(label) for label in labels]
-    label_w = min(max(map(len, names), default=1), 32)
+    label_w = min(max(len("gold"), *map(len, names)), 32)
     full = label_w + 4 + sum(max(len(str(c)), digits) + 3 for c in columns)
     title = "confusion (rows: gold, columns: predicted)"
     if full <= width:

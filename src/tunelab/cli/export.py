@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tunelab.cli.common import (
     JsonOpt,
@@ -115,6 +116,14 @@ def artifact_text(manifest: dict) -> str:
     return f"whole model, {art['format']} (from_pretrained)"
 
 
+def _processor_text(p: dict) -> str:
+    """The exported image processor against the study's transforms, in a cell."""
+    if p["matches"]:
+        return f"gives the training transforms' pixel values (max diff {p['max_abs_diff']:.1e})"
+    why = p["error"] or f"max diff {p['max_abs_diff']:.2e}"
+    return f"[yellow]not the training transforms[/] ({escape(why)}): see the card"
+
+
 @app.command("check-export")
 def check_export_cmd(
     directory: Annotated[Path, typer.Argument(help="The export folder.")],
@@ -163,6 +172,8 @@ def check_export_cmd(
                     + f" (max score diff {fmt(ex['scores_max_diff'], 6)})",
                 ],
             ]
+        if result.get("processor"):
+            rows.append(["processor", _processor_text(result["processor"])])
         console.print(table("check-export", ["", ""], rows, show_header=False))
     if ex and not ex["matches_recorded"]:
         raise ExampleMismatch(

@@ -110,8 +110,9 @@ def model_card(m: Mapping[str, Any]) -> str:
         f"from transformers import {reader}, {auto}",
     ]
     lines += _load_lines(m, auto, head)
+    lines.append(f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")')
+    lines += _processor_lines((m.get("limitations_detail") or {}).get("processor"))
     lines += [
-        f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")',
         "```",
         "",
         "## Training",
@@ -171,3 +172,15 @@ def primary_verdict(primary: dict[str, Any]) -> str:
         f"{'yes' if primary.get('significant') else 'no'}); minimum improvement "
         f"{number_text(primary.get('min_improvement'))}: {threshold}."
     )
+
+
+def _processor_lines(processor: dict[str, Any] | None) -> list[str]:
+    """What the exported image processor gives, as a comment under the loading lines."""
+    if not processor:
+        return []
+    if processor.get("matches"):
+        return [
+            "# its pixel_values are the training transforms' (RGB conversion on, transparency "
+            "on white), checked at export"
+        ]
+    return ["# NOT the training transforms: see Limitations"]
