@@ -218,6 +218,25 @@ class Study:
         )
         return run
 
+    def check_new_run(self, kind: str, name: str | None, parent: str | None) -> str | None:
+        """Before a `kind` run named `name` starts: refuse a name another run of that kind has
+        (every command that takes a run by name would find two), and return the parent's id
+        (`parent` as any command takes a run: id, unique prefix or name)."""
+        taken = [r.id for r in self.ledger.list_runs(kind) if name and r.name == name]
+        if taken:
+            raise RunError(
+                f"--name {name!r} is taken by {kind} run {taken[0]}: a second one would make "
+                f"{name!r} name two runs",
+                hint=f"choose another --name; `tunelab resume {taken[0]}` continues that run if "
+                "it was interrupted",
+            )
+        if not parent:
+            return None
+        try:
+            return self.get_run(parent).id
+        except RunError as exc:
+            raise RunError(f"parent {exc.message}", hint=exc.hint) from None
+
     def get_run(self, run_id: str) -> Run:
         row = self.ledger.get_run(run_id)
         if row is None:
