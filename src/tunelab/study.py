@@ -40,6 +40,7 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     path = Path(study_dir) / "study.yaml"
     cfg = load_config(path, overrides)
     from tunelab.models.quantize import qlora_problems
+    from tunelab.pins import cache_problems
     from tunelab.tasks import task_problems
 
     problems = (
@@ -47,6 +48,7 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
         + task_problems(cfg.task)
         + study_metric_problems(cfg)
         + qlora_problems(cfg)
+        + cache_problems(cfg)
     )
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
