@@ -267,6 +267,27 @@ def test_a_tuple_is_compared_position_by_position(coords):
     assert task.verdicts(task.parse('{"at": [48.8, 2.3]}'), gold)["correct"]
 
 
+def test_a_map_with_an_invented_entry_does_not_match():
+    """An object schema naming no fields is a map: its keys are data, so an extra key is wrong
+    (an object with named fields ignores keys it does not score)."""
+    schema = {
+        "type": "object",
+        "required": ["headers", "sender"],
+        "properties": {
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "sender": {"type": "object", "required": ["address"]},
+        },
+    }
+    task = ExtractionTask("x", schema)
+    gold = {"id": "1", "target": '{"headers": {"X-A": "1"}, "sender": {"address": "a@x.org"}}'}
+    extra = '{"headers": {"X-A": "1", "X-B": "2"}, "sender": {"address": "a@x.org", "n": 1}}'
+    paths = task.verdicts(task.parse(extra), gold)["paths"]
+    assert paths["headers"].get("match", 0) == 0 and paths["headers"]["wrong_value"] == 1
+    assert paths["sender"]["match"] == 1  # named fields: the extra key is not scored
+    same = '{"headers": {"X-A": "1"}, "sender": {"address": "a@x.org"}}'
+    assert task.verdicts(task.parse(same), gold)["correct"]
+
+
 EMPTY_CASES = [
     # gold is []: only [] is right, and each wrong answer is its own kind
     ("[]", [], c(slots=1, empty_match=1, exact=1, match=1)),

@@ -603,3 +603,42 @@ def test_a_hub_target_column_datasets_would_retype_is_refused(hub_cache, tmp_pat
     assert not (root / "records" / "data").exists() or not any(
         (root / "records" / "data").iterdir()
     )
+
+
+def test_check_export_base_missing_from_the_cache_names_the_option(hub_cache):
+    from tunelab.export.check import resolve_base_arg
+
+    manifest = {"base": {"hub": {"repo_id": REPO, "commit": COMMIT_A}, "patterns": ["*"]}}
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg(f"{REPO}@v9", manifest)
+    assert f"pass --base {REPO}@REV, REV one of them" in exc.value.hint
+    assert "model.revision" not in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg("tunelab-test/tiny-lama", manifest)
+    assert exc.value.hint.startswith(f"--base: the cache holds {REPO}")
+
+
+def test_validate_offline_names_a_hub_repo_the_cache_lacks(hub_cache, tmp_path, capsys):
+    root = write_hub_study(tmp_path / "study")
+    assert run_cli(capsys, "validate", "-s", root)[0] == 0
+    code, _, err = run_cli(
+        capsys, "validate", "-s", root, "--set", "model.name=tunelab-test/tiny-lama"
+    )
+    assert code == 2
+    assert "model.name: tunelab-test/tiny-lama@main is not in the hub cache" in err
+    assert f"the cache holds {REPO}; or fill it" in err
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "model.revision=v9")
+    assert code == 2 and f"the cache holds {REPO} at main, v1, {COMMIT_A}" in err
+    assert not (root / "records").exists() or not list((root / "records").glob("hypothesis-*"))
+
+
+def test_the_dossier_names_the_pinned_repos_and_the_data_source(hub_cache, tmp_path, capsys):
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    for args in (["register"], ["data"], ["report"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, (args, out, err)
+    dossier = (root / "report" / "dossier.md").read_text()
+    assert f"| model | {REPO} | main | {COMMIT_A} |" in dossier
+    assert f"| data | {DATA_REPO} | main | {DATA_COMMIT} |" in dossier
+    assert f"from hub data set {DATA_REPO} at commit {DATA_COMMIT}" in dossier

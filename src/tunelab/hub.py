@@ -119,10 +119,12 @@ def download(
     repo_type: str = "model",
     allow_patterns: list[str] | None = None,
     local_only: bool | None = None,
+    field: str | None = None,
 ) -> HubSnapshot:
     """`repo_id` at `revision` (default main) in the cache, downloading what is missing unless
     offline (or `local_only`). Raises ModelError / DataError with the fix for a missing repo,
-    revision, token or cache entry."""
+    revision, token or cache entry; hints name `field` (default: the study.yaml field that
+    names the repo; a command-line option such as `--base` for a repo given there)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -134,7 +136,7 @@ def download(
 
     revision = revision or "main"
     offline = hub_offline() if local_only is None else local_only
-    err, field = _error(repo_type), _field(repo_type)
+    err, field = _error(repo_type), field or _field(repo_type)
     where = f"{repo_type} {repo_id}@{revision}"
     try:
         path = snapshot_download(
@@ -192,6 +194,8 @@ def cached_instead(repo_id: str, revision: str, repo_type: str, field: str) -> s
         refs = sorted(p.relative_to(folder / "refs").as_posix() for p in folder.glob("refs/**/*"))
         commits = sorted(p.name for p in folder.glob("snapshots/*") if p.is_dir())
         held = ", ".join(refs + commits) or "no revision"
+        if field.startswith("--"):  # a repo given on the command line, as org/name@REV
+            return f"the cache holds {repo_id} at {held} (pass {field} {repo_id}@REV, REV one of them); or "
         revision_field = "data.source.revision" if repo_type == "dataset" else "model.revision"
         return f"the cache holds {repo_id} at {held} (set {revision_field} to one of them); or "
     prefix = f"{repo_type}s--"

@@ -167,7 +167,12 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     trained = hub.get("commit") if hub.get("repo_id") == repo else None
     source = base.get("source") or {}
     patterns = [source["gguf_file"].rsplit("/", 1)[-1]] if source.get("gguf_file") else None
-    snap = download(repo, rev or trained or "main", allow_patterns=patterns or base.get("patterns"))
+    snap = download(
+        repo,
+        rev or trained or "main",
+        allow_patterns=patterns or base.get("patterns"),
+        field="--base",
+    )
     if trained and snap.commit != trained:
         raise ExportError(
             f"refusing base {text}: it resolves to commit {snap.commit}, the export was trained "

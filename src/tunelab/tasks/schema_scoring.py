@@ -9,7 +9,8 @@ Rules for one value (gold g, answer a):
 - different JSON types never match (`"2"` against 2, `null` against `[]`): `wrong_type`;
 - numbers compare numerically (2 matches 2.0), within `tolerance[path]` when one is set;
   strings by `normalize_text`; booleans and null exactly;
-- objects match when every scored field matches;
+- objects match when every scored field matches; an object schema naming no fields (a map,
+  e.g. `additionalProperties` only) compares every key, and a key the gold lacks is wrong;
 - lists are multisets: gold and answer items are paired one to one (`alignment.align`) to
   maximize first the number of items that match whole, then the number of agreeing fields; a
   list matches when every gold item is paired with a whole match and no answer item is left
@@ -274,6 +275,8 @@ class SchemaScorer:
             pairs = self.pair_items(node, path, gold, answer)
             return len(gold) == len(answer) == sum(full for _, _, full in pairs)
         if kind == "object":
+            if _named(self.resolve(node)) is None and set(answer) - set(gold):
+                return False  # a map's keys are its data: an invented entry is wrong
             return all(
                 k in answer
                 and self.same(self.child(node, k), join_path(path, k), gold[k], answer[k])
