@@ -236,3 +236,22 @@ def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
 
     (line,) = limitation_lines({"processor": gap, "verify": {"passed": True}})
     assert "does not give the training transforms' pixel values" in line
+
+
+def test_thumbnails_show_the_picture_the_model_reads(tmp_path):
+    """Inspect's and the dossier's thumbnails: transparency on white (a picture in the alpha
+    band is not a black square) and upright by the EXIF orientation."""
+    import hashlib
+    import io
+
+    from tunelab.inspect_images import thumbnail_png
+    from tunelab.report.sections.flipped_images import _thumbnail
+
+    shown = np.asarray(Image.open(io.BytesIO(thumbnail_png(alpha_only(3)))))
+    assert shown.std() > 10  # the drawing, not one flat colour
+    data = exif_rotated_jpeg(colour_image(1, 93, size=(30, 18)))
+    name = f"images/{hashlib.sha256(data).hexdigest()}.jpg"
+    (tmp_path / "images").mkdir()
+    (tmp_path / name).write_bytes(data)
+    thumb = Image.open(io.BytesIO(_thumbnail(tmp_path, name)))
+    assert thumb.width > thumb.height  # 30 x 18 upright, not the stored 18 x 30
