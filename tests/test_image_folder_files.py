@@ -258,3 +258,9 @@ def test_thumbnails_show_the_picture_the_model_reads(tmp_path):
     (tmp_path / name).write_bytes(data)
     thumb = Image.open(io.BytesIO(_thumbnail(tmp_path, name)))
     assert thumb.width > thumb.height  # 30 x 18 upright, not the stored 18 x 30
+
+
+def test_inspect_help_says_what_it_stops_on_for_images(capsys):
+    code, out, err = run_cli(capsys, "inspect", "--help")
+    assert code == 0
+    assert "an image that does not convert faithfully" in " ".join(out.split())
