@@ -264,3 +264,23 @@ def test_inspect_help_says_what_it_stops_on_for_images(capsys):
     code, out, err = run_cli(capsys, "inspect", "--help")
     assert code == 0
     assert "an image that does not convert faithfully" in " ".join(out.split())
+
+
+def test_a_path_column_names_the_line_and_the_file(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "pics", per_label=3)
+    (data / "red" / "empty.png").write_bytes(b"")
+    rows = [
+        {"path": f"pics/{p.parent.name}/{p.name}", "label": p.parent.name}
+        for p in sorted(data.rglob("*.png"))
+    ]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"] = {"image": "path"}
+    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    run_cli(capsys, "register", "-s", root)
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    line = 1 + [r["path"] for r in rows].index("pics/red/empty.png")
+    assert code == 2
+    assert f"data.jsonl line {line} (field 'path': pics/red/empty.png): an empty file" in err

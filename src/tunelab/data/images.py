@@ -318,7 +318,7 @@ def attach_images(src: SourceData, cfg: DataConfig) -> ImageSource:
             )
         _contained(path, base, cfg.source.follow_links, src)
         row.text = _rel(path, base)
-        _add_image(src, images, path, where)
+        _add_image(src, images, path, f"{row.where} (field {cfg.fields.image!r}: {raw})")
     return images
 
 
