@@ -295,5 +295,7 @@ def test_template_lists_every_text_field_mapping(kind):
     # a user with an id column finds data.fields.id in the study.yaml init writes
     from tunelab.config import FieldsConfig
 
-    fields = yaml.safe_load(render_study_yaml(kind, "t"))["data"]["fields"]
-    assert set(fields) == set(FieldsConfig.model_fields) - {"image"}
+    raw = yaml.safe_load(render_study_yaml(kind, "t"))
+    assert set(raw["data"]["fields"]) == set(FieldsConfig.model_fields) - {"image"}
+    # a format task has no labels: stratifying by them would promise what it cannot do
+    assert raw["data"]["splits"]["stratify"] is (kind != "format")
