@@ -619,6 +619,21 @@ def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
     )
 
 
+def test_failure_examples_name_one_example_per_kind():
+    from tunelab.cli.evaluate import failure_examples
+
+    rows = [
+        {"id": "a", "verdicts": {"failure": None}},
+        {"id": "b", "verdicts": {"failure": "no_match"}, "parse_error": "the first line matches"},
+        {"id": "c", "verdicts": {"failure": "no_match"}, "parse_error": "other"},
+        {"id": "d", "verdicts": {"failure": "empty"}, "parse_error": "the output is empty"},
+    ]
+    assert failure_examples(rows) == [
+        "  no_match, e.g. b: the first line matches",
+        "  empty, e.g. d: the output is empty",
+    ]
+
+
 def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys, tiny_llama_dir):
     """An answer longer than evaluation.max_new_tokens can never be generated whole: baseline
     and eval warn, the record counts them, and the dossier lists it among the limitations."""
@@ -646,12 +661,16 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert f"{n} of {n} gold answers are longer than evaluation.max_new_tokens (8)" in " ".join(
         err.split()
     )
-    # decoding steps, batch by batch (a batch steps until its last row ends), not tokens
     from tunelab.records import read_json
 
     (baseline,) = Study.open(study.root).list_runs("baseline")
-    runs = Study.open(study.root).runs_dir
-    gen = read_json(runs / baseline.id / "metrics-validation.json")["generation"]
+    record = read_json(Study.open(study.root).runs_dir / baseline.id / "metrics-validation.json")
+    # each failure kind with the first example of it and why, beside the counts
+    assert record["metrics"]["failure_counts"]
+    for kind in record["metrics"]["failure_counts"]:
+        assert re.search(rf"^  {kind}, e\.g\. \S+: \S", out, re.M), out
+    # decoding steps, batch by batch (a batch steps until its last row ends), not tokens
+    gen = record["generation"]
     assert re.search(
         rf"decoding steps +│ {gen['steps']} in {len(gen['batches'])} batches \(the gold", out
     ), out

@@ -87,13 +87,15 @@ def test_a_users_folder_reads_every_picture_and_states_what_it_skips(
     colour_image(0, 94).save(data / "red" / "scan 2 été.png")
     upright = colour_image(1, 93, size=(30, 18))
     (data / "green" / "phone.jpg").write_bytes(exif_rotated_jpeg(upright))
+    (data / "red" / "everything").symlink_to(data)  # a link back up: not read as red
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
     assert run_cli(capsys, "register", "-s", root)[0] == 0
     code, out, err = run_cli(capsys, "data", "-s", root)
     assert code == 0, err
     flat = " ".join(out.split())
-    assert "skipped 6 entries that are not images of a label folder" in flat
+    assert "skipped 7 entries that are not images of a label folder" in flat
     for entry in (
+        "red/everything/ (a link to a folder; follow_links reads it)",
         ".cache/ (hidden)",
         "loose.png (not in a label folder)",
         "red/.DS_Store (hidden)",
@@ -108,7 +110,8 @@ def test_a_users_folder_reads_every_picture_and_states_what_it_skips(
     files = {f["path"] for f in manifest["source"]["files"]}
     assert {"blue/still.gif", "blue/UPPER.JPG", "red/scan 2 été.png", "green/phone.jpg"} <= files
     assert not any(".thumbnails" in f or f.startswith(".cache") for f in files)
-    assert any("skipped 6 entries" in n for n in manifest["notes"])
+    assert any("skipped 7 entries" in n for n in manifest["notes"])
+    assert not any(f.startswith("red/everything") for f in files)
     facts = image_facts(exif_rotated_jpeg(upright), "phone.jpg")
     assert (facts.width, facts.height, facts.orientation) == (30, 18, 6)
 
@@ -236,3 +239,48 @@ def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
 
     (line,) = limitation_lines({"processor": gap, "verify": {"passed": True}})
     assert "does not give the training transforms' pixel values" in line
+
+
+def test_thumbnails_show_the_picture_the_model_reads(tmp_path):
+    """Inspect's and the dossier's thumbnails: transparency on white (a picture in the alpha
+    band is not a black square) and upright by the EXIF orientation."""
+    import hashlib
+    import io
+
+    from tunelab.inspect_images import thumbnail_png
+    from tunelab.report.sections.flipped_images import _thumbnail
+
+    shown = np.asarray(Image.open(io.BytesIO(thumbnail_png(alpha_only(3)))))
+    assert shown.std() > 10  # the drawing, not one flat colour
+    data = exif_rotated_jpeg(colour_image(1, 93, size=(30, 18)))
+    name = f"images/{hashlib.sha256(data).hexdigest()}.jpg"
+    (tmp_path / "images").mkdir()
+    (tmp_path / name).write_bytes(data)
+    thumb = Image.open(io.BytesIO(_thumbnail(tmp_path, name)))
+    assert thumb.width > thumb.height  # 30 x 18 upright, not the stored 18 x 30
+
+
+def test_inspect_help_says_what_it_stops_on_for_images(capsys):
+    code, out, err = run_cli(capsys, "inspect", "--help")
+    assert code == 0
+    assert "an image that does not convert faithfully" in " ".join(out.split())
+
+
+def test_a_path_column_names_the_line_and_the_file(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "pics", per_label=3)
+    (data / "red" / "empty.png").write_bytes(b"")
+    rows = [
+        {"path": f"pics/{p.parent.name}/{p.name}", "label": p.parent.name}
+        for p in sorted(data.rglob("*.png"))
+    ]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"] = {"image": "path"}
+    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    run_cli(capsys, "register", "-s", root)
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    line = 1 + [r["path"] for r in rows].index("pics/red/empty.png")
+    assert code == 2
+    assert f"data.jsonl line {line} (field 'path': pics/red/empty.png): an empty file" in err

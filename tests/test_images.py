@@ -373,6 +373,11 @@ def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, 
     assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "no baseline record" not in flat  # a classifier's baseline ran; it decodes nothing
+    assert "given by the task: it scores each example, no decoding" in flat
 
 
 @pytest.mark.slow

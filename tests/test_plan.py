@@ -303,6 +303,11 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert rows["experiments"]["within_margin"] and rows["experiments"]["margin_pct"] == 15
     assert plan["export_s"] * 1.25 < 2.5 and rows["export"]["within_margin"] is False
     assert rows["resumption margin"]["within_margin"] is None  # nothing measured
+    assert rows["resumption margin"]["what"] == "0 interrupted runs"
+    # a run killed, then resumed to the end, still counts as interrupted once
+    study.ledger.add_event(slow, "status:interrupted", "killed")
+    rows = {r["phase"]: r for r in review_plan(study)["rows"]}
+    assert rows["resumption margin"]["what"] == "1 interrupted run (1 resumed)"
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out
     assert "export took" in out and "(margin 25%)" in out

@@ -554,6 +554,8 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in out and "config @48" in out
     assert "what a step adds to the idle process's RSS (MiB)" in out
+    # the breakdown's first header is short enough never to fold ("configurat" / "ion")
+    assert re.search(r"^config\s+weights\s+grads", out, re.M), out
     rec = record["recommendation"]
     flat = " ".join(out.split())
     found = re.search(
