@@ -351,6 +351,14 @@ def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llam
     code, out, err = run_cli(capsys, "check-export", export["path"], "--base", f"{REPO}@main")
     assert code == 2
     assert f"commit {COMMIT_B}" in err and f"{REPO}@{COMMIT_A}" in err
+    # the same files under another repo id: accepted (a base is its bytes), and said so
+    write_snapshot(tiny_llama_dir, "org/copy")
+    code, out, err = run_cli(capsys, "check-export", export["path"], "--base", "org/copy")
+    assert code == 0, (out, err)
+    flat = " ".join(out.split())
+    assert f"of {REPO} at {COMMIT_A[:12]} match --base" in flat
+    assert "org/copy (the same files under another repo id)" in flat
+    assert '(gold {"sender": ' in flat and "{'" not in flat  # the gold as JSON, not a repr
 
 
 # ---------------------------------------------------------------- data sets

@@ -329,8 +329,9 @@ def check_export(
     manifest = _read_manifest(export_dir)
     files = check_files(export_dir, manifest)
     binding = check_binding(export_dir, manifest)
+    given = str(base_path)
     base_path = resolve_base_arg(base_path, manifest)
-    base = check_base(base_path, manifest)
+    base = {**check_base(base_path, manifest), "given": given}
     started = time.perf_counter()
     model, tokenizer = load_export(export_dir, base_path.resolve(), manifest)
     load_s = time.perf_counter() - started
