@@ -42,12 +42,17 @@ FILLED_HYPOTHESIS = {
 }
 
 
+def filled_hypothesis(raw: dict[str, Any]) -> dict[str, Any]:
+    """FILLED_HYPOTHESIS with the primary metric of `raw`'s template, one its task records."""
+    return {**FILLED_HYPOTHESIS, "primary_metric": raw["hypothesis"]["primary_metric"]}
+
+
 def fill_hypothesis(study_yaml: Path) -> None:
     """Replace the TODO hypothesis of an init'ed study.yaml with a real one."""
     import yaml
 
     raw = yaml.safe_load(study_yaml.read_text())
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     study_yaml.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -86,7 +91,7 @@ def write_extraction_study(
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("extraction", name))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
     raw["data"]["cleaning"] = []
@@ -200,7 +205,7 @@ def write_topic_study(
             rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", name))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["task"]["labels"] = TOPIC_LABELS
     raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}

@@ -327,13 +327,13 @@ def test_example_stats_extraction_reproduce_the_metrics():
 def _study(tmp_path):
     import yaml
 
-    from helpers import FILLED_HYPOTHESIS
+    from helpers import filled_hypothesis
     from tunelab import hypothesis as hyp
     from tunelab.study import Study
     from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "cmp"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["task"]["labels"] = ["a", "b"]
     raw["evaluation"]["bootstrap_samples"] = 200
     root = tmp_path / "study"
@@ -493,7 +493,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
     from their raw outputs, so the baseline and the variant are scored by the same rules."""
     import yaml
 
-    from helpers import FILLED_HYPOTHESIS
+    from helpers import filled_hypothesis
     from tunelab import hypothesis as hyp
     from tunelab.compare import compare_study
     from tunelab.evaluate import record_evaluation
@@ -501,7 +501,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
     from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("extraction", "old"))
-    raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["evaluation"]["bootstrap_samples"] = 100
     root = tmp_path / "study"
     root.mkdir()

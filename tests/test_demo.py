@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS
+from helpers import filled_hypothesis
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
 from tunelab.report.decision import choose_variant, decide, final_test
 from tunelab.study import Study
@@ -38,7 +38,7 @@ def write_separable_study(root: Path, model_dir: Path) -> Path:
     root.mkdir(parents=True)
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", "demo-tiny"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["task"]["labels"] = list(WORDS)
     raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}

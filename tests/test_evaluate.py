@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, register_study, run_cli
+from helpers import filled_hypothesis, register_study, run_cli
 from tunelab import hypothesis as hyp
 from tunelab import metrics as M
 from tunelab.data import load_snapshot
@@ -29,7 +30,7 @@ LABELS = ["business", "sport", "tech"]
 
 def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["model"]["path"] = str(model_dir)
     raw["model"]["architecture"] = "encoder" if kind == "classification" else "causal_lm"
     raw["preprocess"]["max_seq_len"] = 96
@@ -401,7 +402,7 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
     ]
     (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", "stage"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
     raw["data"]["cleaning"] = []
@@ -618,6 +619,21 @@ def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
     )
 
 
+def test_failure_examples_name_one_example_per_kind():
+    from tunelab.cli.evaluate import failure_examples
+
+    rows = [
+        {"id": "a", "verdicts": {"failure": None}},
+        {"id": "b", "verdicts": {"failure": "no_match"}, "parse_error": "the first line matches"},
+        {"id": "c", "verdicts": {"failure": "no_match"}, "parse_error": "other"},
+        {"id": "d", "verdicts": {"failure": "empty"}, "parse_error": "the output is empty"},
+    ]
+    assert failure_examples(rows) == [
+        "  no_match, e.g. b: the first line matches",
+        "  empty, e.g. d: the output is empty",
+    ]
+
+
 def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys, tiny_llama_dir):
     """An answer longer than evaluation.max_new_tokens can never be generated whole: baseline
     and eval warn, the record counts them, and the dossier lists it among the limitations."""
@@ -645,7 +661,19 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert f"{n} of {n} gold answers are longer than evaluation.max_new_tokens (8)" in " ".join(
         err.split()
     )
-    assert "generated tokens" in out
+    from tunelab.records import read_json
+
+    (baseline,) = Study.open(study.root).list_runs("baseline")
+    record = read_json(Study.open(study.root).runs_dir / baseline.id / "metrics-validation.json")
+    # each failure kind with the first example of it and why, beside the counts
+    assert record["metrics"]["failure_counts"]
+    for kind in record["metrics"]["failure_counts"]:
+        assert re.search(rf"^  {kind}, e\.g\. \S+: \S", out, re.M), out
+    # decoding steps, batch by batch (a batch steps until its last row ends), not tokens
+    gen = record["generation"]
+    assert re.search(
+        rf"decoding steps +│ {gen['steps']} in {len(gen['batches'])} batches \(the gold", out
+    ), out
     assert run_cli(capsys, "report", "-s", study.root)[0] == 0
     md = (study.root / "report" / "dossier.md").read_text()
     assert f"{n} of the {n} evaluated validation answers are longer than" in md

@@ -15,6 +15,7 @@ from helpers import TOPIC_LABELS as LABELS
 from helpers import run_cli
 from test_verify import trained_study
 from tunelab.export import MANIFEST, failure_kinds, limitation_lines, manifest_sha256, regressions
+from tunelab.export.card import model_card
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,18 @@ def test_export_folder_and_manifest(exported):
     assert "PeftModel.from_pretrained" in card and base["sha256"] in card
     assert "## Limitations" in card and "macro_f1" in card
     assert re.search(r"95% interval (above|below|spans) 0 \(significant: (yes|no)\)", card)
+    # what a causal LM is sent and what it answers in: the instruction, a format's spec (an
+    # encoder reads no instruction)
+    assert "Instruction before each input" not in card
+    task = {"kind": "format", "instruction": "Date only.", "regex": r"\d{4}"}
+    lm = {
+        **m,
+        "base": {**base, "architecture": "causal_lm"},
+        "config": {**m["config"], "task": task},
+    }
+    lm_card = model_card(lm)
+    assert '- Instruction before each input: "Date only."' in lm_card
+    assert "- Answer format: the whole answer matches the regex `\\d{4}`" in lm_card
     # the adapter names the base, not a folder of the training machine
     adapter_cfg = json.loads((path / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == base["name"]

@@ -134,7 +134,8 @@ VALUE_CASES = [
     # booleans and null: exactly (true is not 1)
     (ANY, True, 1, {}, dict(slots=1, present=1, pred=1, gold=1, wrong_type=1)),
     (ANY, True, True, {}, dict(slots=1, present=1, exact=1, match=1, tp=1, pred=1, gold=1)),
-    (ANY, None, None, {}, dict(slots=1, exact=1, match=1)),
+    # a null gold answered null: not present, but answered (presence rates count it)
+    (ANY, None, None, {}, dict(slots=1, empty_match=1, exact=1, match=1)),
     (ANY, None, "", {}, dict(slots=1, wrong_type=1)),
     (ANY, None, ..., {}, dict(slots=1, missing=1)),
     (ANY, "x", None, {}, dict(slots=1, gold=1, wrong_type=1)),
@@ -266,9 +267,30 @@ def test_a_tuple_is_compared_position_by_position(coords):
     assert task.verdicts(task.parse('{"at": [48.8, 2.3]}'), gold)["correct"]
 
 
+def test_a_map_with_an_invented_entry_does_not_match():
+    """An object schema naming no fields is a map: its keys are data, so an extra key is wrong
+    (an object with named fields ignores keys it does not score)."""
+    schema = {
+        "type": "object",
+        "required": ["headers", "sender"],
+        "properties": {
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "sender": {"type": "object", "required": ["address"]},
+        },
+    }
+    task = ExtractionTask("x", schema)
+    gold = {"id": "1", "target": '{"headers": {"X-A": "1"}, "sender": {"address": "a@x.org"}}'}
+    extra = '{"headers": {"X-A": "1", "X-B": "2"}, "sender": {"address": "a@x.org", "n": 1}}'
+    paths = task.verdicts(task.parse(extra), gold)["paths"]
+    assert paths["headers"].get("match", 0) == 0 and paths["headers"]["wrong_value"] == 1
+    assert paths["sender"]["match"] == 1  # named fields: the extra key is not scored
+    same = '{"headers": {"X-A": "1"}, "sender": {"address": "a@x.org"}}'
+    assert task.verdicts(task.parse(same), gold)["correct"]
+
+
 EMPTY_CASES = [
     # gold is []: only [] is right, and each wrong answer is its own kind
-    ("[]", [], c(slots=1, exact=1, match=1)),
+    ("[]", [], c(slots=1, empty_match=1, exact=1, match=1)),
     ("null", None, c(slots=1, wrong_type=1)),
     ("missing key", MISSING_KEY, c(slots=1, missing=1)),
     ("not JSON", "garbage", c(slots=1, not_json=1)),
@@ -280,6 +302,35 @@ EMPTY_CASES = [
 @pytest.mark.parametrize("name,answer,counts", EMPTY_CASES, ids=[x[0] for x in EMPTY_CASES])
 def test_empty_gold(name, answer, counts):
     assert _lists([], answer) == (counts, {}, {})
+
+
+def test_a_right_null_is_a_present_field():
+    """A nullable field whose gold is null, answered null, is answered: a perfect answer has
+    presence 1, so a variant that stops inventing values does not lose presence."""
+    schema = {
+        "type": "object",
+        "required": ["list_id", "name"],
+        "properties": {"list_id": {"type": ["string", "null"]}, "name": {"type": "string"}},
+    }
+    task = ExtractionTask("x", schema)
+    golds = ['{"list_id": null, "name": "a"}', '{"list_id": "l.org", "name": "b"}']
+
+    def metrics(answers):
+        verdicts = [
+            task.verdicts(task.parse(a), {"id": str(i), "target": g})
+            for i, (g, a) in enumerate(zip(golds, answers, strict=True))
+        ]
+        return M.extraction_metrics(verdicts, task.fields, task.paths)
+
+    perfect = metrics(golds)
+    assert perfect["field_presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["presence_rate"] == 1.0
+    assert perfect["per_field"]["list_id"]["precision"] == 1.0  # a null is no prediction
+    invented = metrics(['{"list_id": "x.org", "name": "a"}', golds[1]])
+    assert invented["per_field"]["list_id"]["presence_rate"] == 1.0  # given, though wrong
+    assert invented["per_field"]["list_id"]["precision"] == 0.5
+    dropped = metrics(['{"list_id": null, "name": "a"}', '{"list_id": null, "name": "b"}'])
+    assert dropped["per_field"]["list_id"]["presence_rate"] == 0.5
 
 
 def test_empty_gold_in_every_metric():
@@ -762,3 +813,9 @@ def test_targets_inspect_refuses():
     assert "line 1, column 17" in problems["cut"]["message"]
     assert "quantities/0/value" in problems["off"]["message"]
     assert task.categories(rows[:1] + rows[3:]) == ["quantities empty", "quantities filled"]
+    # never "all", the name of inspect's overall row
+    assert task.categories(rows[:2] + [{"id": "none", "target": "{}"}]) == [
+        "quantities empty",
+        "(target not a JSON object)",
+        "(no list or nullable field)",
+    ]

@@ -11,7 +11,7 @@ import yaml
 
 from helpers import fill_hypothesis, run_cli, tree_hashes
 from tunelab.config import load_config, validate_config
-from tunelab.errors import ConfigError, HypothesisError
+from tunelab.errors import ConfigError, HypothesisError, RunError
 from tunelab.hypothesis import register, require_hypothesis
 from tunelab.study import Study
 
@@ -291,3 +291,39 @@ def test_register_refuses_what_validate_refuses(tmp_path, capsys):
     code, _, err = run_cli(capsys, "register", "-s", tmp_path / "s", *over)
     assert code == 2 and "training.warmup_steps" in err
     assert not list((tmp_path / "s" / "records").glob("hypothesis-*"))
+
+
+def test_validate_warns_that_a_json_schema_format_is_not_checked(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s", "--task", "extraction")
+    path = tmp_path / "s" / "study.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["task"]["json_schema"]["properties"]["date"] = {"type": "string", "format": "date-time"}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "s" / "data").mkdir()
+    row = {"text": "From: a@x.org", "target": '{"sender": "a@x.org", "subject": "Hi"}'}
+    (tmp_path / "s" / "data" / "examples.jsonl").write_text(json.dumps(row) + "\n")
+    code, out, err = run_cli(capsys, "validate", "-s", tmp_path / "s", "--json")
+    assert code == 0, err
+    (warning,) = json.loads(out)["warnings"]
+    assert "format is not checked at properties/date ('date-time')" in warning
+    assert "pattern" in warning
+    from tunelab.tasks.format import make_validator
+
+    # what the warning says: the validator the tasks use lets another form through
+    schema = raw["task"]["json_schema"]["properties"]["date"]
+    assert not list(make_validator(schema).iter_errors("Tue, 3 Sep 2002 10:00:00 +0100"))
+
+
+def test_train_refuses_a_name_taken_and_takes_the_parent_by_name(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    s = Study.open(tmp_path / "s")
+    first = s.create_run("train", name="v1")
+    first.set_status("completed")
+    before = tree_hashes(tmp_path / "s")
+    code, _, err = run_cli(capsys, "train", "-s", tmp_path / "s", "--name", "v1")
+    assert code == 2 and f"--name 'v1' is taken by train run {first.id}" in " ".join(err.split())
+    assert tree_hashes(tmp_path / "s") == before and len(s.list_runs("train")) == 1
+    assert s.check_new_run("train", "v2", "v1") == first.id  # the parent as any command takes it
+    assert s.check_new_run("train", "v2", first.id[:12]) == first.id
+    with pytest.raises(RunError, match="parent run 'nope' not found"):
+        s.check_new_run("train", "v2", "nope")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import filled_hypothesis, run_cli
 from tunelab.config import ConfigError, ModelConfig
 from tunelab.errors import HypothesisError, ModelError
 from tunelab.hub_cache import cached_repos, write_snapshot
@@ -111,6 +111,21 @@ def test_offline_and_missing_names_cache_and_command(hub_cache):
     assert "v9" in exc.value.message and "--revision v9" in exc.value.hint
     with pytest.raises(ModelError, match="not in the cache"):
         resolve_model(ModelConfig(name=REPO, revision="c" * 40))
+
+
+def test_a_typo_or_an_uncached_revision_offline_names_what_the_cache_holds(hub_cache):
+    from tunelab.models import resolve_model
+
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="tunelab-test/tiny-lama"))  # one letter short
+    assert exc.value.hint.startswith(f"model.name: the cache holds {REPO}; or fill the cache")
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name=REPO, revision="v9"))
+    assert f"the cache holds {REPO} at main, v1, {COMMIT_A}" in exc.value.hint
+    assert "model.revision" in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_model(ModelConfig(name="someone-else/other-model"))
+    assert exc.value.hint.startswith("fill the cache")  # nothing near: only the download
 
 
 def test_only_the_files_a_load_needs(hub_cache, tmp_path, tiny_llama_dir, monkeypatch):
@@ -222,7 +237,7 @@ def write_hub_study(
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
     raw = yaml.safe_load(render_study_yaml("extraction", "hub-study"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
     if hub_data:
         raw["data"]["source"] = {"format": "hub", "name": DATA_REPO}
@@ -336,6 +351,14 @@ def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llam
     code, out, err = run_cli(capsys, "check-export", export["path"], "--base", f"{REPO}@main")
     assert code == 2
     assert f"commit {COMMIT_B}" in err and f"{REPO}@{COMMIT_A}" in err
+    # the same files under another repo id: accepted (a base is its bytes), and said so
+    write_snapshot(tiny_llama_dir, "org/copy")
+    code, out, err = run_cli(capsys, "check-export", export["path"], "--base", "org/copy")
+    assert code == 0, (out, err)
+    flat = " ".join(out.split())
+    assert f"of {REPO} at {COMMIT_A[:12]} match --base" in flat
+    assert "org/copy (the same files under another repo id)" in flat
+    assert '(gold {"sender": ' in flat and "{'" not in flat  # the gold as JSON, not a repr
 
 
 # ---------------------------------------------------------------- data sets
@@ -531,3 +554,99 @@ def test_data_of_a_hub_data_set_names_it_and_draws_no_bars_of_its_own(hub_cache,
     assert code == 0, err
     assert f"(hub: {DATA_REPO}@{DATA_COMMIT[:12]})" in out and "None" not in out
     assert "Generating" not in err and "examples/s" not in err  # `datasets`' own bars
+
+
+def test_models_prints_a_long_repo_id_whole_at_80_columns(
+    hub_cache, tiny_llama_dir, capsys, monkeypatch
+):
+    long_id = "a-long-organisation-name/a-model-name-of-forty-letters-or-so"
+    write_snapshot(tiny_llama_dir, long_id, commit=COMMIT_B)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, "models")
+    assert code == 0, err
+    assert long_id in out.splitlines() and REPO in out.splitlines()
+    assert COMMIT_B[:12] in out and all(len(line) <= 80 for line in out.splitlines()[1:])
+
+
+@pytest.mark.parametrize("ref", ["", "../../outside", "/abs", "a/../b", "main.lock", "-x"])
+def test_hub_cache_refuses_a_ref_that_is_no_branch_name_before_writing(
+    tmp_path, tiny_llama_dir, capsys, ref
+):
+    cache = tmp_path / "hub"
+    with pytest.raises(ConfigError, match="is not a branch or tag name"):
+        write_snapshot(tiny_llama_dir, "org/x", refs=(ref,), cache_dir=cache)
+    assert not cache.exists()  # nothing written, inside the cache or out of it
+    assert not (tmp_path / "outside").exists()
+    code, _, err = run_cli(capsys, "hub-cache", tiny_llama_dir, "org/x", "--ref", ref)
+    assert code == 2 and "--ref" in err
+
+
+def test_hub_cache_takes_nested_refs_and_says_a_commit_is_lowercase(tmp_path, tiny_llama_dir):
+    snap = write_snapshot(tiny_llama_dir, "org/x", refs=("release/v1.0",), cache_dir=tmp_path)
+    assert (tmp_path / "models--org--x" / "refs" / "release" / "v1.0").read_text() == snap.commit
+    with pytest.raises(ConfigError, match="40 hex digits in lowercase"):
+        write_snapshot(tiny_llama_dir, "org/x", commit="A" * 40, cache_dir=tmp_path)
+
+
+def test_a_hub_target_column_datasets_would_retype_is_refused(hub_cache, tmp_path, capsys):
+    """JSON lines whose targets are objects: `datasets` infers one type for the column and
+    reads the string "3" as the number 3; the data stage refuses rather than score that."""
+    folder = tmp_path / "objects"
+    folder.mkdir()
+    rows = mail_rows(6)
+    for i, r in enumerate(rows):
+        target = json.loads(r["target"])
+        r["target"] = {**target, "count": "3" if i == 1 else i}
+    (folder / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_snapshot(folder, DATA_REPO, repo_type="dataset")
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"]["split"] = None
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert run_cli(capsys, "register", "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    assert code == 2, out
+    assert "the target column 'target'" in err and "mail.jsonl" in err
+    assert "JSON string" in err
+    assert not (root / "records" / "data").exists() or not any(
+        (root / "records" / "data").iterdir()
+    )
+
+
+def test_check_export_base_missing_from_the_cache_names_the_option(hub_cache):
+    from tunelab.export.check import resolve_base_arg
+
+    manifest = {"base": {"hub": {"repo_id": REPO, "commit": COMMIT_A}, "patterns": ["*"]}}
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg(f"{REPO}@v9", manifest)
+    assert f"pass --base {REPO}@REV, REV one of them" in exc.value.hint
+    assert "model.revision" not in exc.value.hint
+    with pytest.raises(ModelError) as exc:
+        resolve_base_arg("tunelab-test/tiny-lama", manifest)
+    assert exc.value.hint.startswith(f"--base: the cache holds {REPO}")
+
+
+def test_validate_offline_names_a_hub_repo_the_cache_lacks(hub_cache, tmp_path, capsys):
+    root = write_hub_study(tmp_path / "study")
+    assert run_cli(capsys, "validate", "-s", root)[0] == 0
+    code, _, err = run_cli(
+        capsys, "validate", "-s", root, "--set", "model.name=tunelab-test/tiny-lama"
+    )
+    assert code == 2
+    assert "model.name: tunelab-test/tiny-lama@main is not in the hub cache" in err
+    assert f"the cache holds {REPO}; or fill it" in err
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "model.revision=v9")
+    assert code == 2 and f"the cache holds {REPO} at main, v1, {COMMIT_A}" in err
+    assert not (root / "records").exists() or not list((root / "records").glob("hypothesis-*"))
+
+
+def test_the_dossier_names_the_pinned_repos_and_the_data_source(hub_cache, tmp_path, capsys):
+    write_mail_dataset(tmp_path)
+    root = write_hub_study(tmp_path / "study", hub_data=True)
+    for args in (["register"], ["data"], ["report"]):
+        code, out, err = run_cli(capsys, *args, "-s", root)
+        assert code == 0, (args, out, err)
+    dossier = (root / "report" / "dossier.md").read_text()
+    assert f"| model | {REPO} | main | {COMMIT_A} |" in dossier
+    assert f"| data | {DATA_REPO} | main | {DATA_COMMIT} |" in dossier
+    assert f"from hub data set {DATA_REPO} at commit {DATA_COMMIT}" in dossier

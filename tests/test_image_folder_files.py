@@ -87,13 +87,15 @@ def test_a_users_folder_reads_every_picture_and_states_what_it_skips(
     colour_image(0, 94).save(data / "red" / "scan 2 été.png")
     upright = colour_image(1, 93, size=(30, 18))
     (data / "green" / "phone.jpg").write_bytes(exif_rotated_jpeg(upright))
+    (data / "red" / "everything").symlink_to(data)  # a link back up: not read as red
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
     assert run_cli(capsys, "register", "-s", root)[0] == 0
     code, out, err = run_cli(capsys, "data", "-s", root)
     assert code == 0, err
     flat = " ".join(out.split())
-    assert "skipped 6 entries that are not images of a label folder" in flat
+    assert "skipped 7 entries that are not images of a label folder" in flat
     for entry in (
+        "red/everything/ (a link to a folder; follow_links reads it)",
         ".cache/ (hidden)",
         "loose.png (not in a label folder)",
         "red/.DS_Store (hidden)",
@@ -108,7 +110,8 @@ def test_a_users_folder_reads_every_picture_and_states_what_it_skips(
     files = {f["path"] for f in manifest["source"]["files"]}
     assert {"blue/still.gif", "blue/UPPER.JPG", "red/scan 2 été.png", "green/phone.jpg"} <= files
     assert not any(".thumbnails" in f or f.startswith(".cache") for f in files)
-    assert any("skipped 6 entries" in n for n in manifest["notes"])
+    assert any("skipped 7 entries" in n for n in manifest["notes"])
+    assert not any(f.startswith("red/everything") for f in files)
     facts = image_facts(exif_rotated_jpeg(upright), "phone.jpg")
     assert (facts.width, facts.height, facts.orientation) == (30, 18, 6)
 
@@ -169,3 +172,115 @@ def test_image_duplicates_are_told_in_image_terms(tmp_path, tiny_vit_dir, capsys
     assert "identical or near-identical images carry different labels" in flat
     assert "move each image to its category's folder" in flat
     assert "Jaccard" not in flat and "shingle" not in flat and "cleaning rule" not in flat
+
+
+def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
+    tmp_path, tiny_vit_dir, capsys
+):
+    """The card's loading recipe (AutoImageProcessor on the export's tokenizer folder) gives
+    the pixel values training read, for grey and transparent pictures and the study's own
+    mean and std; a chain the processor's form cannot hold is said, not silently different."""
+    from transformers import AutoImageProcessor
+
+    from tunelab.config import validate_config
+    from tunelab.export import check_export
+    from tunelab.image_transforms import processor_config_for, processor_gap, resolve_chain
+    from tunelab.preprocess import Preprocessor
+    from tunelab.tasks import get_task
+
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "data", per_label=8)
+    colour_image(0, 77).convert("L").save(data / "red" / "grey.png")
+    own = {"mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}
+    write_image_study(
+        root, tiny_vit_dir, {"format": "folder", "path": "data"}, preprocess={"image": own}
+    )
+    for args in (["register"], ["data"], ["baseline"]):
+        assert run_cli(capsys, *args, "-s", root)[0] == 0, args
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    run_id = json.loads(out[out.find("{") :])["run_id"]
+    assert run_cli(capsys, "eval", run_id, "-s", root)[0] == 0
+    code, out, err = run_cli(capsys, "export", run_id, "-s", root)
+    assert code == 0, err
+    export = next((root / "records" / "exports").iterdir())
+    manifest = json.loads((export / "tunelab-manifest.json").read_text())
+    assert manifest["limitations_detail"]["processor"]["matches"] is True
+    assert "pixel_values are the training transforms'" in (export / "README.md").read_text()
+    cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
+    theirs = AutoImageProcessor.from_pretrained(export / "tokenizer")
+    pre = Preprocessor(
+        AutoImageProcessor.from_pretrained(tiny_vit_dir), cfg, get_task(cfg, list(COLOURS)), "image"
+    )
+    alpha_only(5).save(tmp_path / "icon.png")
+    for path in (data / "red" / "grey.png", tmp_path / "icon.png"):
+        ours = pre.encode({"id": "x", "label": "red", "image_path": str(path), "text": "x"})
+        got = theirs(images=Image.open(path), return_tensors="np")["pixel_values"][0]
+        assert np.abs(ours["pixel_values"].numpy() - got).max() < 1e-5, path.name
+    result = check_export(export, tiny_vit_dir)
+    assert result["processor"]["matches"] and result["example"]["matches_recorded"]
+    code, out, err = run_cli(capsys, "check-export", str(export), "--base", str(tiny_vit_dir))
+    assert code == 0, err
+    assert "gives the training transforms' pixel values" in " ".join(out.split())
+    # ConvNeXt's processor holds no square resize: the gap is measured and named, not hidden
+    from transformers import ConvNextImageProcessor
+
+    convnext = ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875)
+    resized = cfg.preprocess.image.model_copy(update={"resize": 20})
+    study = cfg.model_copy(
+        update={"preprocess": cfg.preprocess.model_copy(update={"image": resized})}
+    )
+    chain = resolve_chain(convnext, study)
+    convnext.save_pretrained(tmp_path / "p")
+    path = tmp_path / "p" / "preprocessor_config.json"
+    path.write_text(json.dumps(processor_config_for(json.loads(path.read_text()), chain, resized)))
+    gap = processor_gap(AutoImageProcessor.from_pretrained(tmp_path / "p"), chain, None)
+    assert not gap["matches"] and "ConvNextImageProcessor" in gap["error"]
+    from tunelab.export.limitations import limitation_lines
+
+    (line,) = limitation_lines({"processor": gap, "verify": {"passed": True}})
+    assert "does not give the training transforms' pixel values" in line
+
+
+def test_thumbnails_show_the_picture_the_model_reads(tmp_path):
+    """Inspect's and the dossier's thumbnails: transparency on white (a picture in the alpha
+    band is not a black square) and upright by the EXIF orientation."""
+    import hashlib
+    import io
+
+    from tunelab.inspect_images import thumbnail_png
+    from tunelab.report.sections.flipped_images import _thumbnail
+
+    shown = np.asarray(Image.open(io.BytesIO(thumbnail_png(alpha_only(3)))))
+    assert shown.std() > 10  # the drawing, not one flat colour
+    data = exif_rotated_jpeg(colour_image(1, 93, size=(30, 18)))
+    name = f"images/{hashlib.sha256(data).hexdigest()}.jpg"
+    (tmp_path / "images").mkdir()
+    (tmp_path / name).write_bytes(data)
+    thumb = Image.open(io.BytesIO(_thumbnail(tmp_path, name)))
+    assert thumb.width > thumb.height  # 30 x 18 upright, not the stored 18 x 30
+
+
+def test_inspect_help_says_what_it_stops_on_for_images(capsys):
+    code, out, err = run_cli(capsys, "inspect", "--help")
+    assert code == 0
+    assert "an image that does not convert faithfully" in " ".join(out.split())
+
+
+def test_a_path_column_names_the_line_and_the_file(tmp_path, tiny_vit_dir, capsys):
+    root = tmp_path / "s"
+    data = write_colour_folder(root / "pics", per_label=3)
+    (data / "red" / "empty.png").write_bytes(b"")
+    rows = [
+        {"path": f"pics/{p.parent.name}/{p.name}", "label": p.parent.name}
+        for p in sorted(data.rglob("*.png"))
+    ]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["data"]["fields"] = {"image": "path"}
+    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    run_cli(capsys, "register", "-s", root)
+    code, out, err = run_cli(capsys, "data", "-s", root)
+    line = 1 + [r["path"] for r in rows].index("pics/red/empty.png")
+    assert code == 2
+    assert f"data.jsonl line {line} (field 'path': pics/red/empty.png): an empty file" in err

@@ -373,6 +373,11 @@ def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, 
     assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "no baseline record" not in flat  # a classifier's baseline ran; it decodes nothing
+    assert "given by the task: it scores each example, no decoding" in flat
 
 
 @pytest.mark.slow
@@ -438,7 +443,7 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
 def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
     import shutil
 
-    from helpers import FILLED_HYPOTHESIS
+    from helpers import filled_hypothesis
 
     root = tmp_path / "s"
     code, out, err = run_cli(capsys, "init", root, "--task", "image_classification")
@@ -456,7 +461,7 @@ def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_d
     augment = raw["preprocess"]["image"]
     assert augment["train_random_crop"] and augment["train_flip"]
     assert run_cli(capsys, "register", "-s", root)[0] == 2  # the TODO hypothesis is refused
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     for args in (["register"], ["data"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args

@@ -292,3 +292,31 @@ def test_guardrail_relative_without_baseline_fails():
     rule = {"metric": "macro_f1", "value": 0.0, "relative_to": "baseline"}
     out = check_guardrails([rule], None, {"macro_f1": 0.9})
     assert out[0]["pass"] is False and "baseline has no macro_f1" in out[0]["note"]
+
+
+def test_metric_names_are_those_the_task_records():
+    from tunelab.metrics import known_metrics, metric_problems
+
+    assert known_metrics("format", "overall", regex=True) == ("format_valid_rate", "exact_match")
+    assert "json_valid_rate" in known_metrics("format", "overall")
+    assert known_metrics("image_classification", "every_category") == known_metrics(
+        "classification", "every_category"
+    )
+    assert known_metrics("format", "every_category") == ()
+    assert metric_problems("classification", "macro_f1", [("f1", "every_category")]) == []
+    assert (
+        metric_problems("extraction", "field_micro_f1", [("field_presence_rate", "every_field")])
+        == []
+    )
+    problems = metric_problems(
+        "format",
+        "format_valid_rte",
+        [("json_valid_rate", "overall"), ("f1", "every_category")],
+        regex=True,
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "hypothesis.primary_metric",
+        "guardrails[0].metric",
+        "guardrails[1].scope",
+    ]
+    assert "did you mean format_valid_rate?" in problems[0]

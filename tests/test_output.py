@@ -214,6 +214,15 @@ def test_a_small_confusion_keeps_its_label_names(capsys):
     assert "numbered" not in out
 
 
+def test_one_character_labels_keep_the_gold_header_whole(capsys):
+    from tunelab.cli.evaluate import print_evaluation
+
+    print_evaluation(_evaluation_record([str(d) for d in range(10)]), "validation evaluation")
+    out = capsys.readouterr().out
+    assert_fits(out)
+    assert re.search(r"┃ gold ┃ 0 ┃ 1 ┃", out)  # digits as labels: "gold" is not folded
+
+
 def test_a_typo_in_a_set_key_names_set_as_its_source(tmp_path, capsys):
     root = tmp_path / "study"
     assert run_cli(capsys, "init", root, "--task", "classification")[0] == 0
@@ -293,3 +302,21 @@ def test_bitsandbytes_optional_kernel_note_is_kept_off_the_screen():
 
     assert not shown("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please")
     assert shown("Failed to quantize: something a user must see")
+
+
+def test_runs_lists_every_id_and_parent_whole_and_each_reason(tmp_path, capsys):
+    from tunelab.study import Study
+
+    run_cli(capsys, "init", tmp_path / "s")
+    study = Study.open(tmp_path / "s")
+    base = study.create_run("baseline")
+    base.set_status("completed")
+    child = study.create_run("train", name="lora-rank-16-all-linear", parent=base.id)
+    reason = "the update check failed: " + "a frozen tensor moved, " * 6 + "see status.json"
+    child.set_status("failed", reason)
+    code, out, err = run_cli(capsys, "runs", "-s", tmp_path / "s")
+    assert code == 0, err
+    assert_fits(out)
+    assert "…" not in out
+    assert base.id in out and f"from {base.id}" in out and child.id in out
+    assert reason in " ".join(out.split())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import filled_hypothesis, run_cli
 from tunelab.config import StudyConfig, validate_config
 from tunelab.plan.estimate import build_plan
 from tunelab.plan.figures import Figure, Figures, Lengths, SplitCounts, expected_max
@@ -33,7 +33,7 @@ def config(training: dict | None = None, budget: dict | None = None) -> StudyCon
     from tunelab.study_template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-unit"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["training"].update(TRAINING if training is None else training)
     raw["budget"].update(BUDGET if budget is None else budget)
     return validate_config(raw)
@@ -184,7 +184,7 @@ def _study(root: Path, model_dir: Path) -> Study:
 
     root.mkdir(parents=True)
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
     raw["model"]["path"] = str(model_dir)
     raw["training"].update(
@@ -303,6 +303,11 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert rows["experiments"]["within_margin"] and rows["experiments"]["margin_pct"] == 15
     assert plan["export_s"] * 1.25 < 2.5 and rows["export"]["within_margin"] is False
     assert rows["resumption margin"]["within_margin"] is None  # nothing measured
+    assert rows["resumption margin"]["what"] == "0 interrupted runs"
+    # a run killed, then resumed to the end, still counts as interrupted once
+    study.ledger.add_event(slow, "status:interrupted", "killed")
+    rows = {r["phase"]: r for r in review_plan(study)["rows"]}
+    assert rows["resumption margin"]["what"] == "1 interrupted run (1 resumed)"
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and "planned vs actual" in out and "experiments" in out
     assert "export took" in out and "(margin 25%)" in out

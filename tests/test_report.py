@@ -118,7 +118,7 @@ _CATEGORIES = [
 def _many_category_study(root, model_dir):
     """A classification study of 40 categories with long names sharing a prefix, run through
     the real stages: register, data, baseline, a 2-step LoRA, its evaluation, compare."""
-    from helpers import FILLED_HYPOTHESIS
+    from helpers import filled_hypothesis
     from tunelab.study_template import render_study_yaml
 
     root.mkdir(parents=True)
@@ -130,7 +130,7 @@ def _many_category_study(root, model_dir):
             rows.append({"id": f"q{k:02d}-{i}", "text": text, "label": label, "split": split})
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = yaml.safe_load(render_study_yaml("classification", "forty-queues"))
-    raw["hypothesis"] = dict(FILLED_HYPOTHESIS)
+    raw["hypothesis"] = filled_hypothesis(raw)
     raw["task"]["labels"] = _CATEGORIES
     raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}

@@ -473,7 +473,7 @@ def write_study(root: Path, model_dir: Path) -> Path:
         text = f"From: {who}@example.com\nSubject: s{i}\n\nMessage {i}: " + "word " * (i % 9)
         target = json.dumps({"sender": f"{who}@example.com", "subject": f"s{i}"})
         rows.append({"id": f"m{i}", "text": text, "target": target})
-    training = {"micro_batch_size": 4, "grad_accum_steps": 1, "max_steps": 4, "num_threads": 1}
+    training = {"micro_batch_size": 4, "max_steps": 4, "warmup_steps": 1, "num_threads": 1}
     return write_extraction_study(root, model_dir, "size-test", rows, training=training)
 
 
@@ -554,6 +554,8 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in out and "config @48" in out
     assert "what a step adds to the idle process's RSS (MiB)" in out
+    # the breakdown's first header is short enough never to fold ("configurat" / "ion")
+    assert re.search(r"^config\s+weights\s+grads", out, re.M), out
     rec = record["recommendation"]
     flat = " ".join(out.split())
     found = re.search(

@@ -127,6 +127,33 @@ def test_format_json_schema_strict():
     assert task.verdicts(task.parse('{"answer": "no"}'), ex)["exact_match"] is False
 
 
+def test_format_json_answer_is_read_as_strictly_as_the_gold():
+    task = get_task(make_cfg("format", json_schema={"type": ["object", "number"]}))
+    for raw, says in (
+        ('{"answer": "a", "answer": "b"}', "key 'answer' given twice"),
+        ("NaN", "NaN is not a JSON value"),
+        ('{"answer": "a"', "at line 1, column 15"),
+    ):
+        parsed = task.parse(raw)
+        assert parsed["failure"] == "parse_error" and says in parsed["error"], parsed
+
+
+def test_format_exact_match_tells_true_from_1():
+    task = get_task(make_cfg("format", json_schema={"type": "object"}))
+    ex = {"id": "1", "text": "q", "target": '{"n": 1, "ok": true, "xs": [1, 2]}'}
+    exact = {
+        raw: task.verdicts(task.parse(raw), ex)["exact_match"]
+        for raw in (
+            '{"n": true, "ok": 1, "xs": [1, 2]}',
+            '{"n": 1.0, "ok": true, "xs": [1, 2.0]}',
+            '{"xs": [1, 2], "ok": true, "n": 1}',
+            '{"n": 1, "ok": true, "xs": [2, 1]}',
+            '{"n": 1, "ok": true, "xs": [1, 2], "extra": null}',
+        )
+    }
+    assert list(exact.values()) == [False, True, True, False, False]
+
+
 def test_format_regex_full_match():
     task = get_task(make_cfg("format", json_schema=None, regex=r"\d{4}-\d{2}-\d{2}"))
     assert task.parse("2002-08-22\n")["valid"]
@@ -134,11 +161,60 @@ def test_format_regex_full_match():
     assert task.parse("2002-08-22 12:00")["failure"] == "no_match"
 
 
-def test_format_bad_config_is_named():
-    with pytest.raises(ConfigError, match="task.regex"):
-        get_task(make_cfg("format", json_schema=None, regex="(unclosed"))
-    with pytest.raises(ConfigError, match="task.json_schema"):
-        get_task(make_cfg("format", json_schema={"type": "no-such-type"}))
+def test_format_regex_failure_says_where_the_answer_leaves_the_format():
+    task = get_task(make_cfg("format", json_schema=None, regex=r"From: \S+@\S+ \| Subject: .+"))
+    error = {
+        raw: task.parse(raw)["error"]
+        for raw in (
+            "From: a@b.c | Subject: Hi\nHope this helps!",
+            "From: a@b.c | Subject",
+            "Sure! From: a@b.c | Subject: Hi",
+            "I cannot do that.",
+        )
+    }
+    assert list(error.values()) == [
+        "the first line matches task.regex, then 1 more line(s) follow",
+        "does not match task.regex (starts 'From: a@b.c | Subject')",
+        "holds a match of task.regex at character 7, but the whole answer must match",
+        "does not match task.regex (starts 'I cannot do that.')",
+    ]
+    date = get_task(make_cfg("format", json_schema=None, regex=r"\d{4}-\d{2}-\d{2}"))
+    assert date.parse("2002-08-22 12:00")["error"] == (
+        "matches task.regex up to character 10 of 16; the rest does not (' 12:00')"
+    )
+
+
+def test_format_regex_dot_stops_at_a_newline_as_python_reads_it():
+    # `.+` for a one-line answer must not accept a line of chatter after it
+    one_line = get_task(make_cfg("format", json_schema=None, regex=r"Subject: .+"))
+    assert one_line.parse("Subject: Hi")["valid"]
+    assert one_line.parse("Subject: Hi\nLet me know if you need more.")["failure"] == "no_match"
+    spans = get_task(make_cfg("format", json_schema=None, regex=r"(?s)Subject: .+"))
+    assert spans.parse("Subject: Hi\nLet me know if you need more.")["valid"]
+
+
+def test_format_bad_locked_spec_is_named():
+    # a task section read from a record, past the config's checks, is still refused by name
+    with pytest.raises(ConfigError, match="task.regex: not a valid"):
+        FormatTask("i", None, "(unclosed")
+    with pytest.raises(ConfigError, match="task.json_schema: not a valid"):
+        FormatTask("i", {"type": "no-such-type"}, None)
+
+
+@pytest.mark.parametrize(
+    ("task", "where", "says"),
+    [
+        ({"json_schema": None, "regex": "(unclosed"}, "task.regex", "not a valid regular"),
+        ({"json_schema": None, "regex": ""}, "task.regex", "empty"),
+        ({"json_schema": None, "regex": "  "}, "task.regex", "empty"),
+        ({"json_schema": {"properties": {"a": {"type": 3}}}}, "task.json_schema", "properties/a"),
+    ],
+)
+def test_format_spec_that_cannot_work_is_refused_by_the_config(task, where, says):
+    # validate and register read the config: a broken spec must stop there, not crash `data`
+    with pytest.raises(ConfigError) as err:
+        make_cfg("format", **task)
+    assert f"{where}: " in str(err.value) and says in str(err.value)
 
 
 def test_format_missing_target_names_example():
@@ -212,3 +288,14 @@ def test_extraction_verdicts(ext):
 def test_extraction_target_as_object_is_serialized(ext):
     ex = {"id": "o", "text": "t", "target": {"sender": "a", "subject": "é"}}
     assert json.loads(ext.render(ex)[1]) == {"sender": "a", "subject": "é"}
+
+
+@pytest.mark.parametrize("kind", ["classification", "format", "extraction"])
+def test_template_lists_every_text_field_mapping(kind):
+    # a user with an id column finds data.fields.id in the study.yaml init writes
+    from tunelab.config import FieldsConfig
+
+    raw = yaml.safe_load(render_study_yaml(kind, "t"))
+    assert set(raw["data"]["fields"]) == set(FieldsConfig.model_fields) - {"image"}
+    # a format task has no labels: stratifying by them would promise what it cannot do
+    assert raw["data"]["splits"]["stratify"] is (kind != "format")

@@ -380,6 +380,7 @@ def test_broken_loss_mask_is_invalid(tmp_path, tiny_llama_dir, capsys):
     root = write_study(tmp_path / "short", tiny_llama_dir)
     raw = yaml.safe_load((root / "study.yaml").read_text())
     raw["preprocess"]["max_seq_len"] = 40  # the target no longer fits
+    raw["evaluation"]["max_new_tokens"] = 16  # below the window, as register asks
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     hyp.register(root, Study.open(root).config)
     code, _, err = run_cli(capsys, "train", "-s", root)

@@ -128,6 +128,15 @@ def test_verify_passes_then_catches_a_changed_byte(lora_study, capsys):
     assert rec["model_run"] == run_id and rec["evaluation_run"] != run_id  # the eval run's rows
     first = root / "records" / "runs" / run_id / "verify-1.json"
     assert json.loads(first.read_text())["passed"] is True
+    # the table a user reads names the new record by its whole path, even at 80 columns
+    table = root.parent / "table"
+    shutil.copytree(root, table)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "80")
+        code, out, err = run_cli(capsys, "verify", run_id, "-s", table)
+    assert code == 0, err
+    assert f"record: {table / 'records' / 'runs' / run_id / 'verify-2.json'}" in out
+    assert "…" not in out
 
     # One byte of the adapter changed: refused by hash before anything is loaded.
     work = root.parent / "byte"

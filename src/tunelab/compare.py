@@ -338,7 +338,7 @@ def _extraction_stats(
 ) -> dict[str, Stat]:
     """Extraction's statistics from the per-path counts of each example (see
     metrics.extraction_metrics): fills `per_field` ([B, P]) and returns the overall ones."""
-    keys = ("slots", "present", "exact", "match", "tp", "pred", "gold")
+    keys = ("slots", "present", "empty_match", "exact", "match", "tp", "pred", "gold")
     counts = {  # key -> [n, P]
         key: np.array(
             [[((v.get("paths") or {}).get(p) or {}).get(key, 0) for p in paths] for v in verdicts],
@@ -346,9 +346,11 @@ def _extraction_stats(
         ).reshape(len(verdicts), len(paths))
         for key in keys
     }
-    rates = {"presence_rate": "present", "exact_match": "exact", "normalized_match": "match"}
-    for name, key in rates.items():
-        per_field[name] = ratio_stat(counts[key], counts["slots"])
+    answered = counts["present"] + counts["empty_match"]  # as metrics' presence_rate
+    rates = {"presence_rate": answered, "exact_match": counts["exact"]}
+    rates["normalized_match"] = counts["match"]
+    for name, numerator in rates.items():
+        per_field[name] = ratio_stat(numerator, counts["slots"])
     per_field["f1"] = ratio_stat(2 * counts["tp"], counts["pred"] + counts["gold"])
     top = [paths.index(f) for f in fields if f in paths]
     overall: dict[str, Stat] = {

@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StrictFloat,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -102,6 +103,34 @@ class ScoringConfig(Section):
     )
 
 
+def regex_problem(regex: str) -> str | None:
+    """Why `regex` cannot serve as task.regex (None when it can): it must compile, and match
+    something besides the empty answer (an empty answer always fails)."""
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        return (
+            f"not a valid regular expression: {exc} "
+            "(Python `re` syntax; in YAML, single quotes keep backslashes as written)"
+        )
+    if not regex.strip():
+        return "empty: it matches only an empty answer, which is never valid"
+    return None
+
+
+def json_schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why `schema` is not a valid JSON Schema for its draft (`$schema`, else the latest)."""
+    from jsonschema import exceptions, validators
+
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        at = f" at {where}" if where else ""
+        return f"not a valid JSON Schema{at}: {exc.message} (see https://json-schema.org)"
+    return None
+
+
 class TaskConfig(Section):
     kind: TaskKind = "classification"
     labels: list[str] | None = Field(None, description="Label set; read from the data when absent.")
@@ -117,6 +146,22 @@ class TaskConfig(Section):
     scoring: ScoringConfig | None = Field(
         None, description="Extraction scoring options: ordered lists, numeric tolerances."
     )
+
+    @field_validator("regex")
+    @classmethod
+    def _check_regex(cls, regex: str | None) -> str | None:
+        problem = regex_problem(regex) if regex is not None else None
+        if problem:
+            raise ValueError(problem)
+        return regex
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_json_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = json_schema_problem(schema) if schema is not None else None
+        if problem:
+            raise ValueError(problem)
+        return schema
 
     @model_serializer(mode="wrap")
     def _drop_unset_scoring(self, handler: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -118,10 +119,12 @@ def download(
     repo_type: str = "model",
     allow_patterns: list[str] | None = None,
     local_only: bool | None = None,
+    field: str | None = None,
 ) -> HubSnapshot:
     """`repo_id` at `revision` (default main) in the cache, downloading what is missing unless
     offline (or `local_only`). Raises ModelError / DataError with the fix for a missing repo,
-    revision, token or cache entry."""
+    revision, token or cache entry; hints name `field` (default: the study.yaml field that
+    names the repo; a command-line option such as `--base` for a repo given there)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -133,7 +136,7 @@ def download(
 
     revision = revision or "main"
     offline = hub_offline() if local_only is None else local_only
-    err, field = _error(repo_type), _field(repo_type)
+    err, field = _error(repo_type), field or _field(repo_type)
     where = f"{repo_type} {repo_id}@{revision}"
     try:
         path = snapshot_download(
@@ -168,7 +171,8 @@ def download(
         reason = "offline (HF_HUB_OFFLINE=1)" if offline else "the hub cannot be reached"
         raise err(
             f"{where}: {reason} and not in the cache {hub_cache_dir()}",
-            hint=f"fill the cache where the hub is reachable: `{fill_command(repo_id, revision, repo_type)}` "
+            hint=cached_instead(repo_id, revision, repo_type, field)
+            + f"fill the cache where the hub is reachable: `{fill_command(repo_id, revision, repo_type)}` "
             "(or unset HF_HUB_OFFLINE); HF_HUB_CACHE / HF_HOME choose the cache folder",
         ) from None
     except HfHubHTTPError as exc:
@@ -179,6 +183,31 @@ def download(
         ) from None
     path = Path(path)
     return HubSnapshot(repo_id, repo_type, revision, path.name, path)
+
+
+def cached_instead(repo_id: str, revision: str, repo_type: str, field: str) -> str:
+    """What the cache holds in place of `repo_id@revision`, as the start of a hint: the repo's
+    cached refs and commits (a revision not in the cache), or cached repos whose id is close
+    (a typo in the id); empty when there is nothing near."""
+    folder = repo_folder(repo_id, repo_type)
+    if folder.is_dir():
+        refs = sorted(p.relative_to(folder / "refs").as_posix() for p in folder.glob("refs/**/*"))
+        commits = sorted(p.name for p in folder.glob("snapshots/*") if p.is_dir())
+        held = ", ".join(refs + commits) or "no revision"
+        if field.startswith("--"):  # a repo given on the command line, as org/name@REV
+            return f"the cache holds {repo_id} at {held} (pass {field} {repo_id}@REV, REV one of them); or "
+        revision_field = "data.source.revision" if repo_type == "dataset" else "model.revision"
+        return f"the cache holds {repo_id} at {held} (set {revision_field} to one of them); or "
+    prefix = f"{repo_type}s--"
+    cached = [
+        p.name[len(prefix) :].replace("--", "/", 1)
+        for p in hub_cache_dir().glob(f"{prefix}*")
+        if p.is_dir()
+    ]
+    near = difflib.get_close_matches(repo_id, cached, n=3, cutoff=0.8)
+    if not near:
+        return ""
+    return f"{field}: the cache holds {', '.join(near)}; or "
 
 
 def listed_files(snapshot: HubSnapshot) -> list[str] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from tunelab.records import sha256_file
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet", ".arrow", ".model")
 LFS_MIN_BYTES = 10 * 2**20
 TREE_FORMAT = 1
+# a branch or tag as git allows it, in the part that names a file under refs/
+REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 
 
 def _git_blob_sha1(data: bytes) -> str:
@@ -72,7 +75,16 @@ def write_snapshot(
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder", hint="give the model or data set folder")
     if commit is not None and not COMMIT_RE.fullmatch(commit):
-        raise ConfigError(f"commit {commit!r} is not 40 hex digits", hint="e.g. --commit 0123...")
+        raise ConfigError(
+            f"commit {commit!r} is not 40 hex digits in lowercase", hint="e.g. --commit 0123abcd..."
+        )
+    for ref in refs:  # checked before anything is written: a ref names a file under refs/
+        if not REF_RE.fullmatch(ref) or ".." in ref or ref.endswith(".lock"):
+            raise ConfigError(
+                f"--ref {ref!r} is not a branch or tag name",
+                hint="use letters, digits, '.', '_', '-' and '/' between parts, e.g. --ref main "
+                "--ref v1.0 --ref release/2024",
+            )
     # `.cache/` inside the folder is what `hf download --local-dir` keeps: not part of the repo;
     # a folder that itself lies under some `.cache` (a conversion cache) is laid in whole
     files = sorted(

@@ -14,6 +14,7 @@ from typing import Any
 from tunelab.config import StudyConfig, contradictions, sha256_json
 from tunelab.errors import HypothesisError
 from tunelab.ledger import utc_now
+from tunelab.metrics import study_metric_problems
 from tunelab.records import read_json, write_json_atomic
 
 TEMPLATE_MARK = "TODO"
@@ -95,10 +96,11 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 def check_registrable(cfg: StudyConfig) -> None:
     """Refuse a template hypothesis, no guardrails, or settings `tunelab validate` refuses that
-    the lock would hold (before anything is resolved or written)."""
+    the lock would hold: contradictions, a task section that cannot be built, a metric the task
+    never records (before anything is resolved or written)."""
     from tunelab.tasks import task_problems
 
-    problems = contradictions(cfg) + task_problems(cfg.task)
+    problems = contradictions(cfg) + task_problems(cfg.task) + study_metric_problems(cfg)
     for field, value in cfg.hypothesis.model_dump().items():
         if isinstance(value, str) and (not value.strip() or TEMPLATE_MARK in value):
             problems.append(f"hypothesis.{field} is still the template ({value!r})")

@@ -310,3 +310,60 @@ def torch_isfinite(t: Any) -> bool:
     import torch
 
     return bool(torch.isfinite(t).all())
+
+
+# ---------------------------------------------------------------- the exported processor
+
+PROCESSOR_ATOL = 1e-5
+
+
+def processor_config_for(base_config: dict[str, Any], chain: Chain, own: Any) -> dict[str, Any]:
+    """The base's preprocessor_config.json set to what the chain applies, for an export: RGB
+    conversion on (transformers' processors leave grey, palette and RGBA images unconverted
+    unless told), the chain's mean, std and rescale, and the study's own resize and crop
+    (`own`: preprocess.image) where the processor's form holds them."""
+    out = dict(base_config)
+    out.update(
+        do_convert_rgb=True,
+        do_rescale=True,
+        rescale_factor=chain.rescale,
+        do_normalize=True,
+        image_mean=list(chain.mean),
+        image_std=list(chain.std),
+    )
+    if own is not None and own.resize:
+        out.update(do_resize=True, size={"height": own.resize, "width": own.resize})
+        out.pop("crop_pct", None)
+    if own is not None and own.crop:
+        out.update(do_center_crop=True, crop_size={"height": own.crop, "width": own.crop})
+    return out
+
+
+def _probe_images(example_image: Any | None) -> list[Any]:
+    """The images the exported processor is checked on: the export's example, and a picture
+    with transparency on a palette-free odd-sized canvas (the conversion and the resize)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, size=(23, 37, 4), dtype=np.uint8)
+    probes = [Image.fromarray(rgba, "RGBA")]
+    return ([example_image] if example_image is not None else []) + probes
+
+
+def processor_gap(processor: Any, chain: Chain, example_image: Any | None) -> dict[str, Any]:
+    """How far `processor(images=...)` is from the chain's pixel values on the probe images:
+    {matches, max_abs_diff, error}; error names what the processor raised or a shape apart."""
+    gap, error = 0.0, None
+    for img in _probe_images(example_image):
+        ours = apply_chain(img, chain)
+        try:
+            theirs = processor(images=img, return_tensors="np")["pixel_values"][0]
+        except Exception as exc:  # noqa: BLE001 - any processor failure is the finding
+            error = f"{type(processor).__name__} raised {type(exc).__name__}: {exc}"
+            break
+        if theirs.shape != ours.shape:
+            error = f"{type(processor).__name__} gives {list(theirs.shape)}, the chain {list(ours.shape)}"
+            break
+        gap = max(gap, float(np.abs(theirs - ours).max()))
+    matches = error is None and gap <= PROCESSOR_ATOL
+    return {"matches": matches, "max_abs_diff": None if error else gap, "error": error}

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.data.images import ACCEPTED_MODES, ORIENTED
+from tunelab.data.images import ACCEPTED_MODES, ORIENTED, model_rgb
 from tunelab.errors import DataError, PreprocessError
 from tunelab.image_transforms import apply_chain, example_rng, open_example_image
 from tunelab.preprocess_problems import Problem
@@ -143,14 +143,14 @@ def _open(row: dict[str, Any]) -> tuple[Any, dict[str, str] | None]:
 
 
 def thumbnail_png(img: Any, px: int = THUMB_PX) -> bytes:
-    """`img` as RGB PNG bytes, its longer side scaled to `px` (nearest neighbour: small images
-    stay sharp)."""
+    """`img` as RGB PNG bytes (converted as the model reads it: transparency on white), its
+    longer side scaled to `px` (nearest neighbour: small images stay sharp)."""
     from PIL import Image
 
     scale = px / max(img.width, img.height)
     size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
     buf = io.BytesIO()
-    img.convert("RGB").resize(size, Image.NEAREST).save(buf, format="PNG")
+    model_rgb(img).resize(size, Image.NEAREST).save(buf, format="PNG")
     return buf.getvalue()
 
 

@@ -58,6 +58,69 @@ FIELD_METRICS = (
     "slots",
 )
 NO_PREDICTION = "(none)"
+_SCOPE_NAMES = {"every_category": "per-category", "every_field": "per-field"}
+
+
+def known_metrics(kind: str, scope: str, *, regex: bool = False) -> tuple[str, ...]:
+    """The names an evaluation of a `kind` task records in `scope`, which the hypothesis and the
+    guardrails may name (empty: the kind has no items of that scope). `regex`: a format task
+    given task.regex, which has no JSON to parse (no json_valid_rate, schema_valid_rate)."""
+    scored_as = "classification" if kind == "image_classification" else kind
+    if scope == "overall":
+        names = OVERALL_METRICS.get(scored_as, ())
+        if kind == "format" and regex:
+            names = tuple(n for n in names if n not in ("json_valid_rate", "schema_valid_rate"))
+        return names
+    if scope == "every_category" and scored_as == "classification":
+        return CATEGORY_METRICS + tuple(f"category_{m}" for m in CATEGORY_METRICS)
+    if scope == "every_field" and kind == "extraction":
+        return FIELD_METRICS + tuple(f"field_{m}" for m in FIELD_METRICS)
+    return ()
+
+
+def study_metric_problems(cfg: Any) -> list[str]:
+    """`metric_problems` of a StudyConfig's hypothesis and guardrails (`tunelab validate`,
+    `tunelab register`)."""
+    return metric_problems(
+        cfg.task.kind,
+        cfg.hypothesis.primary_metric,
+        [(rule.metric, rule.scope) for rule in cfg.guardrails],
+        regex=cfg.task.regex is not None,
+    )
+
+
+def metric_problems(
+    kind: str, primary: str, rules: Sequence[tuple[str, str]], *, regex: bool = False
+) -> list[str]:
+    """`field: why` for each name the hypothesis (`primary`) or a guardrail ((metric, scope)
+    per rule) gives that no evaluation of the task records: it could never be checked."""
+    from difflib import get_close_matches
+
+    what = f"a {kind} task" + (" with task.regex" if kind == "format" and regex else "")
+
+    def unknown(field: str, name: str, names: tuple[str, ...], where: str) -> str:
+        close = get_close_matches(name, names, n=1, cutoff=0.8)
+        guess = f"did you mean {close[0]}? " if close else ""
+        return (
+            f"{field}: {name!r} is not {where}metric of {what} ({guess}one of: {', '.join(names)})"
+        )
+
+    out = []
+    overall = known_metrics(kind, "overall", regex=regex)
+    if primary not in overall:
+        out.append(unknown("hypothesis.primary_metric", primary, overall, "an overall "))
+    for i, (metric, scope) in enumerate(rules):
+        names = known_metrics(kind, scope, regex=regex)
+        if not names:
+            scopes = [s for s in ("overall", *_SCOPE_NAMES) if known_metrics(kind, s)]
+            out.append(
+                f"guardrails[{i}].scope: {what} has no {_SCOPE_NAMES[scope]} metrics "
+                f"(scope: {' or '.join(scopes)})"
+            )
+        elif metric not in names:
+            where = f"a {_SCOPE_NAMES[scope]} " if scope in _SCOPE_NAMES else "an overall "
+            out.append(unknown(f"guardrails[{i}].metric", metric, names, where))
+    return out
 
 
 def _div(a: float, b: float) -> float:
@@ -172,7 +235,8 @@ def _path_row(kind: str, sums: Mapping[str, int]) -> dict[str, Any]:
     return {
         "kind": kind,
         "slots": slots,
-        "presence_rate": _div(sums.get("present", 0), slots),
+        # a field answered: a present value, or the null / [] an empty gold asks for
+        "presence_rate": _div(sums.get("present", 0) + sums.get("empty_match", 0), slots),
         "exact_match": _div(sums.get("exact", 0), slots),
         "normalized_match": _div(sums.get("match", 0), slots),
         "precision": precision,

@@ -12,7 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.hub import current_commit
+from tunelab.hub import (
+    cached_commit,
+    cached_instead,
+    current_commit,
+    fill_command,
+    hub_cache_dir,
+    hub_offline,
+    repo_folder,
+)
 from tunelab.hypothesis import pins_of
 
 if TYPE_CHECKING:
@@ -68,3 +76,24 @@ def drift(study_root: Path, cfg: StudyConfig) -> list[str]:
         if now and now != pin["commit"]:
             notes.append(drift_note(key, pin, now))
     return notes
+
+
+def cache_problems(cfg: StudyConfig) -> list[str]:
+    """Offline (HF_HUB_OFFLINE), every hub repo the study names whose revision is not in the
+    cache: what `tunelab register` would refuse, told by `tunelab validate` with what the
+    cache holds instead. Online, nothing (the hub answers at register)."""
+    if not hub_offline():
+        return []
+    out = []
+    for key, ref in cfg.hub_refs().items():
+        repo, rev, kind = ref["repo_id"], ref["revision"], ref["repo_type"]
+        commit = cached_commit(repo, rev, kind)
+        if commit and (repo_folder(repo, kind) / "snapshots" / commit).is_dir():
+            continue
+        field = "data.source.name" if key == "data" else "model.name"
+        out.append(
+            f"{field}: {repo}@{rev} is not in the hub cache {hub_cache_dir()} and HF_HUB_OFFLINE "
+            f"is set; {cached_instead(repo, rev, kind, field).removeprefix(f'{field}: ')}fill it: "
+            f"`{fill_command(repo, rev, kind)}`"
+        )
+    return out

@@ -23,6 +23,7 @@ from typing import Any
 from tunelab.config import StudyConfig, contradictions, load_config, resolve_path, sha256_json
 from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
+from tunelab.metrics import study_metric_problems
 from tunelab.records import read_json, write_json_atomic
 
 RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
@@ -39,9 +40,16 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     path = Path(study_dir) / "study.yaml"
     cfg = load_config(path, overrides)
     from tunelab.models.quantize import qlora_problems
+    from tunelab.pins import cache_problems
     from tunelab.tasks import task_problems
 
-    problems = contradictions(cfg) + task_problems(cfg.task) + qlora_problems(cfg)
+    problems = (
+        contradictions(cfg)
+        + task_problems(cfg.task)
+        + study_metric_problems(cfg)
+        + qlora_problems(cfg)
+        + cache_problems(cfg)
+    )
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:
@@ -209,6 +217,25 @@ class Study:
             overwrite=True,
         )
         return run
+
+    def check_new_run(self, kind: str, name: str | None, parent: str | None) -> str | None:
+        """Before a `kind` run named `name` starts: refuse a name another run of that kind has
+        (every command that takes a run by name would find two), and return the parent's id
+        (`parent` as any command takes a run: id, unique prefix or name)."""
+        taken = [r.id for r in self.ledger.list_runs(kind) if name and r.name == name]
+        if taken:
+            raise RunError(
+                f"--name {name!r} is taken by {kind} run {taken[0]}: a second one would make "
+                f"{name!r} name two runs",
+                hint=f"choose another --name; `tunelab resume {taken[0]}` continues that run if "
+                "it was interrupted",
+            )
+        if not parent:
+            return None
+        try:
+            return self.get_run(parent).id
+        except RunError as exc:
+            raise RunError(f"parent {exc.message}", hint=exc.hint) from None
 
     def get_run(self, run_id: str) -> Run:
         row = self.ledger.get_run(run_id)

@@ -89,6 +89,7 @@ data:
     format: {source_format}   # jsonl | csv | parquet | folder (per label) | hf_disk | hub (name:)
     path: {source_path}
   fields:                     # column names in the source
+    id: null                  # a column with a stable id per example (null: a content hash)
     text: text
     label: {label_field}
     target: {target_field}
@@ -99,7 +100,7 @@ data:
     - rule: drop_empty
     - rule: drop_longer_than
       max_chars: 20000
-  splits: {{train: 0.8, validation: 0.1, test: 0.1, seed: 0, stratify: true}}
+  splits: {{train: 0.8, validation: 0.1, test: 0.1, seed: 0, stratify: {stratify}}}{stratify_note}
   dedup:
     exact: true
     near: true
@@ -176,8 +177,11 @@ _TASKS = {
     "format": dict(
         task_block='  instruction: "Answer with a JSON object."\n'
         "  json_schema: {type: object, required: [answer], properties: {answer: {type: string}}}\n"
-        "  regex: null                # or a regular expression instead of json_schema\n",
+        "  regex: null                # or a Python regular expression the whole answer must\n"
+        "                             # match (then json_schema: null), e.g. '(spam|ham)'\n",
         metric="format_valid_rate",
+        stratify="false",
+        stratify_note="  # no labels to stratify by",
         guardrails='  - {metric: format_valid_rate, scope: overall, op: ">=", value: 0.99}\n',
         source_format="jsonl",
         source_path="data/examples.jsonl",
@@ -239,7 +243,7 @@ def _blocks(values: dict[str, str]) -> dict[str, str]:
         return values
     return {
         **values,
-        "data_block": _TEXT_DATA.format(**values),
+        "data_block": _TEXT_DATA.format(**{"stratify": "true", "stratify_note": "", **values}),
         "preprocess_block": _TEXT_PREPROCESS.format(**values),
         "generation_lines": _GENERATION,
     }

@@ -42,8 +42,9 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         rows.insert(
             -1,
             [
-                "generated tokens (gold answers')",
-                f"{gen['steps']} in {len(gen['batches'])} batches ({gen['answer_steps']})",
+                "decoding steps",  # a batch steps until its last row ends: not a token count
+                f"{gen['steps']} in {len(gen['batches'])} batches (the gold answers would "
+                f"take {gen['answer_steps']})",
             ],
         )
         rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
@@ -100,7 +101,7 @@ def confusion_tables(conf: dict[str, Any], width: int) -> list[Table]:
     labels, columns, matrix = conf["labels"], conf["predicted"], conf["matrix"]
     digits = max((len(str(v)) for row in matrix for v in row), default=1)
     names = [str(label) for label in labels]
-    label_w = min(max(map(len, names), default=1), 32)
+    label_w = min(max(len("gold"), *map(len, names)), 32)
     full = label_w + 4 + sum(max(len(str(c)), digits) + 3 for c in columns)
     title = "confusion (rows: gold, columns: predicted)"
     if full <= width:
@@ -126,6 +127,28 @@ def confusion_tables(conf: dict[str, Any], width: int) -> list[Table]:
     return tables
 
 
+def failure_examples(predictions: list[dict[str, Any]]) -> list[str]:
+    """One line per failure kind: the first example that failed so, and why (its parse error),
+    so a reader sees where answers leave the format without opening the predictions file."""
+    seen: dict[str, str] = {}
+    for p in predictions:
+        kind = (p.get("verdicts") or {}).get("failure")
+        if kind and kind not in seen:
+            seen[kind] = f"  {kind}, e.g. {p.get('id')}: {p.get('parse_error') or '-'}"
+    return list(seen.values())
+
+
+def _print_failure_examples(run_dir: Path, split: str) -> None:
+    from tunelab.records import read_jsonl
+
+    path = run_dir / f"predictions-{split}.jsonl"
+    lines = failure_examples(read_jsonl(path)) if path.exists() else []
+    if lines:
+        console.print(
+            "\n".join(["failures by kind, first example of each:", *lines]), highlight=False
+        )
+
+
 def _warn_test_openings(record: dict[str, Any]) -> None:
     if record.get("warning"):
         console_err.print(f"[bold red on white] WARNING [/] [bold red]{record['warning']}[/]")
@@ -143,6 +166,7 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
         emit_json({"record": str(run.dir), **record})
         return
     print_evaluation(record, f"baseline on {record['split']}")
+    _print_failure_examples(run.dir, record["split"])
     console.print(f"run {run.id}, record: {run.dir}")
     console.print("next: `tunelab smoke`, `tunelab size`, then `tunelab train`")
 
@@ -174,6 +198,7 @@ def eval_(
         emit_json({"record": str(run.dir), **record})
         return
     print_evaluation(record, f"{record['split']} evaluation")
+    _print_failure_examples(run.dir, record["split"])
     console.print(f"evaluated run {record['evaluates']}")
     if record.get("test_openings"):
         console.print(f"test split openings in this study: {record['test_openings']}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from tunelab.cli.common import (
     JsonOpt,
@@ -115,6 +117,31 @@ def artifact_text(manifest: dict) -> str:
     return f"whole model, {art['format']} (from_pretrained)"
 
 
+def _processor_text(p: dict) -> str:
+    """The exported image processor against the study's transforms, in a cell."""
+    if p["matches"]:
+        return f"gives the training transforms' pixel values (max diff {p['max_abs_diff']:.1e})"
+    why = p["error"] or f"max diff {p['max_abs_diff']:.2e}"
+    return f"[yellow]not the training transforms[/] ({escape(why)}): see the card"
+
+
+def _as_json(value: Any) -> str:
+    """A gold value as it is written in the data: JSON (null, false), a string as it is."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _base_text(result: dict[str, Any]) -> str:
+    """Which base was checked: what --base named, against the manifest's base and commit."""
+    base, hub = result["base"], result["base"].get("hub")
+    recorded = result["base_name"] + (f" at {hub['commit'][:12]}" if hub else "")
+    given = base.get("given") or base["path"]
+    text = f"{base['files_checked']} files of {recorded} match --base {given}"
+    repo = given.partition("@")[0]
+    if hub and "/" in repo and repo != hub["repo_id"] and not Path(given).exists():
+        text += " (the same files under another repo id)"
+    return text
+
+
 @app.command("check-export")
 def check_export_cmd(
     directory: Annotated[Path, typer.Argument(help="The export folder.")],
@@ -142,20 +169,12 @@ def check_export_cmd(
         rows = [
             ["export", result["export"]],
             ["files", f"{result['files']['files_checked']} match the manifest (and its sha256)"],
-            [
-                "base",
-                f"{result['base']['files_checked']} files match {result['base_name']}"
-                + (
-                    f" at {result['base']['hub']['commit'][:12]}"
-                    if result["base"].get("hub")
-                    else ""
-                ),
-            ],
+            ["base", _base_text(result)],
             ["loaded", f"{result['artifact']['kind']} in {fmt(result['load_s'], 2)} s"],
         ]
         if ex:
             rows += [
-                ["example", f"{ex['id']} (gold {ex['gold']!r})"],
+                ["example", f"{ex['id']} (gold {_as_json(ex['gold'])})"],
                 ["output", repr(ex["raw_output"])],
                 [
                     "recorded",
@@ -163,6 +182,8 @@ def check_export_cmd(
                     + f" (max score diff {fmt(ex['scores_max_diff'], 6)})",
                 ],
             ]
+        if result.get("processor"):
+            rows.append(["processor", _processor_text(result["processor"])])
         console.print(table("check-export", ["", ""], rows, show_header=False))
     if ex and not ex["matches_recorded"]:
         raise ExampleMismatch(

@@ -18,8 +18,10 @@ from tunelab.study import validate_study
 def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
     report every problem at once."""
+    from tunelab.tasks import task_warnings
+
     cfg = validate_study(study, sets or [])
-    warnings = config_warnings(cfg)
+    warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
         emit_json(
@@ -60,22 +62,23 @@ def runs(
         "invalid": "red",
         "interrupted": "yellow",
     }
-    t = table(
-        f"runs of {s.config.name}",
-        ["id", "kind", "name", "parent", "status", "reason", "created"],
-        [],
-    )
+    # ids are never cut: the id (its parent's below it) has a column of its own; the creation
+    # time is in the id, the reasons follow the table in full
+    t = table(f"runs of {s.config.name}", [], [])
+    t.add_column("id (parent)", no_wrap=True, min_width=max((len(r.id) for r in rows), default=2))
+    for name in ("kind", "name", "status"):
+        t.add_column(name, overflow="fold")
     for r in rows:
         t.add_row(
-            r.id,
+            r.id + (f"\n[dim]from {r.parent}[/]" if r.parent else ""),
             r.kind,
             r.name or "",
-            r.parent or "",
             f"[{colour.get(r.status, 'white')}]{r.status}[/]",
-            (r.reason or "")[:80],
-            r.created_at,
         )
     console.print(t)
+    for r in rows:
+        if r.reason:
+            console.print(f"{r.id} {r.status}: {r.reason}", highlight=False)
     if not rows:
         console.print("no runs yet")
 

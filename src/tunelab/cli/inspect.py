@@ -1,4 +1,5 @@
-"""inspect: examples after the exact preprocessing of training; stops on a broken mask."""
+"""inspect: examples after the exact preprocessing of training; stops on a broken mask or an
+image the chain cannot convert."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def inspect_cmd(
     sets: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show examples after the exact preprocessing of training, and stop on a broken mask."""
+    """Show examples after the exact preprocessing of training, and stop on what the model
+    would misread: a broken mask (text), an image that does not convert faithfully (images)."""
     from tunelab.inspection import run_inspect
 
     if split not in SPLITS:

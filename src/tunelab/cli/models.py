@@ -48,18 +48,19 @@ def models(
     if json_out:
         emit_json({"cache": str(hub_cache_dir()), "repos": repos})
         return
-    t = table(f"{kind}s in {hub_cache_dir()}", ["repo", "commit", "refs", "files", "size"], [])
-    t.columns[0].overflow = "fold"  # a repo id is read whole, over two lines if need be
-    for repo in repos:
-        for i, rev in enumerate(repo["revisions"]):
-            t.add_row(
-                repo["repo_id"] if i == 0 else "",
+    console.print(f"{kind}s in {hub_cache_dir()}", soft_wrap=True)
+    for repo in repos:  # the id on a line of its own: never cut, whatever its length
+        rows = [
+            [
                 rev["commit"][:12],
                 ", ".join(rev["refs"]) or "-",
-                str(rev["files"]),
+                rev["files"],
                 _size(rev["size_bytes"]),
-            )
-    console.print(t)
+            ]
+            for rev in repo["revisions"]
+        ]
+        console.print(f"[bold]{repo['repo_id']}[/]", soft_wrap=True)
+        console.print(table(None, ["commit", "refs", "files", "size"], rows))
     if not repos:
         console.print(f"no {kind}s cached (HF_HUB_CACHE or HF_HOME choose the folder)")
 

@@ -182,7 +182,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
     console.print(
         _compact(
             "analytic breakdown (MiB)",
-            ["configuration", "weights", "grads", "optim", "activ", "logits", "temps", "peak at"],
+            ["config", "weights", "grads", "optim", "activ", "logits", "temps", "peak at"],
             parts,
         )
     )

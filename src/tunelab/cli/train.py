@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -83,7 +84,8 @@ def train(
     study: StudyDir = Path("."),
     name: Annotated[str | None, typer.Option(help="A short name for the run.")] = None,
     parent: Annotated[
-        str | None, typer.Option(help="The run this variant changes one thing of.")
+        str | None,
+        typer.Option(help="The run this variant changes one thing of (id, prefix or name)."),
     ] = None,
     why: Annotated[str | None, typer.Option(help="What this run changes and why.")] = None,
     sets: SetOpt = None,
@@ -96,9 +98,18 @@ def train(
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
     from tunelab.train import train_run
-    from tunelab.train.launch import Launch, forward_options, rank_strategy, relaunch
+    from tunelab.train.launch import (
+        Launch,
+        forward_options,
+        rank_strategy,
+        relaunch,
+        under_torchrun,
+    )
 
     s = open_study(study, sets)
+    # rank 0 alone checks the name (the others start while it creates the run)
+    first = not under_torchrun() or os.environ.get("RANK") == "0"
+    parent = s.check_new_run("train", name if first else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):

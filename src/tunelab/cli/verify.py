@@ -73,7 +73,6 @@ def verify(
                 if timings
                 else "-",
             ],
-            ["record", record["path"]],
         ]
         console.print(table("verify", ["", ""], rows, show_header=False))
         for m in pred.get("mismatches") or []:
@@ -86,6 +85,7 @@ def verify(
             console.print(f"[yellow]{env['message']}[/]", highlight=False)
         verdict = "[green]passed[/]" if record["passed"] else "[red]FAILED[/]"
         console.print(f"verify {verdict}: {record['reason']}", highlight=False)
+        console.print(f"record: {record['path']}", soft_wrap=True, highlight=False)  # whole
     if not record["passed"]:
         raise VerifyFailed(
             f"run {record['model_run']} not verified: {record['reason']}",

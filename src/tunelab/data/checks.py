@@ -17,7 +17,6 @@ warned with example places (the `strip_control` cleaning rule removes them).
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -206,9 +205,9 @@ def control_notes(texts: list[str], rows: list[SourceRow], what: str) -> list[st
 
 def _target_problem(target: str, task: Any, validator: Any, pattern: Any) -> str | None:
     if pattern is not None:
-        if pattern.fullmatch(target.strip()) is None:
-            return f"does not match task.regex {preview(task.regex)}"
-        return None
+        from tunelab.tasks.format import regex_mismatch
+
+        return regex_mismatch(pattern, target.strip())
     try:
         value = loads_json(target)
     except ParseProblem as exc:
@@ -237,10 +236,10 @@ def check_targets(read: RowsRead) -> list[str]:
     rows, task, data = read.rows, read.config.task, read.config.data
     if task.kind not in ("format", "extraction") or data.fields.target is None:
         return []
-    from tunelab.tasks.format import make_validator
+    from tunelab.tasks.format import answer_pattern, make_validator
 
     validator = make_validator(task.json_schema) if task.json_schema is not None else None
-    pattern = re.compile(task.regex, re.DOTALL) if task.regex is not None else None
+    pattern = answer_pattern(task.regex) if task.regex is not None else None
     bad = [
         (row, problem)
         for row in rows
@@ -250,6 +249,22 @@ def check_targets(read: RowsRead) -> list[str]:
     if not bad:
         return []
     against = "task.regex" if pattern is not None else "task.json_schema"
+    if len(bad) == len(rows):
+        spec = f"`{task.regex}`" if pattern is not None else "the schema"
+        raise DataError(
+            f"none of the {len(rows)} gold target(s) satisfies {against} {spec}, e.g. "
+            f"{bad[0][0].where}: {bad[0][1]}",
+            hint=f"fix {against} in study.yaml (every answer would fail it), or check that "
+            f"data.fields.target ({data.fields.target!r}) names the answer column",
+        )
+    empty = [row for row, _ in bad if not row.target.strip()]
+    if empty and data.invalid_targets == "keep":
+        raise DataError(
+            f"{len(empty)} gold target(s) are empty, e.g. {empty[0].where} (field "
+            f"{data.fields.target!r}): an empty answer can be neither trained on nor scored, "
+            "so data.invalid_targets: keep does not keep it",
+            hint="write the answer in those rows, or remove the rows, then run `tunelab data`",
+        )
     if data.invalid_targets == "keep":
         return [
             f"{len(bad)} target(s) do not satisfy {against} (kept: data.invalid_targets is "

@@ -224,25 +224,36 @@ def _skip_reason(name: str) -> str | None:
     return None
 
 
-def _label_files(folder: Path, root: Path, skipped: list[tuple[str, str]]) -> list[Path]:
-    """The image files under a label folder (its sub-folders too, links followed once); hidden
-    folders and other files go to `skipped`."""
+def _label_files(
+    folder: Path, root: Path, skipped: list[tuple[str, str]], follow: bool
+) -> list[Path]:
+    """The image files under a label folder and its sub-folders; hidden folders, links to
+    folders (unless `follow`: each read once) and other files go to `skipped`."""
     files, seen = [], set()
-    for here, dirs, names in os.walk(folder, followlinks=True):
+    for here, dirs, names in os.walk(folder, followlinks=follow):
         real = os.path.realpath(here)
         if real in seen:  # a link back to a folder already read
             dirs[:] = []
             continue
         seen.add(real)
-        here_path = Path(here)
-        skipped += [(_rel(here_path / d, root) + "/", "hidden") for d in dirs if d[0] == "."]
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        at = Path(here)
+        kept = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                skipped.append((_rel(at / d, root) + "/", "hidden"))
+            elif not follow and (at / d).is_symlink():
+                skipped.append(
+                    (_rel(at / d, root) + "/", "a link to a folder; follow_links reads it")
+                )
+            else:
+                kept.append(d)
+        dirs[:] = kept
         for name in sorted(names):
             why = _skip_reason(name)
             if why:
-                skipped.append((_rel(here_path / name, root), why))
+                skipped.append((_rel(at / name, root), why))
             else:
-                files.append(here_path / name)
+                files.append(at / name)
     return sorted(files)
 
 
@@ -274,7 +285,7 @@ def read_image_folder(src: SourceData, cfg: DataConfig) -> ImageSource:
             hint="put each category's images in a sub-folder named after the category",
         )
     for folder in labels:
-        files = _label_files(folder, root, images.skipped)
+        files = _label_files(folder, root, images.skipped, follow)
         if not files:
             raise DataError(
                 f"{folder}: label folder {folder.name!r} has no image files "
@@ -307,7 +318,7 @@ def attach_images(src: SourceData, cfg: DataConfig) -> ImageSource:
             )
         _contained(path, base, cfg.source.follow_links, src)
         row.text = _rel(path, base)
-        _add_image(src, images, path, where)
+        _add_image(src, images, path, f"{row.where} (field {cfg.fields.image!r}: {raw})")
     return images
 
 

@@ -543,7 +543,40 @@ def datasets_cache_dir() -> Path:
 def read_hub(src: SourceData, cfg: DataConfig, mapper: FieldMapper, progress: Any) -> None:
     """Rows of the data set in the snapshot folder `src.root` (every file listed with its
     sha256); `src.hub` gets repo, commit, config, splits and the `datasets` fingerprints."""
-    add_dataset_rows(src, mapper, load_hub(src, cfg), cfg.source.name, progress)
+    loaded = load_hub(src, cfg)
+    check_inferred_targets(src, mapper, loaded, cfg.source.name)
+    add_dataset_rows(src, mapper, loaded, cfg.source.name, progress)
+
+
+# data files whose column types `datasets` infers from the values (Parquet and Arrow store theirs)
+INFERRED_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".tsv")
+
+
+def check_inferred_targets(src: SourceData, mapper: FieldMapper, loaded: Any, name: str) -> None:
+    """Refuse a target column that `datasets` typed as other than text while reading JSON or
+    CSV files: it rewrites such values on load (a string "3" among numbers becomes 3, a key one
+    row lacks becomes null, "007" becomes 7), so the gold would not be what the files say."""
+    import datasets
+
+    column = mapper.mapped().get("target")
+    inferred = [f["path"] for f in src.files if f["path"].endswith(INFERRED_SUFFIXES)]
+    if column is None or not inferred:
+        return
+    for split, ds in loaded.items():
+        feature = ds.features.get(column)
+        if feature is None or (
+            isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+        ):
+            continue
+        raise DataError(
+            f"data set {name}[{split}] ({inferred[0]}): the target column {column!r} is read "
+            f"by `datasets` as {preview(str(feature), 80)}, not as text: it rewrites such values "
+            'when it loads them (a string "3" among numbers becomes 3, a key that a row lacks '
+            "becomes null), so the gold would not be what the file says",
+            hint=f"write each {column!r} value as a JSON string (json.dumps of the object), "
+            "then lay the data set into the cache again (`tunelab hub-cache`), or store it as "
+            "Parquet with the types you mean",
+        )
 
 
 def load_hub(src: SourceData, cfg: DataConfig) -> Any:

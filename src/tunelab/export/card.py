@@ -12,6 +12,21 @@ from tunelab.export.manifest import MANIFEST
 TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
 
 
+def _prompt_lines(m: Mapping[str, Any]) -> list[str]:
+    """What a user of the model must send and may expect back: the instruction a causal LM's
+    prompts began with, and for a format task the format every answer was held to."""
+    task = (m.get("config") or {}).get("task") or {}
+    out = []
+    if task.get("instruction") and m["base"].get("architecture") == "causal_lm":
+        out.append(f"- Instruction before each input: {json.dumps(task['instruction'])}")
+    if task.get("kind") == "format" and task.get("regex") is not None:
+        out.append(f"- Answer format: the whole answer matches the regex `{task['regex']}`")
+    elif task.get("kind") == "format" and task.get("json_schema") is not None:
+        schema = json.dumps(task["json_schema"], sort_keys=True)
+        out.append(f"- Answer format: one JSON value satisfying the schema `{schema}`")
+    return out
+
+
 def model_card(m: Mapping[str, Any]) -> str:
     """README.md of an export, from its manifest."""
     base = m["base"]
@@ -29,6 +44,7 @@ def model_card(m: Mapping[str, Any]) -> str:
         f"- Task: {task['kind']}"
         + (f", labels {', '.join(task['labels'])}" if task.get("labels") else "")
         + (f", fields {', '.join(task['fields'])}" if task.get("fields") else ""),
+        *_prompt_lines(m),
         f"- Hypothesis v{hyp.get('version')}: {hyp.get('behaviour')}",
         f"- Primary metric: {hyp.get('primary_metric')} (must improve by at least "
         f"{hyp.get('min_improvement')})",
@@ -110,8 +126,9 @@ def model_card(m: Mapping[str, Any]) -> str:
         f"from transformers import {reader}, {auto}",
     ]
     lines += _load_lines(m, auto, head)
+    lines.append(f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")')
+    lines += _processor_lines((m.get("limitations_detail") or {}).get("processor"))
     lines += [
-        f'tokenizer = {reader}.from_pretrained("THIS_FOLDER/tokenizer")',
         "```",
         "",
         "## Training",
@@ -171,3 +188,15 @@ def primary_verdict(primary: dict[str, Any]) -> str:
         f"{'yes' if primary.get('significant') else 'no'}); minimum improvement "
         f"{number_text(primary.get('min_improvement'))}: {threshold}."
     )
+
+
+def _processor_lines(processor: dict[str, Any] | None) -> list[str]:
+    """What the exported image processor gives, as a comment under the loading lines."""
+    if not processor:
+        return []
+    if processor.get("matches"):
+        return [
+            "# its pixel_values are the training transforms' (RGB conversion on, transparency "
+            "on white), checked at export"
+        ]
+    return ["# NOT the training transforms: see Limitations"]

@@ -167,7 +167,12 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     trained = hub.get("commit") if hub.get("repo_id") == repo else None
     source = base.get("source") or {}
     patterns = [source["gguf_file"].rsplit("/", 1)[-1]] if source.get("gguf_file") else None
-    snap = download(repo, rev or trained or "main", allow_patterns=patterns or base.get("patterns"))
+    snap = download(
+        repo,
+        rev or trained or "main",
+        allow_patterns=patterns or base.get("patterns"),
+        field="--base",
+    )
     if trained and snap.commit != trained:
         raise ExportError(
             f"refusing base {text}: it resolves to commit {snap.commit}, the export was trained "
@@ -324,8 +329,9 @@ def check_export(
     manifest = _read_manifest(export_dir)
     files = check_files(export_dir, manifest)
     binding = check_binding(export_dir, manifest)
+    given = str(base_path)
     base_path = resolve_base_arg(base_path, manifest)
-    base = check_base(base_path, manifest)
+    base = {**check_base(base_path, manifest), "given": given}
     started = time.perf_counter()
     model, tokenizer = load_export(export_dir, base_path.resolve(), manifest)
     load_s = time.perf_counter() - started
@@ -361,4 +367,25 @@ def check_export(
             "matches_recorded": cmp["ok"],
             "seconds": round(time.perf_counter() - started, 3),
         }
+    if manifest["base"]["architecture"] == "image":
+        result["processor"] = _processor_check(tokenizer, manifest, result["example"], export_dir)
     return result
+
+
+def _processor_check(
+    processor: Any, manifest: Mapping[str, Any], example: Any, export_dir: Path
+) -> dict[str, Any]:
+    """The exported AutoImageProcessor against the study's chain (`processor_gap`), on the
+    example's image when there is one."""
+    from tunelab.config import validate_config
+    from tunelab.data.images import open_image
+    from tunelab.image_transforms import processor_gap, resolve_chain
+
+    chain = resolve_chain(processor, validate_config(manifest["config"], source=MANIFEST))
+    image = None
+    if example is not None:
+        stored = read_json(_safe(export_dir, manifest["example"]))["example"]
+        if "image_path" in stored:
+            data = _safe(export_dir, stored["image_path"]).read_bytes()
+            image = open_image(data, stored["image_path"])
+    return processor_gap(processor, chain, image)

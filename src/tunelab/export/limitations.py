@@ -100,6 +100,14 @@ def limitation_lines(detail: Mapping[str, Any]) -> list[str]:
     elif not detail["verify"].get("passed"):
         lines.append(f"the latest `tunelab verify` failed: {detail['verify'].get('reason')}")
     lines += _quantization_lines(detail.get("quantization"), detail.get("merge"))
+    processor = detail.get("processor")
+    if processor and not processor.get("matches"):
+        why = processor.get("error") or f"max |diff| {processor.get('max_abs_diff'):.2e}"
+        lines.append(
+            f"the exported image processor does not give the training transforms' pixel values "
+            f"({why}): preprocess as the manifest's config.preprocess.image and the steps in "
+            "the card say"
+        )
     for note in detail.get("notes") or []:
         lines.append(f"note: {note}")
     return lines

@@ -351,12 +351,39 @@ def _write_files(
             if first["id"] in merged_predictions:  # what check-export expects of the merged model
                 example["merged"] = merged_predictions[first["id"]]
             write_json_atomic(tmp / EXAMPLE_FILE, example)
+    if src.base.architecture == "image":
+        ev.detail["processor"] = _image_processor(src, tmp, example)
     pickled = pickle_files(tmp)
     if pickled:
         raise ExportError(
             f"the export would hold pickle files: {pickled}", hint="only safetensors and JSON"
         )
     return example, merge
+
+
+def _image_processor(src: _Source, tmp: Path, example: dict[str, Any] | None) -> dict[str, Any]:
+    """The exported preprocessor_config.json set to the training chain (see
+    `image_transforms.processor_config_for`), and how far AutoImageProcessor loaded from it is
+    from the chain's pixel values (the model card and check-export say so)."""
+    from transformers import AutoImageProcessor
+
+    from tunelab.image_transforms import processor_config_for, processor_gap, resolve_chain
+    from tunelab.models._quiet import quiet_transformers
+    from tunelab.models.vision import load_image_processor
+
+    chain = resolve_chain(load_image_processor(src.base), src.cfg)
+    path = tmp / TOKENIZER_DIR / "preprocessor_config.json"
+    config = processor_config_for(read_json(path), chain, src.cfg.preprocess.image)
+    path.unlink()  # the base's copy, replaced inside the export's temporary folder
+    write_json_atomic(path, config)
+    image = None
+    if example and "image" in example["example"]:
+        from tunelab.data.images import open_image
+
+        image = open_image((tmp / example["example"]["image_path"]).read_bytes(), "example")
+    with quiet_transformers():
+        processor = AutoImageProcessor.from_pretrained(tmp / TOKENIZER_DIR)
+    return processor_gap(processor, chain, image)
 
 
 def _artifact(method: str, merge: dict[str, Any] | None) -> dict[str, Any]:

@@ -132,7 +132,9 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
             loss, loss_source = 0.0, "the label"
     generating = causal and cfg.task.kind not in CLASSIFYING_KINDS
     ev = cfg.evaluation
-    prompt, answers, gen_source = _generation(study, mean, longest, loss, ev.max_new_tokens)
+    prompt, answers, gen_source = _generation(
+        study, mean, longest, loss, ev.max_new_tokens, generating
+    )
     requested = cfg.training.precision
     precision = requested if requested in ("bf16", "fp16") else "bf16"
     planned_as = (
@@ -165,9 +167,13 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
 
 
 def _generation(
-    study: Study, mean: float, longest: int, loss: float, max_new_tokens: int
+    study: Study, mean: float, longest: int, loss: float, max_new_tokens: int, generating: bool
 ) -> tuple[float, float, str]:
-    """(prompt tokens, decoding steps of a batch, source): the baseline's batches when it ran."""
+    """(prompt tokens, decoding steps of a batch, source): the baseline's batches when it ran;
+    a task that does not generate scores an example in its forwards, with no decoding."""
+    if not generating:
+        steps = min(max_new_tokens, math.ceil(longest * loss))
+        return mean * (1 - loss), steps, "given by the task: it scores each example, no decoding"
     row, rec = latest_baseline(study)
     batches = (rec.get("generation") or {}).get("batches") or []
     if row is not None and batches:

@@ -290,6 +290,10 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
     for r in evals:
         same_unit.setdefault(r.name or "eval", []).append(run_seconds(r))
     repeated = max(same_unit.values(), key=len, default=[])
+    # a run interrupted then resumed to the end counts too: its ledger keeps the interruption
+    stopped = {e["run_id"] for e in study.ledger.events() if e["kind"] == "status:interrupted"}
+    interrupted = [r for r in train if r.status == "interrupted" or r.id in stopped]
+    resumed = sum(r.status != "interrupted" for r in interrupted)
     return [
         ReviewRow(
             "initial check",
@@ -320,7 +324,7 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
         ),
         ReviewRow(
             "resumption margin",
-            _n(sum(1 for r in train if r.status == "interrupted"), "interrupted run"),
+            _n(len(interrupted), "interrupted run") + (f" ({resumed} resumed)" if resumed else ""),
             planned.resume_each_s * planned.num_variants,
             None,
             None,

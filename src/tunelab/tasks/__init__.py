@@ -26,6 +26,7 @@ __all__ = [
     "get_task",
     "task_for",
     "task_problems",
+    "task_warnings",
 ]
 
 
@@ -92,3 +93,32 @@ def task_problems(t: TaskConfig) -> list[str]:
     except ConfigError as exc:
         return [exc.message + (f" ({exc.hint})" if exc.hint else "")]
     return []
+
+
+def _formats(node: object, path: str) -> list[tuple[str, str]]:
+    """(schema path, format) of every `format` keyword under `node`."""
+    out = []
+    if isinstance(node, dict):
+        if isinstance(node.get("format"), str):
+            out.append((path or "(root)", node["format"]))
+        for key, value in node.items():
+            out += _formats(value, f"{path}/{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += _formats(value, f"{path}/{i}")
+    return out
+
+
+def task_warnings(t: TaskConfig) -> list[str]:
+    """Settings of the task section that are read but not enforced: a json_schema `format`
+    (JSON Schema makes it an annotation; neither the gold check nor validity tests it)."""
+    found = _formats(t.json_schema, "") if t.json_schema else []
+    if not found:
+        return []
+    shown = ", ".join(f"{where} ({fmt!r})" for where, fmt in found[:3])
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return [
+        f"task.json_schema: format is not checked at {shown}{more}: JSON Schema treats it as "
+        "an annotation, so a gold target or an answer in another form still counts as valid; "
+        "add a `pattern` to the same field to enforce a form"
+    ]

@@ -20,7 +20,9 @@ from tunelab.tasks.format import make_validator, schema_errors, target_string
 from tunelab.tasks.json_text import find_json_object, json_type
 from tunelab.tasks.schema_scoring import SchemaScorer, is_present
 
-NO_KINDS = "all"
+# inspect's categories besides the target kinds: apart from its overall "all" row
+NO_KINDS = "(no list or nullable field)"
+NOT_JSON = "(target not a JSON object)"
 
 
 class ExtractionTask(Task):
@@ -141,12 +143,22 @@ class ExtractionTask(Task):
         return [] if problem is not None else self.scorer.target_kinds(value)
 
     def categories(self, rows: Sequence[dict[str, Any]]) -> list[str] | None:
-        """Inspect's category of each unlabelled row: its target kinds, e.g. `list null`
-        (None for labelled rows or a schema without list or nullable fields)."""
+        """Inspect's category of each unlabelled row: its target kinds, e.g. `list null`, else
+        NO_KINDS, or NOT_JSON for a target no answer can be scored against (None for labelled
+        rows or when every row is NO_KINDS)."""
         if any(r.get("label") is not None for r in rows):
             return None
-        kinds = [", ".join(self.target_kinds(r)) for r in rows]
-        return [k or NO_KINDS for k in kinds] if any(kinds) else None
+        out = [self._category(r) for r in rows]
+        return None if all(c == NO_KINDS for c in out) else out
+
+    def _category(self, row: dict[str, Any]) -> str:
+        try:
+            value, problem = read_gold(self.target_text(row))
+        except DataError:
+            return NOT_JSON
+        if problem is not None:
+            return NOT_JSON
+        return ", ".join(self.scorer.target_kinds(value)) or NO_KINDS
 
     def target_problems(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         """Targets that can never be matched: not read as a JSON object by the answers' reader,

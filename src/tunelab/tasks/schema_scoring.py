@@ -9,7 +9,8 @@ Rules for one value (gold g, answer a):
 - different JSON types never match (`"2"` against 2, `null` against `[]`): `wrong_type`;
 - numbers compare numerically (2 matches 2.0), within `tolerance[path]` when one is set;
   strings by `normalize_text`; booleans and null exactly;
-- objects match when every scored field matches;
+- objects match when every scored field matches; an object schema naming no fields (a map,
+  e.g. `additionalProperties` only) compares every key, and a key the gold lacks is wrong;
 - lists are multisets: gold and answer items are paired one to one (`alignment.align`) to
   maximize first the number of items that match whole, then the number of agreeing fields; a
   list matches when every gold item is paired with a whole match and no answer item is left
@@ -20,7 +21,8 @@ absent), `wrong_type`, `wrong_value` (same type, other value) or `not_json` (the
 JSON object). Fields inside a missing or mistyped object inherit its failure kind.
 
 Per path and example, `score` counts (all ints): `slots`, `present` (answer value not null,
-blank, [] or {}), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
+blank, [] or {}), `empty_match` (the gold is null, blank, [] or {} and the answer matches it:
+the field is answered, though not present; presence rates count both), `exact` (equal JSON, lists in order), `match`, the failure kinds, and `tp`,
 `pred`, `gold` for precision and recall: for a list path they count items (a true positive is a
 gold item paired with an answer item that matches it whole); elsewhere present values (a true
 positive is a present answer value matching a present gold value). Sub-fields of list items are
@@ -43,7 +45,17 @@ from tunelab.tasks.json_text import json_type
 
 SCORING_VERSION = "tunelab-extraction/3"
 SLOT_FAILURES = ("missing", "wrong_type", "wrong_value", "not_json")
-COUNT_KEYS = ("slots", "present", "exact", "match", "tp", "pred", "gold", *SLOT_FAILURES)
+COUNT_KEYS = (
+    "slots",
+    "present",
+    "empty_match",
+    "exact",
+    "match",
+    "tp",
+    "pred",
+    "gold",
+    *SLOT_FAILURES,
+)
 LIST_KINDS = ("list", "list_of_objects")
 
 
@@ -263,6 +275,8 @@ class SchemaScorer:
             pairs = self.pair_items(node, path, gold, answer)
             return len(gold) == len(answer) == sum(full for _, _, full in pairs)
         if kind == "object":
+            if _named(self.resolve(node)) is None and set(answer) - set(gold):
+                return False  # a map's keys are its data: an invented entry is wrong
             return all(
                 k in answer
                 and self.same(self.child(node, k), join_path(path, k), gold[k], answer[k])
@@ -368,6 +382,7 @@ class SchemaScorer:
         if failure:
             c[failure] += 1
         c["match"] += matched
+        c["empty_match"] += matched and not is_present(gold)
         if as_list:
             c["gold"] += len(gold) if gold_type == "array" else 0
             c["pred"] += len(answer) if given and isinstance(answer, list) else 0

@@ -11,7 +11,17 @@ def data_section(d: Dossier) -> Section:
     if not d.data["data"]:
         sec.text("No data snapshot recorded.")
     for m in d.data["data"][-1:]:
-        sec.text(f"Snapshot {m.get('snapshot_id')} created {m.get('created_at')}.")
+        src = m.get("source") or {}
+        hub = src.get("hub")
+        where = (
+            f"hub data set {hub['repo_id']} at commit {hub['commit']}"
+            if hub
+            else f"{src.get('path')} ({src.get('format')})"
+        )
+        sec.text(
+            f"Snapshot {m.get('snapshot_id')} created {m.get('created_at')} from {where}, "
+            f"{src.get('num_files')} file(s)."
+        )
         counts = m.get("counts") or {}
         per = counts.get("per_category") or {}
         if per:

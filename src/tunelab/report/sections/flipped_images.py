@@ -10,11 +10,11 @@ snapshot, each checked against the sha256 in its name before it is shown.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any
 
+from tunelab.errors import DataError
 from tunelab.report.document import Gallery, Thumb
 from tunelab.report.sections.context import Dossier
 
@@ -49,8 +49,7 @@ def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
 def _thumbnail(folder: Path, name: Any) -> bytes | None:
     """The stored image `name` (images/<sha256>.<ext>) as a thumbnail; None when it is missing
     or its bytes no longer match the sha256 its name carries."""
-    from PIL import Image
-
+    from tunelab.data.images import open_image
     from tunelab.inspect_images import thumbnail_png
 
     if not isinstance(name, str) or not name.startswith("images/"):
@@ -62,8 +61,10 @@ def _thumbnail(folder: Path, name: Any) -> bytes | None:
         return None
     if hashlib.sha256(data).hexdigest() != Path(name).stem:
         return None
-    with Image.open(io.BytesIO(data)) as img:
-        return thumbnail_png(img)
+    try:
+        return thumbnail_png(open_image(data, name))  # upright, as the model read it
+    except DataError:  # a stored file this tunelab no longer reads (an animation)
+        return None
 
 
 def flipped_galleries(d: Dossier, cmp: dict[str, Any], v: dict[str, Any]) -> list[Any]:

@@ -24,6 +24,13 @@ def hypothesis_section(d: Dossier) -> Section:
             ],
             caption="guardrails",
         )
+        pins = c.get("pins") or {}
+        if pins:  # what "main" meant when this version was locked: every stage loads that
+            sec.table(
+                ["what", "repo", "revision", "commit"],
+                [[k, p["repo_id"], p["revision"], p["commit"]] for k, p in pins.items()],
+                caption="hub repos pinned",
+            )
         if h.get("diff"):
             sec.table(
                 ["field", "was", "now"],
