@@ -128,6 +128,11 @@ def test_export_folder_and_manifest(exported):
     lm_card = model_card(lm)
     assert '- Instruction before each input: "Date only."' in lm_card
     assert "- Answer format: the whole answer matches the regex `\\d{4}`" in lm_card
+    # the 4-bit settings every config carries are stated for QLoRA only
+    assert m["adaptation"]["method"] == "lora" and "quantization" in m["adaptation"]
+    assert '"quantization"' not in card and '"rank"' in card
+    qlora = {**m, "adaptation": {**m["adaptation"], "method": "qlora"}}
+    assert '"quantization"' in model_card(qlora)
     # the adapter names the base, not a folder of the training machine
     adapter_cfg = json.loads((path / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == base["name"]

@@ -27,6 +27,14 @@ def _prompt_lines(m: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _applied_adaptation(adaptation: Any) -> Any:
+    """The adaptation settings as the card states them: the 4-bit settings only for QLoRA
+    (every config carries their defaults, which a LoRA or full run never used)."""
+    if not isinstance(adaptation, dict) or adaptation.get("method") == "qlora":
+        return adaptation
+    return {k: v for k, v in adaptation.items() if k != "quantization"}
+
+
 def model_card(m: Mapping[str, Any]) -> str:
     """README.md of an export, from its manifest."""
     base = m["base"]
@@ -133,7 +141,7 @@ def model_card(m: Mapping[str, Any]) -> str:
         "",
         "## Training",
         "",
-        f"- Adaptation: {json.dumps(m.get('adaptation'), sort_keys=True)}",
+        f"- Adaptation: {json.dumps(_applied_adaptation(m.get('adaptation')), sort_keys=True)}",
         f"- Training: {json.dumps(m.get('training'), sort_keys=True)}",
         f"- Data snapshot: `{m.get('data_snapshot')}`",
         f"- Config sha256: `{m.get('config_sha256')}`",
