@@ -74,6 +74,10 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
     )
     assert forced["merge"] == {"merged": False, "reason": "the recorded evaluation was unmerged"}
     assert [p["raw_output"] for p in preds] == [p["raw_output"] for p in unmerged]
+    # on a CPU the copy's linear layers (2 blocks x 7 and the lm_head) are packed; the model as
+    # loaded keeps its dense ones
+    assert record["merge"]["packed"] == {"linears": 2 * 7 + 1, "kernel": "onednn"}
+    assert any(type(m).__name__ == "Linear" for m in model.modules())
     # a recorded merged choice is reproduced without a check
     again, repro = evaluate_model(
         model, tok, base, study, extraction_examples(), "validation", merge=True

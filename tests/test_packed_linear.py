@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from test_evaluate import extraction_examples, load, make_study
-from test_merged_eval import lora
-
 torch = pytest.importorskip("torch")
 
 
@@ -52,21 +49,3 @@ def test_packing_states_why_it_does_not_apply(tiny_llama_dir):
     assert packing_unavailable(torch.nn.Sequential(torch.nn.ReLU())) == (
         "the model has no linear layer"
     )
-
-
-def test_the_merged_copy_is_packed_on_cpu_and_records_it(tmp_path, tiny_llama_dir):
-    from tunelab.evaluate import evaluate_model
-
-    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
-    model, tok, base = load(study)
-    model = lora(study, model, base)
-    record, preds = evaluate_model(model, tok, base, study, extraction_examples(), "validation")
-    forced, unmerged = evaluate_model(
-        model, tok, base, study, extraction_examples(), "validation", merge=False
-    )
-    merge = record["merge"]
-    assert merge["merged"] is True, merge
-    assert merge["packed"] == {"linears": 2 * 7 + 1, "kernel": "onednn"}  # 2 layers + lm_head
-    assert "packed" not in forced["merge"]  # nothing is packed for the model as loaded
-    assert [p["raw_output"] for p in preds] == [p["raw_output"] for p in unmerged]
-    assert linears(model)  # the model as loaded keeps its dense layers
