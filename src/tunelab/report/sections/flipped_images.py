@@ -63,7 +63,7 @@ def _thumbnail(folder: Path, name: Any) -> bytes | None:
         return None
     try:
         return thumbnail_png(open_image(data, name))  # upright, as the model read it
-    except DataError:  # a stored file this tunelab no longer reads (an animation)
+    except DataError:  # a stored file open_image refuses (an animation): no thumbnail
         return None
 
 
