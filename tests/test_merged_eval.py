@@ -72,7 +72,11 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
     assert record["merge"]["reason"].startswith(
         "first batch: 3 outputs greedy for the unmerged model (teacher-forced)"
     )
-    assert forced["merge"] == {"merged": False, "reason": "the recorded evaluation was unmerged"}
+    assert forced["merge"] == {
+        "merged": False,
+        "copy": False,
+        "reason": "the recorded evaluation ran on the model as loaded",
+    }
     assert [p["raw_output"] for p in preds] == [p["raw_output"] for p in unmerged]
     # on a CPU the copy's linear layers (2 blocks x 7 and the lm_head) are packed; the model as
     # loaded keeps its dense ones
@@ -84,6 +88,56 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
     )
     assert again["merge"]["merged"] is True and "check_s" not in again["merge"]
     assert [p["raw_output"] for p in repro] == [p["raw_output"] for p in preds]
+
+
+def test_a_model_without_adapter_is_evaluated_on_a_packed_copy(tmp_path, tiny_llama_dir):
+    """A baseline's linear layers are packed in a copy, checked like a merge on the first
+    batch; the outputs are those of the model as loaded, and a recorded choice reproduces."""
+    from tunelab.evaluate import evaluate_model
+    from tunelab.merged_eval import describe_copy
+    from tunelab.verify import recorded_copy
+
+    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
+    model, tok, base = load(study)
+    record, preds = evaluate_model(model, tok, base, study, extraction_examples(), "validation")
+    merge = record["merge"]
+    assert merge["copy"] is True and merge["merged"] is False, merge
+    assert merge["packed"] == {"linears": 2 * 7 + 1, "kernel": "onednn"}
+    assert merge["unmerged"] == "the model has no adapter to merge"
+    assert merge["reason"].startswith("first batch: 3 outputs greedy")
+    assert describe_copy(merge) == "copy, 15 linear layers packed"
+    assert recorded_copy(record) is True
+    assert all(type(m).__name__ != "PackedLinear" for m in model.modules())
+    loaded, plain = evaluate_model(
+        model, tok, base, study, extraction_examples(), "validation", merge=False
+    )
+    assert loaded["merge"]["copy"] is False
+    assert describe_copy(loaded["merge"]).startswith("the model as loaded: ")
+    assert [p["raw_output"] for p in preds] == [p["raw_output"] for p in plain]
+    again, repro = evaluate_model(
+        model, tok, base, study, extraction_examples(), "validation", merge=True
+    )
+    assert again["merge"]["copy"] is True and "check_s" not in again["merge"]
+    assert [p["raw_output"] for p in repro] == [p["raw_output"] for p in preds]
+
+
+def test_packing_is_refused_when_the_free_memory_cannot_hold_it(
+    tmp_path, tiny_llama_dir, monkeypatch
+):
+    """The packed weights are a second copy of every linear weight: with too little memory
+    free the baseline runs on the model as loaded and the record says why."""
+    from tunelab import env
+    from tunelab.evaluate import evaluate_model
+    from tunelab.packed_linear import packed_bytes
+
+    assert env.available_memory_bytes() > 0  # read from /proc/meminfo on this Linux machine
+    study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
+    model, tok, base = load(study)
+    monkeypatch.setattr(env, "available_memory_bytes", lambda: packed_bytes(model))
+    record, _ = evaluate_model(model, tok, base, study, extraction_examples(), "validation")
+    merge = record["merge"]
+    assert merge["copy"] is False and merge["packed"]["linears"] == 0
+    assert "need twice that free" in merge["packed"]["reason"]
 
 
 def test_the_teacher_forced_check_finds_an_output_that_is_not_greedy(tmp_path, tiny_llama_dir):
@@ -160,7 +214,9 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
         models, tok, pre, task, study.config, rows, "causal_lm", _Ticker(None, 7, "")
     )
     assert models.record["merged"] is False
-    assert models.record["reason"].startswith("first batch differed merged: max score difference")
+    assert models.record["reason"].startswith(
+        "first batch differed on the copy: max score difference"
+    )
     assert models.current is model
     want = predict_rows(model, tok, pre, task, study.config, rows, "causal_lm", lambda n: None)
     assert [p["scores"] for p in got] == [p["scores"] for p in want]

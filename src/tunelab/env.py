@@ -239,6 +239,19 @@ def others_runnable(reads: int = 5, gap_s: float = 0.04) -> float | None:
     return float(statistics.median(counts))
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says a new allocation can take now (/proc/meminfo's MemAvailable);
+    None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def cpu_share(cpu_s: float, seconds: float, threads: int, device: Any) -> float | None:
     """The share of its threads' time some work on the CPU had: process CPU seconds over wall
     seconds x threads. About 0.95 on a quiet machine; another process on the cores lowers it.

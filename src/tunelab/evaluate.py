@@ -260,7 +260,8 @@ def evaluate_model(
             snapshot's labels).
         expect_template_sha256: the template sha the model was trained with (its run's
             preprocess.json); a different rendering now is refused before any inference.
-        merge: a LoRA model is evaluated through a merged copy (`tunelab.merged_eval`): None
+        merge: the model is evaluated through a copy made for the evaluation
+            (`tunelab.merged_eval`: a LoRA adapter merged, linear layers packed on a CPU): None
             checks it on the first batch and falls back when it differs, True / False
             reproduce a recorded choice. The record's `merge` says what was used.
     Returns:
@@ -308,7 +309,7 @@ def evaluate_model(
                 models, tokenizer, pre, task, cfg, rows, architecture, tick, timing
             )
         merge_record = models.record
-        del models  # the merged copy goes with it
+        del models  # the evaluation copy goes with it
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - started

@@ -1,26 +1,28 @@
-"""Evaluating an adapted model merged: a merged copy in memory, checked on the first batch.
+"""Evaluating on a copy made for the evaluation: merged, packed, checked on the first batch.
 
 An unmerged LoRA adapter adds two small matmuls to every adapted layer at every decoding step;
 merged into the weights (W + scale * B @ A) the model runs as fast as its base. Evaluation,
-verify and the smoke's evaluation pass therefore evaluate a merged copy built in memory (the
-checkpoint on disk is never touched; only the weights the merge writes into are copied, every
-other tensor is shared with the model as loaded). On a CPU the copy's linear layers are packed for
-oneDNN as well (`tunelab.packed_linear`), under the same check.
+verify and the smoke's evaluation pass therefore evaluate a copy built in memory (the checkpoint
+on disk is never touched; only the weights the merge writes into are copied, every other tensor
+is shared with the model as loaded). On a CPU the copy's linear layers are packed for oneDNN as
+well (`tunelab.packed_linear`); a model without an adapter (a baseline, a full fine-tune) gets
+a copy for that alone, when its layers can be packed and the memory free holds the packed weights.
 
-Merging reorders float sums, so it is adopted only after the first batch gave the same answers
-both ways: for a generating task, the model as loaded, fed the merged copy's outputs in one
-forward pass (teacher forcing), must pick every one of their tokens greedily and end where they
-end (`tunelab.generation.greedy_agreement`); for a classifier, every score within `SCORE_ATOL`
-of the precision (the tolerance verify reproduces recorded scores with) and the same best label.
-Otherwise the evaluation falls back to the model as loaded and records why. The evaluation
-record's `merge` says which model was used; `tunelab verify` re-evaluates with that choice.
+Merging and packing reorder float sums, so the copy is adopted only after the first batch gave
+the same answers both ways: for a generating task, the model as loaded, fed the copy's outputs
+in one forward pass (teacher forcing), must pick every one of their tokens greedily and end
+where they end (`tunelab.generation.greedy_agreement`); for a classifier, every score within
+`SCORE_ATOL` of the precision (the tolerance verify reproduces recorded scores with) and the
+same best label. Otherwise the evaluation falls back to the model as loaded and records why.
+The evaluation record's `merge` says which model was used (`copy`, `merged`, `packed`);
+`tunelab verify` re-evaluates with that choice.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -52,6 +54,16 @@ def unmergeable_reason(model: Any) -> str | None:
     return None
 
 
+def _copy_sharing(model: Any, written: set[int]) -> Any:
+    """A copy of `model`'s modules sharing every parameter and buffer but those in `written`
+    (ids), which are copied."""
+    memo: dict[int, Any] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) not in written:
+            memo[id(tensor)] = tensor
+    return copy.deepcopy(model, memo)
+
+
 def merged_copy(model: Any) -> Any:
     """A merged copy of a peft LoRA model: the base weights of the LoRA layers are copied and
     the adapter merged into them; every other tensor is shared with `model`, which is left as it
@@ -62,62 +74,101 @@ def merged_copy(model: Any) -> Any:
     for layer in lora_layers(model):
         for tensor in layer.get_base_layer().parameters(recurse=False):
             written.add(id(tensor))
-    memo: dict[int, Any] = {}
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if id(tensor) not in written:
-            memo[id(tensor)] = tensor
     with torch.no_grad():
-        twin = copy.deepcopy(model, memo)
-        merged = twin.merge_and_unload()
+        merged = _copy_sharing(model, written).merge_and_unload()
     merged.eval()
     return merged
 
 
+def evaluation_copy(model: Any) -> tuple[Any, bool, str | None]:
+    """(the copy to evaluate, whether it is merged, why it is not): the merged copy of a model
+    whose LoRA adapter can be merged; of a model without one, a copy of its modules sharing
+    every tensor (its linear layers are then packed); None for an adapter that cannot be
+    merged (its layers read their own weights, which packing replaces)."""
+    reason = unmergeable_reason(model)
+    if reason is None:
+        return merged_copy(model), True, None
+    if lora_layers(model):
+        return None, False, reason
+    twin = _copy_sharing(model, set())
+    twin.eval()
+    return twin, False, reason
+
+
+def packing_refused(model: Any) -> str | None:
+    """Why `model`'s linear layers are not packed (None when they are): the packed weights are
+    a second copy of every linear weight, refused when the memory free now cannot hold it
+    twice over."""
+    from tunelab.env import available_memory_bytes
+    from tunelab.packed_linear import packed_bytes, packing_unavailable
+
+    unavailable = packing_unavailable(model)
+    if unavailable:
+        return unavailable
+    need, free = packed_bytes(model), available_memory_bytes()
+    if free is not None and 2 * need > free:
+        mib = 2**20
+        return (
+            f"the packed weights ({need / mib:,.0f} MiB) need twice that free, "
+            f"{free / mib:,.0f} MiB is"
+        )
+    return None
+
+
 @dataclass
 class EvalModels:
-    """The model each evaluation batch runs on.
+    """The model each evaluation batch runs on: the model as loaded, or a copy of it made for
+    the evaluation (merged, when it has a LoRA adapter, and on a CPU its linear layers packed).
 
-    `choice` None: the first batch runs on the model as loaded and on the merged copy, and the
-    copy is kept only if `compare` finds the same answers; True: the merged copy throughout (a
-    recorded choice reproduced); False: the model as loaded.
+    `choice` None: the first batch runs on the model as loaded and on the copy, and the copy is
+    kept only if the check finds the same answers; True: the copy throughout (a recorded choice
+    reproduced); False: the model as loaded.
     """
 
     model: Any
     choice: bool | None = None
     atol: float = 2e-4
     record: dict[str, Any] = field(default_factory=dict)
-    _merged: Any = None
+    _copy: Any = None
+    _merges: bool = False
     _checked: bool = False
 
     @classmethod
     def prepare(cls, model: Any, choice: bool | None, atol: float, rows: int) -> EvalModels:
-        """Build the merged copy when the model has an adapter and `choice` allows it; on a
-        CPU its linear layers are packed for oneDNN too (`rows`: the batch, the layout's hint)."""
-        from tunelab.packed_linear import pack_linears, packing_unavailable
+        """Build the evaluation copy when `choice` allows it: merged when the model has an
+        adapter, its linear layers packed for oneDNN on a CPU (`rows`: the batch, the layout's
+        hint). A model without an adapter whose layers cannot be packed gets no copy."""
+        from tunelab.packed_linear import pack_linears
 
-        reason = unmergeable_reason(model)
-        if reason is not None or choice is False:
-            why = reason or "the recorded evaluation was unmerged"
-            return cls(model, False, atol, {"merged": False, "reason": why})
+        if choice is False:
+            why = "the recorded evaluation ran on the model as loaded"
+            return cls(model, False, atol, {"merged": False, "copy": False, "reason": why})
         started = time.perf_counter()
-        merged = merged_copy(model)
-        out = cls(model, choice, atol, {"merged": choice, "merge_s": 0.0})
-        unpacked = packing_unavailable(merged)
+        twin, merges, reason = evaluation_copy(model)
+        if twin is None:
+            return cls(model, False, atol, {"merged": False, "copy": False, "reason": reason})
+        refused = packing_refused(twin)
+        if refused and not merges:
+            record = {"merged": False, "copy": False, "reason": reason}
+            return cls(model, False, atol, {**record, "packed": {"linears": 0, "reason": refused}})
+        out = cls(model, choice, atol, {"merged": bool(choice and merges), "copy": bool(choice)})
         out.record["packed"] = (
-            {"linears": 0, "reason": unpacked}
-            if unpacked
-            else {"linears": pack_linears(merged, rows), "kernel": "onednn"}
+            {"linears": 0, "reason": refused}
+            if refused
+            else {"linears": pack_linears(twin, rows), "kernel": "onednn"}
         )
-        out._merged = merged
+        out._copy, out._merges = twin, merges
         out.record["merge_s"] = round(time.perf_counter() - started, 3)
+        if not merges:
+            out.record["unmerged"] = reason
         if choice:
-            out.record["reason"] = "the recorded evaluation was merged"
+            out.record["reason"] = "the recorded evaluation ran on its copy"
             out._checked = True
         return out
 
     @property
     def current(self) -> Any:
-        return self._merged if self._merged is not None and self._checked else self.model
+        return self._copy if self._copy is not None and self._checked else self.model
 
     @property
     def device(self) -> Any:
@@ -131,15 +182,15 @@ class EvalModels:
         agrees: Callable[[Any, T], tuple[bool, float | None, str]] | None = None,
     ) -> T:
         """`compute(model)` for one batch on the model chosen. The first batch is checked by
-        `compare` (computed on both models, the merged copy's result kept when they agree) or by
-        `agrees(model, merged result)` (the model as loaded judges the merged copy's result in
-        one pass; the batch is computed again as loaded when it does not agree)."""
-        if self._merged is None or self._checked:
+        `compare` (computed on both models, the copy's result kept when they agree) or by
+        `agrees(model, copy's result)` (the model as loaded judges the copy's result in one
+        pass; the batch is computed again as loaded when it does not agree)."""
+        if self._copy is None or self._checked:
             return compute(self.current)
         self._checked = True
         started = time.perf_counter()
         if agrees is not None:
-            candidate = compute(self._merged)
+            candidate = compute(self._copy)
             candidate_s = time.perf_counter() - started
             same, diff, detail = agrees(self.model, candidate)
             check_s = time.perf_counter() - started - candidate_s
@@ -148,15 +199,17 @@ class EvalModels:
             assert compare is not None
             reference = compute(self.model)
             reference_s = time.perf_counter() - started
-            candidate = compute(self._merged)
+            candidate = compute(self._copy)
             same, diff, detail = compare(reference, candidate)
             check_s = time.perf_counter() - started - reference_s
         self.record.update(check_s=round(check_s, 3), max_diff=diff, atol=self.atol)
         if same:
-            self.record.update(merged=True, reason=f"first batch: {detail}")
+            self.record.update(merged=self._merges, copy=True, reason=f"first batch: {detail}")
             return candidate
-        self._merged = None  # the copy is freed: the rest runs as loaded
-        self.record.update(merged=False, reason=f"first batch differed merged: {detail}")
+        self._copy = None  # the copy is freed: the rest runs as loaded
+        self.record.update(
+            merged=False, copy=False, reason=f"first batch differed on the copy: {detail}"
+        )
         return reference if reference is not None else compute(self.model)
 
 
@@ -164,7 +217,24 @@ def as_models(model: Any) -> EvalModels:
     """`model` itself when it is an EvalModels, else one that always uses it as given."""
     if isinstance(model, EvalModels):
         return model
-    return EvalModels(model, False, record={"merged": False, "reason": "as given"})
+    return EvalModels(model, False, record={"merged": False, "copy": False, "reason": "as given"})
+
+
+def ran_on_copy(merge_record: Mapping[str, Any] | None) -> bool:
+    """Whether an evaluation record's `merge` says it ran on the evaluation copy (a record
+    without `copy` had one only when merged)."""
+    merge = merge_record or {}
+    return bool(merge.get("copy", merge.get("merged")))
+
+
+def describe_copy(merge_record: Mapping[str, Any]) -> str:
+    """What an evaluation ran on, in a few words, from its record's `merge`."""
+    merge = merge_record or {}
+    if not ran_on_copy(merge):
+        return f"the model as loaded: {merge.get('reason') or 'no copy'}"
+    packed = (merge.get("packed") or {}).get("linears") or 0
+    what = "merged copy" if merge.get("merged") else "copy"
+    return f"{what}, {packed} linear layers packed" if packed else what
 
 
 def close_scores(atol: float):

@@ -34,6 +34,15 @@ def packing_unavailable(model: Any) -> str | None:
     return None
 
 
+def packed_bytes(model: Any) -> int:
+    """The bytes the packed weights of `model`'s linear layers take (one more copy of each)."""
+    return sum(
+        m.weight.numel() * m.weight.element_size()
+        for m in model.modules()
+        if type(m) is torch.nn.Linear
+    )
+
+
 class PackedLinear(torch.nn.Module):
     """Stands in for an `nn.Linear` at inference: its weight reordered for oneDNN once."""
 

@@ -399,7 +399,7 @@ def _fresh_process_checks(
         SCORE_ATOL,
         compare_predictions,
         fresh_evaluate,
-        recorded_merge,
+        recorded_copy,
     )
 
     timings, record = found.timings, found.record
@@ -413,7 +413,7 @@ def _fresh_process_checks(
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
-        merge=recorded_merge(read_json(run.path("metrics-validation.json"))),
+        merge=recorded_copy(read_json(run.path("metrics-validation.json"))),
     )
     timings["reload_s"] = fresh["load_s"]
     timings["fresh_eval_s"] = fresh["eval_s"]

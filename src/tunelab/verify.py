@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.evaluate import SCORE_ATOL
+from tunelab.merged_eval import ran_on_copy
 from tunelab.records import read_json, read_jsonl, write_json_atomic
 from tunelab.train.checkpoint import check_checkpoint_files
 from tunelab.worker import Worker, serve
@@ -358,7 +359,7 @@ def fresh_evaluate(
 
     `num_threads`: the caller's torch thread count when it computed the figures compared
     (a different count reorders float sums); by default the run's training.num_threads.
-    `merge`: the recorded evaluation's choice (merged copy or not) to reproduce; None lets the
+    `merge`: the recorded evaluation's choice (its copy or not) to reproduce; None lets the
     fresh process check and choose as an evaluation does.
 
     `probe_ids`: also the raw logits on these examples (`probe_logits`); `val_loss_ids`: also
@@ -452,10 +453,10 @@ def _write_record(run: Run, record: dict[str, Any]) -> Path:
     raise AssertionError("could not find a free verify-<n>.json name")
 
 
-def recorded_merge(eval_record: Mapping[str, Any]) -> bool:
-    """Whether the recorded evaluation ran on a merged copy (a record without `merge` predates
-    merging: it ran unmerged)."""
-    return bool((eval_record.get("merge") or {}).get("merged"))
+def recorded_copy(eval_record: Mapping[str, Any]) -> bool:
+    """Whether the recorded evaluation ran on its evaluation copy (`tunelab.merged_eval`; a
+    record without `merge` ran on the model as loaded)."""
+    return ran_on_copy(eval_record.get("merge"))
 
 
 def _reproduce(
@@ -480,7 +481,7 @@ def _reproduce(
             ids=[r["id"] for r in recorded],
             labels=eval_record.get("labels"),
             num_threads=eval_record.get("torch_threads"),
-            merge=recorded_merge(eval_record),
+            merge=recorded_copy(eval_record),
         )
     except (CheckpointError, ModelError) as exc:
         return {

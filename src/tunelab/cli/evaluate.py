@@ -22,6 +22,7 @@ from tunelab.cli.common import (
 )
 from tunelab.cli.progress import ProgressBoard, eval_progress
 from tunelab.env import BUSY_CPU_SHARE
+from tunelab.merged_eval import describe_copy, ran_on_copy
 from tunelab.metrics import OVERALL_METRICS
 
 
@@ -49,10 +50,8 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
         )
         rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
     merge = record.get("merge") or {}
-    if merge.get("merged") or "check_s" in merge:  # a LoRA model: merged, or why not
-        rows.insert(
-            -1, ["adapter", "merged" if merge["merged"] else f"unmerged: {merge['reason']}"]
-        )
+    if ran_on_copy(merge) or "check_s" in merge:  # a copy was made: used, or why not
+        rows.insert(-1, ["evaluated on", describe_copy(merge)])
     if record.get("torch_threads"):
         rows.insert(-1, ["threads", record["torch_threads"]])
     console.print(table(title, ["metric", "value"], rows))
