@@ -7,6 +7,8 @@ validation split as the evaluation takes it (`evaluation.max_examples`, 20), gre
 
 - tunelab: `tunelab.evaluate.evaluate_model` on the run's model as `tunelab eval` loads it
   (peft, unmerged): it builds its merged copy and checks it on the first batch (both counted).
+- `--baseline`: the untouched base model instead, as `tunelab baseline` evaluates it (tunelab
+  builds its packed copy and checks it the same way); the peer is `generate` on that model.
 - peer: the same peft model, unmerged, `model.generate` over the split in its order, batches of
   the same size, left padding, the same prompts (tunelab's own prompt tokens), greedy, EOS.
 
@@ -111,12 +113,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--study", type=Path, default=None)
     ap.add_argument("--draft-tokens", type=int, default=None, help="evaluation.draft_tokens")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="the untouched base model on both sides, as `tunelab baseline` evaluates it",
+    )
     args = ap.parse_args()
 
     import torch
 
     from tunelab.data import load_snapshot
-    from tunelab.evaluate import evaluate_model, judge_output
+    from tunelab.evaluate import evaluate_model, judge_output, load_base_model
     from tunelab.preprocess import Preprocessor
     from tunelab.study import Study
     from tunelab.tasks import get_task
@@ -135,14 +142,18 @@ def main() -> int:
         for r in sorted(study.list_runs(), key=lambda r: r.created_at, reverse=True)
         if r.kind == "train" and r.status == "completed"
     )
-    model, tokenizer, base = load_run_model(study, study.get_run(run.id))
+    if args.baseline:
+        model, tokenizer, base = load_base_model(study, None)
+    else:
+        model, tokenizer, base = load_run_model(study, study.get_run(run.id))
     tokenizer.padding_side = "left"
     ev = study.config.evaluation
     rows = load_snapshot(study, run.data_snapshot).rows("validation")[: ev.max_examples]
     task = get_task(study.config)
     pre = Preprocessor(tokenizer, study.config, task, base.architecture)
     print(
-        f"study {folder} run {run.id}: {len(rows)} validation examples, batch {ev.batch_size}, "
+        f"study {folder} {'base model' if args.baseline else 'run ' + run.id}: "
+        f"{len(rows)} validation examples, batch {ev.batch_size}, "
         f"max_new_tokens {ev.max_new_tokens}, {args.threads} threads",
         flush=True,
     )
