@@ -70,7 +70,7 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
     )
     assert record["merge"]["merged"] is True, record["merge"]
     assert record["merge"]["reason"].startswith(
-        "first batch: 3 outputs greedy for the unmerged model (teacher-forced)"
+        "first batch: 3 outputs greedy for the model as loaded (teacher-forced)"
     )
     assert forced["merge"] == {
         "merged": False,

@@ -207,8 +207,8 @@ def greedy_agreement(
     n = len(wanted)
     shown = f", smallest top-2 logit margin {margin:.3g}" if margin != float("inf") else ""
     if differ:
-        return False, None, f"{differ} of {n} outputs not greedy for the unmerged model{shown}"
-    return True, None, f"{n} outputs greedy for the unmerged model (teacher-forced){shown}"
+        return False, None, f"{differ} of {n} outputs not greedy for the model as loaded{shown}"
+    return True, None, f"{n} outputs greedy for the model as loaded (teacher-forced){shown}"
 
 
 class SharedPrefixes:
