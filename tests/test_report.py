@@ -225,3 +225,133 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
     sec = decision_section(Dossier(None, {**data, "runs": []}, None))
     rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
     assert rows["sealed test split"].startswith("not opened yet: `tunelab eval train-a")
+
+
+# ------------------------------------------------- a study with a resumed run and an amendment
+
+
+@pytest.fixture(scope="module")
+def amended_study(tmp_path_factory, tiny_bert_dir):
+    """A real study on the tiny BERT: register (v1), data, inspect, baseline, a run stopped by
+    SIGTERM after step 2 and resumed to the end, its evaluation and a comparison, all under
+    hypothesis v1; then the hypothesis amended (v2) and the dossier built."""
+    import os
+
+    import torch
+
+    from helpers import register_study, write_topic_study
+    from tunelab.compare import compare_study, save_compare
+    from tunelab.evaluate import run_baseline, run_eval
+    from tunelab.hypothesis import register
+    from tunelab.inspection import run_inspect
+    from tunelab.train import RunInterrupted, resume_run, train_run
+
+    torch.set_num_threads(1)
+    root = write_topic_study(
+        tmp_path_factory.mktemp("amended") / "s",
+        tiny_bert_dir,
+        "amended",
+        max_steps=4,
+        training={"checkpoint_every_steps": 1, "num_threads": 1},
+    )
+    study = register_study(root)
+    run_inspect(study)
+    run_baseline(study)
+    os.environ["TUNELAB_TEST_KILL_AT"] = "term:2"
+    try:
+        with pytest.raises(RunInterrupted):
+            train_run(study, name="lora", why="LoRA on query and value")
+    finally:
+        del os.environ["TUNELAB_TEST_KILL_AT"]
+    (stopped,) = [r for r in study.ledger.list_runs() if r.name == "lora"]
+    resume_run(Study.open(root), stopped.id)
+    run_eval(study, stopped.id)
+    save_compare(study, compare_study(study))
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["hypothesis"]["rationale"] = "the encoder never saw these three topics"
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    assert register(study.root, study.config)[0]["version"] == 2
+    return {"root": root, "run": stopped.id, "paths": build_report(study)}
+
+
+def _section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    end = md.find("\n## ", start + 1)
+    return md[start : end if end >= 0 else None]
+
+
+def test_the_dossier_shows_a_run_was_interrupted_and_resumed(amended_study):
+    run = amended_study["run"]
+    md = amended_study["paths"]["markdown"].read_text()
+    runs = _section(md, "Every run, failed ones included")
+    (row,) = [line for line in runs.splitlines() if line.startswith(f"| {run} |")]
+    assert "completed, resumed 1x" in row  # the status alone says nothing of the stop
+    assert (
+        f"lora ({run}): interrupted 1 time and resumed 1 time. Interrupted at " in runs
+        and "stopped by SIGTERM after step 2; checkpoint step-000002 saved" in runs
+        and "resumed from step-000002" in runs
+    ), runs
+    page = amended_study["paths"]["html"].read_text()
+    assert "completed, resumed 1x" in page and "resumed from step-000002" in page
+
+
+def test_the_dossier_says_which_records_an_earlier_hypothesis_made(amended_study):
+    md = amended_study["paths"]["markdown"].read_text()
+    page = amended_study["paths"]["html"].read_text()
+    stale = "made under hypothesis v1; current is v2"
+    for title in (
+        "Decision",
+        "Inspection of preprocessing",
+        "Baseline and variants on the validation split",
+        "Every run, failed ones included",
+        "Comparisons and guardrails",
+    ):
+        assert stale in _section(md, title), title
+    assert "| hypothesis | made under v1; current is v2 |" in _section(md, "Decision")
+    assert page.count(stale) == md.count(stale)
+    # a record of the current version says nothing
+    assert "current is v2" not in _section(md, "Hypothesis and guardrails")
+
+
+def test_each_interruption_is_paired_with_the_resume_that_followed_it():
+    from tunelab.report.sections.runs import _history, resumed_steps, stops_and_resumes
+
+    events = [
+        {"at": "t0", "kind": "created", "detail": "running"},
+        {"at": "t1", "kind": "status:interrupted", "detail": "killed before a checkpoint"},
+        {"at": "t2", "kind": "status:running", "detail": "resumed from the start (no checkpoint yet)"},
+        {"at": "t3", "kind": "update_check", "detail": "{}"},
+        {"at": "t4", "kind": "status:interrupted", "detail": "stopped by SIGINT after step 6"},
+        {"at": "t5", "kind": "status:running", "detail": "resumed from step-000006"},
+        {"at": "t6", "kind": "status:interrupted", "detail": "stopped by SIGTERM after step 9"},
+    ]  # fmt: skip
+    stops = stops_and_resumes(events)
+    assert [(s["at"], s["resumed_at"]) for s in stops] == [("t1", "t2"), ("t4", "t5"), ("t6", None)]
+    assert resumed_steps(stops) == [0, 6]
+    text = _history("v1", "train-x", stops)
+    assert text.startswith("v1 (train-x): interrupted 3 times and resumed 2 times. 1. interrupted")
+    assert "resumed from the start (no checkpoint yet) at t2" in text
+    assert text.endswith("3. interrupted at t6 (stopped by SIGTERM after step 9), not resumed "
+                         "(`tunelab resume train-x` continues it).")  # fmt: skip
+
+
+def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registrations():
+    from tunelab.report.sections.context import Dossier
+
+    hypotheses = [
+        {"version": 1, "registered_at": "2026-12-01T10:00:00.000Z"},
+        {"version": 2, "registered_at": "2026-12-01T12:00:00.500Z"},
+    ]
+    d = Dossier(None, {"runs": [], "hypotheses": hypotheses}, None)
+    assert d.made_under({"hypothesis_version": 2}) is None
+    assert d.made_under({"hypothesis_version": 1}) == "made under hypothesis v1; current is v2"
+    # the same second as the amendment, before its milliseconds
+    assert d.made_under({"created_at": "2026-12-01T12:00:00Z"}) == (
+        "made under hypothesis v1 (the latest registered when it was made); current is v2"
+    )
+    assert d.made_under({"created_at": "2026-12-01T12:00:01Z"}) is None
+    assert d.made_under({"created_at": "2026-12-01T09:00:00Z"}) == (
+        "made before any hypothesis was registered; current is v2"
+    )
+    assert d.made_under({}) is None  # no version, no time: nothing to say

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tunelab.config import sha256_json
+from tunelab.hypothesis import latest_hypothesis
 from tunelab.preprocess import (
     IGNORE_INDEX,
     Preprocessor,
@@ -429,12 +430,15 @@ def run_inspect(
         render = render_html
     inspect_id = new_inspect_id()
     out_dir = study.records / "inspect"
+    hypothesis = latest_hypothesis(study.records)  # inspect may come before the registration
     record = {
         "inspect_id": inspect_id,
         "study": study.config.name,
         "split": split,
         "snapshot_id": snapshot.id,
         "config_sha256": study.config.sha256(),
+        "hypothesis_version": hypothesis and hypothesis["version"],
+        "hypothesis_sha256": hypothesis and hypothesis["sha256"],
         "per_category": per_category,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         **body,

@@ -48,7 +48,7 @@ def _records_in(folder: Path, pattern: str = "*.json") -> list[dict[str, Any]]:
     return out
 
 
-def _collect_run(study: Study, row: Any) -> dict[str, Any]:
+def _collect_run(study: Study, row: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
     run_dir = study.runs_dir / row.id
     evaluations = {}
     for p in sorted(run_dir.glob("metrics-*.json")):
@@ -65,12 +65,17 @@ def _collect_run(study: Study, row: Any) -> dict[str, Any]:
         "steps": _read_jsonl(run_dir / "metrics.jsonl"),
         "evaluations": evaluations,
         "verify": _records_in(run_dir, "verify*.json"),
+        "events": events,  # the ledger's, oldest first: statuses (interruptions, resumes), checks
     }
 
 
 def collect(study: Study) -> dict[str, Any]:
     rec = study.records
-    runs = [_collect_run(study, r) for r in study.list_runs()]
+    rows = study.list_runs()
+    events: dict[str, list[dict[str, Any]]] = {}
+    for e in study.ledger.events():
+        events.setdefault(e["run_id"], []).append(e)
+    runs = [_collect_run(study, r, events.get(r.id, [])) for r in rows]
     data = []
     data_root = rec / "data"
     if data_root.is_dir():

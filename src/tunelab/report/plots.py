@@ -11,13 +11,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_loss_curves(runs: list[dict[str, Any]], out: Path) -> Path | None:
-    """One line per training run (train loss per step, validation loss as markers)."""
-    series = [(r["row"]["name"] or r["row"]["id"], r["steps"]) for r in runs if r["steps"]]
+def plot_loss_curves(
+    runs: list[dict[str, Any]], out: Path, resumed: dict[str, list[int]] | None = None
+) -> Path | None:
+    """One line per training run (train loss per step, validation loss as markers); a dotted
+    vertical line at each step a run was resumed from (`resumed`: run id -> steps)."""
+    series = [
+        (r["row"]["name"] or r["row"]["id"], r["steps"], (resumed or {}).get(r["row"]["id"], []))
+        for r in runs
+        if r["steps"]
+    ]
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(8, 4))
-    for label, steps in series:
+    for label, steps, resumes in series:
         xs = [s["step"] for s in steps if "loss" in s and s.get("loss") is not None]
         ys = [s["loss"] for s in steps if "loss" in s and s.get("loss") is not None]
         (line,) = ax.plot(xs, ys, label=f"{label} train", linewidth=1.2)
@@ -26,6 +33,14 @@ def plot_loss_curves(runs: list[dict[str, Any]], out: Path) -> Path | None:
         if vx:
             ax.plot(
                 vx, vy, "o--", color=line.get_color(), label=f"{label} validation", markersize=4
+            )
+        for k, step in enumerate(resumes):
+            ax.axvline(
+                step,
+                color=line.get_color(),
+                linestyle=":",
+                linewidth=1,
+                label=f"{label} resumed" if k == 0 else None,
             )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (per loss token)")

@@ -111,6 +111,11 @@ def comparisons_section(d: Dossier) -> Section:
             f"Baseline {base.get('run_id')} ({base.get('n')} examples); paired bootstrap "
             f"{(cmp.get('bootstrap') or {}).get('samples')} samples, 95 % intervals."
         )
+        if stale := d.made_under(cmp):
+            sec.text(
+                f"This comparison was {stale} (`tunelab compare` applies the current guardrails "
+                "and decision rule)."
+            )
         for w in cmp.get("warnings") or []:
             sec.text(f"warning: {w}")
         for v in cmp.get("runs", []):

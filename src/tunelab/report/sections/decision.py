@@ -66,15 +66,17 @@ def decision_section(d: Dossier) -> Section:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
     latest = d.data["compares"][-1]
     openings = d.data["test_openings"]
-    sec.table(
-        ["what", "value"],
-        _summary(latest, test_figure(latest, d.runs, openings)),
-        caption="decision summary",
-    )
+    rows = _summary(latest, test_figure(latest, d.runs, openings))
+    stale = d.made_under(latest)
+    if stale:  # the rule and guardrails applied are the earlier version's
+        rows.append(["hypothesis", stale.replace("hypothesis ", "", 1)])
+    sec.table(["what", "value"], rows, caption="decision summary")
     test = final_test(latest, d.runs, openings)
     sec.text(decide(latest))
-    sec.text(
-        f"From comparison {latest.get('id')} on the {latest.get('split')} split "
-        f"(hypothesis v{latest.get('hypothesis_version')})."
+    under = (
+        f"{stale}; `tunelab compare` decides under the current one"
+        if stale
+        else f"hypothesis v{latest.get('hypothesis_version')}"
     )
+    sec.text(f"From comparison {latest.get('id')} on the {latest.get('split')} split ({under}).")
     return sec.text(test) if test else sec

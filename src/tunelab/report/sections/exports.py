@@ -16,4 +16,7 @@ def exports_section(d: Dossier) -> Section:
             f"{ex.get('_path')}: run {ex.get('run_id')}, base {base.get('name')} "
             f"(identity sha256 {short(base.get('sha256'))})."
         )
+        made = {"hypothesis_version": (ex.get("hypothesis") or {}).get("version")}
+        if stale := d.made_under(made):  # the version of the exported run
+            sec.text(f"Its run was {stale}.")
     return sec

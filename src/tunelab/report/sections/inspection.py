@@ -21,6 +21,8 @@ def inspection_section(d: Dossier) -> Section:
                 else f"{len(ins.get('problems') or [])} problem(s) found."
             )
         )
+        if stale := d.made_under(ins):
+            sec.text(f"This inspection was {stale} (`tunelab inspect` makes a current one).")
         cats = {"all": ins.get("stats") or {}, **(ins.get("category_stats") or {})}
         sec.table(
             [

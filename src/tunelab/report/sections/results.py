@@ -75,12 +75,28 @@ def _confusion(sec: Section, name: str, conf: dict[str, Any]) -> None:
     sec.table(columns, rows, caption=f"{name}: confusion matrix (examples; rows: gold)")
 
 
+def _version(d: Dossier, record: dict[str, Any]) -> str:
+    version, _ = d.version_of(record)
+    return "-" if version is None else f"v{version}"
+
+
+def _stale_evaluations(d: Dossier) -> dict[str, list[str]]:
+    """Each note ("made under hypothesis v1; current is v2") -> the runs it is about."""
+    out: dict[str, list[str]] = {}
+    for i in d.order:
+        if note := d.made_under(d.evaluated[i]):
+            out.setdefault(note, []).append(d.label(i))
+    return out
+
+
 def results_section(d: Dossier) -> Section:
     sec = Section("Baseline and variants on the validation split")
     if not d.evaluated:
         return sec.text("No evaluation recorded yet (`tunelab baseline`, `tunelab eval RUN`).")
     metric_names = _metric_names(d.evaluated)
     metrics = {i: d.evaluated[i].get("metrics") or {} for i in d.order}
+    stale = _stale_evaluations(d)
+    versions = [["hypothesis", *(_version(d, d.evaluated[i]) for i in d.order)]] if stale else []
     sec.table(
         ["metric", *(d.label(i) for i in d.order)],
         [
@@ -89,10 +105,16 @@ def results_section(d: Dossier) -> Section:
                 *(d.runs_by_id.get(i, {"row": {"kind": "?"}})["row"]["kind"] for i in d.order),
             ],
             ["examples", *(d.evaluated[i].get("n") for i in d.order)],
+            *versions,
             *([k, *(metrics[i].get(k) for i in d.order)] for k in metric_names),
         ],
         caption="overall metrics (shares of 0 to 1 unless named otherwise)",
     )
+    for note, labels in stale.items():
+        what = "evaluation of " + labels[0] if len(labels) == 1 else "evaluations of "
+        if len(labels) > 1:
+            what += ", ".join(labels[:-1]) + " and " + labels[-1]
+        sec.text(f"The {what} {'was' if len(labels) == 1 else 'were'} {note}.")
     _per_group(d, sec, "per_category", "category")
     _per_group(d, sec, "per_field", "field")
     for i in d.order:

@@ -21,6 +21,8 @@ def sizing_section(d: Dossier) -> Section:
     if not d.data["sizing"]:
         sec.text("No sizing recorded.")
     for s in d.data["sizing"][-1:]:
+        if stale := d.made_under(s):
+            sec.text(f"This sizing was {stale}.")
         cuda = s.get("device") == "cuda"
         rows = []
         for c in s.get("configurations", s.get("rows", [])):
