@@ -111,10 +111,11 @@ def results_section(d: Dossier) -> Section:
         caption="overall metrics (shares of 0 to 1 unless named otherwise)",
     )
     for note, labels in stale.items():
-        what = "evaluation of " + labels[0] if len(labels) == 1 else "evaluations of "
-        if len(labels) > 1:
-            what += ", ".join(labels[:-1]) + " and " + labels[-1]
-        sec.text(f"The {what} {'was' if len(labels) == 1 else 'were'} {note}.")
+        many = len(labels) > 1
+        names = " and ".join([", ".join(labels[:-1]), labels[-1]] if many else labels)
+        sec.text(
+            f"The evaluation{'s' if many else ''} of {names} {'were' if many else 'was'} {note}."
+        )
     _per_group(d, sec, "per_category", "category")
     _per_group(d, sec, "per_field", "field")
     for i in d.order:
