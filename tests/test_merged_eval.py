@@ -121,6 +121,24 @@ def test_a_model_without_adapter_is_evaluated_on_a_packed_copy(tmp_path, tiny_ll
     assert [p["raw_output"] for p in repro] == [p["raw_output"] for p in preds]
 
 
+def test_an_encoder_classifier_is_scored_on_a_packed_copy(tmp_path, tiny_bert_dir):
+    """An encoder's linear layers have biases; its packed copy's scores stay within the verify
+    tolerance of the model as loaded, with the same labels."""
+    from tunelab.evaluate import evaluate_model
+
+    study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
+    model, tok, base = load(study, LABELS)
+    record, preds = evaluate_model(model, tok, base, study, cls_examples(), "validation")
+    merge = record["merge"]
+    assert merge["copy"] is True and merge["merged"] is False, merge
+    assert merge["packed"]["linears"] == sum(type(m).__name__ == "Linear" for m in model.modules())
+    assert merge["max_diff"] <= merge["atol"]
+    _, loaded = evaluate_model(model, tok, base, study, cls_examples(), "validation", merge=False)
+    for a, b in zip(preds, loaded, strict=True):
+        assert a["prediction"] == b["prediction"]
+        assert max(abs(a["scores"][k] - b["scores"][k]) for k in LABELS) <= 2e-4
+
+
 def test_packing_is_refused_when_the_free_memory_cannot_hold_it(
     tmp_path, tiny_llama_dir, monkeypatch
 ):
