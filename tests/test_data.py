@@ -297,6 +297,33 @@ def test_bad_csv_rows(tmp_path, capsys):
     _cli_fails(capsys, s, "data.csv line 1 (header)", "no column 'text'", "field 'text'")
 
 
+def test_jsonl_lone_surrogate_escape_names_line_and_field(tmp_path, capsys):
+    # json reads "\ud800" as a lone surrogate, which no UTF-8 record can hold
+    good = [json.dumps(r) for r in make_rows(2)]
+    path = tmp_path / "s" / "data" / "rows.jsonl"
+    path.parent.mkdir(parents=True)
+    bad = '{"text": "price \\ud800 five", "label": "sales"}'
+    path.write_text("\n".join([*good, bad, *good]) + "\n")
+    s = make_study(tmp_path / "s", {"source": {"format": "jsonl", "path": "data/rows.jsonl"}})
+    _cli_fails(capsys, s, "rows.jsonl line 3", "'text'", "surrogate", "\\ud800")
+
+
+def test_csv_field_longer_than_the_csv_module_limit_is_read(tmp_path):
+    rows = make_rows(30)
+    rows[3]["text"] = "word " * 40_000  # 200,000 characters, over csv's 131,072 default
+    p = tmp_path / "s" / "data.csv"
+    p.parent.mkdir(parents=True)
+    p.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows))
+    data = {
+        "source": {"format": "csv", "path": "data.csv"},
+        "cleaning": [{"rule": "drop_longer_than", "max_chars": 20000}],
+        "splits": {"stratify": False},
+    }
+    m = build_snapshot(make_study(tmp_path / "s", data))
+    assert m["counts"]["rows_read"] == 30
+    assert m["counts"]["dropped_by_cleaning"] == 1
+
+
 def test_empty_data_set(tmp_path, capsys):
     s = jsonl_study(tmp_path, [])
     _cli_fails(capsys, s, "empty")

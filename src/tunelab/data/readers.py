@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -147,6 +148,9 @@ class FieldMapper:
                     f"{where}: field {f.split!r} (split) is {preview(raw)}, not a split name",
                     hint="use train, validation or test (aliases: valid, val, dev, testing)",
                 )
+        for key, value in (("text", text), ("label", label), ("target", target), ("id", row_id)):
+            if value is not None:
+                _refuse_surrogates(value, getattr(f, key), key, where)
         return SourceRow(text, label, target, row_id, split, where, label_raw)
 
     def _get(self, rec: dict, key: str, col: str, where: str, required: bool) -> Any:
@@ -179,6 +183,21 @@ class FieldMapper:
                 hint=f"give this row a {key}, or remove the row",
             )
         return text
+
+
+def _refuse_surrogates(value: str, col: str, key: str, where: str) -> None:
+    """A JSON escape such as \\ud800 without its pair decodes to a lone surrogate, which no
+    UTF-8 file (a snapshot, a record) can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = value[exc.start]
+        raise DataError(
+            f"{where}: field {col!r} ({key}) holds a lone surrogate \\u{ord(char):04x} at "
+            f"character {exc.start + 1}: half of a UTF-16 pair, not text",
+            hint="fix the escape in this row (a whole pair such as \\ud83d\\ude00 is fine), "
+            "or remove the row",
+        ) from None
 
 
 # ---------------------------------------------------------------- decoding
@@ -372,6 +391,9 @@ def _read_csv(
     if text.startswith("\ufeff"):
         text = text[1:]
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    # csv's default 131,072-character field limit would refuse a long text the cleaning
+    # rules (drop_longer_than) are there to handle, as the other readers do
+    limit = csv.field_size_limit(sys.maxsize)
     try:
         header = next(reader, None)
         if header is None:
@@ -397,6 +419,8 @@ def _read_csv(
             f"{name} line {reader.line_num}: malformed CSV ({exc})",
             hint="check the quoting on this line (a quote inside a value is written twice)",
         ) from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _read_parquet(
