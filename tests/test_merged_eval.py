@@ -60,6 +60,7 @@ def test_merged_copy_leaves_the_model_unmerged_and_shares_the_rest(tmp_path, tin
 
 def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_llama_dir):
     from tunelab.evaluate import evaluate_model
+    from tunelab.merged_eval import describe_copy
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)
@@ -81,6 +82,7 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
     # on a CPU the copy's linear layers (2 blocks x 7 and the lm_head) are packed; the model as
     # loaded keeps its dense ones
     assert record["merge"]["packed"] == {"linears": 2 * 7 + 1, "kernel": "onednn"}
+    assert describe_copy(record["merge"]) == "merged copy, 15 linear layers packed"
     assert any(type(m).__name__ == "Linear" for m in model.modules())
     # a recorded merged choice is reproduced without a check
     again, repro = evaluate_model(
@@ -105,7 +107,7 @@ def test_a_model_without_adapter_is_evaluated_on_a_packed_copy(tmp_path, tiny_ll
     assert merge["packed"] == {"linears": 2 * 7 + 1, "kernel": "onednn"}
     assert merge["unmerged"] == "the model has no adapter to merge"
     assert merge["reason"].startswith("first batch: 3 outputs greedy")
-    assert describe_copy(merge) == "copy, 15 linear layers packed"
+    assert describe_copy(merge) == "copy with 15 linear layers packed"
     assert recorded_copy(record) is True
     assert all(type(m).__name__ != "PackedLinear" for m in model.modules())
     loaded, plain = evaluate_model(

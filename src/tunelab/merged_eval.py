@@ -233,8 +233,9 @@ def describe_copy(merge_record: Mapping[str, Any]) -> str:
     if not ran_on_copy(merge):
         return f"the model as loaded: {merge.get('reason') or 'no copy'}"
     packed = (merge.get("packed") or {}).get("linears") or 0
-    what = "merged copy" if merge.get("merged") else "copy"
-    return f"{what}, {packed} linear layers packed" if packed else what
+    if merge.get("merged"):
+        return f"merged copy, {packed} linear layers packed" if packed else "merged copy"
+    return f"copy with {packed} linear layers packed"
 
 
 def close_scores(atol: float):
