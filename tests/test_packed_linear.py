@@ -49,3 +49,18 @@ def test_packing_states_why_it_does_not_apply(tiny_llama_dir):
     assert packing_unavailable(torch.nn.Sequential(torch.nn.ReLU())) == (
         "the model has no linear layer"
     )
+
+
+def test_a_weight_onednn_refuses_leaves_the_model_dense_and_the_evaluation_uncopied():
+    """A layer with no inputs cannot be packed: no layer is replaced, and the evaluation runs on
+    the model as loaded with oneDNN's reason in the record."""
+    from tunelab.merged_eval import EvalModels
+    from tunelab.packed_linear import pack_linears
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(0, 4))
+    with pytest.raises(RuntimeError):
+        pack_linears(model, rows=2)
+    assert len(linears(model)) == 2
+    models = EvalModels.prepare(model, None, 2e-4, 2)
+    assert models.current is model and models.record["copy"] is False
+    assert models.record["packed"]["reason"].startswith("oneDNN refused to pack a weight: ")

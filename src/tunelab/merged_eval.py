@@ -148,15 +148,19 @@ class EvalModels:
         if twin is None:
             return cls(model, False, atol, {"merged": False, "copy": False, "reason": reason})
         refused = packing_refused(twin)
-        if refused and not merges:
-            record = {"merged": False, "copy": False, "reason": reason}
-            return cls(model, False, atol, {**record, "packed": {"linears": 0, "reason": refused}})
+        if not refused:
+            try:
+                packed = {"linears": pack_linears(twin, rows), "kernel": "onednn"}
+            except RuntimeError as exc:  # a CPU whose oneDNN build has no such layout
+                first = (str(exc).splitlines() or [""])[0]
+                refused = f"oneDNN refused to pack a weight: {first}"
+        if refused:
+            packed = {"linears": 0, "reason": refused}
+            if not merges:
+                record = {"merged": False, "copy": False, "reason": reason, "packed": packed}
+                return cls(model, False, atol, record)
         out = cls(model, choice, atol, {"merged": bool(choice and merges), "copy": bool(choice)})
-        out.record["packed"] = (
-            {"linears": 0, "reason": refused}
-            if refused
-            else {"linears": pack_linears(twin, rows), "kernel": "onednn"}
-        )
+        out.record["packed"] = packed
         out._copy, out._merges = twin, merges
         out.record["merge_s"] = round(time.perf_counter() - started, 3)
         if not merges:

@@ -60,11 +60,15 @@ class PackedLinear(torch.nn.Module):
 
 def pack_linears(model: Any, rows: int) -> int:
     """Replace every `nn.Linear` of `model` (in place) by a packed one; `rows` is the number of
-    rows a decoding step passes (the batch), the layout's hint. Returns how many were packed."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(module, name, PackedLinear(child, rows))
-                count += 1
-    return count
+    rows a decoding step passes (the batch), the layout's hint. Returns how many were packed.
+    Every weight is packed before any layer is replaced: a kernel that refuses one (an error
+    raised) leaves the model as it was."""
+    swaps = [
+        (module, name, PackedLinear(child, rows))
+        for module in list(model.modules())
+        for name, child in list(module.named_children())
+        if type(child) is torch.nn.Linear
+    ]
+    for module, name, packed in swaps:
+        setattr(module, name, packed)
+    return len(swaps)
