@@ -11,6 +11,9 @@
 #      max_memory_allocated against the prediction; the QLoRA training tests on the GPU
 #   5. the classification demo end to end on the GPU, then `tunelab plan --review`, and a plan
 #      projected onto this GPU from the catalog reviewed against the demo's GPU runs
+#   5b. evaluation by generation on the GPU: the extraction demo's study (trained once here) by
+#      tunelab (merged copy; packing is CPU-only) against `generate` on the unmerged peft model,
+#      outputs required identical (benchmarks/generation.py, about 3 minutes)
 #   6. training throughput on Llama-3.2-1B's shape in bf16 against Trainer + peft (with and
 #      without Liger), TRL packing and padding_free, with each side's model-FLOP utilization
 #      (benchmarks/throughput.py --device cuda, about 5 minutes more)
@@ -62,4 +65,5 @@ step plan-gpu 40 $py -m tunelab plan --study "$demo" --gpu "$gpu_id" --json
 step plan-gpu-review 40 $py -m tunelab plan --review --study "$demo" --json
 step compare-gpus 40 $py -m tunelab plan --study "$demo" --compare-gpus
 cp "$demo/report/dossier.md" "$out/" 2>/dev/null || true
+TUNELAB_CACHE="$demo-bench" step generation-cuda 300 $py benchmarks/generation.py --repeats 2
 step throughput-cuda 420 $py benchmarks/throughput.py --device cuda --json
