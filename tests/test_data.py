@@ -324,6 +324,27 @@ def test_csv_field_longer_than_the_csv_module_limit_is_read(tmp_path):
     assert m["counts"]["dropped_by_cleaning"] == 1
 
 
+def test_csv_quoting_errors_name_the_line_the_record_starts(tmp_path, capsys):
+    p = tmp_path / "s" / "data.csv"
+    p.parent.mkdir(parents=True)
+    s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "data.csv"}})
+    p.write_text('text,label\nhello world,sales\n"unterminated,sales\nmore,sales\n')
+    _cli_fails(capsys, s, "data.csv line 3: malformed CSV", "runs to line 4")
+
+
+@pytest.mark.parametrize(("sep", "word"), [("\t", "tabs"), (";", "semicolons")])
+def test_csv_with_another_separator_is_named(tmp_path, capsys, sep, word):
+    p = tmp_path / "s" / "data.tsv"
+    p.parent.mkdir(parents=True)
+    p.write_text(f"text{sep}label\nhello world{sep}sales\n")
+    s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "data.tsv"}})
+    err = _cli_fails(capsys, s, "data.tsv line 1 (header)", f"separated by {word}", "to_parquet")
+    assert "no column" not in err
+    code, _, err = run_cli(capsys, "validate", "-s", s.root)
+    assert code == 2 and f"separated by {word}" in err, err
+    assert "data.fields.text" not in err, "one problem, not one per field"
+
+
 def test_empty_data_set(tmp_path, capsys):
     s = jsonl_study(tmp_path, [])
     _cli_fails(capsys, s, "empty")

@@ -380,6 +380,32 @@ def _read_jsonl(
             progress(PROGRESS_EVERY)
 
 
+def other_separator(header: list[str]) -> str | None:
+    """The separator a one-column CSV header holds instead of commas (a TSV file, or a
+    spreadsheet's semicolon export), named for the message; None otherwise."""
+    if len(header) != 1:
+        return None
+    for sep in SEPARATORS:
+        if sep in header[0]:
+            return sep
+    return None
+
+
+SEPARATORS = {"\t": ("tabs", "\\t"), ";": ("semicolons", ";"), "|": ("vertical bars", "|")}
+
+
+def _csv_separator_error(name: str, sep: str) -> DataError:
+    word, escaped = SEPARATORS[sep]
+    return DataError(
+        f"{name} line 1 (header): the columns are separated by {word}, not commas; "
+        "format csv reads comma-separated values only",
+        hint="convert it to Parquet (every value kept as text) and set data.source.format: "
+        'parquet: python -c "import pandas as pd; '
+        f"pd.read_csv('{name}', sep='{escaped}', dtype=str, keep_default_na=False)"
+        f".to_parquet('{Path(name).stem}.parquet')\"",
+    )
+
+
 def _read_csv(
     src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
 ) -> None:
@@ -394,11 +420,14 @@ def _read_csv(
     # csv's default 131,072-character field limit would refuse a long text the cleaning
     # rules (drop_longer_than) are there to handle, as the other readers do
     limit = csv.field_size_limit(sys.maxsize)
+    start_line = 1
     try:
         header = next(reader, None)
         if header is None:
             return
         header = [h.strip() for h in header]
+        if sep := other_separator(header):
+            raise _csv_separator_error(name, sep)
         mapper.check_columns(header, f"{name} line 1 (header)")
         start_line = reader.line_num + 1
         for rec in reader:
@@ -415,8 +444,11 @@ def _read_csv(
             if len(src.rows) % PROGRESS_EVERY == 0:
                 progress(PROGRESS_EVERY)
     except csv.Error as exc:
+        # the record that failed starts at start_line; the reader stopped at line_num
+        span = f" (the record starting here runs to line {reader.line_num})"
+        span = span if reader.line_num > start_line else ""
         raise DataError(
-            f"{name} line {reader.line_num}: malformed CSV ({exc})",
+            f"{name} line {start_line}: malformed CSV ({exc}){span}",
             hint="check the quoting on this line (a quote inside a value is written twice)",
         ) from None
     finally:
@@ -734,6 +766,9 @@ def source_problems(path: Path, cfg: DataConfig) -> list[str]:
     columns = _first_columns(path, fmt)
     if columns is None:
         return []
+    if fmt == "csv" and (sep := other_separator(columns)):
+        refused = _csv_separator_error(path.name, sep)
+        return [f"data.source.path: {refused.message} ({refused.hint})"]
     shown = column_list(columns)
     return [
         f"data.fields.{key}: column {col!r} is not in {path.name} (it has: {shown})"
