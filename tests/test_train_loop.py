@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import run_cli, write_topic_study
 from tunelab.config import TrainingConfig
 from tunelab.errors import ConfigError
 from tunelab.train import checkpoint as ckpt
@@ -201,6 +202,14 @@ def test_optimizers_by_name():
     with pytest.raises(ConfigError, match="unknown optimizer 'Adamw'") as exc:
         build_optimizer(params, TrainingConfig(optimizer="Adamw"))
     assert "AdamW" in exc.value.hint
+
+
+def test_validate_refuses_an_unknown_optimizer(tmp_path, capsys):
+    root = write_topic_study(tmp_path / "s", tmp_path / "base", "optimizer")
+    assert run_cli(capsys, "validate", "-s", root, "--set", "training.optimizer=SGD")[0] == 0
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "training.optimizer=Adamw")
+    assert code == 2, err
+    assert "training.optimizer: unknown optimizer 'Adamw'" in err and "AdamW" in err
 
 
 def test_fp16_refused_on_cpu_and_bf16_autocast_trains(tiny_llama_dir):

@@ -42,12 +42,14 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     from tunelab.models.quantize import qlora_problems
     from tunelab.pins import cache_problems
     from tunelab.tasks import task_problems
+    from tunelab.train.loop import optimizer_problems
 
     problems = (
         contradictions(cfg)
         + task_problems(cfg.task)
         + study_metric_problems(cfg)
         + qlora_problems(cfg)
+        + optimizer_problems(cfg.training)
         + cache_problems(cfg)
     )
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it

@@ -51,13 +51,13 @@ class TrainState:
 # ------------------------------------------------------------------ optimizer and schedule
 
 
-def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> torch.optim.Optimizer:
-    """Any torch.optim optimizer by name, or bitsandbytes' 8-bit AdamW (`BNB_OPTIMIZERS`); lr,
-    weight_decay and betas passed where it takes them."""
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """torch.optim's optimizer `name`, or bitsandbytes' 8-bit AdamW (`BNB_OPTIMIZERS`); a
+    ConfigError listing the known names otherwise."""
     from tunelab.models.quantize import BNB_OPTIMIZERS, bnb_optimizer
 
-    cls = bnb_optimizer(cfg.optimizer) if cfg.optimizer in BNB_OPTIMIZERS else None
-    cls = cls or getattr(torch.optim, cfg.optimizer, None)
+    cls = bnb_optimizer(name) if name in BNB_OPTIMIZERS else None
+    cls = cls or getattr(torch.optim, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         known = sorted(
             n
@@ -65,10 +65,31 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> to
             if inspect.isclass(c) and issubclass(c, torch.optim.Optimizer) and n != "Optimizer"
         )
         raise ConfigError(
-            f"training.optimizer: unknown optimizer {cfg.optimizer!r}",
+            f"training.optimizer: unknown optimizer {name!r}",
             hint=f"use one of torch.optim's: {', '.join(known)}; or bitsandbytes' "
             + ", ".join(BNB_OPTIMIZERS),
         )
+    return cls
+
+
+def optimizer_problems(cfg: TrainingConfig) -> list[str]:
+    """`tunelab validate`'s line for an optimizer name training would refuse (empty when known;
+    a missing bitsandbytes is `quantize.qlora_problems`' to report)."""
+    from tunelab.models.quantize import BNB_OPTIMIZERS
+
+    if cfg.optimizer in BNB_OPTIMIZERS:
+        return []
+    try:
+        optimizer_class(cfg.optimizer)
+    except ConfigError as exc:
+        return [f"{exc.message} ({exc.hint})"]
+    return []
+
+
+def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """`optimizer_class(cfg.optimizer)` over `params`, with lr, weight_decay and betas passed
+    where it takes them."""
+    cls = optimizer_class(cfg.optimizer)
     accepted = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = {"lr": cfg.lr}
     if "weight_decay" in accepted:
