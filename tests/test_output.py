@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -320,3 +322,88 @@ def test_runs_lists_every_id_and_parent_whole_and_each_reason(tmp_path, capsys):
     assert "…" not in out
     assert base.id in out and f"from {base.id}" in out and child.id in out
     assert reason in " ".join(out.split())
+
+
+def column_cells(text: str, column: int) -> str:
+    """The cells of one column of the tables in `text`, joined: a folded path reads whole."""
+    return "".join(
+        line.split("│")[column + 1].strip() for line in text.splitlines() if line.startswith("│")
+    )
+
+
+LONG_OBJECT = "shipping_address_of_the_recipient"
+LONG_PATH = f"{LONG_OBJECT}.street_name_and_house_number_with_its_suffix_letter"
+
+
+def _long_path_comparison(tmp_path) -> tuple[Path, list]:
+    """A registered extraction study whose required field path is longer than a line, with a
+    baseline (5 of 20 right) and a training run (15 of 20) scored by the task itself."""
+    import yaml
+
+    from helpers import filled_hypothesis
+    from tunelab import hypothesis as hyp
+    from tunelab.evaluate import compute_metrics, judge_output, record_evaluation
+    from tunelab.study import Study
+    from tunelab.study_template import render_study_yaml
+    from tunelab.tasks import get_task
+
+    leaf = LONG_PATH.split(".")[1]
+    raw = yaml.safe_load(render_study_yaml("extraction", "paths"))
+    raw["hypothesis"] = filled_hypothesis(raw)
+    raw["evaluation"]["bootstrap_samples"] = 100
+    raw["task"]["json_schema"] = {
+        "type": "object",
+        "required": [LONG_OBJECT],
+        "properties": {
+            LONG_OBJECT: {
+                "type": "object",
+                "required": [leaf],
+                "properties": {leaf: {"type": "string"}},
+            }
+        },
+    }
+    root = tmp_path / "study"
+    root.mkdir()
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = Study.open(root)
+    hyp.register(study.root, study.config)
+    task = get_task(study.config)
+    runs = []
+    for kind, right in (("baseline", 5), ("train", 15)):
+        rows = []
+        for i in range(20):
+            gold = json.dumps({LONG_OBJECT: {leaf: f"{i} Main Street"}})
+            rows.append(
+                judge_output(task, {"id": f"e{i}", "target": gold}, gold if i < right else "no")
+            )
+        run = study.create_run(kind, name=kind, data_snapshot="s")
+        record = {"split": "validation", "spec_sha256": "spec", "template_sha256": "t",
+                  "hypothesis_version": 1, "task_kind": "extraction", "fields": task.fields,
+                  "n": len(rows), "metrics": compute_metrics(task, rows)}  # fmt: skip
+        record_evaluation(run, record, rows)
+        run.set_status("completed")
+        runs.append(run)
+    return root, runs
+
+
+def test_compare_and_eval_show_every_field_path_whole_at_80_columns(tmp_path, capsys):
+    from tunelab.cli.evaluate import print_evaluation
+    from tunelab.records import read_json
+
+    assert len(LONG_PATH) > 80
+    root, (_, train) = _long_path_comparison(tmp_path)
+    code, out, err = run_cli(capsys, "compare", "-s", root)
+    assert code == 0, err
+    assert_fits(out)
+    assert "…" not in out
+    per_field = out[out.index("per field delta") : out.index("guardrails")]
+    assert LONG_OBJECT in column_cells(per_field, 0)
+    assert LONG_PATH in column_cells(per_field, 0)
+    # each metric's delta and interval on one line, beside its name
+    assert re.search(r"│ normalized_match │ \+0\.5000 \[\+0\.\d{4}, \+0\.\d{4}\] │", per_field)
+    guards = out[out.index("guardrails") : out.index("flips:")]
+    assert LONG_PATH in column_cells(guards, 1)
+    print_evaluation(read_json(train.path("metrics-validation.json")), "validation evaluation")
+    out = capsys.readouterr().out
+    assert_fits(out)
+    assert "…" not in out and LONG_PATH in column_cells(out[out.index("per field") :], 0)

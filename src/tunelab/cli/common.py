@@ -52,9 +52,11 @@ def emit_json(obj: Any) -> None:
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]], **kw: Any) -> Table:
+    """A table whose cells wrap, and fold a word wider than its column (a path, an id): at 80
+    columns and in a pipe nothing is cut."""
     t = Table(title=title, title_justify="left", **kw)
     for c in columns:
-        t.add_column(c)
+        t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*("" if v is None else str(v) for v in r))
     return t

@@ -58,9 +58,7 @@ def _print_run(run: dict[str, Any]) -> None:
     )
     for key, what in (("per_category", "category"), ("per_field", "field")):
         if run.get(key):
-            cols = list(next(iter(run[key].values())).keys())
-            rows = [[item, *(_delta(v.get(c)) for c in cols)] for item, v in run[key].items()]
-            console.print(table(f"per {what} delta [95% CI]", [what, *cols], rows))
+            console.print(_per_item_table(f"per {what} delta [95% CI]", what, run[key]))
     rules = [
         [
             g["rule"],
@@ -95,6 +93,22 @@ def _print_run(run: dict[str, Any]) -> None:
         console.print(f"[bold yellow]flag:[/] {flag}")
     for note in run.get("notes") or []:
         console.print(f"note: {note}")
+
+
+def _per_item_table(title: str, what: str, items: dict[str, dict[str, Any]]) -> Table:
+    """One row per category or field path, its metrics stacked in the row: the deltas keep
+    their width and the item's column takes the rest, folding a long path, never cutting it."""
+    t = Table(title=title, title_justify="left", show_lines=True)
+    t.add_column(what, overflow="fold")
+    t.add_column("metric", no_wrap=True)
+    t.add_column("delta [95% CI]", no_wrap=True)
+    for item, by_metric in items.items():
+        t.add_row(
+            item,
+            "\n".join(by_metric),
+            "\n".join(_delta(v) for v in by_metric.values()),
+        )
+    return t
 
 
 def _run_label(run: dict[str, Any]) -> str:
