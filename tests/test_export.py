@@ -330,3 +330,36 @@ def test_check_export_reads_the_older_layout(exported, tiny_bert_dir, tmp_path, 
     (old / MANIFEST).write_text(json.dumps(m))
     code, _, err = run_cli(capsys, "check-export", old, "--base", tiny_bert_dir)
     assert code == 2 and "unknown manifest format 'tunelab-export/9'" in err
+
+
+def test_export_and_check_export_show_a_long_path_whole_at_80_columns(
+    exported, tiny_bert_dir, tmp_path, capsys, monkeypatch
+):
+    """Both tables name the export folder by its whole path, folded inside its column, at 80
+    columns in a pipe (a deep folder is where exports usually live)."""
+    root, run_id, _, _ = exported
+    deep = tmp_path / "exports-of-the-support-ticket-study" / "lora-rank-16-on-q-and-v-final"
+    assert len(str(deep)) > 80
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, "export", run_id, "-s", root, "--out", deep)
+    assert code == 0, err
+    assert "…" not in out and str(deep) in table_value(out, "export")
+    code, out, err = run_cli(capsys, "check-export", deep, "--base", tiny_bert_dir)
+    assert code == 0, err
+    assert "…" not in out and str(deep) in table_value(out, "export")
+    assert str(tiny_bert_dir) in table_value(out, "base")
+    assert all(len(line) <= 80 for line in out.splitlines())
+
+
+def table_value(out: str, key: str) -> str:
+    """The value of a two-column table's row `key`, its folded lines joined."""
+    value, inside = [], False
+    for line in out.splitlines():
+        cells = line.split("│")
+        if len(cells) < 3:
+            continue
+        if cells[1].strip():
+            inside = cells[1].strip() == key
+        if inside:
+            value.append(cells[2].strip())
+    return "".join(value)
