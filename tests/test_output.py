@@ -236,6 +236,50 @@ def test_a_typo_in_a_set_key_names_set_as_its_source(tmp_path, capsys):
     assert code == 2 and "(from --set trainng.lr=1e-4)" in err
 
 
+def test_a_set_value_that_validate_refuses_names_its_set_item_not_study_yaml(tmp_path, capsys):
+    """Contradictions and data checks made on an overridden value name the `--set` item; a
+    problem written in study.yaml still names study.yaml."""
+    root = tmp_path / "study"
+    assert run_cli(capsys, "init", root, "--task", "classification")[0] == 0
+    code, _, err = run_cli(
+        capsys, "validate", "-s", root,
+        "--set", "training.max_steps=2", "--set", "data.source.path=moved.jsonl",
+    )  # fmt: skip
+    assert code == 2
+    assert err.startswith("error: --set: 2 problem(s)") and "study.yaml" not in err, err
+    flat = " ".join(err.split())
+    assert "exceed training.max_steps (2)" in flat and "(from --set training.max_steps=2)" in flat
+    assert "(from --set data.source.path=moved.jsonl)" in flat
+    assert "change the --set values named above" in flat
+    # the template's data folder does not exist: that problem is study.yaml's, the other --set's
+    code, _, err = run_cli(capsys, "validate", "-s", root, "--set", "training.max_steps=2")
+    assert code == 2
+    assert f"{root / 'study.yaml'} and --set: 2 problem(s)" in " ".join(err.split()), err
+    lines = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert [("--set" in line) for line in lines] == [True, False], lines
+
+
+def test_register_and_a_stage_name_the_set_item_a_refused_value_came_from(tmp_path, capsys):
+    from helpers import fill_hypothesis
+
+    root = tmp_path / "study"
+    assert run_cli(capsys, "init", root, "--task", "classification")[0] == 0
+    fill_hypothesis(root / "study.yaml")
+    code, _, err = run_cli(capsys, "register", "-s", root, "--set", "training.max_steps=2")
+    assert code == 2
+    flat = " ".join(err.split())
+    assert "cannot register" in flat and "(from --set training.max_steps=2)" in flat
+    assert "change the --set values named above" in flat
+    code, _, err = run_cli(capsys, "data", "-s", root, "--set", "data.source.path=moved.jsonl")
+    assert code == 2
+    flat = " ".join(err.split())
+    assert "moved.jsonl" in flat
+    assert (
+        "note: data.source.path comes from `--set data.source.path=moved.jsonl` on this command "
+        "line, not from study.yaml"
+    ) in flat
+
+
 def test_inspect_of_a_classifier_says_the_loss_is_on_the_label(tmp_path, capsys, tiny_bert_dir):
     from test_inspect import write_study
 

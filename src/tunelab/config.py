@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -662,6 +662,37 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node[part]
         node[path[-1]] = value
     return out
+
+
+def override_sources(text: str, overrides: Sequence[str]) -> list[str]:
+    """The `--set` items whose key `text` names (a problem names its fields by path:
+    `training.max_steps`, `data.source.path`, `guardrails[0].metric`)."""
+    found = []
+    for item in overrides:
+        key = ".".join(p for p in item.partition("=")[0].strip().split(".") if p)
+        if "=" in item and key and re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", text):
+            found.append(item)
+    return found
+
+
+def sourced_problems(
+    problems: Sequence[str], source: str, overrides: Sequence[str]
+) -> tuple[str, list[str], str]:
+    """(where, lines, what to change) for problems found in a config loaded from `source` with
+    `overrides`: each line names the `--set` items it comes from, and `where` is `source`,
+    `--set`, or both, so the user edits the place the value was written."""
+    origins = [override_sources(p, overrides) for p in problems]
+    lines = [
+        f"  - {p}" + "".join(f" (from --set {item})" for item in items)
+        for p, items in zip(problems, origins, strict=True)
+    ]
+    name = Path(source).name
+    from_set = sum(1 for items in origins if items)
+    if from_set and from_set == len(problems):
+        return "--set", lines, "the --set values named above"
+    if from_set:
+        return f"{source} and --set", lines, f"the --set values and the {name} settings named above"
+    return source, lines, f"the settings named in {name}"
 
 
 def _describe_error(err: dict[str, Any]) -> str:

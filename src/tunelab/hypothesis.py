@@ -8,10 +8,11 @@ Stages that compute on a model call `require_hypothesis(study)` and carry its ve
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, contradictions, sha256_json
+from tunelab.config import StudyConfig, contradictions, sha256_json, sourced_problems
 from tunelab.errors import HypothesisError
 from tunelab.ledger import utc_now
 from tunelab.metrics import study_metric_problems
@@ -94,10 +95,11 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
     return [] if old == new else [{"path": prefix, "old": old, "new": new}]
 
 
-def check_registrable(cfg: StudyConfig) -> None:
+def check_registrable(cfg: StudyConfig, overrides: Sequence[str] = ()) -> None:
     """Refuse a template hypothesis, no guardrails, or settings `tunelab validate` refuses that
     the lock would hold: contradictions, a task section that cannot be built, a metric the task
-    never records (before anything is resolved or written)."""
+    never records (before anything is resolved or written). `overrides`: the `--set` items
+    the config was loaded with, named where a problem comes from one."""
     from tunelab.tasks import task_problems
 
     problems = contradictions(cfg) + task_problems(cfg.task) + study_metric_problems(cfg)
@@ -107,9 +109,10 @@ def check_registrable(cfg: StudyConfig) -> None:
     if not cfg.guardrails:
         problems.append("guardrails is empty: say what must not get worse")
     if problems:
+        _, lines, what = sourced_problems(problems, "study.yaml", overrides)
         raise HypothesisError(
-            "cannot register: " + "; ".join(problems),
-            hint="edit study.yaml where named (`tunelab validate` lists every problem), then "
+            "cannot register: " + "; ".join(line.removeprefix("  - ") for line in lines),
+            hint=f"change {what} (`tunelab validate` lists every problem), then "
             "`tunelab register` again",
         )
 

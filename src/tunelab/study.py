@@ -20,7 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.config import StudyConfig, contradictions, load_config, resolve_path, sha256_json
+from tunelab.config import (
+    StudyConfig,
+    contradictions,
+    load_config,
+    resolve_path,
+    sha256_json,
+    sourced_problems,
+)
 from tunelab.errors import ConfigError, RunError, StudyError
 from tunelab.ledger import Ledger, RunRow, utc_now
 from tunelab.metrics import study_metric_problems
@@ -55,9 +62,10 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:
+        where, lines, what = sourced_problems(problems, str(path), overrides or [])
         raise ConfigError(
-            f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems),
-            hint="change the settings named in study.yaml, then run `tunelab validate` again",
+            f"{where}: {len(problems)} problem(s):\n" + "\n".join(lines),
+            hint=f"change {what}, then run `tunelab validate` again",
         )
     return cfg
 

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from tunelab.cli._crash import crash_summary, write_crash_file
 from tunelab.cli._help import arrange_commands
-from tunelab.cli.common import app, console_err, opened_study
+from tunelab.cli.common import app, console_err, opened_overrides, opened_study
 from tunelab.env import requested_device, under_torchrun
 from tunelab.errors import TunelabError
 
@@ -81,6 +81,7 @@ def _main(argv: list[str] | None) -> None:
         console_err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
         if exc.hint:
             console_err.print(f"[yellow]hint:[/] {escape(exc.hint)}", highlight=False)
+        _name_overrides(exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         console_err.print("[red]interrupted[/]")
@@ -96,6 +97,21 @@ def _main(argv: list[str] | None) -> None:
         _command_line_error(exc)
     except Exception as exc:  # a bug, not a user error: one line here, the traceback in a file
         _crash(exc, argv)
+
+
+def _name_overrides(exc: TunelabError) -> None:
+    """A stage's error about a value that a `--set` of this command wrote (its message or hint
+    names the key) says so: that value is fixed on the command line, not in study.yaml."""
+    from tunelab.config import override_sources
+
+    said = f"{exc.message} {exc.hint or ''}"
+    for item in override_sources(said, opened_overrides()):
+        if f"--set {item}" not in said:
+            console_err.print(
+                f"[yellow]note:[/] {escape(item.partition('=')[0].strip())} comes from "
+                f"`--set {escape(item)}` on this command line, not from study.yaml",
+                highlight=False,
+            )
 
 
 def _command_line_error(exc: Any) -> NoReturn:

@@ -31,11 +31,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.
 
 
 _opened: list[Path] = []  # the study folder this command opened (a crash file goes there)
+_sets: list[str] = []  # its --set items (an error about a value they wrote names them)
 
 
 def open_study(study: Path, sets: list[str] | None) -> Study:
     if (Path(study) / "study.yaml").is_file():
         _opened[:] = [Path(study).resolve()]
+    _sets[:] = list(sets or [])
     return Study.open(study, sets or [])
 
 
@@ -43,7 +45,13 @@ def opened_study(forget: bool = False) -> Path | None:
     """The folder of the study this command opened, or None; `forget`: a new command starts."""
     if forget:
         _opened.clear()
+        _sets.clear()
     return _opened[-1] if _opened else None
+
+
+def opened_overrides() -> list[str]:
+    """The `--set` items the study of this command was opened with."""
+    return list(_sets)
 
 
 def emit_json(obj: Any) -> None:

@@ -43,7 +43,7 @@ def register(
     """Lock the hypothesis, guardrails and evaluation procedure (a new version when changed);
     a base or data set named by hub id is pinned to the commit its revision resolves to."""
     s = open_study(study, sets)
-    hyp.check_registrable(s.config)  # before any download
+    hyp.check_registrable(s.config, s.overrides)  # before any download
     pins, notes = resolve_pins(s.config, hyp.pins_of(s.root), repin=repin)
     record, created = hyp.register(s.root, s.config, pins)
     if created:
