@@ -70,7 +70,7 @@ def sized_study(tmp_path: Path, capsys, kind: str, processor=None, **sections) -
     ],
 )
 def test_size_measures_a_conv_net_at_the_side_its_chain_feeds(
-    tmp_path, capsys, kind, side, sections
+    tmp_path, capsys, monkeypatch, kind, side, sections
 ):
     """ResNet: the study's crop 128, or the processor's own 136 (shortest edge 155 = 136 /
     crop_pct, then its centre 136 x 136); ConvNeXt: the processor's 128x128.
@@ -96,6 +96,18 @@ def test_size_measures_a_conv_net_at_the_side_its_chain_feeds(
         assert abs(row["error_pct"]) <= TOLERANCE_PCT, (row["label"], row["error_pct"])
     rec = record["recommendation"]
     assert rec["fits"] and rec["measured_status"] == "ok" and not rec["checkpointing"], rec
+    # the printed record: lengths in pixels a side, throughput in images a second
+    from tunelab.cli import common
+    from tunelab.cli.size import print_sizing
+
+    monkeypatch.setattr(common.console, "width", 80)
+    print_sizing(record)
+    printed = capsys.readouterr().out
+    flat = " ".join(printed.split())
+    assert f"max {side} px a side" in flat and f" {side}px 4x" in flat, printed
+    assert "shape: image side in pixels," in flat and "img/s" in flat
+    assert "images/s measured" in flat
+    assert "tok" not in flat
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
     assert f"{side} px a side" in " ".join(out.split()), out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -332,9 +333,12 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
     for args in (["validate"], ["register"], ["data"], ["baseline"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
-    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
+    code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1")
     assert code == 0, err
-    run_id = json.loads(out[out.find("{") :])["run_id"]
+    # a step counts images: the progress line and the summary say images a second
+    assert re.search(r"\| [\d,]+ img/s \|", err) and "tok/s" not in err, err
+    assert re.search(r"│ images/s +│ [\d,]+ ", out) and "tokens/s" not in out, out
+    (run_id,) = [p.name for p in (root / "records" / "runs").glob("train-*")]
     assert run_cli(capsys, "eval", run_id, "-s", root)[0] == 0
     code, out, err = run_cli(capsys, "compare", "-s", root)
     assert code == 0, err
@@ -355,9 +359,15 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     assert set(metrics["metrics"]["per_category"]) == set(COLOURS)
 
 
-def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, capsys):
+def test_sizing_measures_a_vit_step_at_its_patch_tokens(
+    tmp_path, tiny_vit_dir, capsys, monkeypatch
+):
     """The patch tokens ((16 / 4)^2 + CLS = 17) stand for the sequence length; one real step
-    of the ViT is measured and set against the analytic estimate, and the plan reads it."""
+    of the ViT is measured and set against the analytic estimate, and the plan reads it. Its
+    throughput is images a second (a step counts images), and every text says so."""
+    from tunelab.cli import common
+    from tunelab.cli.size import print_sizing
+
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
     write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
@@ -371,11 +381,24 @@ def test_sizing_measures_a_vit_step_at_its_patch_tokens(tmp_path, tiny_vit_dir, 
     assert row["status"] == "ok", row
     assert row["measured"]["step_s"] > 0 and row["predicted"]["activations"] > 0
     assert record["facts"]["architecture"] == "image" and record["facts"]["family"] == "bert"
+    monkeypatch.setattr(common.console, "width", 80)
+    print_sizing(record)
+    flat = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"step s img/s ", flat) and "images/s measured" in flat, flat
+    assert "tok/s" not in flat and "tokens/s" not in flat
+    assert "max 17 patch tokens" in flat and "shape: patch tokens," in flat
     code, out, err = run_cli(capsys, "plan", "-s", root, "--days", "3")
     assert code == 0, err
+    flat = " ".join(out.split())
+    assert "at 17 patch tokens/image x 1.000 (every image at that size)" in flat, flat
     code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus")
     assert code == 0, err
     flat = " ".join(out.split())
+    assert "lengths: 17 patch tokens an image" in flat and "tokenized" not in flat
+    assert run_cli(capsys, "report", "-s", root)[0] == 0
+    dossier = (root / "report" / "dossier.md").read_text()
+    assert "| seq len (patch tokens) |" in dossier and "images/s |" in dossier
+    assert "tokens/s" not in dossier
     assert "no baseline record" not in flat  # a classifier's baseline ran; it decodes nothing
     assert "given by the task: it scores each example, no decoding" in flat
 
@@ -470,6 +493,7 @@ def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_d
     assert "training view" in out and "random_crop" in out and "random_flip" in out
     code, out, err = run_cli(capsys, "smoke", "-s", root)
     assert code == 0, err
+    assert "images per step" in out and "tokens per step" not in out
 
 
 # ---------------------------------------------------------------- the dossier

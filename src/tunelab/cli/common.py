@@ -54,6 +54,15 @@ def opened_overrides() -> list[str]:
     return list(_sets)
 
 
+def rate_unit(study: Study, short: bool = False) -> str:
+    """What a training step's throughput counts: images for an image task (its batches count
+    images), tokens otherwise."""
+    images = study.config.task.kind == "image_classification"
+    if short:
+        return "img/s" if images else "tok/s"
+    return "images/s" if images else "tokens/s"
+
+
 def emit_json(obj: Any) -> None:
     # print() rather than rich so that the JSON is never wrapped or styled
     print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))

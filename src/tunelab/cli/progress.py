@@ -128,14 +128,15 @@ class ProgressBoard:
         self._rich.update(self._rich_tasks[name], completed=done, total=total, **fields)
 
 
-def train_progress(board: ProgressBoard, name: str = "train"):
-    """The training loop's progress callback (step, total, row) drawn on `board`."""
+def train_progress(board: ProgressBoard, name: str = "train", rate: str = "tok/s"):
+    """The training loop's progress callback (step, total, row) drawn on `board`; `rate`: the
+    unit of the loop's `tokens_per_s` (`img/s` for an image task, whose batches count images)."""
 
     def report(step: int, total: int, row: dict[str, Any]) -> None:
         tps = row.get("tokens_per_s")
         loss = row.get("loss")
         text = f"loss {loss:.4f}" if loss is not None else ""
-        text += f" | {tps:,.0f} tok/s" if tps else ""
+        text += f" | {tps:,.0f} {rate}" if tps else ""
         board.update(name, step, total, text)
 
     return report

@@ -24,6 +24,22 @@ def _pct(x: Any) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
+def _images(record: dict[str, Any]) -> bool:
+    """An image model's steps count images: its throughput is images a second."""
+    return (record.get("model") or {}).get("architecture") == "image"
+
+
+def _length_words(record: dict[str, Any]) -> tuple[str, str, str]:
+    """(the unit of a measured length, its suffix in a shape, what the shape's length is):
+    tokens, a ViT's patch tokens, or a conv net's image side in pixels."""
+    unit = record["lengths"].get("length_unit")
+    if unit == "image side":
+        return "px a side", "px", "image side in pixels"
+    if unit == "patch tokens":
+        return "patch tokens", "t", "patch tokens"
+    return "tokens", "t", "tokens"
+
+
 @app.command()
 def size(
     study: StudyDir = Path("."),
@@ -122,6 +138,7 @@ def _compact(title: str, columns: list[str], rows: list[list[Any]], words: int =
 
 def _configurations(record: dict[str, Any], cuda: bool) -> None:
     rows, parts = [], []
+    _, suffix, length = _length_words(record)
     for r in record["configurations"]:
         o, p, m = r["options"], r["predicted"], r["measured"] or {}
         if r["status"] == "ok" and (m.get("compared") or 0) <= 0:
@@ -130,7 +147,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
             measured = _mib(m.get("compared"))
         else:
             measured = "[red]does not fit[/]" if r["status"] == "does_not_fit" else r["status"]
-        shape = f"{o['seq_len']}t {o['micro_batch']}x{o['grad_accum']} {o['precision']}"
+        shape = f"{o['seq_len']}{suffix} {o['micro_batch']}x{o['grad_accum']} {o['precision']}"
         rows.append(
             [
                 r["label"],
@@ -159,7 +176,8 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
     console.print(
         _compact(
             f"predicted vs measured: {what} (MiB)",
-            ["config", "shape", "predicted", "measured", "error"] + ["x4 rule", "step s", "tok/s"],
+            ["config", "shape", "predicted", "measured", "error"]
+            + ["x4 rule", "step s", "img/s" if _images(record) else "tok/s"],
             rows,
             words=2,
         )
@@ -176,7 +194,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
             "process (model, optimizer and batch loaded); noise: the RSS did not grow"
         )
     console.print(
-        f"shape: tokens, micro-batch x accumulation, precision; {compared}; x4 rule: the "
+        f"shape: {length}, micro-batch x accumulation, precision; {compared}; x4 rule: the "
         "error of weights x 4."
     )
     console.print(
@@ -188,7 +206,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
     )
 
 
-def _recommendation(rec: dict[str, Any], cuda: bool) -> None:
+def _recommendation(rec: dict[str, Any], cuda: bool, rate: str) -> None:
     budget = _size(rec["budget_bytes"])
     if not rec.get("fits"):
         console.print(f"[red]nothing fits[/] the budget of {budget}: {rec['reason']}")
@@ -201,7 +219,7 @@ def _recommendation(rec: dict[str, Any], cuda: bool) -> None:
                     f"{_size(other['predicted_peak_bytes'])}"
                 )
         return
-    measured = f", {rec['tokens_per_s']:,.0f} tokens/s measured" if rec.get("tokens_per_s") else ""
+    measured = f", {rec['tokens_per_s']:,.0f} {rate} measured" if rec.get("tokens_per_s") else ""
     row = f' (row "{rec["row"]}")' if rec.get("row") else ""
     console.print(
         f"[green]recommended[/]: micro-batch {rec['micro_batch']} x accumulation "
@@ -235,14 +253,15 @@ def print_sizing(record: dict[str, Any]) -> None:
     lengths = record["lengths"]
     src = lengths.get("source")
     if lengths.get("p95") is not None:
-        src += f" (p50 {lengths['p50']}, p95 {lengths['p95']}, max {lengths['max']} tokens)"
+        unit = _length_words(record)[0]
+        src += f" (p50 {lengths['p50']}, p95 {lengths['p95']}, max {lengths['max']} {unit})"
     console.print(f"lengths from {src}; device {record['device']}")
     _configurations(record, cuda)
     console.print(
         f"max error {_pct(record['max_error_pct'])} (the weights x 4 rule: "
         f"{_pct(record['rule_x4_max_error_pct'])}); allocator: {record['allocator']}"
     )
-    _recommendation(record["recommendation"], cuda)
+    _recommendation(record["recommendation"], cuda, "images/s" if _images(record) else "tokens/s")
     if record["projection"]:
         console.print(
             _compact(

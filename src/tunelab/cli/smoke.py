@@ -17,6 +17,7 @@ from tunelab.cli.common import (
     emit_json,
     fmt,
     open_study,
+    rate_unit,
     table,
 )
 from tunelab.cli.progress import ProgressBoard, train_progress
@@ -90,7 +91,7 @@ def smoke(
             num_train=train_examples,
             num_steps=steps,
             num_eval=eval_examples,
-            progress=train_progress(board, "smoke train"),
+            progress=train_progress(board, "smoke train", rate_unit(s, short=True)),
         )
     if json_out:
         emit_json(record)
@@ -104,7 +105,10 @@ def smoke(
                 "step",
                 f"{fmt(record.get('step_s'), 3)} s (first {fmt(record.get('first_step_s'), 3)} s)",
             ],
-            ["tokens per step", fmt(record.get("tokens_per_step"), 0)],
+            [
+                f"{rate_unit(s).removesuffix('/s')} per step",
+                fmt(record.get("tokens_per_step"), 0),
+            ],
             ["eval", f"{fmt(record.get('eval_s_per_example'), 4)} s per example"],
             *_adapter_row(record),
             ["checkpoint save", f"{fmt(record.get('checkpoint_save_s'), 3)} s"],

@@ -17,6 +17,7 @@ from tunelab.cli.common import (
     emit_json,
     fmt,
     open_study,
+    rate_unit,
     table,
 )
 from tunelab.cli.progress import ProgressBoard, train_progress
@@ -52,7 +53,7 @@ def _summary(run: Run) -> dict[str, Any]:
     }
 
 
-def _print(summary: dict[str, Any], title: str) -> None:
+def _print(summary: dict[str, Any], title: str, rate: str) -> None:
     rows = [
         ["run", summary["run_id"]],
         ["status", summary["status"]],
@@ -60,7 +61,7 @@ def _print(summary: dict[str, Any], title: str) -> None:
         ["final loss", fmt(summary.get("final_loss"))],
         ["val loss", f"{fmt(summary.get('val_loss_initial'))} -> {fmt(summary.get('val_loss'))}"],
         ["time", f"{fmt(summary.get('train_seconds'), 1)} s"],
-        ["tokens/s", fmt(summary.get("tokens_per_s"), 0)],
+        [rate, fmt(summary.get("tokens_per_s"), 0)],
         ["checkpoint", summary.get("final_checkpoint")],
         ["record", summary["record"]],
     ]
@@ -76,7 +77,7 @@ def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> 
     if json_out:
         emit_json(summary)
         return
-    _print(summary, title)
+    _print(summary, title, rate_unit(run.study))
 
 
 @app.command()
@@ -119,7 +120,12 @@ def train(
         ProgressBoard(enabled=not json_out) as board,
     ):
         run = train_run(
-            s, name=name, parent=parent, why=why, progress=train_progress(board), strategy=ranks
+            s,
+            name=name,
+            parent=parent,
+            why=why,
+            progress=train_progress(board, rate=rate_unit(s, short=True)),
+            strategy=ranks,
         )
     _report(run, ranks, json_out, "training run")
 
@@ -159,5 +165,6 @@ def resume(
         rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        run = resume_run(s, stopped.id, progress=train_progress(board), strategy=ranks)
+        progress = train_progress(board, rate=rate_unit(s, short=True))
+        run = resume_run(s, stopped.id, progress=progress, strategy=ranks)
     _report(run, ranks, json_out, "resumed run")

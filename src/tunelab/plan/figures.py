@@ -192,15 +192,18 @@ def gather_figures(study: Study) -> Figures:
     packing = bool(cfg.training.packing and sizing["facts"]["architecture"] == "causal_lm")
     micro = cfg.training.micro_batch_size
     conv = bool(sizing["facts"].get("conv"))
+    image = sizing["facts"].get("architecture") == "image"  # every image at one size
     if conv:
         typical, how = measured_len, "every image at that side"
+    elif image:
+        typical, how = measured_len, "every image at that size"
     elif quant:
         typical = lengths.get("mean") if packing else expected_max(quant, micro)
         how = "mean length (packed)" if packing else f"expected longest of {micro} (padded)"
     else:
         typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
     scale = (typical or measured_len) / measured_len
-    per_example = "px a side" if conv else "tokens/example"
+    per_example = "px a side" if conv else ("patch tokens/image" if image else "tokens/example")
     sid = f"sizing {sizing['id']}"
     load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
     smoke, smoke_row = latest_smoke(study)

@@ -432,6 +432,8 @@ def _inputs(shape: StudyShape, gpu: Gpu, util: UtilizationRange) -> list[Input]:
             "lengths",
             f"images of {shape.max_len} px a side"
             if f.conv
+            else f"{shape.max_len} patch tokens an image"
+            if f.architecture == "image"
             else f"mean {shape.mean_len:.0f}, longest {shape.max_len} tokens{packed}",
             shape.lengths_source,
             _kind(shape.lengths_source),

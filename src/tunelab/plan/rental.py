@@ -116,7 +116,7 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     quantiles = tuple(lengths.get("quantiles") or ())
     if quantiles:
         mean, longest = float(lengths["mean"]), int(lengths["max"])
-        fed = "fed its image chain" if facts.conv else "tokenized"
+        fed = "fed its image chain" if facts.architecture == "image" else "tokenized"
         lengths_source = f"sizing {sizing['id']}: the training split {fed}"  # type: ignore[index]
         if causal and lengths.get("loss_fraction") is not None:
             loss, loss_source = float(lengths["loss_fraction"]), lengths_source

@@ -3,7 +3,7 @@ recommendation, in MiB, GiB, seconds and percent (the exact figures on hover).""
 
 from __future__ import annotations
 
-from tunelab.report.document import Section
+from tunelab.report.document import Section, Value
 from tunelab.report.sections.context import Dossier
 from tunelab.report.units import by_key, mib, percent, seconds
 
@@ -16,6 +16,13 @@ def _name(key: str) -> str:
     return key.replace("_", " ")
 
 
+def _recommended(key: str, v: object, images: bool) -> list[object]:
+    """A recommendation's row; an image model's `tokens_per_s` counts images (its batches do)."""
+    if key == "tokens_per_s" and images and isinstance(v, int | float):
+        return ["images per s", Value(f"{v:,.0f} images/s", v)]
+    return [_name(key), by_key(key, v)]
+
+
 def sizing_section(d: Dossier) -> Section:
     sec = Section("Sizing of a training step")
     if not d.data["sizing"]:
@@ -24,6 +31,10 @@ def sizing_section(d: Dossier) -> Section:
         if stale := d.made_under(s):
             sec.text(f"This sizing was {stale}.")
         cuda = s.get("device") == "cuda"
+        images = (s.get("model") or {}).get("architecture") == "image"
+        length = {"image side": "px a side", "patch tokens": "patch tokens"}.get(
+            (s.get("lengths") or {}).get("length_unit"), "tokens"
+        )
         rows = []
         for c in s.get("configurations", s.get("rows", [])):
             rows.append(
@@ -40,7 +51,7 @@ def sizing_section(d: Dossier) -> Section:
             )
         what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
         sec.table(
-            ["configuration", "seq len (tokens)", "micro-batch", "predicted", "measured"]
+            ["configuration", f"seq len ({length})", "micro-batch", "predicted", "measured"]
             + ["error", "step", "status"],
             rows,
             caption=f"predicted vs measured: {what}",
@@ -50,7 +61,7 @@ def sizing_section(d: Dossier) -> Section:
             sec.table(
                 ["recommendation", "value"],
                 [
-                    [_name(k), by_key(k, v)]
+                    _recommended(k, v, images)
                     for k, v in rec.items()
                     if not isinstance(v, dict | list)
                 ],
