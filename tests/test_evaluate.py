@@ -632,6 +632,17 @@ def test_failure_examples_name_one_example_per_kind():
         "  no_match, e.g. b: the first line matches",
         "  empty, e.g. d: the output is empty",
     ]
+    # an extraction's kinds are the JSON reader's, as the failures table counts them
+    extraction = [
+        {"id": "e", "verdicts": {"failure": "parse_error", "json_failure": "truncated"}},
+        {"id": "f", "verdicts": {"failure": "parse_error", "json_failure": "no_json"}},
+        {"id": "g", "verdicts": {"failure": "schema_error", "json_failure": None}},
+    ]
+    assert [line.split(",")[0].strip() for line in failure_examples(extraction)] == [
+        "truncated",
+        "no_json",
+        "schema_error",
+    ]
 
 
 def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys, tiny_llama_dir):

@@ -70,6 +70,10 @@ def test_manifest_sha_and_limitations():
     ]
     fk = failure_kinds(preds)
     assert fk["failures"] == {"not_json": 1} and fk["top_confusions"] == {"a -> b": 2}
+    # an extraction's failures are named as the evaluation's failures table names them
+    truncated = {"failure": "parse_error", "json_failure": "truncated"}
+    ext = [{"gold": {}, "prediction": None, "correct": False, "verdicts": truncated}]
+    assert failure_kinds(ext)["failures"] == {"truncated": 1}
     lines = limitation_lines(
         {
             "regressed": reg,

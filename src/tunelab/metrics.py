@@ -198,6 +198,12 @@ def classification_metrics(
 # ---------------------------------------------------------------- format
 
 
+def failure_kind(verdicts: Mapping[str, Any]) -> str | None:
+    """The kind an output failed in, as `failure_counts` counts it: an extraction's JSON reader
+    kind (`json_failure`: no_json, truncated, ...) where it has one, else the task's `failure`."""
+    return verdicts.get("json_failure") or verdicts.get("failure")
+
+
 def format_metrics(
     valid: Sequence[bool],
     failures: Sequence[str | None],
@@ -276,7 +282,7 @@ def extraction_metrics(
     n_pred = sum(sums.get(f, Counter())["pred"] for f in fields)
     n_gold = sum(sums.get(f, Counter())["gold"] for f in fields)
     k = len(fields)
-    failures = Counter(v.get("json_failure") or v.get("failure") for v in verdicts)
+    failures = Counter(failure_kind(v) for v in verdicts)
     failures.pop(None, None)
     return {
         "n": n,

@@ -23,7 +23,7 @@ from tunelab.cli.common import (
 from tunelab.cli.progress import ProgressBoard, eval_progress
 from tunelab.env import BUSY_CPU_SHARE
 from tunelab.merged_eval import describe_copy, ran_on_copy
-from tunelab.metrics import OVERALL_METRICS
+from tunelab.metrics import OVERALL_METRICS, failure_kind
 
 
 def print_evaluation(record: dict[str, Any], title: str) -> None:
@@ -131,7 +131,7 @@ def failure_examples(predictions: list[dict[str, Any]]) -> list[str]:
     so a reader sees where answers leave the format without opening the predictions file."""
     seen: dict[str, str] = {}
     for p in predictions:
-        kind = (p.get("verdicts") or {}).get("failure")
+        kind = failure_kind(p.get("verdicts") or {})
         if kind and kind not in seen:
             seen[kind] = f"  {kind}, e.g. {p.get('id')}: {p.get('parse_error') or '-'}"
     return list(seen.values())

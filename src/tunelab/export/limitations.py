@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tunelab.metrics import failure_kind
+
 
 def regressions(comparison: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Categories and fields whose metrics went down against the baseline (delta < 0)."""
@@ -41,9 +43,12 @@ def failure_kinds(predictions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     kinds: Counter[str] = Counter()
     confusions: Counter[str] = Counter()
     for p in predictions:
-        failure = (p.get("verdicts") or {}).get("failure")
+        verdicts = p.get("verdicts") or {}
+        failure = verdicts.get("failure")
         if isinstance(failure, Mapping):
             failure = failure.get("kind") or failure.get("failure")
+        else:  # the kinds the evaluation's failures table counts
+            failure = failure_kind(verdicts)
         if failure:
             kinds[str(failure)] += 1
         elif p.get("correct") is False and isinstance(p.get("prediction"), str):
