@@ -264,6 +264,44 @@ def test_plan_cli_record_chart_and_refusals(tmp_path, tiny_llama_dir, capsys):
     assert code == 0 and "initial check" in out and "variants fit" in out
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--days", "0"], "--days 0: plans are for 3, 7 or 30 days"),
+        (["--gpu-hour-price", "-1"], "--gpu-hour-price -1: a price per GPU hour"),
+        (["--gpu-hour-price", "nan"], "--gpu-hour-price nan"),
+        (["--gpu-hour-price", "inf", "--gpu", "H200"], "--gpu-hour-price inf"),
+        (["--step-time-s", "inf"], "--step-time-s inf"),
+        (["--speedup", "nan"], "--speedup nan"),
+        (["--utilization", "0.3"], "--utilization 0.3: only with --gpu"),
+        (["--gpus", "2"], "--gpus 2: only with --gpu"),
+        (["--strategy", "fsdp"], "--strategy fsdp: only with --gpu"),
+    ],
+)
+def test_plan_refuses_options_it_would_ignore_or_misprice(
+    tmp_path, tiny_llama_dir, capsys, args, fragment
+):
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    code, _, err = run_cli(capsys, "plan", "-s", study.root, *args)
+    assert code == 2 and fragment in err and "hint:" in err, err
+    assert not (study.records / "plans").exists() or not any((study.records / "plans").iterdir())
+
+
+def test_plan_chart_of_many_variants_stays_one_page(tmp_path, tiny_llama_dir, capsys):
+    from PIL import Image
+
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    code, out, err = run_cli(
+        capsys, "plan", "-s", study.root, "--set", "budget.num_variants=5000", "--json"
+    )
+    assert code == 0, err
+    plan = json.loads(out[out.index("{") :])
+    assert plan["num_variants"] == 5000
+    assert Image.open(plan["chart_path"]).size[1] < 1000  # one bar for the experiments
+
+
 def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)

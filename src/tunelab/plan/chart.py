@@ -8,6 +8,10 @@ from tunelab.plan.estimate import Plan
 from tunelab.records import write_bytes_atomic
 
 
+# beyond this many variants the experiments are one bar: a bar each would make a page-long image
+MAX_VARIANT_BARS = 12
+
+
 def draw_gantt(plan: Plan, path: Path) -> Path:
     """The phases on a time axis (hours), each variant a bar, margins hatched, the window's end."""
     import io
@@ -28,14 +32,15 @@ def draw_gantt(plan: Plan, path: Path) -> Path:
     n = plan.num_variants
     for ph in plan.phases:
         name, start = ph.phase, ph.start_s / 3600
-        if name == "experiments" and n > 0:
+        if name == "experiments" and 0 < n <= MAX_VARIANT_BARS:
             each = ph.planned_s / n / 3600
             each_margin = ph.margin_s / n / 3600
             for i in range(n):
                 rows.append((f"variant {i + 1}", start, each, each_margin, name))
                 start += each + each_margin
         else:
-            rows.append((name, start, ph.planned_s / 3600, ph.margin_s / 3600, name))
+            label = f"experiments ({n:,} variants)" if name == "experiments" else name
+            rows.append((label, start, ph.planned_s / 3600, ph.margin_s / 3600, name))
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
     for y, (_label, start, length, margin, phase) in enumerate(rows):
         ax.barh(y, length, left=start, color=colours[phase], edgecolor="black", linewidth=0.4)

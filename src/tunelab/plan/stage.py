@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,9 +49,16 @@ def make_plan(
     ConfigError for a rental length other than 3, 7 or 30 days, a non-positive speed-up or step
     time, an unknown GPU, or a speed-up given with a GPU."""
     cfg = study.config
-    days = check_days(days or cfg.budget.rental_days)
-    if speedup <= 0 or (step_time_s is not None and step_time_s <= 0):
-        raise ConfigError("--speedup and --step-time-s must be positive", hint="e.g. --speedup 20")
+    days = check_days(cfg.budget.rental_days if days is None else days)
+    check_price(gpu_hour_price)
+    for flag, value in (("--speedup", speedup), ("--step-time-s", step_time_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{flag} {value:g}: --speedup and --step-time-s must be positive numbers",
+                hint="e.g. --speedup 20 or --step-time-s 0.4",
+            )
+    if gpu is None:
+        check_gpu_only(gpus=gpus, strategy=strategy, utilization=utilization)
     projection = None
     if gpu is None:
         figures = gather_figures(study)
@@ -108,6 +116,36 @@ def make_plan(
         None, "plan:recorded", {"id": plan_id, "fits": plan.fits, "busy_s": plan.busy_s}
     )
     return record, path, png
+
+
+def check_price(price: float | None) -> None:
+    """A price per GPU hour is a finite number, zero (hardware you own) or more."""
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise ConfigError(
+            f"--gpu-hour-price {price:g}: a price per GPU hour is a finite number, 0 or more",
+            hint="e.g. --gpu-hour-price 2.5 (0 for hardware you own)",
+        )
+
+
+def check_gpu_only(*, gpus: int, strategy: str, utilization: float | None) -> None:
+    """--gpus, --strategy and --utilization describe a catalog GPU: without --gpu (or
+    --compare-gpus) the plan uses the measured figures and would ignore them."""
+    given = [
+        flag
+        for flag, set_ in (
+            (f"--gpus {gpus}", gpus != 1),
+            (f"--strategy {strategy}", strategy != "ddp"),
+            (f"--utilization {utilization}", utilization is not None),
+        )
+        if set_
+    ]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: only with --gpu ID or --compare-gpus (this plan uses the "
+            "figures measured on this machine)",
+            hint="add --gpu ID (e.g. --gpu H100-SXM), or --speedup X / --step-time-s S to scale "
+            "the measured figures",
+        )
 
 
 def check_days(days: int) -> int:
@@ -196,7 +234,7 @@ def compare_gpus(
     hours_per_variant, variants {3, 7, 30}, busy_hours, busy_cost, rental_cost,
     price_per_gpu_hour}], inputs, notes}`. Nothing is recorded."""
     cfg = study.config
-    days = check_days(days or cfg.budget.rental_days)
+    days = check_days(cfg.budget.rental_days if days is None else days)
     shape, sizing = gather_shape(study)
     local = local_figures(study)
     measured = measured_run_utilization(study, shape)
