@@ -7,7 +7,6 @@ from pathlib import Path
 from tunelab.plan.estimate import Plan
 from tunelab.records import write_bytes_atomic
 
-
 # beyond this many variants the experiments are one bar: a bar each would make a page-long image
 MAX_VARIANT_BARS = 12
 
