@@ -2,9 +2,12 @@
 `tunelab train` calls in a single process) must give these exact per-step losses.
 
 A refactor of the training path keeps identical loss (tolerance 0). The literals hold for fp32 on
-the CPU with one thread (the study sets `training.num_threads: 1`; the test forces the CPU); a
-change of torch, of the tiny model or of the CPU's kernels may move the last digits, and then
-the literals are regenerated on purpose, never loosened.
+the CPU with one thread (the study sets `training.num_threads: 1`; the test forces the CPU). MKL
+takes other code paths on other CPUs (an AMD EPYC's last digits differ from the other set's
+from the first optimizer step on), so each method has one set per CPU kind measured, and the
+losses must equal one of them exactly. A change of torch or of the tiny model moves the last
+digits, and then the literals are regenerated on purpose, never loosened; a CPU kind not yet
+measured gets its own set, printed by the failure.
 """
 
 from __future__ import annotations
@@ -20,20 +23,38 @@ from tunelab.train import train_run
 
 # step: (training loss, validation loss or None); step 0 holds the validation loss before training
 PINNED = {
-    "lora": {
-        0: (None, 6.217223031180246),
-        1: (6.2094121709600225, None),
-        2: (6.201317148760331, 6.193141634502108),
-        3: (6.2012481689453125, None),
-        4: (6.1658485814144735, 6.161661662752667),
-    },
-    "full": {
-        0: (None, 6.217223031180246),
-        1: (6.2094121709600225, None),
-        2: (5.921041693569215, 5.512468610491071),
-        3: (5.520567673903245, None),
-        4: (6.6388813219572365, 4.65014157976423),
-    },
+    "lora": [
+        {
+            0: (None, 6.217223031180246),
+            1: (6.2094121709600225, None),
+            2: (6.201317148760331, 6.193141634502108),
+            3: (6.2012481689453125, None),
+            4: (6.1658485814144735, 6.161661662752667),
+        },
+        {  # AMD EPYC, AVX512
+            0: (None, 6.217223031180246),
+            1: (6.2094121709600225, None),
+            2: (6.201316644337552, 6.193141634502108),
+            3: (6.2012481689453125, None),
+            4: (6.1658485814144735, 6.161661662752667),
+        },
+    ],
+    "full": [
+        {
+            0: (None, 6.217223031180246),
+            1: (6.2094121709600225, None),
+            2: (5.921041693569215, 5.512468610491071),
+            3: (5.520567673903245, None),
+            4: (6.6388813219572365, 4.65014157976423),
+        },
+        {  # AMD EPYC, AVX512
+            0: (None, 6.217223031180246),
+            1: (6.2094121709600225, None),
+            2: (5.921041693569215, 5.512468549940321),
+            3: (5.520567673903245, None),
+            4: (6.63888517680921, 4.65014145866273),
+        },
+    ],
 }
 
 
@@ -59,5 +80,5 @@ def test_losses_are_the_pinned_ones(study_dir, method, monkeypatch):
     got = {
         r["step"]: (r.get("loss"), r.get("val_loss")) for r in read_jsonl(run.path("metrics.jsonl"))
     }
-    assert got == PINNED[method]
+    assert got in PINNED[method], f"losses pinned for no CPU kind measured: {got}"
     assert run.status()["status"] == "completed"
