@@ -291,6 +291,39 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
     for r in rows:
         assert any(line.lstrip().startswith(r["gpu"] + " ") for line in lines)
     assert "assumed: lengths" in out and "read: model" in out and "utilization" in out
+    answer = result["answer"]
+    assert answer["gpu"] in {r["gpu"] for r in fitting} and answer["days"] in (3, 7, 30)
+    assert f"answer: 1x {answer['gpu']} for {answer['days']} days" in out
+
+
+def _row(gpu, fits, variants, rental_cost, busy_hours=1.0):
+    return {
+        "gpu": gpu,
+        "fits": fits,
+        "variants": dict(zip((3, 7, 30), variants, strict=True)),
+        "rental_cost": rental_cost,
+        "busy_hours": busy_hours,
+    }
+
+
+def test_cheapest_rental_is_the_shortest_that_holds_the_variants_then_the_cheapest():
+    from tunelab.plan.stage import cheapest_rental
+
+    rows = [
+        _row("L4", True, (1, 3, 12), 700.0),  # 7-day cost 700: needs 30 days for 4, 3000
+        _row("H100", True, (5, 12, 50), 2100.0),  # 4 fit in 3 days: 900
+        _row("A100", True, (4, 9, 40), 1400.0),  # 3 days: 600, the answer
+        _row("B200", False, (99, 99, 99), 10.0),  # does not fit its memory
+    ]
+    assert cheapest_rental(rows, 4, 7) == {
+        "gpu": "A100",
+        "days": 3,
+        "rental_cost": 600.0,
+        "busy_hours": 1.0,
+    }
+    assert cheapest_rental(rows, 45, 7)["gpu"] == "H100"
+    assert "within 30 days" in cheapest_rental(rows, 60, 7)["why"]
+    assert "memory" in cheapest_rental(rows[3:], 1, 7)["why"]
 
 
 def test_gpu_plan_on_a_config_only_1b_study(config_only_study, capsys, narrow):

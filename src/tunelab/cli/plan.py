@@ -298,6 +298,16 @@ def print_comparison(result: dict[str, Any]) -> None:
             pad_edge=False,
         )
     )
+    answer = result["answer"]
+    if answer["gpu"] is None:
+        console.print(f"answer: none: {answer['why']}", style="bold")
+    else:
+        console.print(
+            f"answer: {result['gpus']}x {answer['gpu']} for {answer['days']} days, "
+            f"{answer['rental_cost']:,.0f} for the rental, the cheapest that holds the "
+            f"{result['num_variants']} registered variants ({answer['busy_hours']:.2f} h busy)",
+            style="bold",
+        )
     console.print(
         "micro: micro-batch x accumulation per GPU (c: activation checkpointing); step s: an "
         "optimizer step at the default utilization; h/var: hours a variant takes with its "

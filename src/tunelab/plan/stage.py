@@ -148,6 +148,26 @@ def check_gpu_only(*, gpus: int, strategy: str, utilization: float | None) -> No
         )
 
 
+def cheapest_rental(rows: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
+    """The rental that answers "which GPU, how many days, what cost": among the GPUs the study
+    fits, the shortest rental (3, 7 or 30 days) holding `num_variants` on each, then the
+    cheapest of those. `{gpu, days, rental_cost, busy_hours}`, or `{gpu: None, why}`."""
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return {"gpu": None, "why": "the study fits no catalog GPU's memory"}
+    options = []
+    for r in fitting:
+        shortest = next((d for d in (3, 7, 30) if r["variants"][d] >= num_variants), None)
+        if shortest is not None:
+            # the rental costs its days x 24 h x the price: linear in the days
+            cost = r["rental_cost"] * shortest / days
+            options.append((cost, r["busy_hours"], r["gpu"], shortest))
+    if not options:
+        return {"gpu": None, "why": f"no catalog GPU runs {num_variants} variants within 30 days"}
+    cost, busy, gpu, shortest = min(options)
+    return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy}
+
+
 def check_days(days: int) -> int:
     if int(days) not in (3, 7, 30):
         raise ConfigError(f"--days {days}: plans are for 3, 7 or 30 days", hint="--days 3|7|30")
@@ -281,6 +301,7 @@ def compare_gpus(
         inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
     rows.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
     return {
+        "answer": cheapest_rental(rows, cfg.budget.num_variants, days),
         "days": days,
         "gpus": gpus,
         "strategy": "single" if gpus == 1 else strategy,
