@@ -77,6 +77,16 @@ def test_set_overrides_and_bad_set(tmp_path, capsys):
     assert code == 2 and "training.nope" in err
 
 
+def test_text_for_a_section_is_not_told_to_drop_quotes(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    args = ("validate", "-s", tmp_path / "s", "--set")
+    code, _, err = run_cli(capsys, *args, "adaptation.quantization=nf4")
+    assert code == 2 and "adaptation.quantization" in err and "found text" in err
+    assert "without quotes" not in err
+    code, _, err = run_cli(capsys, *args, "training.seed='3'")
+    assert code == 2 and "write 3 without quotes" in err
+
+
 def test_contradictions_rejected():
     base = yaml.safe_load(
         __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml("format", "x")

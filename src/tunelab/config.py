@@ -695,6 +695,14 @@ def sourced_problems(
     return source, lines, f"the settings named in {name}"
 
 
+def _reads_as_scalar(text: str) -> bool:
+    try:
+        value = load_yaml(text)
+    except ParseProblem:
+        return False
+    return isinstance(value, int | float | bool)
+
+
 def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     value = err.get("input")
@@ -703,7 +711,10 @@ def _describe_error(err: dict[str, Any]) -> str:
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
     elif err["type"].endswith("_type") and isinstance(value, str):
-        msg += f" (found text; write {value.strip()} without quotes if it is meant as a value)"
+        msg += " (found text"
+        if _reads_as_scalar(value):  # a quoted number or boolean
+            msg += f"; write {value.strip()} without quotes if it is meant as a value"
+        msg += ")"
     if isinstance(value, dict) and err["type"] == "value_error":
         # a check across fields names them itself; the whole section would say nothing more
         return f"  - {loc or 'study'}: {msg}"
