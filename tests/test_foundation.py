@@ -87,6 +87,18 @@ def test_text_for_a_section_is_not_told_to_drop_quotes(tmp_path, capsys):
     assert code == 2 and "write 3 without quotes" in err
 
 
+def test_template_names_qlora_and_its_settings():
+    from tunelab.study_template import render_study_yaml
+
+    text = render_study_yaml("classification", "x")
+    assert "qlora" in text and "AdamW8bit" in text
+    text = text.replace("method: lora ", "method: qlora").replace(
+        "# quantization:", "quantization:"
+    )
+    q = validate_config(yaml.safe_load(text)).adaptation.quantization
+    assert (q.quant_type, q.double_quant, q.compute_dtype) == ("nf4", True, "bf16")
+
+
 def test_contradictions_rejected():
     base = yaml.safe_load(
         __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml("format", "x")

@@ -43,20 +43,21 @@ guardrails:
   dtype: float32
 
 adaptation:
-  method: lora                # full | lora | freeze
+  method: lora                # full | lora | qlora (LoRA on a 4-bit base) | freeze
   target_modules: {targets}
   rank: 8
   alpha: 16
   dropout: 0.0
   modules_to_save: {modules_to_save}
   # trainable: []             # method freeze: the modules left trainable
+  # quantization: {{quant_type: nf4, double_quant: true, compute_dtype: bf16}}  # method qlora
 
 {preprocess_block}training:
   seed: 0
   micro_batch_size: 8
   grad_accum_steps: 1
   max_steps: 100
-  optimizer: AdamW
+  optimizer: AdamW           # any torch.optim name; AdamW8bit | PagedAdamW8bit (qlora extra)
   lr: {lr}
   weight_decay: 0.0
   schedule: linear            # constant | linear | cosine
