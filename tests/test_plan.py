@@ -351,6 +351,28 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     assert "export took" in out and "(margin 25%)" in out
 
 
+def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llama_dir, capsys):
+    study = _study(tmp_path / "s", tiny_llama_dir)
+    _sizing_record(study)
+    from tunelab.plan import make_plan, review_plan
+
+    plan, _, _ = make_plan(study, days=3)
+    planned = plan["variant"]["steps"]
+    for steps in (planned, planned // 2, planned // 2):
+        run = _finished_run(study, "train", 10.0)
+        status = study.runs_dir / run / "status.json"
+        rec = json.loads(status.read_text()) if status.exists() else {}
+        status.write_text(json.dumps({**rec, "status": "completed", "steps": steps}))
+    notes = review_plan(study)["notes"]
+    assert notes == [
+        f"2 training runs took {planned // 2} steps, the plan's variant {planned} "
+        "(training.max_steps when it was planned): the experiments' error counts the "
+        "difference in steps"
+    ]
+    code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
+    assert code == 0 and f"took {planned // 2} steps" in " ".join(out.split())
+
+
 def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):
     from tunelab.plan import RESOLUTION_S, make_plan, review_plan
 

@@ -201,6 +201,26 @@ def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def steps_notes(study: Study, plan: dict[str, Any]) -> list[str]:
+    """Whether the completed training runs took the plan's steps: a run made with another
+    training.max_steps (a --set) moves the experiments' error by the steps, not the plan."""
+    planned = (plan.get("variant") or {}).get("steps")
+    taken: dict[int, int] = {}
+    for r in study.list_runs():
+        path = study.runs_dir / r.id / "status.json"
+        if r.kind != "train" or r.status != "completed" or not path.exists():
+            continue
+        steps = read_json(path).get("steps")
+        if isinstance(steps, int) and planned and steps != planned:
+            taken[steps] = taken.get(steps, 0) + 1
+    return [
+        f"{_n(count, 'training run')} took {steps} steps, the plan's variant {planned} "
+        "(training.max_steps when it was planned): the experiments' error counts the "
+        "difference in steps"
+        for steps, count in sorted(taken.items())
+    ]
+
+
 def far_off_remark(row: dict[str, Any]) -> str | None:
     """'experiments: planned 40.0 s, took 10.0 s (+300.0 %): the plan is far longer than the
     runs' for a review row off by more than FAR_OFF_PCT either way; None otherwise."""
@@ -358,7 +378,7 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
     at_speed = [r for r in rows if r.error_at_run_speed_pct is not None]
     return {
         "plan": planned.plan_id,
-        "notes": device_notes(study, plan),
+        "notes": device_notes(study, plan) + steps_notes(study, plan),
         "rows": [asdict(r) for r in rows],
         "largest_error": _largest(measured, "error_pct"),
         "largest_error_at_run_speed": _largest(at_speed, "error_at_run_speed_pct"),
