@@ -287,6 +287,28 @@ def test_gguf_converts_to_the_same_model(tiny_gguf, tiny_llama_dir, tmp_path, mo
     assert again.path != base.path and again.identity["sha256"] == base.identity["sha256"]
 
 
+def test_check_export_base_may_be_the_folder_holding_the_gguf(tiny_gguf, tmp_path, monkeypatch):
+    from tunelab.errors import ExportError
+    from tunelab.export.check import check_base, resolve_base_arg
+
+    monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
+    cfg = make_cfg(tiny_gguf.parent, method="lora", target_modules=["q_proj"])
+    cfg.model.gguf_file = tiny_gguf.name
+    base = resolve_model(cfg.model)
+    manifest = {"base": base.identity}
+    resolved = resolve_base_arg(tiny_gguf.parent, manifest)
+    assert resolved == base.path
+    assert check_base(resolved, manifest)["files_checked"] == len(base.identity["files"])
+
+    other = tmp_path / "other"
+    other.mkdir()
+    data = bytearray(tiny_gguf.read_bytes())
+    data[-1] ^= 0x01
+    (other / tiny_gguf.name).write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=rf"{tiny_gguf.name} has sha256"):
+        resolve_base_arg(other, manifest)
+
+
 def test_gguf_cache_is_reused_and_survives_kills_and_races(tiny_gguf, tmp_path, monkeypatch):
     import threading
 

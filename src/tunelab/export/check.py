@@ -154,12 +154,14 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
     through the hub cache (default revision: the commit the export was trained on). Refuses a
     hub base at another commit than the manifest's."""
-    from tunelab.config import HUB_ID
+    from tunelab.config import HUB_ID, resolve_path
 
     text = str(spec)
     repo, _, rev = text.partition("@")
+    if text.startswith("asset:"):
+        return _gguf_converted(resolve_path(text), manifest)
     if Path(text).expanduser().exists() or not HUB_ID.fullmatch(repo) or "/" not in repo:
-        return Path(text).expanduser()
+        return _gguf_converted(Path(text).expanduser(), manifest)
     from tunelab.hub import download
 
     base = manifest["base"]
@@ -186,6 +188,25 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     return snap.path
 
 
+def _gguf_converted(folder: Path, manifest: Mapping[str, Any]) -> Path:
+    """For a base converted from GGUF, the folder the study named (the one holding the .gguf
+    file) stands for its converted folder, once the GGUF's sha256 is the recorded one."""
+    source = (manifest.get("base") or {}).get("source") or {}
+    name = str(source.get("gguf_file") or "").rsplit("/", 1)[-1]
+    if not name or not (folder / name).is_file():
+        return folder
+    from tunelab.models.gguf import convert_gguf, gguf_sha256
+
+    digest = gguf_sha256(folder / name)
+    if digest != source.get("gguf_sha256"):
+        raise ExportError(
+            f"refusing base {folder}: {name} has sha256 {digest[:16]}..., the export was trained "
+            f"on a conversion of a GGUF with sha256 {str(source.get('gguf_sha256'))[:16]}...",
+            hint="pass --base the folder holding the exact GGUF file the run trained on",
+        )
+    return convert_gguf(folder, name)
+
+
 def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Every recorded base file (weights, tokenizer, config) must be in `base_path` with the
     recorded sha256, and no unrecorded weight file may be there."""
@@ -196,7 +217,7 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     if not base_path.is_dir():
         raise ExportError(
             f"--base {base_path}: not a folder",
-            hint="pass the base model folder (for a GGUF base, the converted folder)",
+            hint="pass the base model folder (for a GGUF base, the folder holding the .gguf)",
         )
     problems = []
     for name, digest in sorted((base.get("files") or {}).items()):
