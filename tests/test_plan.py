@@ -371,6 +371,11 @@ def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llam
     ]
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and f"took {planned // 2} steps" in " ".join(out.split())
+    from tunelab.report import build_report
+
+    md = build_report(study)["markdown"].read_text()
+    section = md[md.index("## Rental plan") :]
+    assert f"Note: {notes[0]}." in section[: section.index("\n## ")]
 
 
 def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):

@@ -50,7 +50,8 @@ def plan_section(d: Dossier) -> Section:
         )
         # against the ledger as it is now: a plan made after the initial check has no actual
         # experiments in the review it stored
-        review = {r.get("phase"): r for r in review_plan(d.study, p)["rows"]}
+        reviewed = review_plan(d.study, p)
+        review = {r.get("phase"): r for r in reviewed["rows"]}
         sec.table(
             ["phase", "planned", "margin", "actual", "error", "error at the runs' speed"]
             + ["within margin"],
@@ -61,6 +62,8 @@ def plan_section(d: Dossier) -> Section:
                 sec.text(verdict[0].upper() + verdict[1:] + ".")
             if (remark := far_off_remark(r)) is not None:
                 sec.text("Far off: " + remark + ".")
+        for note in reviewed["notes"]:
+            sec.text(f"Note: {note}.")
         if p.get("gantt_png"):
             sec.image(Path(p["gantt_png"]), "rental plan")
         for w in p.get("warnings") or []:
