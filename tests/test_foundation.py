@@ -349,3 +349,40 @@ def test_train_refuses_a_name_taken_and_takes_the_parent_by_name(tmp_path, capsy
     assert s.check_new_run("train", "v2", first.id[:12]) == first.id
     with pytest.raises(RunError, match="parent run 'nope' not found"):
         s.check_new_run("train", "v2", "nope")
+
+
+def test_non_finite_numbers_are_refused_in_study_yaml_and_set(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    path = tmp_path / "s" / "study.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["training"]["weight_decay"] = float("nan")
+    raw["adaptation"]["alpha"] = float("inf")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "training.weight_decay" in str(err.value) and "adaptation.alpha" in str(err.value)
+    raw["training"]["weight_decay"], raw["adaptation"]["alpha"] = 0.0, 16.0
+    path.write_text(yaml.safe_dump(raw))
+    for item in ("training.lr=.inf", "training.lr=1e400", "training.grad_clip=.nan"):
+        with pytest.raises(ConfigError, match=item.split("=")[0]):
+            load_config(path, [item])
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s", "--set", "training.lr=nan")
+    assert code == 2 and "finite" in err and "without quotes" not in err
+
+
+def test_set_refuses_a_key_given_twice(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    over = ["--set", "training.max_steps=4", "--set", "training.max_steps=5"]
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s", *over)
+    assert code == 2 and "training.max_steps=4" in err and "training.max_steps=5" in err
+    code, _, err = run_cli(
+        capsys,
+        "validate",
+        "-s",
+        tmp_path / "s",
+        "--set",
+        "training={lr: 1.0e-3}",
+        "--set",
+        "training.lr=2e-3",
+    )
+    assert code == 2 and "twice" in err

@@ -47,8 +47,11 @@ def _without_unset(model: BaseModel, handler: Any, field: str) -> dict[str, Any]
 
 
 class Section(BaseModel):
-    # strict: "8" is not an int and "true" not a bool; a number written as text is an error
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    # strict: "8" is not an int and "true" not a bool; a number written as text is an error;
+    # NaN and infinity are no setting's value (an infinite lr or a NaN guardrail never errs)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
+    )
 
 
 # ---------------------------------------------------------------- hypothesis and guardrails
@@ -653,8 +656,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     out = copy.deepcopy(raw)
+    given: dict[tuple[str, ...], str] = {}
     for item in overrides:
         path, value = parse_override(item)
+        key = tuple(path)
+        # a later --set would silently win over an earlier one of the same key (or its section)
+        clash = next(
+            (seen for k, seen in given.items() if k[: len(key)] == key or key[: len(k)] == k),
+            None,
+        )
+        if clash is not None:
+            raise ConfigError(
+                f"--set {preview(clash)} and --set {preview(item)} set {'.'.join(path)} twice",
+                hint="give each setting once with --set",
+            )
+        given[key] = item
         node = out
         for part in path[:-1]:
             if not isinstance(node.get(part), dict):
@@ -710,9 +726,13 @@ def _describe_error(err: dict[str, Any]) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
+    elif err["type"] == "finite_number":
+        msg = "must be a finite number (NaN and infinity are refused)"
     elif err["type"].endswith("_type") and isinstance(value, str):
         msg += " (found text"
-        if _reads_as_scalar(value):  # a quoted number or boolean
+        if value.strip().lower().lstrip("+-.") in ("nan", "inf", "infinity"):
+            msg += "; a finite number is needed: NaN and infinity are refused"
+        elif _reads_as_scalar(value):  # a quoted number or boolean
             msg += f"; write {value.strip()} without quotes if it is meant as a value"
         msg += ")"
     if isinstance(value, dict) and err["type"] == "value_error":

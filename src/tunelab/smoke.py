@@ -141,7 +141,10 @@ def run_smoke(
 
     require_generation_room(study.config)
     overrides = smoke_overrides(study.config, num_train, num_steps)
-    smoke_study = Study.open(study.root, list(study.overrides) + overrides)
+    # the smoke's own settings replace the user's --set of the same keys
+    own = {item.split("=", 1)[0] for item in overrides}
+    kept = [item for item in study.overrides if item.split("=", 1)[0].strip() not in own]
+    smoke_study = Study.open(study.root, kept + overrides)
     cfg = smoke_study.config
     prep = train_run_mod.prepare_run(smoke_study)
     sample = SnapshotSample(
