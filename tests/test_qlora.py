@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import run_cli, write_email_study
+from helpers import register_study, run_cli, write_email_study, write_topic_study
 from tunelab.config import AdaptationConfig
 from tunelab.errors import ConfigError
 from tunelab.models import adapt, capture_params, check_update, load_model, resolve_model
@@ -124,6 +124,24 @@ def test_qlora_losses_fall_on_a_repeated_batch(tiny_llama_dir):
     with torch.no_grad():
         model(input_ids=x)
     assert check_update(before, model, 5, "qlora") == []
+
+
+def test_qlora_encoder_keeps_its_new_head_in_full_precision(tmp_path, tiny_bert_dir):
+    """bitsandbytes' default skips only an output embedding: an encoder's new classification
+    head would load in 4 bits, and training it (modules_to_save) fails at its first forward."""
+    root = write_topic_study(
+        tmp_path / "s", tiny_bert_dir, "qlora-bert", method="qlora", max_steps=2
+    )
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["adaptation"]["quantization"] = QUANT
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    study = register_study(root)
+    cfg = study.config
+    model = load_model(resolve_model(cfg.model), cfg, labels=cfg.task.labels)
+    assert type(model.classifier) is torch.nn.Linear
+    assert type(model.bert.encoder.layer[0].attention.self.query).__name__ == "Linear4bit"
+    run = train_run(study, name="q")
+    assert read_json(run.dir / "status.json")["status"] == "completed"
 
 
 def test_update_check_sees_a_changed_4bit_weight(tiny_llama_dir):

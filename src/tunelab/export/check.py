@@ -283,7 +283,7 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
         from tunelab.models.quantize import quantization_config
 
         q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
-        kwargs["quantization_config"] = quantization_config(q)
+        kwargs["quantization_config"] = quantization_config(q, arch)
     art_dir = _safe(export_dir, art["dir"])
     loader = AutoTokenizer
     if arch == "image":

@@ -206,7 +206,9 @@ def load_model(base: BaseModel, cfg: StudyConfig, labels: list[str] | None = Non
     if cfg.adaptation.method == "qlora":
         from tunelab.models.quantize import quantization_config
 
-        kwargs["quantization_config"] = quantization_config(cfg.adaptation.quantization)
+        kwargs["quantization_config"] = quantization_config(
+            cfg.adaptation.quantization, base.architecture
+        )
     torch.manual_seed(cfg.training.seed)  # the new head's initialization
     try:
         with quiet_transformers():

@@ -21,6 +21,9 @@ COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PROBE_FEATURES = 64  # one bitsandbytes block per row
 # training.optimizer names served by bitsandbytes.optim (8-bit block-wise AdamW states)
 BNB_OPTIMIZERS = ("AdamW8bit", "PagedAdamW8bit")
+# transformers' names for a classification head (BERT, RoBERTa, DistilBERT, ViT, ConvNeXt, ...):
+# bitsandbytes' default skips only an output embedding, so a head would load in 4 bits
+CLASSIFIER_HEADS = ("classifier", "pre_classifier", "score")
 
 
 def _bitsandbytes() -> Any:
@@ -53,17 +56,21 @@ def quantization_record(q: QuantizationConfig) -> dict[str, Any]:
     }
 
 
-def quantization_config(q: QuantizationConfig) -> Any:
-    """transformers' BitsAndBytesConfig loading every linear layer but the output one in 4 bits."""
+def quantization_config(q: QuantizationConfig, architecture: str = "causal_lm") -> Any:
+    """transformers' BitsAndBytesConfig loading every linear layer but the output one in 4 bits
+    (a causal LM's lm_head; an encoder's or image model's classification head, which is new
+    and trained in full: `CLASSIFIER_HEADS`)."""
     import torch
     from transformers import BitsAndBytesConfig
 
     _bitsandbytes()
+    skip = list(CLASSIFIER_HEADS) if architecture in ("encoder", "image") else None
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=q.quant_type,
         bnb_4bit_use_double_quant=q.double_quant,
         bnb_4bit_compute_dtype=getattr(torch, COMPUTE_DTYPES[q.compute_dtype]),
+        llm_int8_skip_modules=skip,
     )
 
 
