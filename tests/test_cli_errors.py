@@ -98,6 +98,15 @@ def test_abort_exits_1_without_traceback(capsys):
     assert code == 1 and "aborted" in err and "Traceback" not in err
 
 
+def test_interrupt_exits_130_and_says_so(capsys):
+    def probe() -> None:
+        raise KeyboardInterrupt  # what Ctrl-C raises in a command
+
+    with extra_command("interrupt-probe", probe):
+        code, _, err = run_cli(capsys, "interrupt-probe")
+    assert code == 130 and "interrupted" in err and "Traceback" not in err, (code, err)
+
+
 def test_usage_errors_name_the_command_help(capsys):
     code, _, err = run_cli(capsys, "inspect", "--per-category", "two")
     assert code == 2 and "--per-category" in err and "`tunelab inspect --help`" in err
@@ -118,8 +127,13 @@ def crash() -> None:
 def abort() -> None:
     raise typer.Abort()
 
+@app.command("interrupt-probe")
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
 for args in [["trian"], ["train", "--learning-rate", "1"], ["resume"],
-             ["inspect", "--per-category", "two"], ["--help"], ["crash-probe"], ["abort-probe"]]:
+             ["inspect", "--per-category", "two"], ["--help"], ["crash-probe"], ["abort-probe"],
+             ["interrupt-probe"]]:
     try:
         main(args)
         code = 0
@@ -150,7 +164,7 @@ def test_handler_under_each_typer(which, tmp_path):
     typer_path = TYPER_LOWEST if which == "lowest" else None
     codes, err = _probe(typer_path, tmp_path)
     expected = {"trian": 2, "train": 2, "resume": 2, "inspect": 2, "--help": 0}
-    assert codes == {**expected, "crash-probe": 1, "abort-probe": 1}, err
+    assert codes == {**expected, "crash-probe": 1, "abort-probe": 1, "interrupt-probe": 130}, err
     assert "Traceback" not in err and "AttributeError" not in err, err
     assert err.count("hint:") == 4, err  # each usage error names the command's --help
     assert "error: tunelab crash-probe failed: ValueError: broken" in err

@@ -68,14 +68,19 @@ else:  # pragma: no cover - typer before it shipped its own click
 
 def _main(argv: list[str] | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    load_commands()
-    opened_study(forget=True)
-    from tunelab.cli.models import draw_downloads
-
-    draw_downloads()  # the library downloads; the CLI draws its bar
     try:
+        load_commands()
+        opened_study(forget=True)
+        from tunelab.cli.models import draw_downloads
+
+        draw_downloads()  # the library downloads; the CLI draws its bar
         requested_device()  # a bad TUNELAB_DEVICE stops every command before it records
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
+        # typer returns the code of an Exit it caught, a Ctrl-C's 130 too, instead of raising
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            if code == 130:
+                console_err.print("[red]interrupted[/]")
+            sys.exit(code)
     except TunelabError as exc:
         # Messages quote user data and library errors ("[/path:553]"): never read them as markup.
         console_err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
@@ -90,7 +95,10 @@ def _main(argv: list[str] | None) -> None:
         raise
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # older click turns a Ctrl-C into this
+            console_err.print("[red]interrupted[/]")
+            sys.exit(130)
         console_err.print("[red]aborted[/]")
         sys.exit(1)
     except CommandLineError as exc:
