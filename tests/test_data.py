@@ -345,6 +345,18 @@ def test_csv_with_another_separator_is_named(tmp_path, capsys, sep, word):
     assert "data.fields.text" not in err, "one problem, not one per field"
 
 
+def test_files_a_folder_source_skips_are_noted(tmp_path):
+    folder = tmp_path / "s" / "data"
+    write_jsonl(folder / "a.jsonl", make_rows(60))
+    (folder / "more").mkdir()
+    (folder / "more" / "b.tsv").write_text("text\tlabel\nhello\tsales\n")
+    (folder / "C.JSONL").write_text("")
+    (folder / ".DS_Store").write_text("")
+    s = make_study(tmp_path / "s", {"source": {"format": "jsonl", "path": "data"}})
+    notes = build_snapshot(s)["notes"]
+    assert "skipped 2 file(s) in data not matching *.jsonl or *.json: C.JSONL, more/b.tsv" in notes
+
+
 def test_empty_data_set(tmp_path, capsys):
     s = jsonl_study(tmp_path, [])
     _cli_fails(capsys, s, "empty")

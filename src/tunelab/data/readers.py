@@ -303,6 +303,21 @@ def _files_of(path: Path, patterns: tuple[str, ...], follow: bool, src: SourceDa
                 f"{path}: no files matching {' or '.join(patterns)}",
                 hint="point data.source.path at a file or a folder holding them",
             )
+        others = sorted(
+            str(p.relative_to(path))
+            for p in path.rglob("*")
+            if p.is_file()
+            and p not in found
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if others:  # a .tsv or an upper-case .CSV beside the data would be left out unseen
+            shown = ", ".join(others[:5]) + (
+                f" and {len(others) - 5} more" if len(others) > 5 else ""
+            )
+            src.notes.append(
+                f"skipped {len(others)} file(s) in {path.name} not matching "
+                f"{' or '.join(patterns)}: {shown}"
+            )
         return [p for p in found if _contained(p, path, follow, src)]
     raise DataError(f"{path}: no such file or folder", hint="fix data.source.path in study.yaml")
 
