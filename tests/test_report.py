@@ -227,6 +227,40 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
     assert rows["sealed test split"].startswith("not opened yet: `tunelab eval train-a")
 
 
+def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opened_the_test():
+    from tunelab.report.document import cell_text
+    from tunelab.report.sections.context import Dossier
+    from tunelab.report.sections.decision import decision_section
+
+    compare = {
+        "id": "compare-1", "split": "validation", "hypothesis_version": 1,
+        "primary_metric": "macro_f1", "min_improvement": 0.05,
+        "runs": [
+            {"run_id": "train-a", "name": "v1", "compared": True, "flags": [],
+             "primary": {"baseline": 0.3, "variant": 0.29, "delta": -0.01, "ci_low": -0.06,
+                         "ci_high": 0.04, "meets_min_improvement": False, "significant": False},
+             "guardrails": [{"rule": "f1", "pass": False, "item": "tech"}]},
+        ],
+    }  # fmt: skip
+    test_run = {
+        "row": {"id": "eval-t", "kind": "eval", "parent": "train-a"},
+        "evaluations": {"test": {"n": 305, "metrics": {"macro_f1": 0.28}}},
+    }
+    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "final decision"}]
+    data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
+    rows = {
+        r[0]: cell_text(r[1]) for r in decision_section(Dossier(None, data, None)).blocks[0].rows
+    }
+    assert rows["adopted variant"].startswith("none")
+    assert "not opened" not in rows["sealed test split"]
+    assert rows["sealed test split"].startswith("opened once")
+    data["test_openings"] = []
+    rows = {
+        r[0]: cell_text(r[1]) for r in decision_section(Dossier(None, data, None)).blocks[0].rows
+    }
+    assert rows["sealed test split"] == "not opened: no variant is adopted"
+
+
 # ------------------------------------------------- a study with a resumed run and an amendment
 
 

@@ -17,7 +17,11 @@ def _closest(compare: dict[str, Any]) -> dict[str, Any] | None:
     return max(compared, key=lambda r: (r.get("primary") or {}).get("delta") or 0.0, default=None)
 
 
-def _test_row(t: dict[str, Any] | None) -> str:
+def _test_row(t: dict[str, Any] | None, openings: int = 0) -> str:
+    if t is None and openings:
+        # a run that is not adopted may still have opened the split: never say "not opened"
+        times = "once" if openings == 1 else f"{openings} times"
+        return f"opened {times}, though no variant is adopted (each opening under Limitations)"
     if t is None:
         return "not opened: no variant is adopted"
     if t["eval_run"] is None:
@@ -27,7 +31,9 @@ def _test_row(t: dict[str, Any] | None) -> str:
     return f"{t['metric']} {value} on {t['n']} examples ({times})"
 
 
-def _summary(compare: dict[str, Any], test: dict[str, Any] | None) -> list[list[Any]]:
+def _summary(
+    compare: dict[str, Any], test: dict[str, Any] | None, openings: int = 0
+) -> list[list[Any]]:
     metric = compare.get("primary_metric")
     chosen, _ = choose_variant(compare)
     shown = chosen or _closest(compare)
@@ -56,7 +62,7 @@ def _summary(compare: dict[str, Any], test: dict[str, Any] | None) -> list[list[
             f" (minimum improvement {compare.get('min_improvement')})",
         ],
         ["guardrails", f"{passing} of {len(guards)} checks pass"],
-        ["sealed test split", _test_row(test)],
+        ["sealed test split", _test_row(test, openings)],
     ]
 
 
@@ -66,7 +72,7 @@ def decision_section(d: Dossier) -> Section:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
     latest = d.data["compares"][-1]
     openings = d.data["test_openings"]
-    rows = _summary(latest, test_figure(latest, d.runs, openings))
+    rows = _summary(latest, test_figure(latest, d.runs, openings), len(openings))
     stale = d.made_under(latest)
     if stale:  # the rule and guardrails applied are the earlier version's
         rows.append(["hypothesis", stale.replace("hypothesis ", "", 1)])
