@@ -144,6 +144,40 @@ def test_qlora_encoder_keeps_its_new_head_in_full_precision(tmp_path, tiny_bert_
     assert read_json(run.dir / "status.json")["status"] == "completed"
 
 
+def test_a_forward_leaves_the_frozen_biases_of_4bit_layers_as_loaded(tmp_path, tiny_bert_dir):
+    """bitsandbytes casts a 4-bit layer's bias to its input's dtype in place at each forward:
+    a trained bias (here random, as MiniLM's) would then read as a frozen tensor that moved."""
+    import bitsandbytes as bnb
+
+    base_dir = tmp_path / "bert"
+    model = __import__("transformers").AutoModel.from_pretrained(tiny_bert_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_()
+    model.save_pretrained(base_dir)
+    for f in tiny_bert_dir.iterdir():
+        if not (base_dir / f.name).exists():
+            (base_dir / f.name).write_bytes(f.read_bytes())
+    root = write_topic_study(tmp_path / "s", base_dir, "qlora-bias", method="qlora")
+    raw = yaml.safe_load((root / "study.yaml").read_text())
+    raw["adaptation"]["quantization"] = QUANT
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = Study.open(root).config
+    base = resolve_model(cfg.model)
+    model = load_model(base, cfg, labels=cfg.task.labels)
+    model, _ = adapt(model, cfg.adaptation, base.architecture)
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert layers and all(m.bias is not None for m in layers)
+    before = capture_params(model)
+    ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    model.train()
+    model(input_ids=ids).logits.sum().backward()
+    moved = [v for v in check_update(before, model, 2, "qlora") if "frozen but changed" in v]
+    assert moved == []
+
+
 def test_update_check_sees_a_changed_4bit_weight(tiny_llama_dir):
     from tunelab.config import StudyConfig
 

@@ -77,12 +77,16 @@ def quantization_config(q: QuantizationConfig, architecture: str = "causal_lm") 
 def keep_weights_as_loaded(model: Any) -> None:
     """Turn off bitsandbytes' CPU inference repacking: it rewrites the frozen 4-bit weights in
     place on the first eval-mode forward (the update check would see them change) and needs
-    in_features to be a multiple of its block size."""
+    in_features to be a multiple of its block size. A 4-bit layer's bias is cast to its
+    compute dtype here, once: its forward casts it so in place, and computes with that copy."""
     import bitsandbytes as bnb
 
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear4bit):
             module.support_avx512bf16_for_cpu = False
+            bias, dtype = module.bias, module.compute_dtype
+            if bias is not None and dtype is not None and bias.dtype != dtype:
+                bias.data = bias.data.to(dtype)
 
 
 def quantized_numel(p: Any) -> int:
