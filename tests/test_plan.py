@@ -276,6 +276,7 @@ def test_plan_cli_record_chart_and_refusals(tmp_path, tiny_llama_dir, capsys):
         (["--utilization", "0.3"], "--utilization 0.3: only with --gpu"),
         (["--gpus", "2"], "--gpus 2: only with --gpu"),
         (["--strategy", "fsdp"], "--strategy fsdp: only with --gpu"),
+        (["--review", "--gpu", "H200", "--days", "3"], "--days, --gpu would be ignored"),
     ],
 )
 def test_plan_refuses_options_it_would_ignore_or_misprice(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.errors import ConfigError
 
 
 def _pct(x: float | None) -> str:
@@ -73,6 +74,25 @@ def plan(
     from tunelab.plan import make_plan, review_plan
 
     s = open_study(study, sets)
+    if review:
+        given = {
+            "--days": days is not None,
+            "--gpu-hour-price": gpu_hour_price is not None,
+            "--speedup": speedup != 1.0,
+            "--step-time-s": step_time_s is not None,
+            "--gpu": gpu is not None,
+            "--gpus": gpus != 1,
+            "--strategy": strategy != "ddp",
+            "--utilization": utilization is not None,
+            "--compare-gpus": compare_gpus,
+        }
+        if flags := [flag for flag, set_ in given.items() if set_]:
+            raise ConfigError(
+                f"--review sets the latest plan against the runs: {', '.join(flags)} would be "
+                "ignored",
+                hint="make the plan with them first (`tunelab plan " + " ".join(flags) + " ...`), "
+                "then `tunelab plan --review`",
+            )
     if compare_gpus:
         from tunelab.plan.stage import compare_gpus as compare
 
