@@ -160,6 +160,9 @@ def test_merge_beyond_its_tolerance_is_refused(qlora_run, capsys):
     assert code == 2 and out == ""
     assert "not close enough" in err and "largest logit difference" in err and "> 0" in err
     assert "without --merge" in err and not out_dir.exists()
+    args = ("export", run_id, "-s", root, "--merge", "--merge-dtype", "fp32", "--merge-atol", "0")
+    code, _, err = run_cli(capsys, *args, "--out", out_dir)
+    assert code == 2 and "fp32 is the closest merge" in err and "try --merge-dtype" not in err
     code, _, err = run_cli(capsys, "export", run_id, "-s", root, "--merge", "--merge-dtype", "int4")
     assert code == 2 and "--merge-dtype 'int4'" in err
 

@@ -230,8 +230,7 @@ def merge_into(
         raise ExportError(
             f"the merged model ({dtype}) is not close enough to run {run.id}'s adapted model "
             f"on {figures['examples']} validation examples: " + "; ".join(problems),
-            hint="export the adapter without --merge (it loads onto the base as trained), or "
-            "try --merge-dtype fp32",
+            hint=_refused_merge_hint(dtype, problems, figures),
         )
     quantization = (record.get("base_model") or {}).get("quantization")
     merge = {
@@ -245,3 +244,16 @@ def merge_into(
         "within_tolerance": True,
     }
     return merge, example
+
+
+def _refused_merge_hint(dtype: str, problems: list[str], figures: dict[str, Any]) -> str:
+    """What is left to try once a merge in `dtype` was refused (fp32 is the closest merge)."""
+    hint = "export the adapter without --merge (it loads onto the base as trained)"
+    if dtype != "fp32":
+        return hint + ", or try --merge-dtype fp32"
+    if len(problems) == 1 and problems[0].startswith("largest logit difference"):
+        return (
+            hint + "; fp32 is the closest merge: --merge-atol "
+            f"{figures['logits_max_abs_diff']:.3g} would accept this difference"
+        )
+    return hint + "; fp32 is the closest merge"
