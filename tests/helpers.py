@@ -234,6 +234,22 @@ def write_topic_study(
 # ------------------------------------------------------------------ kill harness fixtures
 
 
+def train_stopped_at(study: Any, step: int, name: str, **kwargs: Any) -> Any:
+    """`train_run` stopped by SIGTERM at `step` (the loop's test hook): the interrupted run."""
+    import os
+
+    from tunelab.train import RunInterrupted, train_run
+
+    os.environ["TUNELAB_TEST_KILL_AT"] = f"term:{step}"
+    try:
+        with pytest.raises(RunInterrupted):
+            train_run(study, name=name, **kwargs)
+    finally:
+        del os.environ["TUNELAB_TEST_KILL_AT"]
+    (stopped,) = [r for r in study.ledger.list_runs() if r.name == name]
+    return stopped
+
+
 def kill_harness_fixtures(tag: str, *, steps: int, checkpoint_every: int) -> tuple[Any, Any]:
     """The module-scoped `launcher` and `study_dir` fixtures of a test on tests/stress/harness.py
     (which must be importable: tests/stress on sys.path). Use as

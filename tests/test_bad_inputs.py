@@ -53,7 +53,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import register_study, run_cli, tree_hashes, write_topic_study
+from helpers import register_study, run_cli, train_stopped_at, tree_hashes, write_topic_study
 
 HERE = Path(__file__).resolve().parent / "bad_inputs"
 CASES = yaml.safe_load((HERE / "cases.yaml").read_text(encoding="utf-8"))
@@ -67,7 +67,7 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     from tunelab.data import build_snapshot
     from tunelab.evaluate import run_baseline, run_eval
     from tunelab.export import export_run
-    from tunelab.train import RunInterrupted, train_run
+    from tunelab.train import train_run
 
     root.mkdir(parents=True)
     shutil.copytree(bert_dir, root / "base")
@@ -78,13 +78,7 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     run = train_run(study, name="lora")
     run_eval(study, run.id)
     export, _ = export_run(study, run.id)
-    os.environ["TUNELAB_TEST_KILL_AT"] = "term:2"
-    try:
-        with pytest.raises(RunInterrupted):
-            train_run(study, name="stopped")
-    finally:
-        del os.environ["TUNELAB_TEST_KILL_AT"]
-    (stopped,) = [r for r in study.ledger.list_runs() if r.name == "stopped"]
+    stopped = train_stopped_at(study, 2, "stopped")
     assert stopped.status == "interrupted"
     return {
         "run": run.id,

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from helpers import fill_hypothesis, run_cli
+from helpers import fill_hypothesis, run_cli, train_stopped_at
 from tunelab.report import build_report
 from tunelab.study import Study
 
@@ -269,7 +269,6 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
     """A real study on the tiny BERT: register (v1), data, inspect, baseline, a run stopped by
     SIGTERM after step 2 and resumed to the end, its evaluation and a comparison, all under
     hypothesis v1; then the hypothesis amended (v2) and the dossier built."""
-    import os
 
     import torch
 
@@ -278,7 +277,7 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
     from tunelab.evaluate import run_baseline, run_eval
     from tunelab.hypothesis import register
     from tunelab.inspection import run_inspect
-    from tunelab.train import RunInterrupted, resume_run, train_run
+    from tunelab.train import resume_run
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -291,13 +290,7 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
     study = register_study(root)
     run_inspect(study)
     run_baseline(study)
-    os.environ["TUNELAB_TEST_KILL_AT"] = "term:2"
-    try:
-        with pytest.raises(RunInterrupted):
-            train_run(study, name="lora", why="LoRA on query and value")
-    finally:
-        del os.environ["TUNELAB_TEST_KILL_AT"]
-    (stopped,) = [r for r in study.ledger.list_runs() if r.name == "lora"]
+    stopped = train_stopped_at(study, 2, "lora", why="LoRA on query and value")
     resume_run(Study.open(root), stopped.id)
     run_eval(study, stopped.id)
     save_compare(study, compare_study(study))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import register_study, run_cli, write_topic_study
+from helpers import register_study, run_cli, train_stopped_at, write_topic_study
 from tunelab.errors import ConfigError
 from tunelab.records import read_jsonl
 from tunelab.study import Study
@@ -52,7 +52,7 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
     from tunelab.compare import compare_study, save_compare
     from tunelab.evaluate import run_baseline, run_eval
     from tunelab.report import build_report
-    from tunelab.train import InvalidRun, RunInterrupted, train_run
+    from tunelab.train import InvalidRun, train_run
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -71,12 +71,7 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
         train_run(broken, name="no-such-optimizer", parent=lora.id, why="an optimizer typo")
     with pytest.raises(InvalidRun):
         train_run(Study.open(root, ["training.lr=1e-30"]), name="frozen", why="lr 1e-30")
-    os.environ["TUNELAB_TEST_KILL_AT"] = "term:3"
-    try:
-        with pytest.raises(RunInterrupted):
-            train_run(study, name="stopped", why="stopped by SIGTERM")
-    finally:
-        del os.environ["TUNELAB_TEST_KILL_AT"]
+    train_stopped_at(study, 3, "stopped", why="stopped by SIGTERM")
     save_compare(study, compare_study(study))
     build_report(study)
     return root
