@@ -67,6 +67,28 @@ def test_validate_reports_every_problem_at_once(tmp_path, capsys):
     assert "found" in err and "hint:" in err
 
 
+def test_keys_other_tools_spell_otherwise_are_named_with_tunelab_s_own(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    sets = [
+        "adaptation.quantization.bits=4",
+        "adaptation.lora_r=16",
+        "training.learning_rate=1e-4",
+        "training.gradient_accumulation_steps=4",
+    ]
+    code, _, err = run_cli(
+        capsys, "validate", "-s", tmp_path / "s", *[a for s in sets for a in ("--set", s)]
+    )
+    flat = " ".join(err.split())
+    assert code == 2
+    for fragment in (
+        "adaptation.quantization.bits: unknown key (QLoRA stores the base in 4 bits only",
+        "adaptation.lora_r: unknown key (the LoRA rank is adaptation.rank)",
+        "training.learning_rate: unknown key (it is training.lr)",
+        "training.gradient_accumulation_steps: unknown key (it is training.grad_accum_steps)",
+    ):
+        assert fragment in flat, (fragment, err)
+
+
 def test_set_overrides_and_bad_set(tmp_path, capsys):
     run_cli(capsys, "init", tmp_path / "s")
     cfg = load_config(tmp_path / "s" / "study.yaml", ["training.lr=1e-3", "adaptation.rank=16"])

@@ -719,13 +719,31 @@ def _reads_as_scalar(text: str) -> bool:
     return isinstance(value, int | float | bool)
 
 
+# keys that other fine-tuning tools (peft, Trainer, Axolotl) spell otherwise: what tunelab reads
+FAMILIAR_KEYS = {
+    "adaptation.quantization.bits": "QLoRA stores the base in 4 bits only; its data type is "
+    "adaptation.quantization.quant_type (nf4 or fp4)",
+    "adaptation.load_in_4bit": "a 4-bit base is adaptation.method: qlora",
+    "adaptation.load_in_8bit": "8-bit bases are not supported; adaptation.method: qlora "
+    "loads the base in 4 bits",
+    "adaptation.r": "the LoRA rank is adaptation.rank",
+    "adaptation.lora_r": "the LoRA rank is adaptation.rank",
+    "adaptation.lora_alpha": "it is adaptation.alpha",
+    "adaptation.lora_dropout": "it is adaptation.dropout",
+    "training.learning_rate": "it is training.lr",
+    "training.gradient_accumulation_steps": "it is training.grad_accum_steps",
+    "training.per_device_train_batch_size": "it is training.micro_batch_size",
+}
+
+
 def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     value = err.get("input")
     shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; `tunelab init` writes every known key)"
+        hint = FAMILIAR_KEYS.get(loc, "check the spelling; `tunelab init` writes every known key")
+        msg = f"unknown key ({hint})"
     elif err["type"] == "finite_number":
         msg = "must be a finite number (NaN and infinity are refused)"
     elif err["type"].endswith("_type") and isinstance(value, str):
