@@ -314,6 +314,9 @@ def test_the_dossier_shows_a_run_was_interrupted_and_resumed(amended_study):
     runs = _section(md, "Every run, failed ones included")
     (row,) = [line for line in runs.splitlines() if line.startswith(f"| {run} |")]
     assert "completed, resumed 1x" in row  # the status alone says nothing of the stop
+    assert "| train | lora r" in row  # how the run's model was adapted
+    (base,) = [line for line in runs.splitlines() if "| baseline |" in line]
+    assert "| baseline | base |" in base
     assert (
         f"lora ({run}): interrupted 1 time and resumed 1 time. Interrupted at " in runs
         and "stopped by SIGTERM after step 2; checkpoint step-000002 saved" in runs
@@ -382,3 +385,23 @@ def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registration
         "made before any hypothesis was registered; current is v2"
     )
     assert d.made_under({}) is None  # no version, no time: nothing to say
+
+
+def test_the_run_table_names_each_run_s_adaptation_from_its_config():
+    from tunelab.report.sections.runs import adaptation_of
+
+    def run(kind, method, parent=None):
+        adaptation = {"method": method, "rank": 16, "quantization": {"quant_type": "fp4"}}
+        return {
+            "row": {"id": f"{kind}-1", "kind": kind, "parent": parent},
+            "config": {"config": {"adaptation": adaptation}},
+        }
+
+    qlora, full = run("train", "qlora"), run("train", "full")
+    by_id = {"q": qlora, "f": full}
+    assert adaptation_of(qlora, by_id) == "qlora r16 fp4"
+    assert adaptation_of(full, by_id) == "full"
+    assert adaptation_of(run("baseline", "qlora"), by_id) == "base, 4-bit"
+    assert adaptation_of(run("baseline", "lora"), by_id) == "base"
+    assert adaptation_of(run("eval", "lora", parent="q"), by_id) == "qlora r16 fp4"
+    assert adaptation_of({"row": {"kind": "train"}, "config": {}}, by_id) == "-"

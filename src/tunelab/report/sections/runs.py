@@ -60,9 +60,27 @@ def _history(label: str, run_id: str, stops: list[dict[str, Any]]) -> str:
     )
 
 
+def adaptation_of(run: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> str:
+    """How the model a run trained or evaluated was adapted, in a few words, from its recorded
+    config: an evaluation's is its parent's, a baseline's the base (4-bit under QLoRA)."""
+    if run["row"]["kind"] == "eval" and run["row"].get("parent") in by_id:
+        run = by_id[run["row"]["parent"]]
+    adaptation = ((run.get("config") or {}).get("config") or {}).get("adaptation") or {}
+    method = adaptation.get("method")
+    if not method:
+        return "-"
+    if run["row"]["kind"] == "baseline":
+        return "base, 4-bit" if method == "qlora" else "base"
+    if method not in ("lora", "qlora"):
+        return method
+    quant = (adaptation.get("quantization") or {}).get("quant_type", "nf4")
+    return f"{method} r{adaptation.get('rank')}" + (f" {quant}" if method == "qlora" else "")
+
+
 def runs_section(d: Dossier) -> Section:
     sec = Section("Every run, failed ones included")
     stops = {r["row"]["id"]: stops_and_resumes(r.get("events") or []) for r in d.runs}
+    by_id = {r["row"]["id"]: r for r in d.runs}
 
     def status(row: dict[str, Any]) -> str:
         resumed = len(resumed_steps(stops[row["id"]]))
@@ -72,6 +90,7 @@ def runs_section(d: Dossier) -> Section:
         [
             "id",
             "kind",
+            "adaptation",
             "name",
             "parent",
             "status",
@@ -85,6 +104,7 @@ def runs_section(d: Dossier) -> Section:
             [
                 r["row"]["id"],
                 r["row"]["kind"],
+                adaptation_of(r, by_id),
                 r["row"]["name"],
                 r["row"]["parent"],
                 status(r["row"]),
