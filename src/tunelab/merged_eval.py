@@ -115,6 +115,21 @@ def packing_refused(model: Any) -> str | None:
     return None
 
 
+def pack_copy(model: Any, rows: int) -> dict[str, Any]:
+    """Pack `model`'s linear layers in place when `packing_refused` allows it; returns the
+    record's `packed`: {linears, kernel}, or {linears: 0, reason}."""
+    from tunelab.packed_linear import pack_linears
+
+    refused = packing_refused(model)
+    if refused is None:
+        try:
+            return {"linears": pack_linears(model, rows), "kernel": "onednn"}
+        except RuntimeError as exc:  # a CPU whose oneDNN build has no such layout
+            first = (str(exc).splitlines() or [""])[0]
+            refused = f"oneDNN refused to pack a weight: {first}"
+    return {"linears": 0, "reason": refused}
+
+
 @dataclass
 class EvalModels:
     """The model each evaluation batch runs on: the model as loaded, or a copy of it made for
@@ -138,8 +153,6 @@ class EvalModels:
         """Build the evaluation copy when `choice` allows it: merged when the model has an
         adapter, its linear layers packed for oneDNN on a CPU (`rows`: the batch, the layout's
         hint). A model without an adapter whose layers cannot be packed gets no copy."""
-        from tunelab.packed_linear import pack_linears
-
         if choice is False:
             why = "the recorded evaluation ran on the model as loaded"
             return cls(model, False, atol, {"merged": False, "copy": False, "reason": why})
@@ -147,18 +160,10 @@ class EvalModels:
         twin, merges, reason = evaluation_copy(model)
         if twin is None:
             return cls(model, False, atol, {"merged": False, "copy": False, "reason": reason})
-        refused = packing_refused(twin)
-        if not refused:
-            try:
-                packed = {"linears": pack_linears(twin, rows), "kernel": "onednn"}
-            except RuntimeError as exc:  # a CPU whose oneDNN build has no such layout
-                first = (str(exc).splitlines() or [""])[0]
-                refused = f"oneDNN refused to pack a weight: {first}"
-        if refused:
-            packed = {"linears": 0, "reason": refused}
-            if not merges:
-                record = {"merged": False, "copy": False, "reason": reason, "packed": packed}
-                return cls(model, False, atol, record)
+        packed = pack_copy(twin, rows)
+        if not packed["linears"] and not merges:  # a copy for nothing: run as loaded
+            record = {"merged": False, "copy": False, "reason": reason, "packed": packed}
+            return cls(model, False, atol, record)
         out = cls(model, choice, atol, {"merged": bool(choice and merges), "copy": bool(choice)})
         out.record["packed"] = packed
         out._copy, out._merges = twin, merges
