@@ -54,7 +54,7 @@ step qlora 150 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 
 step qlora-tests 90 $py -m pytest -q -p no:cacheprovider tests/test_qlora.py \
     -k "records_the_4bit_base or losses_fall or changed_4bit_weight"
 # the catalog id of this GPU (H200 when the name is not in the catalog)
-gpu_id=$($py -c "import torch; from tunelab.plan.catalog import gpu_of_device as g; \
+gpu_id=$($py -c "import torch; from tunelab.stages.plan.catalog import gpu_of_device as g; \
 d = g(torch.cuda.get_device_name(0)); print(d.id if d else 'H200')" 2>/dev/null || echo H200)
 step gpu-projection 60 $py benchmarks/gpu_projection.py --rows "$out/sizing-bf16.json" \
     --gpu "$gpu_id" --micro-batch 8

@@ -5,10 +5,10 @@ trained adapter and validation prompts), on the merged copy that evaluation adop
 first batch's check. Paths, interleaved over `--repeats` rounds:
 
 - `generate`: `transformers`' `generate` (the shared prompt start computed in every row);
-- `prefix`: `tunelab.decoding.decode` after the prompts' shared start computed once;
+- `prefix`: `tunelab.lib.inference.decoding.decode` after the prompts' shared start computed once;
 - `prefix+draftsN`: the same with `evaluation.draft_tokens` N for each `--draft-tokens` value;
 - `prefix+packed` (`--packed`): `prefix` on a second merged copy whose linear layers are packed
-  for oneDNN, as the evaluation packs its copy on a CPU (`tunelab.packed_linear`).
+  for oneDNN, as the evaluation packs its copy on a CPU (`tunelab.lib.inference.packed_linear`).
 
 Every path must give the same outputs, or the script fails. Prints per round each path's
 seconds and prefill seconds, then each path's median and its speedup over `generate`; last line
@@ -39,14 +39,14 @@ def main() -> int:
 
     import torch
 
-    import tunelab.generation as generation
-    from tunelab.data import load_snapshot
-    from tunelab.merged_eval import merged_copy
-    from tunelab.packed_linear import pack_linears
-    from tunelab.preprocess import Preprocessor
-    from tunelab.study import Study
-    from tunelab.tasks import get_task
-    from tunelab.train import load_run_model
+    import tunelab.lib.inference.generation as generation
+    from tunelab.core.study import Study
+    from tunelab.lib.inference.eval_copy import merged_copy
+    from tunelab.lib.inference.packed_linear import pack_linears
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.train import load_run_model
 
     cache = Path(os.environ.get("TUNELAB_CACHE") or Path.home() / ".cache" / "tunelab")
     folder = cache_study(args.study or cache / "bench" / "generation")

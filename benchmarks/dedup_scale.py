@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tunelab.data import dedup
+from tunelab.stages.data import dedup
 
 
 def make_corpus(n: int, dup_fraction: float, seed: int) -> tuple[list[str], list[tuple[int, int]]]:

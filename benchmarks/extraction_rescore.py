@@ -70,13 +70,13 @@ def _why(row: dict[str, Any], new: dict[str, Any], field: str) -> str:
 
 
 def rescore_run(study: Any, run_id: str) -> dict[str, Any] | None:
-    from tunelab.evaluate import (
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import (
         compute_metrics,
         find_evaluation,
         load_predictions,
         rescore_predictions,
     )
-    from tunelab.tasks import get_task
 
     found = find_evaluation(study, run_id, "validation")
     if found is None or found["record"].get("task_kind") != "extraction":
@@ -116,7 +116,7 @@ def rescore_run(study: Any, run_id: str) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study", type=Path)

@@ -10,13 +10,13 @@ fresh process, fp32 on CPU:
   and log-probabilities (what a loop without chunking does at the loss positions);
 - chunked: tunelab's path for a head that is not a plain linear layer (LoRA on lm_head): above
   2^26 logits, chunks under activation checkpointing, recomputed in backward;
-- fused: `tunelab.train.losses.linear_cross_entropy_sum`, chunks of 2^22 logits (at least 256
+- fused: `tunelab.stages.train.losses.linear_cross_entropy_sum`, chunks of 2^22 logits (at least 256
   rows) whose gradients are made in the forward pass.
 
 Memory is the process's peak RSS above its RSS once the inputs exist, with glibc returning
 every large block to the system at once (MALLOC_MMAP_THRESHOLD_=65536), so the peak is what the
 variant had alive at its largest moment. Beside it, the sizing model's prediction of the same
-term (`tunelab.sizing.memory.logits_bytes`: "fused", "chunked", "model" for full). The last
+term (`tunelab.stages.sizing.memory.logits_bytes`: "fused", "chunked", "model" for full). The last
 line reads `fused_vs_full_memory=X fused_vs_chunked_memory=Y fused_vs_full_time=Z
 fused_vs_chunked_time=W max_rel_diff=D` (loss and gradient against full).
 """
@@ -43,7 +43,7 @@ def run_variant(name: str, rows: int, hidden: int, vocab: int, repeats: int) -> 
     import torch
     import torch.nn.functional as F
 
-    from tunelab.train import losses
+    from tunelab.stages.train import losses
 
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(hidden, vocab, bias=False)
@@ -99,7 +99,7 @@ def wrapped(head):
 
 def predicted_mb(rows: int, hidden: int, vocab: int) -> dict[str, float]:
     """The sizing model's loss term (its largest moment) per variant."""
-    from tunelab.sizing.memory import Case, ModelFacts, logits_bytes
+    from tunelab.stages.sizing.memory import Case, ModelFacts, logits_bytes
 
     facts = ModelFacts("llama", "causal_lm", hidden, 4 * hidden, 1, 8, 8, hidden // 8, vocab)
     case = Case(seq_len=rows + 1, micro_batch=1)

@@ -5,7 +5,7 @@ on every linear layer trained as the demo trains it, SpamAssassin emails -> JSON
 validation split as the evaluation takes it (`evaluation.max_examples`, 20), greedy decoding,
 `evaluation.batch_size` 8 and `max_new_tokens` 96.
 
-- tunelab: `tunelab.evaluate.evaluate_model` on the run's model as `tunelab eval` loads it
+- tunelab: `tunelab.stages.evaluate.stage.evaluate_model` on the run's model as `tunelab eval` loads it
   (peft, unmerged): it builds its merged copy and checks it on the first batch (both counted).
 - `--baseline`: the untouched base model instead, as `tunelab baseline` evaluates it (tunelab
   builds its packed copy and checks it the same way); the peer is `generate` on that model.
@@ -57,7 +57,7 @@ def cache_study(folder: Path) -> Path:
         )
         tunelab("register")
         tunelab("data")
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     study = Study.open(folder)
     if not [r for r in study.list_runs() if r.kind == "train" and r.status == "completed"]:
@@ -68,7 +68,7 @@ def cache_study(folder: Path) -> Path:
 
 def answer_tokens(tokenizer, tokens: list[int]) -> list[int]:
     """The tokens up to the one that completes the JSON answer (all of them if none does)."""
-    from tunelab.tasks.json_text import answer_complete
+    from tunelab.lib.tasks.json_text import answer_complete
 
     for k in range(1, len(tokens) + 1):
         if answer_complete(tokenizer.decode(tokens[:k], skip_special_tokens=True)):
@@ -122,12 +122,12 @@ def main() -> int:
 
     import torch
 
-    from tunelab.data import load_snapshot
-    from tunelab.evaluate import evaluate_model, judge_output, load_base_model
-    from tunelab.preprocess import Preprocessor
-    from tunelab.study import Study
-    from tunelab.tasks import get_task
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.evaluate.stage import evaluate_model, judge_output, load_base_model
+    from tunelab.stages.train import load_run_model
 
     cache = Path(os.environ.get("TUNELAB_CACHE") or Path.home() / ".cache" / "tunelab")
     folder = cache_study(args.study or cache / "bench" / "generation")

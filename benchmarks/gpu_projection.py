@@ -6,7 +6,7 @@
 Each row is one optimizer step that `benchmarks/sizing_accuracy.py` timed on a GPU (a published
 shape with random weights, LoRA r=8 on q and v or full fine-tuning, activation checkpointing off
 or on, packed equal-length examples, bf16 autocast). The projection is `tunelab plan --gpu`'s own
-(`tunelab.plan.project.step_time`) from the shape's config alone: FLOPs over peak x utilization
+(`tunelab.stages.plan.project.step_time`) from the shape's config alone: FLOPs over peak x utilization
 (the catalog's default for the GPU's architecture and the method), or the host's time to issue
 the kernels when that is longer. For each row it prints the measured and projected step, the
 error ((projected - measured) / measured), what bound the projection, and the utilization
@@ -26,11 +26,11 @@ import sys
 from pathlib import Path
 
 from sizing_accuracy import SHAPES
-from tunelab.config import AdaptationConfig
-from tunelab.plan.catalog import default_utilization, find_gpu
-from tunelab.plan.figures import SplitCounts
-from tunelab.plan.project import Fit, StudyShape, step_time
-from tunelab.plan.shapes import facts_from_config
+from tunelab.core.config import AdaptationConfig
+from tunelab.stages.plan.catalog import default_utilization, find_gpu
+from tunelab.stages.plan.figures import SplitCounts
+from tunelab.stages.plan.project import Fit, StudyShape, step_time
+from tunelab.stages.plan.shapes import facts_from_config
 
 HERE = Path(__file__).resolve().parent
 # the rows whose measurement set a catalog constant

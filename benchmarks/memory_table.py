@@ -3,8 +3,8 @@
     python benchmarks/memory_table.py                              # Llama-3-8B, 2048 tokens
     python benchmarks/memory_table.py --seq-len 4096 --micro-batch 2 --rank 64
 
-From the published Llama-3-8B config alone (no weights: `tunelab.plan.shapes.facts_from_config`)
-through tunelab's own memory model (`tunelab.sizing.memory.estimate_memory`) on one CUDA GPU:
+From the published Llama-3-8B config alone (no weights: `tunelab.stages.plan.shapes.facts_from_config`)
+through tunelab's own memory model (`tunelab.stages.sizing.memory.estimate_memory`) on one CUDA GPU:
 bf16 weights and autocast, LoRA on every linear layer of every block, one micro-batch of packed
 examples with activation checkpointing on and off. The QLoRA columns hold the block weights in
 NF4 with double quantization (their constants counted), the adapter in fp32, and the
@@ -19,9 +19,9 @@ import argparse
 import sys
 from dataclasses import replace
 
-from tunelab.config import AdaptationConfig
-from tunelab.plan.shapes import facts_from_config
-from tunelab.sizing.memory import Case, estimate_memory
+from tunelab.core.config import AdaptationConfig
+from tunelab.stages.plan.shapes import facts_from_config
+from tunelab.stages.sizing.memory import Case, estimate_memory
 
 LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
     "model_type": "llama",

@@ -5,7 +5,7 @@ Workload: the linear weights of SmolLM2-135M's shape (30 blocks: q and o 576x576
 random values, no bias. Each row count is one batch through all of them: 8 and 16 rows (a
 decoding step), 256 and 968 (a prefill: 8 prompts of 121 tokens), 4,096 (an encoder
 classifier's batch of 32 x 128 tokens). Dense is `nn.Linear`; packed is
-`tunelab.packed_linear.PackedLinear` (the weight reordered once for oneDNN, with the decoding
+`tunelab.lib.inference.packed_linear.PackedLinear` (the weight reordered once for oneDNN, with the decoding
 batch, 8, as the layout's hint, as the evaluation packs it). The two alternate on the same
 inputs; each figure is the median of `--repeats` rounds; outputs must agree within 1e-4
 relative, or the script fails.
@@ -43,7 +43,7 @@ def main() -> int:
 
     import torch
 
-    from tunelab.packed_linear import PackedLinear, packing_unavailable
+    from tunelab.lib.inference.packed_linear import PackedLinear, packing_unavailable
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -42,9 +42,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tunelab.plan import latest_plan, run_seconds
-from tunelab.records import read_json
-from tunelab.study import Study
+from tunelab.core.records import read_json
+from tunelab.core.study import Study
+from tunelab.stages.plan import latest_plan, run_seconds
 
 # the demo's evaluation phase: two evaluations and a verification, each its own process
 PHASE_PROCESSES = 3

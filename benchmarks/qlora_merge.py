@@ -1,6 +1,6 @@
 """`tunelab export --merge` of a QLoRA adapter against peft's own merge on the 4-bit model.
 
-    python benchmarks/qlora_merge.py                    # tunelab.models.tiny's Llama, hidden 256
+    python benchmarks/qlora_merge.py                    # tunelab.lib.models.tiny's Llama, hidden 256
     python benchmarks/qlora_merge.py --model smollm2    # SmolLM2-135M (the packaged GGUF)
 
 The base is loaded in 4 bits as tunelab trains QLoRA (NF4, double quantization, bf16 compute,
@@ -8,7 +8,7 @@ CPU), LoRA r=8 on every linear layer is trained `--steps` AdamW steps on real te
 repository's docs/*.md in 128-token rows) so that the adapter is not zero, then the adapted
 model (4-bit base + adapter) is compared on 8 held-out rows with:
 
-- tunelab's merge (`tunelab.export.merge.merge_adapter`: dequantize, merge, in bf16 and in fp32;
+- tunelab's merge (`tunelab.stages.export.merge.merge_adapter`: dequantize, merge, in bf16 and in fp32;
   saved and loaded back with plain transformers, as the export is);
 - the peer: peft's `merge_and_unload()` on the 4-bit model, which quantizes the merged weights
   to 4 bits again.
@@ -27,21 +27,21 @@ from pathlib import Path
 
 import torch
 
-from tunelab.export.merge import load_merged, logit_agreement, merge_adapter
+from tunelab.stages.export.merge import load_merged, logit_agreement, merge_adapter
 
 ROWS, SEQ = 8, 128
 
 
 def base_folder(name: str, work: Path) -> Path:
     if name == "tiny":
-        from tunelab.models.tiny import save_tiny_llama
+        from tunelab.lib.models.tiny import save_tiny_llama
 
         folder = work / "tiny-llama-h256"
         if not folder.exists():
             save_tiny_llama(folder, hidden=256, layers=4, heads=4)
         return folder
     from tunelab.demo.assets import smollm2_gguf
-    from tunelab.models.gguf import convert_gguf
+    from tunelab.lib.models.gguf import convert_gguf
 
     return convert_gguf(*smollm2_gguf())
 
@@ -49,7 +49,7 @@ def base_folder(name: str, work: Path) -> Path:
 def load_4bit(folder: Path):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from tunelab.models.quantize import keep_weights_as_loaded
+    from tunelab.lib.models.quantize import keep_weights_as_loaded
 
     bnb = BitsAndBytesConfig(
         load_in_4bit=True,

@@ -2,7 +2,7 @@
 
 For each model: full fine-tuning and LoRA, activation checkpointing off and on, three sequence
 lengths. Every row is one real optimizer step (after a warm-up step) of tunelab's training loop
-in its own process (`tunelab.sizing.measure`), compared with `tunelab.sizing.memory`'s estimate:
+in its own process (`tunelab.stages.sizing.measure`), compared with `tunelab.stages.sizing.memory`'s estimate:
 
 - CPU: the RSS a step adds to the idle process (model, optimizer and batch loaded) against the
   predicted increase (optimizer states, gradients, activations, logits, temporaries). The rule's
@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tunelab.sizing.memory import Case, ModelFacts
-from tunelab.sizing.processes import measure_in_subprocess
-from tunelab.sizing.stage import compare_row
+from tunelab.stages.sizing.memory import Case, ModelFacts
+from tunelab.stages.sizing.processes import measure_in_subprocess
+from tunelab.stages.sizing.stage import compare_row
 
 MODELS = {
     # name: (architecture, LoRA targets, lengths, micro-batch)
@@ -78,7 +78,7 @@ def save_shape(name: str, folder: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tunelab.models.tiny import build_tiny_causal_tokenizer
+    from tunelab.lib.models.tiny import build_tiny_causal_tokenizer
 
     torch.manual_seed(0)
     tok = build_tiny_causal_tokenizer()
@@ -94,11 +94,11 @@ def save_shape(name: str, folder: Path) -> None:
 
 def model_section(name: str, workdir: Path) -> dict:
     if name == "tiny":
-        from tunelab.models.tiny import save_tiny_llama
+        from tunelab.lib.models.tiny import save_tiny_llama
 
         folder = workdir / "tiny-llama-h256"
         if not folder.exists():
-            # the tunelab.models.tiny Llama, wider (hidden 256, 4 layers) so that a step's tensors
+            # the tunelab.lib.models.tiny Llama, wider (hidden 256, 4 layers) so that a step's tensors
             # outweigh the runtime's own few MB
             save_tiny_llama(folder, hidden=256, layers=4, heads=4)
         return {"path": str(folder), "architecture": "causal_lm"}

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tunelab.sizing.stage import run_sizing
-from tunelab.study import Study
+from tunelab.core.study import Study
+from tunelab.stages.sizing.stage import run_sizing
 
 
 def _copy(study: Path, into: Path) -> Path:

@@ -17,9 +17,9 @@ random weights, nothing downloaded) in bf16 weights with bf16 autocast, 2,000 pa
 which the first 5 are a warm-up left out of the timing (kernel selection, compilation).
 
 Sides (each a fresh Python process, run in turn, the order rotating between rounds):
-- tunelab: `tunelab.train.loop.train_loop` over `StepSource` (packed, the default), the model
-  adapted by `tunelab.models.adapt`; its attention route and loss are chosen as in a run
-  (`tunelab.train.losses.check_model`) and printed.
+- tunelab: `tunelab.stages.train.loop.train_loop` over `StepSource` (packed, the default), the model
+  adapted by `tunelab.lib.models.adapt`; its attention route and loss are chosen as in a run
+  (`tunelab.stages.train.losses.check_model`) and printed.
 - trainer: transformers Trainer + peft, dynamic padding per micro-batch, the same examples in the
   same order as tunelab (a sequential sampler over tunelab's data order).
 - trainer_liger (CUDA): the same with `use_liger_kernel=True` (Liger's fused linear
@@ -206,7 +206,7 @@ def build_workload(root: Path, setup: Setup, num_examples: int, steps: int) -> d
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tunelab.train.batches import DataOrder, Position
+    from tunelab.stages.train.batches import DataOrder, Position
 
     shape = setup.shape
     config = LlamaConfig(
@@ -470,11 +470,17 @@ class Steps:
 def side_tunelab(root: Path, w: dict, s: Setup) -> dict:
     import torch
 
-    from tunelab.config import AdaptationConfig, TrainingConfig
-    from tunelab.models import adapt
-    from tunelab.train.batches import DataOrder, StepSource
-    from tunelab.train.compute import describe_compute
-    from tunelab.train.loop import Loop, TrainState, build_optimizer, build_scheduler, train_loop
+    from tunelab.core.config import AdaptationConfig, TrainingConfig
+    from tunelab.lib.models import adapt
+    from tunelab.stages.train.batches import DataOrder, StepSource
+    from tunelab.stages.train.compute import describe_compute
+    from tunelab.stages.train.loop import (
+        Loop,
+        TrainState,
+        build_optimizer,
+        build_scheduler,
+        train_loop,
+    )
 
     steps = w["steps"]
     cfg = TrainingConfig(
@@ -529,7 +535,7 @@ def bare_loop(root: Path, w: dict, s: Setup, batches: list[list[dict]], loss_fn,
     loss tokens; bf16 autocast on CUDA."""
     import torch
 
-    from tunelab.train.attention import use_packed_sdpa
+    from tunelab.stages.train.attention import use_packed_sdpa
 
     model = peft_lora(load_model(root, s))
     if per_example:
@@ -575,7 +581,7 @@ def side_bare_packed(root: Path, w: dict, s: Setup, per_example: bool = True) ->
     """The loss written inline: body -> hidden states at loss positions -> head."""
     import torch.nn.functional as F
 
-    from tunelab.train.attention import segment_bounds
+    from tunelab.stages.train.attention import segment_bounds
 
     def loss_fn(model, b):
         inner = model.get_base_model()

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A 2-layer Llama (hidden 32) with a ChatML byte-level BPE tokenizer."""
-    from tunelab.models.tiny import save_tiny_llama
+    from tunelab.lib.models.tiny import save_tiny_llama
 
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
@@ -45,7 +45,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A 2-layer BERT (hidden 32) with a WordPiece tokenizer."""
-    from tunelab.models.tiny import save_tiny_bert
+    from tunelab.lib.models.tiny import save_tiny_bert
 
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
@@ -53,7 +53,7 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vit_dir(tmp_path_factory) -> Path:
     """A 2-layer ViT backbone (hidden 32, 16x16 images) with its image processor."""
-    from tunelab.models.tiny import save_tiny_vit
+    from tunelab.lib.models.tiny import save_tiny_vit
 
     return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit"))
 
@@ -92,6 +92,6 @@ def smollm2_dir() -> Path:
     The first use converts (20-50 s, 2 GB RAM); later ones find the cached folder. Slow tests only.
     """
     from tunelab.demo.assets import smollm2_gguf
-    from tunelab.models import convert_gguf
+    from tunelab.lib.models import convert_gguf
 
     return convert_gguf(*smollm2_gguf())

@@ -62,9 +62,9 @@ def fill_hypothesis(study_yaml: Path) -> None:
 def register_study(root: Path, *, snapshot: bool = True) -> Any:
     """Open the study.yaml written under root, register its hypothesis and (unless told not to)
     build its data snapshot; returns the Study."""
-    from tunelab import hypothesis as hyp
-    from tunelab.data import build_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.hypothesis import stage as hyp
 
     study = Study.open(root)
     hyp.register(study.root, study.config)
@@ -86,7 +86,7 @@ def write_extraction_study(
     rows as mail.jsonl, LoRA on q_proj and v_proj, sequences of 128 tokens."""
     import yaml
 
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -194,7 +194,7 @@ def write_topic_study(
     update the config's sections last."""
     import yaml
 
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -238,7 +238,7 @@ def train_stopped_at(study: Any, step: int, name: str, **kwargs: Any) -> Any:
     """`train_run` stopped by SIGTERM at `step` (the loop's test hook): the interrupted run."""
     import os
 
-    from tunelab.train import RunInterrupted, train_run
+    from tunelab.stages.train import RunInterrupted, train_run
 
     os.environ["TUNELAB_TEST_KILL_AT"] = f"term:{step}"
     try:

@@ -64,10 +64,10 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     """register -> data -> baseline -> train -> eval -> export, plus a run stopped by SIGTERM
     after step 2. The base model is copied into the study (`base/`) so a case may damage it.
     Returns the ids the cases refer to."""
-    from tunelab.data import build_snapshot
-    from tunelab.evaluate import run_baseline, run_eval
-    from tunelab.export import export_run
-    from tunelab.train import train_run
+    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.evaluate.stage import run_baseline, run_eval
+    from tunelab.stages.export import export_run
+    from tunelab.stages.train import train_run
 
     root.mkdir(parents=True)
     shutil.copytree(bert_dir, root / "base")
@@ -183,7 +183,7 @@ def apply_step(root: Path, step: dict[str, Any]) -> None:
             _set_dotted(obj, key, value)
         _merge(obj, step.get("merge", {}))
         if step.get("rehash") == "export":
-            from tunelab.export import manifest_sha256
+            from tunelab.stages.export import manifest_sha256
 
             obj["manifest_sha256"] = manifest_sha256(obj)
         path.write_text(json.dumps(obj, indent=2))
@@ -221,7 +221,7 @@ def apply_step(root: Path, step: dict[str, Any]) -> None:
 
 def reseal(folder: Path) -> None:
     """Make a checkpoint's state.json or an export's manifest agree with the files again."""
-    from tunelab.records import sha256_file
+    from tunelab.core.records import sha256_file
 
     state = folder / "state.json"
     if state.exists():
@@ -229,7 +229,7 @@ def reseal(folder: Path) -> None:
         obj["files"] = {name: sha256_file(folder / name) for name in obj["files"]}
         state.write_text(json.dumps(obj, indent=2))
         return
-    from tunelab.export.manifest import MANIFEST, manifest_sha256
+    from tunelab.stages.export.manifest import MANIFEST, manifest_sha256
 
     obj = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     obj["files"] = {rel: sha256_file(folder / rel) for rel in obj["files"]}

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from tunelab import metrics as M
-from tunelab.compare import (
+from tunelab.core.config import StudyConfig
+from tunelab.lib import metrics as M
+from tunelab.stages.compare.stage import (
     compare_evaluations,
     config_diff,
     example_stats,
@@ -22,7 +23,6 @@ from tunelab.compare import (
     mean_stat,
     paired_bootstrap,
 )
-from tunelab.config import StudyConfig
 
 # ---------------------------------------------------------------- bootstrap
 
@@ -278,7 +278,7 @@ def test_compare_evaluations_classification():
 def test_example_stats_extraction_reproduce_the_metrics():
     """The bootstrap statistics at weight one equal the recorded metrics, every path of a
     nested schema included (lists of objects, their sub-fields, a nested object)."""
-    from tunelab.tasks import ExtractionTask
+    from tunelab.lib.tasks import ExtractionTask
 
     schema = {
         "type": "object",
@@ -328,9 +328,9 @@ def _study(tmp_path):
     import yaml
 
     from helpers import filled_hypothesis
-    from tunelab import hypothesis as hyp
-    from tunelab.study import Study
-    from tunelab.study_template import render_study_yaml
+    from tunelab.core.study import Study
+    from tunelab.stages.hypothesis import stage as hyp
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "cmp"))
     raw["hypothesis"] = filled_hypothesis(raw)
@@ -345,7 +345,7 @@ def _study(tmp_path):
 
 
 def _record(study, run, golds, preds, spec="spec-1"):
-    from tunelab.evaluate import record_evaluation
+    from tunelab.stages.evaluate.stage import record_evaluation
 
     rows = _cls_rows(golds, preds)
     record = {
@@ -368,7 +368,7 @@ GOOD_P = ["a", "a", "b", "b"] * 9 + ["a", "b", "a", "b"]  # 95 %
 
 
 def _populate(study):
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     base = study.create_run("baseline", name="baseline", data_snapshot="snap1")
     _record(study, base, GOLDS, BASE_P)
@@ -405,7 +405,7 @@ def _populate(study):
 
 
 def test_compare_study_rows_and_record(tmp_path):
-    from tunelab.compare import compare_study, save_compare
+    from tunelab.stages.compare.stage import compare_study, save_compare
 
     study = _study(tmp_path)
     base, good, messy, failed, other, pending = _populate(study)
@@ -434,8 +434,8 @@ def test_compare_study_rows_and_record(tmp_path):
 
 
 def test_compare_refuses_a_named_run_of_another_spec(tmp_path):
-    from tunelab.compare import compare_study
-    from tunelab.errors import EvaluationError
+    from tunelab.core.errors import EvaluationError
+    from tunelab.stages.compare.stage import compare_study
 
     study = _study(tmp_path)
     _, good, _, _, other, _ = _populate(study)
@@ -445,8 +445,8 @@ def test_compare_refuses_a_named_run_of_another_spec(tmp_path):
 
 
 def test_compare_without_baseline_says_what_to_run(tmp_path):
-    from tunelab.compare import compare_study
-    from tunelab.errors import EvaluationError
+    from tunelab.core.errors import EvaluationError
+    from tunelab.stages.compare.stage import compare_study
 
     study = _study(tmp_path)
     with pytest.raises(EvaluationError) as err:
@@ -494,11 +494,11 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
     import yaml
 
     from helpers import filled_hypothesis
-    from tunelab import hypothesis as hyp
-    from tunelab.compare import compare_study
-    from tunelab.evaluate import record_evaluation
-    from tunelab.study import Study
-    from tunelab.study_template import render_study_yaml
+    from tunelab.core.study import Study
+    from tunelab.stages.compare.stage import compare_study
+    from tunelab.stages.evaluate.stage import record_evaluation
+    from tunelab.stages.hypothesis import stage as hyp
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("extraction", "old"))
     raw["hypothesis"] = filled_hypothesis(raw)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from helpers import run_cli, write_email_study
-from tunelab.config import TrainingConfig
-from tunelab.errors import ConfigError
-from tunelab.records import read_json
-from tunelab.study import Study
-from tunelab.train import compute
-from tunelab.train.precision import resolve_precision
+from tunelab.core.config import TrainingConfig
+from tunelab.core.errors import ConfigError
+from tunelab.core.records import read_json
+from tunelab.core.study import Study
+from tunelab.stages.train import compute
+from tunelab.stages.train.precision import resolve_precision
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def test_precision_auto_is_the_default_and_fp32_on_cpu():
 
 
 def test_bad_precision_compile_and_attention_values_are_config_errors():
-    from tunelab.config import validate_config
+    from tunelab.core.config import validate_config
 
     raw = {
         "name": "x",
@@ -120,8 +120,14 @@ def test_compiled_blocks_train_a_step_like_eager_ones(tiny_llama_dir):
     tiny LoRA Llama on packed rows of two different lengths (no recompilation needed: the packed
     attention stays outside the graphs), with the eager step's losses."""
     from test_throughput import examples, lora, tiny_llama
-    from tunelab.train.batches import DataOrder, StepSource
-    from tunelab.train.loop import Loop, TrainState, build_optimizer, build_scheduler, train_loop
+    from tunelab.stages.train.batches import DataOrder, StepSource
+    from tunelab.stages.train.loop import (
+        Loop,
+        TrainState,
+        build_optimizer,
+        build_scheduler,
+        train_loop,
+    )
 
     compute.check_compile("cpu")
 

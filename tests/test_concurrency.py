@@ -29,8 +29,8 @@ launcher, study_dir = kill_harness_fixtures("concurrency", steps=STEPS, checkpoi
 
 
 def test_two_trains_at_once(study_dir, launcher):
-    from tunelab.records import read_json
-    from tunelab.study import Study
+    from tunelab.core.records import read_json
+    from tunelab.core.study import Study
 
     procs = [
         launcher.start("train", "--name", name, "-s", study_dir, "--json") for name in ("a", "b")
@@ -83,8 +83,8 @@ def test_two_trains_at_once(study_dir, launcher):
 
 
 def test_three_data_builds_at_once_agree(study_dir, launcher):
-    from tunelab.data import load_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import load_snapshot
 
     with open(study_dir / "mail.jsonl", "a") as f:  # new content: a new snapshot id
         f.write(

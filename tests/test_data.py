@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from helpers import run_cli
-from tunelab.config import CleaningRule, SplitConfig
-from tunelab.data import build_snapshot, latest_snapshot_id, load_snapshot, open_test_split
-from tunelab.data.cleaning import clean_texts
-from tunelab.data.splits import content_keys, split_by_hash
-from tunelab.errors import ConfigError, DataError, EvaluationError, SnapshotError
-from tunelab.study import Study
+from tunelab.core.config import CleaningRule, SplitConfig
+from tunelab.core.errors import ConfigError, DataError, EvaluationError, SnapshotError
+from tunelab.core.study import Study
+from tunelab.stages.data import build_snapshot, latest_snapshot_id, load_snapshot, open_test_split
+from tunelab.stages.data.cleaning import clean_texts
+from tunelab.stages.data.splits import content_keys, split_by_hash
 
 LABELS = ["billing", "outage", "sales"]
 WORDS = (
@@ -83,7 +83,7 @@ def all_rows(study: Study, snap_id: str | None = None) -> dict[str, list[dict]]:
 
 
 def test_snapshot_runs_every_source_check_in_order(tmp_path, monkeypatch):
-    from tunelab.data import checks
+    from tunelab.stages.data import checks
 
     seen = []
 
@@ -409,7 +409,7 @@ def test_bad_user_split_value_and_bad_regex(tmp_path, capsys):
 
 def test_no_partial_snapshot_when_writing_fails(tmp_path, monkeypatch):
     s = jsonl_study(tmp_path, make_rows(60))
-    import tunelab.data.snapshot as snapshot_mod
+    import tunelab.stages.data.snapshot as snapshot_mod
 
     def boom(tmp, final):  # noqa: ANN001
         raise OSError("disk full")

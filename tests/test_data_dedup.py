@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tunelab.data import build_snapshot, load_snapshot, open_test_split
-from tunelab.data import dedup as d
-from tunelab.study import Study
+from tunelab.core.study import Study
+from tunelab.stages.data import build_snapshot, load_snapshot, open_test_split
+from tunelab.stages.data import dedup as d
 
 
 def shingle_set(text: str, k: int) -> set[tuple[str, ...]]:

@@ -1,10 +1,10 @@
-"""Greedy decoding with the in-place cache and prompt-lookup drafts (tunelab.decoding)."""
+"""Greedy decoding with the in-place cache and prompt-lookup drafts (tunelab.lib.inference.decoding)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tunelab.decoding import SEPARATOR, lookup_draft
+from tunelab.lib.inference.decoding import SEPARATOR, lookup_draft
 
 
 def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_longest_tail():
@@ -59,8 +59,8 @@ def _alone(model, tok, prompt, budget):
 
 def _decode(model, tok, prompts, budget, **options):
     """`decode` of `prompts` on a fresh in-place cache, padded and ended as evaluation does."""
-    from tunelab.decoding import decode, in_place_cache
-    from tunelab.generation import pad_id_for
+    from tunelab.lib.inference.decoding import decode, in_place_cache
+    from tunelab.lib.inference.generation import pad_id_for
 
     return decode(
         model,
@@ -111,7 +111,7 @@ def test_a_row_ends_where_its_answer_ends_inside_a_kept_draft(tiny_llama_dir):
 def test_a_sliding_window_cache_is_left_to_generate(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
-    from tunelab.decoding import in_place_cache
+    from tunelab.lib.inference.decoding import in_place_cache
 
     config = MistralConfig(
         vocab_size=64,
@@ -129,7 +129,7 @@ def test_a_sliding_window_cache_is_left_to_generate(tmp_path):
 
 def test_an_evaluation_with_drafts_predicts_what_one_without_predicts(tmp_path, tiny_llama_dir):
     from test_evaluate import extraction_examples, load, make_study
-    from tunelab.evaluate import evaluate_model
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     preds, batches = {}, {}
     for drafts in (0, 4):
@@ -155,7 +155,7 @@ def test_an_evaluation_with_drafts_predicts_what_one_without_predicts(tmp_path, 
 
 
 def test_the_shared_prefix_is_what_every_prompt_starts_with_less_one_token():
-    from tunelab.decoding import shared_prefix_length
+    from tunelab.lib.inference.decoding import shared_prefix_length
 
     assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 5]]) == 2
     assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # each keeps a token of its own
@@ -168,7 +168,7 @@ def test_the_shared_prefix_is_what_every_prompt_starts_with_less_one_token():
 def test_decoding_after_a_shared_prefix_emits_what_each_prompt_alone_emits(
     tiny_llama_dir, draft_tokens
 ):
-    from tunelab.decoding import prefix_states, shared_prefix_length
+    from tunelab.lib.inference.decoding import prefix_states, shared_prefix_length
 
     model, tok, prompts = _model_and_prompts(tiny_llama_dir)
     head = tok("Answer in one line. The text:")["input_ids"]
@@ -183,8 +183,8 @@ def test_decoding_after_a_shared_prefix_emits_what_each_prompt_alone_emits(
 
 
 def test_the_check_after_a_shared_prefix_judges_as_the_whole_prompts_do(tiny_llama_dir):
-    from tunelab.decoding import Generated, prefix_states, shared_prefix_length
-    from tunelab.generation import greedy_agreement
+    from tunelab.lib.inference.decoding import Generated, prefix_states, shared_prefix_length
+    from tunelab.lib.inference.generation import greedy_agreement
 
     model, tok, prompts = _model_and_prompts(tiny_llama_dir)
     head = tok("Answer in one line. The text:")["input_ids"]

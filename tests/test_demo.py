@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis
+from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
-from tunelab.report.decision import choose_variant, decide, final_test
-from tunelab.study import Study
+from tunelab.stages.report.decision import choose_variant, decide, final_test
 
 WORDS = {
     "business": "markets bank shares profits investors prices budget interest rates".split(),
@@ -26,7 +26,7 @@ WORDS = {
 def write_separable_study(root: Path, model_dir: Path) -> Path:
     """Three topics told apart by their words (16 train, 10 validation, 5 test each, the
     user's own split): a trained head separates them, the untrained one does not."""
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     rng = random.Random(0)
     rows = []

@@ -25,16 +25,16 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tunelab.errors import ConfigError, RunError
-from tunelab.records import read_json, read_jsonl
-from tunelab.train.launch import (
+from tunelab.core.errors import ConfigError, RunError
+from tunelab.core.records import read_json, read_jsonl
+from tunelab.stages.train.launch import (
     Launch,
     failure_reason,
     forward_options,
     root_causes,
     torchrun_command,
 )
-from tunelab.train.parallel import shard_step
+from tunelab.stages.train.parallel import shard_step
 
 TOL = 1e-5
 # A single process fuses the LM head with the cross-entropy; under DDP / FSDP the head runs
@@ -113,9 +113,9 @@ def email_rows(n: int = 32) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
-    from tunelab.data import build_snapshot
-    from tunelab.hypothesis import register
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.hypothesis.stage import register
 
     root = tmp_path_factory.mktemp("dist-study")
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in email_rows()))
@@ -159,8 +159,8 @@ def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
 
 def single_process_run(root: Path, sets: list[str]) -> Path:
     """The reference: one process, micro batch 4 x accumulation 2, in this process."""
-    from tunelab.study import Study
-    from tunelab.train import train_run
+    from tunelab.core.study import Study
+    from tunelab.stages.train import train_run
 
     threads = torch.get_num_threads()
     try:
@@ -280,8 +280,8 @@ def test_fsdp_lora_equals_single_process_and_evaluates(study_root, reference_lor
     assert max((got[k] - want[k]).abs().max().item() for k in got) < TOL
 
     # the gathered adapter loads like any run's (evaluation, verify, export use this)
-    from tunelab.study import Study
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.stages.train import load_run_model
 
     model, _, _ = load_run_model(Study.open(study_root), run_dir.name)
     lora = {n: p for n, p in model.named_parameters() if "lora_B" in n}

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis, register_study, run_cli
-from tunelab import hypothesis as hyp
-from tunelab import metrics as M
-from tunelab.data import load_snapshot
-from tunelab.study import Study
-from tunelab.study_template import render_study_yaml
+from tunelab.core.study import Study
+from tunelab.lib import metrics as M
+from tunelab.stages.data import load_snapshot
+from tunelab.stages.hypothesis import stage as hyp
+from tunelab.stages.hypothesis.template import render_study_yaml
 
 TEXTS = [
     "Markets rallied as the central bank held interest rates steady.",
@@ -53,7 +53,7 @@ def cls_examples():
 
 
 def load(study, labels=None):
-    from tunelab.models import load_model, load_tokenizer, resolve_base
+    from tunelab.lib.models import load_model, load_tokenizer, resolve_base
 
     base = resolve_base(study)
     tok = load_tokenizer(base)
@@ -66,7 +66,7 @@ def load(study, labels=None):
 def test_encoder_classification_batched_equals_single(tmp_path, tiny_bert_dir):
     import torch
 
-    from tunelab.evaluate import evaluate_model
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
     model, tok, base = load(study, LABELS)
@@ -92,8 +92,8 @@ def test_encoder_classification_batched_equals_single(tmp_path, tiny_bert_dir):
 
 
 def test_max_examples_and_empty_split(tmp_path, tiny_bert_dir):
-    from tunelab.errors import EvaluationError
-    from tunelab.evaluate import evaluate_model
+    from tunelab.core.errors import EvaluationError
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(
         tmp_path / "s",
@@ -110,8 +110,8 @@ def test_max_examples_and_empty_split(tmp_path, tiny_bert_dir):
 
 
 def test_evaluation_refuses_a_drifted_study(tmp_path, tiny_bert_dir):
-    from tunelab.errors import HypothesisError
-    from tunelab.evaluate import evaluate_model
+    from tunelab.core.errors import HypothesisError
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
     model, tok, base = load(study, LABELS)
@@ -121,8 +121,8 @@ def test_evaluation_refuses_a_drifted_study(tmp_path, tiny_bert_dir):
 
 
 def test_evaluation_refuses_another_template_than_training(tmp_path, tiny_bert_dir):
-    from tunelab.errors import PreprocessError
-    from tunelab.evaluate import evaluate_model
+    from tunelab.core.errors import PreprocessError
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
     model, tok, base = load(study, LABELS)
@@ -138,9 +138,9 @@ def test_evaluation_refuses_another_template_than_training(tmp_path, tiny_bert_d
 def test_causal_label_scores_equal_unpadded_log_likelihood(tmp_path, tiny_llama_dir):
     import torch
 
-    from tunelab.evaluate import evaluate_model
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(
         tmp_path / "s",
@@ -188,9 +188,9 @@ def extraction_examples():
 
 
 def test_generation_batched_left_padding_equals_single(tmp_path, tiny_llama_dir):
-    from tunelab.evaluate import evaluate_model, generate_outputs
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import evaluate_model, generate_outputs
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)
@@ -228,9 +228,9 @@ def test_generation_steps_are_the_new_tokens_generate_returns(tmp_path, tiny_lla
     into the prefill (up to the first new token) and the decoding after it."""
     import torch
 
-    from tunelab.evaluate import generate_outputs, pad_id_for, pad_sequences
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import generate_outputs, pad_id_for, pad_sequences
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, _ = load(study)
@@ -257,7 +257,7 @@ def test_generation_steps_are_the_new_tokens_generate_returns(tmp_path, tiny_lla
 
 
 def test_generation_timing_prices_the_longest_answer_of_each_batch():
-    from tunelab.plan.probes import generation_timing
+    from tunelab.lib.probes import generation_timing
 
     batches = [
         {"rows": [0, 1], "prompt_tokens": 9, "steps": 64, "prefill_s": 2.0, "decode_s": 6.3},
@@ -278,8 +278,8 @@ def test_generation_timing_prices_the_longest_answer_of_each_batch():
 
 @pytest.fixture
 def extraction_task():
-    from tunelab.config import validate_config
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.tasks import get_task
 
     raw = yaml.safe_load(render_study_yaml("extraction", "t"))
     return get_task(validate_config(raw))
@@ -308,7 +308,7 @@ GOLD_ROW = {
     ],
 )
 def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid, correct, failure):
-    from tunelab.evaluate import judge_output
+    from tunelab.stages.evaluate.stage import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, raw)
     v = row["verdicts"]
@@ -328,7 +328,7 @@ def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid
 
 
 def test_judge_schema_error_still_scores_present_fields(extraction_task):
-    from tunelab.evaluate import judge_output
+    from tunelab.stages.evaluate.stage import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
     paths = row["verdicts"]["paths"]
@@ -340,7 +340,7 @@ def test_judge_schema_error_still_scores_present_fields(extraction_task):
 
 def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
     """Rescoring is a function of the recorded gold and raw output alone."""
-    from tunelab.evaluate import compute_metrics, judge_output, rescore_predictions
+    from tunelab.stages.evaluate.stage import compute_metrics, judge_output, rescore_predictions
 
     raws = ['{"sender": "a@x.org", "subject": "Hello"}\n```', "no", '{"sender": "b"}']
     rows = [
@@ -352,9 +352,9 @@ def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
 
 
 def test_judge_format_outputs():
-    from tunelab.config import validate_config
-    from tunelab.evaluate import compute_metrics, judge_output
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import compute_metrics, judge_output
 
     task = get_task(validate_config(yaml.safe_load(render_study_yaml("format", "t"))))
     row = {"id": "f", "text": "q", "target": '{"answer": "yes"}'}
@@ -427,8 +427,8 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
 
 
 def test_baseline_eval_compare_commands(stage_study, capsys):
-    from tunelab.records import read_json, read_jsonl
-    from tunelab.train import train_run
+    from tunelab.core.records import read_json, read_jsonl
+    from tunelab.stages.train import train_run
 
     code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
     assert code == 0, err
@@ -530,7 +530,7 @@ def _real_study(root: Path, example: str, **changes) -> Path:
 
 @pytest.mark.slow
 def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
-    from tunelab.records import read_json
+    from tunelab.core.records import read_json
 
     root = _real_study(
         tmp_path / "bbc",
@@ -576,8 +576,8 @@ def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
 
 @pytest.mark.slow
 def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
+    from tunelab.core.records import read_json, read_jsonl
     from tunelab.demo.assets import smollm2_gguf
-    from tunelab.records import read_json, read_jsonl
 
     folder, gguf = smollm2_gguf()
     repo = Path(__file__).resolve().parents[1]
@@ -672,7 +672,7 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
     assert f"{n} of {n} gold answers are longer than evaluation.max_new_tokens (8)" in " ".join(
         err.split()
     )
-    from tunelab.records import read_json
+    from tunelab.core.records import read_json
 
     (baseline,) = Study.open(study.root).list_runs("baseline")
     record = read_json(Study.open(study.root).runs_dir / baseline.id / "metrics-validation.json")
@@ -693,8 +693,8 @@ def test_answers_longer_than_the_budget_are_warned_and_reported(tmp_path, capsys
 def test_an_unscorable_gold_stops_the_evaluation_before_any_decoding(tmp_path, tiny_llama_dir):
     """A gold that gives a key twice (let in by data.invalid_targets: keep) is named before a
     single answer is generated, not after the whole split is decoded, nor read last-wins."""
-    from tunelab.errors import DataError
-    from tunelab.evaluate import evaluate_model
+    from tunelab.core.errors import DataError
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)

@@ -14,15 +14,21 @@ import pytest
 from helpers import TOPIC_LABELS as LABELS
 from helpers import run_cli
 from test_verify import trained_study
-from tunelab.export import MANIFEST, failure_kinds, limitation_lines, manifest_sha256, regressions
-from tunelab.export.card import model_card
+from tunelab.stages.export import (
+    MANIFEST,
+    failure_kinds,
+    limitation_lines,
+    manifest_sha256,
+    regressions,
+)
+from tunelab.stages.export.card import model_card
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_bert_dir):
     """A LoRA run on the tiny BERT (trained, evaluated against a baseline) and its export."""
-    from tunelab.export import export_run
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.export import export_run
 
     root, run_id = trained_study(tmp_path_factory.mktemp("export") / "s", tiny_bert_dir)
     out = root.parent / "exported"
@@ -148,8 +154,8 @@ def test_adapter_loads_with_plain_peft(exported, tiny_bert_dir):
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from tunelab.study import Study
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.stages.train import load_run_model
 
     root, run_id, path, _ = exported
     assert any("classifier" in k for k in load_file(str(path / "adapter_model.safetensors")))
@@ -243,10 +249,10 @@ def test_truncation_is_read_from_the_run_and_equals_encoding_again(tmp_path, tin
     from types import SimpleNamespace
 
     from helpers import register_study, write_topic_study
-    from tunelab.data import load_snapshot
-    from tunelab.export.write import _truncation
-    from tunelab.models import resolve_model
-    from tunelab.train import train_run
+    from tunelab.lib.models import resolve_model
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.export.write import _truncation
+    from tunelab.stages.train import train_run
 
     root = write_topic_study(
         tmp_path / "s", tiny_bert_dir, "trunc", max_steps=1, preprocess={"max_seq_len": 8}
@@ -301,8 +307,8 @@ def test_full_model_export_of_a_causal_lm(tmp_path, tiny_llama_dir, capsys):
     # the exported model alone (no base needed) gives the run's logits
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tunelab.study import Study
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.stages.train import load_run_model
 
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path / "tokenizer")

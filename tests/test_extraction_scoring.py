@@ -12,9 +12,14 @@ import random
 
 import pytest
 
-from tunelab import metrics as M
-from tunelab.config import SplitConfig
-from tunelab.data.splits import (
+from tunelab.core.config import SplitConfig
+from tunelab.core.errors import ConfigError, DataError
+from tunelab.lib import metrics as M
+from tunelab.lib.tasks import ExtractionTask, find_json_object
+from tunelab.lib.tasks.alignment import align
+from tunelab.lib.tasks.schema_scoring import SchemaScorer
+from tunelab.stages.compare.guardrails import check_guardrails
+from tunelab.stages.data.splits import (
     _distance,
     counts_by_kinds,
     ensure_kind_coverage,
@@ -22,11 +27,6 @@ from tunelab.data.splits import (
     split_by_hash,
     unit_hash,
 )
-from tunelab.errors import ConfigError, DataError
-from tunelab.guardrails import check_guardrails
-from tunelab.tasks import ExtractionTask, find_json_object
-from tunelab.tasks.alignment import align
-from tunelab.tasks.schema_scoring import SchemaScorer
 
 # ---------------------------------------------------------------- the JSON reader
 
@@ -65,7 +65,7 @@ def test_reader(raw, failure, value):
 
 
 def test_a_key_given_twice_is_named_and_ends_the_generation():
-    from tunelab.tasks.json_text import answer_complete
+    from tunelab.lib.tasks.json_text import answer_complete
 
     found = find_json_object('{"list_id": null, "list_id": "x.org"}')
     assert "key 'list_id' given twice" in found.error
@@ -620,7 +620,7 @@ def _write_nested_study(root, model_dir):
     import yaml
 
     from helpers import register_study
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     rows = [
         ("a", "Buy 2 kg of flour and 5 m of rope.", [_q(2, "kg"), _q(5, "m")], "train"),
@@ -674,7 +674,7 @@ def test_stage_nested_lists_with_half_the_items_right(tmp_path, capsys, tiny_lla
     the item-level and sub-field metrics move from the base model's nothing to half the items
     right, the guardrail per path judges the nested paths, and the dossier has their bars."""
     from helpers import run_cli
-    from tunelab.records import read_json, read_jsonl
+    from tunelab.core.records import read_json, read_jsonl
 
     root = _write_nested_study(tmp_path / "s", tiny_llama_dir)
     code, out, err = run_cli(capsys, "data", "-s", root)
@@ -737,8 +737,8 @@ def _kind_study(root, stratify):
     import yaml
 
     from helpers import register_study
-    from tunelab.data.splits import content_keys
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.data.splits import content_keys
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     empties, i = [], 0
     while len(empties) < 3:
@@ -765,7 +765,7 @@ def _kind_study(root, stratify):
 
 
 def test_data_stratifies_by_target_kind(tmp_path):
-    from tunelab.data import load_snapshot
+    from tunelab.stages.data import load_snapshot
 
     plain = load_snapshot(_kind_study(tmp_path / "plain", False))
     counts = plain.manifest["counts"]["target_kinds"]
@@ -785,8 +785,8 @@ def test_data_stratifies_by_target_kind(tmp_path):
 def test_stratify_by_target_kind_is_for_extraction_only():
     import yaml
 
-    from tunelab.config import validate_config
-    from tunelab.study_template import render_study_yaml
+    from tunelab.core.config import validate_config
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("format", "f"))
     raw["data"]["splits"]["stratify"] = "target_kind"

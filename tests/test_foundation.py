@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from helpers import fill_hypothesis, run_cli, tree_hashes
-from tunelab.config import load_config, validate_config
-from tunelab.errors import ConfigError, HypothesisError, RunError
-from tunelab.hypothesis import register, require_hypothesis
-from tunelab.study import Study
+from tunelab.core.config import load_config, validate_config
+from tunelab.core.errors import ConfigError, HypothesisError, RunError
+from tunelab.core.study import Study
+from tunelab.stages.hypothesis.stage import register, require_hypothesis
 
 
 @pytest.mark.parametrize("task", ["classification", "format", "extraction"])
@@ -34,8 +34,8 @@ def test_init_refuses_existing(tmp_path, capsys):
 
 
 def test_config_paths_resolve_assets_home_and_study(tmp_path, bbc_dir):
-    from tunelab.errors import ModelError
-    from tunelab.study import resolve_path
+    from tunelab.core.errors import ModelError
+    from tunelab.core.study import resolve_path
 
     assert resolve_path("asset:bbc/tech") == bbc_dir / "tech"
     assert resolve_path("data/x.jsonl", tmp_path) == tmp_path / "data" / "x.jsonl"
@@ -110,7 +110,7 @@ def test_text_for_a_section_is_not_told_to_drop_quotes(tmp_path, capsys):
 
 
 def test_template_names_qlora_and_its_settings():
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     text = render_study_yaml("classification", "x")
     assert "qlora" in text and "AdamW8bit" in text
@@ -123,7 +123,9 @@ def test_template_names_qlora_and_its_settings():
 
 def test_contradictions_rejected():
     base = yaml.safe_load(
-        __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml("format", "x")
+        __import__("tunelab.stages.hypothesis.template", fromlist=["x"]).render_study_yaml(
+            "format", "x"
+        )
     )
     base["task"]["regex"] = "^.*$"  # both json_schema and regex
     with pytest.raises(ConfigError, match="exactly one of"):
@@ -260,7 +262,7 @@ def test_tunelab_device_chooses_and_a_bad_one_stops_every_command(tmp_path, caps
     or cuda without a GPU, stops with exit 2 before anything is recorded."""
     import torch
 
-    from tunelab.models import compute_device
+    from tunelab.lib.models import compute_device
 
     run_cli(capsys, "init", tmp_path / "s")
     before = tree_hashes(tmp_path / "s")
@@ -351,7 +353,7 @@ def test_validate_warns_that_a_json_schema_format_is_not_checked(tmp_path, capsy
     (warning,) = json.loads(out)["warnings"]
     assert "format is not checked at properties/date ('date-time')" in warning
     assert "pattern" in warning
-    from tunelab.tasks.format import make_validator
+    from tunelab.lib.tasks.format import make_validator
 
     # what the warning says: the validator the tasks use lets another form through
     schema = raw["task"]["json_schema"]["properties"]["date"]

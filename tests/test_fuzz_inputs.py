@@ -126,7 +126,7 @@ def csv_bytes(draw) -> bytes:
 
 
 def _check_located(exc: Exception, *names: str) -> None:
-    from tunelab.errors import TunelabError
+    from tunelab.core.errors import TunelabError
 
     assert isinstance(exc, TunelabError), f"{type(exc).__name__}: {exc}"
     assert any(n in exc.message for n in names), exc.message
@@ -134,10 +134,10 @@ def _check_located(exc: Exception, *names: str) -> None:
 
 
 def _read(root: Path, **source) -> None:
-    from tunelab.config import DataConfig
-    from tunelab.data.checks import RowsRead, run_checks
-    from tunelab.data.readers import read_source
-    from tunelab.errors import TunelabError
+    from tunelab.core.config import DataConfig
+    from tunelab.core.errors import TunelabError
+    from tunelab.stages.data.checks import RowsRead, run_checks
+    from tunelab.stages.data.readers import read_source
 
     cfg = DataConfig.model_validate(
         {"source": source, "fields": {"id": "id", "text": "text", "label": "label"}}
@@ -155,7 +155,7 @@ def _read(root: Path, **source) -> None:
 
 
 def _study_config(data):
-    from tunelab.config import validate_config
+    from tunelab.core.config import validate_config
 
     return validate_config(
         {
@@ -284,8 +284,8 @@ yaml_fault = st.sampled_from(
 def test_config_loader_locates_every_problem(faults, noise, value, tmp_path_factory):
     import yaml
 
-    from tunelab.config import load_config
-    from tunelab.errors import TunelabError
+    from tunelab.core.config import load_config
+    from tunelab.core.errors import TunelabError
 
     folder = tmp_path_factory.mktemp("config")
     write_topic_study(folder, "model", "fuzz")
@@ -333,7 +333,7 @@ def test_safetensors_check_is_total_and_sound(how, pos, blob, text, safetensors_
     the safetensors library loads."""
     from safetensors import safe_open
 
-    from tunelab.safetensors_header import header_problems, safetensors_problems
+    from tunelab.core.safetensors_header import header_problems, safetensors_problems
 
     data = safetensors_file
     at = int(pos * (len(data) - 1))

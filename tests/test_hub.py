@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis, run_cli
-from tunelab.config import ConfigError, ModelConfig
-from tunelab.errors import HypothesisError, ModelError
-from tunelab.hub_cache import cached_repos, write_snapshot
+from tunelab.core.config import ConfigError, ModelConfig
+from tunelab.core.errors import HypothesisError, ModelError
+from tunelab.core.hub_cache import cached_repos, write_snapshot
 
 REPO = "tunelab-test/tiny-llama"
 COMMIT_A = "a" * 40
@@ -55,7 +55,7 @@ def test_cache_layout_is_huggingface_hubs(hub_cache, tiny_llama_dir):
     assert link.is_symlink() and not Path(link.readlink()).is_absolute()
     blob = link.resolve()
     assert blob.parent == (storage / "blobs").resolve()
-    from tunelab.records import sha256_file
+    from tunelab.core.records import sha256_file
 
     assert blob.name == sha256_file(tiny_llama_dir / "model.safetensors")  # LFS: by sha256
     got = snapshot_download(REPO, cache_dir=hub_cache, local_files_only=True)
@@ -71,7 +71,7 @@ def test_cache_layout_is_huggingface_hubs(hub_cache, tiny_llama_dir):
 
 @pytest.mark.parametrize("revision", [None, "main", "v1", COMMIT_A])
 def test_resolve_main_tag_and_commit(hub_cache, tiny_llama_dir, revision):
-    from tunelab.models import model_identity, resolve_model
+    from tunelab.lib.models import model_identity, resolve_model
 
     base = resolve_model(ModelConfig(name=REPO, revision=revision))
     assert base.path.name == COMMIT_A
@@ -90,7 +90,7 @@ def test_resolve_main_tag_and_commit(hub_cache, tiny_llama_dir, revision):
 
 
 def test_pinned_commit_wins_over_moved_main(hub_cache, tmp_path, tiny_llama_dir):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     move_main(tmp_path, tiny_llama_dir)
     assert resolve_model(ModelConfig(name=REPO)).path.name == COMMIT_B
@@ -100,7 +100,7 @@ def test_pinned_commit_wins_over_moved_main(hub_cache, tmp_path, tiny_llama_dir)
 
 
 def test_offline_and_missing_names_cache_and_command(hub_cache):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     with pytest.raises(ModelError) as exc:
         resolve_model(ModelConfig(name="tunelab-test/absent"))
@@ -114,7 +114,7 @@ def test_offline_and_missing_names_cache_and_command(hub_cache):
 
 
 def test_a_typo_or_an_uncached_revision_offline_names_what_the_cache_holds(hub_cache):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     with pytest.raises(ModelError) as exc:
         resolve_model(ModelConfig(name="tunelab-test/tiny-lama"))  # one letter short
@@ -129,7 +129,7 @@ def test_a_typo_or_an_uncached_revision_offline_names_what_the_cache_holds(hub_c
 
 
 def test_only_the_files_a_load_needs(hub_cache, tmp_path, tiny_llama_dir, monkeypatch):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     extra = tmp_path / "with-extras"
     shutil.copytree(tiny_llama_dir, extra)
@@ -142,7 +142,7 @@ def test_only_the_files_a_load_needs(hub_cache, tmp_path, tiny_llama_dir, monkey
 
 
 def test_pickles_refused_unless_opted_in(hub_cache, tmp_path, tiny_llama_dir):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     pickled = tmp_path / "pickled"
     pickled.mkdir()
@@ -159,7 +159,7 @@ def test_pickles_refused_unless_opted_in(hub_cache, tmp_path, tiny_llama_dir):
 
 
 def test_custom_code_needs_trust_remote_code(hub_cache, tmp_path, tiny_llama_dir):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     custom = tmp_path / "custom"
     shutil.copytree(tiny_llama_dir, custom)
@@ -175,11 +175,11 @@ def test_custom_code_needs_trust_remote_code(hub_cache, tmp_path, tiny_llama_dir
 
 
 def test_config_path_or_hub_id():
-    from tunelab.config import validate_config
+    from tunelab.core.config import validate_config
 
     def problems(model):
         raw = yaml.safe_load(
-            __import__("tunelab.study_template", fromlist=["x"]).render_study_yaml(
+            __import__("tunelab.stages.hypothesis.template", fromlist=["x"]).render_study_yaml(
                 "classification", "s"
             )
         )
@@ -232,7 +232,7 @@ def write_hub_study(
 ) -> Path:
     """An extraction study on the tiny Llama named by hub id: 12 emails in mail.jsonl, or the
     hub data set DATA_REPO with its own splits."""
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True)
     (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
@@ -258,9 +258,9 @@ def write_hub_study(
 
 
 def test_register_pins_and_moved_main_is_named(hub_cache, tmp_path, tiny_llama_dir, capsys):
-    from tunelab import hypothesis as hyp
-    from tunelab.models import resolve_base
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.lib.models import resolve_base
+    from tunelab.stages.hypothesis import stage as hyp
 
     root = write_hub_study(tmp_path / "study")
     code, out, err = run_cli(capsys, "register", "--study", root)
@@ -365,9 +365,9 @@ def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llam
 
 
 def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
-    from tunelab.data import build_snapshot, load_snapshot
-    from tunelab.errors import DataError, EvaluationError
-    from tunelab.study import Study
+    from tunelab.core.errors import DataError, EvaluationError
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot, load_snapshot
 
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", hub_data=True)
@@ -425,9 +425,9 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
 def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     tmp_path, monkeypatch, minilm_dir, capsys
 ):
-    from tunelab.models import resolve_base
-    from tunelab.records import sha256_file
-    from tunelab.study import Study
+    from tunelab.core.records import sha256_file
+    from tunelab.core.study import Study
+    from tunelab.lib.models import resolve_base
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
     code, out, err = run_cli(
@@ -491,7 +491,7 @@ def hub_server(hub_cache, monkeypatch):
 
 
 def test_hub_errors_say_how_to_fix(hub_server):
-    from tunelab.models import resolve_model
+    from tunelab.lib.models import resolve_model
 
     with pytest.raises(ModelError) as exc:
         resolve_model(ModelConfig(name="org/missing"))
@@ -508,8 +508,8 @@ def test_hub_errors_say_how_to_fix(hub_server):
 def test_register_pins_without_the_weights_and_a_stage_names_the_missing_commit(
     hub_cache, tmp_path, tiny_llama_dir, capsys
 ):
-    from tunelab.models import resolve_base
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.lib.models import resolve_base
 
     # the cache holds the repo's listing and config.json, not its weights (as after a register
     # on a machine that never loaded the model)
@@ -614,7 +614,7 @@ def test_a_hub_target_column_datasets_would_retype_is_refused(hub_cache, tmp_pat
 
 
 def test_check_export_base_missing_from_the_cache_names_the_option(hub_cache):
-    from tunelab.export.check import resolve_base_arg
+    from tunelab.stages.export.check import resolve_base_arg
 
     manifest = {"base": {"hub": {"repo_id": REPO, "commit": COMMIT_A}, "patterns": ["*"]}}
     with pytest.raises(ModelError) as exc:

@@ -13,7 +13,7 @@ import yaml
 
 from helpers import run_cli
 from test_images import COLOURS, colour_image, png_bytes, write_image_study
-from tunelab.errors import DataError
+from tunelab.core.errors import DataError
 
 datasets = pytest.importorskip("datasets")
 
@@ -55,8 +55,8 @@ def image_dataset_study(root: Path, model_dir: Path, source: dict, **fields) -> 
 
 
 def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_dir, capsys):
-    from tunelab.data import build_snapshot, load_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot, load_snapshot
 
     root = tmp_path / "s"
     parts = {"train": colour_dataset(0, 24), "validation": colour_dataset(24, 9)}
@@ -88,9 +88,9 @@ def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_
 
 
 def test_hub_data_set_with_an_image_column_and_string_labels(tmp_path, tiny_vit_dir, monkeypatch):
-    from tunelab.data import build_snapshot, load_snapshot
-    from tunelab.hub_cache import write_snapshot
-    from tunelab.study import Study
+    from tunelab.core.hub_cache import write_snapshot
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot, load_snapshot
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -158,8 +158,8 @@ def test_a_corrupt_image_names_the_data_set_column_and_row(tmp_path, tiny_vit_di
     ],
 )
 def test_bad_columns_are_named(tmp_path, tiny_vit_dir, fields, label_feature, message, hint):
-    from tunelab.data import build_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot
 
     root = saved(tmp_path, colour_dataset(0, 6, label_feature))
     image_dataset_study(root, tiny_vit_dir, {"format": "hf_disk", "path": "colours"}, **fields)
@@ -169,8 +169,8 @@ def test_bad_columns_are_named(tmp_path, tiny_vit_dir, fields, label_feature, me
 
 
 def test_an_unlabelled_row_and_a_path_outside_are_refused(tmp_path, tiny_vit_dir):
-    from tunelab.data import build_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot
 
     images, _ = colour_rows(0, 3)
     features = datasets.Features(

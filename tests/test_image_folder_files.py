@@ -16,7 +16,7 @@ from PIL import Image
 
 from helpers import run_cli
 from test_images import COLOURS, colour_image, png_bytes, write_colour_folder, write_image_study
-from tunelab.data.images import dhash, image_facts
+from tunelab.stages.data.images import dhash, image_facts
 
 
 def alpha_only(seed: int) -> Image.Image:
@@ -31,9 +31,9 @@ def alpha_only(seed: int) -> Image.Image:
 def test_transparency_is_composited_on_white_as_transformers_converts(tmp_path, tiny_vit_dir):
     from transformers import AutoImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     root = write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
     cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
@@ -182,11 +182,11 @@ def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
     mean and std; a chain the processor's form cannot hold is said, not silently different."""
     from transformers import AutoImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.export import check_export
-    from tunelab.image_transforms import processor_config_for, processor_gap, resolve_chain
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.images import processor_config_for, processor_gap, resolve_chain
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.export import check_export
 
     root = tmp_path / "s"
     data = write_colour_folder(root / "data", per_label=8)
@@ -235,7 +235,7 @@ def test_the_exported_processor_gives_the_training_pixels_on_any_mode(
     path.write_text(json.dumps(processor_config_for(json.loads(path.read_text()), chain, resized)))
     gap = processor_gap(AutoImageProcessor.from_pretrained(tmp_path / "p"), chain, None)
     assert not gap["matches"] and "ConvNextImageProcessor" in gap["error"]
-    from tunelab.export.limitations import limitation_lines
+    from tunelab.stages.export.limitations import limitation_lines
 
     (line,) = limitation_lines({"processor": gap, "verify": {"passed": True}})
     assert "does not give the training transforms' pixel values" in line
@@ -247,8 +247,8 @@ def test_thumbnails_show_the_picture_the_model_reads(tmp_path):
     import hashlib
     import io
 
-    from tunelab.inspect_images import thumbnail_png
-    from tunelab.report.sections.flipped_images import _thumbnail
+    from tunelab.stages.inspect.images import thumbnail_png
+    from tunelab.stages.report.sections.flipped_images import _thumbnail
 
     shown = np.asarray(Image.open(io.BytesIO(thumbnail_png(alpha_only(3)))))
     assert shown.std() > 10  # the drawing, not one flat colour

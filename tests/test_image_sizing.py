@@ -188,8 +188,8 @@ def test_conv_flops_equal_what_torch_counts(kind, layer_type, frozen):
     import torch
     from transformers import AutoModelForImageClassification, ConvNextConfig, ResNetConfig
 
-    from tunelab.plan.flops import MicroBatch, micro_step_flops
-    from tunelab.sizing.facts import model_facts
+    from tunelab.stages.plan.flops import MicroBatch, micro_step_flops
+    from tunelab.stages.sizing.facts import model_facts
 
     torch.manual_seed(0)
     side, b = 96, 3

@@ -15,13 +15,13 @@ import yaml
 from PIL import Image
 
 from helpers import run_cli
-from tunelab.data.images import (
+from tunelab.core.errors import DataError, SnapshotError
+from tunelab.stages.data.images import (
     find_image_duplicates,
     hamming_pairs,
     image_facts,
     max_distance_for,
 )
-from tunelab.errors import DataError, SnapshotError
 
 COLOURS = {"red": 0, "green": 1, "blue": 2}
 
@@ -131,8 +131,8 @@ def test_truncated_image_is_named_and_nothing_is_written(tmp_path, tiny_vit_dir,
 
 
 def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_path, tiny_vit_dir):
-    from tunelab.data import build_snapshot, load_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot, load_snapshot
 
     root = tmp_path / "s"
     pics = root / "pics"
@@ -179,8 +179,8 @@ def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_
 
 
 def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
-    from tunelab.data import build_snapshot
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.data import build_snapshot
 
     root = tmp_path / "s"
     root.mkdir()
@@ -199,9 +199,9 @@ def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
 def test_chain_equals_the_processor_and_augments_training_only(tmp_path, tiny_vit_dir):
     from transformers import AutoImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     raw = yaml.safe_load(
         (
@@ -255,9 +255,9 @@ def test_chain_equals_shortest_edge_processors(
     as transformers does, in both orientations."""
     from transformers import CLIPImageProcessor, ConvNextImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     root = write_image_study(tmp_path / "s", tiny_vit_dir, {"format": "folder", "path": "d"})
     cfg = validate_config(yaml.safe_load((root / "study.yaml").read_text()))
@@ -302,10 +302,10 @@ def test_a_mode_the_chain_cannot_take_stops_data_and_inspect(tmp_path, tiny_vit_
     split, which inspect never reads); inspect still stops on one read from elsewhere."""
     from transformers import AutoImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.inspect_images import inspect_images
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.inspect.images import inspect_images
 
     root = tmp_path / "s"
     data = write_colour_folder(root / "data", per_label=4)
@@ -348,7 +348,7 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     export = next((root / "records" / "exports").iterdir())
     assert (export / "tokenizer" / "preprocessor_config.json").is_file()
     assert (export / "example-image.png").is_file()
-    from tunelab.export import check_export
+    from tunelab.stages.export import check_export
 
     result = check_export(export, tiny_vit_dir)
     assert result["example"]["matches_recorded"]
@@ -438,8 +438,8 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
     a full checkpoint keeps the names the model has, so it loads back tensor for tensor."""
     import torch
 
-    from tunelab.config import validate_config
-    from tunelab.models import adapt, load_model, load_trainable, resolve_model, save_trainable
+    from tunelab.core.config import validate_config
+    from tunelab.lib.models import adapt, load_model, load_trainable, resolve_model, save_trainable
 
     raw = yaml.safe_load(
         (
@@ -505,7 +505,7 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
     import re
     from collections import Counter
 
-    from tunelab.report.sections.flipped_images import PER_CATEGORY
+    from tunelab.stages.report.sections.flipped_images import PER_CATEGORY
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=20)
@@ -549,11 +549,11 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
     assert thumbs[0][0] in (root / "report" / "dossier.md").read_text()
 
     # the other direction, on the same records: the baseline as the variant, flips swapped
-    from tunelab.report.collect import collect
-    from tunelab.report.document import Gallery
-    from tunelab.report.sections.context import Dossier
-    from tunelab.report.sections.flipped_images import flipped_galleries
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.report.collect import collect
+    from tunelab.stages.report.document import Gallery
+    from tunelab.stages.report.sections.context import Dossier
+    from tunelab.stages.report.sections.flipped_images import flipped_galleries
 
     study = Study.open(root)
     dossier = Dossier(study, collect(study), tmp_path / "plots")
@@ -587,9 +587,9 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
 def augmenting_preprocessor(tmp_path: Path, model_dir: Path, seed: int = 0):
     from transformers import AutoImageProcessor
 
-    from tunelab.config import validate_config
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     study = write_image_study(tmp_path / "s", model_dir, {"format": "folder", "path": "d"})
     raw = yaml.safe_load((study / "study.yaml").read_text())
@@ -603,8 +603,8 @@ def augmenting_preprocessor(tmp_path: Path, model_dir: Path, seed: int = 0):
 def test_each_epoch_sees_a_new_view_and_a_restart_reads_the_same_tensors(tmp_path, tiny_vit_dir):
     import torch
 
-    from tunelab.preprocess import Preprocessor
-    from tunelab.train.batches import DataOrder, Position, StepSource
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.stages.train.batches import DataOrder, Position, StepSource
 
     rows = []
     for i, (label, channel) in enumerate(list(COLOURS.items()) * 2):
@@ -648,7 +648,7 @@ def test_each_epoch_sees_a_new_view_and_a_restart_reads_the_same_tensors(tmp_pat
         resumed.append(batches[0]["pixel_values"])
     assert all(torch.equal(a, b) for a, b in zip(resumed, straight[3:], strict=True))
     # without augmentation every epoch reads the encodings as they are
-    from tunelab.config import validate_config
+    from tunelab.core.config import validate_config
 
     plain = write_image_study(tmp_path / "plain", tiny_vit_dir, {"format": "folder", "path": "d"})
     cfg = validate_config(yaml.safe_load((plain / "study.yaml").read_text()))
@@ -662,9 +662,9 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
     import signal
 
     from test_train_run import assert_same_result
-    from tunelab.study import Study
-    from tunelab.train.callbacks import RunInterrupted
-    from tunelab.train.run import resume_run, train_run
+    from tunelab.core.study import Study
+    from tunelab.stages.train.callbacks import RunInterrupted
+    from tunelab.stages.train.run import resume_run, train_run
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
@@ -696,9 +696,9 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
 def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypatch):
     """The same run with one view per example for every epoch: equal in the first epoch, then
     not."""
-    from tunelab.image_transforms import ImagePreprocessor
-    from tunelab.study import Study
-    from tunelab.train.run import train_run
+    from tunelab.core.study import Study
+    from tunelab.lib.preprocess.images import ImagePreprocessor
+    from tunelab.stages.train.run import train_run
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
@@ -763,8 +763,8 @@ def test_conv_net_activations_equal_what_autograd_saves(kind, trains):
     backward, whatever trains: everything, the head only, the last stage, LoRA adapters."""
     import torch
 
-    from tunelab.sizing.facts import count_saved_bytes, model_facts
-    from tunelab.sizing.memory import Case, ModelFacts, estimate_memory
+    from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
 
     model = conv_net(kind)
     if trains == "lora":

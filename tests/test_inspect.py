@@ -7,11 +7,11 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from tunelab.config import validate_config
-from tunelab.inspection import categorize, inspect_rows, render_html, select_examples
-from tunelab.preprocess import IGNORE_INDEX, Preprocessor, length_stats
-from tunelab.study_template import render_study_yaml
-from tunelab.tasks import get_task
+from tunelab.core.config import validate_config
+from tunelab.lib.preprocess.text import IGNORE_INDEX, Preprocessor, length_stats
+from tunelab.lib.tasks import get_task
+from tunelab.stages.hypothesis.template import render_study_yaml
+from tunelab.stages.inspect.stage import categorize, inspect_rows, render_html, select_examples
 
 LABELS = ["business", "sport", "tech"]
 TEXTS = {

@@ -26,7 +26,7 @@ launcher, study_dir = kill_harness_fixtures("kill", steps=STEPS, checkpoint_ever
 @pytest.fixture(scope="module")
 def straight(study_dir, launcher) -> Path:
     """The uninterrupted run (its own process, like the killed ones)."""
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     proc = launcher.start("train", "--name", "straight", "-s", study_dir, "--json")
     proc.join(600)
@@ -36,7 +36,7 @@ def straight(study_dir, launcher) -> Path:
 
 
 def test_three_sigkills_then_resume_is_bit_exact(study_dir, launcher, straight):
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     report = harness.kill_and_resume(
         launcher,

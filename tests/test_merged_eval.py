@@ -15,7 +15,7 @@ def lora(study, model, base):
     outputs, as a trained one does)."""
     import torch
 
-    from tunelab.models import adapt
+    from tunelab.lib.models import adapt
 
     model, _ = adapt(model, study.config.adaptation, base.architecture)
     gen = torch.Generator().manual_seed(0)
@@ -33,7 +33,7 @@ def params_of(model):
 def test_merged_copy_leaves_the_model_unmerged_and_shares_the_rest(tmp_path, tiny_llama_dir):
     import torch
 
-    from tunelab.merged_eval import lora_layers, merged_copy, unmergeable_reason
+    from tunelab.lib.inference.eval_copy import lora_layers, merged_copy, unmergeable_reason
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, _, base = load(study)
@@ -59,8 +59,8 @@ def test_merged_copy_leaves_the_model_unmerged_and_shares_the_rest(tmp_path, tin
 
 
 def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_llama_dir):
-    from tunelab.evaluate import evaluate_model
-    from tunelab.merged_eval import describe_copy
+    from tunelab.lib.inference.eval_copy import describe_copy
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)
@@ -95,9 +95,9 @@ def test_extraction_evaluated_merged_gives_the_unmerged_outputs(tmp_path, tiny_l
 def test_a_model_without_adapter_is_evaluated_on_a_packed_copy(tmp_path, tiny_llama_dir):
     """A baseline's linear layers are packed in a copy, checked like a merge on the first
     batch; the outputs are those of the model as loaded, and a recorded choice reproduces."""
-    from tunelab.evaluate import evaluate_model
-    from tunelab.merged_eval import describe_copy
-    from tunelab.verify import recorded_copy
+    from tunelab.lib.inference.eval_copy import describe_copy
+    from tunelab.stages.evaluate.stage import evaluate_model
+    from tunelab.stages.verify.stage import recorded_copy
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)
@@ -126,7 +126,7 @@ def test_a_model_without_adapter_is_evaluated_on_a_packed_copy(tmp_path, tiny_ll
 def test_an_encoder_classifier_is_scored_on_a_packed_copy(tmp_path, tiny_bert_dir):
     """An encoder's linear layers have biases; its packed copy's scores stay within the verify
     tolerance of the model as loaded, with the same labels."""
-    from tunelab.evaluate import evaluate_model
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     study = make_study(tmp_path / "s", "classification", tiny_bert_dir, task={"labels": LABELS})
     model, tok, base = load(study, LABELS)
@@ -146,9 +146,9 @@ def test_packing_is_refused_when_the_free_memory_cannot_hold_it(
 ):
     """The packed weights are a second copy of every linear weight: with too little memory
     free the baseline runs on the model as loaded and the record says why."""
-    from tunelab import env
-    from tunelab.evaluate import evaluate_model
-    from tunelab.packed_linear import packed_bytes
+    from tunelab.core import env
+    from tunelab.lib.inference.packed_linear import packed_bytes
+    from tunelab.stages.evaluate.stage import evaluate_model
 
     assert env.available_memory_bytes() > 0  # read from /proc/meminfo on this Linux machine
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
@@ -163,9 +163,9 @@ def test_packing_is_refused_when_the_free_memory_cannot_hold_it(
 def test_the_teacher_forced_check_finds_an_output_that_is_not_greedy(tmp_path, tiny_llama_dir):
     from transformers import GenerationConfig
 
-    from tunelab.generation import Generated, _generate_batch, greedy_agreement
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.inference.generation import Generated, _generate_batch, greedy_agreement
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     model, tok, base = load(study)
@@ -185,8 +185,8 @@ def test_the_teacher_forced_check_finds_an_output_that_is_not_greedy(tmp_path, t
 
 
 def test_label_scores_merged_stay_within_the_tolerance(tmp_path, tiny_llama_dir):
-    from tunelab.evaluate import evaluate_model
-    from tunelab.verify import SCORE_ATOL
+    from tunelab.stages.evaluate.stage import evaluate_model
+    from tunelab.stages.verify.stage import SCORE_ATOL
 
     study = make_study(
         tmp_path / "s",
@@ -211,10 +211,10 @@ def test_label_scores_merged_stay_within_the_tolerance(tmp_path, tiny_llama_dir)
 def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, tiny_llama_dir):
     """No score can be within a negative tolerance: the check fails, the copy is dropped and
     every batch runs on the model as loaded."""
-    from tunelab.evaluate import _Ticker, merge_atol, predict_rows
-    from tunelab.merged_eval import EvalModels
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.inference.eval_copy import EvalModels
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import _Ticker, merge_atol, predict_rows
 
     study = make_study(
         tmp_path / "s",
@@ -261,7 +261,7 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
 def test_an_answer_is_complete_only_where_no_continuation_changes_it(text):
     """At every prefix where `answer_complete` holds, the reader reads what it reads in the
     whole text: stopping there never changes a verdict."""
-    from tunelab.tasks.json_text import answer_complete, find_json_object
+    from tunelab.lib.tasks.json_text import answer_complete, find_json_object
 
     whole = find_json_object(text)
     complete = [i for i in range(len(text) + 1) if answer_complete(text[:i])]
@@ -279,8 +279,8 @@ def rambling_model(study, model, tok, base, examples):
     more words: an answer that ends before the model stops talking."""
     import torch
 
-    from tunelab.preprocess import Preprocessor
-    from tunelab.tasks import get_task
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
 
     pre = Preprocessor(tok, study.config, get_task(study.config), "causal_lm")
     encoded = [pre.encode_with_target(ex, ex["target"] + TRAILING) for ex in examples]
@@ -300,8 +300,8 @@ def rambling_model(study, model, tok, base, examples):
 def test_generation_stops_at_the_answer_with_the_outputs_of_plain_greedy(tmp_path, tiny_llama_dir):
     import torch
 
-    from tunelab.evaluate import evaluate_model, pad_id_for
-    from tunelab.tasks.json_text import answer_complete
+    from tunelab.lib.tasks.json_text import answer_complete
+    from tunelab.stages.evaluate.stage import evaluate_model, pad_id_for
 
     study = make_study(
         tmp_path / "s", "extraction", tiny_llama_dir, evaluation={"max_new_tokens": 48}
@@ -342,9 +342,9 @@ def test_evaluation_threads_are_their_own_setting_outside_the_locked_spec(tmp_pa
 
     import torch
 
-    from tunelab.config import validate_config
-    from tunelab.env import free_cores
-    from tunelab.evaluate import set_evaluation_threads
+    from tunelab.core.config import validate_config
+    from tunelab.core.env import free_cores
+    from tunelab.stages.evaluate.stage import set_evaluation_threads
 
     study = make_study(tmp_path / "s", "extraction", tiny_llama_dir)
     raw = study.config.to_dict()
@@ -370,7 +370,7 @@ def test_free_cores_count_other_processes_running_now_not_this_ones_past(tmp_pat
     import sys
     import time
 
-    from tunelab.env import free_cores, others_runnable
+    from tunelab.core.env import free_cores, others_runnable
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -13,9 +13,9 @@ from sklearn.metrics import (
     precision_recall_fscore_support,
 )
 
-from tunelab import metrics as M
-from tunelab.config import GuardrailRule
-from tunelab.guardrails import all_pass, check_guardrails
+from tunelab.core.config import GuardrailRule
+from tunelab.lib import metrics as M
+from tunelab.stages.compare.guardrails import all_pass, check_guardrails
 
 # ---------------------------------------------------------------- classification
 
@@ -113,7 +113,7 @@ def test_format_metrics_counts_failures():
 
 
 def _task(fields):
-    from tunelab.tasks import ExtractionTask
+    from tunelab.lib.tasks import ExtractionTask
 
     return ExtractionTask("x", {"type": "object", "required": list(fields)})
 
@@ -295,7 +295,7 @@ def test_guardrail_relative_without_baseline_fails():
 
 
 def test_metric_names_are_those_the_task_records():
-    from tunelab.metrics import known_metrics, metric_problems
+    from tunelab.lib.metrics import known_metrics, metric_problems
 
     assert known_metrics("format", "overall", regex=True) == ("format_valid_rate", "exact_match")
     assert "json_valid_rate" in known_metrics("format", "overall")

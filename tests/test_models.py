@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunelab.config import AdaptationConfig, ModelConfig, validate_config
-from tunelab.errors import CheckpointError, ModelError
-from tunelab.models import (
+from tunelab.core.config import AdaptationConfig, ModelConfig, validate_config
+from tunelab.core.errors import CheckpointError, ModelError
+from tunelab.lib.models import (
     adapt,
     capture_params,
     check_update,
@@ -162,7 +162,7 @@ def test_resolve_errors(tmp_path, tiny_bert_dir):
 
 
 def test_resolve_base_from_study(tmp_path, tiny_bert_dir):
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     cfg = make_cfg(tiny_bert_dir).to_dict()
     shutil.copytree(tiny_bert_dir, tmp_path / "study" / "base")
@@ -288,8 +288,8 @@ def test_gguf_converts_to_the_same_model(tiny_gguf, tiny_llama_dir, tmp_path, mo
 
 
 def test_check_export_base_may_be_the_folder_holding_the_gguf(tiny_gguf, tmp_path, monkeypatch):
-    from tunelab.errors import ExportError
-    from tunelab.export.check import check_base, resolve_base_arg
+    from tunelab.core.errors import ExportError
+    from tunelab.stages.export.check import check_base, resolve_base_arg
 
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
     cfg = make_cfg(tiny_gguf.parent, method="lora", target_modules=["q_proj"])
@@ -312,8 +312,8 @@ def test_check_export_base_may_be_the_folder_holding_the_gguf(tiny_gguf, tmp_pat
 def test_gguf_cache_is_reused_and_survives_kills_and_races(tiny_gguf, tmp_path, monkeypatch):
     import threading
 
-    from tunelab.models import convert_gguf
-    from tunelab.models.gguf import CONVERSION_FILE, gguf_sha256
+    from tunelab.lib.models import convert_gguf
+    from tunelab.lib.models.gguf import CONVERSION_FILE, gguf_sha256
 
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
     digest = gguf_sha256(tiny_gguf)
@@ -347,7 +347,7 @@ def test_gguf_cache_is_reused_and_survives_kills_and_races(tiny_gguf, tmp_path, 
 
 
 def test_gguf_unreadable_file_is_a_model_error(tmp_path, monkeypatch):
-    from tunelab.models import convert_gguf
+    from tunelab.lib.models import convert_gguf
 
     monkeypatch.setenv("TUNELAB_CACHE", str(tmp_path / "cache"))
     (tmp_path / "bad.gguf").write_bytes(b"GGUF but not really")
@@ -543,7 +543,7 @@ def test_update_check_catches_mutated_frozen_tensor(tiny_bert_dir, full_copy_lim
 
 
 def test_fingerprint_sees_one_bit_anywhere():
-    from tunelab.models.update import fingerprint
+    from tunelab.lib.models.update import fingerprint
 
     for dtype in (torch.float32, torch.bfloat16):
         t = torch.randn(1_000, 1_003, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -688,7 +688,7 @@ def test_minilm_lora_query_value_step(minilm_dir):
 @pytest.mark.slow
 def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
     from tunelab.demo.assets import smollm2_gguf
-    from tunelab.models import convert_gguf
+    from tunelab.lib.models import convert_gguf
 
     folder, name = smollm2_gguf()
     cfg = make_cfg(folder, method="lora", target_modules=["q_proj", "v_proj"])

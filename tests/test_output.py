@@ -82,7 +82,7 @@ def test_compare_shows_names_full_ids_and_both_verdicts(tmp_path, capsys):
 
 def test_compare_says_no_difference_for_an_empty_config_diff(tmp_path, capsys):
     from test_compare import _study
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     study = _study(tmp_path)
     _populate_same_config(study, Study)
@@ -104,7 +104,7 @@ def _populate_same_config(study, Study) -> None:
 
 
 def test_model_card_prints_the_interval_verdict_beside_the_threshold():
-    from tunelab.export.card import primary_verdict
+    from tunelab.stages.export.card import primary_verdict
 
     spans = {"metric": "macro_f1", "delta": 0.03, "ci_low": -0.01, "ci_high": 0.07}
     spans.update(min_improvement=0.02, meets_min_improvement=True, significant=False)
@@ -154,7 +154,7 @@ def test_data_summary_splits_kinds_full_ids_label_conflicts_and_the_test_command
 
 
 def test_label_conflict_groups_worst_first():
-    from tunelab.data.dedup import label_conflict_groups
+    from tunelab.stages.data.dedup import label_conflict_groups
 
     pair = lambda a, b, la, lb, s=1.0: dict(a=a, b=b, label_a=la, label_b=lb, similarity=s)  # noqa: E731
     groups = label_conflict_groups(
@@ -170,7 +170,7 @@ def test_label_conflict_groups_worst_first():
 
 
 def _evaluation_record(labels: list[str], n_each: int = 3) -> dict:
-    from tunelab.metrics import classification_metrics
+    from tunelab.lib.metrics import classification_metrics
 
     golds = [lab for lab in labels for _ in range(n_each)]
     preds = [labels[(i + (i % 3 == 0)) % len(labels)] for i in range(len(golds))]
@@ -308,8 +308,8 @@ def test_smoke_flags_an_adapter_faster_than_none_as_timing_noise():
 
 def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp_path):
     from test_data import jsonl_study
-    from tunelab.data import build_snapshot
-    from tunelab.data.dedup import find_near_duplicates, normalize_texts
+    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data.dedup import find_near_duplicates, normalize_texts
 
     article = (
         'The minister said: "We will not raise taxes - not this year, not next year." '
@@ -351,7 +351,7 @@ def test_bitsandbytes_optional_kernel_note_is_kept_off_the_screen():
 
 
 def test_runs_lists_every_id_and_parent_whole_and_each_reason(tmp_path, capsys):
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     run_cli(capsys, "init", tmp_path / "s")
     study = Study.open(tmp_path / "s")
@@ -385,11 +385,11 @@ def _long_path_comparison(tmp_path) -> tuple[Path, list]:
     import yaml
 
     from helpers import filled_hypothesis
-    from tunelab import hypothesis as hyp
-    from tunelab.evaluate import compute_metrics, judge_output, record_evaluation
-    from tunelab.study import Study
-    from tunelab.study_template import render_study_yaml
-    from tunelab.tasks import get_task
+    from tunelab.core.study import Study
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import compute_metrics, judge_output, record_evaluation
+    from tunelab.stages.hypothesis import stage as hyp
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     leaf = LONG_PATH.split(".")[1]
     raw = yaml.safe_load(render_study_yaml("extraction", "paths"))
@@ -432,7 +432,7 @@ def _long_path_comparison(tmp_path) -> tuple[Path, list]:
 
 def test_compare_and_eval_show_every_field_path_whole_at_80_columns(tmp_path, capsys):
     from tunelab.cli.evaluate import print_evaluation
-    from tunelab.records import read_json
+    from tunelab.core.records import read_json
 
     assert len(LONG_PATH) > 80
     root, (_, train) = _long_path_comparison(tmp_path)

@@ -16,7 +16,7 @@ def linears(model):
 def test_packed_layers_compute_what_the_dense_ones_do(tmp_path, tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
-    from tunelab.packed_linear import PackedLinear, pack_linears, packing_unavailable
+    from tunelab.lib.inference.packed_linear import PackedLinear, pack_linears, packing_unavailable
 
     dense = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     packed = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
@@ -42,7 +42,7 @@ def test_packed_layers_compute_what_the_dense_ones_do(tmp_path, tiny_llama_dir):
 def test_packing_states_why_it_does_not_apply(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
-    from tunelab.packed_linear import packing_unavailable
+    from tunelab.lib.inference.packed_linear import packing_unavailable
 
     half = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.bfloat16)
     assert packing_unavailable(half) == "linear weights in bfloat16, packed only in float32"
@@ -54,8 +54,8 @@ def test_packing_states_why_it_does_not_apply(tiny_llama_dir):
 def test_a_weight_onednn_refuses_leaves_the_model_dense_and_the_evaluation_uncopied():
     """A layer with no inputs cannot be packed: no layer is replaced, and the evaluation runs on
     the model as loaded with oneDNN's reason in the record."""
-    from tunelab.merged_eval import EvalModels
-    from tunelab.packed_linear import pack_linears
+    from tunelab.lib.inference.eval_copy import EvalModels
+    from tunelab.lib.inference.packed_linear import pack_linears
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(0, 4))
     with pytest.raises(RuntimeError):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from helpers import write_email_study
-from tunelab.records import read_jsonl
-from tunelab.study import Study
-from tunelab.train import train_run
+from tunelab.core.records import read_jsonl
+from tunelab.core.study import Study
+from tunelab.stages.train import train_run
 
 # step: (training loss, validation loss or None); step 0 holds the validation loss before training
 PINNED = {

@@ -54,7 +54,7 @@ def pinned(tmp_path, monkeypatch) -> Path:
     db.executescript(dump.read_text())
     db.close()
     dump.unlink()
-    monkeypatch.setattr("tunelab.plan.probes.hash_rate", lambda: HASH_RATE)
+    monkeypatch.setattr("tunelab.lib.probes.hash_rate", lambda: HASH_RATE)
     monkeypatch.setattr(common.console, "width", 80)
     return root
 

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis, run_cli
-from tunelab.config import StudyConfig, validate_config
-from tunelab.plan.estimate import build_plan
-from tunelab.plan.figures import Figure, Figures, Lengths, SplitCounts, expected_max
-from tunelab.records import write_json_atomic
-from tunelab.study import Study
+from tunelab.core.config import StudyConfig, validate_config
+from tunelab.core.records import write_json_atomic
+from tunelab.core.study import Study
+from tunelab.stages.plan.estimate import build_plan
+from tunelab.stages.plan.figures import Figure, Figures, Lengths, SplitCounts, expected_max
 
 TRAINING = {
     "micro_batch_size": 8,
@@ -30,7 +30,7 @@ BUDGET = {"gpu_hour_price": 2.0, "gpu": "1x H100", "hours_per_day": 24.0, "num_v
 
 def config(training: dict | None = None, budget: dict | None = None) -> StudyConfig:
     """A valid study config with the training and budget sections of these tests."""
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-unit"))
     raw["hypothesis"] = filled_hypothesis(raw)
@@ -134,7 +134,7 @@ def test_evaluation_and_export_estimates():
 
 
 def test_a_baseline_measured_on_shared_cores_is_flagged():
-    from tunelab.env import BUSY_CPU_SHARE, cpu_share
+    from tunelab.core.env import BUSY_CPU_SHARE, cpu_share
 
     # one of two cores busy with another process: the share falls to about 0.6
     assert cpu_share(5.9, 5.0, 2, "cpu") == pytest.approx(0.59)
@@ -162,7 +162,7 @@ def test_too_slow_warns_and_speedup_projects():
 
 
 def test_steps_are_trainings_own_count_and_padded_lengths():
-    from tunelab.train.run import total_steps
+    from tunelab.stages.train.run import total_steps
 
     epochs = config({**TRAINING, "max_steps": None, "num_epochs": 2.0})
     assert total_steps(epochs, 800) == 100
@@ -179,8 +179,8 @@ def test_steps_are_trainings_own_count_and_padded_lengths():
 
 
 def _study(root: Path, model_dir: Path) -> Study:
-    from tunelab import hypothesis as hyp
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis import stage as hyp
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True)
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
@@ -308,7 +308,7 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     _sizing_record(study)
     _finished_run(study, "smoke", 30.0)
     _finished_run(study, "baseline", 12.0)
-    from tunelab.plan import make_plan, review_plan
+    from tunelab.stages.plan import make_plan, review_plan
 
     plan, _, _ = make_plan(study, days=3)
     per_variant = plan["variant"]["total_s"]
@@ -355,7 +355,7 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
 def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llama_dir, capsys):
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
-    from tunelab.plan import make_plan, review_plan
+    from tunelab.stages.plan import make_plan, review_plan
 
     plan, _, _ = make_plan(study, days=3)
     planned = plan["variant"]["steps"]
@@ -372,7 +372,7 @@ def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llam
     ]
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and f"took {planned // 2} steps" in " ".join(out.split())
-    from tunelab.report import build_report
+    from tunelab.stages.report import build_report
 
     md = build_report(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
@@ -380,7 +380,7 @@ def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llam
 
 
 def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):
-    from tunelab.plan import RESOLUTION_S, make_plan, review_plan
+    from tunelab.stages.plan import RESOLUTION_S, make_plan, review_plan
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
@@ -400,7 +400,7 @@ def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_ll
 
 
 def test_review_measures_the_spread_of_repeated_evaluations():
-    from tunelab.plan import repeat_spread
+    from tunelab.stages.plan import repeat_spread
 
     assert repeat_spread([8.0]) is None and repeat_spread([]) is None
     assert repeat_spread([8.0, 10.0]) == pytest.approx(22.2)
@@ -408,7 +408,7 @@ def test_review_measures_the_spread_of_repeated_evaluations():
 
 
 def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
-    from tunelab.plan import repeat_verdict
+    from tunelab.stages.plan import repeat_verdict
 
     row = {"phase": "evaluation", "repeats_s": [50.8, 49.4], "repeat_spread_pct": 2.8}
     outside = repeat_verdict({**row, "error_pct": -9.2, "within_repeat_spread": False})
@@ -428,8 +428,8 @@ def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
 def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, tiny_llama_dir):
     """The demo plans after the initial check; the dossier reviews that plan against the ledger
     as it is when the dossier is built, not as it was when the plan was made."""
-    from tunelab.plan import make_plan, review_plan
-    from tunelab.report import build_report
+    from tunelab.stages.plan import make_plan, review_plan
+    from tunelab.stages.report import build_report
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
@@ -460,7 +460,7 @@ def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, 
 
 
 def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_path, tiny_llama_dir):
-    from tunelab.plan import gather_figures, make_plan
+    from tunelab.stages.plan import gather_figures, make_plan
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
@@ -480,7 +480,7 @@ def test_a_variants_evaluation_cost():
     reads the files first), faster or slower than the baseline; per example, LoRA adds what the
     smoke measured with its adapter off and on (else its share of the parameters), and full
     fine-tuning nothing: the smoke's one small batch is not a per-example figure."""
-    from tunelab.plan.figures import adapted_costs as _adapted_costs
+    from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
 
     baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
@@ -528,8 +528,8 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     """The base model rambles to max_new_tokens; a variant stops after the answer it learned.
     The baseline's batches are priced again at the gold answers' longest per batch, at their
     own prefill and step times, then the adapter's ratio applies to that."""
-    from tunelab.plan.figures import adapted_costs as _adapted_costs
-    from tunelab.plan.figures import answer_length_cost as _answer_length_cost
+    from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
+    from tunelab.stages.plan.figures import answer_length_cost as _answer_length_cost
 
     gen = {
         "steps": 75,
@@ -565,8 +565,8 @@ def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
     """Where the smoke's evaluation chose the merged copy, a variant decodes as the base: no
     adapter ratio per step or example, but the copy and the first batch's check once per
     evaluation (the smoke's check on its 4 examples, scaled to a batch of 8)."""
-    from tunelab.plan.figures import adapted_costs as _adapted_costs
-    from tunelab.plan.figures import merged_evaluation
+    from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
+    from tunelab.stages.plan.figures import merged_evaluation
 
     gen = {
         "steps": 11,
@@ -609,7 +609,7 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from tunelab.plan.review import PlannedUnits, eval_speed_factor
+    from tunelab.stages.plan.review import PlannedUnits, eval_speed_factor
 
     planned = replace(
         PlannedUnits.from_record(PLAN_RECORD), eval_s_per_example=0.5, variant_s_per_step=0.125

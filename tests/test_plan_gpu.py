@@ -12,10 +12,10 @@ import yaml
 
 from helpers import FILLED_HYPOTHESIS, run_cli
 from test_pinned_plan_report import pinned  # noqa: F401  (the fixed study, as a fixture)
-from tunelab.config import AdaptationConfig
-from tunelab.plan.catalog import find_gpu, gpu_of_device, gpus
-from tunelab.plan.flops import MicroBatch, micro_step_flops
-from tunelab.plan.shapes import facts_from_config
+from tunelab.core.config import AdaptationConfig
+from tunelab.stages.plan.catalog import find_gpu, gpu_of_device, gpus
+from tunelab.stages.plan.flops import MicroBatch, micro_step_flops
+from tunelab.stages.plan.shapes import facts_from_config
 
 # Llama-3.2-1B's published config.json (the values that shape the model)
 LLAMA_1B = {
@@ -114,8 +114,8 @@ def test_facts_from_config_equal_the_loaded_models(tiny_llama_dir, tiny_bert_dir
     the model itself, adapted."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from tunelab.models.adapt import adapt
-    from tunelab.sizing.facts import model_facts
+    from tunelab.lib.models.adapt import adapt
+    from tunelab.stages.sizing.facts import model_facts
 
     llama = json.loads((tiny_llama_dir / "config.json").read_text())
     all_linear = AdaptationConfig(method="lora", target_modules="all-linear", rank=4)
@@ -146,7 +146,7 @@ def test_catalog_entries_and_names():
         assert g.tflops_bf16 >= g.tflops_fp32 > 0 and g.bandwidth_gbs > 0
     assert find_gpu("h100-sxm").id == find_gpu("H100SXM").id == "H100-SXM"
     assert find_gpu("mi300").id == "MI300X"
-    from tunelab.errors import ConfigError
+    from tunelab.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="several"):
         find_gpu("H100")
@@ -170,8 +170,8 @@ def test_catalog_entries_and_names():
 
 
 def _config(**training):
-    from tunelab.config import validate_config
-    from tunelab.study_template import render_study_yaml
+    from tunelab.core.config import validate_config
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("extraction", "plan-gpu"))
     raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
@@ -180,8 +180,8 @@ def _config(**training):
 
 
 def _shape(facts, length: int = 2048):
-    from tunelab.plan.figures import SplitCounts
-    from tunelab.plan.project import StudyShape
+    from tunelab.stages.plan.figures import SplitCounts
+    from tunelab.stages.plan.project import StudyShape
 
     return StudyShape(
         facts, "test", (length,), length, length, "test", 1.0, "test", True,
@@ -193,9 +193,9 @@ def test_the_largest_micro_batch_that_fits_by_the_sizing_model():
     """The chosen micro-batch's peak (the sizing's memory model, bf16 on CUDA) fits the GPU less
     the margin and the CUDA context; the next larger one that keeps the effective batch does
     not; a GPU too small for any falls back to checkpointing, then says it does not fit."""
-    from tunelab.plan.project import CUDA_CONTEXT_BYTES, choose_fit
-    from tunelab.sizing.memory import Case, estimate_memory
-    from tunelab.sizing.recommend import SAFETY_MARGIN
+    from tunelab.stages.plan.project import CUDA_CONTEXT_BYTES, choose_fit
+    from tunelab.stages.sizing.memory import Case, estimate_memory
+    from tunelab.stages.sizing.recommend import SAFETY_MARGIN
 
     cfg = _config(micro_batch_size=4, grad_accum_steps=8, max_steps=10)
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")
@@ -228,7 +228,7 @@ def test_the_largest_micro_batch_that_fits_by_the_sizing_model():
 def config_only_study(tmp_path, capsys) -> Path:
     """An extraction study on Llama-3.2-1B's shape: a config.json and no weights; registered,
     with its data snapshot (no model is needed for either)."""
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root = tmp_path / "one-b"
     (root / "model").mkdir(parents=True)
@@ -307,7 +307,7 @@ def _row(gpu, fits, variants, rental_cost, busy_hours=1.0):
 
 
 def test_cheapest_rental_is_the_shortest_that_holds_the_variants_then_the_cheapest():
-    from tunelab.plan.stage import cheapest_rental
+    from tunelab.stages.plan.stage import cheapest_rental
 
     rows = [
         _row("L4", True, (1, 3, 12), 700.0),  # 7-day cost 700: needs 30 days for 4, 3000
@@ -364,7 +364,7 @@ def test_gpu_plan_refusals(config_only_study, capsys):
 
 
 def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
-    from tunelab.plan.project import measured_utilization, resolve_utilization
+    from tunelab.stages.plan.project import measured_utilization, resolve_utilization
 
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")
     shape = _shape(facts)
@@ -418,7 +418,7 @@ def test_a_training_run_on_a_gpu_sets_the_utilization(pinned, capsys):  # noqa: 
     """A training run of the study on a catalog GPU (its env.json) measures the share of the
     peak its steps reached; a plan for a GPU of that architecture uses it, others keep the
     catalog's default and say why."""
-    from tunelab.records import read_json, write_json_atomic
+    from tunelab.core.records import read_json, write_json_atomic
 
     runs = sorted((pinned / "records" / "runs").glob("train-*"))
     env = read_json(runs[-1] / "env.json")

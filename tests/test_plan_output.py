@@ -12,7 +12,7 @@ import pytest
 
 from helpers import run_cli
 from test_plan import _finished_run, _sizing_record, _study
-from tunelab.records import write_json_atomic
+from tunelab.core.records import write_json_atomic
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def _lines(out: str) -> list[str]:
 
 
 def _planned(tmp_path, model_dir):
-    from tunelab.plan import make_plan
+    from tunelab.stages.plan import make_plan
 
     study = _study(tmp_path / "s", model_dir)
     _sizing_record(study)
@@ -88,7 +88,7 @@ def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, c
     from datetime import UTC, datetime
     from types import SimpleNamespace
 
-    from tunelab.plan import stage
+    from tunelab.stages.plan import stage
 
     class OneSecond(datetime):
         @classmethod
@@ -110,8 +110,8 @@ def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, c
     assert out.splitlines()[0].startswith("7-day plan on 1x NVIDIA L4 24GB (projected)")
     ids = sorted(p.stem for p in (study.records / "plans").glob("plan-*.json"))
     assert ids == [f"plan-20260102-030405-{s}" for s in ("000000", "dddddd", "eeeeee", "ffffff")]
-    from tunelab.plan import latest_plan
-    from tunelab.report import build_report
+    from tunelab.stages.plan import latest_plan
+    from tunelab.stages.report import build_report
 
     assert latest_plan(study)["id"] == "plan-20260102-030405-000000"
     md = build_report(study)["markdown"].read_text()

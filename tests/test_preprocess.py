@@ -10,17 +10,17 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from tunelab.config import validate_config
-from tunelab.errors import PreprocessError
-from tunelab.preprocess import (
+from tunelab.core.config import validate_config
+from tunelab.core.errors import PreprocessError
+from tunelab.lib.preprocess.text import (
     IGNORE_INDEX,
     Preprocessor,
     check_collated,
     check_template_match,
     length_stats,
 )
-from tunelab.study_template import render_study_yaml
-from tunelab.tasks import get_task
+from tunelab.lib.tasks import get_task
+from tunelab.stages.hypothesis.template import render_study_yaml
 
 LABELS = ["business", "sport", "tech"]
 TARGET = '{"sender": "bob@example.org", "subject": "Re: your account"}'

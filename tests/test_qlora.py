@@ -15,12 +15,12 @@ import torch
 import yaml
 
 from helpers import register_study, run_cli, write_email_study, write_topic_study
-from tunelab.config import AdaptationConfig
-from tunelab.errors import ConfigError
-from tunelab.models import adapt, capture_params, check_update, load_model, resolve_model
-from tunelab.records import read_json, read_jsonl
-from tunelab.study import Study
-from tunelab.train import train_run
+from tunelab.core.config import AdaptationConfig
+from tunelab.core.errors import ConfigError
+from tunelab.core.records import read_json, read_jsonl
+from tunelab.core.study import Study
+from tunelab.lib.models import adapt, capture_params, check_update, load_model, resolve_model
+from tunelab.stages.train import train_run
 
 pytest.importorskip("bitsandbytes")
 
@@ -85,7 +85,7 @@ def test_qlora_run_records_the_4bit_base(trained):
 
 def test_qlora_losses_fall_on_a_repeated_batch(tiny_llama_dir):
     cfg_dir = tiny_llama_dir
-    from tunelab.config import StudyConfig
+    from tunelab.core.config import StudyConfig
 
     raw = {
         "name": "q",
@@ -179,7 +179,7 @@ def test_a_forward_leaves_the_frozen_biases_of_4bit_layers_as_loaded(tmp_path, t
 
 
 def test_update_check_sees_a_changed_4bit_weight(tiny_llama_dir):
-    from tunelab.config import StudyConfig
+    from tunelab.core.config import StudyConfig
 
     cfg = StudyConfig.model_validate(
         {
@@ -240,7 +240,7 @@ def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'tunelab[qlora]'" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
-    from tunelab.study import validate_study
+    from tunelab.core.study import validate_study
 
     assert validate_study(root).adaptation.method == "qlora"  # here bitsandbytes imports
     with pytest.raises(ConfigError, match="compute_dtype"):
@@ -251,7 +251,7 @@ def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
 
 
 def test_8bit_adamw_states_in_the_analytic_model():
-    from tunelab.sizing.memory import ModelFacts, optimizer_state_bytes
+    from tunelab.stages.sizing.memory import ModelFacts, optimizer_state_bytes
 
     facts = ModelFacts(
         family="llama",
@@ -323,7 +323,7 @@ def test_qlora_with_adamw8bit_resumes_to_the_uninterrupted_losses(tmp_path, tiny
 
 
 def qlora_config(model_dir: Path, targets, quantization: dict | None = None, **training):
-    from tunelab.config import StudyConfig
+    from tunelab.core.config import StudyConfig
 
     return StudyConfig.model_validate(
         {
@@ -351,8 +351,8 @@ def test_4bit_facts_from_the_model_equal_those_from_its_config(tiny_llama_dir, d
     layer) of a config.json are what bitsandbytes really holds in the loaded model."""
     import json
 
-    from tunelab.plan.shapes import facts_from_config
-    from tunelab.sizing.facts import model_facts
+    from tunelab.stages.plan.shapes import facts_from_config
+    from tunelab.stages.sizing.facts import model_facts
 
     cfg = qlora_config(tiny_llama_dir, "all-linear", dict(QUANT, double_quant=double_quant))
     base = resolve_model(cfg.model)
@@ -370,8 +370,8 @@ def test_4bit_facts_from_the_model_equal_those_from_its_config(tiny_llama_dir, d
 def test_4bit_estimate_terms(tiny_llama_dir):
     """Weights: packed bytes + constants + the rest in fp32; the dequantized copy of the largest
     layer (fp32 from bitsandbytes, then bf16) is alive in the forward and in each backward."""
-    from tunelab.sizing.facts import model_facts
-    from tunelab.sizing.memory import Case, dequantized_layer_bytes, estimate_memory
+    from tunelab.stages.sizing.facts import model_facts
+    from tunelab.stages.sizing.memory import Case, dequantized_layer_bytes, estimate_memory
 
     cfg = qlora_config(tiny_llama_dir, ["q_proj", "v_proj"])
     base = resolve_model(cfg.model)
@@ -392,11 +392,11 @@ def test_4bit_estimate_terms(tiny_llama_dir):
 def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets, precision):
     """What autograd keeps over 4-bit layers (their packed weight, no activation) is what the
     walk predicts."""
-    from tunelab.sizing.facts import count_saved_bytes, model_facts
-    from tunelab.sizing.measure import synthetic_examples
-    from tunelab.sizing.memory import Case, estimate_memory, logits_bytes
-    from tunelab.train.batches import collate
-    from tunelab.train.loop import autocast, loss_sum
+    from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.stages.sizing.measure import synthetic_examples
+    from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes
+    from tunelab.stages.train.batches import collate
+    from tunelab.stages.train.loop import autocast, loss_sum
 
     cfg = qlora_config(tiny_llama_dir, targets)
     base = resolve_model(cfg.model)
@@ -462,11 +462,11 @@ def test_size_measures_qlora_beside_lora_and_full(tmp_path, tiny_llama_dir, caps
 def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
     """Weights kept in bf16 under bf16 autocast (the 7-8B table's setting): no weight copy is
     saved, and peft's lift of x to the fp32 adapter makes each adapter's own bf16 input copy."""
-    from tunelab.sizing.facts import count_saved_bytes, model_facts
-    from tunelab.sizing.measure import synthetic_examples
-    from tunelab.sizing.memory import Case, estimate_memory, logits_bytes
-    from tunelab.train.batches import collate
-    from tunelab.train.loop import autocast, loss_sum
+    from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+    from tunelab.stages.sizing.measure import synthetic_examples
+    from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes
+    from tunelab.stages.train.batches import collate
+    from tunelab.stages.train.loop import autocast, loss_sum
 
     cfg = qlora_config(tiny_llama_dir, "all-linear")
     cfg = cfg.model_copy(
@@ -489,7 +489,7 @@ def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
     if method == "qlora":
         import json
 
-        from tunelab.plan.shapes import facts_from_config
+        from tunelab.stages.plan.shapes import facts_from_config
 
         config = json.loads((tiny_llama_dir / "config.json").read_text())
         mine = facts_from_config(config, cfg.adaptation, architecture="causal_lm", dtype="bfloat16")

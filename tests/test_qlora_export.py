@@ -62,9 +62,9 @@ def test_qlora_export_loads_with_plain_peft_onto_the_4bit_base(qlora_run, tiny_l
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from tunelab.models.quantize import keep_weights_as_loaded
-    from tunelab.study import Study
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.lib.models.quantize import keep_weights_as_loaded
+    from tunelab.stages.train import load_run_model
 
     root, run_id = qlora_run
     code, out, err = run_cli(capsys, "export", run_id, "-s", root, "--json")
@@ -105,9 +105,9 @@ def test_qlora_export_loads_with_plain_peft_onto_the_4bit_base(qlora_run, tiny_l
 def test_qlora_merge_is_checked_against_the_adapted_model(qlora_run, tiny_llama_dir, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tunelab.export.merge import MergeTolerance
-    from tunelab.study import Study
-    from tunelab.train import load_run_model
+    from tunelab.core.study import Study
+    from tunelab.stages.export.merge import MergeTolerance
+    from tunelab.stages.train import load_run_model
 
     root, run_id = qlora_run
     code, out, err = run_cli(capsys, "export", run_id, "-s", root, "--merge", "--json")
@@ -171,9 +171,9 @@ def test_merge_beyond_its_tolerance_is_refused(qlora_run, capsys):
 
 
 def test_qlora_verify_and_eval(qlora_run):
-    from tunelab.evaluate import find_evaluation
-    from tunelab.study import Study
-    from tunelab.verify import verify_run
+    from tunelab.core.study import Study
+    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.stages.verify.stage import verify_run
 
     root, run_id = qlora_run
     study = Study.open(root)
@@ -186,8 +186,8 @@ def test_qlora_verify_and_eval(qlora_run):
 
 
 def test_qlora_smoke(qlora_run):
-    from tunelab.smoke import run_smoke
-    from tunelab.study import Study
+    from tunelab.core.study import Study
+    from tunelab.stages.smoke.stage import run_smoke
 
     root, _ = qlora_run
     _, record = run_smoke(Study.open(root), num_train=4, num_steps=2, num_eval=2)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from helpers import fill_hypothesis, run_cli, train_stopped_at
-from tunelab.report import build_report
-from tunelab.study import Study
+from tunelab.core.study import Study
+from tunelab.stages.report import build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -119,7 +119,7 @@ def _many_category_study(root, model_dir):
     """A classification study of 40 categories with long names sharing a prefix, run through
     the real stages: register, data, baseline, a 2-step LoRA, its evaluation, compare."""
     from helpers import filled_hypothesis
-    from tunelab.study_template import render_study_yaml
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True)
     rows = []
@@ -186,9 +186,9 @@ def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_b
 
 
 def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_test_figure():
-    from tunelab.report.document import cell_text
-    from tunelab.report.sections.context import Dossier
-    from tunelab.report.sections.decision import decision_section
+    from tunelab.stages.report.document import cell_text
+    from tunelab.stages.report.sections.context import Dossier
+    from tunelab.stages.report.sections.decision import decision_section
 
     compare = {
         "id": "compare-1",
@@ -228,9 +228,9 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
 
 
 def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opened_the_test():
-    from tunelab.report.document import cell_text
-    from tunelab.report.sections.context import Dossier
-    from tunelab.report.sections.decision import decision_section
+    from tunelab.stages.report.document import cell_text
+    from tunelab.stages.report.sections.context import Dossier
+    from tunelab.stages.report.sections.decision import decision_section
 
     compare = {
         "id": "compare-1", "split": "validation", "hypothesis_version": 1,
@@ -273,11 +273,11 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
     import torch
 
     from helpers import register_study, write_topic_study
-    from tunelab.compare import compare_study, save_compare
-    from tunelab.evaluate import run_baseline, run_eval
-    from tunelab.hypothesis import register
-    from tunelab.inspection import run_inspect
-    from tunelab.train import resume_run
+    from tunelab.stages.compare.stage import compare_study, save_compare
+    from tunelab.stages.evaluate.stage import run_baseline, run_eval
+    from tunelab.stages.hypothesis.stage import register
+    from tunelab.stages.inspect.stage import run_inspect
+    from tunelab.stages.train import resume_run
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -345,7 +345,7 @@ def test_the_dossier_says_which_records_an_earlier_hypothesis_made(amended_study
 
 
 def test_each_interruption_is_paired_with_the_resume_that_followed_it():
-    from tunelab.report.sections.runs import _history, resumed_steps, stops_and_resumes
+    from tunelab.stages.report.sections.runs import _history, resumed_steps, stops_and_resumes
 
     events = [
         {"at": "t0", "kind": "created", "detail": "running"},
@@ -367,7 +367,7 @@ def test_each_interruption_is_paired_with_the_resume_that_followed_it():
 
 
 def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registrations():
-    from tunelab.report.sections.context import Dossier
+    from tunelab.stages.report.sections.context import Dossier
 
     hypotheses = [
         {"version": 1, "registered_at": "2026-12-01T10:00:00.000Z"},
@@ -388,7 +388,7 @@ def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registration
 
 
 def test_the_run_table_names_each_run_s_adaptation_from_its_config():
-    from tunelab.report.sections.runs import adaptation_of
+    from tunelab.stages.report.sections.runs import adaptation_of
 
     def run(kind, method, parent=None):
         adaptation = {"method": method, "rank": 16, "quantization": {"quant_type": "fp4"}}

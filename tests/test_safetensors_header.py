@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tunelab.errors import CheckpointError
-from tunelab.safetensors_header import header_problems, require_safetensors
+from tunelab.core.errors import CheckpointError
+from tunelab.core.safetensors_header import header_problems, require_safetensors
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ def test_require_names_the_file(weights, tmp_path):
 
 
 def test_verify_names_a_resealed_damaged_checkpoint(weights, tmp_path):
-    from tunelab.records import sha256_file
-    from tunelab.verify import check_checkpoint_files
+    from tunelab.core.records import sha256_file
+    from tunelab.stages.verify.stage import check_checkpoint_files
 
     ckpt = tmp_path / "step-000004"
     (ckpt / "adapter").mkdir(parents=True)

@@ -142,8 +142,8 @@ def test_no_unsafe_deserializers():
 
 
 def test_safe_join_keeps_paths_inside(tmp_path):
-    from tunelab.errors import StudyError
-    from tunelab.records import safe_join
+    from tunelab.core.errors import StudyError
+    from tunelab.core.records import safe_join
 
     root = tmp_path / "export"
     (root / "adapter").mkdir(parents=True)

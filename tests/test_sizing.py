@@ -19,19 +19,19 @@ import pytest
 import torch
 
 from helpers import FILLED_HYPOTHESIS, run_cli, write_extraction_study
-from tunelab.errors import ConfigError
-from tunelab.sizing.facts import count_saved_bytes, model_facts
-from tunelab.sizing.measure import synthetic_examples
-from tunelab.sizing.memory import Case, estimate_memory, logits_bytes, project_per_rank
-from tunelab.sizing.processes import measure_in_subprocess
-from tunelab.sizing.recommend import (
+from tunelab.core.errors import ConfigError
+from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+from tunelab.stages.sizing.measure import synthetic_examples
+from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes, project_per_rank
+from tunelab.stages.sizing.processes import measure_in_subprocess
+from tunelab.stages.sizing.recommend import (
     configurations,
     parse_bytes,
     parse_int_list,
     recommend,
 )
-from tunelab.train.batches import collate
-from tunelab.train.loop import autocast, loss_sum
+from tunelab.stages.train.batches import collate
+from tunelab.stages.train.loop import autocast, loss_sum
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +148,7 @@ def test_counting_saved_bytes_frees_the_forward(tiny_llama_dir, packing, ckpt):
 
     from transformers import AutoModelForCausalLM
 
-    from tunelab.models import enable_activation_checkpointing
+    from tunelab.lib.models import enable_activation_checkpointing
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     if ckpt:
@@ -173,8 +173,8 @@ def test_the_prime_counts_what_a_separate_count_gives(
     backward: the bytes of a forward counted alone, the gradients of a plain backward, and
     nothing of the forward alive afterwards (the graph keeps detached aliases, no cycle)."""
 
-    from tunelab.sizing.measure import _prime, _session
-    from tunelab.train.batches import Position
+    from tunelab.stages.sizing.measure import _prime, _session
+    from tunelab.stages.train.batches import Position
 
     cfg = _config(tiny_llama_dir, activation_checkpointing=ckpt)
     if method == "lora":
@@ -212,8 +212,8 @@ def test_the_prime_counts_what_a_separate_count_gives(
 
 _FIRST_STEP_PAGES = """
 import json, sys, torch
-from tunelab.sizing.measure import _make_states, _prime, _session
-from tunelab.sizing.process_memory import _status_kb
+from tunelab.stages.sizing.measure import _make_states, _prime, _session
+from tunelab.stages.sizing.process_memory import _status_kb
 spec = json.loads(sys.argv[1])
 cpu = torch.device("cpu")
 session = _session(spec, cpu)
@@ -257,7 +257,7 @@ def test_counting_saved_bytes_gives_back_cuda_memory(tiny_llama_dir):
     allocated before (the model and the batch)."""
     from transformers import AutoModelForCausalLM
 
-    from tunelab.train.loop import to_device
+    from tunelab.stages.train.loop import to_device
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).cuda().train()
     encoded = synthetic_examples(8, 256, "causal_lm", vocab=model.config.vocab_size, num_labels=2)
@@ -428,14 +428,14 @@ def test_measured_step_in_child_matches_estimate(tiny_llama_dir):
     assert m["peak_rss"] > m["idle_rss"] > 0
     # the time comes from three further steps with glibc's own thresholds, not the pinned ones
     # (at most three: fewer once the last two agree within the tolerance)
-    from tunelab.sizing.measure import stable_times
+    from tunelab.stages.sizing.measure import stable_times
 
     assert m["step_s_allocator"] == "released" and 2 <= len(m["step_s_all"]) <= 3
     assert len(m["step_s_all"]) == 3 or stable_times(m["step_s_all"])
     assert len(m["memory_step_s"]) == 1 and m["step_s"] == statistics.median(m["step_s_all"])
     # the timed steps' share of their thread's CPU time (one thread here), which the plan reads
     assert 0 < m["cpu_share"] <= 1.05
-    from tunelab.sizing.memory import ModelFacts
+    from tunelab.stages.sizing.memory import ModelFacts
 
     facts = ModelFacts.from_dict(result["facts"])
     est = estimate_memory(facts, Case(seq_len=128, micro_batch=8))
@@ -478,12 +478,12 @@ def write_study(root: Path, model_dir: Path) -> Path:
 
 
 def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_dir):
-    from tunelab.data import load_snapshot
-    from tunelab.models import load_tokenizer, resolve_base
-    from tunelab.preprocess import Preprocessor
-    from tunelab.sizing.stage import representative_lengths
-    from tunelab.study import Study
-    from tunelab.tasks import get_task
+    from tunelab.core.study import Study
+    from tunelab.lib.models import load_tokenizer, resolve_base
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.sizing.stage import representative_lengths
 
     study = Study.open(write_study(tmp_path / "s", tiny_llama_dir))
     lengths = representative_lengths(study)
@@ -524,8 +524,8 @@ def test_size_cli_records_and_refuses_without_lengths(
     assert saved["step_s"] > 0 and saved["tokens_per_s"] > 0
     # the step time the planner uses may take more timed steps than the other rows' 3; each
     # stops early only once its last two agree
-    from tunelab.sizing.measure import stable_times
-    from tunelab.sizing.stage import PLANNED_TIME_STEPS
+    from tunelab.stages.sizing.measure import stable_times
+    from tunelab.stages.sizing.stage import PLANNED_TIME_STEPS
 
     times = {c["label"]: c["measured"]["step_s_all"] for c in saved["configurations"]}
     for label, seconds in times.items():
@@ -583,8 +583,8 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
-    from tunelab.models.tiny import save_tiny_llama
-    from tunelab.sizing.memory import ModelFacts
+    from tunelab.lib.models.tiny import save_tiny_llama
+    from tunelab.stages.sizing.memory import ModelFacts
 
     model_dir = save_tiny_llama(tmp_path / "llama", hidden=512, layers=4, heads=8)
     cfg = _config(model_dir)
@@ -612,9 +612,13 @@ def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
 
 
 def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
-    from tunelab.sizing.measure import STABLE_TOLERANCE, stable_times
-    from tunelab.sizing.recommend import Option
-    from tunelab.sizing.stage import CONFIG_OVERHEAD_STEPS, PLANNED_TIME_STEPS, expected_seconds
+    from tunelab.stages.sizing.measure import STABLE_TOLERANCE, stable_times
+    from tunelab.stages.sizing.recommend import Option
+    from tunelab.stages.sizing.stage import (
+        CONFIG_OVERHEAD_STEPS,
+        PLANNED_TIME_STEPS,
+        expected_seconds,
+    )
 
     assert not stable_times([10.0])
     assert stable_times([12.0, 10.0, 10.2])  # the last two within 5 %
@@ -632,7 +636,7 @@ def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
     fresh = expected_seconds([own, ckpt], own.label, 2.0, 1024, 10.0, build_s=10.0)
     assert fresh == pytest.approx(10.0 + 10.0 + steps)
     # once every memory is measured, what is left of a shared process is the timed part
-    from tunelab.sizing.stage import TIMING_OVERHEAD_STEPS, timing_seconds
+    from tunelab.stages.sizing.stage import TIMING_OVERHEAD_STEPS, timing_seconds
 
     left = timing_seconds([ckpt], own.label, 2.0, 1024, 1.5)
     assert left == pytest.approx(1.5 + 2.0 * 4 * 1.3 * (TIMING_OVERHEAD_STEPS + 3))
@@ -664,13 +668,13 @@ def _spec(model_dir: Path, label: str, seq_len: int, micro_batch: int, **more) -
 @pytest.fixture(scope="module")
 def wider_llama_dir(tmp_path_factory) -> Path:
     """Hidden 256: a step adds about a hundred MB, far above the runtime's own few MB."""
-    from tunelab.models.tiny import save_tiny_llama
+    from tunelab.lib.models.tiny import save_tiny_llama
 
     return save_tiny_llama(tmp_path_factory.mktemp("wider-llama"), hidden=256, heads=8)
 
 
 def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_dir):
-    from tunelab.sizing.processes import measure_configurations
+    from tunelab.stages.sizing.processes import measure_configurations
 
     specs = [
         _spec(wider_llama_dir, "a", 256, 8),
@@ -709,7 +713,7 @@ def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_di
 
 
 def test_a_configuration_over_the_budget_loses_none_of_the_others(wider_llama_dir):
-    from tunelab.sizing.processes import measure_configurations
+    from tunelab.stages.sizing.processes import measure_configurations
 
     small = _spec(wider_llama_dir, "small", 64, 2)
     alone = measure_in_subprocess(small)

@@ -12,8 +12,8 @@ import yaml
 
 from helpers import run_cli
 from test_verify import write_study
-from tunelab.plan.probes import RATIO_DECODE_STEPS
-from tunelab.smoke import SnapshotSample, smoke_overrides
+from tunelab.lib.probes import RATIO_DECODE_STEPS
+from tunelab.stages.smoke.stage import SnapshotSample, smoke_overrides
 
 TIMING_KEYS = ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s")
 
@@ -63,8 +63,8 @@ def assert_passed(record: dict, root: Path) -> None:
 
 
 def test_overrides_and_sample():
-    from tunelab.config import validate_config
-    from tunelab.study_template import render_study_yaml
+    from tunelab.core.config import validate_config
+    from tunelab.stages.hypothesis.template import render_study_yaml
 
     raw = yaml.safe_load(render_study_yaml("classification", "x"))
     raw["training"]["grad_accum_steps"] = 2

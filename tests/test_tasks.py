@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from tunelab.config import validate_config
-from tunelab.errors import ConfigError, DataError
-from tunelab.study_template import render_study_yaml
-from tunelab.tasks import ClassificationTask, ExtractionTask, FormatTask, get_task
+from tunelab.core.config import validate_config
+from tunelab.core.errors import ConfigError, DataError
+from tunelab.lib.tasks import ClassificationTask, ExtractionTask, FormatTask, get_task
+from tunelab.stages.hypothesis.template import render_study_yaml
 
 
 def make_cfg(kind: str, **task):
@@ -293,7 +293,7 @@ def test_extraction_target_as_object_is_serialized(ext):
 @pytest.mark.parametrize("kind", ["classification", "format", "extraction"])
 def test_template_lists_every_text_field_mapping(kind):
     # a user with an id column finds data.fields.id in the study.yaml init writes
-    from tunelab.config import FieldsConfig
+    from tunelab.core.config import FieldsConfig
 
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
     assert set(raw["data"]["fields"]) == set(FieldsConfig.model_fields) - {"image"}

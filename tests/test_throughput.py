@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tunelab.config import TrainingConfig
-from tunelab.train import attention, losses
-from tunelab.train.batches import DataOrder, StepSource, collate, count_loss_tokens
-from tunelab.train.loop import (
+from tunelab.core.config import TrainingConfig
+from tunelab.stages.train import attention, losses
+from tunelab.stages.train.batches import DataOrder, StepSource, collate, count_loss_tokens
+from tunelab.stages.train.loop import (
     Loop,
     TrainState,
     autocast,
@@ -399,7 +399,7 @@ def test_loop_packed_training_follows_the_padded_trajectory():
 def test_packed_rows_use_per_example_attention():
     """A model on "sdpa" is switched to per-example attention for packed rows; it equals the
     block-diagonal mask it replaces and the examples run apart (GQA: 4 heads over 2 kv heads)."""
-    from tunelab.train.attention import PACKED_SDPA, Segments, segment_bounds
+    from tunelab.stages.train.attention import PACKED_SDPA, Segments, segment_bounds
 
     model = tiny_llama()
     model.eval()
@@ -443,7 +443,7 @@ def test_per_example_attention_leaves_padded_batches_and_generation_alone():
 
 def test_per_example_attention_under_activation_checkpointing():
     """Recomputed layers see the same example boundaries: same loss and gradients."""
-    from tunelab.models import enable_activation_checkpointing
+    from tunelab.lib.models import enable_activation_checkpointing
 
     batch = examples()
     packed = collate(batch, 0, "causal_lm", packing=True)
@@ -499,7 +499,7 @@ def test_auto_route_on_cpu_is_per_example_and_says_why_not_the_others():
 
 @pytest.mark.parametrize("route", ["flash_varlen", "torch_varlen", "flex"])
 def test_a_route_asked_by_name_that_cannot_run_here_is_a_config_error(route):
-    from tunelab.errors import ConfigError
+    from tunelab.core.errors import ConfigError
 
     if attention.unavailable(route, CPU, torch.float32) is None:
         pytest.skip(f"{route} runs here")

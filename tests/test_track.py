@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from helpers import register_study, run_cli, train_stopped_at, write_topic_study
-from tunelab.errors import ConfigError
-from tunelab.records import read_jsonl
-from tunelab.study import Study
+from tunelab.core.errors import ConfigError
+from tunelab.core.records import read_jsonl
+from tunelab.core.study import Study
 from tunelab.track.flatten import STUDY_RUN_ID, flatten_params, metric_key, step_points
 from tunelab.track.mlflow_mirror import SYNC_TAG, sync_mlflow
 from tunelab.track.optional import INSTALL_HINT, TrackingError, TrackingWarning, import_optional
@@ -49,10 +49,10 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
     """register -> data -> baseline -> train (TensorBoard live) -> eval, a failed run, an
     invalid run (a learning rate too small to move a weight), a run stopped by SIGTERM after
     step 3, compare, report."""
-    from tunelab.compare import compare_study, save_compare
-    from tunelab.evaluate import run_baseline, run_eval
-    from tunelab.report import build_report
-    from tunelab.train import InvalidRun, train_run
+    from tunelab.stages.compare.stage import compare_study, save_compare
+    from tunelab.stages.evaluate.stage import run_baseline, run_eval
+    from tunelab.stages.report import build_report
+    from tunelab.stages.train import InvalidRun, train_run
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -170,7 +170,7 @@ def test_tags_name_a_hub_base_by_its_commit():
 
 
 def test_a_half_written_last_line_waits_only_while_the_run_runs(tmp_path):
-    from tunelab.errors import StudyError
+    from tunelab.core.errors import StudyError
     from tunelab.track.flatten import step_rows
 
     path = tmp_path / "metrics.jsonl"
@@ -181,8 +181,8 @@ def test_a_half_written_last_line_waits_only_while_the_run_runs(tmp_path):
 
 
 def test_a_live_mlflow_run_ends_with_the_runs_outcome():
+    from tunelab.stages.train import RunFailed, RunInterrupted
     from tunelab.track.live import mlflow_end_status
-    from tunelab.train import RunFailed, RunInterrupted
 
     assert mlflow_end_status(None) == "FINISHED"
     assert mlflow_end_status(RunInterrupted("stopped", signum=signal.SIGTERM)) == "KILLED"
@@ -249,8 +249,8 @@ def test_sync_reads_back_with_mlflow_client(study_dir, tmp_path, sqlite_uri, sto
         tags["tunelab.hypothesis_version"] == "1" and len(tags["tunelab.hypothesis_sha256"]) == 64
     )
     assert tags["tunelab.data_snapshot"] and len(tags["tunelab.base.sha256"]) == 64
-    assert len(tags["tunelab.eval_spec_sha256"]) == 64 and "torch 2." in tags["tunelab.env"]
-    assert tags["tunelab.guardrails"] in ("pass", "fail")
+    assert len(tags["tunelab.eval_spec_sha256"]) == 64 and "torch 2." in tags["tunelab.core.env"]
+    assert tags["tunelab.stages.compare.guardrails"] in ("pass", "fail")
     assert (lora.info.status, failed.info.status, stopped.info.status) == (
         "FINISHED",
         "FAILED",
@@ -311,7 +311,7 @@ def test_sync_again_duplicates_nothing(study_dir, sqlite_uri):
 def test_changed_status_is_updated(study_dir, tmp_path, sqlite_uri):
     """The interrupted run, resumed to completion, becomes FINISHED in MLflow with its missing
     steps, and the steps it held stay single."""
-    from tunelab.train import resume_run
+    from tunelab.stages.train import resume_run
 
     root = tmp_path / "copy"
     shutil.copytree(study_dir, root)
@@ -397,7 +397,7 @@ def test_tensorboard_events_hold_the_step_metrics(study_dir):
 def test_live_mlflow_metrics_then_sync_adds_no_duplicate(
     study_dir, tmp_path, sqlite_uri, monkeypatch
 ):
-    from tunelab.train import train_run
+    from tunelab.stages.train import train_run
 
     root = tmp_path / "copy"
     shutil.copytree(study_dir, root)
@@ -423,7 +423,7 @@ def test_live_mlflow_metrics_then_sync_adds_no_duplicate(
 
 
 def test_dead_server_warns_once_and_training_is_unchanged(study_dir, tmp_path, monkeypatch):
-    from tunelab.train import train_run
+    from tunelab.stages.train import train_run
 
     root = tmp_path / "copy"
     shutil.copytree(study_dir, root)

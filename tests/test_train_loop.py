@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from helpers import run_cli, write_topic_study
-from tunelab.config import TrainingConfig
-from tunelab.errors import ConfigError
-from tunelab.train import checkpoint as ckpt
-from tunelab.train.batches import DataOrder, Position, StepSource, collate, count_loss_tokens
-from tunelab.train.loop import (
+from tunelab.core.config import TrainingConfig
+from tunelab.core.errors import ConfigError
+from tunelab.stages.train import checkpoint as ckpt
+from tunelab.stages.train.batches import DataOrder, Position, StepSource, collate, count_loss_tokens
+from tunelab.stages.train.loop import (
     InvalidRun,
     Loop,
     TrainState,
@@ -224,7 +224,7 @@ def test_fp16_refused_on_cpu_and_bf16_autocast_trains(tiny_llama_dir):
 
 
 def test_activation_checkpointing_same_gradients(tiny_llama_dir):
-    from tunelab.models import enable_activation_checkpointing
+    from tunelab.lib.models import enable_activation_checkpointing
 
     examples = causal_examples(4)
     plain, g_plain = one_step(llama(tiny_llama_dir), examples, "causal_lm", 2, 2)
@@ -381,7 +381,7 @@ def test_checkpoint_files_verified_and_pruned(tiny_llama_dir, tmp_path):
     # a changed file is detected
     target = tmp_path / "step-000003" / "optimizer.json"
     target.write_text(target.read_text().replace("0.9", "0.8"))
-    from tunelab.errors import CheckpointError
+    from tunelab.core.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="changed since the checkpoint"):
         ckpt.read_checkpoint_state(tmp_path / "step-000003")
@@ -402,7 +402,7 @@ def test_checkpoint_files_verified_and_pruned(tiny_llama_dir, tmp_path):
 def test_checking_a_checkpoint_imports_no_torch():
     """verify's parent process and export check checkpoints without paying torch's import."""
     code = (
-        "import sys, tunelab.train.checkpoint, tunelab.verify; "
+        "import sys, tunelab.stages.train.checkpoint, tunelab.stages.verify.stage; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     src = str(Path(__file__).resolve().parents[1] / "src")
@@ -411,8 +411,8 @@ def test_checking_a_checkpoint_imports_no_torch():
 
 def test_lora_with_activation_checkpointing_trains_every_adapter_tensor(tiny_llama_dir):
     """With checkpointing on a frozen base, every LoRA tensor still gets a gradient."""
-    from tunelab.config import AdaptationConfig
-    from tunelab.models import adapt, enable_activation_checkpointing
+    from tunelab.core.config import AdaptationConfig
+    from tunelab.lib.models import adapt, enable_activation_checkpointing
 
     model, _ = adapt(llama(tiny_llama_dir), AdaptationConfig(method="lora"), "causal_lm")
     enable_activation_checkpointing(model)

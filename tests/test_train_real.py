@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers import run_cli
-from tunelab.records import read_json, read_jsonl
+from tunelab.core.records import read_json, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,17 +18,17 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import run_cli, write_email_study
-from tunelab.errors import PreprocessError, RunError
-from tunelab.records import read_json, read_jsonl
-from tunelab.study import Study
-from tunelab.train import (
+from tunelab.core.errors import PreprocessError, RunError
+from tunelab.core.records import read_json, read_jsonl
+from tunelab.core.study import Study
+from tunelab.stages.train import (
     InvalidRun,
     RunFailed,
     load_run_model,
     resume_run,
     train_run,
 )
-from tunelab.train import checkpoint as ckpt
+from tunelab.stages.train import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 8
@@ -253,7 +253,7 @@ def test_heartbeat_beats_between_steps(study_dir, monkeypatch):
     """A slow step must not look like a dead process: the heartbeat runs in its own thread."""
     import time
 
-    from tunelab.train import callbacks
+    from tunelab.stages.train import callbacks
 
     monkeypatch.setattr(callbacks, "HEARTBEAT_EVERY_S", 0.05)
     study = Study.open(study_dir)
@@ -375,7 +375,7 @@ def test_exception_is_failed_with_message(study_dir, capsys):
 
 
 def test_broken_loss_mask_is_invalid(tmp_path, tiny_llama_dir, capsys):
-    from tunelab import hypothesis as hyp
+    from tunelab.stages.hypothesis import stage as hyp
 
     root = write_study(tmp_path / "short", tiny_llama_dir)
     raw = yaml.safe_load((root / "study.yaml").read_text())
@@ -423,7 +423,7 @@ def test_resume_refuses_completed_running_changed_config_and_data(study_dir, str
     with open(copy / "mail.jsonl", "a") as f:
         target = json.dumps({"sender": "zed@example.com", "subject": "Hello"})
         f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": target}) + "\n")
-    from tunelab.data import build_snapshot
+    from tunelab.stages.data import build_snapshot
 
     build_snapshot(Study.open(copy))
     with pytest.raises(RunError, match="data snapshot changed"):

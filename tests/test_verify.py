@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import register_study, run_cli, tree_hashes, write_topic_study
-from tunelab.verify import compare_env, compare_predictions, env_message
+from tunelab.stages.verify.stage import compare_env, compare_predictions, env_message
 
 # ---------------------------------------------------------------- a small trained study
 
@@ -23,8 +23,8 @@ def write_study(root: Path, model_dir: Path, **kw) -> Path:
 
 def trained_study(root: Path, model_dir: Path, **kw) -> tuple[Path, str]:
     """register -> data -> baseline -> train -> eval; returns (study dir, train run id)."""
-    from tunelab.evaluate import run_baseline, run_eval
-    from tunelab.train import train_run
+    from tunelab.stages.evaluate.stage import run_baseline, run_eval
+    from tunelab.stages.train import train_run
 
     write_study(root, model_dir, **kw)
     study = register_study(root)
@@ -80,7 +80,7 @@ def test_compare_predictions_identical_and_changed():
 def test_tolerance_follows_the_precision_the_run_used(tmp_path):
     """precision auto: the run's compute.json says what it trained in; without one, auto is
     resolved on this machine (fp32 on CPU)."""
-    from tunelab.verify import _used_precision
+    from tunelab.stages.verify.stage import _used_precision
 
     record = tmp_path / "compute.json"
     assert _used_precision("auto", record) == "fp32"
@@ -97,7 +97,7 @@ def test_generated_outputs_compared_exactly():
 
 
 def test_environment_differences_are_named():
-    from tunelab.env import capture_env
+    from tunelab.core.env import capture_env
 
     env = capture_env()
     assert compare_env(env, env) == []
@@ -183,7 +183,7 @@ def test_verify_catches_edited_weights_with_rewritten_hashes(lora_study, capsys)
     """Someone edits the adapter and rewrites state.json's hashes: the predictions give it away."""
     from safetensors.torch import load_file, save_file
 
-    from tunelab.records import sha256_file
+    from tunelab.core.records import sha256_file
 
     root, run_id = lora_study
     work = root.parent / "edited"

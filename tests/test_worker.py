@@ -1,4 +1,4 @@
-"""tunelab.worker: a module run in a new process gives back its result, or its error whole."""
+"""tunelab.core.worker: a module run in a new process gives back its result, or its error whole."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tunelab.errors import CheckpointError, ModelError
-from tunelab.worker import Worker
+from tunelab.core.errors import CheckpointError, ModelError
+from tunelab.core.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent / "src")])}

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunelab.errors import ModelError
-from tunelab.worker import serve
+from tunelab.core.errors import ModelError
+from tunelab.core.worker import serve
 
 LONG = "the base changed: " + "x" * 5000
 

@@ -105,7 +105,7 @@ def saving(ckpt_root: Path) -> list[str]:
 def assert_no_half_checkpoint(ckpt_root: Path) -> list[str]:
     """Every checkpoint under its real name is complete and matches its sha256s; returns the
     names of the temporary (never used) folders a kill left behind."""
-    from tunelab.train import checkpoint as ckpt
+    from tunelab.stages.train import checkpoint as ckpt
 
     if not ckpt_root.exists():
         return []
@@ -124,7 +124,7 @@ def assert_no_half_checkpoint(ckpt_root: Path) -> list[str]:
 
 
 def curve(run_dir: Path) -> list[dict[str, Any]]:
-    from tunelab.records import read_jsonl
+    from tunelab.core.records import read_jsonl
 
     return [{k: r.get(k) for k in CURVE_KEYS} for r in read_jsonl(run_dir / "metrics.jsonl")]
 
@@ -206,7 +206,7 @@ def _past_step(run_dir: Path, step: int) -> bool:
 
 def median_step_s(run_dir: Path) -> float:
     """The median seconds of a run's steps (metrics.jsonl)."""
-    from tunelab.records import read_jsonl
+    from tunelab.core.records import read_jsonl
 
     times = sorted(r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl") if "seconds" in r)
     return times[len(times) // 2]
@@ -238,7 +238,7 @@ def kill_and_resume(
     run completed. Kill i (0-based) is aimed at a random moment after a random target step, or,
     when i is in `save_kills`, at the first checkpoint write after its target step. After every
     kill the checkpoints are checked (none half-written) and the ledger must say interrupted."""
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     rng = random.Random(seed)
     targets = kill_targets(rng, steps, kills, gap)
@@ -286,7 +286,7 @@ def kill_and_resume(
 
 def check_ledger_after_kills(study_dir: Path, report: KillReport) -> None:
     """The ledger shows every killed attempt as interrupted, then the completion."""
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     study = Study.open(study_dir)
     row = study.ledger.get_run(report.run_id)

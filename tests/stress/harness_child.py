@@ -12,11 +12,11 @@ import sys
 import peft.tuners.lora  # noqa: F401
 import transformers
 
-import tunelab.data  # noqa: F401
-import tunelab.models  # noqa: F401
-import tunelab.preprocess  # noqa: F401
-import tunelab.tasks  # noqa: F401
-import tunelab.train.run  # noqa: F401
+import tunelab.lib.models  # noqa: F401
+import tunelab.lib.preprocess.text  # noqa: F401
+import tunelab.lib.tasks  # noqa: F401
+import tunelab.stages.data  # noqa: F401
+import tunelab.stages.train.run  # noqa: F401
 from tunelab.cli import load_commands, main
 
 load_commands()

@@ -31,7 +31,7 @@ launcher, study_dir = kill_harness_fixtures(
 
 
 def test_twenty_sigkills_then_resume_is_bit_exact(study_dir, launcher):
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
     proc = launcher.start("train", "--name", "straight", "-s", study_dir, "--json")
     proc.join(1800)

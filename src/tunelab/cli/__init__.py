@@ -21,8 +21,8 @@ from rich.markup import escape
 from tunelab.cli._crash import crash_summary, write_crash_file
 from tunelab.cli._help import arrange_commands
 from tunelab.cli.common import app, console_err, opened_overrides, opened_study
-from tunelab.env import requested_device, under_torchrun
-from tunelab.errors import TunelabError
+from tunelab.core.env import requested_device, under_torchrun
+from tunelab.core.errors import TunelabError
 
 
 def load_commands() -> None:
@@ -110,7 +110,7 @@ def _main(argv: list[str] | None) -> None:
 def _name_overrides(exc: TunelabError) -> None:
     """A stage's error about a value that a `--set` of this command wrote (its message or hint
     names the key) says so: that value is fixed on the command line, not in study.yaml."""
-    from tunelab.config import override_sources
+    from tunelab.core.config import override_sources
 
     said = f"{exc.message} {exc.hint or ''}"
     for item in override_sources(said, opened_overrides()):

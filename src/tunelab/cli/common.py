@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunelab.study import Study
+from tunelab.core.study import Study
 
 app = typer.Typer(
     name="tunelab",

@@ -118,7 +118,7 @@ def _run_label(run: dict[str, Any]) -> str:
 
 def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
     """One row per run (fits 80 columns); the reasons and flags as lines beneath it."""
-    from tunelab.compare import interval_verdict
+    from tunelab.stages.compare.stage import interval_verdict
 
     primary = record["primary_metric"]
     t = Table(
@@ -184,7 +184,7 @@ def compare(
     json_out: JsonOpt = False,
 ) -> None:
     """Runs against the baseline: deltas with paired 95% intervals, guardrails, flips, diffs."""
-    from tunelab.compare import compare_study, save_compare
+    from tunelab.stages.compare.stage import compare_study, save_compare
 
     s = open_study(study, None)
     record = compare_study(s, run_ids or None, split=split, baseline=baseline)

@@ -18,8 +18,8 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard
-from tunelab.data import build_snapshot, load_snapshot
-from tunelab.data.splits import SPLITS
+from tunelab.stages.data import build_snapshot, load_snapshot
+from tunelab.stages.data.splits import SPLITS
 
 
 @app.command()
@@ -149,7 +149,7 @@ def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
     )
     if not (d["exact_pairs"] or d["near_pairs"]):
         return
-    from tunelab.records import read_json
+    from tunelab.core.records import read_json
 
     dup = read_json(path / "duplicates.json")
     if num_pairs > 0:
@@ -174,7 +174,7 @@ def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
 def _print_label_conflicts(
     pairs: list[dict[str, Any]], policy: str, images: bool, worst: int = 5
 ) -> None:
-    from tunelab.data.dedup import label_conflict_groups
+    from tunelab.stages.data.dedup import label_conflict_groups
 
     groups = label_conflict_groups(pairs)
     console.print(

@@ -21,9 +21,9 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard, eval_progress
-from tunelab.env import BUSY_CPU_SHARE
-from tunelab.merged_eval import describe_copy, ran_on_copy
-from tunelab.metrics import OVERALL_METRICS, failure_kind
+from tunelab.core.env import BUSY_CPU_SHARE
+from tunelab.lib.inference.eval_copy import describe_copy, ran_on_copy
+from tunelab.lib.metrics import OVERALL_METRICS, failure_kind
 
 
 def print_evaluation(record: dict[str, Any], title: str) -> None:
@@ -138,7 +138,7 @@ def failure_examples(predictions: list[dict[str, Any]]) -> list[str]:
 
 
 def _print_failure_examples(run_dir: Path, split: str) -> None:
-    from tunelab.records import read_jsonl
+    from tunelab.core.records import read_jsonl
 
     path = run_dir / f"predictions-{split}.jsonl"
     lines = failure_examples(read_jsonl(path)) if path.exists() else []
@@ -156,7 +156,7 @@ def _warn_test_openings(record: dict[str, Any]) -> None:
 @app.command()
 def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Evaluate the untouched base model on the validation split (a run of kind baseline)."""
-    from tunelab.evaluate import run_baseline
+    from tunelab.stages.evaluate.stage import run_baseline
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
@@ -185,7 +185,7 @@ def eval_(
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate a run with the baseline's procedure (a run of kind eval, parent RUN)."""
-    from tunelab.evaluate import run_eval
+    from tunelab.stages.evaluate.stage import run_eval
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:

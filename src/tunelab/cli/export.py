@@ -52,8 +52,8 @@ def export(
     json_out: JsonOpt = False,
 ) -> None:
     """Export the adapter (peft) or the full model (safetensors), tokenizer, manifest, model card."""
-    from tunelab.export import export_run
-    from tunelab.export.merge import MergeTolerance
+    from tunelab.stages.export import export_run
+    from tunelab.stages.export.merge import MergeTolerance
 
     s = open_study(study, sets)
     tolerance = MergeTolerance() if merge_atol is None else MergeTolerance(merge_atol)
@@ -159,7 +159,7 @@ def check_export_cmd(
     Exit code 2 when the export or the base does not match; 1 when the example's output differs
     from the recorded one.
     """
-    from tunelab.export import ExampleMismatch, check_export
+    from tunelab.stages.export import ExampleMismatch, check_export
 
     result = check_export(directory, base)
     ex = result["example"]

@@ -8,17 +8,17 @@ from typing import Annotated
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
-from tunelab.config import config_warnings
-from tunelab.env import capture_env
-from tunelab.pins import drift
-from tunelab.study import validate_study
+from tunelab.core.config import config_warnings
+from tunelab.core.env import capture_env
+from tunelab.core.study import validate_study
+from tunelab.stages.hypothesis.pins import drift
 
 
 @app.command()
 def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
     report every problem at once."""
-    from tunelab.tasks import task_warnings
+    from tunelab.lib.tasks import task_warnings
 
     cfg = validate_study(study, sets or [])
     warnings = config_warnings(cfg) + task_warnings(cfg.task)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from tunelab import hypothesis as hyp
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
-from tunelab.pins import resolve_pins
-from tunelab.study_template import TASK_KINDS, init_study
+from tunelab.stages.hypothesis import stage as hyp
+from tunelab.stages.hypothesis.pins import resolve_pins
+from tunelab.stages.hypothesis.template import TASK_KINDS, init_study
 
 
 @app.command()

@@ -22,9 +22,9 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard
-from tunelab.errors import DataError
-from tunelab.inspection import describe_answer_budget
-from tunelab.preprocess import Problem, raise_problems
+from tunelab.core.errors import DataError
+from tunelab.lib.preprocess.text import Problem, raise_problems
+from tunelab.stages.inspect.stage import describe_answer_budget
 
 SPLITS = ("train", "validation")
 
@@ -134,7 +134,7 @@ def inspect_cmd(
 ) -> None:
     """Show examples after the exact preprocessing of training, and stop on what the model
     would misread: a broken mask (text), an image that does not convert faithfully (images)."""
-    from tunelab.inspection import run_inspect
+    from tunelab.stages.inspect.stage import run_inspect
 
     if split not in SPLITS:
         raise DataError(

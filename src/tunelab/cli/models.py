@@ -16,7 +16,7 @@ def draw_downloads() -> None:
 
     from tqdm.auto import tqdm
 
-    from tunelab import hub
+    from tunelab.core import hub
 
     class DownloadBar(tqdm):  # type: ignore[misc,valid-type]
         def __init__(self, *args, **kwargs):
@@ -40,8 +40,8 @@ def models(
     json_out: JsonOpt = False,
 ) -> None:
     """The models (or data sets) in the hub cache, each commit with the refs that point at it."""
-    from tunelab.hub import hub_cache_dir
-    from tunelab.hub_cache import cached_repos
+    from tunelab.core.hub import hub_cache_dir
+    from tunelab.core.hub_cache import cached_repos
 
     kind = "dataset" if datasets else "model"
     repos = cached_repos(kind)
@@ -80,9 +80,9 @@ def hub_cache(
 ) -> None:
     """Put a local folder into the hub cache as repo_id at a commit, as huggingface_hub lays it
     out, for machines that cannot reach the hub (studies then name it by repo id)."""
-    from tunelab.config import HUB_ID
-    from tunelab.errors import ConfigError
-    from tunelab.hub_cache import write_snapshot
+    from tunelab.core.config import HUB_ID
+    from tunelab.core.errors import ConfigError
+    from tunelab.core.hub_cache import write_snapshot
 
     if repo_type not in ("model", "dataset"):
         raise ConfigError(f"--repo-type {repo_type!r}", hint="use --repo-type model or dataset")

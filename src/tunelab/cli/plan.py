@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
-from tunelab.errors import ConfigError
+from tunelab.core.errors import ConfigError
 
 
 def _pct(x: float | None) -> str:
@@ -71,7 +71,7 @@ def plan(
     """A rental plan by phase from the measured step, evaluation and checkpoint times (or, with
     --gpu, projected onto a catalog GPU from the study's shapes): margins, cost, how many
     variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.plan import make_plan, review_plan
+    from tunelab.stages.plan import make_plan, review_plan
 
     s = open_study(study, sets)
     if review:
@@ -94,7 +94,7 @@ def plan(
                 "then `tunelab plan --review`",
             )
     if compare_gpus:
-        from tunelab.plan.stage import compare_gpus as compare
+        from tunelab.stages.plan.stage import compare_gpus as compare
 
         result = compare(s, days=days, gpus=gpus, strategy=strategy, utilization=utilization)
         if json_out:
@@ -130,7 +130,7 @@ def plan(
 def print_review(result: dict[str, Any]) -> None:
     """The review table (what ran under each phase's name), its largest errors with the sign
     the table prints, the phases far off either way, and whether the margins held."""
-    from tunelab.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict
+    from tunelab.stages.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict
 
     rows = [
         [

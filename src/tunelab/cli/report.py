@@ -10,7 +10,9 @@ from tunelab.cli.common import JsonOpt, StudyDir, app, console, emit_json, open_
 @app.command()
 def report(study: StudyDir = Path("."), json_out: JsonOpt = False) -> None:
     """Build report/dossier.html and report/dossier.md from the study's records."""
-    from tunelab.report import build_report  # matplotlib: imported only when a report is built
+    from tunelab.stages.report import (
+        build_report,
+    )  # matplotlib: imported only when a report is built
 
     s = open_study(study, None)
     paths = build_report(s)

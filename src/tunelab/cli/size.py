@@ -10,8 +10,13 @@ from rich import box
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.cli.progress import ProgressBoard
-from tunelab.errors import ConfigError
-from tunelab.sizing.recommend import PRECISIONS, parse_bytes, parse_int_list, parse_precisions
+from tunelab.core.errors import ConfigError
+from tunelab.stages.sizing.recommend import (
+    PRECISIONS,
+    parse_bytes,
+    parse_int_list,
+    parse_precisions,
+)
 
 METHODS = ("full", "lora", "qlora", "freeze")
 
@@ -80,7 +85,7 @@ def size(
     """Measure full training steps (all configurations in one process, the model rebuilt for
     each) against the analytic memory model; recommend micro-batch and accumulation within the
     memory budget."""
-    from tunelab.sizing.stage import run_sizing
+    from tunelab.stages.sizing.stage import run_sizing
 
     precisions = parse_precisions(precision) if precision else None
     if allocator not in ("pinned", "default"):

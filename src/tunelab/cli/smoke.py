@@ -21,7 +21,7 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard, train_progress
-from tunelab.records import read_json
+from tunelab.core.records import read_json
 
 _MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
 
@@ -35,7 +35,7 @@ def _bytes(b: float) -> str:
 
 
 def audit_table(audit: dict[str, Any]) -> Table:
-    """The parameter audit (`tunelab.models.parameter_audit`): one row per module group, a
+    """The parameter audit (`tunelab.lib.models.parameter_audit`): one row per module group, a
     total row, and a caption (adapted modules, what a checkpoint holds, bytes by dtype)."""
     t = audit["totals"]
     out = Table(title=f"Parameters ({audit['method']})")
@@ -82,7 +82,7 @@ def smoke(
 
     Exit code 1 when a check fails (the record says which).
     """
-    from tunelab.smoke import SmokeFailed, run_smoke
+    from tunelab.stages.smoke.stage import SmokeFailed, run_smoke
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:

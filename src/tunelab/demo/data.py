@@ -17,7 +17,7 @@ from email.utils import parseaddr, parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.records import write_bytes_atomic
+from tunelab.core.records import write_bytes_atomic
 
 _GROUPS_HAM = ("easy-ham-1", "easy-ham-2", "hard-ham-1")
 _GROUPS_SPAM = ("spam-1", "spam-2")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunelab.errors import DataError
+from tunelab.core.errors import DataError
 
 VIT_IMAGE_SIZE = 16
 DIGITS_NOTE = (
@@ -55,8 +55,8 @@ def write_digits(folder: Path, limit: int | None = None) -> Path:
 
 def write_vit(folder: Path) -> Path:
     """The demo's base: a 4-layer ViT (hidden 64, 16x16 images, 4x4 patches), random weights."""
-    from tunelab.models._quiet import quiet_transformers
-    from tunelab.models.tiny import save_tiny_vit
+    from tunelab.lib.models._quiet import quiet_transformers
+    from tunelab.lib.models.tiny import save_tiny_vit
 
     with quiet_transformers():  # transformers' notes on image backends and shard writing
         return save_tiny_vit(

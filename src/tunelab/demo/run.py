@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
+from tunelab.core.errors import StudyError
 from tunelab.demo.studies import classification_study, extraction_study, image_study
-from tunelab.errors import StudyError
 
 DEMO_TASKS = ("classification", "extraction", "image")
 STUDIES = {
@@ -63,7 +63,7 @@ StageFn = Callable[[dict[str, Any]], Stage]
 def adopted_variant(study: Path, results: dict[str, Any]) -> dict[str, Any]:
     """The variant the latest comparison adopts, by the dossier's rule; when none is, variant 1
     (verified and exported all the same, `adopted` False, with the reasons)."""
-    from tunelab.report.decision import choose_variant
+    from tunelab.stages.report.decision import choose_variant
 
     latest = sorted((study / "records" / "compare").glob("*.json"))[-1]
     row, reasons = choose_variant(json.loads(latest.read_text(encoding="utf-8")))

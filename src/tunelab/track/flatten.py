@@ -13,12 +13,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.config import sha256_json
-from tunelab.errors import StudyError
-from tunelab.records import read_json, sha256_file
+from tunelab.core.config import sha256_json
+from tunelab.core.errors import StudyError
+from tunelab.core.records import read_json, sha256_file
 
 if TYPE_CHECKING:
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
 # metrics.jsonl fields -> tracker keys; one naming for the MLflow mirror and TensorBoard
 STEP_KEYS = {
@@ -209,11 +209,11 @@ def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> di
         git = env.get("tunelab_git") or {}
         tags.update(
             {
-                "tunelab.env": env_summary(env),
-                "tunelab.env.torch": env.get("torch"),
-                "tunelab.env.device": env.get("compute_device") or env.get("backend"),
-                "tunelab.env.cuda": env.get("cuda"),
-                "tunelab.env.driver": env.get("driver"),
+                "tunelab.core.env": env_summary(env),
+                "tunelab.core.env.torch": env.get("torch"),
+                "tunelab.core.env.device": env.get("compute_device") or env.get("backend"),
+                "tunelab.core.env.cuda": env.get("cuda"),
+                "tunelab.core.env.driver": env.get("driver"),
                 "tunelab.git_commit": git.get("commit"),
             }
         )
@@ -333,7 +333,9 @@ def mirror_run(
         mirror.files.append((c["_path"], "compare"))
     entries = [r for c in listed for r in c["runs"] if r["run_id"] == row.id and r.get("compared")]
     if entries:
-        mirror.tags["tunelab.guardrails"] = "pass" if entries[-1]["guardrails_pass"] else "fail"
+        mirror.tags["tunelab.stages.compare.guardrails"] = (
+            "pass" if entries[-1]["guardrails_pass"] else "fail"
+        )
     return mirror
 
 
@@ -358,7 +360,7 @@ def mirror_study_records(study: Study, rows: list[Any]) -> RunMirror:
     tags = {
         "tunelab.run_id": STUDY_RUN_ID,
         "tunelab.kind": STUDY_RUN_ID,
-        "tunelab.study": cfg.name,
+        "tunelab.core.study": cfg.name,
         "tunelab.study_root": str(study.root),
         "tunelab.task": cfg.task.kind,
         "tunelab.primary_metric": cfg.hypothesis.primary_metric,

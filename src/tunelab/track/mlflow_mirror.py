@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.config import sha256_json
-from tunelab.records import sha256_file
+from tunelab.core.config import sha256_json
+from tunelab.core.records import sha256_file
 from tunelab.track.flatten import RunMirror, collect_study
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
 
 if TYPE_CHECKING:
-    from tunelab.study import Study
+    from tunelab.core.study import Study
 
 STATUS = {
     "running": "RUNNING",
@@ -148,7 +148,7 @@ def ensure_experiment(client: Any, name: str, target: Target, description: str) 
         return client.create_experiment(
             name,
             artifact_location=target.artifact_location,
-            tags={"mlflow.note.content": description, "tunelab.study": name},
+            tags={"mlflow.note.content": description, "tunelab.core.study": name},
         )
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)

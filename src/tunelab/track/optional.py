@@ -6,7 +6,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from tunelab.errors import TunelabError
+from tunelab.core.errors import TunelabError
 
 INSTALL_HINT = "install the tracking extra: pip install 'tunelab[tracking]'"
 

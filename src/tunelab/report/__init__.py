@@ -1,5 +1,0 @@
-"""The dossier: built only from the study's records."""
-
-from tunelab.report.build import build_report
-
-__all__ = ["build_report"]

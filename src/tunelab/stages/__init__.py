@@ -1,0 +1,1 @@
+"""One package per protocol stage; each has a `stage` module holding what its command runs."""

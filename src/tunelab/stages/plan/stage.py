@@ -1,0 +1,313 @@
+"""`tunelab plan`: gather the figures, build the plan, record it with its chart."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tunelab.core.errors import ConfigError
+from tunelab.core.ledger import utc_now
+from tunelab.core.records import write_json_atomic
+from tunelab.core.study import Study
+from tunelab.stages.plan.catalog import Gpu, find_gpu
+from tunelab.stages.plan.catalog import gpus as catalog_gpus
+from tunelab.stages.plan.chart import draw_gantt
+from tunelab.stages.plan.estimate import Plan, build_plan
+from tunelab.stages.plan.figures import Figures, gather_figures
+from tunelab.stages.plan.project import StudyShape, measured_utilization, project
+from tunelab.stages.plan.rental import (
+    gather_shape,
+    local_figures,
+    measured_run_utilization,
+    projected_figures,
+    sizing_configurations,
+)
+from tunelab.stages.plan.review import review_plan
+from tunelab.stages.plan.stored import creation_ns, plans_dir
+
+
+def make_plan(
+    study: Study,
+    *,
+    days: int | None = None,
+    gpu_hour_price: float | None = None,
+    speedup: float = 1.0,
+    step_time_s: float | None = None,
+    gpu: str | None = None,
+    gpus: int = 1,
+    strategy: str = "ddp",
+    utilization: float | None = None,
+) -> tuple[dict[str, Any], Path, Path]:
+    """Gather the figures, build the plan, write records/plans/<id>.json and <id>.png.
+
+    With `gpu` (a catalog id) the figures are projected onto `gpus` of that GPU (the record's
+    `projection` says how); otherwise they are the measured ones, scaled by `speedup` or
+    `step_time_s` when given. Returns (the record, its path, the chart's path). Raises
+    ConfigError for a rental length other than 3, 7 or 30 days, a non-positive speed-up or step
+    time, an unknown GPU, or a speed-up given with a GPU."""
+    cfg = study.config
+    days = check_days(cfg.budget.rental_days if days is None else days)
+    check_price(gpu_hour_price)
+    for flag, value in (("--speedup", speedup), ("--step-time-s", step_time_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{flag} {value:g}: --speedup and --step-time-s must be positive numbers",
+                hint="e.g. --speedup 20 or --step-time-s 0.4",
+            )
+    if gpu is None:
+        check_gpu_only(gpus=gpus, strategy=strategy, utilization=utilization)
+    projection = None
+    if gpu is None:
+        figures = gather_figures(study)
+        plan = build_plan(
+            figures,
+            cfg,
+            days=days,
+            gpu_hour_price=gpu_hour_price,
+            speedup=speedup,
+            step_time_s=step_time_s,
+        )
+    else:
+        if speedup != 1.0 or step_time_s is not None:
+            raise ConfigError(
+                "--gpu projects the step from the study's shapes: --speedup and --step-time-s "
+                "do not apply",
+                hint="drop --speedup / --step-time-s, or --utilization U to set the GPU's share",
+            )
+        figures, plan, projection = gpu_plan(
+            study,
+            find_gpu(gpu),
+            days=days,
+            gpus=gpus,
+            strategy=strategy,
+            utilization=utilization,
+            gpu_hour_price=gpu_hour_price,
+        )
+    plan_id = f"plan-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    folder = plans_dir(study)
+    record = {
+        "id": plan_id,
+        "kind": "plan",
+        "created_at": utc_now(),
+        "created_ns": creation_ns(),
+        "config_sha256": cfg.sha256(),
+        "figures": figures.to_dict(),
+        **plan.to_dict(),
+        "chart": f"{plan_id}.png",
+        "gantt_png": str(folder / f"{plan_id}.png"),
+    }
+    if projection is not None:
+        record["projection"] = projection
+    # what the ledger already holds, set against this plan (the report shows it)
+    record["review"] = review_plan(study, record)
+    actual = {r["phase"]: r["actual_s"] for r in record["review"]["rows"]}
+    for ph in record["phases"]:
+        ph["name"] = ph["phase"]
+        ph["planned_h"] = round(ph["total_s"] / 3600, 4)
+        ph["actual_h"] = (
+            None if not actual.get(ph["phase"]) else round(actual[ph["phase"]] / 3600, 4)
+        )
+    png = draw_gantt(plan, folder / f"{plan_id}.png")
+    path = write_json_atomic(folder / f"{plan_id}.json", record)
+    study.ledger.add_event(
+        None, "plan:recorded", {"id": plan_id, "fits": plan.fits, "busy_s": plan.busy_s}
+    )
+    return record, path, png
+
+
+def check_price(price: float | None) -> None:
+    """A price per GPU hour is a finite number, zero (hardware you own) or more."""
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise ConfigError(
+            f"--gpu-hour-price {price:g}: a price per GPU hour is a finite number, 0 or more",
+            hint="e.g. --gpu-hour-price 2.5 (0 for hardware you own)",
+        )
+
+
+def check_gpu_only(*, gpus: int, strategy: str, utilization: float | None) -> None:
+    """--gpus, --strategy and --utilization describe a catalog GPU: without --gpu (or
+    --compare-gpus) the plan uses the measured figures and would ignore them."""
+    given = [
+        flag
+        for flag, set_ in (
+            (f"--gpus {gpus}", gpus != 1),
+            (f"--strategy {strategy}", strategy != "ddp"),
+            (f"--utilization {utilization}", utilization is not None),
+        )
+        if set_
+    ]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: only with --gpu ID or --compare-gpus (this plan uses the "
+            "figures measured on this machine)",
+            hint="add --gpu ID (e.g. --gpu H100-SXM), or --speedup X / --step-time-s S to scale "
+            "the measured figures",
+        )
+
+
+def cheapest_rental(rows: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
+    """The rental that answers "which GPU, how many days, what cost": among the GPUs the study
+    fits, the shortest rental (3, 7 or 30 days) holding `num_variants` on each, then the
+    cheapest of those. `{gpu, days, rental_cost, busy_hours}`, or `{gpu: None, why}`."""
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return {"gpu": None, "why": "the study fits no catalog GPU's memory"}
+    options = []
+    for r in fitting:
+        shortest = next((d for d in (3, 7, 30) if r["variants"][d] >= num_variants), None)
+        if shortest is not None:
+            # the rental costs its days x 24 h x the price: linear in the days
+            cost = r["rental_cost"] * shortest / days
+            options.append((cost, r["busy_hours"], r["gpu"], shortest))
+    if not options:
+        return {"gpu": None, "why": f"no catalog GPU runs {num_variants} variants within 30 days"}
+    cost, busy, gpu, shortest = min(options)
+    return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy}
+
+
+def check_days(days: int) -> int:
+    if int(days) not in (3, 7, 30):
+        raise ConfigError(f"--days {days}: plans are for 3, 7 or 30 days", hint="--days 3|7|30")
+    return int(days)
+
+
+def _projected_plan(
+    shape: StudyShape,
+    sizing: dict[str, Any] | None,
+    local: Figures | None,
+    cfg: Any,
+    gpu: Gpu,
+    *,
+    days: int,
+    gpus: int,
+    strategy: str,
+    utilization: float | None,
+    gpu_hour_price: float | None,
+    measured: tuple[float, Gpu, str] | None = None,
+) -> tuple[Figures, Plan, dict[str, Any]]:
+    proj = project(
+        shape,
+        cfg,
+        gpu,
+        gpus=gpus,
+        strategy=strategy,
+        utilization=utilization,
+        measured=measured or measured_utilization(sizing, shape),
+    )
+    figures = projected_figures(local, shape, proj, cfg, sizing_configurations(sizing))
+    price = gpu.price_per_hour if gpu_hour_price is None else gpu_hour_price
+    plan = build_plan(figures, cfg, days=days, gpu_hour_price=price * gpus)
+    plan.gpu = f"{gpus}x {gpu.name}"
+    plan.device = f"{plan.gpu} (projected)"
+    plan.warnings = [*proj.notes, *plan.warnings]
+    projection = {
+        **proj.to_dict(),
+        "price_per_gpu_hour": price,
+        "price_source": "--gpu-hour-price"
+        if gpu_hour_price is not None
+        else "the catalog's default",
+    }
+    return figures, plan, projection
+
+
+def gpu_plan(
+    study: Study,
+    gpu: Gpu,
+    *,
+    days: int,
+    gpus: int = 1,
+    strategy: str = "ddp",
+    utilization: float | None = None,
+    gpu_hour_price: float | None = None,
+) -> tuple[Figures, Plan, dict[str, Any]]:
+    """The plan of the study on `gpus` x `gpu`: (figures, plan, the projection's record)."""
+    shape, sizing = gather_shape(study)
+    return _projected_plan(
+        shape,
+        sizing,
+        local_figures(study),
+        study.config,
+        gpu,
+        days=days,
+        gpus=gpus,
+        strategy=strategy,
+        utilization=utilization,
+        gpu_hour_price=gpu_hour_price,
+        measured=measured_run_utilization(study, shape),
+    )
+
+
+def compare_gpus(
+    study: Study,
+    *,
+    days: int | None = None,
+    gpus: int = 1,
+    strategy: str = "ddp",
+    utilization: float | None = None,
+) -> dict[str, Any]:
+    """Every catalog GPU for the study, the cheapest that fits first: `{days, gpus, strategy,
+    rows: [{gpu, name, fits, micro_batch, grad_accum, checkpointing, peak_bytes, memory_bytes,
+    step_s, step_low_s, step_high_s, bound, utilization, utilization_measured,
+    hours_per_variant, variants {3, 7, 30}, busy_hours, busy_cost, rental_cost,
+    price_per_gpu_hour}], inputs, notes}`. Nothing is recorded."""
+    cfg = study.config
+    days = check_days(cfg.budget.rental_days if days is None else days)
+    shape, sizing = gather_shape(study)
+    local = local_figures(study)
+    measured = measured_run_utilization(study, shape)
+    rows, inputs = [], []
+    for gpu in catalog_gpus():
+        kw = dict(
+            gpus=gpus,
+            strategy=strategy,
+            utilization=utilization,
+            gpu_hour_price=None,
+            measured=measured,
+        )
+        _, plan, proj = _projected_plan(shape, sizing, local, cfg, gpu, days=days, **kw)
+        fit_in = {
+            d: _projected_plan(shape, sizing, local, cfg, gpu, days=d, **kw)[1].variants_that_fit
+            for d in (3, 7, 30)
+        }
+        step = proj["step"]
+        rows.append(
+            {
+                "gpu": gpu.id,
+                "name": gpu.name,
+                "arch": gpu.arch,
+                "fits": proj["fit"]["fits"],
+                "micro_batch": proj["fit"]["micro_batch"],
+                "grad_accum": proj["fit"]["grad_accum"],
+                "checkpointing": proj["fit"]["checkpointing"],
+                "peak_bytes": proj["fit"]["peak_bytes"],
+                "memory_bytes": proj["fit"]["budget_bytes"],
+                "step_s": step["value"],
+                "step_low_s": step["low"],
+                "step_high_s": step["high"],
+                "bound": step["bound"],
+                "utilization": proj["utilization"]["value"],
+                "utilization_measured": proj["utilization_measured"],
+                "hours_per_variant": plan.per_variant_with_margins_s / 3600,
+                "variants": fit_in,
+                "busy_hours": plan.cost.busy_hours,
+                "busy_cost": plan.cost.busy_cost,
+                "rental_cost": plan.cost.rental_cost,
+                "price_per_gpu_hour": proj["price_per_gpu_hour"],
+            }
+        )
+        inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
+    rows.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
+    return {
+        "answer": cheapest_rental(rows, cfg.budget.num_variants, days),
+        "days": days,
+        "gpus": gpus,
+        "strategy": "single" if gpus == 1 else strategy,
+        "num_variants": cfg.budget.num_variants,
+        "utilization_given": utilization,
+        "rows": rows,
+        "inputs": inputs,
+        "sources": {g.id: g.source for g in catalog_gpus()},
+    }

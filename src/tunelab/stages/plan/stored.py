@@ -1,0 +1,50 @@
+"""Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tunelab.core.errors import StudyError
+from tunelab.core.records import read_json
+from tunelab.core.study import Study
+
+
+def plans_dir(study: Study) -> Path:
+    return study.records / "plans"
+
+
+def creation_ns() -> int:
+    """A plan record's `created_ns`: nanoseconds since the epoch, what orders plans (an id
+    carries whole seconds only, so two plans of one second would tie)."""
+    return time.time_ns()
+
+
+def _creation_order(rec: dict[str, Any]) -> tuple[int, str]:
+    # a record without created_ns sorts by its id, before every record that has one
+    return (int(rec.get("created_ns") or 0), str(rec.get("id", "")))
+
+
+def plans_in_order(study: Study) -> list[dict[str, Any]]:
+    """Every plan record, oldest first (each with `_path`, where it was read from)."""
+    folder = plans_dir(study)
+    records = []
+    for path in folder.glob("plan-*.json") if folder.is_dir() else []:
+        try:
+            rec = read_json(path)
+        except StudyError:  # a damaged record is not a plan to show or review
+            continue
+        if isinstance(rec, dict):
+            records.append({**rec, "_path": str(path)})
+    return sorted(records, key=_creation_order)
+
+
+def latest_plan(study: Study) -> dict[str, Any] | None:
+    """The newest plan record, or None."""
+    found = plans_in_order(study)
+    if not found:
+        return None
+    latest = dict(found[-1])
+    latest.pop("_path")
+    return latest

@@ -1,0 +1,27 @@
+"""The dossier's section on the environments the runs ran in (one row per distinct one)."""
+
+from __future__ import annotations
+
+from tunelab.stages.report.document import Section
+from tunelab.stages.report.sections.context import Dossier
+
+
+def environments_section(d: Dossier) -> Section:
+    sec = Section("Environments")
+    envs: dict[tuple, list[str]] = {}
+    for r in d.runs:
+        e = r.get("env")
+        if e:
+            key = (
+                e.get("torch"),
+                e.get("backend"),
+                e.get("cuda"),
+                e.get("rocm"),
+                ", ".join(g.get("name", "") for g in e.get("gpus", []))
+                or (e.get("cpu") or {}).get("name"),
+            )
+            envs.setdefault(key, []).append(r["row"]["id"])
+    return sec.table(
+        ["torch", "backend", "cuda", "rocm", "device", "runs"],
+        [[*k, len(v)] for k, v in envs.items()],
+    )

@@ -1,0 +1,115 @@
+"""Thumbnails of an image study's flipped examples, for the comparisons section.
+
+Per compared variant and direction (right -> wrong first, then wrong -> right): up to
+PER_CATEGORY images of each gold category, captioned with the example's id, its gold label and
+the baseline's and the variant's predictions. Built from records only: the two evaluations'
+predictions (each image prediction names its stored image) and the image files of the data
+snapshot, each checked against the sha256 in its name before it is shown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tunelab.core.errors import DataError
+from tunelab.stages.report.document import Gallery, Thumb
+from tunelab.stages.report.sections.context import Dossier
+
+PER_CATEGORY = 3
+DIRECTIONS = (("regressed", "right -> wrong"), ("improved", "wrong -> right"))
+
+
+def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, dict[str, Any]]:
+    """The prediction rows of an evaluation run, by example id ({} when absent)."""
+    path = d.study.runs_dir / str(run_id) / f"predictions-{split}.jsonl"
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "id" in row:
+            out[str(row["id"])] = row
+    return out
+
+
+def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
+    run = d.runs_by_id.get(eval_run) or {}
+    sid = ((run.get("evaluations") or {}).get(split) or {}).get("data_snapshot")
+    return d.study.records / "data" / sid if sid else None
+
+
+def _thumbnail(folder: Path, name: Any) -> bytes | None:
+    """The stored image `name` (images/<sha256>.<ext>) as a thumbnail; None when it is missing
+    or its bytes no longer match the sha256 its name carries."""
+    from tunelab.stages.data.images import open_image
+    from tunelab.stages.inspect.images import thumbnail_png
+
+    if not isinstance(name, str) or not name.startswith("images/"):
+        return None
+    path = folder / name
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != Path(name).stem:
+        return None
+    try:
+        return thumbnail_png(open_image(data, name))  # upright, as the model read it
+    except DataError:  # a stored file open_image refuses (an animation): no thumbnail
+        return None
+
+
+def flipped_galleries(d: Dossier, cmp: dict[str, Any], v: dict[str, Any]) -> list[Any]:
+    """The galleries of variant `v` of comparison `cmp`, and a line for flips without an image;
+    [] unless the evaluations are of an image model."""
+    split = str(cmp.get("split") or "validation")
+    eval_run = v.get("eval_run")
+    flips = v.get("flips") or {}
+    folder = _snapshot_dir(d, str(eval_run), split)
+    variant = _predictions(d, eval_run, split)
+    if folder is None or not any("image" in p for p in variant.values()):
+        return []
+    baseline = _predictions(d, (cmp.get("baseline") or {}).get("eval_run"), split)
+    name = v.get("name") or v.get("run_id")
+    out: list[Any] = []
+    missing = 0
+    for key, direction in DIRECTIONS:
+        ids = [str(i) for i in flips.get(key) or []]
+        shown: dict[str, int] = {}
+        thumbs = []
+        for example_id in ids:
+            pred, base = variant.get(example_id) or {}, baseline.get(example_id) or {}
+            gold = str(pred.get("gold"))
+            if shown.get(gold, 0) >= PER_CATEGORY:
+                continue
+            png = _thumbnail(folder, pred.get("image"))
+            if png is None:
+                missing += 1
+                continue
+            shown[gold] = shown.get(gold, 0) + 1
+            caption = (
+                f"{example_id}: gold {gold}; baseline {base.get('prediction')}, "
+                f"variant {pred.get('prediction')}"
+            )
+            thumbs.append((gold, Thumb(png, caption)))
+        if thumbs:
+            caption = (
+                f"{name}: {direction} on {split} ({len(ids)} in all; up to {PER_CATEGORY} per "
+                "gold category)"
+            )
+            by_category = sorted(thumbs, key=lambda t: t[0])  # stable: flip order within one
+            out.append(Gallery([t for _, t in by_category], caption))
+    if missing:
+        out.append(
+            f"{name}: {missing} flipped image(s) not shown (missing from the data snapshot, or "
+            "no longer matching the sha256 in its name)."
+        )
+    return out

@@ -1,0 +1,761 @@
+"""Configurations measured in a child process: `python -m tunelab.stages.sizing.measure SPEC`.
+
+The parent (`tunelab.stages.sizing.processes`) gives one child all the configurations of a sizing
+(or, `--fresh-processes`, one each). For each, the child builds the study's model through
+`tunelab.lib.models` as training builds it, adapted, with synthetic examples of exactly the asked
+length, and runs real optimizer steps through the training loop itself
+(`tunelab.stages.train.loop.train_loop`: forward, token-normalized loss, backward, gradient clipping,
+optimizer step, zero grad): a warm-up, then the measured steps. It is a `tunelab.core.worker`;
+each configuration's result is a file of its own (`result_path`), written as soon as known.
+
+The warm-up makes what a first step leaves for good: the optimizer's states. Fresh processes
+(`spec["warmup"] == "step"`) take a whole warm-up step for it, pinned and so about twice a
+step's time; one process for all (`"states"`) makes the states with one optimizer step over
+zero gradients (`_make_states`), the lazy one-time allocations of forward and backward having
+been made by the prime already. The prime (`_prime`, a forward and backward before `idle` is
+read) also counts the bytes autograd saves in its forward (`facts.count_saved_bytes` with its
+backward: the same bytes as a forward counted alone, `saved_activation_bytes`).
+
+Order (`run_configurations`): first the memory of every configuration, one after another with
+the mmap threshold pinned, each on a model built for it after the previous one's memory was
+given back (`settle`: garbage collected, `malloc_trim`, threshold pinned again; on CUDA the
+cache emptied and the peak stats reset); then, with glibc's usual thresholds, the step time of
+each that fits, from the largest peak to the smallest, the last configuration on the model it
+has when it comes first, the others on a model built again. Memory
+before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
+allocations take before any mmap, and a step measured after them would show the heap's
+high-water mark rather than its live tensors, whereas configurations measured pinned one
+after another give what fresh processes give (docs/sizing.md; tests/test_sizing.py;
+benchmarks/sizing_time.py).
+
+Memory:
+- CUDA: `max_memory_allocated` and `max_memory_reserved` over the measured steps (peak stats
+  reset after the warm-up), and the allocated bytes before the first step (weights and batch).
+- CPU (Linux): the resident set size. `idle` is the RSS once the model, the optimizer and the
+  batches exist, before the first step; the peak high-water mark (VmHWM) is reset after the
+  warm-up (`/proc/self/clear_refs` 5) and read after the measured steps. The measured increase
+  `peak - idle` is what a training step adds to the process: optimizer states, gradients,
+  activations, logits and temporaries, the part the analytic model predicts. Before `idle` and
+  before the reset the heap's free pages are returned (`malloc_trim`): what the measured step
+  takes from the heap then shows in the RSS, not only what it maps.
+
+Time: the median of `time_steps` (3) steps at most after one untimed step that lets the heap
+grow, fewer when the last two agree within 5 % (`stable_times`: more would not move the
+median). The pinned threshold that keeps the RSS honest makes every large allocation a
+page-faulting mmap (a CPU step about twice as slow as in a training run); the timed steps run
+with glibc's own thresholds, so the step time is that of a training run. Then one no-grad
+forward in eval mode is timed after an untimed one (`forward_s`, the validation forward).
+What a process's earlier timings leave (`_TimedBefore`) is not made again: a configuration
+whose peak is at most one timed before it runs its timed steps on the heap that one grew,
+without the untimed step (`heap_grown_before`); once one forward was timed the next is not
+warmed; a configuration whose forward is that of one timed before (the same spec but for
+activation checkpointing, which a no-grad forward does not use) takes its time (`forward_of`).
+A fresh process, with one configuration, always does all. `measured.phase_s` gives the
+seconds of each part (load, prime with the count, memory_steps, timing_load, timed_steps,
+forward).
+
+Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or an RSS above
+`memory_budget_bytes` (a watchdog thread stops the child at once, after writing the verdict of
+the configuration it was on) is reported as `status: does_not_fit`, never as a crash of the
+caller; the parent gives the configurations left to a new child.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tunelab.core.records import write_json_atomic
+from tunelab.core.worker import serve
+from tunelab.stages.sizing.process_memory import (
+    Watchdog,
+    hwm_bytes,
+    pin_mmap_threshold,
+    release_mmap_threshold,
+    reset_hwm,
+    rss_bytes,
+    trim_heap,
+)
+
+# the timed steps stop once the last STABLE_STEPS of them agree within STABLE_TOLERANCE
+STABLE_STEPS = 2
+STABLE_TOLERANCE = 0.05
+_OOM_WORDS = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+)
+
+
+# ------------------------------------------------------------------ synthetic examples
+
+
+def synthetic_examples(
+    count: int,
+    seq_len: int,
+    architecture: str,
+    *,
+    vocab: int,
+    num_labels: int = 2,
+    loss_fraction: float = 1.0,
+    seed: int = 0,
+    low_id: int = 5,
+    image_size: int | None = None,
+) -> list[dict[str, Any]]:
+    """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
+
+    causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
+    image: `pixel_values` [3, image_size, image_size] (seq_len is then a ViT's patch tokens or
+    a conv net's image side).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if architecture == "image":
+        size = int(image_size or 224)
+        return [
+            {
+                "id": f"synthetic-{i}",
+                "pixel_values": torch.randn((3, size, size), generator=g),
+                "label": i % max(1, num_labels),
+            }
+            for i in range(count)
+        ]
+    hi = max(low_id + 1, vocab)
+    out = []
+    for i in range(count):
+        ids = torch.randint(low_id, hi, (seq_len,), generator=g).tolist()
+        e: dict[str, Any] = {"id": f"synthetic-{i}", "input_ids": ids, "truncated": False}
+        if architecture == "causal_lm":
+            prompt = min(seq_len - 2, max(0, round(seq_len * (1.0 - loss_fraction))))
+            e["labels"] = [-100] * prompt + ids[prompt:]
+        else:
+            e["label"] = i % max(1, num_labels)
+        out.append(e)
+    return out
+
+
+# ------------------------------------------------------------------ the child
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
+
+
+def _build(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
+    """Config, base, model (built as training builds it, on `device`), facts."""
+    from tunelab.core.config import validate_config
+    from tunelab.lib.models import resolve_model
+    from tunelab.stages.sizing.facts import model_facts
+    from tunelab.stages.train.build import build_model
+
+    raw = json.loads(json.dumps(spec["config"]))
+    t = raw.setdefault("training", {})
+    t.update(
+        micro_batch_size=spec["micro_batch"],
+        grad_accum_steps=spec.get("grad_accum", 1),
+        precision=spec.get("precision", t.get("precision", "fp32")),
+        activation_checkpointing=bool(spec.get("checkpointing", False)),
+        packing=bool(spec.get("packing", t.get("packing", True))),
+    )
+    cfg = validate_config(raw, source="sizing spec")
+    root = Path(spec["root"]) if spec.get("root") else None
+    base = resolve_model(cfg.model, root=root)
+    model, _audit = build_model(base, cfg, spec.get("labels"), device)
+    lora = cfg.adaptation.method in ("lora", "qlora")
+    facts = model_facts(
+        model,
+        base.architecture,
+        lora_rank=cfg.adaptation.rank if lora else 0,
+        lora_dropout=cfg.adaptation.dropout if lora else 0.0,
+    )
+    if facts.conv:  # a conv net's "length" is the side of the images it is fed
+        facts = replace(facts, conv={**facts.conv, "image_size": int(spec["seq_len"])})
+    return cfg, base, model, facts
+
+
+def _image_side(spec: dict[str, Any], base: Any, facts: Any) -> int | None:
+    """The side of the synthetic images: a conv net's length, else the ViT's config size."""
+    return int(spec["seq_len"]) if facts.conv else base.config.get("image_size")
+
+
+def _child_device(spec: dict[str, Any]) -> Any:
+    import torch
+
+    from tunelab.lib.models import compute_device
+
+    wanted = spec.get("device", "auto")
+    return {  # CUDA with its index: the memory-fraction call refuses a bare "cuda"
+        "auto": compute_device,
+        "cuda": lambda: torch.device("cuda", torch.cuda.current_device()),
+    }.get(wanted, lambda: torch.device(wanted))()
+
+
+def _limit_memory(device: Any, budget: int | None) -> Watchdog | None:
+    """The budget as CUDA's memory fraction, or a watchdog on the RSS (which counts the whole
+    process from the start, loading included)."""
+    import torch
+
+    if device.type == "cuda" and budget:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    if device.type == "cpu" and budget and rss_bytes() is not None:
+        watchdog = Watchdog(int(budget))
+        watchdog.start()
+        return watchdog
+    return None
+
+
+@dataclass
+class _Steps:
+    """The loop of the measurement and every step's metrics row so far."""
+
+    loop: Any
+    device: Any
+    state: Any = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def run_to(self, total_steps: int) -> None:
+        from tunelab.stages.train.loop import TrainState, train_loop
+
+        self.loop.total_steps = total_steps
+        state = self.state or TrainState()
+        self.state = train_loop(self.loop, state, [lambda _s, row: self.metrics.append(row)])
+
+
+def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> dict[str, Any]:
+    """The warm-up (optimizer states, lazy init): `warmup` steps, or with `states` the
+    optimizer's states made by a step over zero gradients (`_make_states`); then the measured
+    steps, with the memory before, between and after them (the module docstring says which)."""
+    import torch
+
+    cuda = steps.device.type == "cuda"
+    out: dict[str, Any] = {}
+    _collect(cuda)
+    if cuda:
+        torch.cuda.synchronize()
+        out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
+        torch.cuda.reset_peak_memory_stats(steps.device)
+    out["idle_rss"] = rss_bytes()
+    if states:
+        _make_states(steps.loop.optimizer)
+        warmup = 0
+    else:
+        steps.run_to(warmup)
+    out["warmup_steps"] = warmup
+    _collect(cuda)
+    out["idle_rss_after_warmup"] = rss_bytes()
+    out["hwm_reset"] = reset_hwm()
+    if cuda:
+        torch.cuda.synchronize()
+        out["warmup_max_allocated"] = torch.cuda.max_memory_allocated(steps.device)
+        torch.cuda.reset_peak_memory_stats(steps.device)
+    started = time.perf_counter()
+    steps.run_to(warmup + measured)
+    if cuda:
+        torch.cuda.synchronize()
+    out["wall"] = time.perf_counter() - started
+    return out
+
+
+def _make_states(optimizer: Any) -> None:
+    """The optimizer's states as its first step makes them, without a forward and backward:
+    one step over zero gradients (no update but weight decay), then the gradients dropped as
+    the loop's zero grad drops them."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _collect(cuda: bool) -> None:
+    """Garbage collected and, on CPU, the heap's free pages returned (`malloc_trim`): what a
+    step then takes from the heap faults its pages in again, and the RSS shows it, whatever
+    the configurations before it in the process left there."""
+    gc.collect()
+    if not cuda:
+        trim_heap()
+
+
+def stable_times(seconds: list[float]) -> bool:
+    """Whether the last `STABLE_STEPS` step times agree within `STABLE_TOLERANCE` of their
+    mean: more steps would not move the median the sizing reports."""
+    last = seconds[-STABLE_STEPS:]
+    if len(last) < STABLE_STEPS:
+        return False
+    mean = sum(last) / len(last)
+    return mean > 0 and (max(last) - min(last)) <= STABLE_TOLERANCE * mean
+
+
+def _timed_steps(
+    steps: _Steps, timed: int, grow: bool = True
+) -> tuple[list[float], str, float | None]:
+    """Further steps for the step time, at most `timed`, fewer once `stable_times` holds:
+    (their seconds, allocator, their CPU share).
+
+    The pinned mmap threshold that makes the RSS honest also makes every large allocation a
+    fresh mmap with its page faults (a CPU step about twice as slow as in a training run), so
+    these steps run with glibc's usual thresholds, after one step that lets the heap grow
+    (`grow`; without it the heap is the one the previous configuration's steps grew).
+    """
+    import torch
+
+    from tunelab.core.env import cpu_share
+
+    allocator = "as measured"
+    if steps.device.type == "cpu" and release_mmap_threshold():
+        allocator = "released"
+        if grow:
+            steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
+    wall_started, cpu_started = time.perf_counter(), time.process_time()
+    first = len(steps.metrics)
+    while len(steps.metrics) - first < timed:
+        steps.run_to(len(steps.metrics) + 1)
+        if stable_times([r["seconds"] for r in steps.metrics[first:]]):
+            break
+    timed = len(steps.metrics) - first
+    share = cpu_share(
+        time.process_time() - cpu_started,
+        time.perf_counter() - wall_started,
+        torch.get_num_threads(),
+        steps.device,
+    )
+    return [r["seconds"] for r in steps.metrics[-timed:]], allocator, share
+
+
+def _marker(phases: dict[str, float]) -> Callable[[str], None]:
+    """`mark(name)`: the seconds since the previous mark (or the call) stored as `phases[name]`."""
+    last = [time.perf_counter()]
+
+    def mark(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = round(now - last[0], 3)
+        last[0] = now
+
+    return mark
+
+
+def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Measure `specs` in this process: first the memory of each, one after another with the
+    mmap threshold pinned (`memory-<i>.json` as soon as known), then, with glibc's usual
+    thresholds, the step time of each that fits (`configuration-<i>.json`, the whole result).
+
+    Memory first: a heap grown by unpinned steps keeps free chunks that later allocations
+    reuse before any mmap, and the RSS of a step measured after them would follow the heap's
+    high-water mark instead of the live tensors. Before each configuration the previous one's
+    memory is given back (`settle`). The timing goes from the largest peak to the smallest
+    (`measure_time`: the heap the first grows holds the steps of the next); the last
+    configuration's model goes on to its timed steps as it is when it comes first, the others
+    are built again for theirs. `out/phase.json` says which configuration
+    runs in which phase, for the parent to know where a process that ended early stopped.
+    The threads, the device and the budget are the first spec's (one study's configurations).
+    """
+    import torch
+
+    first = specs[0]
+    if first.get("num_threads"):
+        torch.set_num_threads(int(first["num_threads"]))
+    device = _child_device(first)
+    watchdog = _limit_memory(device, first.get("memory_budget_bytes"))
+    pinned = first.get("allocator", "pinned") == "pinned"
+    fitted: dict[int, dict[str, Any]] = {}
+    kept: _Session | None = None
+    for i, spec in enumerate(specs):
+        kept = None
+        settle(device, pinned=pinned)
+        _phase(out, "memory", i)
+        result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
+        if watchdog is not None:
+            watchdog.aim(result_path(out, i, "memory"), result)
+        session, result = _guarded(result, measure_memory, spec, device, result)
+        if watchdog is not None:
+            watchdog.pause()
+        write_json_atomic(result_path(out, i, "memory"), result, overwrite=True)
+        if result["status"] == "ok":
+            fitted[i] = result
+            kept = session
+        session = None
+    if device.type == "cpu" and pinned and fitted:
+        release_mmap_threshold()
+    before = _TimedBefore()
+    # the largest first: the heap its steps grow holds the later ones' steps
+    order = sorted(fitted, key=lambda i: -(fitted[i]["measured"].get("peak_total") or 0))
+    for i in order:
+        session = kept if kept is not None and i == len(specs) - 1 else None
+        kept = None
+        if session is None:
+            settle(device, pinned=False)
+        _phase(out, "timing", i)
+        _, timed = _guarded(fitted[i], measure_time, specs[i], device, fitted[i], session, before)
+        session = None
+        write_json_atomic(result_path(out, i), timed, overwrite=True)
+    return {"configurations": len(specs)}
+
+
+def _guarded(result: dict[str, Any], run: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    """`run(*args)` as a pair (a lone result as (None, it)), or on an exception (None, `result`
+    with status error and the whole error)."""
+    try:
+        out = run(*args)
+    except Exception as exc:  # noqa: BLE001 - one configuration's error, the next still run
+        from tunelab.core.worker import describe_error
+
+        error = describe_error(exc)
+        del exc
+        return None, {
+            **result,
+            "status": "error",
+            "reason": f"{error['kind']}: {error['message']}",
+            "traceback": error["traceback"],
+        }
+    return out if isinstance(out, tuple) else (None, out)
+
+
+def _phase(out: Path, phase: str, index: int) -> None:
+    write_json_atomic(out / "phase.json", {"phase": phase, "index": index}, overwrite=True)
+
+
+def result_path(out: Path, index: int, phase: str = "configuration") -> Path:
+    """Where the child leaves configuration `index`'s result: `memory-<i>.json` after its
+    memory steps, `configuration-<i>.json` once timed too."""
+    return out / f"{phase}-{index}.json"
+
+
+def settle(device: Any, *, pinned: bool) -> None:
+    """What the previous configuration left, given back before the next one is built: garbage
+    collected; on CPU the heap's free pages returned (`malloc_trim`) and the mmap threshold
+    pinned; on CUDA the cached blocks released and the peak stats reset."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    elif pinned:
+        pin_mmap_threshold()
+        trim_heap()
+
+
+@dataclass
+class _Session:
+    """A configuration's model and training loop, built as training builds them."""
+
+    model: Any
+    loop: Any
+    steps: _Steps
+    facts: Any
+    arch: str
+    training: Any
+    load_s: float
+
+
+def _session(spec: dict[str, Any], device: Any) -> _Session:
+    from tunelab.stages.train.build import build_loop
+
+    started = time.perf_counter()
+    cfg, base, model, facts = _build(spec, device)
+    t, arch = cfg.training, base.architecture
+    per_step = t.micro_batch_size * t.grad_accum_steps
+    encoded = synthetic_examples(
+        per_step,
+        int(spec["seq_len"]),
+        arch,
+        vocab=facts.vocab,
+        num_labels=max(2, facts.num_labels),
+        loss_fraction=float(spec.get("loss_fraction", 1.0)),
+        seed=t.seed,
+        image_size=_image_side(spec, base, facts) if arch == "image" else None,
+    )
+    # the schedule leaves room for every step the measurement may take
+    total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))
+    total += 1 + int(spec.get("time_steps", 3))
+    loop = build_loop(model, t, encoded, architecture=arch, pad_id=0, total_steps=total)
+    load_s = time.perf_counter() - started
+    return _Session(model, loop, _Steps(loop, device), facts, arch, t, load_s)
+
+
+def measure_memory(
+    spec: dict[str, Any], device: Any, result: dict[str, Any]
+) -> tuple[_Session | None, dict[str, Any]]:
+    """The memory part of a configuration, in this process: (its session for the timed steps,
+    `result` with status, the memory figures and the model's facts)."""
+    import torch
+
+    phases: dict[str, float] = {}
+    mark = _marker(phases)
+    try:
+        session = _session(spec, device)
+    except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
+        if _is_oom(exc):
+            return None, {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
+        raise
+    mark("load")
+    model, loop, t, arch = session.model, session.loop, session.training, session.arch
+    result["facts"] = session.facts.to_dict()
+    warmup = int(spec.get("warmup_steps", 1))
+    measure_steps = int(spec.get("measure_steps", 1))
+    model.train()  # dropout and checkpointing act only in training mode
+    count = spec.get("count_saved", True)
+    saved = _prime(model, loop.source, arch, t.precision, device, count, loop.optimizer)
+    mark("prime")
+    steps = session.steps
+    try:
+        memory = _memory_steps(steps, warmup, measure_steps, spec.get("warmup") == "states")
+    except Exception as exc:  # noqa: BLE001
+        if _is_oom(exc):
+            out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
+            if device.type == "cuda":
+                out["measured"] = {"max_allocated": torch.cuda.max_memory_allocated(device)}
+            return None, out
+        raise
+    mark("memory_steps")
+    warmup = memory["warmup_steps"]
+    measured_rows = steps.metrics[warmup:]
+    peak = hwm_bytes() if device.type == "cpu" and memory["hwm_reset"] else None
+    measured: dict[str, Any] = {
+        "memory_step_s": [r["seconds"] for r in measured_rows],
+        "memory_wall_s": memory["wall"] / max(1, measure_steps),
+        "warmup_step_s": steps.metrics[0]["seconds"] if warmup and steps.metrics else None,
+        "warmup": "optimizer states" if memory["warmup_steps"] == 0 else "steps",
+        "tokens_per_step": measured_rows[0]["tokens"] if measured_rows else 0,
+        "examples_per_step": t.micro_batch_size * t.grad_accum_steps,
+        "saved_activation_bytes": saved,
+        "load_s": session.load_s,
+        "loss": measured_rows[-1]["loss"] if measured_rows else None,
+        "phase_s": phases,
+    }
+    budget = spec.get("memory_budget_bytes")
+    return session, _verdict(result, measured, memory, peak, device, budget)
+
+
+@dataclass
+class _TimedBefore:
+    """What the configurations timed before in this process leave the next one: a heap their
+    released steps grew (the largest peak among them), a warmed no-grad forward, and its
+    seconds for each model and shape (`_forward_key`) with the label of the configuration that
+    measured them."""
+
+    heap_peak: int = 0
+    forwards: dict[str, tuple[float, Any]] = field(default_factory=dict)
+
+
+def _forward_key(spec: dict[str, Any]) -> str:
+    """What a no-grad forward in eval mode depends on: the whole spec but the label, the timed
+    steps' count and activation checkpointing (which acts only in training with gradients)."""
+    drop = ("label", "time_steps", "checkpointing")
+    return json.dumps({k: v for k, v in spec.items() if k not in drop}, sort_keys=True)
+
+
+def measure_time(
+    spec: dict[str, Any],
+    device: Any,
+    result: dict[str, Any],
+    session: _Session | None,
+    before: _TimedBefore | None = None,
+) -> dict[str, Any]:
+    """The step time of a configuration whose memory fitted (`result`), with glibc's usual
+    thresholds: on `session` where its model is still there, else on one built again. After
+    other configurations in this process (`before`), the heap they grew is not grown again, the
+    forward they warmed not warmed again, and a forward they timed not timed again (the
+    configurations are timed largest first, so that the heap is grown once)."""
+    before = before if before is not None else _TimedBefore()
+    started = time.perf_counter()
+    session = session or _session(spec, device)
+    measured = dict(result["measured"])
+    phases = measured["phase_s"] = dict(measured["phase_s"])
+    phases["timing_load"] = round(time.perf_counter() - started, 3)
+    mark = _marker(phases)
+    budget = spec.get("memory_budget_bytes")
+    timed = int(spec.get("time_steps", 3)) if measured["memory_step_s"] else 0
+    if budget and (measured.get("peak_rss") or 0) > 0.8 * budget:
+        timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
+    peak = measured.get("peak_total") or 0
+    grown = 0 < peak <= before.heap_peak
+    seconds, allocator, timed_cpu = (
+        _timed_steps(session.steps, timed, grow=not grown) if timed else ([], "as measured", None)
+    )
+    if allocator == "released":
+        before.heap_peak = max(before.heap_peak, peak)
+    mark("timed_steps")
+    seconds = seconds or measured["memory_step_s"]
+    key = _forward_key(spec)
+    if key not in before.forwards:
+        t, warmed = session.training, bool(before.forwards)
+        forward_s = _time_forward(
+            session.model, session.loop.source, session.arch, t.precision, device, not warmed
+        )
+        before.forwards[key] = (forward_s, spec.get("label"))
+    forward_s, forward_of = before.forwards[key]
+    mark("forward")
+    step_s = statistics.median(seconds) if seconds else measured["memory_wall_s"]
+    tokens, examples = measured["tokens_per_step"], measured["examples_per_step"]
+    measured.update(
+        step_s=step_s,
+        step_s_all=seconds,
+        step_s_allocator=allocator,
+        tokens_per_s=tokens / step_s if step_s else None,
+        examples_per_s=examples / step_s if step_s else None,
+        forward_s=forward_s,
+        # the configuration whose forward was timed (the same model and shape), and whether
+        # the timed steps ran on a heap a larger configuration's steps had grown
+        forward_of=forward_of,
+        heap_grown_before=grown,
+        # the timed steps' share of their threads' CPU time: low when another process shared
+        # the cores, and the step time with it (tunelab plan warns)
+        cpu_share=timed_cpu,
+    )
+    return {**result, "measured": measured}
+
+
+def _verdict(
+    result: dict[str, Any],
+    measured: dict[str, Any],
+    memory: dict[str, Any],
+    peak: int | None,
+    device: Any,
+    budget: int | None,
+) -> dict[str, Any]:
+    """The memory figures of the device added to `measured`, and the status."""
+    import torch
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        measured.update(
+            idle_allocated=memory["idle_allocated"],
+            warmup_max_allocated=memory["warmup_max_allocated"],
+            max_allocated=torch.cuda.max_memory_allocated(device),
+            max_reserved=torch.cuda.max_memory_reserved(device),
+            total_memory=props.total_memory,
+            cuda_major=props.major,
+        )
+        measured["peak_total"] = measured["max_allocated"]
+        measured["increase"] = measured["max_allocated"] - memory["idle_allocated"]
+        return {**result, "status": "ok", "measured": measured}
+    idle = memory["idle_rss"]
+    measured.update(
+        idle_rss=idle,
+        idle_rss_after_warmup=memory["idle_rss_after_warmup"],
+        peak_rss=peak,
+        peak_total=peak,
+        increase=(peak - idle) if peak is not None and idle is not None else None,
+    )
+    if budget and peak and peak > budget:
+        return {
+            **result,
+            "status": "does_not_fit",
+            "reason": f"peak RSS {peak / 2**20:.0f} MiB above the budget",
+            "measured": measured,
+        }
+    return {**result, "status": "ok", "measured": measured}
+
+
+def _prime(  # noqa: ANN001, PLR0913
+    model, source, arch, precision, device, count: bool, optimizer: Any = None
+) -> int | None:
+    """One forward and backward of a micro-batch before `idle` is read, with no optimizer
+    step on the model: the lazy one-time allocations of the runtime (autograd engine, thread
+    pools, kernel and primitive caches for these shapes) then sit in `idle` rather than in the
+    measured increase, which keeps what a step adds: optimizer states, gradients, activations.
+    With `optimizer`, the step's other code runs once too (`_warm_update`). With `count`, its
+    forward also counts the bytes autograd keeps (`count_saved_bytes`: the activations term),
+    returned."""
+    import torch
+
+    from tunelab.stages.sizing.facts import count_saved_bytes
+    from tunelab.stages.train.batches import Position
+    from tunelab.stages.train.loop import autocast, loss_sum, to_device
+
+    first = source.next(Position())[0][0]
+    batch = to_device({k: v for k, v in first.items() if v.dim() > 0}, device)
+
+    def forward() -> Any:
+        with autocast(precision, device):
+            return loss_sum(model, batch, arch)
+
+    with torch.enable_grad():
+        if count:
+            saved = count_saved_bytes(model, forward, lambda loss: loss.backward())
+        else:
+            forward().backward()
+            saved = None
+    if optimizer is not None:
+        _warm_update(model, optimizer)
+    model.zero_grad(set_to_none=True)
+    return saved
+
+
+def _warm_update(model: Any, optimizer: Any) -> None:
+    """The step's gradient clipping over the prime's gradients, and one step of a throwaway
+    optimizer like `optimizer` over one stand-in tensor per dtype and device of its parameters.
+    The first run of that code maps the library pages that hold it: counted in the file-backed
+    RSS (docs/sizing.md gives the size), they would otherwise land in the first measured
+    increase of the process, while the optimizer's states stay for the measured step to make."""
+    import torch
+
+    grads = [p for p in model.parameters() if p.grad is not None]
+    if grads:
+        torch.nn.utils.clip_grad_norm_(grads, float("inf"))
+    kinds = {
+        (p.dtype, p.device)
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad
+    }
+    # 4096 elements: bitsandbytes keeps 32-bit states for smaller tensors (min_8bit_size)
+    stand_ins = [torch.zeros(4096, dtype=d, device=dev, requires_grad=True) for d, dev in kinds]
+    if not stand_ins:
+        return
+    for t in stand_ins:
+        t.grad = torch.ones_like(t)
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    cls(stand_ins, **{k: v for k, v in optimizer.defaults.items() if k in accepted}).step()
+
+
+def _time_forward(model, source, arch, precision, device, warm: bool) -> float:  # noqa: ANN001
+    """Seconds of one no-grad forward of a micro-batch in eval mode (validation loss), after
+    an untimed one where `warm`."""
+    import torch
+
+    from tunelab.stages.train.batches import Position
+    from tunelab.stages.train.loop import validation_loss
+
+    batch = source.next(Position())[0][:1]
+    model.eval()
+    with torch.no_grad():
+        if warm:
+            validation_loss(model, batch, arch, precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        validation_loss(model, batch, arch, precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    model.train()
+    return time.perf_counter() - started
+
+
+def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The worker's body: `spec["configurations"]` measured in turn (see `run_configurations`)."""
+    return run_configurations(spec["configurations"], out)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(_measure))

@@ -1,0 +1,1 @@
+"""Stage 5, smoke: a few examples through the whole training and evaluation loop, then a reload."""

@@ -1,0 +1,458 @@
+"""`tunelab smoke`: a few examples through the whole training and evaluation loop, then a reload.
+
+A run of kind `smoke` takes the study's config with a few overrides (2 optimizer steps, a micro
+batch that fits 8 training examples, the validation loss at the last step) and a seeded sample
+of the snapshot (8 training, 4 validation examples). It runs the real training code
+(`tunelab.stages.train.run`: the loop, the update check, the atomic checkpoint), the real evaluation
+(`tunelab.stages.evaluate.stage.evaluate_model` on the model loaded back from the checkpoint, as `tunelab
+eval` does), then a new Python process (`tunelab.stages.verify.stage`) that reloads the checkpoint from disk
+and must give:
+
+- the same predictions and raw outputs, scores within the recorded rounding;
+- the same logits on the evaluation examples (atol 1e-5 in fp32);
+- the same validation loss as the live model had at the last step (relative 1e-5 in fp32).
+
+The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_example`,
+`checkpoint_save_s`, `reload_s`, ...) are written to `records/runs/<smoke-id>/smoke.json`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunelab.core.errors import RunError, TunelabError
+from tunelab.core.records import read_json, read_jsonl, write_json_atomic
+from tunelab.lib.probes import AdapterPass, adapter_time_ratio
+
+if TYPE_CHECKING:
+    from tunelab.core.study import Run, Study
+    from tunelab.stages.train.callbacks import TrainProgress
+    from tunelab.stages.train.run import Prepared
+
+SMOKE_KIND = "smoke"
+VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
+
+
+class SmokeFailed(RunError):
+    """A smoke check failed (exit code 1); smoke.json says which."""
+
+    exit_code = 1
+
+
+@dataclass
+class SnapshotSample:
+    """A seeded sample of a snapshot's train and validation rows; same id, labels, manifest."""
+
+    snapshot: Any
+    sizes: dict[str, int]
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return self.snapshot.id
+
+    @property
+    def labels(self) -> Any:
+        return self.snapshot.labels
+
+    @property
+    def manifest(self) -> Any:
+        return self.snapshot.manifest
+
+    def rows(self, split: str) -> list[dict[str, Any]]:
+        rows = self.snapshot.rows(split)
+        n = self.sizes.get(split)
+        if n is None or n >= len(rows):
+            return rows
+        keep = sorted(random.Random(f"{self.seed}:{split}").sample(range(len(rows)), n))
+        return [rows[i] for i in keep]
+
+
+def smoke_overrides(cfg: Any, num_train: int, num_steps: int) -> list[str]:
+    """--set overrides of a smoke run: `num_steps` steps that together take `num_train` examples
+    (the study's accumulation kept where it fits), the validation loss at the last step, one
+    checkpoint at the end, the update check within the steps."""
+    t = cfg.training
+    per_step = max(1, math.ceil(num_train / num_steps))
+    accum = max(1, min(t.grad_accum_steps, per_step))
+    micro = max(1, math.ceil(per_step / accum))
+    return [
+        f"training.max_steps={num_steps}",
+        f"training.micro_batch_size={micro}",
+        f"training.grad_accum_steps={accum}",
+        f"training.eval_every_steps={num_steps}",
+        "training.checkpoint_every_steps=null",
+        f"training.update_check_steps={min(t.update_check_steps, num_steps)}",
+    ]
+
+
+def _checkpoint_save_s(run: Any, ckpt: Path) -> float | None:
+    """Seconds the final checkpoint took to write: its recorded duration when the training code
+    records one, else from the file times (last metrics line -> the checkpoint's DONE marker)."""
+    state = read_json(ckpt / "state.json")
+    for key in ("save_s", "checkpoint_save_s", "seconds"):
+        if isinstance(state.get(key), (int, float)):
+            return round(float(state[key]), 3)
+    metrics, done = run.path("metrics.jsonl"), ckpt / "DONE"
+    if not (metrics.exists() and done.exists()):
+        return None
+    return round(max(0.0, (done.stat().st_mtime_ns - metrics.stat().st_mtime_ns) / 1e9), 3)
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
+    return {"check": name, "ok": ok, "detail": detail}
+
+
+def run_smoke(
+    study: Study,
+    *,
+    num_train: int = 8,
+    num_steps: int = 2,
+    num_eval: int = 4,
+    progress: TrainProgress | None = None,
+) -> tuple[Run, dict[str, Any]]:
+    """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
+
+    Raises the usual TunelabErrors before the run exists (no hypothesis, no snapshot, no model)
+    and RunInterrupted on a signal; a failure inside the run is a failed check in the record.
+    """
+    import torch
+
+    from tunelab.core.env import capture_env, device_kind
+    from tunelab.core.study import Study
+    from tunelab.stages.train import run as train_run_mod
+
+    if num_steps < 1 or num_train < 1 or num_eval < 1:
+        raise RunError(
+            "smoke needs at least 1 step, 1 training and 1 evaluation example",
+            hint="e.g. tunelab smoke --steps 2 --train-examples 8 --eval-examples 4",
+        )
+    from tunelab.stages.evaluate.stage import require_generation_room
+
+    require_generation_room(study.config)
+    overrides = smoke_overrides(study.config, num_train, num_steps)
+    # the smoke's own settings replace the user's --set of the same keys
+    own = {item.split("=", 1)[0] for item in overrides}
+    kept = [item for item in study.overrides if item.split("=", 1)[0].strip() not in own]
+    smoke_study = Study.open(study.root, kept + overrides)
+    cfg = smoke_study.config
+    prep = train_run_mod.prepare_run(smoke_study)
+    sample = SnapshotSample(
+        prep.snapshot, {"train": num_train, "validation": num_eval}, cfg.training.seed
+    )
+    prep.snapshot = sample
+    train_ids = [r["id"] for r in sample.rows("train")]
+    eval_rows = sample.rows("validation")
+    eval_ids = [r["id"] for r in eval_rows]
+    settings = {
+        "num_train": len(train_ids),
+        "num_steps": num_steps,
+        "num_eval": len(eval_ids),
+        "overrides": overrides,
+        "micro_batch_size": cfg.training.micro_batch_size,
+        "grad_accum_steps": cfg.training.grad_accum_steps,
+        "max_seq_len": cfg.preprocess.max_seq_len,
+        "precision": cfg.training.precision,
+        "method": cfg.adaptation.method,
+        "architecture": prep.base.architecture,
+        "device": device_kind(),  # the kind only: no CUDA context in this process for it
+        "torch_threads": torch.get_num_threads(),
+        # timings taken on a busy machine are slower than the hardware: say how busy it was
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "logical_cores": os.cpu_count(),
+    }
+    run = smoke_study.create_run(
+        SMOKE_KIND,
+        config=cfg,
+        name="smoke",
+        why="a few examples through training, evaluation and a fresh-process reload",
+        data_snapshot=sample.id,
+        hypothesis=prep.hypothesis,
+        env=capture_env(),
+        extra={
+            "labels": prep.labels,
+            "base_model": prep.base.identity,
+            "hypothesis_evaluation_spec_sha256": prep.hypothesis["evaluation_spec_sha256"],
+            "smoke": {**settings, "train_ids": train_ids, "eval_ids": eval_ids},
+        },
+    )
+    found = _Findings([], {}, {"run_id": run.id, "settings": settings})
+    checks, timings, record = found.checks, found.timings, found.record
+    started = time.perf_counter()
+    try:
+        _smoke_body(smoke_study, run, prep, eval_rows, eval_ids, found, progress)
+    except TunelabError as exc:
+        if getattr(exc, "exit_code", 2) >= 128:  # interrupted by a signal: stop here
+            raise
+        found.check("smoke", False, f"{type(exc).__name__}: {exc.message}")
+        record["hint"] = exc.hint
+    record["checks"] = checks
+    record.update(timings)
+    record["total_s"] = round(time.perf_counter() - started, 3)
+    failed = [c for c in checks if c["ok"] is False]
+    record["passed"] = bool(checks) and not failed
+    record["reason"] = (
+        "every check passed"
+        if record["passed"]
+        else "; ".join(f"{c['check']}: {c['detail']}" for c in failed)[:1000]
+    )
+    path = write_json_atomic(run.path("smoke.json"), record)
+    record["path"] = str(path)
+    if run.row.status == "completed" and not record["passed"]:
+        run.set_status("failed", f"smoke: {record['reason']}"[:500])
+    elif run.row.status == "running":
+        run.set_status("failed", f"smoke: {record['reason']}"[:500])
+    study.ledger.add_event(run.id, "smoke", {"passed": record["passed"], "path": str(path)})
+    return run, record
+
+
+def _adapter_pass(
+    model: Any, tokenizer: Any, base: Any, study: Study, rows: list[dict[str, Any]], labels: Any
+) -> AdapterPass:
+    """The smoke's examples as the planner's adapter probe times them: one batch of the
+    evaluation's prompts generated for a generating task, the evaluation itself otherwise."""
+    from tunelab.lib.preprocess.text import Preprocessor
+    from tunelab.lib.tasks import get_task
+    from tunelab.stages.evaluate.stage import _task_labels, evaluate_model, generate_outputs
+
+    cfg = study.config
+    task = get_task(cfg, _task_labels(study, labels))
+    if task.kind == "classification":
+        return AdapterPass(
+            model,
+            evaluation_s=lambda: evaluate_model(
+                model, tokenizer, base, study, rows, "validation", labels=labels
+            )[0]["seconds"],
+        )
+    ev = cfg.evaluation
+    pre = Preprocessor(tokenizer, cfg, task, base.architecture)
+    prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows[: ev.batch_size]]
+
+    def decode(budget: int) -> list[dict[str, Any]]:
+        stats: list[dict[str, Any]] = []
+        generate_outputs(
+            model, tokenizer, prompts, max_new_tokens=budget, batch_size=len(prompts), stats=stats
+        )
+        return stats
+
+    return AdapterPass(model, decode=decode, max_new_tokens=ev.max_new_tokens)
+
+
+@dataclass
+class _Findings:
+    """What the smoke records as it goes: the checks in order, the timings, the other fields."""
+
+    checks: list[dict[str, Any]]
+    timings: dict[str, Any]
+    record: dict[str, Any]
+
+    def check(self, name: str, ok: bool | None, detail: str) -> None:
+        self.checks.append(_check(name, ok, detail))
+
+
+def _smoke_body(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    eval_rows: list[dict[str, Any]],
+    eval_ids: list[Any],
+    found: _Findings,
+    progress: TrainProgress | None,
+) -> None:
+    """Train, check the checkpoint, evaluate the reloaded model, reload it in a fresh process."""
+    status = _train_pass(study, run, prep, found, progress)
+    _check_checkpoint(run, found)
+    predictions, live_logits = _evaluation_pass(study, run, prep, eval_rows, eval_ids, found)
+    _fresh_process_checks(study, run, prep, eval_ids, predictions, live_logits, status, found)
+
+
+def _train_pass(
+    study: Study, run: Run, prep: Prepared, found: _Findings, progress: TrainProgress | None
+) -> dict[str, Any]:
+    """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
+    checks (recorded even when training raises); returns the run's status."""
+    from tunelab.stages.train import run as train_run_mod
+
+    steps_wanted = study.config.training.max_steps
+    timings = found.timings
+    train_started = time.perf_counter()
+    try:
+        train_run_mod.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
+    finally:
+        timings["train_s"] = round(time.perf_counter() - train_started, 3)
+        rows = read_jsonl(run.path("metrics.jsonl")) if run.path("metrics.jsonl").exists() else []
+        steps = [r for r in rows if "loss" in r]
+        found.record["losses"] = [r["loss"] for r in steps]
+        found.check(
+            "steps ran",
+            len(steps) == steps_wanted,
+            f"{len(steps)} of {steps_wanted} optimizer steps",
+        )
+        finite = bool(steps) and all(math.isfinite(r["loss"]) for r in steps)
+        found.check(
+            "loss finite", finite, ", ".join(f"{r['loss']:.4f}" for r in steps) or "no step"
+        )
+        if steps:
+            later = [r["seconds"] for r in steps[1:]] or [steps[0]["seconds"]]
+            timings["first_step_s"] = round(steps[0]["seconds"], 4)
+            timings["step_s"] = round(sum(later) / len(later), 4)
+            timings["tokens_per_step"] = round(sum(r["tokens"] for r in steps) / len(steps), 1)
+            timings["peak_memory_bytes"] = max(r.get("memory_bytes") or 0 for r in steps)
+    status = run.status()
+    violations = (status.get("update_check") or {}).get("violations")
+    found.check(
+        "update check",
+        violations == [] if violations is not None else None,
+        "every trainable tensor moved, every frozen one stayed"
+        if violations == []
+        else ("; ".join(violations[:3]) if violations else "not run"),
+    )
+    return status
+
+
+def _check_checkpoint(run: Run, found: _Findings) -> None:
+    """The final checkpoint is complete, with the sha256 it recorded; its size and save time."""
+    from tunelab.stages.train.checkpoint import final_checkpoint
+    from tunelab.stages.verify.stage import check_checkpoint_files
+
+    timings = found.timings
+    ckpt = final_checkpoint(run.dir / "checkpoints")
+    files = check_checkpoint_files(ckpt) if ckpt else {"ok": False, "files_checked": 0}
+    timings["checkpoint_save_s"] = _checkpoint_save_s(run, ckpt) if ckpt else None
+    timings["checkpoint_bytes"] = _bytes(ckpt) if ckpt else None
+    found.check(
+        "checkpoint written",
+        bool(files["ok"]),
+        f"{ckpt.relative_to(run.dir)}: {files['files_checked']} files, sha256 as recorded, "
+        f"{timings['checkpoint_bytes'] / 1e6:.1f} MB"
+        if ckpt and files["ok"]
+        else "no complete final checkpoint",
+    )
+
+
+def _evaluation_pass(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    eval_rows: list[dict[str, Any]],
+    eval_ids: list[Any],
+    found: _Findings,
+) -> tuple[list[dict[str, Any]], Any]:
+    """The model loaded from the checkpoint, evaluated as `tunelab eval` does, its logits on the
+    examples and the adapter's cost; returns (predictions, logits)."""
+    from tunelab.stages.evaluate.stage import evaluate_model, record_evaluation
+    from tunelab.stages.train import load_run_model
+    from tunelab.stages.verify.stage import probe_logits
+
+    timings, labels = found.timings, prep.labels
+    model, tokenizer, base = load_run_model(study, run)
+    eval_record, predictions = evaluate_model(
+        model, tokenizer, base, study, eval_rows, "validation", labels=labels
+    )
+    eval_record["data_snapshot"] = prep.snapshot.id
+    eval_record["base_identity_sha256"] = base.identity.get("sha256")
+    record_evaluation(run, eval_record, predictions)
+    n = eval_record["n"]
+    timings["eval_s"] = eval_record["seconds"]
+    timings["eval_s_per_example"] = round(eval_record["seconds"] / n, 5) if n else None
+    primary = study.config.hypothesis.primary_metric
+    value = eval_record["metrics"].get(primary)
+    found.check(
+        "eval ran",
+        n == len(eval_ids),
+        f"{n} validation examples, {primary} {value:.4f}"
+        if isinstance(value, (int, float))
+        else f"{n} validation examples",
+    )
+    live_logits = probe_logits(model, tokenizer, base, study, eval_rows, labels)
+    timings["adapter_time_ratio"], timings["adapter_timing"] = adapter_time_ratio(
+        model, _adapter_pass(model, tokenizer, base, study, eval_rows, labels)
+    )
+    return predictions, live_logits
+
+
+def _fresh_process_checks(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    eval_ids: list[Any],
+    predictions: list[dict[str, Any]],
+    live_logits: Any,
+    status: dict[str, Any],
+    found: _Findings,
+) -> None:
+    """A new process reloads the checkpoint from disk: the same predictions, logits and
+    validation loss as the live model, within the precision's tolerances."""
+    import torch
+
+    from tunelab.core.env import device_kind
+    from tunelab.stages.train.precision import resolve_precision
+    from tunelab.stages.verify.stage import (
+        LOGIT_ATOL,
+        SCORE_ATOL,
+        compare_predictions,
+        fresh_evaluate,
+        recorded_copy,
+    )
+
+    timings, record = found.timings, found.record
+    fresh = fresh_evaluate(
+        study,
+        run.id,
+        snapshot=prep.snapshot.id,
+        split="validation",
+        ids=[p["id"] for p in predictions],
+        labels=prep.labels,
+        probe_ids=eval_ids,
+        val_loss_ids=eval_ids,
+        num_threads=torch.get_num_threads(),
+        merge=recorded_copy(read_json(run.path("metrics-validation.json"))),
+    )
+    timings["reload_s"] = fresh["load_s"]
+    timings["fresh_eval_s"] = fresh["eval_s"]
+    timings["fresh_process_s"] = fresh["process_s"]
+    timings["fresh_checks_s"] = fresh.get("checks_s")
+    precision = resolve_precision(study.config.training.precision, device_kind())
+    cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
+    record["reload_predictions"] = cmp
+    found.check(
+        "fresh-process predictions",
+        cmp["ok"],
+        f"{cmp['matched']} of {cmp['n']} identical (max score diff "
+        f"{(cmp['max_score_diff'] or 0):.2g})",
+    )
+    fresh_logits = fresh["probe_logits"]
+    atol = LOGIT_ATOL[precision]
+    diff = (
+        float((live_logits - fresh_logits).abs().max())
+        if fresh_logits is not None and fresh_logits.shape == live_logits.shape
+        else math.inf
+    )
+    record["reload_logits_max_abs_diff"] = diff
+    found.check(
+        "fresh-process logits",
+        diff <= atol,
+        f"max |diff| {diff:.2e} over {tuple(live_logits.shape)} (atol {atol:g})",
+    )
+    live_val, fresh_val = status.get("val_loss"), fresh.get("val_loss")
+    rtol = VAL_LOSS_RTOL[precision]
+    if live_val is None or fresh_val is None:
+        found.check("fresh-process val loss", None, "no validation loss recorded")
+        return
+    rel = abs(live_val - fresh_val) / max(1.0, abs(live_val))
+    record["reload_val_loss"] = {"live": live_val, "fresh": fresh_val, "rel_diff": rel}
+    found.check(
+        "fresh-process val loss",
+        rel <= rtol,
+        f"live model {live_val:.6f}, reloaded {fresh_val:.6f} (rel diff {rel:.1e}, rtol {rtol:g})",
+    )

@@ -1,0 +1,42 @@
+"""Training: batches, the loop, checkpoints, and runs recorded in the study.
+
+- `collate(encoded, pad_id, architecture, packing)` and the seeded data order (`batches`)
+- `train_loop(loop, state, callbacks)` (`loop`): token-normalized accumulation, clipping,
+  precision; `build_model` / `build_loop` (`build`): what the loop trains, for train and size
+- the step callbacks of a run (`callbacks`): metrics, validation, checkpoints, update check,
+  heartbeat, progress, signals
+- `save_checkpoint` / `load_checkpoint` / `check_checkpoint_files` (`checkpoint`): atomic,
+  safetensors + JSON, no pickle, every strategy
+- `train_run`, `resume_run`, `load_run_model` (`run`)
+"""
+
+from __future__ import annotations
+
+from tunelab.core.lazy import lazy_names
+
+# Names load on first use (PEP 562): `tunelab.stages.train.layout` and the commands that only look for
+# a checkpoint stay free of torch's import (about 2 s on a CPU machine).
+_HOMES = {
+    "DataOrder": "batches",
+    "Position": "batches",
+    "StepSource": "batches",
+    "collate": "batches",
+    "InvalidRun": "loop",
+    "Loop": "loop",
+    "TrainState": "loop",
+    "train_loop": "loop",
+    "validation_loss": "loop",
+    "RunFailed": "run",
+    "RunInterrupted": "callbacks",
+    "load_run_model": "run",
+    "read_metrics": "run",
+    "resume_run": "run",
+    "train_run": "run",
+    "SingleProcess": "strategy",
+    "Strategy": "strategy",
+}
+
+__getattr__ = lazy_names(__name__, globals(), _HOMES)
+
+
+__all__ = sorted(_HOMES)

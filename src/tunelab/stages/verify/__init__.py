@@ -1,0 +1,1 @@
+"""Stage 10, verify: a checkpoint reloaded in a fresh process reproduces its recorded predictions."""
