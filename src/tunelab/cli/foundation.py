@@ -15,12 +15,24 @@ from tunelab.stages.hypothesis.pins import drift
 
 
 @app.command()
-def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
+def validate(
+    study: StudyDir = Path("."),
+    sets: SetOpt = None,
+    json_out: JsonOpt = False,
+    strategy: Annotated[
+        str | None, typer.Option(help="Also check the study trains under ddp or fsdp.")
+    ] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes per node.")] = None,
+) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
-    report every problem at once."""
+    report every problem at once; with --strategy / --nproc, also that layout."""
     from tunelab.lib.tasks import task_warnings
 
     cfg = validate_study(study, sets or [])
+    if strategy or nproc:
+        from tunelab.stages.train.launch import Launch
+
+        Launch(nproc or 1, strategy or "single").check(cfg)
     warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:

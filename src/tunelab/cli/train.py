@@ -112,6 +112,7 @@ def train(
     first = not under_torchrun() or os.environ.get("RANK") == "0"
     parent = s.check_new_run("train", name if first else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
+    launch.check(s.config)
     ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
         return

@@ -32,21 +32,31 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(
-    base: BaseModel, cfg: StudyConfig, labels: list[str] | None, device: torch.device
+    base: BaseModel,
+    cfg: StudyConfig,
+    labels: list[str] | None,
+    device: torch.device,
+    strategy: Strategy | None = None,
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The adapted model on `device` and its audit (trainable and frozen parameters).
 
     Seeds every generator with `training.seed` first: a new head and LoRA's matrices start the
-    same in every run of the config.
+    same in every run of the config. A strategy that loads sharded (FSDP) gets a skeleton
+    instead: base weights as storage-less placeholders, adapter tensors real (`tunelab.lib.models.skeleton`);
+    it fills them shard by shard when it wraps the model.
     """
     from tunelab.lib.models import adapt, enable_activation_checkpointing, load_model
+    from tunelab.lib.models.skeleton import load_skeleton
 
     seed_everything(cfg.training.seed)
-    model = load_model(base, cfg, labels)
-    model, audit = adapt(model, cfg.adaptation, base.architecture)
+    loads_sharded = getattr(strategy, "loads_sharded", None)
+    skeleton = bool(loads_sharded and loads_sharded(base, cfg))
+    loaded = load_skeleton(base, cfg) if skeleton else load_model(base, cfg, labels)
+    model, audit = adapt(loaded, cfg.adaptation, base.architecture)
     if cfg.training.activation_checkpointing:
         enable_activation_checkpointing(model)
-    model = model.to(device)
+    if not skeleton:
+        model = model.to(device)
     prepare_model(model, cfg.training, device)  # training.compile, before any wrapping
     return model, audit
 
@@ -69,8 +79,8 @@ def build_loop(
     `loop.model` is the wrapped one.
     """
     strategy = strategy or SingleProcess()
+    model = strategy.wrap_model(model)  # a skeleton gets its storage here (sharded loading)
     device = next(model.parameters()).device
-    model = strategy.wrap_model(model)
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     source = StepSource(

@@ -113,3 +113,15 @@ def describe_compute(
             checks = check_model(model, input_ids.to(device), getattr(cfg, "attention", "auto"))
         record.update(checks.describe())
     return record
+
+
+def describe_load(strategy: Any) -> dict[str, Any]:
+    """How the ranks of a distributed run loaded the base: `weights_load` with the mode
+    (sharded: each rank read its own rows; whole: every rank loaded the base) and each rank's
+    bytes read from the weight files. Empty for a single process. A collective."""
+    if strategy.world_size == 1:
+        return {}
+    read = getattr(strategy, "bytes_read", None)
+    per_rank = strategy.gather_objects(read)
+    mode = "sharded" if read is not None else "whole"
+    return {"weights_load": {"mode": mode, "bytes_read_per_rank": per_rank}}

@@ -39,7 +39,12 @@ from tunelab.stages.train.launch_dir import (
     read_rank_records,
     report_rank_failure,
 )
-from tunelab.stages.train.parallel import STRATEGIES, Distributed, make_strategy
+from tunelab.stages.train.parallel import (
+    STRATEGIES,
+    Distributed,
+    make_strategy,
+    strategy_problems,
+)
 from tunelab.stages.train.process_group import destroy_process_group
 from tunelab.stages.train.rank_run import SINGLE, recorded_strategy
 
@@ -58,8 +63,15 @@ class Launch:
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
-    def check(self) -> None:
-        """Raise ConfigError on a contradiction between the options."""
+    def check(self, cfg: Any = None) -> None:
+        """Raise ConfigError on a contradiction between the options, or between the strategy
+        and the study's config `cfg` (when given)."""
+        problems = strategy_problems(cfg, self.strategy) if cfg is not None else []
+        if problems:
+            raise ConfigError(
+                f"--strategy {self.strategy}: " + "; ".join(problems),
+                hint="change the strategy or the study's config",
+            )
         if self.strategy not in (SINGLE, *STRATEGIES):
             raise ConfigError(
                 f"--strategy {self.strategy!r}: unknown",

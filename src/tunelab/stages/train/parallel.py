@@ -32,6 +32,12 @@ from tunelab.stages.train.launch_dir import fail_for_test
 from tunelab.stages.train.precision import resolve_precision
 from tunelab.stages.train.process_group import backend_version, device_name, init_process_group
 from tunelab.stages.train.sharded import ShardedCheckpoint
+from tunelab.stages.train.sharded_load import (
+    before_sharding,
+    is_skeleton,
+    materialize,
+    sharded_load_wanted,
+)
 from tunelab.stages.train.strategy import ShardWriter
 
 STRATEGIES = ("ddp", "fsdp")
@@ -150,6 +156,11 @@ class FSDP(Distributed):
                 hint="use --set training.precision=bf16 or fp32",
             )
         self.shard_writer = ShardedCheckpoint(self.is_main)
+        self.bytes_read: int | None = None  # from the weight files, when loaded sharded
+
+    def loads_sharded(self, base: Any, cfg: Any) -> bool:
+        """Whether `build_model` gives this strategy a skeleton to shard and fill."""
+        return sharded_load_wanted(base, cfg)
 
     def mixed_precision(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -164,12 +175,16 @@ class FSDP(Distributed):
         from torch.distributed.fsdp import fully_shard
 
         fail_for_test(self.rank)
-        model = model.to(self.device)
-        # fully_shard keeps each rank's own values: start every rank from rank 0's weights
-        # (newly initialized heads and LoRA matrices differ when seeds differ).
-        with torch.no_grad():
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
+        skeleton = is_skeleton(model)
+        if skeleton:  # sharded loading: each rank fills its shards after fully_shard
+            pending = before_sharding(model)
+        else:
+            model = model.to(self.device)
+            # fully_shard keeps each rank's own values: start every rank from rank 0's weights
+            # (newly initialized heads and LoRA matrices differ when seeds differ).
+            with torch.no_grad():
+                for t in [*model.parameters(), *model.buffers()]:
+                    dist.broadcast(t.data, src=0)
         policy = self.mixed_precision()
         layers = decoder_layers(model)
         if not layers:
@@ -181,6 +196,8 @@ class FSDP(Distributed):
         for layer in layers:
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
+        if skeleton:
+            self.bytes_read = materialize(model, pending, self.device, self.rank, self.world_size)
         model.register_forward_hook(_reshard_after_no_grad_forward)
         return model
 
@@ -197,6 +214,26 @@ def _reshard_after_no_grad_forward(module: Any, args: Any, output: Any) -> None:
     # explicit reshard is the remedy FSDP's authors give (pytorch/pytorch#154655).
     if not torch.is_grad_enabled():
         module.reshard()
+
+
+def strategy_problems(cfg: Any, strategy: str) -> list[str]:
+    """Why the study cannot train under `strategy` (`field: why` lines; empty when it can)."""
+    if strategy != "fsdp":
+        return []
+    problems = []
+    if cfg.adaptation.method == "qlora":
+        problems.append(
+            "adaptation.method: qlora cannot run under --strategy fsdp: bitsandbytes' 4-bit "
+            "weights keep their quantization state (scales, shape) beside the packed bytes, and "
+            "FSDP2's fully_shard would split the bytes and drop that state (use --strategy ddp: "
+            "each rank holds the 4-bit base, a quarter of its bf16 size)"
+        )
+    if cfg.training.precision == "fp16":
+        problems.append(
+            "training.precision: fp16 is not supported with --strategy fsdp (its grad scaler "
+            "over sharded gradients is not tested; use bf16 or fp32)"
+        )
+    return problems
 
 
 def make_strategy(name: str, precision: str = "fp32") -> Distributed:

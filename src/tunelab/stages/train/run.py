@@ -386,7 +386,7 @@ def _train(
     if strategy.is_main:
         _write_once(run.path("preprocess.json"), _preprocess_record(prep))
     device = compute_device()
-    model, audit = build_model(prep.base, cfg, prep.labels, device)
+    model, audit = build_model(prep.base, cfg, prep.labels, device, strategy)
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
     method, arch = cfg.adaptation.method, prep.base.architecture
@@ -405,6 +405,7 @@ def _train(
     first = prep.train[0]
     probe = torch.tensor([first["input_ids"]]) if "input_ids" in first else None  # images: none
     how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
+    how.update(compute.describe_load(strategy))  # a collective too
     if strategy.is_main:
         _write_once(run.path("compute.json"), how)
     val_batches = (
