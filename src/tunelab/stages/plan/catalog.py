@@ -71,6 +71,11 @@ def _raw() -> dict[str, Any]:
     return tomllib.loads(CATALOG.read_text())
 
 
+def currency() -> str:
+    """The currency of the catalog's prices (ISO 4217 code)."""
+    return str(_raw()["currency"])
+
+
 def gpus() -> list[Gpu]:
     """Every catalog GPU, in the file's order."""
     return [Gpu(id=key, **entry) for key, entry in _raw()["gpus"].items()]
@@ -99,7 +104,9 @@ def gpu_of_device(device_name: str | None) -> Gpu | None:
         return None
     key = _key(device_name)
     patterns = {
+        "B200": "b200",
         "H200": "h200",
+        "H100-NVL": "h100nvl",
         "H100-PCIe": "h100pcie",
         "H100-SXM": "h100",
         "A100-40GB": "a100.*40g",
@@ -108,6 +115,8 @@ def gpu_of_device(device_name: str | None) -> Gpu | None:
         "L4": r"(?<![0-9])l4(?![0-9])",
         "RTX-4090": "rtx4090",
         "MI300X": "mi300x",
+        "MI325X": "mi325x",
+        "A10": r"(?<![0-9])a10g?(?![0-9])",
     }
     for gpu_id, pattern in patterns.items():
         if re.search(pattern, key):

@@ -74,6 +74,7 @@ class Fit:
     peak_bytes: int
     budget_bytes: int
     reason: str | None = None
+    load: dict[str, Any] | None = None  # the load-time peak (tunelab.stages.sizing.load)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def micro_batch(shape: StudyShape, m: int) -> MicroBatch:
 def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strategy: str) -> Fit:
     """The largest micro-batch (per rank) whose accumulation keeps the study's effective batch
     and that fits `gpu` (the sizing's recommendation at the rental precision)."""
+    from tunelab.stages.sizing.load import load_peak, load_problem
     from tunelab.stages.sizing.recommend import recommend
 
     t = cfg.training
@@ -172,6 +174,13 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         device="cuda",
         cuda_major=9 if gpu.arch == "hopper" else 8,
     )
+    layout = "single" if gpus == 1 else strategy
+    load = load_peak(shape.facts, layout, gpus, gpus, "cuda")
+    problem = load_problem(load, gpu.memory_bytes - CUDA_CONTEXT_BYTES, None)
+    if problem is not None:  # the run would die before its first step
+        return Fit(False, 1, effective // gpus, t.activation_checkpointing,
+                   load.device_per_rank + CUDA_CONTEXT_BYTES, gpu.memory_bytes, problem,
+                   load.to_dict())  # fmt: skip
     found = recommend(
         shape.facts,
         template,
@@ -190,6 +199,7 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
             found["checkpointing"],
             found["predicted_peak_bytes"],
             gpu.memory_bytes,
+            load=load.to_dict(),
         )
     smallest = min(found["candidates"], key=lambda c: c["predicted_peak_bytes"])
     return Fit(
@@ -200,6 +210,7 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         smallest["predicted_peak_bytes"],
         gpu.memory_bytes,
         found["reason"],
+        load.to_dict(),
     )
 
 
