@@ -475,11 +475,23 @@ class PreprocessConfig(Section):
     image: ImageTransformsConfig | None = Field(
         None, description="image_classification: resize, crop, normalize, training augmentation."
     )
+    instruction_role: Literal["user", "system"] = Field(
+        "user",
+        description="Chat turn holding task.instruction; system falls back to the user turn "
+        "(with a note) where the template refuses a system role.",
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(
+        None, description="Arguments of the chat template, e.g. {enable_thinking: false}."
+    )
 
     @model_serializer(mode="wrap")
     def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the locked evaluation specs of text studies keep their sha256
-        return _without_unset(self, handler, "image")
+        out = _without_unset(self, handler, "image")
+        out = {k: v for k, v in out.items() if k != "chat_template_kwargs" or v is not None}
+        if out.get("instruction_role") == "user":
+            out.pop("instruction_role")
+        return out
 
 
 # ---------------------------------------------------------------- training
