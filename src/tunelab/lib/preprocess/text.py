@@ -16,6 +16,27 @@ masking token values, so the target's EOS keeps its loss even when pad == EOS.
 
 `template_sha256` hashes the rendering recipe; `check_template_match` refuses an evaluation whose
 recipe differs from training's.
+
+`Preprocessor(tokenizer, cfg, task, architecture)`, architecture "encoder" or "causal_lm" ("image"
+gives a `tunelab.lib.preprocess.images.ImagePreprocessor`):
+
+- `encode(example) -> dict`: causal `{"id", "input_ids", "labels", "truncated", "prompt_len",
+  "target_len", "input_tokens", "input_tokens_cut", "target_truncated", "target_text"}` (labels
+  -100 everywhere but the loss positions; EOS included in the target); encoder classification
+  `{"id", "input_ids", "label": int, "truncated"}`. `encode_train` is `encode` for text;
+  `train_views(rows, encoded)` is None for text.
+- `prompt_ids(example, *, generate=None)`: the prompt on the same rendering path, no target;
+  the cut leaves room for the example's target, or with `generate=N` (evaluation of format and
+  extraction) for N generated tokens.
+- `encode_candidates(example)` (causal classification: one encoding per label, target = label
+  + EOS, one shared prompt; the score is the summed log-prob of the loss positions),
+  `encode_with_target(example, text)`, `render_prompt(example)` (text, special tokens visible),
+  `describe()` (preprocess.json: template_sha256, prefix/suffix text, notes), `eos_id`, `pad_id`.
+- `find_problems(encoded) -> [Problem]` (no raise; `Problem`: example_id, kind, message, fix),
+  `check(encoded)` raises PreprocessError; `check_collated(encoded, labels_rows, pad_id,
+  eos_id) -> [Problem]` finds a collator that masks labels by value (`eos_masked_by_pad`);
+  `raise_problems(problems)`; `length_stats(encoded)` -> n, p50, p95, max, share_truncated
+  (image encodings: `{n, shape}`).
 """
 
 from __future__ import annotations
