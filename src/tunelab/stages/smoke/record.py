@@ -1,4 +1,7 @@
-"""Where a study's latest smoke record is found (the planner and the sizing read its timings)."""
+"""Where a study's latest smoke record is found (the planner and the sizing read its timings).
+
+`latest_smoke(study) -> (smoke.json, ledger row)`.
+"""
 
 from __future__ import annotations
 

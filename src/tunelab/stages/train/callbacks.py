@@ -17,6 +17,14 @@ the step's metrics line, which a callback may extend before the next one sees it
 
 Adding a job is one more entry in that list. The heartbeat thread and the signal handler that
 these callbacks consult (`Heartbeat`, `SignalStop`) live here too.
+
+A run's step callbacks, in order: `StepFigures` (memory_bytes, elapsed_s), `UpdateCheck`,
+`Validation`, `MetricsLog`, `tunelab.track.live.LiveLogger` (`training.log_to`), `Checkpoints`,
+`kill_point`, `HeartbeatStep`, `ProgressReport`, `StopOnSignal`. The list is built in
+`tunelab.stages.train.run`; a new job is one more entry. `Heartbeat`, `SignalStop` and
+`RunInterrupted` live here too. Test hook: `TUNELAB_TEST_KILL_AT=step:K | save:K | term:K`
+(SIGKILL after step K, SIGKILL in the middle of writing checkpoint K, SIGTERM after step K);
+tests only.
 """
 
 from __future__ import annotations
@@ -102,10 +110,18 @@ class UpdateCheck:
     def __call__(self, state: TrainState, row: dict[str, Any]) -> None:
         if self.before is None or state.step != self.after_step:
             return
-        from tunelab.lib.models import check_update
+        from tunelab.lib.models import classify_update
 
-        violations = check_update(self.before, self.model, state.step, self.method)
+        result = classify_update(self.before, self.model, state.step, self.method)
+        self.before.release()
+        violations = result.violations
         self.record["violations"] = violations
+        if result.unused:
+            # trainable in name only: the task's forward never reads them
+            self.record["unused"] = result.unused
+            self.record["unused_parameters"] = result.unused_numel
+        if result.unrouted:
+            self.record["unrouted_experts"] = result.unrouted
         if violations:
             raise InvalidRun(
                 f"update check after step {state.step}: {len(violations)} tensor(s) wrong: "
