@@ -21,22 +21,50 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tunelab.core.config import CLASSIFYING_KINDS
 from tunelab.lib.statistics import (
     Stat,
     f1_stats,
     mcnemar,
     mean_stat,
-    paired_bootstrap,
+    paired_draws,
     ratio_stat,
+    summarize_draws,
 )
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
-from tunelab.stages.compare.guardrails import check_guardrails, inner_metrics
+from tunelab.stages.compare.guardrails import (
+    check_guardrails,
+    inner_metrics,
+    judge_guardrails,
+    overall_verdict,
+)
+from tunelab.stages.compare.verdicts import (
+    DecisionTests,
+    estimates,
+    primary_verdict,
+    run_decision,
+    value_pairs,
+)
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study
 
 # ---------------------------------------------------------------- flips
+
+
+def flips_by_category(
+    rows: Sequence[Mapping[str, Any]],
+    baseline_correct: Sequence[bool],
+    variant_correct: Sequence[bool],
+    labels: Sequence[str],
+) -> dict[str, dict[str, int]]:
+    """{category: {"improved": wrong -> right, "regressed": right -> wrong}} by gold label."""
+    out = {label: {"improved": 0, "regressed": 0} for label in labels}
+    for row, a, b in zip(rows, baseline_correct, variant_correct, strict=True):
+        if a != b and row.get("gold") in out:
+            out[row["gold"]]["improved" if b else "regressed"] += 1
+    return out
 
 
 def flips(
@@ -266,11 +294,15 @@ def compare_evaluations(
     paths: Sequence[str] = (),
     samples: int = 1000,
     seed: int = 0,
+    tests: DecisionTests | None = None,
 ) -> dict[str, Any]:
     """Everything one comparison row holds, computed from two evaluations' records.
 
     Examples are paired by id (those in both); the notes say how many were left unpaired.
     `paths`: an extraction schema's paths (default `fields`), each with paired intervals.
+    `tests`: the locked confidence, interval method, multiplicity and goal (default: the
+    documented defaults). The row's `decision` is adopt, reject or inconclusive (see
+    `tunelab.stages.compare.verdicts`).
     """
     base_by_id = {r["id"]: r for r in baseline_rows}
     var_by_id = {r["id"]: r for r in variant_rows}
@@ -290,7 +322,11 @@ def compare_evaluations(
     pairs = {m: (b_overall[m], v_overall[m]) for m in b_overall if m in v_overall}
     pairs |= {f"per_category.{m}": (b_cat[m], v_cat[m]) for m in b_cat}
     pairs |= {f"per_field.{m}": (b_field[m], v_field[m]) for m in b_field}
-    boot = paired_bootstrap(pairs, len(ids), samples=samples, seed=seed)
+    tests = tests or DecisionTests()
+    point, draws = paired_draws(
+        pairs | value_pairs(guardrails, pairs), len(ids), samples=samples, seed=seed
+    )
+    boot = summarize_draws({k: point[k] for k in pairs}, draws, tests.confidence)
 
     metrics = {m: r for m, r in boot.items() if "." not in m}
     b_inner, v_inner = inner_metrics(baseline_metrics), inner_metrics(variant_metrics)
@@ -316,7 +352,26 @@ def compare_evaluations(
     )
     base_ok = [bool(r.get("correct")) for r in base]
     var_ok = [bool(r.get("correct")) for r in var]
-    verdicts = check_guardrails(guardrails, baseline_metrics, variant_metrics)
+    estimate_of = estimates(point, draws, labels=labels, paths=paths, n=len(ids), tests=tests)
+    primary |= primary_verdict(
+        primary,
+        estimate_of(primary_metric, "overall", None, True),
+        tests,
+        min_improvement,
+        len(ids),
+    )
+    verdicts = judge_guardrails(
+        check_guardrails(guardrails, baseline_metrics, variant_metrics),
+        estimate_of,
+        n=len(ids),
+        confidence=tests.confidence,
+        multiplicity=tests.multiplicity,
+    )
+    guards = overall_verdict(verdicts)
+    decision, reasons = run_decision(primary, verdicts, guards)
+    changed = flips(ids, base_ok, var_ok)
+    if kind in CLASSIFYING_KINDS:
+        changed["by_category"] = flips_by_category(base, base_ok, var_ok, labels)
     return {
         "n_paired": len(ids),
         "notes": notes,
@@ -327,7 +382,10 @@ def compare_evaluations(
         "per_field": per_field,
         "guardrails": verdicts,
         "guardrails_pass": all(v["pass"] for v in verdicts),
-        "flips": flips(ids, base_ok, var_ok),
+        "guardrails_verdict": guards,
+        "decision": decision,
+        "decision_reasons": reasons,
+        "flips": changed,
     }
 
 
@@ -534,6 +592,7 @@ def _compare_run(
         paths=base.paths,
         samples=study.config.evaluation.bootstrap_samples,
         seed=study.config.evaluation.seed,
+        tests=DecisionTests.from_locked(content),
     )
     if note:
         result["notes"].append(note)
@@ -613,6 +672,7 @@ def compare_study(
         )
     ev = study.config.evaluation
     content = hyp["content"]
+    tests = DecisionTests.from_locked(content)
     return {
         "id": new_compare_id(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -623,7 +683,13 @@ def compare_study(
         "hypothesis_sha256": hyp["sha256"],
         "primary_metric": content["hypothesis"]["primary_metric"],
         "min_improvement": float(content["hypothesis"].get("min_improvement") or 0.0),
-        "bootstrap": {"samples": ev.bootstrap_samples, "seed": ev.seed, "confidence": 0.95},
+        "bootstrap": {
+            "samples": ev.bootstrap_samples,
+            "seed": ev.seed,
+            "confidence": tests.confidence,
+        },
+        "tests": tests.as_record(),
+        "decision": study_decision(entries),
         "baseline": {
             "run_id": base.row.id,
             "kind": base.row.kind,
@@ -647,6 +713,13 @@ def save_compare(study: Study, record: dict[str, Any]) -> Any:
     path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
     study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
     return path
+
+
+def study_decision(entries: Sequence[Mapping[str, Any]]) -> str:
+    """adopt when some compared run is adopted, inconclusive when none is but one is
+    inconclusive, else reject (keep the baseline)."""
+    found = {e.get("decision") for e in entries if e.get("compared")}
+    return next((d for d in ("adopt", "inconclusive") if d in found), "reject")
 
 
 def interval_verdict(primary: dict[str, Any]) -> str:
