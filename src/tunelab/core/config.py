@@ -8,8 +8,6 @@ found, what is expected). Unknown keys are errors.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -28,6 +26,7 @@ from pydantic import (
 )
 
 from tunelab.core.errors import ConfigError, preview
+from tunelab.core.hashing import sha256_json
 from tunelab.core.strict_load import ParseProblem, load_yaml
 
 # a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
@@ -626,12 +625,6 @@ class StudyConfig(Section):
 
 
 # ---------------------------------------------------------------- loading
-
-
-def sha256_json(obj: Any) -> str:
-    """sha256 of the canonical JSON form (sorted keys, no spaces)."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -6,7 +6,6 @@ with os.replace, so a kill leaves either the old state or the new one, never hal
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -112,18 +111,6 @@ def temp_dir_beside(final_dir: Path) -> Path:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def safe_join(root: Path, relative: str) -> Path:

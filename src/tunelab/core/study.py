@@ -25,10 +25,10 @@ from tunelab.core.config import (
     contradictions,
     load_config,
     resolve_path,
-    sha256_json,
     sourced_problems,
 )
 from tunelab.core.errors import ConfigError, RunError, StudyError
+from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import Ledger, RunRow, utc_now
 from tunelab.core.records import read_json, write_json_atomic
 from tunelab.lib.metrics import study_metric_problems

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
 from tunelab.track.flatten import RunMirror, collect_study
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
 

@@ -15,7 +15,6 @@ returns one for an `image` architecture): `encode`, `encode_train`, `check`, `fi
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import StudyConfig, sha256_json
+from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
+from tunelab.core.hashing import sha256_json, stable_u64
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
 from tunelab.stages.data.images import ACCEPTED_MODES, model_rgb, open_image
 
@@ -187,8 +187,7 @@ def example_rng(seed: int, example_id: str, epoch: int = 0) -> random.Random:
     """The augmentation's generator of one example in one epoch: fixed by the seed, the epoch
     and the id (epoch 0's key is the seed and the id alone)."""
     key = f"{seed}:{example_id}" if epoch == 0 else f"{seed}:{epoch}:{example_id}"
-    digest = hashlib.sha256(key.encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+    return random.Random(stable_u64(key))
 
 
 def open_example_image(example: dict[str, Any]) -> Any:

@@ -503,15 +503,6 @@ def _run_config(study: Study, run_id: str) -> dict[str, Any]:
     return read_json(path) if path.exists() else {}
 
 
-def _latest_baseline(study: Study, split: str) -> Any:
-    from tunelab.stages.evaluate.stage import BASELINE_KIND, find_evaluation
-
-    for row in reversed(study.ledger.list_runs(BASELINE_KIND)):
-        if row.status == "completed" and find_evaluation(study, row.id, split):
-            return row
-    return None
-
-
 def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
     entry.update(compared=False, not_compared_reason=why)
     return entry
@@ -568,10 +559,13 @@ def _scored(
 
 def _find_baseline(study: Any, hyp: Mapping[str, Any], baseline: str | None, split: str):
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation, latest_baseline
 
-    row = study.get_run(baseline).row if baseline else _latest_baseline(study, split)
-    evaluation = find_evaluation(study, row.id, split) if row else None
+    if baseline:
+        row = study.get_run(baseline).row
+        evaluation = find_evaluation(study, row.id, split)
+    else:
+        row, evaluation = latest_baseline(study, split) or (None, None)
     if evaluation is None:
         raise EvaluationError(
             f"no completed baseline evaluation on the {split} split",
@@ -613,7 +607,7 @@ def _compare_run(
 ) -> dict[str, Any]:
     """One row of the comparison: the run against the baseline, or why it is not compared."""
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     entry: dict[str, Any] = {
         "run_id": row.id,
@@ -694,7 +688,7 @@ def compare_study(
     Returns the compare record (not yet saved; see `save_compare`).
     """
     from tunelab.core.errors import HypothesisError
-    from tunelab.stages.evaluate.stage import EVAL_KIND
+    from tunelab.core.evidence import EVAL_KIND
     from tunelab.stages.hypothesis.stage import latest_hypothesis
 
     hyp = latest_hypothesis(study.records)

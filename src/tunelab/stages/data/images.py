@@ -20,7 +20,6 @@ images differ in few bits: similarity = 1 - Hamming distance / 64, compared with
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import warnings
@@ -32,6 +31,7 @@ import numpy as np
 
 from tunelab.core.config import DataConfig
 from tunelab.core.errors import DataError
+from tunelab.core.hashing import sha256_bytes
 from tunelab.stages.data.dedup import DuplicatePair, exact_group_ids
 from tunelab.stages.data.readers import SourceData, SourceRow, _contained, _record_file, _rel
 
@@ -174,13 +174,14 @@ def image_facts(data: bytes, where: str) -> ImageFacts:
             "`Image.fromarray((np.asarray(im) >> 8).astype('uint8')).save(path)`",
         )
     pixels = model_rgb(img)
-    h = hashlib.sha256(f"{pixels.mode}:{pixels.width}x{pixels.height}:".encode())
-    h.update(pixels.tobytes())
+    pixel_sha256 = sha256_bytes(
+        f"{pixels.mode}:{pixels.width}x{pixels.height}:".encode(), pixels.tobytes()
+    )
     fmt = (img.format or "").upper()
     ext = {"JPEG": ".jpg", "TIFF": ".tif"}.get(fmt, "." + fmt.lower() if fmt else ".img")
     return ImageFacts(
-        sha256=hashlib.sha256(data).hexdigest(),
-        pixel_sha256=h.hexdigest(),
+        sha256=sha256_bytes(data),
+        pixel_sha256=pixel_sha256,
         dhash=dhash(img),
         width=img.width,
         height=img.height,

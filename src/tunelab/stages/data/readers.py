@@ -21,7 +21,7 @@ from typing import Any
 
 from tunelab.core.config import DataConfig, FieldsConfig
 from tunelab.core.errors import DataError, preview
-from tunelab.core.records import sha256_bytes, sha256_file
+from tunelab.core.hashing import sha256_bytes, sha256_file
 from tunelab.core.strict_load import ParseProblem, loads_json
 
 SPLIT_NAMES = ("train", "validation", "test")

@@ -17,22 +17,21 @@ read only through `open_test_split`, which logs who opened it, when and why in t
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import DataConfig, DedupConfig, sha256_json
+from tunelab.core.config import DataConfig, DedupConfig
 from tunelab.core.errors import DataError, EvaluationError, SnapshotError, StudyError
+from tunelab.core.evidence import latest_snapshot_id
+from tunelab.core.hashing import sha256_bytes, sha256_json, sha256_text
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
-    read_json,
     remove_tree,
-    sha256_bytes,
     temp_dir_beside,
     write_bytes_atomic,
 )
@@ -113,7 +112,7 @@ class _Bar:
 
 def _content_id(row: SourceRow) -> str:
     blob = "\x1f".join([row.text, row.label or "", row.target or ""])
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+    return sha256_text(blob)[:16]
 
 
 def assign_ids(rows: list[SourceRow]) -> list[str]:
@@ -302,7 +301,7 @@ def _keep(cleaned: CleaningResult, cfg: DataConfig) -> _Kept:
     kept, texts = cleaned.kept, cleaned.texts
     normalized = dedup.normalize_texts(texts)
     # the same keys as splits.content_keys(texts), without normalizing twice
-    keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
+    keys = [sha256_text(t) for t in normalized.to_pylist()]
     if cfg.max_examples is None or cfg.max_examples >= len(kept):
         return _Kept(kept, texts, keys, normalized, 0)
     pick = sample_by_hash(keys, cfg.max_examples, cfg.splits.seed)
@@ -700,25 +699,6 @@ def list_snapshots(study: Study) -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def latest_snapshot_id(study: Study) -> str | None:
-    """The snapshot of the most recent `tunelab data` (ledger), else the newest on disk."""
-    present = set(list_snapshots(study))
-    for event in reversed(study.ledger.events()):
-        if event["kind"] == "data:snapshot" and event["detail"]:
-            sid = json.loads(event["detail"]).get("snapshot_id")
-            if sid in present:
-                return sid
-    best: tuple[str, str] | None = None
-    for sid in present:
-        try:
-            created = read_json(data_dir(study) / sid / "manifest.json")["created_at"]
-        except Exception:  # noqa: BLE001 - an unreadable folder is not a candidate
-            continue
-        if best is None or created > best[0]:
-            best = (created, sid)
-    return best[1] if best else None
 
 
 def _resolve_id(study: Study, snapshot_id: str | None) -> str:

@@ -26,8 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
+from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem
 from tunelab.core.errors import EvaluationError, RunError
+from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
+from tunelab.core.hashing import sha256_json
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 from tunelab.lib import metrics as M
 from tunelab.lib.inference.decoding import left_padded_positions
@@ -45,8 +47,6 @@ from tunelab.stages.hypothesis.stage import evaluation_spec_sha, require_hypothe
 if TYPE_CHECKING:
     from tunelab.core.study import Run, Study
 
-EVAL_KIND = "eval"
-BASELINE_KIND = "baseline"
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one. Verify
 # reproduces recorded scores within it, and a merged copy must stay within it.
@@ -748,25 +748,6 @@ def run_eval(
 
 
 # ---------------------------------------------------------------- finding evaluations
-
-
-def find_evaluation(study: Study, run_id: str, split: str = "validation") -> dict[str, Any] | None:
-    """The evaluation of run `run_id` on `split`: the newest completed `eval` run of it, else
-    the run's own metrics (a baseline, or a run that evaluated itself). Returns {"eval_run",
-    "dir", "record"} or None."""
-    candidates = [
-        r
-        for r in study.ledger.list_runs(EVAL_KIND)
-        if r.parent == run_id and r.status == "completed"
-    ]
-    for r in sorted(candidates, key=lambda r: (r.created_at, r.id), reverse=True):
-        path = study.runs_dir / r.id / f"metrics-{split}.json"
-        if path.exists():
-            return {"eval_run": r.id, "dir": path.parent, "record": read_json(path)}
-    own = study.runs_dir / run_id / f"metrics-{split}.json"
-    if own.exists():
-        return {"eval_run": run_id, "dir": own.parent, "record": read_json(own)}
-    return None
 
 
 def load_predictions(evaluation: dict[str, Any]) -> list[dict[str, Any]]:

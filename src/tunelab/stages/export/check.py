@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import ExportError, StudyError, preview
-from tunelab.core.records import read_json, safe_join, sha256_file
+from tunelab.core.hashing import sha256_file
+from tunelab.core.records import read_json, safe_join
 from tunelab.core.safetensors_header import safetensors_problems
 from tunelab.stages.export.manifest import (
     FORMAT,

@@ -22,6 +22,7 @@ from tunelab import __version__
 from tunelab.core.config import StudyConfig, validate_config
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
+from tunelab.core.evidence import find_evaluation, latest
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -34,7 +35,7 @@ from tunelab.core.records import (
 from tunelab.lib.models import BaseModel, hub_source, resolve_recorded, verify_identity
 from tunelab.lib.models.identity import TOKENIZER_FILES
 from tunelab.stages.data import load_snapshot
-from tunelab.stages.evaluate.stage import find_evaluation, load_predictions
+from tunelab.stages.evaluate.stage import load_predictions
 from tunelab.stages.export.card import model_card
 from tunelab.stages.export.limitations import failure_kinds, limitation_lines, regressions
 from tunelab.stages.export.manifest import (
@@ -158,15 +159,10 @@ def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str |
 
 
 def _latest_verify(run: Run) -> dict[str, Any] | None:
-    found = []
-    for p in run.dir.glob("verify-*.json"):
-        try:
-            found.append((int(p.stem.split("-")[1]), p))
-        except ValueError:
-            continue
-    if not found:
+    found = latest(run.study, "verify", run_dir=run.dir)
+    if found is None:
         return None
-    rec = read_json(max(found)[1])
+    rec = found.read()
     return {k: rec.get(k) for k in ("record", "passed", "reason", "finished_at", "environment")}
 
 

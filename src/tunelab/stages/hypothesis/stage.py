@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import StudyConfig, contradictions, sha256_json, sourced_problems
+from tunelab.core.config import StudyConfig, contradictions, sourced_problems
 from tunelab.core.errors import HypothesisError
+from tunelab.core.evidence import latest_numbered
+from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import read_json, write_json_atomic
 from tunelab.lib.metrics import study_metric_problems
@@ -59,8 +61,10 @@ def read_hypothesis(path: Path) -> dict[str, Any]:
 
 
 def latest_hypothesis(records: Path) -> dict[str, Any] | None:
-    versions = _versions(records)
-    return read_hypothesis(versions[-1][1]) if versions else None
+    """The latest registered hypothesis (`core.evidence.latest_numbered`), checked against its
+    sha256, or None."""
+    path = latest_numbered(records, "hypothesis-v")
+    return read_hypothesis(path) if path else None
 
 
 def all_hypotheses(records: Path) -> list[dict[str, Any]]:

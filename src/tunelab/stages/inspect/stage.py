@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
+from tunelab.core.hashing import sha256_json
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
 from tunelab.lib.preprocess.text import (
     IGNORE_INDEX,

@@ -15,10 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from tunelab.core.errors import StudyError
+from tunelab.core.evidence import latest, latest_baseline
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.lib import probes
-from tunelab.stages.smoke.record import latest_smoke
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,8 @@ def gather_figures(study: Study) -> Figures:
     per_example = "px a side" if conv else ("patch tokens/image" if image else "tokens/example")
     sid = f"sizing {sizing['id']}"
     load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
-    smoke, smoke_row = latest_smoke(study)
+    found = latest(study, "smoke", "smoke.json")
+    smoke, smoke_row = (found.read(), found.row) if found else (None, None)
     env = sizing.get("env") or {}
     f = Figures(
         device=sizing["device"],
@@ -249,21 +250,18 @@ def gather_figures(study: Study) -> Figures:
     return f
 
 
-def latest_baseline(study: Study) -> tuple[Any, dict[str, Any]]:
-    """The newest completed baseline's ledger row and its validation metrics record ({} when it
-    has none), or (None, {})."""
-    rows = [r for r in study.ledger.list_runs("baseline") if r.status == "completed"]
-    if not rows:
-        return None, {}
-    path = study.runs_dir / rows[-1].id / "metrics-validation.json"
-    return rows[-1], (read_json(path) if path.exists() else {})
+def baseline_record(study: Study) -> tuple[Any, dict[str, Any]]:
+    """The latest baseline's ledger row and its validation metrics record
+    (`core.evidence.latest_baseline`), or (None, {})."""
+    found = latest_baseline(study, "validation")
+    return (found[0], found[1]["record"]) if found else (None, {})
 
 
 def _baseline_figures(
     study: Study, f: Figures, smoke: dict[str, Any] | None, smoke_row: Any, facts: dict[str, Any]
 ) -> None:
     """The baseline's evaluation, the very procedure every variant's evaluation repeats."""
-    row, rec = latest_baseline(study)
+    row, rec = baseline_record(study)
     if row is None:
         return
     f.baseline_s = Figure(run_seconds(row), f"baseline {row.id}: ledger")

@@ -38,13 +38,3 @@ def plans_in_order(study: Study) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             records.append({**rec, "_path": str(path)})
     return sorted(records, key=_creation_order)
-
-
-def latest_plan(study: Study) -> dict[str, Any] | None:
-    """The newest plan record, or None."""
-    found = plans_in_order(study)
-    if not found:
-        return None
-    latest = dict(found[-1])
-    latest.pop("_path")
-    return latest

@@ -32,8 +32,9 @@ from typing import Any
 
 from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.core.errors import SnapshotError, StudyError, TunelabError
+from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
-from tunelab.core.records import read_json, write_json_atomic
+from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
@@ -125,9 +126,8 @@ def _processes_text(count: int, shared: bool) -> str:
 def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool = True) -> str:
     """A sentence saying how long the sizing will take, from the latest smoke's step time (the
     only step measured before), or that it is known after the first configuration."""
-    from tunelab.stages.smoke.record import latest_smoke
-
-    smoke, row = latest_smoke(study)
+    found = latest(study, "smoke", "smoke.json")
+    smoke, row = (found.read(), found.row) if found else (None, None)
     what = _processes_text(len(options), shared)
     if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
         return f"{what} (time known after the first)"
@@ -144,26 +144,9 @@ def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool 
     )
 
 
-def sizing_dir(study: Study) -> Path:
-    return study.records / "sizing"
-
-
 def new_sizing_id() -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"size-{stamp}-{secrets.token_hex(3)}"
-
-
-def list_sizings(study: Study) -> list[Path]:
-    """Sizing records, oldest first."""
-    folder = sizing_dir(study)
-    if not folder.is_dir():
-        return []
-    return sorted(folder.glob("size-*.json"), key=lambda p: p.name)
-
-
-def latest_sizing(study: Study) -> dict[str, Any] | None:
-    found = list_sizings(study)
-    return read_json(found[-1]) if found else None
 
 
 def device_memory_bytes(device: str) -> int:
@@ -898,9 +881,9 @@ def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
 
 
 def require_sizing(study: Study) -> dict[str, Any]:
-    record = latest_sizing(study)
-    if record is None:
+    found = latest(study, "sizing")
+    if found is None:
         raise StudyError(
             "no sizing record in records/sizing/", hint="measure the step first: `tunelab size`"
         )
-    return record
+    return found.read()

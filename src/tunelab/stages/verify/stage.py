@@ -406,7 +406,7 @@ def fresh_evaluate(
 
 def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     row = run.row
     if row.kind not in VERIFIABLE_KINDS:

@@ -9,12 +9,12 @@ snapshot, each checked against the sha256 in its name before it is shown.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import DataError
+from tunelab.core.hashing import sha256_bytes
 from tunelab.stages.report.document import Gallery, Thumb
 from tunelab.stages.report.sections.context import Dossier
 
@@ -59,7 +59,7 @@ def _thumbnail(folder: Path, name: Any) -> bytes | None:
         data = path.read_bytes()
     except OSError:
         return None
-    if hashlib.sha256(data).hexdigest() != Path(name).stem:
+    if sha256_bytes(data) != Path(name).stem:
         return None
     try:
         return thumbnail_png(open_image(data, name))  # upright, as the model read it
