@@ -121,3 +121,20 @@ def test_dossier_from_fixed_records(pinned, capsys):
     assert code == 0, err
     _check("dossier.md", _normalise((pinned / "report" / "dossier.md").read_text(), pinned))
     _check("dossier.html", _normalise((pinned / "report" / "dossier.html").read_text(), pinned))
+
+
+def test_the_dossier_names_each_record_it_could_not_read(pinned, capsys):
+    """A damaged record is not skipped in silence: the dossier is still built, and its
+    Limitations section names the file and the located error."""
+    runs = pinned / "records" / "runs"
+    metrics = next(runs.glob("eval-*/metrics-validation.json"))
+    metrics.write_text('{"split": "validation", ')
+    plan = next((pinned / "records" / "plans").glob("plan-*.json"))
+    plan.write_text("[")
+    code, _, err = run_cli(capsys, "report", "-s", pinned)
+    assert code == 0, err
+    md = (pinned / "report" / "dossier.md").read_text()
+    limits = md[md.index("## Limitations") :]
+    assert "2 record(s) could not be read" in limits
+    assert f"{metrics}: not valid JSON (line 1): the record is damaged" in limits
+    assert f"{plan}: not valid JSON (line 1)" in limits

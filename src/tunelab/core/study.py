@@ -17,6 +17,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tunelab.core.config import (
 from tunelab.core.errors import ConfigError, RunError, StudyError
 from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import Ledger, RunRow, utc_now
+from tunelab.core.record_types import RunConfig, RunStatus
 from tunelab.core.records import read_json, write_json_atomic
 from tunelab.lib.metrics import study_metric_problems
 
@@ -108,6 +110,16 @@ class Run:
     def path(self, name: str) -> Path:
         return self.dir / name
 
+    @cached_property
+    def record(self) -> RunConfig:
+        """The run's config.json, typed (read once; a damaged one raises the located error)."""
+        return RunConfig.read(self.dir / "config.json")
+
+    @cached_property
+    def config(self) -> StudyConfig:
+        """The study config the run was started with, validated once."""
+        return self.record.study_config()
+
     def set_status(self, status: str, reason: str | None = None, **extra: Any) -> None:
         """Record a status in status.json (replaced atomically) and in the ledger."""
         assert status in RUN_STATUSES, status
@@ -129,6 +141,10 @@ class Run:
 
     def status(self) -> dict[str, Any]:
         return read_json(self.dir / "status.json")
+
+    def last_status(self) -> RunStatus:
+        """status.json, typed."""
+        return RunStatus.read(self.dir / "status.json")
 
 
 class Study:

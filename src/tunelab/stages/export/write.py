@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import __version__
-from tunelab.core.config import StudyConfig, validate_config
+from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
 from tunelab.core.evidence import find_evaluation, latest
+from tunelab.core.record_types import RunConfig
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -187,7 +188,7 @@ class _Source:
     """A completed training run as the export reads it: its config, checkpoint and base."""
 
     run: Run
-    record: dict[str, Any]  # the run's config.json
+    record: RunConfig  # the run's config.json
     cfg: StudyConfig
     ckpt: Path
     base: BaseModel
@@ -239,8 +240,7 @@ def _destination(study: Study, out: Path | str | None) -> tuple[str, Path]:
 def _open_source(study: Study, run: Run) -> _Source:
     """The run's config, its final checkpoint (hashes checked) and its base (identity checked)."""
     row = run.row
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
+    record, cfg = run.record, run.config
     ckpt = final_checkpoint(run.dir / "checkpoints")
     if ckpt is None:
         raise ExportError(f"run {row.id} has no final checkpoint", hint="the run is incomplete")
@@ -251,8 +251,8 @@ def _open_source(study: Study, run: Run) -> _Source:
             + ", ".join(files_check["changed"] + files_check["missing"]),
             hint=f"the checkpoint is damaged; `tunelab verify {row.id}` records the check",
         )
-    base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
-    identity = record.get("base_model") or base.identity
+    base = resolve_recorded(cfg.model, study.root, record.base_model)
+    identity = record.base_model or base.identity
     try:
         verify_identity(identity, base.path)
     except Exception as exc:  # ModelError: say it as an export refusal
@@ -272,8 +272,8 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     hypothesis = None
     if hyp_all:
         hypothesis = {
-            "version": src.record.get("hypothesis_version"),
-            "sha256": src.record.get("hypothesis_sha256"),
+            "version": src.record.hypothesis_version,
+            "sha256": src.record.hypothesis_sha256,
             "latest_version": hyp_all["version"],
             **(hyp_all["content"]["hypothesis"] if hyp_all else {}),
         }
@@ -282,7 +282,7 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     predictions = load_predictions(evaluation) if evaluation else []
     verdicts = (comparison or {}).get("guardrails") or []
     openings = study.ledger.test_openings()
-    labels = src.record.get("labels")
+    labels = src.record.labels
     detail = {
         "not_compared": not_compared,
         "regressed": regressions(comparison),
@@ -437,11 +437,11 @@ def _build_manifest(
         },
         "task": {
             "kind": cfg.task.kind,
-            "labels": src.record.get("labels"),
+            "labels": src.record.labels,
             "fields": (cfg.task.json_schema or {}).get("required"),
         },
-        "config": src.record["config"],
-        "config_sha256": src.record.get("config_sha256"),
+        "config": src.record.config,
+        "config_sha256": src.record.config_sha256,
         "adaptation": cfg.adaptation.model_dump(mode="json"),
         "training": cfg.training.model_dump(mode="json"),
         "template_sha256": (ev.evaluation or {}).get("record", {}).get("template_sha256"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,19 @@ def _creation_order(rec: dict[str, Any]) -> tuple[int, str]:
     return (int(rec.get("created_ns") or 0), str(rec.get("id", "")))
 
 
-def plans_in_order(study: Study) -> list[dict[str, Any]]:
-    """Every plan record, oldest first (each with `_path`, where it was read from)."""
+def plans_in_order(
+    study: Study, on_damaged: Callable[[Path, StudyError], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every plan record, oldest first (each with `_path`, where it was read from). A damaged
+    record is not a plan to show or review: it is left out and passed to `on_damaged`."""
     folder = plans_dir(study)
     records = []
     for path in folder.glob("plan-*.json") if folder.is_dir() else []:
         try:
             rec = read_json(path)
-        except StudyError:  # a damaged record is not a plan to show or review
+        except StudyError as exc:
+            if on_damaged is not None:
+                on_damaged(path, exc)
             continue
         if isinstance(rec, dict):
             records.append({**rec, "_path": str(path)})

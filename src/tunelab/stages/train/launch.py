@@ -32,6 +32,7 @@ from typing import Any
 
 from tunelab.core.env import under_torchrun
 from tunelab.core.errors import ConfigError, RunError
+from tunelab.core.record_types import RunConfig
 from tunelab.core.records import read_json, write_json_atomic
 from tunelab.stages.train.launch_dir import (
     LAUNCH_DIR_ENV,
@@ -207,7 +208,7 @@ def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
     current = status.get("status")
     if returncode != 0 and current != "completed" and (current == "running" or failures):
         if not (current == "interrupted" and not failures):
-            study = Study.open(study_root, (read_json(run_dir / "config.json")).get("overrides"))
+            study = Study.open(study_root, RunConfig.read(run_dir / "config.json").overrides)
             run = Run(study, info["run_id"], run_dir)
             run.set_status(
                 "failed",
@@ -310,7 +311,7 @@ def rank_strategy(launch: Launch, precision: str) -> Iterator[Distributed | None
 
 def recorded_precision(run_dir: Path) -> str:
     """training.precision of a run as it was started (study.yaml plus its --set overrides)."""
-    return read_json(run_dir / "config.json")["config"]["training"]["precision"]
+    return RunConfig.read(run_dir / "config.json").training["precision"]
 
 
 def resume_launch(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tunelab.core.config import StudyConfig, TrainingConfig, validate_config
+from tunelab.core.config import StudyConfig, TrainingConfig
 from tunelab.core.errors import (
     CheckpointError,
     ModelError,
@@ -31,7 +31,6 @@ from tunelab.core.errors import (
 )
 from tunelab.core.records import (
     append_jsonl,
-    read_json,
     read_jsonl,
     write_json_atomic,
     write_jsonl_atomic,
@@ -202,11 +201,11 @@ def resume_run(
             f"run {run.id} cannot be resumed: {why}",
             hint="start a new run with `tunelab train` (a run is never restarted over itself)",
         )
-    record = read_json(run.path("config.json"))
-    resumed = Study.open(study.root, record.get("overrides") or [])
+    record = run.record
+    resumed = Study.open(study.root, record.overrides or [])
     cfg = resumed.config
-    if cfg.sha256() != record["config_sha256"]:
-        changes = diff_dicts(record["config"], cfg.to_dict())
+    if cfg.sha256() != record.config_sha256:
+        changes = diff_dicts(record.config, cfg.to_dict())
         shown = "; ".join(f"{d['path']}: {d['old']!r} -> {d['new']!r}" for d in changes[:8])
         raise RunError(
             f"run {run.id} was started with another config: {shown}",
@@ -216,14 +215,14 @@ def resume_run(
     from tunelab.stages.data import load_snapshot
 
     latest = load_snapshot(resumed)
-    if latest.id != record["data_snapshot"]:
+    if latest.id != record.data_snapshot:
         raise RunError(
             f"the data snapshot changed since run {run.id} started "
-            f"({record['data_snapshot'][:12]} -> {latest.id[:12]})",
+            f"({(record.data_snapshot or '')[:12]} -> {latest.id[:12]})",
             hint="a resumed run must see the same data; start a new run with `tunelab train`",
         )
-    prep = prepare_run(resumed, record["data_snapshot"])
-    if prep.base.identity["sha256"] != record["base_model"]["sha256"]:
+    prep = prepare_run(resumed, record.data_snapshot)
+    if prep.base.identity["sha256"] != (record.base_model or {}).get("sha256"):
         raise RunError(
             f"the base model changed since run {run.id} started ({prep.base.path})",
             hint="restore the original model folder, or start a new run",
@@ -234,8 +233,8 @@ def resume_run(
     if latest_ckpt is not None:
         state = ckpt.read_checkpoint_state(latest_ckpt)
         if (state["config_sha256"], state["data_snapshot"]) != (
-            record["config_sha256"],
-            record["data_snapshot"],
+            record.config_sha256,
+            record.data_snapshot,
         ):
             raise CheckpointError(
                 f"{latest_ckpt} was written for another config or snapshot",
@@ -521,8 +520,7 @@ def load_run_model(
     from tunelab.lib.models import compute_device, load_model, load_tokenizer, resolve_recorded
 
     run = study.get_run(run) if isinstance(run, str) else run
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
+    record, cfg = run.record, run.config
     root = _ckpt_root(run)
     if checkpoint is None:
         path = ckpt.final_checkpoint(root)
@@ -546,7 +544,7 @@ def load_run_model(
                 hint=f"its checkpoints: {', '.join(found) or 'none'}",
             )
     ckpt.read_checkpoint_state(path)
-    recorded = record.get("base_model") or {}
+    recorded = record.base_model or {}
     base = resolve_recorded(cfg.model, study.root, recorded)
     if recorded.get("sha256") and recorded["sha256"] != base.identity["sha256"]:
         raise ModelError(
@@ -555,7 +553,7 @@ def load_run_model(
         )
     tokenizer = load_tokenizer(base)
     seed_everything(cfg.training.seed)
-    model = load_model(base, cfg, record.get("labels"))
+    model = load_model(base, cfg, record.labels)
     model = ckpt.load_weights(model, path, cfg.adaptation.method)
     model.to(device if device is not None else compute_device()).eval()
     return model, tokenizer, base

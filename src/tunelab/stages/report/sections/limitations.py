@@ -52,4 +52,11 @@ def limitations_section(d: Dossier) -> Section:
     for ex in d.data["exports"]:
         for lim in ex.get("limitations") or []:
             sec.text(str(lim))
+    unreadable = d.data.get("unreadable") or []
+    if unreadable:
+        sec.text(
+            f"{len(unreadable)} record(s) could not be read; the sections above leave them out "
+            "(restore each from a copy and build the dossier again):"
+        )
+        sec.table(["record", "problem"], [[u["path"], u["error"]] for u in unreadable])
     return sec
