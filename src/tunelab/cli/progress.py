@@ -6,6 +6,9 @@ plain line per task goes to stderr at the first update, then at most every `ever
 and once more with the final figures when the command ends:
 
     train 12/100 (12%) loss 6.2013 | 2,140 tok/s | 0:00:34
+
+`ProgressBoard.update(name, done, total, text)`; `train_progress(board)` and
+`eval_progress(board)` adapt the library's callbacks.
 """
 
 from __future__ import annotations

@@ -3,6 +3,21 @@
 `load_config(path, overrides)` reads study.yaml, applies `--set key.path=value` overrides and
 returns a `StudyConfig`, or raises one `ConfigError` listing every problem (field path, value
 found, what is expected). Unknown keys are errors.
+
+- `StudyConfig` (pydantic) has the sections `task hypothesis guardrails data model adaptation
+  preprocess training evaluation budget`. Every section is strict (no "4" -> 4, no "false" ->
+  False; lists stand for tuples): a new field takes its value's own type.
+- `cfg.evaluation_spec()` is what the hypothesis locks; it leaves out `EVALUATION_SPEED_FIELDS`
+  (`evaluation.num_threads`). `cfg.hub_refs()` names the hub repos the study uses.
+- `sha256_json(obj)` hashes canonical JSON.
+- `contradictions(cfg) -> [str]` (warm-up past max_steps, `generation_room_problem(cfg)`) and
+  `config_warnings(cfg) -> [str]` (settings the method ignores) are what `tunelab validate`
+  reports through `tunelab.core.study.validate_study`.
+- `resolve_path(text, root=None)`: a path from a config (`asset:NAME[/sub]`, `~`, relative to
+  the study).
+- `CLASSIFYING_KINDS`: the kinds scored as classification; test `cfg.task.kind` against it, not
+  against "classification". `data.fields.image`, `preprocess.image` (`ImageTransformsConfig`)
+  and `task.scoring` are absent from the dump when unset.
 """
 
 from __future__ import annotations
@@ -459,11 +474,23 @@ class PreprocessConfig(Section):
     image: ImageTransformsConfig | None = Field(
         None, description="image_classification: resize, crop, normalize, training augmentation."
     )
+    instruction_role: Literal["user", "system"] = Field(
+        "user",
+        description="Chat turn holding task.instruction; system falls back to the user turn "
+        "(with a note) where the template refuses a system role.",
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(
+        None, description="Arguments of the chat template, e.g. {enable_thinking: false}."
+    )
 
     @model_serializer(mode="wrap")
     def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the locked evaluation specs of text studies keep their sha256
-        return _without_unset(self, handler, "image")
+        out = _without_unset(self, handler, "image")
+        out = {k: v for k, v in out.items() if k != "chat_template_kwargs" or v is not None}
+        if out.get("instruction_role") == "user":
+            out.pop("instruction_role")
+        return out
 
 
 # ---------------------------------------------------------------- training

@@ -5,6 +5,11 @@ of a small one), `snapshots/<commit>/<path>` as relative symlinks to the blobs, 
 holding the commit, and `trees/<commit>.json` (the tree listing snapshot_download keeps), so
 that `snapshot_download(..., local_files_only=True)` and `scan_cache_dir` read it back. It serves
 machines without hub access (the demo, the tests, an air-gapped GPU host) and lists the cache.
+
+`write_snapshot(folder, repo_id, repo_type=, refs=, commit=, cache_dir=)`: refs are checked
+against `REF_RE` before anything is written; only a `.cache/` inside the folder is skipped.
+`cached_repos(repo_type=None)` lists the cache (from `scan_cache_dir`). Commands: `tunelab
+models [--datasets]`, `tunelab hub-cache FOLDER REPO_ID` (`tunelab.cli.models`).
 """
 
 from __future__ import annotations

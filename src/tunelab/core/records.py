@@ -2,6 +2,11 @@
 
 Every record is written to a temporary name in the same folder, fsynced, then moved into place
 with os.replace, so a kill leaves either the old state or the new one, never half a file.
+
+`write_json_atomic`, `write_jsonl_atomic`, `write_bytes_atomic` refuse to overwrite unless
+`overwrite=True`; `append_jsonl`, `read_json`, `read_jsonl`; `temp_dir_beside` + `publish_dir`
+make a folder record appear in one rename (with its DONE marker written last); `sha256_file`,
+`sha256_bytes`; `safe_join(root, relative)` refuses a path that leaves its folder.
 """
 
 from __future__ import annotations

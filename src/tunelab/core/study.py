@@ -9,6 +9,17 @@ records/runs/<run-id>/        config.json, env.json, status.json, metrics.jsonl,
 records/ledger.sqlite         index of all of the above
 report/                       dossier.html, dossier.md, plots
 ```
+
+`Study.open(dir, overrides)`: `study.config`, `study.root`, `study.records`, `study.ledger`,
+`study.resolve(path_from_config)` (`config.resolve_path` under the study's root),
+`study.create_run(kind, config=, name=, parent=, why=, data_snapshot=, hypothesis=, env=,
+extra=) -> Run` (the folder `records/runs/<id>/` with config.json, env.json, status.json),
+`study.get_run(id) -> Run`, `study.list_runs()`. `run.set_status(status, reason)` (running |
+completed | failed | invalid | interrupted), `run.heartbeat()`.
+
+`validate_study(dir, overrides)` is `tunelab validate`: the config, its contradictions, the task's
+problems, the metrics the task records, QLoRA and the optimizer, the hub cache, then the data
+source (`tunelab.stages.data.readers.source_problems`); one ConfigError lists every problem.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ before any run is created, so syncing again updates the runs it finds and never 
 them. A run whose mirror did not change since the last sync (the `tunelab.sync_sha256` tag) is
 left alone; one that changed gets its new status, tags and files, the params it lacks and only
 the metric values whose steps MLflow does not hold yet.
+
+`sync_mlflow(study, uri=None, *, experiment=None, progress=None) -> {uri, kind, experiment {name,
+id}, runs [{run_id, kind, name, status, reason, mlflow_run_id, action (created | updated |
+unchanged), params, metrics, files}], counts}`; `progress(done, total, run_id)`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ augments (`encode` is the deterministic chain; only `encode_train` augments).
 `ImagePreprocessor` has the interface of `tunelab.lib.preprocess.text.Preprocessor` (`Preprocessor(...)`
 returns one for an `image` architecture): `encode`, `encode_train`, `check`, `find_problems`, `describe`,
 `template_sha256` (the chain's recipe, recorded in runs and checked by evaluation).
+
+`encode(example) -> {"id", "pixel_values": Tensor [3, H, W], "label"}`, `encode_train(example,
+epoch=0)`, `train_views(rows, encoded)` (`view(i, epoch)`, or None when nothing augments),
+`chain` (`Chain`: `steps(train)`). An export's `tokenizer/preprocessor_config.json` is set to
+the chain (`processor_config_for`) and measured by `processor_gap(processor, chain, image) ->
+{matches, max_abs_diff, error}` (export's `limitations_detail.processor`, check-export's
+`processor`).
 """
 
 from __future__ import annotations

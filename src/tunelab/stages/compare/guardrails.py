@@ -4,6 +4,9 @@ A rule names a metric, a scope (overall, every category, every field: for an ext
 every path of its schema, nested ones such as `quantities[].unit` included), an operator and a value;
 with `relative_to: baseline` the bound is the baseline's metric plus the value. Each rule gives
 one verdict per item of its scope, with the numbers behind it.
+
+`check_guardrails(rules, baseline_metrics, run_metrics) -> [{rule, metric, scope, item, op,
+value, baseline, bound, pass, note}]` (`every_field` covers every extraction path); `all_pass`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ Paired bootstrap: the same resampled example multiset is applied to the baseline
 variant, so the interval is for the difference on the same examples. A resample is drawn as
 multinomial counts `W [samples, n]`; every metric is written as a function of those counts
 (means, ratios of sums, F1 from weighted confusion counts), so all metrics share one draw.
+
+`compare_evaluations(..., fields=, paths=)`; `compare_study(study, run_ids=None, split=,
+baseline=)` + `save_compare(study, record)` write `records/compare/<id>.json`. Failed,
+interrupted and unevaluated runs are listed with their reason; naming a run evaluated under
+another spec is refused.
 """
 
 from __future__ import annotations

@@ -16,6 +16,17 @@ composited onto white. Duplicates compare that: exact when those pixels are equa
 re-saved as BMP or WebP-lossless counts), near when the 64-bit difference hashes (dHash) of two
 images differ in few bits: similarity = 1 - Hamming distance / 64, compared with
 `data.dedup.threshold`.
+
+- `image_facts(bytes, where) -> ImageFacts(sha256, pixel_sha256, dhash, width, height, mode,
+  format, ext, bytes, orientation)` (refuses a mode outside `ACCEPTED_MODES`);
+  `open_image` / `decode_image` (upright by the EXIF orientation; one frame only); `model_rgb`
+  (the one RGB conversion: the chain, the pixel hash and the dHash use it).
+- `add_image_bytes(images, data, where)`: a bad file joins `images.problems`; `finish(src,
+  images)` raises every problem in one DataError and adds the notes of skipped and turned files.
+- `find_image_duplicates(facts, exact=, near=, threshold=)` gives pairs as
+  `tunelab.stages.data.dedup.DuplicatePair`; `hamming_pairs`, `stored_name(facts)`.
+- The snapshot also holds `images/` and `images.jsonl` (train and validation facts);
+  `load_snapshot` lists files recursively.
 """
 
 from __future__ import annotations

@@ -4,6 +4,18 @@ a hub data set in the snapshot folder `data.hub` fetched at its pinned commit.
 Each reader yields `SourceRow`s (raw id, text, label, target, user split) with `where`, the place
 a message names ("data.jsonl line 12"), and lists the files it read with their sha256. Bad input
 raises `DataError` naming the file, the line (or row) and the field, with the fix.
+
+`read_source(root, cfg, progress)` -> `SourceData`; `SourceRow.label_raw` is the label as
+written; `SourceData.hub` becomes `manifest["source"]["hub"]` = `{repo_id, repo_type, revision,
+commit, config, splits {name: rows}, fingerprints, datasets}`. `read_hub` reads a hub data set
+(`data.source.format: hub`: `name`, `config`, `revision`, `splits`; no `path`) from the snapshot
+folder `tunelab.stages.data.hub.fetch_dataset` leaves; `check_inferred_targets` refuses a target
+column `datasets` types as other than text from JSON / CSV files. `load_hf_disk(src)` /
+`load_hub(src, cfg)` give the loaded data set (the image sources read it too).
+`source_problems(path, data_cfg)` is what `tunelab validate` checks of the data without reading
+it. Config: `data.source.encoding_errors: error | replace`, `data.source.follow_links` (links
+followed are listed in `manifest["source"]["links_followed"]`, present only then),
+`data.invalid_targets: refuse | keep`.
 """
 
 from __future__ import annotations

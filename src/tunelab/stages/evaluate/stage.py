@@ -17,6 +17,33 @@ preprocessor's template sha. Comparisons refuse results whose spec sha differ.
 
 Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a run of kind
 `eval` whose parent is RUN. Each holds `predictions-<split>.jsonl` and `metrics-<split>.json`.
+
+- `evaluate_model(model, tokenizer, base, study, examples, split, *, labels=None,
+  progress=None, expect_template_sha256=None, merge=None) -> (record, predictions)`:
+  `progress(done, total, what)` once before the first batch (done 0) and after every batch
+  (`EvalProgress`); `merge` None checks the evaluation copy on the first batch
+  (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice (`run_baseline`
+  and `run_eval` take it too). Raises HypothesisError when study.config does not match the
+  registered hypothesis.
+- `record_evaluation(run, record, predictions)` writes `predictions-<split>.jsonl` and
+  `metrics-<split>.json`: `{run_id, split, spec_sha256 (= sha256_json({evaluation_spec_sha256:
+  locked, template_sha256: preprocessor's})), evaluation_spec_sha256, template_sha256,
+  hypothesis_version, task_kind, labels, fields, n, seconds, examples_per_s, torch_threads,
+  threads_from ("evaluation.num_threads" or "free cores (...)": `set_evaluation_threads`),
+  merge {copy, merged, reason, merge_s, check_s, max_diff, atol, packed, unmerged}, cpu_s,
+  cpu_share (`tunelab.core.env.cpu_share`), evaluation, generation (None unless the task
+  generates: `tunelab.lib.probes.generation_timing`), metrics {..., per_category {label:
+  {precision, recall, f1, support}}, per_field {path: {kind, slots, presence_rate, exact_match,
+  normalized_match, precision, recall, f1, support, failures}}, scoring, failure_counts,
+  confusion {labels, predicted, matrix}}}`.
+- A prediction row: `{id, gold, raw_output, prediction, correct, verdicts}` (+ `scores` per
+  label for classification, `parse_error` for generation, `image` for an image model).
+- `find_evaluation(study, run_id, split) -> {eval_run, dir, record} | None` (the newest completed
+  eval run of it, else the run's own metrics file) and `load_predictions(evaluation)` are how
+  compare, verify and export find a run's evaluation. `rescore_predictions(task, predictions)`
+  judges recorded rows again from their gold and raw output (compare does so for extraction
+  records of another `metrics.scoring`). `predict_rows`, `load_base_model` and `pad_id_for`
+  (`tunelab.lib.inference.generation`) serve verify and export.
 """
 
 from __future__ import annotations

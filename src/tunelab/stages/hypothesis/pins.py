@@ -5,6 +5,10 @@ locks `{repo_id, repo_type, revision, commit}` into the hypothesis record under 
 later stage loads exactly that commit (`hypothesis.pinned_commit` reads it back). Registering
 again keeps a pin whose repo and revision are unchanged (`repin=True` resolves it again, a new
 hypothesis version).
+
+`resolve_pins(cfg, previous, repin=) -> (pins, notes)` (a base: `tunelab.lib.models.hub.pin_base`,
+config.json alone; a data set: fetched whole); `drift(root, cfg) -> notes` (a moved ref, for
+`tunelab validate`); `cache_problems(cfg)`: offline, a repo or revision the cache does not hold.
 """
 
 from __future__ import annotations

@@ -3,6 +3,14 @@
 `register(study)` writes records/hypothesis-vN.json (content, sha256, UTC time). Registering a
 changed hypothesis makes vN+1 with the diff against vN; earlier versions are never touched.
 Stages that compute on a model call `require_hypothesis(study)` and carry its version and sha.
+
+- `require_hypothesis(study_root, cfg) -> {version, sha256, evaluation_spec_sha256}` raises
+  HypothesisError when none is registered, when study.yaml drifted from the latest version, or
+  when a hub repo or revision study.yaml names is not the one pinned.
+- `register(root, cfg, pins=None)`: `pins` go into the locked `content["pins"]` (`{"model" |
+  "data": {repo_id, repo_type, revision, commit}}`, hub repos only; the comparison with
+  study.yaml leaves them out).
+- `pins_of(root)`, `pinned_commit(root, key, repo_id)`: read from the latest hypothesis record.
 """
 
 from __future__ import annotations

@@ -6,6 +6,17 @@
 - an evaluation: the baseline's (`tunelab baseline`), the unit every variant's evaluation
   repeats, with what a variant adds to it (its load, its answers' length, its adapter);
 - the durations of smoke, sizing and baseline themselves, from the ledger and the records.
+
+`Figure(value, source)`, `Figures`, `gather_figures(study) -> Figures`. A variant's evaluation:
+`baseline_s`, `baseline_load_s`, `eval_load_s` (the smoke's fresh-process load),
+`answer_length_s_per_example` (a generating task's baseline batches priced again at their gold
+answers' length less what they generated, per example; negative when the base rambled longer),
+`adapted_extra_s_per_example` ((the baseline's seconds per example + that) x (the smoke's
+`adapter_time_ratio` - 1), else LoRA's parameter share), `variant_s_per_step` (the baseline's
+decoding step x the ratio, x 1 when the smoke's evaluation chose the merged copy, which then adds
+`eval_merge_s` once per evaluation: `merged_evaluation`), `eval_max_examples` (caps every
+evaluation, not training's validation passes). The smoke is found by
+`tunelab.stages.smoke.record.latest_smoke`.
 """
 
 from __future__ import annotations

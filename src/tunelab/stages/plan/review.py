@@ -6,6 +6,16 @@ the plan recomputed at the speed the runs themselves measured (their own mean st
 own evaluation seconds per example): when the machine's load changes between sizing and
 training, the first error mixes the speed change with the plan's arithmetic, the second shows
 the arithmetic alone.
+
+`review_plan(study, plan=None)` (`tunelab plan --review --json`; the dossier calls it) ->
+`{plan, notes, rows, largest_error, largest_error_at_run_speed, max_error_pct,
+max_error_at_run_speed_pct}` (`notes`: for a GPU plan, the runs that ran elsewhere;
+`largest_error`: `{phase, error_pct}` signed as the table prints it, or None); each row `{phase,
+what, planned_s, actual_s, error_pct, planned_at_run_speed_s, error_at_run_speed_pct,
+below_resolution, margin_pct, within_margin, far_off (|error| over `FAR_OFF_PCT` = 50 %, either
+way; `far_off_remark(row)` says it), repeats_s, repeat_spread_pct, within_repeat_spread}`:
+`repeats_s` holds the durations of a unit that ran more than once (the evaluations of one
+split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`."""
+"""Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`.
+
+`latest_plan(study)` (the largest `created_ns`; ids carry whole seconds), `plans_in_order(study)`
+(oldest first, as the dossier reads them), `plans_dir`.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,14 @@
 Pure: a compare record (and the collected runs) in, a choice and sentences out. The dossier's
 decision and `tunelab demo` (which opens the test split for the adopted variant only) share
 the rule.
+
+- `choose_variant(compare_record) -> (row | None, reasons)`: the compared variant with the
+  largest primary-metric gain meeting `min_improvement`, with a 95 % interval above 0 and every
+  guardrail passing; `decide(compare_record) -> str` (the dossier's sentence).
+- `test_figure(compare_record, runs, test_openings) -> {name, run_id, metric, eval_run, n, value,
+  openings, validation} | None` (the summary row; `eval_run` None until the split is opened);
+  `final_test(compare_record, runs, test_openings) -> str | None` (the adopted variant's primary
+  metric on the test split, from the eval run that opened it first).
 """
 
 from __future__ import annotations

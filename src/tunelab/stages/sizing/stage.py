@@ -17,6 +17,30 @@
 What is compared: on CUDA the predicted peak total against `max_memory_allocated`; on CPU the
 predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
 measured peak RSS above the idle process (model, optimizer and batch loaded).
+
+`run_sizing(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
+method (`label` "method M") at the study's own configuration, each predicted from its own facts;
+`recommendation.other_methods` [{method, fits, micro_batch, grad_accum, checkpointing,
+predicted_peak_bytes}] (the CLI proposes one that fits when the study's does not). An image
+model's "sequence length" is its patch tokens (`tunelab.lib.models.vision.patch_tokens`), or for
+a conv net its square image side (`conv_image_side(base, cfg)`; the lengths record gains
+`image_size` and `length_unit` "patch tokens" | "image side"); any other image model is refused
+(ModelError); `supports_checkpointing(study)` drops the checkpointing configurations of a model
+that cannot checkpoint.
+
+`records/sizing/<size-id>.json` (`latest_sizing(study)`): `device`, `seconds`, `lengths {p50,
+p95, max, mean, quantiles, loss_fraction, split_counts, encode_train_s}`, `configurations:
+[{label, method, options {seq_len, micro_batch, grad_accum, measured_accum, precision,
+checkpointing, packing}, status (ok | does_not_fit | error), reason, predicted {...Estimate,
+compared}, measured {step_s, projected_step_s, micro_step_s, tokens_per_s, forward_s,
+forward_of, heap_grown_before, saved_activation_bytes, load_s, cpu_share, phase_s, idle_rss,
+peak_rss, increase | max_allocated, max_reserved, compared}, error_pct, rule_x4 {bytes,
+error_pct}, seq_len, micro_batch, predicted_mb, measured_mb, step_s, process {index,
+position}}]`, `processes` (shared | fresh), `max_error_pct`, `rule_x4_max_error_pct`,
+`recommendation {fits, micro_batch, grad_accum, checkpointing, precision, predicted_peak_bytes
+(= fixed_bytes, the idle process's RSS on CPU and 0 on CUDA, + step_peak_bytes), budget_bytes,
+tokens_per_s, ...}`, `projection: [{ranks, micro_batch, grad_accum, ddp, fsdp}]`, `throughput
+{row, step_s, tokens_per_s}`, `step_s`, `tokens_per_s`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,22 @@ and must give:
 
 The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_example`,
 `checkpoint_save_s`, `reload_s`, ...) are written to `records/runs/<smoke-id>/smoke.json`.
+
+`run_smoke(study, *, num_train=8, num_steps=2, num_eval=4, progress=None) -> (run, record)`
+(`progress`: the training's `TrainProgress`) builds its run with
+`tunelab.stages.train.run.prepare_run` (its `Prepared.snapshot` replaced by a seeded
+`SnapshotSample`) and `execute_run`. `records/runs/<smoke-id>/smoke.json` (what `tunelab plan`
+reads): `passed`, `reason`, `checks [{check, ok, detail}]`, `step_s` (mean of the steps after the
+first), `first_step_s`, `tokens_per_step`, `peak_memory_bytes`, `train_s`, `eval_s`,
+`eval_s_per_example`, `checkpoint_save_s` (state.json's `save_s` when training recorded one,
+else file times), `checkpoint_bytes`, `reload_s`, `fresh_eval_s`, `fresh_checks_s`,
+`fresh_process_s` (with imports), `adapter_time_ratio` (`tunelab.lib.probes.adapter_time_ratio`:
+the fastest of 3 to 5 interleaved pairs, per decoding step over `RATIO_DECODE_STEPS` new tokens
+for a generating task; None without an adapter), `adapter_timing` (`unit`, `pairs`, `off_s`,
+`on_s`, `decode_steps`), `total_s`, `settings` (num_train, num_steps, num_eval, overrides,
+micro_batch_size, grad_accum_steps, max_seq_len, precision, method, architecture, device,
+torch_threads, load_avg_1m, logical_cores), `losses`. A failed check raises `SmokeFailed`
+(exit 1) after the record is written.
 """
 
 from __future__ import annotations

@@ -17,6 +17,14 @@ the step's metrics line, which a callback may extend before the next one sees it
 
 Adding a job is one more entry in that list. The heartbeat thread and the signal handler that
 these callbacks consult (`Heartbeat`, `SignalStop`) live here too.
+
+A run's step callbacks, in order: `StepFigures` (memory_bytes, elapsed_s), `UpdateCheck`,
+`Validation`, `MetricsLog`, `tunelab.track.live.LiveLogger` (`training.log_to`), `Checkpoints`,
+`kill_point`, `HeartbeatStep`, `ProgressReport`, `StopOnSignal`. The list is built in
+`tunelab.stages.train.run`; a new job is one more entry. `Heartbeat`, `SignalStop` and
+`RunInterrupted` live here too. Test hook: `TUNELAB_TEST_KILL_AT=step:K | save:K | term:K`
+(SIGKILL after step K, SIGKILL in the middle of writing checkpoint K, SIGTERM after step K);
+tests only.
 """
 
 from __future__ import annotations

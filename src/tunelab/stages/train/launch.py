@@ -14,6 +14,8 @@ A rank that fails leaves `rank-<k>.json` in the launch folder (`TUNELAB_LAUNCH_D
 leaves `run.json` naming the run. After torchrun exits the launcher copies the rank records into
 the run's `ranks/` folder and, when torchrun failed, sets the status to failed naming each
 failed rank ("rank 1: RuntimeError: ..."), unless the run was interrupted by a signal.
+
+`Launch`, `run_torchrun`, `relaunch`, `rank_strategy`, `resume_launch`.
 """
 
 from __future__ import annotations

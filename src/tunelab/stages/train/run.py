@@ -9,6 +9,32 @@ one in the same folder. Statuses (status.json and the ledger):
 - invalid: a non-finite loss, a broken loss mask, or the update check after the first steps
 - interrupted: SIGINT / SIGTERM (a checkpoint is saved first), or a SIGKILL found later by a
   stale heartbeat (`Study.reconcile`)
+
+`train_run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
+and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress(step,
+total_steps, metrics_row)` on rank 0 after every step (`TrainProgress`). Resume keeps the run id
+and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
+re-applied), a newer or tampered snapshot and a changed base. Both raise after recording the
+status: `InvalidRun` / `PreprocessError` -> invalid (exit 2), `RunFailed` -> failed (exit 1),
+`RunInterrupted` -> interrupted (exit 128 + signal; a checkpoint was saved). `prepare_run(study)
+-> Prepared` and `execute_run(study, run, prep, resume=None, progress=, strategy=None)` are the
+two halves the smoke reuses (keep their names and shapes). `load_run_model(study, run,
+checkpoint=None, device=None) -> (model, tokenizer, base)`: the base and the run's final (or
+named: step number or "step-000010") checkpoint, in eval mode, on `device` (None:
+`compute_device()`; export passes "cpu"), for evaluation, verify and export; refuses a base whose
+identity changed.
+
+The run folder: `config.json` (+ `labels`, `base_model` identity), `env.json`, `preprocess.json`
+(template sha, length stats), `audit.json`, `compute.json` (device, `precision {requested, used,
+why}`, `compile {enabled, blocks}`, `loss_route`, `cross_entropy`, `packing_exact`,
+`attention`, `attention_not_used [{route, reason}]`; written once, at the first start),
+`metrics.jsonl` (one line per step: step, epoch, loss, lr, grad_norm, tokens, loss_tokens,
+seconds, tokens_per_s, memory_bytes, elapsed_s, and val_loss / val_tokens on evaluation steps; a
+`step: 0` line with the validation loss before training), `metrics-replayed.jsonl` (steps redone
+by a resume), `status.json` (completed: steps, final_loss, val_loss, val_loss_initial, tokens,
+train_seconds, tokens_per_s, steps_per_s, final_checkpoint, update_check; failed: error,
+traceback), `checkpoints/step-XXXXXX/`, `checkpoints/final -> step-XXXXXX`, and `DONE` when
+completed.
 """
 
 from __future__ import annotations

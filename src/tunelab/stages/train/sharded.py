@@ -5,6 +5,8 @@ states, loadable on any world size) and, written by rank 0, the trainable weight
 in the single-process format (`adapter/` or `model/`), so that evaluation, verify and export
 load an FSDP run like any other. The rest of the checkpoint (scheduler, generators, state.json)
 is `tunelab.stages.train.checkpoint`'s.
+
+`ShardedCheckpoint` (FSDP's shard writer), `write_trainable`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,18 @@ What is checked, in order:
 
 Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never overwritten).
 `tunelab smoke` uses the same fresh process (`fresh_evaluate`) and adds a logit probe.
+
+`verify_run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
+`evaluation_run`, `checkpoint {path, files_checked, changed, missing, ok, damaged?}` (None for a
+baseline), `predictions {n, matched, mismatched, missing, max_score_diff, atol, mismatches, ok}`,
+`environment {same, differences, message}` (the fresh process's environment against the run's
+env.json), `timings {load_s, eval_s, process_s}`; exit 0 verified, `VerifyFailed` (1) not, 2
+when the run cannot be verified. `fresh_evaluate(study, run_id, snapshot=, split=, ids=,
+labels=, probe_ids=None, val_loss_ids=None, num_threads=None, merge=None)` (`merge`: the
+recorded choice, `recorded_copy(eval_record)`) runs the worker and returns its predictions,
+timings and `env`; its TunelabError is raised again as its kind, any other failure as
+CheckpointError with the child's whole error. The parent imports no torch. `probe_logits` works
+on pixel values for an image model.
 """
 
 from __future__ import annotations

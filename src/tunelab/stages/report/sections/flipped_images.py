@@ -5,6 +5,8 @@ PER_CATEGORY images of each gold category, captioned with the example's id, its 
 the baseline's and the variant's predictions. Built from records only: the two evaluations'
 predictions (each image prediction names its stored image) and the image files of the data
 snapshot, each checked against the sha256 in its name before it is shown.
+
+`flipped_galleries(dossier, compare, variant)`: `PER_CATEGORY` per gold category and direction.
 """
 
 from __future__ import annotations
