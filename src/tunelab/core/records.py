@@ -5,8 +5,10 @@ with os.replace, so a kill leaves either the old state or the new one, never hal
 
 `write_json_atomic`, `write_jsonl_atomic`, `write_bytes_atomic` refuse to overwrite unless
 `overwrite=True`; `append_jsonl`, `read_json`, `read_jsonl`; `temp_dir_beside` + `publish_dir`
-make a folder record appear in one rename (with its DONE marker written last); `sha256_file`,
-`sha256_bytes`; `safe_join(root, relative)` refuses a path that leaves its folder.
+make a folder record appear in one rename (with its DONE marker written last);
+`safe_join(root, relative)` refuses a path that leaves its folder. Digests live in
+core/hashing, the typed record kinds in core/record_types, the latest of a kind in
+core/evidence.
 """
 
 from __future__ import annotations

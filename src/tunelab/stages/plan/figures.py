@@ -15,8 +15,8 @@ answers' length less what they generated, per example; negative when the base ra
 `adapter_time_ratio` - 1), else LoRA's parameter share), `variant_s_per_step` (the baseline's
 decoding step x the ratio, x 1 when the smoke's evaluation chose the merged copy, which then adds
 `eval_merge_s` once per evaluation: `merged_evaluation`), `eval_max_examples` (caps every
-evaluation, not training's validation passes). The smoke is found by
-`tunelab.stages.smoke.record.latest_smoke`.
+evaluation, not training's validation passes). The smoke and the baseline are
+found by `core.evidence` (`latest(study, "smoke", "smoke.json")`, `latest_baseline`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`.
 
-`latest_plan(study)` (the largest `created_ns`; ids carry whole seconds), `plans_in_order(study)`
-(oldest first, as the dossier reads them), `plans_dir`.
+`plans_in_order(study, on_damaged=None)` (oldest first, as the dossier reads them), `plans_dir`.
+The latest plan is `core.evidence.latest(study, "plan")` (the largest `created_ns`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ a conv net its square image side (`conv_image_side(base, cfg)`; the lengths reco
 (ModelError); `supports_checkpointing(study)` drops the checkpointing configurations of a model
 that cannot checkpoint.
 
-`records/sizing/<size-id>.json` (`latest_sizing(study)`): `device`, `seconds`, `lengths {p50,
+`records/sizing/<size-id>.json` (the latest: `core.evidence.latest(study, "sizing")`): `device`, `seconds`, `lengths {p50,
 p95, max, mean, quantiles, loss_fraction, split_counts, encode_train_s}`, `configurations:
 [{label, method, options {seq_len, micro_batch, grad_accum, measured_accum, precision,
 checkpointing, packing}, status (ok | does_not_fit | error), reason, predicted {...Estimate,
