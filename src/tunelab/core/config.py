@@ -12,7 +12,7 @@ found, what is expected). Unknown keys are errors.
 - `sha256_json(obj)` hashes canonical JSON.
 - `contradictions(cfg) -> [str]` (warm-up past max_steps, `generation_room_problem(cfg)`) and
   `config_warnings(cfg) -> [str]` (settings the method ignores) are what `tunelab validate`
-  reports through `tunelab.core.study.validate_study`.
+  reports through `tunelab.stages.hypothesis.validate.validate_study`.
 - `resolve_path(text, root=None)`: a path from a config (`asset:NAME[/sub]`, `~`, relative to
   the study).
 - `CLASSIFYING_KINDS`: the kinds scored as classification; test `cfg.task.kind` against it, not
@@ -884,7 +884,7 @@ def resolve_path(text: str, root: Path | None = None) -> Path:
     """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
     `~` is expanded, and a relative path is taken under `root` (the study folder)."""
     if text.startswith("asset:"):
-        from tunelab.demo.assets import asset_path
+        from tunelab.core.assets import asset_path
 
         return asset_path(text)
     p = Path(os.path.expanduser(text))

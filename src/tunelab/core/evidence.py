@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.errors import HypothesisError
+from tunelab.core.hashing import sha256_json
 from tunelab.core.records import read_json
 
 if TYPE_CHECKING:
@@ -44,11 +46,16 @@ __all__ = [
     "BASELINE_KIND",
     "EVAL_KIND",
     "Latest",
+    "all_hypotheses",
     "find_evaluation",
     "latest",
     "latest_baseline",
+    "latest_hypothesis",
     "latest_numbered",
     "latest_snapshot_id",
+    "pinned_commit",
+    "pins_of",
+    "read_hypothesis",
     "sizing_dir",
 ]
 
@@ -199,3 +206,51 @@ def latest_baseline(
         if evaluation is not None:
             return row, evaluation
     return None
+
+
+# ---------------------------------------------------------------- hypotheses
+
+_VERSION_RE = re.compile(r"^hypothesis-v(\d+)\.json$")
+
+
+def _versions(records: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in records.glob("hypothesis-v*.json"):
+        m = _VERSION_RE.match(p.name)
+        if m:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def read_hypothesis(path: Path) -> dict[str, Any]:
+    """A hypothesis record, refused when its locked content no longer matches its sha256."""
+    record = read_json(path)
+    if not isinstance(record, dict) or sha256_json(record.get("content")) != record.get("sha256"):
+        raise HypothesisError(
+            f"{path}: edited after registration (its content no longer matches its sha256)",
+            hint="restore the file from a copy; to change the hypothesis, edit study.yaml and run "
+            "`tunelab register` (a new version)",
+        )
+    return record
+
+
+def latest_hypothesis(records: Path) -> dict[str, Any] | None:
+    """The latest registered hypothesis (module rule), checked against its sha256, or None."""
+    path = latest_numbered(records, "hypothesis-v")
+    return read_hypothesis(path) if path else None
+
+
+def all_hypotheses(records: Path) -> list[dict[str, Any]]:
+    return [read_hypothesis(p) for _, p in _versions(records)]
+
+
+def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
+    """The pins of the latest registered hypothesis ({} when none)."""
+    latest = latest_hypothesis(Path(study_root) / "records")
+    return dict((latest or {}).get("content", {}).get("pins") or {})
+
+
+def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
+    """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
+    pin = pins_of(study_root).get(key)
+    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None

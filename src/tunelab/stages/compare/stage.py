@@ -531,8 +531,8 @@ class _Baseline:
 def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
     from tunelab.core.config import TaskConfig
+    from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
-    from tunelab.stages.hypothesis.stage import all_hypotheses
 
     version = record.get("hypothesis_version")
     found = next((h for h in all_hypotheses(study.records) if h["version"] == version), hyp)
@@ -693,8 +693,7 @@ def compare_study(
     Returns the compare record (not yet saved; see `save_compare`).
     """
     from tunelab.core.errors import HypothesisError
-    from tunelab.core.evidence import EVAL_KIND
-    from tunelab.stages.hypothesis.stage import latest_hypothesis
+    from tunelab.core.evidence import EVAL_KIND, latest_hypothesis
 
     hyp = latest_hypothesis(study.records)
     if hyp is None:

@@ -22,7 +22,7 @@ from tunelab import __version__
 from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
-from tunelab.core.evidence import find_evaluation, latest
+from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
 from tunelab.core.record_types import RunConfig
 from tunelab.core.records import (
     dumps_json,
@@ -49,7 +49,6 @@ from tunelab.stages.export.manifest import (
     pickle_files,
     tree_hashes,
 )
-from tunelab.stages.hypothesis.stage import latest_hypothesis
 from tunelab.stages.train.layout import final_checkpoint
 from tunelab.stages.verify.stage import check_checkpoint_files
 

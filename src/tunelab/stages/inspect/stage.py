@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
 from tunelab.lib.preprocess.text import (
@@ -31,7 +32,6 @@ from tunelab.lib.preprocess.text import (
     nearest_rank,
 )
 from tunelab.lib.tasks import Task, get_task
-from tunelab.stages.hypothesis.stage import latest_hypothesis
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study

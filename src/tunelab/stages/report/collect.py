@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import StudyError
+from tunelab.core.evidence import all_hypotheses
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
-from tunelab.stages.hypothesis.stage import all_hypotheses
 from tunelab.stages.plan.stored import plans_in_order
 
 
