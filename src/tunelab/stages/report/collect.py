@@ -9,14 +9,19 @@ Limitations section names.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
+from tunelab.core.ledger import RunRow
+from tunelab.core.record_types import Record, RunConfig, RunStatus
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
+
+R = TypeVar("R", bound=Record)
 
 
 class _Reader:
@@ -72,27 +77,59 @@ class _Reader:
                     out.append(rec)
         return out
 
+    def typed(self, kind: type[R], path: Path) -> R | None:
+        """The record at `path` read as `kind`; None when absent or damaged (listed)."""
+        raw = self.json(path)
+        if raw is None:
+            return None
+        try:
+            return kind.of(path, raw)
+        except StudyError as exc:
+            self.damaged(path, exc)
+            return None
+
+
+@dataclass
+class RunEvidence:
+    """One run as the dossier reads it: its ledger row and the records in its folder."""
+
+    row: RunRow
+    config: RunConfig | None = None
+    status: RunStatus | None = None
+    env: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, oldest first
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)  # split -> metrics
+    verify: list[dict[str, Any]] = field(default_factory=list)
+    # the ledger's, oldest first: statuses (interruptions, resumes), checks
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The name a user gave the run, else its id."""
+        return self.row.name or self.row.id
+
 
 def _collect_run(
-    study: Study, row: Any, events: list[dict[str, Any]], read: _Reader
-) -> dict[str, Any]:
+    study: Study, row: RunRow, events: list[dict[str, Any]], read: _Reader
+) -> RunEvidence:
     run_dir = study.runs_dir / row.id
     evaluations = {}
     for p in sorted(run_dir.glob("metrics-*.json")):
         rec = read.object(p)
         if rec is not None:
             evaluations[p.stem.removeprefix("metrics-")] = rec
-    return {
-        "row": row.to_dict(),
-        "config": read.object(run_dir / "config.json") or {},
-        "env": read.object(run_dir / "env.json"),
-        "status": read.object(run_dir / "status.json"),
-        "audit": read.object(run_dir / "audit.json"),
-        "steps": read.jsonl(run_dir / "metrics.jsonl"),
-        "evaluations": evaluations,
-        "verify": read.records_in(run_dir, "verify*.json"),
-        "events": events,  # the ledger's, oldest first: statuses (interruptions, resumes), checks
-    }
+    return RunEvidence(
+        row=row,
+        config=read.typed(RunConfig, run_dir / "config.json"),
+        status=read.typed(RunStatus, run_dir / "status.json"),
+        env=read.object(run_dir / "env.json"),
+        audit=read.object(run_dir / "audit.json"),
+        steps=read.jsonl(run_dir / "metrics.jsonl"),
+        evaluations=evaluations,
+        verify=read.records_in(run_dir, "verify*.json"),
+        events=events,
+    )
 
 
 def collect(study: Study) -> dict[str, Any]:

@@ -43,8 +43,8 @@ def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, dict[s
 
 
 def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
-    run = d.runs_by_id.get(eval_run) or {}
-    sid = ((run.get("evaluations") or {}).get(split) or {}).get("data_snapshot")
+    run = d.runs_by_id.get(eval_run)
+    sid = (run.evaluations.get(split) or {}).get("data_snapshot") if run else None
     return d.study.records / "data" / sid if sid else None
 
 

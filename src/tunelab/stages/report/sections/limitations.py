@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.context import Dossier
 
 
-def _over_budget(sec: Section, runs: list[dict[str, Any]]) -> None:
+def _over_budget(sec: Section, runs: list[RunEvidence]) -> None:
     """Answers the generation budget cuts: every model is scored wrong on them."""
     over: dict[str, tuple[int, int, Any]] = {}
     for r in runs:
-        for split, ev in r["evaluations"].items():
+        for split, ev in r.evaluations.items():
             count = (ev.get("generation") or {}).get("answers_over_budget")
             if count:
                 over[split] = (count, ev["n"], (ev.get("evaluation") or {}).get("max_new_tokens"))
@@ -44,7 +45,7 @@ def limitations_section(d: Dossier) -> Section:
             [[o["at"], o["who"], o["why"], o["run_id"]] for o in openings],
         )
     _over_budget(sec, d.runs)
-    failed = [r for r in d.runs if r["row"]["status"] in ("failed", "invalid", "interrupted")]
+    failed = [r for r in d.runs if r.row.status in ("failed", "invalid", "interrupted")]
     if failed:
         sec.text(
             f"{len(failed)} run(s) did not complete; they are listed above with their reasons."

@@ -102,7 +102,7 @@ def results_section(d: Dossier) -> Section:
         [
             [
                 "kind",
-                *(d.runs_by_id.get(i, {"row": {"kind": "?"}})["row"]["kind"] for i in d.order),
+                *(r.row.kind if (r := d.runs_by_id.get(i)) else "?" for i in d.order),
             ],
             ["examples", *(d.evaluated[i].get("n") for i in d.order)],
             *versions,
