@@ -162,15 +162,41 @@ class RunConfig(Record):
 
 @dataclass(frozen=True)
 class RunStatus(Record):
-    """runs/<run>/status.json: the run's last status, replaced at each change."""
+    """runs/<run>/status.json: the run's last status, replaced at each change; a training run's
+    final one adds its summary (steps, losses, seconds, rate, final checkpoint)."""
 
-    FIELDS: ClassVar = {"run_id": (str,), "status": (str,), "reason": _OPT_STR, "at": _OPT_STR}
+    FIELDS: ClassVar = {
+        "run_id": (str,),
+        "status": (str,),
+        "reason": _OPT_STR,
+        "at": _OPT_STR,
+        "steps": _OPT_INT,
+        "final_loss": _OPT_NUM,
+        "val_loss_initial": _OPT_NUM,
+        "val_loss": _OPT_NUM,
+        "train_seconds": _OPT_NUM,
+        "tokens_per_s": _OPT_NUM,
+        "final_checkpoint": _OPT_STR,
+    }
     OPTIONAL: ClassVar = frozenset({"at"})
+    # the fields every status has; the others are a training run's summary
+    COMMON: ClassVar = ("run_id", "status", "reason", "at")
 
     run_id: str = ""
     status: str = ""
     reason: str | None = None
     at: str | None = None
+    steps: int | None = None
+    final_loss: float | None = None
+    val_loss_initial: float | None = None
+    val_loss: float | None = None
+    train_seconds: float | None = None
+    tokens_per_s: float | None = None
+    final_checkpoint: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What the status adds to the common fields, as written (the `--json` summary)."""
+        return {k: v for k, v in self.raw.items() if k not in self.COMMON}
 
 
 @dataclass(frozen=True)
@@ -210,21 +236,40 @@ class Evaluation(Record):
 
 @dataclass(frozen=True)
 class Smoke(Record):
-    """runs/<run>/smoke.json: the smoke test's checks and timings."""
+    """runs/<run>/smoke.json: the smoke test's checks (`{check, ok, detail}`), verdict and
+    timings (seconds; None when the smoke stopped before measuring one)."""
 
     FIELDS: ClassVar = {
+        "passed": (bool,),
+        "reason": _OPT_STR,
+        "hint": _OPT_STR,
+        "checks": (list,),
         "step_s": _OPT_NUM,
+        "first_step_s": _OPT_NUM,
         "tokens_per_step": _OPT_NUM,
+        "eval_s_per_example": _OPT_NUM,
         "fresh_process_s": _OPT_NUM,
         "checkpoint_save_s": _OPT_NUM,
         "reload_s": _OPT_NUM,
+        "total_s": _OPT_NUM,
+        "adapter_timing": _OPT_DICT,
+        "adapter_time_ratio": _OPT_NUM,
     }
 
+    passed: bool = False
+    reason: str | None = None
+    hint: str | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
     step_s: float | None = None
+    first_step_s: float | None = None
     tokens_per_step: float | None = None
+    eval_s_per_example: float | None = None
     fresh_process_s: float | None = None
     checkpoint_save_s: float | None = None
     reload_s: float | None = None
+    total_s: float | None = None
+    adapter_timing: dict[str, Any] | None = None
+    adapter_time_ratio: float | None = None
 
 
 @dataclass(frozen=True)
