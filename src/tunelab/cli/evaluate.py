@@ -20,7 +20,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, eval_progress
+from tunelab.cli.progress import ProgressBoard
 from tunelab.core.env import BUSY_CPU_SHARE
 from tunelab.lib.inference.eval_copy import describe_copy, ran_on_copy
 from tunelab.lib.metrics import OVERALL_METRICS, failure_kind
@@ -160,7 +160,7 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_baseline(s, progress=eval_progress(board))
+        run, record = run_baseline(s, progress=board.update)
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
@@ -189,9 +189,7 @@ def eval_(
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_eval(
-            s, run_id, split=split, final=final, why=why, progress=eval_progress(board)
-        )
+        run, record = run_eval(s, run_id, split=split, final=final, why=why, progress=board.update)
     _warn_test_openings(record)
     if json_out:
         emit_json({"record": str(run.dir), **record})

@@ -20,7 +20,7 @@ from tunelab.cli.common import (
     rate_unit,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
 from tunelab.core.record_types import Smoke
 from tunelab.core.records import read_json
 
@@ -92,7 +92,7 @@ def smoke(
             num_train=train_examples,
             num_steps=steps,
             num_eval=eval_examples,
-            progress=train_progress(board, "smoke train", rate_unit(s, short=True)),
+            progress=board.prefixed("smoke"),
         )
     smoke = Smoke.of(run.path("smoke.json"), record)
     if json_out:

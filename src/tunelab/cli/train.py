@@ -20,7 +20,7 @@ from tunelab.cli.common import (
     rate_unit,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
 from tunelab.core.record_types import RunStatus
 from tunelab.core.study import Run
 
@@ -120,7 +120,7 @@ def train(
             name=name,
             parent=parent,
             why=why,
-            progress=train_progress(board, rate=rate_unit(s, short=True)),
+            progress=board.update,
             strategy=ranks,
         )
     _report(run, ranks, json_out, "training run")
@@ -161,6 +161,6 @@ def resume(
         rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        progress = train_progress(board, rate=rate_unit(s, short=True))
+        progress = board.update
         run = resume_run(s, stopped.id, progress=progress, strategy=ranks)
     _report(run, ranks, json_out, "resumed run")

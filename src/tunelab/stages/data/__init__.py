@@ -7,8 +7,8 @@
 
 An example is a dict {"id", "text", "label", "target"}.
 
-`build_snapshot`'s `progress(stage, done, total)` hears of inputs of 5,000 rows or more
-("reading" with total None, the duplicate search's stages with total 1); the manifest it returns
+`build_snapshot`'s `progress(what, done, total)` (core.progress) hears of inputs of 5,000 rows
+or more ("reading" with total None, the duplicate search's stages with total 1); the manifest it returns
 has `"unchanged": True` when an identical snapshot already existed (same id, reused). The folder
 also holds `dropped.jsonl` and `DONE`. `Snapshot.dir`, `Snapshot.counts` (`{split: n}` after
 dedup), `Snapshot.labels` (sorted, or None); `rows(split)` re-checks the split file's sha256 on

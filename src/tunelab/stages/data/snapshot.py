@@ -28,6 +28,7 @@ from tunelab.core.errors import DataError, EvaluationError, SnapshotError, Study
 from tunelab.core.evidence import latest_snapshot_id
 from tunelab.core.hashing import sha256_bytes, sha256_json, sha256_text
 from tunelab.core.ledger import utc_now
+from tunelab.core.progress import Progress
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -70,16 +71,13 @@ def data_dir(study: Study) -> Path:
 # ---------------------------------------------------------------- progress
 
 
-# (stage, done, total or None) -> None: "reading" counts rows of an unknown total, the
-# duplicate search's stages ("minhash", ...) report a fraction of 1
-SnapshotProgress = Callable[[str, float, float | None], None]
-
-
 class _Bar:
-    """Turns the readers' and the duplicate search's progress into the caller's callback;
-    silent without one or on small inputs (below PROGRESS_FROM rows)."""
+    """Turns the readers' row counts and the duplicate search's progress into the caller's
+    callback (core.progress: "reading" counts rows of an unknown total, the duplicate search's
+    stages, "minhash", ..., a fraction of 1); silent without one or on small inputs (below
+    PROGRESS_FROM rows)."""
 
-    def __init__(self, progress: SnapshotProgress | None):
+    def __init__(self, progress: Progress | None):
         self.progress = progress
 
     def __enter__(self) -> _Bar:
@@ -99,10 +97,10 @@ class _Bar:
 
         return advance
 
-    def fraction(self, rows: int) -> Callable[[str, float], None]:
-        def update(stage: str, fraction: float) -> None:
+    def fraction(self, rows: int) -> Progress:
+        def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
             if self.progress and rows >= PROGRESS_FROM:
-                self.progress(stage, fraction, 1.0)
+                self.progress(what, done, total, text)
 
         return update
 
@@ -197,11 +195,11 @@ class _Duplicates:
     removed: dict[int, Any]  # kept row -> (the row it duplicates, its pair or None)
 
 
-def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> dict[str, Any]:
+def build_snapshot(study: Study, progress: Progress | None = None) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
-    `progress(stage, done, total)` hears of large inputs (the CLI draws the bars). Returns the
-    manifest, plus `"unchanged": True` when an identical snapshot already existed.
+    `progress(what, done, total)` (core.progress) hears of large inputs (the CLI draws the
+    bars). Returns the manifest, plus `"unchanged": True` when an identical snapshot already existed.
     Raises DataError on bad input (naming file, line or row, and field), ConfigError on a bad
     rule, SnapshotError when an existing snapshot with the same id fails verification. Nothing
     is left behind on error.
@@ -349,7 +347,7 @@ def _split(
 
 
 def _find_duplicates(
-    kept: _Kept, splits: list[str], d: DedupConfig, progress: Callable[[str, float], None]
+    kept: _Kept, splits: list[str], d: DedupConfig, progress: Progress
 ) -> _Duplicates:
     """Exact and near duplicates of the kept rows, and the rows the policy removes."""
     if d.exact or d.near:

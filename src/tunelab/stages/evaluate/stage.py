@@ -20,7 +20,7 @@ Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a
 
 - `evaluate_model(model, tokenizer, base, study, examples, split, *, labels=None,
   progress=None, expect_template_sha256=None, merge=None) -> (record, predictions)`:
-  `progress(done, total, what)` once before the first batch (done 0) and after every batch
+  `progress(what, done, total)` (core.progress) once before the first batch (done 0) and after every batch
   (`EvalProgress`); `merge` None checks the evaluation copy on the first batch
   (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice (`run_baseline`
   and `run_eval` take it too). Raises HypothesisError when study.config does not match the
@@ -57,6 +57,7 @@ from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_
 from tunelab.core.errors import EvaluationError, RunError
 from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
 from tunelab.core.hashing import sha256_json
+from tunelab.core.progress import Progress
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 from tunelab.lib import metrics as M
 from tunelab.lib.inference.decoding import left_padded_positions
@@ -97,21 +98,17 @@ def _tensor_rows(compare: Any) -> Any:
     return lambda a, b: compare(a.tolist(), b.tolist())
 
 
-# (examples done, examples in all, what is evaluated) -> None, after every batch
-EvalProgress = Callable[[int, int, str], None]
-
-
 class _Ticker:
     """Counts the examples done and tells the caller's progress callback (if any)."""
 
-    def __init__(self, progress: EvalProgress | None, total: int, what: str):
+    def __init__(self, progress: Progress | None, total: int, what: str):
         self.progress, self.total, self.what = progress, total, what
         self.done = 0
 
     def __call__(self, n: int) -> None:
         self.done += n
         if self.progress is not None:
-            self.progress(self.done, self.total, self.what)
+            self.progress(self.what, self.done, self.total)
 
 
 # ---------------------------------------------------------------- inference
@@ -274,7 +271,7 @@ def evaluate_model(
     split: str,
     *,
     labels: Sequence[str] | None = None,
-    progress: EvalProgress | None = None,
+    progress: Progress | None = None,
     expect_template_sha256: str | None = None,
     merge: bool | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -608,9 +605,7 @@ def require_generation_room(cfg: StudyConfig) -> None:
         )
 
 
-def run_baseline(
-    study: Study, *, progress: EvalProgress | None = None
-) -> tuple[Run, dict[str, Any]]:
+def run_baseline(study: Study, *, progress: Progress | None = None) -> tuple[Run, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
 
@@ -670,7 +665,7 @@ def run_eval(
     split: str = "validation",
     final: bool = False,
     why: str | None = None,
-    progress: EvalProgress | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Run, dict[str, Any]]:
     """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
     itself on the test split), recorded as a run of kind `eval` whose parent is RUN.

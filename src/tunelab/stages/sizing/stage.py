@@ -58,6 +58,7 @@ from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.core.errors import SnapshotError, StudyError, TunelabError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
+from tunelab.core.progress import Progress
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
@@ -377,7 +378,7 @@ class _Measurer:
         own: str,
         total: int,
         timeout_s: float,
-        progress: Callable[[int, int, str], None] | None,
+        progress: Progress | None,
         shared: bool = True,
     ):
         self.base_spec, self.own, self.total = base_spec, own, total
@@ -429,7 +430,9 @@ class _Measurer:
         """Measure option `o` alone (its own process); `note` follows its label on the
         progress line."""
         if self.progress:
-            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
+            self.progress(
+                "size", len(self.rows), self.total, o.label + (f"; {note}" if note else "")
+            )
         self.measure_all([(o, method)])
         return self.rows[-1]
 
@@ -639,7 +642,7 @@ class _RowProgress:
         own: str,
         total: int,
         shared: bool,
-        progress: Callable[[int, int, str], None] | None,
+        progress: Progress | None,
         images: bool = False,
     ):
         self.planned, self.own, self.total, self.shared = planned, own, total, shared
@@ -662,7 +665,7 @@ class _RowProgress:
             first = self.timed[0] if self.timed else None
             note = _remaining(self.done, left, self.own, first, self.shared, self.images)
             n = len(self.done)
-            self.progress(n, self.total, f"{n} of {len(self.planned)} measured; {note}")
+            self.progress("size", n, self.total, f"{n} of {len(self.planned)} measured; {note}")
 
 
 def run_sizing(
@@ -676,7 +679,7 @@ def run_sizing(
     measure_steps: int = 1,
     allocator: str = "pinned",
     timeout_s: float = 1800.0,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Progress | None = None,
     methods: list[str] | None = None,
     shared: bool = True,
 ) -> tuple[dict[str, Any], Path]:
@@ -687,7 +690,7 @@ def run_sizing(
     `shared`: all configurations in one measuring process (False: a fresh one for each,
     `tunelab size --fresh-processes`; see `processes.measure_configurations`).
 
-    `progress(done, total, label)` is called before each configuration is measured. Returns
+    `progress("size", done, total, label)` (core.progress) as the configurations are measured. Returns
     (record, path). Raises TunelabError when nothing could be measured or lengths are unknown;
     an out-of-memory configuration is a row with status does_not_fit.
     """
@@ -738,7 +741,7 @@ def run_sizing(
     planned = [o for o, _ in queue]
     note = sizing_forecast(study, planned, own, shared)
     if progress:
-        progress(0, total, f"{planned[0].label}; {note}")
+        progress("size", 0, total, f"{planned[0].label}; {note}")
     images = cfg.task.kind == "image_classification"
     on_row = _RowProgress(planned, own, total, shared, progress, images)
     measurer.measure_all(queue, on_row)

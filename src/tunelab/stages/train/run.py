@@ -11,8 +11,8 @@ one in the same folder. Statuses (status.json and the ledger):
   stale heartbeat (`Study.reconcile`)
 
 `train_run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
-and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress(step,
-total_steps, metrics_row)` on rank 0 after every step (`TrainProgress`). Resume keeps the run id
+and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress("train", step,
+total_steps, "loss ... | rate")` on rank 0 after every step (core.progress). Resume keeps the run id
 and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
 re-applied), a newer or tampered snapshot and a changed base. Both raise after recording the
 status: `InvalidRun` / `PreprocessError` -> invalid (exit 2), `RunFailed` -> failed (exit 1),
@@ -55,6 +55,7 @@ from tunelab.core.errors import (
     RunError,
     TunelabError,
 )
+from tunelab.core.progress import Progress
 from tunelab.core.records import (
     append_jsonl,
     read_jsonl,
@@ -68,7 +69,7 @@ from tunelab.stages.train import checkpoint as ckpt
 from tunelab.stages.train import compute, rank_run
 from tunelab.stages.train.batches import Position
 from tunelab.stages.train.build import build_loop, build_model, seed_everything
-from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
+from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop
 from tunelab.stages.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
 from tunelab.stages.train.schedule import total_steps
 from tunelab.stages.train.strategy import SingleProcess, Strategy
@@ -166,12 +167,12 @@ def train_run(
     parent: str | None = None,
     why: str | None = None,
     resume_from: str | None = None,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
     strategy: Strategy | None = None,
 ) -> Run:
     """Start a training run (or continue `resume_from`); returns the run once it completed.
 
-    `progress(step, total_steps, metrics_row)` is called on rank 0 after every step (the CLI
+    `progress("train", step, total_steps, text)` is called on rank 0 after every step (the CLI
     draws the bar). Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
     (status invalid), RunFailed (status failed) and the usual TunelabErrors before the run
     exists (no hypothesis, no snapshot, no model).
@@ -204,7 +205,7 @@ def resume_run(
     study: Study,
     run_id: str,
     *,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
     strategy: Strategy | None = None,
 ) -> Run:
     """Continue a stopped run in its own folder from its latest complete checkpoint.
@@ -284,7 +285,7 @@ def execute_run(
     prep: Prepared,
     *,
     resume: Path | None,
-    progress: TrainProgress | None,
+    progress: Progress | None,
     strategy: Strategy | None,
 ) -> None:
     """Train `prep` into `run` and record the outcome as the run's status.
@@ -399,7 +400,7 @@ def _train(
     resume: Path | None,
     stop: SignalStop,
     beat: Heartbeat,
-    progress: TrainProgress | None,
+    progress: Progress | None,
     strategy: Strategy,
 ) -> dict[str, Any]:
     from tunelab.lib.models import compute_device
@@ -455,6 +456,7 @@ def _train(
     live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
     if validation.initial is not None:
         live.log({"step": 0, "val_loss": validation.initial})
+    images = study.config.task.kind == "image_classification"  # its batches count images
     callbacks: list[StepCallback] = [
         cb.StepFigures(device, clock),
         update_check,
@@ -464,7 +466,7 @@ def _train(
         checkpoints,
         cb.kill_point,
         cb.HeartbeatStep(beat, checkpoints),
-        *([cb.ProgressReport(progress, steps)] if progress and strategy.is_main else []),
+        *([cb.ProgressReport(progress, steps, images)] if progress and strategy.is_main else []),
         cb.StopOnSignal(stop, saver, run.id),
     ]
     beat.step, beat.total_steps = state.step, steps
