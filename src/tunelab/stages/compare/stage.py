@@ -1,13 +1,9 @@
 """Comparing variants with the baseline: paired statistics, guardrails, flips and config diffs.
 
-Pure parts (values in, values out): `paired_bootstrap`, `mcnemar`, `flips`, `config_diff`,
-`compare_evaluations`. The edge (`compare_study`) finds each run's evaluation in the study
+Pure parts (values in, values out): `flips`, `config_diff`, `compare_evaluations`; the
+statistics themselves (paired bootstrap, McNemar, bounds, Holm, TOST) live in
+`tunelab.lib.statistics`. The edge (`compare_study`) finds each run's evaluation in the study
 folder, refuses results of different evaluation specs, and writes `records/compare/<id>.json`.
-
-Paired bootstrap: the same resampled example multiset is applied to the baseline and the
-variant, so the interval is for the difference on the same examples. A resample is drawn as
-multinomial counts `W [samples, n]`; every metric is written as a function of those counts
-(means, ratios of sums, F1 from weighted confusion counts), so all metrics share one draw.
 
 `compare_evaluations(..., fields=, paths=)`; `compare_study(study, run_ids=None, split=,
 baseline=)` + `save_compare(study, record)` write `records/compare/<id>.json`. Failed,
@@ -17,15 +13,22 @@ another spec is refused.
 
 from __future__ import annotations
 
-import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tunelab.lib.statistics import (
+    Stat,
+    f1_stats,
+    mcnemar,
+    mean_stat,
+    paired_bootstrap,
+    ratio_stat,
+)
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
 from tunelab.stages.compare.guardrails import check_guardrails, inner_metrics
 from tunelab.stages.hypothesis.stage import diff_dicts
@@ -33,135 +36,7 @@ from tunelab.stages.hypothesis.stage import diff_dicts
 if TYPE_CHECKING:
     from tunelab.core.study import Study
 
-Stat = Callable[[np.ndarray], np.ndarray]  # counts [B, n] -> values [B] or [B, k]
-
-# ---------------------------------------------------------------- statistics
-
-
-def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.divide(a, b, out=np.zeros_like(a, dtype=np.float64), where=b != 0)
-
-
-def mean_stat(x: Sequence[float] | np.ndarray) -> Stat:
-    """The weighted mean of a per-example value ([n] -> [B]; [n, k] -> [B, k])."""
-    arr = np.asarray(x, dtype=np.float64)
-    return lambda w: (w @ arr) / w.sum(axis=1, keepdims=arr.ndim > 1)
-
-
-def ratio_stat(num: Sequence[float] | np.ndarray, den: Sequence[float] | np.ndarray) -> Stat:
-    """sum(w * num) / sum(w * den): micro averages such as field micro-F1 (2 tp / (pred + gold))."""
-    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    return lambda w: _safe_div(w @ a, w @ b)
-
-
-def f1_stats(
-    golds: Sequence[str], preds: Sequence[str | None], labels: Sequence[str]
-) -> dict[str, Stat]:
-    """Per-category F1 [B, C], macro F1 and weighted F1 [B] from weighted confusion counts,
-    with the definitions of `metrics.classification_metrics`."""
-    index = {label: i for i, label in enumerate(labels)}
-    gold = np.zeros((len(golds), len(labels)))
-    pred = np.zeros((len(golds), len(labels)))
-    for row, (g, p) in enumerate(zip(golds, preds, strict=True)):
-        gold[row, index[g]] = 1.0
-        if p in index:
-            pred[row, index[p]] = 1.0
-    hit = gold * pred
-
-    def per_category(w: np.ndarray) -> np.ndarray:
-        tp, support, predicted = w @ hit, w @ gold, w @ pred
-        precision, recall = _safe_div(tp, predicted), _safe_div(tp, support)
-        return _safe_div(2 * precision * recall, precision + recall)
-
-    def weighted(w: np.ndarray) -> np.ndarray:
-        support = w @ gold
-        return _safe_div((per_category(w) * support).sum(axis=1), support.sum(axis=1))
-
-    return {
-        "per_category_f1": per_category,
-        "macro_f1": lambda w: per_category(w).mean(axis=1),
-        "weighted_f1": weighted,
-    }
-
-
-def paired_bootstrap(
-    stats: Mapping[str, tuple[Stat, Stat]],
-    n: int,
-    *,
-    samples: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    chunk: int = 250,
-) -> dict[str, dict[str, Any]]:
-    """Percentile intervals of `variant - baseline` for each named pair of statistics.
-
-    Args:
-        stats: name -> (baseline statistic, variant statistic), both over the same n examples
-            in the same order.
-        n: number of paired examples.
-        samples: bootstrap resamples; seed: the generator seed (same seed, same intervals).
-    Returns:
-        name -> {"baseline", "variant", "delta", "ci_low", "ci_high"} (floats, or lists for
-        vector statistics such as per-category F1).
-    """
-    ones = np.ones((1, n))
-    point = {k: (a(ones)[0], b(ones)[0]) for k, (a, b) in stats.items()}
-    draws: dict[str, list[np.ndarray]] = {k: [] for k in stats}
-    rng = np.random.default_rng(seed)
-    probs = np.full(n, 1.0 / n)
-    done = 0
-    while done < samples and n > 0:
-        size = min(chunk, samples - done)
-        w = rng.multinomial(n, probs, size=size).astype(np.float64)  # [size, n]
-        for k, (a, b) in stats.items():
-            draws[k].append(b(w) - a(w))
-        done += size
-    tail = (1.0 - confidence) / 2 * 100
-    out = {}
-    for k, (base, var) in point.items():
-        if draws[k]:
-            d = np.concatenate(draws[k], axis=0)
-            low, high = np.percentile(d, [tail, 100 - tail], axis=0)
-        else:
-            low = high = var - base
-        out[k] = {
-            "baseline": _plain(base),
-            "variant": _plain(var),
-            "delta": _plain(var - base),
-            "ci_low": _plain(low),
-            "ci_high": _plain(high),
-        }
-    return out
-
-
-def _plain(x: Any) -> Any:
-    arr = np.asarray(x, dtype=np.float64)
-    return float(arr) if arr.ndim == 0 else [float(v) for v in arr]
-
-
-def mcnemar(baseline_correct: Sequence[bool], variant_correct: Sequence[bool]) -> dict[str, Any]:
-    """McNemar's test on paired correctness.
-
-    b = baseline right and variant wrong, c = baseline wrong and variant right. With fewer than
-    25 discordant pairs the two-sided exact binomial test is used, else the chi-square statistic
-    with continuity correction (1 degree of freedom).
-    """
-    b = sum(1 for x, y in zip(baseline_correct, variant_correct, strict=True) if x and not y)
-    c = sum(1 for x, y in zip(baseline_correct, variant_correct, strict=True) if y and not x)
-    m = b + c
-    if m == 0:
-        return {"b": 0, "c": 0, "method": "exact", "statistic": None, "p_value": 1.0}
-    if m < 25:
-        tail = sum(math.comb(m, k) for k in range(min(b, c) + 1)) / 2**m
-        return {"b": b, "c": c, "method": "exact", "statistic": None, "p_value": min(1.0, 2 * tail)}
-    chi2 = (abs(b - c) - 1) ** 2 / m
-    return {
-        "b": b,
-        "c": c,
-        "method": "chi2_continuity",
-        "statistic": chi2,
-        "p_value": math.erfc(math.sqrt(chi2 / 2)),
-    }
+# ---------------------------------------------------------------- flips
 
 
 def flips(

@@ -325,15 +325,30 @@ def _train_pass(
             timings["tokens_per_step"] = round(sum(r["tokens"] for r in steps) / len(steps), 1)
             timings["peak_memory_bytes"] = max(r.get("memory_bytes") or 0 for r in steps)
     status = run.status()
-    violations = (status.get("update_check") or {}).get("violations")
+    check = status.get("update_check") or {}
+    violations = check.get("violations")
     found.check(
         "update check",
         violations == [] if violations is not None else None,
-        "every trainable tensor moved, every frozen one stayed"
+        _update_detail(check)
         if violations == []
         else ("; ".join(violations[:3]) if violations else "not run"),
     )
     return status
+
+
+def _update_detail(check: dict[str, Any]) -> str:
+    detail = "every trainable tensor moved, every frozen one stayed"
+    unused = check.get("unused") or []
+    if unused:
+        detail += (
+            f" (but {len(unused)} tensor(s), {check.get('unused_parameters', 0):,} parameters, got "
+            "no gradient: the forward does not use them, not counted as trained): "
+            + ", ".join(unused[:3])
+        )
+    if check.get("unrouted_experts"):
+        detail += f"; {len(check['unrouted_experts'])} expert tensor(s) no token was routed to"
+    return detail
 
 
 def _check_checkpoint(run: Run, found: _Findings) -> None:

@@ -107,10 +107,18 @@ class UpdateCheck:
     def __call__(self, state: TrainState, row: dict[str, Any]) -> None:
         if self.before is None or state.step != self.after_step:
             return
-        from tunelab.lib.models import check_update
+        from tunelab.lib.models import classify_update
 
-        violations = check_update(self.before, self.model, state.step, self.method)
+        result = classify_update(self.before, self.model, state.step, self.method)
+        self.before.release()
+        violations = result.violations
         self.record["violations"] = violations
+        if result.unused:
+            # trainable in name only: the task's forward never reads them
+            self.record["unused"] = result.unused
+            self.record["unused_parameters"] = result.unused_numel
+        if result.unrouted:
+            self.record["unrouted_experts"] = result.unrouted
         if violations:
             raise InvalidRun(
                 f"update check after step {state.step}: {len(violations)} tensor(s) wrong: "
