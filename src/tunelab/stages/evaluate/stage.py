@@ -20,8 +20,8 @@ Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a
 
 - `evaluate_model(model, tokenizer, base, study, examples, split, *, labels=None,
   progress=None, expect_template_sha256=None, merge=None) -> (record, predictions)`:
-  `progress(what, done, total)` (core.progress) once before the first batch (done 0) and after every batch
-  (`EvalProgress`); `merge` None checks the evaluation copy on the first batch
+  `progress(what, done, total)` (core.progress) once before the first batch (done 0) and
+  after every batch; `merge` None checks the evaluation copy on the first batch
   (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice (`run_baseline`
   and `run_eval` take it too). Raises HypothesisError when study.config does not match the
   registered hypothesis.
