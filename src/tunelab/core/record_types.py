@@ -249,6 +249,8 @@ class Smoke(Record):
         "tokens_per_step": _OPT_NUM,
         "eval_s_per_example": _OPT_NUM,
         "fresh_process_s": _OPT_NUM,
+        "fresh_eval_s": _OPT_NUM,
+        "fresh_checks_s": _OPT_NUM,
         "checkpoint_save_s": _OPT_NUM,
         "reload_s": _OPT_NUM,
         "total_s": _OPT_NUM,
@@ -265,6 +267,8 @@ class Smoke(Record):
     tokens_per_step: float | None = None
     eval_s_per_example: float | None = None
     fresh_process_s: float | None = None
+    fresh_eval_s: float | None = None
+    fresh_checks_s: float | None = None
     checkpoint_save_s: float | None = None
     reload_s: float | None = None
     total_s: float | None = None

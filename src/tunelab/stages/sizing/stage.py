@@ -59,6 +59,7 @@ from tunelab.core.errors import SnapshotError, StudyError, TunelabError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
 from tunelab.core.progress import Progress
+from tunelab.core.record_types import Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
@@ -152,20 +153,20 @@ def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool 
     """A sentence saying how long the sizing will take, from the latest smoke's step time (the
     only step measured before), or that it is known after the first configuration."""
     found = latest(study, "smoke", "smoke.json")
-    smoke, row = (found.read(), found.row) if found else (None, None)
+    smoke, row = (Smoke.read(found.path), found.row) if found else (None, None)
     what = _processes_text(len(options), shared)
-    if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
+    if not smoke or not smoke.step_s or not smoke.tokens_per_step:
         return f"{what} (time known after the first)"
-    start = smoke.get("fresh_process_s") or PROCESS_START_S
+    start = smoke.fresh_process_s or PROCESS_START_S
     images = study.config.task.kind == "image_classification"
     seconds = expected_seconds(
-        options, own, smoke["step_s"], smoke["tokens_per_step"], start,
+        options, own, smoke.step_s, smoke.tokens_per_step, start,
         build_s=CONFIG_BUILD_S if shared else start, images=images,
     )  # fmt: skip
     unit = "images" if images else "tokens"
     return (
         f"{what}: {_clock_text(seconds)} "
-        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} {unit})"
+        f"(smoke {row.id}: {smoke.step_s:.1f} s a step of {smoke.tokens_per_step:.0f} {unit})"
     )
 
 
