@@ -34,6 +34,7 @@ from tunelab.stages.compare.guardrails import check_guardrails, inner_metrics
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 if TYPE_CHECKING:
+    from tunelab.core.record_types import RunConfig
     from tunelab.core.study import Study
 
 # ---------------------------------------------------------------- flips
@@ -376,11 +377,11 @@ def new_compare_id() -> str:
 # ---------------------------------------------------------------- the study edge
 
 
-def _run_config(study: Study, run_id: str) -> dict[str, Any]:
-    from tunelab.core.records import read_json
+def _run_config(study: Study, run_id: str) -> RunConfig | None:
+    from tunelab.core.record_types import RunConfig
 
     path = study.runs_dir / run_id / "config.json"
-    return read_json(path) if path.exists() else {}
+    return RunConfig.read(path) if path.exists() else None
 
 
 def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
@@ -396,7 +397,7 @@ class _Baseline:
     evaluation: dict[str, Any]
     record: dict[str, Any]
     predictions: list[dict[str, Any]]
-    config: dict[str, Any]
+    config: RunConfig | None
     kind: str
     labels: list[str]
     fields: list[str]
@@ -535,11 +536,11 @@ def _compare_run(
     parent_id = row.parent or base.row.id
     parent_cfg = _run_config(study, parent_id) if row.parent else base.config
     diff = config_diff(
-        parent_cfg.get("config") or {},
-        run_cfg.get("config") or {},
+        parent_cfg.config if parent_cfg else {},
+        run_cfg.config if run_cfg else {},
         why=row.why,
-        parent_snapshot=parent_cfg.get("data_snapshot"),
-        child_snapshot=run_cfg.get("data_snapshot"),
+        parent_snapshot=parent_cfg.data_snapshot if parent_cfg else None,
+        child_snapshot=run_cfg.data_snapshot if run_cfg else None,
     )
     diff["against"] = parent_id
     entry.update(
