@@ -215,10 +215,18 @@ class Evaluation(Record):
         "run_id": _OPT_STR,
         "generation": _OPT_DICT,
         "cpu_share": _OPT_NUM,
+        "examples_per_s": _OPT_NUM,
+        "torch_threads": _OPT_INT,
+        "evaluation": _OPT_DICT,
+        "merge": _OPT_DICT,
+        "evaluates": _OPT_STR,
+        "test_openings": _OPT_INT,
+        "warning": _OPT_STR,
     }
     OPTIONAL: ClassVar = frozenset(
         {"task_kind", "seconds", "labels", "fields", "spec_sha256", "run_id", "generation"}
-        | {"cpu_share"}
+        | {"cpu_share", "examples_per_s", "torch_threads", "evaluation", "merge", "evaluates"}
+        | {"test_openings", "warning"}
     )
 
     split: str = ""
@@ -232,6 +240,13 @@ class Evaluation(Record):
     run_id: str | None = None
     generation: dict[str, Any] | None = None
     cpu_share: float | None = None
+    examples_per_s: float | None = None
+    torch_threads: int | None = None
+    evaluation: dict[str, Any] | None = None  # the evaluation settings it ran with
+    merge: dict[str, Any] | None = None  # whether it ran on a merged copy, and why
+    evaluates: str | None = None  # an eval run's parent: the run evaluated
+    test_openings: int | None = None  # a test evaluation: the split's openings so far
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
