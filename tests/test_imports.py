@@ -232,9 +232,6 @@ LAYERS = {"core": 0, "lib": 1, "stages": 2, "track": 3, "demo": 3, "cli": 4}
 
 # Edges that still go up, each with why; removing one is progress, adding one needs a reason.
 LAYERING_EXCEPTIONS = {
-    # the image decoding rules (accepted modes, EXIF orientation, RGB conversion) are the data
-    # stage's; the training chain must decode exactly as the snapshot did
-    ("tunelab.lib.preprocess.images", "tunelab.stages.data.images"),
     # training.log_to mirrors the live metrics to MLflow from inside the training loop
     ("tunelab.stages.train.run", "tunelab.track.live"),
 }

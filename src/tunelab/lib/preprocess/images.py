@@ -32,8 +32,8 @@ import numpy as np
 from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
 from tunelab.core.hashing import sha256_json, stable_u64
+from tunelab.lib.preprocess.decode import ACCEPTED_MODES, model_rgb, open_image
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
-from tunelab.stages.data.images import ACCEPTED_MODES, model_rgb, open_image
 
 RECIPE_VERSION = 3  # raised when a rule changes the pixels, so stored recipes stop matching
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

@@ -400,8 +400,8 @@ def _processor_check(
     """The exported AutoImageProcessor against the study's chain (`processor_gap`), on the
     example's image when there is one."""
     from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.decode import open_image
     from tunelab.lib.preprocess.images import processor_gap, resolve_chain
-    from tunelab.stages.data.images import open_image
 
     chain = resolve_chain(processor, validate_config(manifest["config"], source=MANIFEST))
     image = None

@@ -373,7 +373,7 @@ def _image_processor(src: _Source, tmp: Path, example: dict[str, Any] | None) ->
     write_json_atomic(path, config)
     image = None
     if example and "image" in example["example"]:
-        from tunelab.stages.data.images import open_image
+        from tunelab.lib.preprocess.decode import open_image
 
         image = open_image((tmp / example["example"]["image_path"]).read_bytes(), "example")
     with quiet_transformers():

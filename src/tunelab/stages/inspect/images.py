@@ -35,9 +35,9 @@ import numpy as np
 
 from tunelab.core.errors import DataError, PreprocessError
 from tunelab.core.progress import Progress
+from tunelab.lib.preprocess.decode import ACCEPTED_MODES, ORIENTED, model_rgb
 from tunelab.lib.preprocess.images import apply_chain, example_rng, open_example_image
 from tunelab.lib.preprocess.problems import Problem
-from tunelab.stages.data.images import ACCEPTED_MODES, ORIENTED, model_rgb
 
 THUMB_PX = 96
 # a category whose median area is this many times the others' (or below 1 / it) is flagged

@@ -51,7 +51,7 @@ def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
 def _thumbnail(folder: Path, name: Any) -> bytes | None:
     """The stored image `name` (images/<sha256>.<ext>) as a thumbnail; None when it is missing
     or its bytes no longer match the sha256 its name carries."""
-    from tunelab.stages.data.images import open_image
+    from tunelab.lib.preprocess.decode import open_image
     from tunelab.stages.inspect.images import thumbnail_png
 
     if not isinstance(name, str) or not name.startswith("images/"):
