@@ -69,3 +69,28 @@ def test_only_the_cli_progress_module_draws_bars():
         if "rich.progress" in p.read_text() and p != src / "cli" / "progress.py"
     )
     assert drawing == []
+
+
+def test_the_data_readers_report_rows_read_through_the_one_protocol(tmp_path):
+    """`read_source` reports `progress("reading", rows so far, None)`: the board's own update."""
+    import json
+
+    from tunelab.core.config import DataConfig
+    from tunelab.stages.data.readers import PROGRESS_EVERY, read_source
+
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for i in range(2 * PROGRESS_EVERY + 5):
+            f.write(json.dumps({"text": f"row {i}", "label": "ab"[i % 2]}) + "\n")
+    cfg = DataConfig.model_validate({"source": {"format": "jsonl", "path": str(tmp_path)}})
+    stream = io.StringIO()
+    calls = []
+    with ProgressBoard(stream=stream, every_s=0) as board:
+
+        def both(what, done, total=None, text=""):
+            calls.append((what, done, total))
+            board.update(what, done, total, text)
+
+        src = read_source(tmp_path, cfg, both)
+    assert len(src.rows) == 2 * PROGRESS_EVERY + 5
+    assert calls == [("reading", PROGRESS_EVERY, None), ("reading", 2 * PROGRESS_EVERY, None)]
+    assert "reading 20,000" in stream.getvalue()

@@ -18,7 +18,6 @@ read only through `open_test_split`, which logs who opened it, when and why in t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,16 +85,14 @@ class _Bar:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def counter(self, name: str) -> Callable[[int], None]:
-        """Advance by n items of unknown total; reported once PROGRESS_FROM are seen."""
-        seen = [0]
+    def rows(self) -> Progress:
+        """The readers' rows read, reported once PROGRESS_FROM are seen."""
 
-        def advance(n: int) -> None:
-            seen[0] += n
-            if self.progress and seen[0] >= PROGRESS_FROM:
-                self.progress(name, seen[0], None)
+        def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
+            if self.progress and done >= PROGRESS_FROM:
+                self.progress(what, done, total, text)
 
-        return advance
+        return update
 
     def fraction(self, rows: int) -> Progress:
         def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
@@ -214,7 +211,7 @@ def build_snapshot(study: Study, progress: Progress | None = None) -> dict[str, 
 
             src, images = read_image_source(source_path, cfg)
         else:
-            src = read_source(source_path, cfg, bar.counter("reading"))
+            src = read_source(source_path, cfg, bar.rows())
         read = RowsRead(src.rows, study.config, source_path)
         notes = list(src.notes) + run_checks(read)
         rows = src.rows
