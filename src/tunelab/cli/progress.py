@@ -116,15 +116,10 @@ class ProgressBoard:
     def _update_rich(self, name: str, done: float, total: float | None, text: str) -> None:
         if self._rich is None:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
-            self._rich = Progress(
+            self._rich = RichProgress(
                 TextColumn("[bold]{task.description}[/]"),
                 BarColumn(),
                 TextColumn("{task.fields[amount]}"),
