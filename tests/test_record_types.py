@@ -60,3 +60,36 @@ def test_a_field_of_the_wrong_type_is_named(tmp_path):
     verify.write_text(json.dumps({"passed": 1}))  # 1 is not true/false
     with pytest.raises(StudyError, match=r"field 'passed' is 1, not true/false"):
         Verify.read(verify)
+
+
+def test_every_record_of_the_fixed_study_reads_as_its_kind():
+    """The typed classes read the records tunelab writes (the fixed study of the pinned plan)."""
+    from pathlib import Path
+
+    from tunelab.core.record_types import (
+        Compare,
+        ExportManifest,
+        Plan,
+        Sizing,
+        Smoke,
+    )
+
+    records = Path(__file__).parent / "fixtures" / "plan-study" / "records"
+    kinds = {
+        "runs/*/config.json": RunConfig,
+        "runs/*/status.json": RunStatus,
+        "runs/*/metrics-*.json": Evaluation,
+        "runs/*/smoke.json": Smoke,
+        "runs/*/verify-*.json": Verify,
+        "sizing/size-*.json": Sizing,
+        "plans/plan-*.json": Plan,
+        "compare/*.json": Compare,
+        "exports/*/tunelab-manifest.json": ExportManifest,
+    }
+    for pattern, kind in kinds.items():
+        paths = sorted(records.glob(pattern))
+        assert paths, pattern
+        for path in paths:
+            assert kind.read(path).path == path
+    smoke = Smoke.read(next(records.glob("runs/*/smoke.json")))
+    assert smoke.passed is True and smoke.step_s > 0 and smoke.checks
