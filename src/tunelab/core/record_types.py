@@ -296,6 +296,7 @@ class Verify(Record):
     """runs/<run>/verify-<n>.json: one verification of a run's checkpoint."""
 
     FIELDS: ClassVar = {
+        "record": _OPT_STR,
         "passed": (bool,),
         "reason": _OPT_STR,
         "finished_at": _OPT_STR,
@@ -303,6 +304,7 @@ class Verify(Record):
     }
     OPTIONAL: ClassVar = frozenset({"finished_at", "environment"})
 
+    record: str | None = None  # its own path, as written
     passed: bool = False
     reason: str | None = None
     finished_at: str | None = None

@@ -23,7 +23,7 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
 from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
-from tunelab.core.record_types import RunConfig
+from tunelab.core.record_types import RunConfig, Verify
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -159,11 +159,18 @@ def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str |
 
 
 def _latest_verify(run: Run) -> dict[str, Any] | None:
+    """What the manifest says of the run's latest verification (None before any)."""
     found = latest(run.study, "verify", run_dir=run.dir)
     if found is None:
         return None
-    rec = found.read()
-    return {k: rec.get(k) for k in ("record", "passed", "reason", "finished_at", "environment")}
+    v = Verify.read(found.path)
+    return {
+        "record": v.record,
+        "passed": v.passed,
+        "reason": v.reason,
+        "finished_at": v.finished_at,
+        "environment": v.environment,
+    }
 
 
 def _env_summary(env: Mapping[str, Any] | None) -> dict[str, Any] | None:
