@@ -13,6 +13,7 @@ import yaml
 
 from helpers import filled_hypothesis
 from tunelab.core.ledger import RunRow
+from tunelab.core.record_types import Evaluation
 from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
 from tunelab.stages.report.collect import RunEvidence
@@ -96,7 +97,11 @@ def test_the_decision_rule_and_its_test_figure():
     )
     test_eval = RunEvidence(
         row=RunRow("eval-1", "eval", parent="train-v3"),
-        evaluations={"test": {"n": 15, "metrics": {"macro_f1": 0.75}}},
+        evaluations={
+            "test": Evaluation(
+                Path("metrics-test.json"), {}, "test", 15, metrics={"macro_f1": 0.75}
+            )
+        },
     )
     other = RunEvidence(row=RunRow("eval-0", "eval", parent="train-v1"))
     opening = {"run_id": "eval-1"}

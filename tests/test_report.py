@@ -14,12 +14,17 @@ import yaml
 
 from helpers import fill_hypothesis, run_cli, train_stopped_at
 from tunelab.core.ledger import RunRow
-from tunelab.core.record_types import RunConfig
+from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
 from tunelab.stages.report import build_report
 from tunelab.stages.report.collect import RunEvidence
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def evaluation_on_test(n: int, metrics: dict) -> Evaluation:
+    """An evaluation record on the test split holding only its size and metrics."""
+    return Evaluation(Path("metrics-test.json"), {}, "test", n, metrics=metrics)
 
 
 def render_dom(html_path, tmp_path, *extra: str) -> str:
@@ -213,7 +218,7 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
     }  # fmt: skip
     test_run = RunEvidence(
         row=RunRow("eval-t", "eval", parent="train-a"),
-        evaluations={"test": {"n": 120, "metrics": {"macro_f1": 0.7912}}},
+        evaluations={"test": evaluation_on_test(120, {"macro_f1": 0.7912})},
     )
     openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "y"}]
     data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
@@ -248,7 +253,7 @@ def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opene
     }  # fmt: skip
     test_run = RunEvidence(
         row=RunRow("eval-t", "eval", parent="train-a"),
-        evaluations={"test": {"n": 305, "metrics": {"macro_f1": 0.28}}},
+        evaluations={"test": evaluation_on_test(305, {"macro_f1": 0.28})},
     )
     openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "final decision"}]
     data = {"runs": [test_run], "compares": [compare], "test_openings": openings}

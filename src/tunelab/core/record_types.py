@@ -222,11 +222,13 @@ class Evaluation(Record):
         "evaluates": _OPT_STR,
         "test_openings": _OPT_INT,
         "warning": _OPT_STR,
+        "data_snapshot": _OPT_STR,
+        "hypothesis_version": _OPT_INT,
     }
     OPTIONAL: ClassVar = frozenset(
         {"task_kind", "seconds", "labels", "fields", "spec_sha256", "run_id", "generation"}
         | {"cpu_share", "examples_per_s", "torch_threads", "evaluation", "merge", "evaluates"}
-        | {"test_openings", "warning"}
+        | {"test_openings", "warning", "data_snapshot", "hypothesis_version"}
     )
 
     split: str = ""
@@ -247,6 +249,8 @@ class Evaluation(Record):
     evaluates: str | None = None  # an eval run's parent: the run evaluated
     test_openings: int | None = None  # a test evaluation: the split's openings so far
     warning: str | None = None
+    data_snapshot: str | None = None
+    hypothesis_version: int | None = None
 
 
 @dataclass(frozen=True)

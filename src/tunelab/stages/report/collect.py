@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
-from tunelab.core.record_types import Record, RunConfig, RunStatus
+from tunelab.core.record_types import Evaluation, Record, RunConfig, RunStatus
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
@@ -99,7 +99,7 @@ class RunEvidence:
     env: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, oldest first
-    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)  # split -> metrics
+    evaluations: dict[str, Evaluation] = field(default_factory=dict)  # by split
     verify: list[dict[str, Any]] = field(default_factory=list)
     # the ledger's, oldest first: statuses (interruptions, resumes), checks
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -116,9 +116,9 @@ def _collect_run(
     run_dir = study.runs_dir / row.id
     evaluations = {}
     for p in sorted(run_dir.glob("metrics-*.json")):
-        rec = read.object(p)
-        if rec is not None:
-            evaluations[p.stem.removeprefix("metrics-")] = rec
+        ev = read.typed(Evaluation, p)
+        if ev is not None:
+            evaluations[p.stem.removeprefix("metrics-")] = ev
     return RunEvidence(
         row=row,
         config=read.typed(RunConfig, run_dir / "config.json"),

@@ -102,14 +102,14 @@ def test_figure(
         if r.row.kind == "eval" and r.row.parent == run_id and "test" in r.evaluations
     }
     first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
-    record = tests[first].evaluations["test"] if first else {}
+    test = tests[first].evaluations["test"] if first else None
     return {
         "name": chosen.get("name") or run_id,
         "run_id": run_id,
         "metric": metric,
         "eval_run": first,
-        "n": record.get("n"),
-        "value": (record.get("metrics") or {}).get(metric),
+        "n": test.n if test else None,
+        "value": test.metrics.get(metric) if test else None,
         "openings": len(openings),
         "validation": (chosen.get("primary") or {}).get("variant"),
     }

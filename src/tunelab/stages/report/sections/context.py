@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tunelab.core.record_types import Evaluation
 from tunelab.core.study import Study
 from tunelab.stages.report.collect import RunEvidence
 
@@ -40,7 +41,7 @@ class Dossier:
         return {r.row.id: r for r in self.runs}
 
     @cached_property
-    def evaluated(self) -> dict[str, dict[str, Any]]:
+    def evaluated(self) -> dict[str, Evaluation]:
         """run id -> its validation evaluation record; eval runs are attributed to their parent.
         Smoke runs are left out: they evaluate a handful of examples to test the pipeline."""
         out: dict[str, dict[str, Any]] = {}

@@ -44,7 +44,8 @@ def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, dict[s
 
 def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
     run = d.runs_by_id.get(eval_run)
-    sid = (run.evaluations.get(split) or {}).get("data_snapshot") if run else None
+    ev = run.evaluations.get(split) if run else None
+    sid = ev.data_snapshot if ev else None
     return d.study.records / "data" / sid if sid else None
 
 

@@ -15,9 +15,9 @@ def _over_budget(sec: Section, runs: list[RunEvidence]) -> None:
     over: dict[str, tuple[int, int, Any]] = {}
     for r in runs:
         for split, ev in r.evaluations.items():
-            count = (ev.get("generation") or {}).get("answers_over_budget")
+            count = (ev.generation or {}).get("answers_over_budget")
             if count:
-                over[split] = (count, ev["n"], (ev.get("evaluation") or {}).get("max_new_tokens"))
+                over[split] = (count, ev.n, (ev.evaluation or {}).get("max_new_tokens"))
     for split, (count, n, budget) in sorted(over.items()):
         # the test split is sealed: inspect does not open it
         names = f" (`tunelab inspect --split {split}` names them)" if split != "test" else ""
