@@ -115,6 +115,7 @@ class Run:
         self.study.ledger.heartbeat(self.id)
 
     def status(self) -> dict[str, Any]:
+        """status.json as written (`last_status` reads it typed)."""
         return read_json(self.dir / "status.json")
 
     def last_status(self) -> RunStatus:

@@ -15,6 +15,7 @@ from typing import Any
 from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
 from tunelab.core.errors import SnapshotError
 from tunelab.core.evidence import latest
+from tunelab.core.record_types import RunConfig
 from tunelab.core.study import Study
 from tunelab.stages.plan.estimate import PROCESS_START_S
 from tunelab.stages.plan.figures import (
@@ -290,7 +291,7 @@ def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, An
         step = mean_step_s(study, row.id)
         if gpu is None or not step or not str(env.get("compute_device", "")).startswith("cuda"):
             continue
-        t = read_json(folder / "config.json")["config"]["training"]
+        t = RunConfig.read(folder / "config.json").training
         flops = (
             micro_step_flops(
                 shape.facts,

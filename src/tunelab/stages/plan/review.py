@@ -26,6 +26,7 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
+from tunelab.core.record_types import Sizing
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.stages.plan.figures import _parse_time, run_seconds
@@ -298,9 +299,7 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
         return [r for r in runs if r.kind == kind]
 
     smoke, baseline, train, evals = of("smoke"), of("baseline"), of("train"), of("eval")
-    sizing = [
-        read_json(p).get("seconds") or 0.0 for p in sorted(sizing_dir(study).glob("size-*.json"))
-    ]
+    sizing = [Sizing.read(p).seconds or 0.0 for p in sorted(sizing_dir(study).glob("size-*.json"))]
     verify = verify_seconds(study)
     exports = export_seconds(study)
     # experiments at each run's own speed: compute scaled, checkpoint saves as planned
