@@ -364,12 +364,24 @@ class ExportManifest(Record):
     """exports/<id>/tunelab-manifest.json: what an export holds and where it came from."""
 
     FIELDS: ClassVar = {
+        "run_id": _OPT_STR,
+        "artifact": _OPT_DICT,
+        "base": _OPT_DICT,
+        "results": _OPT_DICT,
+        "guardrails": _OPT_DICT,
+        "merge": _OPT_DICT,
         "config": _OPT_DICT,
         "config_sha256": _OPT_STR,
         "files": _OPT_DICT,
         "limitations": _OPT_LIST,
     }
 
+    run_id: str | None = None
+    artifact: dict[str, Any] | None = None  # what the folder holds at its top: {kind, method, ...}
+    base: dict[str, Any] | None = None  # the base model's identity (name, sha256, hub, path)
+    results: dict[str, Any] | None = None  # the comparison with the baseline: {primary, ...}
+    guardrails: dict[str, Any] | None = None  # {pass: true | false | None, ...}
+    merge: dict[str, Any] | None = None  # a merged export's check against the adapter
     config: dict[str, Any] | None = None
     config_sha256: str | None = None
     files: dict[str, Any] | None = None
