@@ -305,14 +305,30 @@ class Verify(Record):
         "reason": _OPT_STR,
         "finished_at": _OPT_STR,
         "environment": _OPT_DICT,
+        "run_id": _OPT_STR,
+        "model_run": _OPT_STR,
+        "model_kind": _OPT_STR,
+        "evaluation_run": _OPT_STR,
+        "split": _OPT_STR,
+        "checkpoint": _OPT_DICT,
+        "predictions": _OPT_DICT,
+        "timings": _OPT_DICT,
     }
     OPTIONAL: ClassVar = frozenset({"finished_at", "environment"})
 
-    record: str | None = None  # its own path, as written
+    record: str | None = None  # its own file name, as written
     passed: bool = False
     reason: str | None = None
     finished_at: str | None = None
-    environment: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None  # {same, message, ...}: against the run's
+    run_id: str | None = None  # the run verified
+    model_run: str | None = None  # the run whose checkpoint was reloaded (an eval's parent)
+    model_kind: str | None = None
+    evaluation_run: str | None = None  # the run whose recorded predictions were reproduced
+    split: str | None = None
+    checkpoint: dict[str, Any] | None = None  # {ok, files_checked, changed, missing}
+    predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
+    timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
 
 
 @dataclass(frozen=True)
