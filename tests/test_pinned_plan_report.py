@@ -138,3 +138,23 @@ def test_the_dossier_names_each_record_it_could_not_read(pinned, capsys):
     assert "2 record(s) could not be read" in limits
     assert f"{metrics}: not valid JSON (line 1): the record is damaged" in limits
     assert f"{plan}: not valid JSON (line 1)" in limits
+
+
+@pytest.mark.parametrize(
+    ("record", "text", "error"),
+    [
+        ("runs/smoke-*/smoke.json", '{"passed": true, ', "not valid JSON (line 1)"),
+        ("runs/smoke-*/smoke.json", '{"checks": []}', "field 'passed' is missing"),
+        ("sizing/size-*.json", '{"id": 3}', "field 'id' is 3, not a string"),
+    ],
+)
+def test_a_damaged_record_stops_the_plan_naming_it(pinned, capsys, record, text, error):
+    """The planner reads its evidence typed: a damaged record is refused with its path and what
+    is wrong, exit 2, and no plan is written."""
+    path = next((pinned / "records").glob(record))
+    path.write_text(text)
+    before = sorted((pinned / "records" / "plans").iterdir())
+    code, _, err = run_cli(capsys, "plan", "-s", pinned, "--days", "3")
+    assert code == 2
+    assert f"{path}: {error}" in " ".join(err.split())
+    assert sorted((pinned / "records" / "plans").iterdir()) == before

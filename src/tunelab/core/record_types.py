@@ -341,6 +341,9 @@ class Sizing(Record):
         "seconds": _OPT_NUM,
         "lengths": _OPT_DICT,
         "env": _OPT_DICT,
+        "facts": _OPT_DICT,
+        "throughput": _OPT_DICT,
+        "configurations": _OPT_LIST,
     }
     OPTIONAL: ClassVar = frozenset({"seconds", "lengths", "env"})
 
@@ -349,6 +352,9 @@ class Sizing(Record):
     seconds: float | None = None
     lengths: dict[str, Any] | None = None
     env: dict[str, Any] | None = None
+    facts: dict[str, Any] | None = None  # the adapted model's (ModelFacts.to_dict)
+    throughput: dict[str, Any] | None = None  # the study's own configuration: {row, step_s, ...}
+    configurations: list[dict[str, Any]] | None = None  # one row per configuration measured
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
 from tunelab.core.errors import SnapshotError
 from tunelab.core.evidence import latest
-from tunelab.core.record_types import RunConfig
+from tunelab.core.record_types import RunConfig, Sizing
 from tunelab.core.study import Study
 from tunelab.stages.plan.estimate import PROCESS_START_S
 from tunelab.stages.plan.figures import (
@@ -109,7 +109,7 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     """The study's shape for a projection, and its latest sizing record (None without one)."""
     cfg = study.config
     found = latest(study, "sizing")
-    sizing = found.read() if found else None
+    sizing = Sizing.read(found.path).raw if found else None
     lengths = (sizing or {}).get("lengths") or {}
     labels = _labels(study)
     facts, facts_source = _facts(study, sizing, labels)

@@ -59,7 +59,7 @@ from tunelab.core.errors import SnapshotError, StudyError, TunelabError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
 from tunelab.core.progress import Progress
-from tunelab.core.record_types import Smoke
+from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
@@ -909,9 +909,10 @@ def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
 
 
 def require_sizing(study: Study) -> dict[str, Any]:
+    """The latest sizing record, checked as its kind (`core.record_types.Sizing`)."""
     found = latest(study, "sizing")
     if found is None:
         raise StudyError(
             "no sizing record in records/sizing/", hint="measure the step first: `tunelab size`"
         )
-    return found.read()
+    return Sizing.read(found.path).raw
