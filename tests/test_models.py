@@ -687,7 +687,7 @@ def test_minilm_lora_query_value_step(minilm_dir):
 
 @pytest.mark.slow
 def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.lib.models import convert_gguf
 
     folder, name = smollm2_gguf()

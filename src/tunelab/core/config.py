@@ -12,7 +12,7 @@ found, what is expected). Unknown keys are errors.
 - `sha256_json(obj)` hashes canonical JSON.
 - `contradictions(cfg) -> [str]` (warm-up past max_steps, `generation_room_problem(cfg)`) and
   `config_warnings(cfg) -> [str]` (settings the method ignores) are what `tunelab validate`
-  reports through `tunelab.core.study.validate_study`.
+  reports through `tunelab.stages.hypothesis.validate.validate_study`.
 - `resolve_path(text, root=None)`: a path from a config (`asset:NAME[/sub]`, `~`, relative to
   the study).
 - `CLASSIFYING_KINDS`: the kinds scored as classification; test `cfg.task.kind` against it, not
@@ -23,8 +23,6 @@ found, what is expected). Unknown keys are errors.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -43,6 +41,7 @@ from pydantic import (
 )
 
 from tunelab.core.errors import ConfigError, preview
+from tunelab.core.hashing import sha256_json
 from tunelab.core.strict_load import ParseProblem, load_yaml
 
 # a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
@@ -722,12 +721,6 @@ class StudyConfig(Section):
 # ---------------------------------------------------------------- loading
 
 
-def sha256_json(obj: Any) -> str:
-    """sha256 of the canonical JSON form (sorted keys, no spaces)."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """'train.lr=2e-4' -> (['train', 'lr'], 0.0002). The value is parsed as YAML."""
     if "=" not in item:
@@ -958,7 +951,7 @@ def resolve_path(text: str, root: Path | None = None) -> Path:
     """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
     `~` is expanded, and a relative path is taken under `root` (the study folder)."""
     if text.startswith("asset:"):
-        from tunelab.demo.assets import asset_path
+        from tunelab.core.assets import asset_path
 
         return asset_path(text)
     p = Path(os.path.expanduser(text))

@@ -48,6 +48,7 @@ from tunelab.stages.compare.verdicts import (
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 if TYPE_CHECKING:
+    from tunelab.core.record_types import RunConfig
     from tunelab.core.study import Study
 
 # ---------------------------------------------------------------- flips
@@ -434,20 +435,11 @@ def new_compare_id() -> str:
 # ---------------------------------------------------------------- the study edge
 
 
-def _run_config(study: Study, run_id: str) -> dict[str, Any]:
-    from tunelab.core.records import read_json
+def _run_config(study: Study, run_id: str) -> RunConfig | None:
+    from tunelab.core.record_types import RunConfig
 
     path = study.runs_dir / run_id / "config.json"
-    return read_json(path) if path.exists() else {}
-
-
-def _latest_baseline(study: Study, split: str) -> Any:
-    from tunelab.stages.evaluate.stage import BASELINE_KIND, find_evaluation
-
-    for row in reversed(study.ledger.list_runs(BASELINE_KIND)):
-        if row.status == "completed" and find_evaluation(study, row.id, split):
-            return row
-    return None
+    return RunConfig.read(path) if path.exists() else None
 
 
 def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
@@ -463,7 +455,7 @@ class _Baseline:
     evaluation: dict[str, Any]
     record: dict[str, Any]
     predictions: list[dict[str, Any]]
-    config: dict[str, Any]
+    config: RunConfig | None
     kind: str
     labels: list[str]
     fields: list[str]
@@ -473,8 +465,8 @@ class _Baseline:
 def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
     from tunelab.core.config import TaskConfig
+    from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
-    from tunelab.stages.hypothesis.stage import all_hypotheses
 
     version = record.get("hypothesis_version")
     found = next((h for h in all_hypotheses(study.records) if h["version"] == version), hyp)
@@ -506,10 +498,13 @@ def _scored(
 
 def _find_baseline(study: Any, hyp: Mapping[str, Any], baseline: str | None, split: str):
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation, latest_baseline
 
-    row = study.get_run(baseline).row if baseline else _latest_baseline(study, split)
-    evaluation = find_evaluation(study, row.id, split) if row else None
+    if baseline:
+        row = study.get_run(baseline).row
+        evaluation = find_evaluation(study, row.id, split)
+    else:
+        row, evaluation = latest_baseline(study, split) or (None, None)
     if evaluation is None:
         raise EvaluationError(
             f"no completed baseline evaluation on the {split} split",
@@ -551,7 +546,7 @@ def _compare_run(
 ) -> dict[str, Any]:
     """One row of the comparison: the run against the baseline, or why it is not compared."""
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     entry: dict[str, Any] = {
         "run_id": row.id,
@@ -600,11 +595,11 @@ def _compare_run(
     parent_id = row.parent or base.row.id
     parent_cfg = _run_config(study, parent_id) if row.parent else base.config
     diff = config_diff(
-        parent_cfg.get("config") or {},
-        run_cfg.get("config") or {},
+        parent_cfg.config if parent_cfg else {},
+        run_cfg.config if run_cfg else {},
         why=row.why,
-        parent_snapshot=parent_cfg.get("data_snapshot"),
-        child_snapshot=run_cfg.get("data_snapshot"),
+        parent_snapshot=parent_cfg.data_snapshot if parent_cfg else None,
+        child_snapshot=run_cfg.data_snapshot if run_cfg else None,
     )
     diff["against"] = parent_id
     entry.update(
@@ -633,8 +628,7 @@ def compare_study(
     Returns the compare record (not yet saved; see `save_compare`).
     """
     from tunelab.core.errors import HypothesisError
-    from tunelab.stages.evaluate.stage import EVAL_KIND
-    from tunelab.stages.hypothesis.stage import latest_hypothesis
+    from tunelab.core.evidence import EVAL_KIND, latest_hypothesis
 
     hyp = latest_hypothesis(study.records)
     if hyp is None:
