@@ -27,7 +27,7 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, latest_baseline
-from tunelab.core.record_types import Smoke
+from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.lib import probes
@@ -154,13 +154,14 @@ def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:
     )
 
 
-def _own_row(sizing: dict[str, Any]) -> dict[str, Any]:
+def _own_row(sizing: Sizing) -> dict[str, Any]:
     """The sizing row of the study's own configuration, which must have been measured."""
-    thr = sizing.get("throughput") or {}
-    own = next((r for r in sizing["configurations"] if r["label"] == thr.get("row")), None)
+    thr = sizing.throughput or {}
+    rows = sizing.configurations or []
+    own = next((r for r in rows if r["label"] == thr.get("row")), None)
     if own is None or own["status"] != "ok" or not thr.get("step_s"):
         raise StudyError(
-            f"sizing {sizing['id']} has no measured step of the study's configuration",
+            f"sizing {sizing.id} has no measured step of the study's configuration",
             hint="run `tunelab size` again (its first configuration must fit)",
         )
     return own
@@ -195,16 +196,17 @@ def gather_figures(study: Study) -> Figures:
 
     cfg = study.config
     sizing = require_sizing(study)
-    thr = sizing["throughput"]
-    own = _own_row(sizing)
+    own = _own_row(sizing)  # refuses a sizing without the study's own step
+    thr = sizing.throughput or {}
+    facts = sizing.facts or {}
     m = own["measured"]
-    lengths = sizing.get("lengths") or {}
+    lengths = sizing.lengths or {}
     quant = lengths.get("quantiles") or []
     measured_len = own["options"]["seq_len"]
-    packing = bool(cfg.training.packing and sizing["facts"]["architecture"] == "causal_lm")
+    packing = bool(cfg.training.packing and facts.get("architecture") == "causal_lm")
     micro = cfg.training.micro_batch_size
-    conv = bool(sizing["facts"].get("conv"))
-    image = sizing["facts"].get("architecture") == "image"  # every image at one size
+    conv = bool(facts.get("conv"))
+    image = facts.get("architecture") == "image"  # every image at one size
     if conv:
         typical, how = measured_len, "every image at that side"
     elif image:
@@ -216,14 +218,14 @@ def gather_figures(study: Study) -> Figures:
         typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
     scale = (typical or measured_len) / measured_len
     per_example = "px a side" if conv else ("patch tokens/image" if image else "tokens/example")
-    sid = f"sizing {sizing['id']}"
+    sid = f"sizing {sizing.id}"
     load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
     found = latest(study, "smoke", "smoke.json")
     smoke, smoke_row = (Smoke.read(found.path), found.row) if found else (None, None)
-    env = sizing.get("env") or {}
+    env = sizing.env or {}
     f = Figures(
-        device=sizing["device"],
-        sizing_id=sizing["id"],
+        device=sizing.device,
+        sizing_id=sizing.id,
         step_s=Figure(
             thr["step_s"] * scale,
             f"{sid}: {thr['step_s']:.3f} s at {measured_len} {per_example} x {scale:.3f} ({how})",
@@ -233,7 +235,7 @@ def gather_figures(study: Study) -> Figures:
         ),
         load_s=load_s,
         encode_s=Figure(lengths.get("encode_train_s"), f"{sid}: tokenizing the training split"),
-        sizing_s=Figure(sizing.get("seconds"), f"{sid}: its own duration"),
+        sizing_s=Figure(sizing.seconds, f"{sid}: its own duration"),
         tokens_per_s=Figure(thr.get("tokens_per_s"), sid),
         counts=split_counts(study, lengths.get("split_counts") or {}),
         lengths=Lengths(**{k: lengths.get(k) for k in ("p50", "p95", "max", "mean")}),
@@ -247,7 +249,7 @@ def gather_figures(study: Study) -> Figures:
         logical_cores=(env.get("cpu") or {}).get("logical_cores"),
         **_smoke_figures(smoke, smoke_row, load_s),
     )
-    _baseline_figures(study, f, smoke, smoke_row, sizing["facts"])
+    _baseline_figures(study, f, smoke, smoke_row, facts)
     if f.eval_s_per_example.value is None and smoke is not None:
         f.eval_s_per_example = Figure(
             smoke.eval_s_per_example, f"smoke {smoke_row.id}: a few examples (high)"

@@ -908,11 +908,11 @@ def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def require_sizing(study: Study) -> dict[str, Any]:
-    """The latest sizing record, checked as its kind (`core.record_types.Sizing`)."""
+def require_sizing(study: Study) -> Sizing:
+    """The latest sizing record, read as its kind (`core.record_types.Sizing`)."""
     found = latest(study, "sizing")
     if found is None:
         raise StudyError(
             "no sizing record in records/sizing/", hint="measure the step first: `tunelab size`"
         )
-    return Sizing.read(found.path).raw
+    return Sizing.read(found.path)
