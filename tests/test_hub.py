@@ -55,7 +55,7 @@ def test_cache_layout_is_huggingface_hubs(hub_cache, tiny_llama_dir):
     assert link.is_symlink() and not Path(link.readlink()).is_absolute()
     blob = link.resolve()
     assert blob.parent == (storage / "blobs").resolve()
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
 
     assert blob.name == sha256_file(tiny_llama_dir / "model.safetensors")  # LFS: by sha256
     got = snapshot_download(REPO, cache_dir=hub_cache, local_files_only=True)
@@ -426,7 +426,7 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
 def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     tmp_path, monkeypatch, minilm_dir, capsys
 ):
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
     from tunelab.core.study import Study
     from tunelab.lib.models import resolve_base
 

@@ -684,7 +684,9 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
     epochs = [r.get("epoch") for r in map(json.loads, (straight.dir / "metrics.jsonl").open())]
     assert max(e for e in epochs if e is not None) > 2  # the run reads more than two epochs
 
-    def stop_after_step_3(step: int, total: int, row: Any) -> None:
+    def stop_after_step_3(
+        what: str, step: float, total: float | None = None, text: str = ""
+    ) -> None:
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop saves a checkpoint and stops
 

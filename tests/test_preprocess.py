@@ -395,7 +395,7 @@ def test_encoder_classification_minilm(minilm_dir):
 
 @pytest.fixture(scope="session")
 def smollm2_tok():
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
 
     folder, name = smollm2_gguf()
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -240,7 +240,7 @@ def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'tunelab[qlora]'" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
-    from tunelab.core.study import validate_study
+    from tunelab.stages.hypothesis.validate import validate_study
 
     assert validate_study(root).adaptation.method == "qlora"  # here bitsandbytes imports
     with pytest.raises(ConfigError, match="compute_dtype"):

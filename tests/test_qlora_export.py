@@ -172,8 +172,8 @@ def test_merge_beyond_its_tolerance_is_refused(qlora_run, capsys):
 
 @pytest.mark.slow
 def test_qlora_verify_and_eval(qlora_run):
+    from tunelab.core.evidence import find_evaluation
     from tunelab.core.study import Study
-    from tunelab.stages.evaluate.stage import find_evaluation
     from tunelab.stages.verify.stage import verify_run
 
     root, run_id = qlora_run

@@ -186,7 +186,7 @@ def test_verify_catches_edited_weights_with_rewritten_hashes(lora_study, capsys)
     """Someone edits the adapter and rewrites state.json's hashes: the predictions give it away."""
     from safetensors.torch import load_file, save_file
 
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
 
     root, run_id = lora_study
     work = root.parent / "edited"

@@ -23,9 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
 from tunelab.core.errors import StudyError
-from tunelab.core.records import read_json, sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
+from tunelab.core.records import read_json
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study

@@ -70,15 +70,23 @@ from tunelab.lib.models.persist import (
     trainable_dirname,
 )
 from tunelab.lib.models.reload import compare_fresh_reload
-from tunelab.lib.models.update import ParamSnapshot, capture_params, check_update
+from tunelab.lib.models.update import (
+    ParamSnapshot,
+    UpdateResult,
+    capture_params,
+    check_update,
+    classify_update,
+)
 
 __all__ = [
     "BaseModel",
     "ParamSnapshot",
+    "UpdateResult",
     "adapt",
     "cache_root",
     "capture_params",
     "check_update",
+    "classify_update",
     "compare_fresh_reload",
     "compute_device",
     "convert_gguf",

@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import CheckpointError, StudyError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import (
     publish_dir,
     read_json,
     safe_join,
-    sha256_file,
     temp_dir_beside,
     write_json_atomic,
 )
