@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.core.evidence import pins_of
 from tunelab.stages.hypothesis import stage as hyp
 from tunelab.stages.hypothesis.pins import resolve_pins
 from tunelab.stages.hypothesis.template import TASK_KINDS, init_study
@@ -44,7 +45,7 @@ def register(
     a base or data set named by hub id is pinned to the commit its revision resolves to."""
     s = open_study(study, sets)
     hyp.check_registrable(s.config, s.overrides)  # before any download
-    pins, notes = resolve_pins(s.config, hyp.pins_of(s.root), repin=repin)
+    pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
     record, created = hyp.register(s.root, s.config, pins)
     if created:
         s.ledger.add_event(

@@ -82,22 +82,24 @@ def utc_now() -> str:
 
 @dataclass
 class RunRow:
+    """One run as the ledger indexes it (the columns of `runs`, in order)."""
+
     id: str
     kind: str
-    name: str | None
-    parent: str | None
-    status: str
-    reason: str | None
-    created_at: str
-    finished_at: str | None
-    heartbeat_at: str | None
-    pid: int | None
-    config_sha: str | None
-    data_snapshot: str | None
-    hypothesis_version: int | None
-    hypothesis_sha: str | None
-    env_sha: str | None
-    why: str | None
+    name: str | None = None
+    parent: str | None = None
+    status: str = "running"
+    reason: str | None = None
+    created_at: str = ""
+    finished_at: str | None = None
+    heartbeat_at: str | None = None
+    pid: int | None = None
+    config_sha: str | None = None
+    data_snapshot: str | None = None
+    hypothesis_version: int | None = None
+    hypothesis_sha: str | None = None
+    env_sha: str | None = None
+    why: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

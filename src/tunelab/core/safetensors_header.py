@@ -7,6 +7,11 @@ the file and the problem named, not later inside a loader as a traceback.
 
 `header_problems(prefix, file_size)` is pure: `prefix` holds the file's first bytes (at least
 8 + N, or the whole file if shorter). `safetensors_problems(path)` reads just that much.
+
+`require_safetensors(paths, what)` raises CheckpointError naming every damaged file.
+`tunelab.stages.train.checkpoint.read_checkpoint_state` runs it on every listed `.safetensors`
+(a verify record's `checkpoint` gains `damaged {name: problem}`), and
+`tunelab.stages.export.check` on an export's files.
 """
 
 from __future__ import annotations

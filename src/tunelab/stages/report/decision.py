@@ -3,11 +3,23 @@
 Pure: a compare record (and the collected runs) in, a choice and sentences out. The dossier's
 decision and `tunelab demo` (which opens the test split for the adopted variant only) share
 the rule.
+
+- `choose_variant(compare_record) -> (row | None, reasons)`: the compared variant with the
+  largest primary-metric gain meeting `min_improvement`, with a 95 % interval above 0 and every
+  guardrail passing; `decide(compare_record) -> str` (the dossier's sentence).
+- `test_figure(compare_record, runs, test_openings) -> {name, run_id, metric, eval_run, n, value,
+  openings, validation} | None` (the summary row; `eval_run` None until the split is opened);
+  `final_test(compare_record, runs, test_openings) -> str | None` (the adopted variant's primary
+  metric on the test split, from the eval run that opened it first).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunelab.stages.report.collect import RunEvidence
 
 
 def format_ci(d: dict[str, Any]) -> str:
@@ -71,13 +83,13 @@ def decide(compare: dict[str, Any]) -> str:
 
 
 def test_figure(
-    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+    compare: dict[str, Any], runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
     """The adopted variant on the sealed test split, from the evaluation that opened it first:
     `{name, run_id, metric, eval_run, n, value, openings, validation}` (`eval_run` None while
     it has not been evaluated there); None when no variant is adopted.
 
-    `runs` are the dossier's collected runs (`row`, `evaluations` by split); `openings` the
+    `runs` are the dossier's collected runs (`RunEvidence`: `row`, `evaluations` by split); `openings` the
     ledger's test openings, each naming the eval run that opened the split."""
     chosen, _ = choose_variant(compare)
     if chosen is None:
@@ -85,21 +97,19 @@ def test_figure(
     run_id = chosen["run_id"]
     metric = compare.get("primary_metric")
     tests = {
-        r["row"]["id"]: r
+        r.row.id: r
         for r in runs
-        if r["row"]["kind"] == "eval"
-        and r["row"]["parent"] == run_id
-        and "test" in r["evaluations"]
+        if r.row.kind == "eval" and r.row.parent == run_id and "test" in r.evaluations
     }
     first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
-    record = tests[first]["evaluations"]["test"] if first else {}
+    test = tests[first].evaluations["test"] if first else None
     return {
         "name": chosen.get("name") or run_id,
         "run_id": run_id,
         "metric": metric,
         "eval_run": first,
-        "n": record.get("n"),
-        "value": (record.get("metrics") or {}).get(metric),
+        "n": test.n if test else None,
+        "value": test.metrics.get(metric) if test else None,
         "openings": len(openings),
         "validation": (chosen.get("primary") or {}).get("variant"),
     }
@@ -110,7 +120,7 @@ def _shown(value: Any) -> str:
 
 
 def final_test(
-    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+    compare: dict[str, Any], runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
 ) -> str | None:
     """The adopted variant's primary metric on the sealed test split as a sentence (None when
     no variant is adopted); see `test_figure`."""

@@ -23,6 +23,19 @@ A checkpoint is written into a temporary folder beside its final name and rename
 so a kill during a save leaves the previous checkpoint as the latest complete one. No pickle:
 tensors go to safetensors, everything else to JSON. torch is imported only to write or load
 tensors: checking files and reading state.json need none.
+
+`save_checkpoint(root, step, *, model, optimizer, scheduler, scaler, method, state,
+strategy=None) -> Path` and `load_checkpoint(path, *, model, optimizer=None, scheduler=None,
+scaler=None, method, restore_rng_state=True, strategy=None) -> state`: every rank calls them; a
+checkpoint of another strategy or world size is refused. `check_checkpoint_files(path) -> {path,
+files_checked, changed, missing, ok}` (verify, smoke and export report it);
+`read_checkpoint_state(path, verify=True)` raises CheckpointError on what it finds (and on a
+damaged safetensors header); `load_weights(model, folder, method)`; the layout names of
+`tunelab.stages.train.layout` (`list_checkpoints`, `latest_checkpoint`, `final_checkpoint`,
+`mark_final`, `step_dir_name`) are re-exported. An optimizer state entry that is a dict of
+tensors (bitsandbytes' 8-bit states) is stored as `PID.KEY/SUB`. state.json holds `strategy`,
+`world_size`, `rank_rng` (the generator states of ranks 1..N-1) and, when training records
+it, `save_s`.
 """
 
 from __future__ import annotations
@@ -37,12 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import CheckpointError, StudyError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import (
     publish_dir,
     read_json,
     safe_join,
-    sha256_file,
     temp_dir_beside,
     write_json_atomic,
 )
