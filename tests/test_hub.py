@@ -308,6 +308,7 @@ def test_register_offline_and_missing_is_refused(hub_cache, tmp_path, capsys):
 # ---------------------------------------------------------------- a study by hub id, end to end
 
 
+@pytest.mark.slow
 def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llama_dir, capsys):
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", steps=2, hub_data=True)

@@ -359,6 +359,7 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     assert set(metrics["metrics"]["per_category"]) == set(COLOURS)
 
 
+@pytest.mark.slow
 def test_sizing_measures_a_vit_step_at_its_patch_tokens(
     tmp_path, tiny_vit_dir, capsys, monkeypatch
 ):
@@ -463,6 +464,7 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
 # ---------------------------------------------------------------- init
 
 
+@pytest.mark.slow
 def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
     import shutil
 

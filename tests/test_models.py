@@ -613,6 +613,7 @@ def test_load_trainable_refuses_other_model(tiny_llama_dir, tiny_bert_dir, tmp_p
         load_trainable(bert, tmp_path)
 
 
+@pytest.mark.slow
 def test_fresh_process_reload_matches(tiny_bert_dir, tmp_path):
     cfg, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query", "value"])
     train_steps(model, base, 2)

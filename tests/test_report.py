@@ -156,6 +156,7 @@ def _many_category_study(root, model_dir):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed (make setup installs it as root)"
 )

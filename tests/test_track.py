@@ -224,6 +224,7 @@ def test_missing_extra_is_named(monkeypatch):
 # ------------------------------------------------------------------ the mirror read back
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["folder", "sqlite"])
 def test_sync_reads_back_with_mlflow_client(study_dir, tmp_path, sqlite_uri, store):
     uri = str(tmp_path / "mlruns") if store == "folder" else sqlite_uri

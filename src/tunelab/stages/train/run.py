@@ -70,7 +70,9 @@ from tunelab.stages.train import compute, rank_run
 from tunelab.stages.train.batches import Position
 from tunelab.stages.train.build import build_loop, build_model, seed_everything
 from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop
+from tunelab.stages.train.layout import incomplete_checkpoints
 from tunelab.stages.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
+from tunelab.stages.train.resume_check import require_resume_state
 from tunelab.stages.train.schedule import total_steps
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 from tunelab.stages.train.validation import validation_batches
@@ -259,6 +261,7 @@ def resume_run(
     latest_ckpt = ckpt.latest_checkpoint(root)
     if latest_ckpt is not None:
         state = ckpt.read_checkpoint_state(latest_ckpt)
+        require_resume_state(latest_ckpt, state)
         if (state["config_sha256"], state["data_snapshot"]) != (
             record.config_sha256,
             record.data_snapshot,
@@ -267,11 +270,15 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
+    skipped = incomplete_checkpoints(root, latest_ckpt)
     run = rank_run.follow(strategy, run)
     run.set_status(
         "running",
-        f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
+        f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}"
+        + "".join(f"; {p.name} skipped: no DONE marker (cut by a kill)" for p in skipped),
     )
+    if skipped and (strategy or SingleProcess()).is_main:
+        study.ledger.add_event(run.id, "checkpoint_skipped", [p.name for p in skipped])
     execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
     return run
 
