@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from helpers import run_cli, train_stopped_at, tree_hashes, write_email_study
 from tunelab.core.errors import CheckpointError
-from tunelab.core.records import read_json, sha256_file
+from tunelab.core.hashing import sha256_file
+from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.train import resume_run
 
