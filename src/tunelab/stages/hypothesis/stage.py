@@ -85,12 +85,17 @@ def check_registrable(cfg: StudyConfig, overrides: Sequence[str] = ()) -> None:
 
 
 def register(
-    study_root: Path, cfg: StudyConfig, pins: dict[str, Any] | None = None
+    study_root: Path,
+    cfg: StudyConfig,
+    pins: dict[str, Any] | None = None,
+    power: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Lock the current hypothesis. Returns (record, created); unchanged content creates nothing.
 
     `pins` (from `tunelab.stages.hypothesis.pins.resolve_pins`): the commit of each hub repo the study names,
-    locked with the rest under `content["pins"]`.
+    locked with the rest under `content["pins"]`. `power` (from
+    `tunelab.stages.hypothesis.power.registration_power`): what the validation split can
+    detect, kept beside the content (`detectable_effect`, `power`), outside its sha256.
     """
     check_registrable(cfg)
     records = Path(study_root) / "records"
@@ -111,6 +116,8 @@ def register(
         "amends": previous and {"version": previous["version"], "sha256": previous["sha256"]},
         "diff": diff_dicts(previous["content"], content) if previous else [],
     }
+    if power is not None:
+        record |= {"detectable_effect": power.get("detectable_effect"), "power": power}
     write_json_atomic(records / f"hypothesis-v{version}.json", record)
     return record, True
 

@@ -30,9 +30,10 @@ def format_ci(d: dict[str, Any]) -> str:
 
 
 def choose_variant(compare: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The compared variant with the largest gain in the primary metric that meets the
-    registered minimum improvement with a 95 % interval above 0 and passes every guardrail
-    (its compare row, or None), and why each other variant was not chosen."""
+    """The compared variant with the largest gain in the primary metric whose decision is
+    adopt (its compare row, or None), and why each other variant was not chosen. A compare
+    record from before decisions were recorded is read by its rule: the delta meets the
+    registered minimum improvement with a 95 % interval above 0 and every guardrail passes."""
     metric = compare.get("primary_metric")
     candidates, reasons = [], []
     for r in compare.get("runs", []):
@@ -43,6 +44,12 @@ def choose_variant(compare: dict[str, Any]) -> tuple[dict[str, Any] | None, list
             )
             continue
         p = r.get("primary") or {}
+        if "decision" in r:
+            if r["decision"] == "adopt":
+                candidates.append((p.get("delta") or 0.0, name, r))
+            else:
+                reasons.append(f"{name}: {r['decision']}: " + "; ".join(r["decision_reasons"]))
+            continue
         failed = [g for g in r.get("guardrails", []) if not g.get("pass")]
         if failed:
             reasons.append(
@@ -72,13 +79,57 @@ def decide(compare: dict[str, Any]) -> str:
         p = r["primary"]
         delta = p.get("delta") or 0.0
         flags = f" Flags: {'; '.join(r['flags'])}." if r.get("flags") else ""
+        if "decision" in r:
+            return f"Adopt {name} (run {r['run_id']}): {_adopted_because(compare, r)}.{flags}"
         return (
             f"Adopt {name} (run {r['run_id']}): {metric} {p.get('baseline'):.4f} -> "
             f"{p.get('variant'):.4f} (delta {delta:+.4f}, 95 % CI {format_ci(p)}), all "
             f"{len(r.get('guardrails', []))} guardrail checks pass.{flags}"
         )
+    if compare.get("decision") == "inconclusive":
+        return (
+            "Inconclusive: no variant is adopted and none is ruled out. "
+            + "; ".join(reasons)
+            + ". "
+            + _what_settles(compare)
+        )
     return (
         "Keep the baseline: " + ("; ".join(reasons) if reasons else "no variant was compared") + "."
+    )
+
+
+def _what_settles(compare: dict[str, Any]) -> str:
+    """What would settle an inconclusive comparison: more validation examples (the largest
+    split size its inconclusive tests name), or the sealed test split, opened once."""
+    sizes = [
+        n
+        for r in compare.get("runs", [])
+        if r.get("decision") == "inconclusive"
+        for n in [(r.get("primary") or {}).get("settle_n")]
+        + [g.get("settle_n") for g in r.get("guardrails") or []]
+        if n
+    ]
+    more = f"about {max(sizes)} validation examples would likely settle it" if sizes else ""
+    final = "the sealed test split, opened once with `tunelab eval RUN --split test --final`"
+    return f"What would settle it: {more + ', or ' if more else ''}{final}."
+
+
+def _adopted_because(compare: dict[str, Any], r: dict[str, Any]) -> str:
+    """The adopted row's evidence: the primary test with its interval, the guardrails with
+    the adjusted level, the flips."""
+    p, tests = r["primary"], compare.get("tests") or {}
+    guards = r.get("guardrails") or []
+    levels = [g["adjusted_level"] for g in guards if g.get("adjusted_level") is not None]
+    fl = r.get("flips") or {}
+    level = f"; fail side at {tests.get('multiplicity')}-adjusted levels down to {min(levels):.3g}"
+    return (
+        f"{compare.get('primary_metric')} {p.get('baseline'):.4f} -> {p.get('variant'):.4f}, "
+        f"delta {p.get('delta') or 0.0:+.4f}, {tests.get('confidence', 0.95):.0%} interval "
+        f"{format_ci(p)}: {p.get('verdict')} (one-sided level {tests.get('alpha', 0.025):.3g}); "
+        f"all {len(guards)} guardrail checks pass on their interval bounds"
+        + (level if levels else "")
+        + f"; {fl.get('num_improved', 0)} examples wrong -> right, "
+        f"{fl.get('num_regressed', 0)} right -> wrong"
     )
 
 
