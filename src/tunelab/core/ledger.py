@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tunelab.core.ledger_rebuild import ledger_damage, move_aside, refill
 
 MIGRATIONS: list[str] = [
     # 1: runs, events, test openings
@@ -105,12 +108,27 @@ class RunRow:
         return dict(self.__dict__)
 
 
+class LedgerRebuilt(UserWarning):
+    """The ledger was damaged: moved aside and rebuilt from the records."""
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.rebuilt: str | None = None  # what was wrong, when this opening rebuilt the ledger
+        damage = ledger_damage(path)
+        aside = move_aside(path) if damage else None
         with self._connect() as db:
             self._migrate(db)
+            if aside is not None:
+                n = refill(db, path.parent / "runs")
+                self.rebuilt = (
+                    f"{path} was damaged ({damage}); rebuilt from {path.parent}/runs "
+                    f"({n} run(s)); the damaged file is kept as {aside.name}"
+                )
+        if self.rebuilt:
+            warnings.warn(self.rebuilt, LedgerRebuilt, stacklevel=2)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
