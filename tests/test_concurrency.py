@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "stress"))
 
 import harness  # noqa: E402
@@ -28,6 +30,7 @@ def json_of(log: str) -> dict:
 launcher, study_dir = kill_harness_fixtures("concurrency", steps=STEPS, checkpoint_every=3)
 
 
+@pytest.mark.slow
 def test_two_trains_at_once(study_dir, launcher):
     from tunelab.core.records import read_json
     from tunelab.core.study import Study

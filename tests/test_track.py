@@ -242,6 +242,7 @@ def file_store(folder: Path) -> str:
     return str(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["file-store", "sqlite"])
 def test_sync_reads_back_with_mlflow_client(study_dir, tmp_path, sqlite_uri, store):
     uri = file_store(tmp_path / "mlruns") if store == "file-store" else sqlite_uri

@@ -10,8 +10,8 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.config import config_warnings
 from tunelab.core.env import capture_env
-from tunelab.core.study import validate_study
 from tunelab.stages.hypothesis.pins import drift
+from tunelab.stages.hypothesis.validate import validate_study
 
 
 @app.command()

@@ -13,6 +13,8 @@ function appended to `SOURCE_CHECKS`.
 
 `control_notes` runs on the cleaned texts: control characters and ANSI escape sequences are
 warned with example places (the `strip_control` cleaning rule removes them).
+
+`RowsRead(rows, config, source_path)` (with `task_labels`, `has_label`) is what each check reads.
 """
 
 from __future__ import annotations
