@@ -41,12 +41,13 @@ def _split_labels(study: Any, cfg: StudyConfig) -> tuple[list[str | None], str] 
     from tunelab.stages.data.snapshot import source_root
 
     rows = read_source(source_root(study), cfg.data).rows
-    share = cfg.data.splits.validation
+    # the snapshot keeps at most data.max_examples rows, the classes in their proportions
+    share = cfg.data.splits.validation * min(1.0, (cfg.data.max_examples or len(rows)) / len(rows))
     counts = Counter(r.label for r in rows)
     labels: list[str | None] = []
     for label, count in sorted(counts.items(), key=lambda kv: str(kv[0])):
         labels += [label] * round(count * share)
-    return labels, f"the source data cut by data.splits.validation {share:g} (no snapshot yet)"
+    return labels, "the source data cut as data.splits and data.max_examples say (no snapshot yet)"
 
 
 def _baseline_rows(study: Any) -> list[dict[str, Any]] | None:
