@@ -44,7 +44,7 @@ assets: $(ASSETS)
 # (examples/classification-bbc-hub): `export HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE)`.
 $(HUB_REF): $(STAMP)
 	HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE) $(VENV)/bin/tunelab hub-cache \
-	  "$$($(PY) -c 'from tunelab.demo.assets import minilm_path; print(minilm_path())')" \
+	  "$$($(PY) -c 'from tunelab.core.assets import minilm_path; print(minilm_path())')" \
 	  sentence-transformers/all-MiniLM-L6-v2
 
 hub-cache: $(HUB_REF)

@@ -221,7 +221,7 @@ def apply_step(root: Path, step: dict[str, Any]) -> None:
 
 def reseal(folder: Path) -> None:
     """Make a checkpoint's state.json or an export's manifest agree with the files again."""
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
 
     state = folder / "state.json"
     if state.exists():

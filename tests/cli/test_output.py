@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import run_cli
+from tunelab.core.record_types import Evaluation
 
 
 @pytest.fixture(autouse=True)
@@ -169,18 +171,20 @@ def test_label_conflict_groups_worst_first():
     assert groups[0]["labels"] == {"a": 1, "b": 1, "c": 1} and groups[1]["similarity"] == 0.9
 
 
-def _evaluation_record(labels: list[str], n_each: int = 3) -> dict:
+def _evaluation_record(labels: list[str], n_each: int = 3) -> Evaluation:
     from tunelab.lib.metrics import classification_metrics
 
     golds = [lab for lab in labels for _ in range(n_each)]
     preds = [labels[(i + (i % 3 == 0)) % len(labels)] for i in range(len(golds))]
-    return {
+    record = {
+        "split": "validation",
         "metrics": classification_metrics(golds, preds, labels),
         "task_kind": "classification",
         "n": len(golds),
         "examples_per_s": 10.0,
         "spec_sha256": "0" * 64,
     }
+    return Evaluation.of("metrics-validation.json", record)
 
 
 def test_confusion_headers_that_share_a_prefix_are_numbered_and_paged(capsys):
@@ -298,11 +302,13 @@ def test_inspect_of_a_classifier_says_the_loss_is_on_the_label(tmp_path, capsys,
 
 def test_smoke_flags_an_adapter_faster_than_none_as_timing_noise():
     from tunelab.cli.smoke import _adapter_row
+    from tunelab.core.record_types import Smoke
 
     timing = {"unit": "step", "pairs": 3}
-    (row,) = _adapter_row({"adapter_timing": timing, "adapter_time_ratio": 0.72})
+    smoke = Smoke(Path("smoke.json"), {}, adapter_timing=timing, adapter_time_ratio=0.72)
+    (row,) = _adapter_row(smoke)
     assert row[1].startswith("x 0.72 per step") and "timing noise" in row[1]
-    (row,) = _adapter_row({"adapter_timing": timing, "adapter_time_ratio": 1.22})
+    (row,) = _adapter_row(replace(smoke, adapter_time_ratio=1.22))
     assert "noise" not in row[1]
 
 
@@ -432,7 +438,6 @@ def _long_path_comparison(tmp_path) -> tuple[Path, list]:
 
 def test_compare_and_eval_show_every_field_path_whole_at_80_columns(tmp_path, capsys):
     from tunelab.cli.evaluate import print_evaluation
-    from tunelab.core.records import read_json
 
     assert len(LONG_PATH) > 80
     root, (_, train) = _long_path_comparison(tmp_path)
@@ -447,7 +452,9 @@ def test_compare_and_eval_show_every_field_path_whole_at_80_columns(tmp_path, ca
     assert re.search(r"│ normalized_match │ \+0\.5000 \[\+0\.\d{4}, \+0\.\d{4}\] │", per_field)
     guards = out[out.index("guardrails") : out.index("flips:")]
     assert LONG_PATH in column_cells(guards, 1)
-    print_evaluation(read_json(train.path("metrics-validation.json")), "validation evaluation")
+    print_evaluation(
+        Evaluation.read(train.path("metrics-validation.json")), "validation evaluation"
+    )
     out = capsys.readouterr().out
     assert_fits(out)
     assert "…" not in out and LONG_PATH in column_cells(out[out.index("per field") :], 0)

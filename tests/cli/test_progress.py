@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 
 from helpers import run_cli, write_email_study
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
+from tunelab.stages.train.callbacks import ProgressReport, progress_text
+from tunelab.stages.train.loop import TrainState
 
 
 class Terminal(io.StringIO):
@@ -37,8 +39,13 @@ def test_nothing_when_disabled_and_a_rich_bar_on_a_terminal():
     assert stream.getvalue() == ""
     terminal = Terminal()
     with ProgressBoard(stream=terminal) as board:
-        train_progress(board)(3, 8, {"loss": 6.25, "tokens_per_s": 2140.0})
-    assert "train" in terminal.getvalue() and "loss 6.2500 | 2,140 tok/s" in terminal.getvalue()
+        # the training loop's callback, fed to the board as a stage's progress (core.progress)
+        ProgressReport(board.prefixed("smoke"), 8)(
+            TrainState(step=3), {"loss": 6.25, "tokens_per_s": 2140.0}
+        )
+    assert "smoke train" in terminal.getvalue()
+    assert "loss 6.2500 | 2,140 tok/s" in terminal.getvalue()
+    assert progress_text({"loss": None, "tokens_per_s": 12.0}, "img/s") == " | 12 img/s"
 
 
 def test_tunelab_train_in_a_pipe_shows_its_progress(tmp_path, tiny_llama_dir, capsys):
@@ -62,3 +69,28 @@ def test_only_the_cli_progress_module_draws_bars():
         if "rich.progress" in p.read_text() and p != src / "cli" / "progress.py"
     )
     assert drawing == []
+
+
+def test_the_data_readers_report_rows_read_through_the_one_protocol(tmp_path):
+    """`read_source` reports `progress("reading", rows so far, None)`: the board's own update."""
+    import json
+
+    from tunelab.core.config import DataConfig
+    from tunelab.stages.data.readers import PROGRESS_EVERY, read_source
+
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for i in range(2 * PROGRESS_EVERY + 5):
+            f.write(json.dumps({"text": f"row {i}", "label": "ab"[i % 2]}) + "\n")
+    cfg = DataConfig.model_validate({"source": {"format": "jsonl", "path": str(tmp_path)}})
+    stream = io.StringIO()
+    calls = []
+    with ProgressBoard(stream=stream, every_s=0) as board:
+
+        def both(what, done, total=None, text=""):
+            calls.append((what, done, total))
+            board.update(what, done, total, text)
+
+        src = read_source(tmp_path, cfg, both)
+    assert len(src.rows) == 2 * PROGRESS_EVERY + 5
+    assert calls == [("reading", PROGRESS_EVERY, None), ("reading", 2 * PROGRESS_EVERY, None)]
+    assert "reading 20,000" in stream.getvalue()

@@ -67,6 +67,24 @@ def test_validate_reports_every_problem_at_once(tmp_path, capsys):
     assert "found" in err and "hint:" in err
 
 
+def test_a_look_alike_key_is_shown_escaped_with_its_letters_named(tmp_path, capsys):
+    run_cli(capsys, "init", tmp_path / "s")
+    path = tmp_path / "s" / "study.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["adaptation"]["r\u0430nk"] = 4  # a Cyrillic a
+    raw["training"]["micro_batchsize"] = 2
+    path.write_text(yaml.safe_dump(raw, allow_unicode=True))
+    code, _, err = run_cli(capsys, "validate", "-s", tmp_path / "s")
+    text = " ".join(err.split())
+    assert code == 2
+    assert (
+        "adaptation.r\\u0430nk: unknown key (not ASCII: U+0430 CYRILLIC SMALL LETTER A at 2;"
+        in text
+    )
+    assert "did you mean adaptation.rank?" in text and "r\u0430nk" not in text
+    assert "training.micro_batchsize: unknown key (did you mean training.micro_batch_size?" in text
+
+
 def test_keys_other_tools_spell_otherwise_are_named_with_tunelab_s_own(tmp_path, capsys):
     run_cli(capsys, "init", tmp_path / "s")
     sets = [

@@ -55,7 +55,7 @@ def test_cache_layout_is_huggingface_hubs(hub_cache, tiny_llama_dir):
     assert link.is_symlink() and not Path(link.readlink()).is_absolute()
     blob = link.resolve()
     assert blob.parent == (storage / "blobs").resolve()
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
 
     assert blob.name == sha256_file(tiny_llama_dir / "model.safetensors")  # LFS: by sha256
     got = snapshot_download(REPO, cache_dir=hub_cache, local_files_only=True)
@@ -308,6 +308,7 @@ def test_register_offline_and_missing_is_refused(hub_cache, tmp_path, capsys):
 # ---------------------------------------------------------------- a study by hub id, end to end
 
 
+@pytest.mark.slow
 def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llama_dir, capsys):
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", steps=2, hub_data=True)
@@ -425,7 +426,7 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
 def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     tmp_path, monkeypatch, minilm_dir, capsys
 ):
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
     from tunelab.core.study import Study
     from tunelab.lib.models import resolve_base
 

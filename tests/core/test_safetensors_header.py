@@ -67,7 +67,7 @@ def test_require_names_the_file(weights, tmp_path):
 
 
 def test_verify_names_a_resealed_damaged_checkpoint(weights, tmp_path):
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
     from tunelab.stages.verify.stage import check_checkpoint_files
 
     ckpt = tmp_path / "step-000004"

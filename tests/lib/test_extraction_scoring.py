@@ -669,6 +669,7 @@ def _write_nested_study(root, model_dir):
     return root
 
 
+@pytest.mark.slow
 def test_stage_nested_lists_with_half_the_items_right(tmp_path, capsys, tiny_llama_dir):
     """data -> inspect -> baseline -> train -> eval -> compare -> report on nested list targets:
     the item-level and sub-field metrics move from the base model's nothing to half the items

@@ -297,6 +297,7 @@ def rambling_model(study, model, tok, base, examples):
     return model.eval(), pre
 
 
+@pytest.mark.slow
 def test_generation_stops_at_the_answer_with_the_outputs_of_plain_greedy(tmp_path, tiny_llama_dir):
     import torch
 

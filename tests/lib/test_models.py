@@ -511,7 +511,7 @@ def test_update_check_catches_module_frozen_by_mistake(tiny_llama_dir):
     step1, step2 = train_steps(model, base, 2)
     assert step1 == [f"{mistaken}: meant to train but requires_grad is False"]
     partner = mistaken.replace("lora_B", "lora_A")
-    assert f"{partner}: trainable but unchanged after 2 step(s)" in step2
+    assert f"{partner}: received a gradient but unchanged after 2 step(s)" in step2
 
 
 def test_update_check_without_adapt_record_still_catches(tiny_llama_dir):
@@ -523,7 +523,7 @@ def test_update_check_without_adapt_record_still_catches(tiny_llama_dir):
     dict(model.named_parameters())[mistaken].requires_grad_(False)
     _, step2 = train_steps(model, base, 2, method="lora")
     assert step2 == [
-        f"{mistaken.replace('lora_B', 'lora_A')}: trainable but unchanged after 2 step(s)"
+        f"{mistaken.replace('lora_B', 'lora_A')}: received a gradient but unchanged after 2 step(s)"
     ]
 
 
@@ -562,7 +562,7 @@ def test_update_check_catches_parameter_left_out_of_optimizer(tiny_bert_dir):
     model(**batch_for(base)).loss.backward()
     opt.step()
     assert check_update(before, model, 1, "full") == [
-        f"{left_out}: trainable but unchanged after 1 step(s)"
+        f"{left_out}: received a gradient but unchanged after 1 step(s)"
     ]
 
 
@@ -613,6 +613,7 @@ def test_load_trainable_refuses_other_model(tiny_llama_dir, tiny_bert_dir, tmp_p
         load_trainable(bert, tmp_path)
 
 
+@pytest.mark.slow
 def test_fresh_process_reload_matches(tiny_bert_dir, tmp_path):
     cfg, base, model, _ = loaded(tiny_bert_dir, method="lora", target_modules=["query", "value"])
     train_steps(model, base, 2)
@@ -687,7 +688,7 @@ def test_minilm_lora_query_value_step(minilm_dir):
 
 @pytest.mark.slow
 def test_smollm2_conversion_identity_lora_forward(smollm2_dir):
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.lib.models import convert_gguf
 
     folder, name = smollm2_gguf()

@@ -195,10 +195,12 @@ def test_plain_template_separators_and_bad_plain_templates(tiny_tok):
 
 # ---------------------------------------------------------------- broken templates are caught
 
-BROKEN_NO_GENERATION_PROMPT = (  # ChatML that forgets the assistant header
-    "{% for message in messages %}"
+BROKEN_NOT_A_PREFIX = (  # the generation prompt is not how its assistant turn begins
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>bot\n' + message['content'] + '<|im_end|>\n' }}{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 BROKEN_DROPS_CONTENT = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n<|im_end|>\n' }}"
@@ -209,7 +211,7 @@ BROKEN_DROPS_CONTENT = (
 @pytest.mark.parametrize(
     "template,match",
     [
-        (BROKEN_NO_GENERATION_PROMPT, "ignores add_generation_prompt"),
+        (BROKEN_NOT_A_PREFIX, "not a prefix of the conversation"),
         (BROKEN_DROPS_CONTENT, "does not render the user message"),
         (None, "no chat template"),
         ("{{ raise_exception('no user role') }}", "fails to render"),
@@ -393,7 +395,7 @@ def test_encoder_classification_minilm(minilm_dir):
 
 @pytest.fixture(scope="session")
 def smollm2_tok():
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
 
     folder, name = smollm2_gguf()
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -432,10 +434,10 @@ def test_smollm2_broken_template_and_value_masking_are_caught(smollm2_tok):
     original = tok.chat_template
     try:
         tok.chat_template = original.replace(
-            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}", ""
+            "{{ '<|im_start|>assistant\n' }}", "{{ '<|im_start|>answer\n' }}"
         )
         assert tok.chat_template != original
-        with pytest.raises(PreprocessError, match="ignores add_generation_prompt"):
+        with pytest.raises(PreprocessError, match="not a prefix of the conversation"):
             make_pre(tok)
     finally:
         tok.chat_template = original

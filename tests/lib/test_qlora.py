@@ -235,7 +235,7 @@ def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'tunelab[qlora]'" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
-    from tunelab.core.study import validate_study
+    from tunelab.stages.hypothesis.validate import validate_study
 
     assert validate_study(root).adaptation.method == "qlora"  # here bitsandbytes imports
     with pytest.raises(ConfigError, match="compute_dtype"):
@@ -282,6 +282,7 @@ def start_train(root: Path, name: str, kill_at: str | None = None) -> subprocess
     )
 
 
+@pytest.mark.slow
 def test_qlora_with_adamw8bit_resumes_to_the_uninterrupted_losses(tmp_path, tiny_llama_dir):
     root = qlora_study(tmp_path / "s", tiny_llama_dir, QUANT, optimizer="AdamW8bit")
     straight = start_train(root, "straight")
@@ -414,6 +415,7 @@ def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets
     assert abs(predicted - real) / real < 0.05, (real, predicted)
 
 
+@pytest.mark.slow
 def test_size_measures_qlora_beside_lora_and_full(tmp_path, tiny_llama_dir, capsys):
     """`tunelab size --methods full,lora` on a QLoRA study: each method measured in its own
     process at the study's configuration and predicted from its own adapted model."""

@@ -66,11 +66,7 @@ def track(
 
     s = open_study(study, None)
     with ProgressBoard(enabled=not json_out, transient=True) as board:
-
-        def tick(done: int, total: int, run_id: str) -> None:
-            board.update("track", done, total, run_id)
-
-        result = sync_mlflow(s, mlflow, experiment=experiment, progress=tick)
+        result = sync_mlflow(s, mlflow, experiment=experiment, progress=board.update)
     if json_out:
         emit_json(result)
         return

@@ -20,7 +20,8 @@ from tunelab.cli.common import (
     rate_unit,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_types import RunStatus
 from tunelab.core.study import Run
 
 if TYPE_CHECKING:
@@ -43,41 +44,36 @@ RdzvOpt = Annotated[
 ]
 
 
-def _summary(run: Run) -> dict[str, Any]:
-    status = run.status()
-    return {
-        "run_id": run.id,
-        "status": status["status"],
-        "record": str(run.dir),
-        **{k: v for k, v in status.items() if k not in ("run_id", "status", "reason", "at")},
-    }
+def _summary(run: Run, status: RunStatus) -> dict[str, Any]:
+    """The `--json` summary of a finished run."""
+    return {"run_id": run.id, "status": status.status, "record": str(run.dir), **status.summary()}
 
 
-def _print(summary: dict[str, Any], title: str, rate: str) -> None:
+def _print(run: Run, status: RunStatus, title: str, rate: str) -> None:
     rows = [
-        ["run", summary["run_id"]],
-        ["status", summary["status"]],
-        ["steps", summary.get("steps")],
-        ["final loss", fmt(summary.get("final_loss"))],
-        ["val loss", f"{fmt(summary.get('val_loss_initial'))} -> {fmt(summary.get('val_loss'))}"],
-        ["time", f"{fmt(summary.get('train_seconds'), 1)} s"],
-        [rate, fmt(summary.get("tokens_per_s"), 0)],
-        ["checkpoint", summary.get("final_checkpoint")],
-        ["record", summary["record"]],
+        ["run", run.id],
+        ["status", status.status],
+        ["steps", status.steps],
+        ["final loss", fmt(status.final_loss)],
+        ["val loss", f"{fmt(status.val_loss_initial)} -> {fmt(status.val_loss)}"],
+        ["time", f"{fmt(status.train_seconds, 1)} s"],
+        [rate, fmt(status.tokens_per_s, 0)],
+        ["checkpoint", status.final_checkpoint],
+        ["record", str(run.dir)],
     ]
     console.print(table(title, ["", ""], rows, show_header=False))
-    console.print(f"next: `tunelab eval {summary['run_id']}`")
+    console.print(f"next: `tunelab eval {run.id}`")
 
 
 def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> None:
     """The finished run's summary, as JSON or a table; only the main rank prints."""
     if ranks is not None and not ranks.is_main:
         return
-    summary = _summary(run)
+    status = run.last_status()
     if json_out:
-        emit_json(summary)
+        emit_json(_summary(run, status))
         return
-    _print(summary, title, rate_unit(run.study))
+    _print(run, status, title, rate_unit(run.study))
 
 
 @app.command()
@@ -124,7 +120,7 @@ def train(
             name=name,
             parent=parent,
             why=why,
-            progress=train_progress(board, rate=rate_unit(s, short=True)),
+            progress=board.update,
             strategy=ranks,
         )
     _report(run, ranks, json_out, "training run")
@@ -165,6 +161,10 @@ def resume(
         rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        progress = train_progress(board, rate=rate_unit(s, short=True))
+        progress = board.update
         run = resume_run(s, stopped.id, progress=progress, strategy=ranks)
+    if not json_out and (ranks is None or ranks.is_main):
+        for e in s.ledger.events(run.id):
+            if e["kind"] == "checkpoint_skipped":
+                console.print(f"note: skipped {e['detail']}: no DONE marker (a save cut by a kill)")
     _report(run, ranks, json_out, "resumed run")

@@ -2,6 +2,14 @@
 
 The same dictionary is printed by `tunelab env` and saved as env.json with every run. CUDA and
 ROCm fields are present (null) on CPU so that records have one shape everywhere.
+
+- `capture_env() -> dict`: saved as env.json in every run; `compute_device` says where tunelab
+  computes.
+- `device_kind() -> "cuda" | "cpu"`: CUDA when torch sees it; `TUNELAB_DEVICE=cpu|cuda` decides,
+  checked by `requested_device()` before every CLI command (a bad value is a ConfigError).
+  `tunelab.lib.models.compute_device()` is the torch device with its index.
+- `cpu_share(cpu_s, seconds, threads, device)`: process CPU seconds over wall seconds x threads
+  on the CPU, else None; below `BUSY_CPU_SHARE` (0.8) the cores were shared.
 """
 
 from __future__ import annotations

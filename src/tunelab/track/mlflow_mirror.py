@@ -5,6 +5,10 @@ before any run is created, so syncing again updates the runs it finds and never 
 them. A run whose mirror did not change since the last sync (the `tunelab.sync_sha256` tag) is
 left alone; one that changed gets its new status, tags and files, the params it lacks and only
 the metric values whose steps MLflow does not hold yet.
+
+`sync_mlflow(study, uri=None, *, experiment=None, progress=None) -> {uri, kind, experiment {name,
+id}, runs [{run_id, kind, name, status, reason, mlflow_run_id, action (created | updated |
+unchanged), params, metrics, files}], counts}`; `progress("track", done, total, run_id)` (core.progress).
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
+from tunelab.core.progress import Progress
 from tunelab.track.flatten import RunMirror, collect_study
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
 
@@ -42,8 +46,6 @@ URI_HINT = (
     "pass --mlflow with a folder (./mlruns), a SQLite file (sqlite:///mlflow.db) or a "
     "server (http://127.0.0.1:5000), or set MLFLOW_TRACKING_URI"
 )
-
-Progress = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,7 @@ def sync_mlflow(
         results = []
         for i, mirror in enumerate(mirrors):
             if progress is not None:
-                progress(i, len(mirrors), mirror.run_id)
+                progress("track", i, len(mirrors), mirror.run_id)
             parent = mlflow_ids.get(mirror.nest_under) if mirror.nest_under else None
             result = sync_run(client, exp_id, mirror, existing.get(mirror.run_id), parent)
             mlflow_ids[mirror.run_id] = result["mlflow_run_id"]
@@ -355,7 +357,7 @@ def sync_mlflow(
                 }
             )
         if progress is not None:
-            progress(len(mirrors), len(mirrors), "")
+            progress("track", len(mirrors), len(mirrors))
     counts = {
         a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")
     }

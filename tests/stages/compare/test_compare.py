@@ -13,16 +13,13 @@ from scipy import stats as scipy_stats
 from helpers.compare import BASE_P, GOLDS, _cls_rows, _populate, _record, _study
 from tunelab.core.config import StudyConfig
 from tunelab.lib import metrics as M
+from tunelab.lib.statistics import f1_stats, mcnemar, mean_stat, paired_bootstrap
 from tunelab.stages.compare.stage import (
     compare_evaluations,
     config_diff,
     example_stats,
-    f1_stats,
     flips,
     group_of,
-    mcnemar,
-    mean_stat,
-    paired_bootstrap,
 )
 
 # ---------------------------------------------------------------- bootstrap

@@ -646,3 +646,89 @@ def test_max_examples_is_a_seeded_sample(tmp_path):
     assert sum(m["counts"]["final"].values()) == 120 and m["counts"]["sampled_out"] == 180
     again = jsonl_study(tmp_path, make_rows(300), max_examples=120)
     assert build_snapshot(again)["snapshot_id"] == m["snapshot_id"]
+
+
+# ---------------------------------------------------------------- label names, leftovers, file names
+
+
+def folder_corpus(root: Path, labels: list[str], n: int = 12) -> Path:
+    for k, label in enumerate(labels):
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            (root / label / f"{i:03d}.txt").write_text(ticket(100 * k + i, label.strip()))
+    return root
+
+
+ALIKE = {
+    "case": ("sport", "Sport"),
+    "spaces": ("sport", "sport "),
+    "unicode form": ("caf\u00e9", "cafe\u0301"),
+    "invisible": ("tech", "te\u200bch"),
+}
+
+
+@pytest.mark.parametrize("fmt", ["folder", "csv"])
+@pytest.mark.parametrize("kind", sorted(ALIKE))
+def test_labels_alike_by_name_are_refused_in_every_format(tmp_path, capsys, fmt, kind):
+    one, other = ALIKE[kind]
+    labels = ["billing", one, other]
+    if fmt == "folder":
+        folder_corpus(tmp_path / "s" / "corpus", labels)
+        s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
+    else:
+        import csv
+
+        (tmp_path / "s").mkdir(parents=True)
+        with open(tmp_path / "s" / "d.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            for i in range(36):
+                w.writerow([ticket(i, "x"), labels[i % 3]])
+        s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "d.csv"}})
+    code, _, err = run_cli(capsys, "data", "-s", s.root)
+    assert code == 2, err
+    text = " ".join(err.split())
+    assert "spelt in several ways" in text and ascii(other)[1:-1] in text, text
+    assert snapshot_dirs(s) == []
+
+
+def test_leftovers_of_systems_archivers_and_notebooks_are_skipped_with_a_note(tmp_path):
+    root = folder_corpus(tmp_path / "s" / "corpus", LABELS)
+    folder_corpus(root / "__MACOSX", ["billing"], n=2)
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / "sales" / "._000.txt").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    (root / "sales" / "Thumbs.db").write_bytes(b"\xd0\xcf")
+    (root / "sales" / "~$001.txt").write_text("an Office lock file")
+    s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
+    m = build_snapshot(s)
+    assert m["labels"] == LABELS
+    (note,) = [n for n in m["notes"] if "leftover" in n]
+    assert "__MACOSX/" in note and "sales/._000.txt" in note and "sales/~$001.txt" in note
+
+
+def test_a_file_name_that_is_not_utf8_is_named_escaped_exit_2(tmp_path, capsys):
+    root = folder_corpus(tmp_path / "s" / "corpus", LABELS)
+    import os
+
+    with open(os.path.join(os.fsencode(root / "sales"), b"caf\xe9.txt"), "w") as f:
+        f.write("a ticket about sales")
+    s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
+    err = _cli_fails(capsys, s, "not valid UTF-8", "sales/caf\\xe9.txt")
+    assert "please report" not in err
+
+
+def test_a_number_among_text_labels_is_noted(tmp_path):
+    p = tmp_path / "s" / "d.csv"
+    p.parent.mkdir(parents=True)
+    rows = [f"{ticket(i, LABELS[i % 4] if i % 4 < 3 else '1')},{LABELS[i % 4] if i % 4 < 3 else 1}"
+            for i in range(80)]  # fmt: skip
+    p.write_text("text,label\n" + "\n".join(rows) + "\n")
+    s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "d.csv"}})
+    (note,) = [n for n in build_snapshot(s)["notes"] if "written as numbers" in n]
+    assert "'1' (20 row(s): d.csv line 5" in note and "3 text label(s)" in note
+
+
+def test_an_absurdly_long_label_is_refused(tmp_path, capsys):
+    rows = make_rows(60) + [{"text": "x y z", "label": "word " * 60}]
+    s = jsonl_study(tmp_path, rows)
+    _cli_fails(capsys, s, "label of more than 200 characters", "rows.jsonl line 61")

@@ -304,6 +304,7 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     assert set(metrics["metrics"]["per_category"]) == set(COLOURS)
 
 
+@pytest.mark.slow
 def test_sizing_measures_a_vit_step_at_its_patch_tokens(
     tmp_path, tiny_vit_dir, capsys, monkeypatch
 ):
@@ -408,6 +409,7 @@ def test_a_fully_trained_vit_checkpoint_reloads_exactly(tmp_path, tiny_vit_dir):
 # ---------------------------------------------------------------- init
 
 
+@pytest.mark.slow
 def test_init_writes_an_image_study_that_validates_and_runs(tmp_path, tiny_vit_dir, capsys):
     import shutil
 
@@ -627,7 +629,9 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
     epochs = [r.get("epoch") for r in map(json.loads, (straight.dir / "metrics.jsonl").open())]
     assert max(e for e in epochs if e is not None) > 2  # the run reads more than two epochs
 
-    def stop_after_step_3(step: int, total: int, row: Any) -> None:
+    def stop_after_step_3(
+        what: str, step: float, total: float | None = None, text: str = ""
+    ) -> None:
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop saves a checkpoint and stops
 

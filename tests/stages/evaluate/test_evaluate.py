@@ -518,8 +518,8 @@ def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
 
 @pytest.mark.slow
 def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.core.records import read_json, read_jsonl
-    from tunelab.demo.assets import smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     repo = Path(__file__).resolve().parents[3]

@@ -170,9 +170,10 @@ def test_merge_beyond_its_tolerance_is_refused(qlora_run, capsys):
 # ---------------------------------------------------------------- the other stages on qlora
 
 
+@pytest.mark.slow
 def test_qlora_verify_and_eval(qlora_run):
+    from tunelab.core.evidence import find_evaluation
     from tunelab.core.study import Study
-    from tunelab.stages.evaluate.stage import find_evaluation
     from tunelab.stages.verify.stage import verify_run
 
     root, run_id = qlora_run
@@ -185,6 +186,7 @@ def test_qlora_verify_and_eval(qlora_run):
     assert record["predictions"]["matched"] == 9 and record["checkpoint"]["ok"]
 
 
+@pytest.mark.slow
 def test_qlora_smoke(qlora_run):
     from tunelab.core.study import Study
     from tunelab.stages.smoke.stage import run_smoke

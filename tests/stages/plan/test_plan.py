@@ -4,6 +4,7 @@ the refusals, and the review of planned against actual durations from the ledger
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from helpers import filled_hypothesis, run_cli
 from helpers.plan import _finished_run, _sizing_record, _study
 from tunelab.core.config import StudyConfig, validate_config
+from tunelab.core.record_types import Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.stages.plan.estimate import build_plan
 from tunelab.stages.plan.figures import Figure, Figures, Lengths, SplitCounts, expected_max
@@ -25,6 +27,11 @@ TRAINING = {
     "checkpoint_every_steps": 50,
 }
 BUDGET = {"gpu_hour_price": 2.0, "gpu": "1x H100", "hours_per_day": 24.0, "num_variants": 4}
+
+
+def smoke_timings(**timings: float) -> Smoke:
+    """A smoke record holding only the timings a plan reads."""
+    return Smoke(Path("smoke.json"), {}, **timings)
 
 
 def config(training: dict | None = None, budget: dict | None = None) -> StudyConfig:
@@ -404,7 +411,8 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
     smoke = _finished_run(study, "smoke", 30.0)
     parts = {"reload_s": 3.0, "fresh_eval_s": 0.2, "fresh_checks_s": 0.8}
     write_json_atomic(
-        study.runs_dir / smoke / "smoke.json", {**parts, "fresh_process_s": 7.0, "total_s": 30.0}
+        study.runs_dir / smoke / "smoke.json",
+        {"passed": True, "checks": [], **parts, "fresh_process_s": 7.0, "total_s": 30.0},
     )
     figures = gather_figures(study)
     assert figures.process_start_s.value == pytest.approx(3.0)
@@ -421,12 +429,14 @@ def test_a_variants_evaluation_cost():
 
     baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
-    smoke = {"reload_s": 5.1, "eval_s_per_example": 0.055}
+    smoke = smoke_timings(reload_s=5.1, eval_s_per_example=0.055)
     lora = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
     assert lora["eval_load_s"].value == pytest.approx(5.1)
     assert lora["baseline_load_s"].value == pytest.approx(6.6)
     assert lora["adapted_extra_s_per_example"].value == pytest.approx(4.3 / 127 * 0.01)
-    slower = _adapted_costs({"reload_s": 8.0}, "smoke-x", baseline, "base-x", facts, "lora")
+    slower = _adapted_costs(
+        smoke_timings(reload_s=8.0), "smoke-x", baseline, "base-x", facts, "lora"
+    )
     assert slower["eval_load_s"].value == pytest.approx(8.0)
     full = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "full")
     assert "adapted_extra_s_per_example" not in full
@@ -434,12 +444,12 @@ def test_a_variants_evaluation_cost():
     assert "eval_load_s" not in alone and alone["baseline_load_s"].value == pytest.approx(6.6)
     # measured by the smoke (adapter off, then on), the ratio replaces the parameter share
     timed = _adapted_costs(
-        {**smoke, "adapter_time_ratio": 1.22}, "smoke-x", baseline, "base-x", facts, "lora"
+        replace(smoke, adapter_time_ratio=1.22), "smoke-x", baseline, "base-x", facts, "lora"
     )
     assert timed["adapted_extra_s_per_example"].value == pytest.approx(4.3 / 127 * 0.22)
     assert "1.22 times as long" in timed["adapted_extra_s_per_example"].source
     noise = _adapted_costs(
-        {**smoke, "adapter_time_ratio": 0.97}, "smoke-x", baseline, "base-x", facts, "lora"
+        replace(smoke, adapter_time_ratio=0.97), "smoke-x", baseline, "base-x", facts, "lora"
     )
     assert noise["adapted_extra_s_per_example"].value == 0.0  # an adapter is never free
 
@@ -485,7 +495,12 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     assert _answer_length_cost({"seconds": 4.3, "n": 127}, "base-x") is None  # classification
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
     costs = _adapted_costs(
-        {"reload_s": 5.1, "adapter_time_ratio": 1.25}, "smoke-x", baseline, "base-x", facts, "lora"
+        smoke_timings(reload_s=5.1, adapter_time_ratio=1.25),
+        "smoke-x",
+        baseline,
+        "base-x",
+        facts,
+        "lora",
     )
     assert costs["answer_length_s_per_example"].value == pytest.approx(length.value)
     # the adapter's matmuls on what the variant generates, not on what the base generated
@@ -523,7 +538,7 @@ def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
     assert merged_evaluation({**smoke_eval, "merge": {"merged": False}}, 8) is None
     assert merged_evaluation({}, 8) is None  # a smoke recorded before merging
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
-    smoke = {"reload_s": 5.1, "adapter_time_ratio": 1.25}
+    smoke = smoke_timings(reload_s=5.1, adapter_time_ratio=1.25)
     costs = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora", merged=merged)
     assert "adapted_extra_s_per_example" not in costs
     assert costs["variant_s_per_step"].value == pytest.approx(0.1)

@@ -110,10 +110,10 @@ def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, c
     assert out.splitlines()[0].startswith("7-day plan on 1x NVIDIA L4 24GB (projected)")
     ids = sorted(p.stem for p in (study.records / "plans").glob("plan-*.json"))
     assert ids == [f"plan-20260102-030405-{s}" for s in ("000000", "dddddd", "eeeeee", "ffffff")]
-    from tunelab.stages.plan import latest_plan
+    from tunelab.core.evidence import latest
     from tunelab.stages.report import build_report
 
-    assert latest_plan(study)["id"] == "plan-20260102-030405-000000"
+    assert latest(study, "plan").read()["id"] == "plan-20260102-030405-000000"
     md = build_report(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
     assert "days on 1x NVIDIA L4 24GB (projected) at" in section

@@ -92,3 +92,40 @@ def test_dossier_from_fixed_records(pinned, capsys):
     assert code == 0, err
     _check("dossier.md", _normalise((pinned / "report" / "dossier.md").read_text(), pinned))
     _check("dossier.html", _normalise((pinned / "report" / "dossier.html").read_text(), pinned))
+
+
+def test_the_dossier_names_each_record_it_could_not_read(pinned, capsys):
+    """A damaged record is not skipped in silence: the dossier is still built, and its
+    Limitations section names the file and the located error."""
+    runs = pinned / "records" / "runs"
+    metrics = next(runs.glob("eval-*/metrics-validation.json"))
+    metrics.write_text('{"split": "validation", ')
+    plan = next((pinned / "records" / "plans").glob("plan-*.json"))
+    plan.write_text("[")
+    code, _, err = run_cli(capsys, "report", "-s", pinned)
+    assert code == 0, err
+    md = (pinned / "report" / "dossier.md").read_text()
+    limits = md[md.index("## Limitations") :]
+    assert "2 record(s) could not be read" in limits
+    assert f"{metrics}: not valid JSON (line 1): the record is damaged" in limits
+    assert f"{plan}: not valid JSON (line 1)" in limits
+
+
+@pytest.mark.parametrize(
+    ("record", "text", "error"),
+    [
+        ("runs/smoke-*/smoke.json", '{"passed": true, ', "not valid JSON (line 1)"),
+        ("runs/smoke-*/smoke.json", '{"checks": []}', "field 'passed' is missing"),
+        ("sizing/size-*.json", '{"id": 3}', "field 'id' is 3, not a string"),
+    ],
+)
+def test_a_damaged_record_stops_the_plan_naming_it(pinned, capsys, record, text, error):
+    """The planner reads its evidence typed: a damaged record is refused with its path and what
+    is wrong, exit 2, and no plan is written."""
+    path = next((pinned / "records").glob(record))
+    path.write_text(text)
+    before = sorted((pinned / "records" / "plans").iterdir())
+    code, _, err = run_cli(capsys, "plan", "-s", pinned, "--days", "3")
+    assert code == 2
+    assert f"{path}: {error}" in " ".join(err.split())
+    assert sorted((pinned / "records" / "plans").iterdir()) == before

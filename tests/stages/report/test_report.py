@@ -7,15 +7,24 @@ import html
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
 from helpers import fill_hypothesis, run_cli, train_stopped_at
+from tunelab.core.ledger import RunRow
+from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
 from tunelab.stages.report import build_report
+from tunelab.stages.report.collect import RunEvidence
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def evaluation_on_test(n: int, metrics: dict) -> Evaluation:
+    """An evaluation record on the test split holding only its size and metrics."""
+    return Evaluation(Path("metrics-test.json"), {}, "test", n, metrics=metrics)
 
 
 def render_dom(html_path, tmp_path, *extra: str) -> str:
@@ -147,6 +156,7 @@ def _many_category_study(root, model_dir):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed (make setup installs it as root)"
 )
@@ -207,10 +217,10 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
              "guardrails": [{"rule": "f1", "pass": False, "item": "sport"}]},
         ],
     }  # fmt: skip
-    test_run = {
-        "row": {"id": "eval-t", "kind": "eval", "parent": "train-a"},
-        "evaluations": {"test": {"n": 120, "metrics": {"macro_f1": 0.7912}}},
-    }
+    test_run = RunEvidence(
+        row=RunRow("eval-t", "eval", parent="train-a"),
+        evaluations={"test": evaluation_on_test(120, {"macro_f1": 0.7912})},
+    )
     openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "y"}]
     data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
     sec = decision_section(Dossier(None, data, None))
@@ -242,10 +252,10 @@ def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opene
              "guardrails": [{"rule": "f1", "pass": False, "item": "tech"}]},
         ],
     }  # fmt: skip
-    test_run = {
-        "row": {"id": "eval-t", "kind": "eval", "parent": "train-a"},
-        "evaluations": {"test": {"n": 305, "metrics": {"macro_f1": 0.28}}},
-    }
+    test_run = RunEvidence(
+        row=RunRow("eval-t", "eval", parent="train-a"),
+        evaluations={"test": evaluation_on_test(305, {"macro_f1": 0.28})},
+    )
     openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "final decision"}]
     data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
     rows = {
@@ -392,10 +402,8 @@ def test_the_run_table_names_each_run_s_adaptation_from_its_config():
 
     def run(kind, method, parent=None):
         adaptation = {"method": method, "rank": 16, "quantization": {"quant_type": "fp4"}}
-        return {
-            "row": {"id": f"{kind}-1", "kind": kind, "parent": parent},
-            "config": {"config": {"adaptation": adaptation}},
-        }
+        config = RunConfig(Path("config.json"), {}, config={"adaptation": adaptation})
+        return RunEvidence(row=RunRow(f"{kind}-1", kind, parent=parent), config=config)
 
     qlora, full = run("train", "qlora"), run("train", "full")
     by_id = {"q": qlora, "f": full}
@@ -404,4 +412,4 @@ def test_the_run_table_names_each_run_s_adaptation_from_its_config():
     assert adaptation_of(run("baseline", "qlora"), by_id) == "base, 4-bit"
     assert adaptation_of(run("baseline", "lora"), by_id) == "base"
     assert adaptation_of(run("eval", "lora", parent="q"), by_id) == "qlora r16 fp4"
-    assert adaptation_of({"row": {"kind": "train"}, "config": {}}, by_id) == "-"
+    assert adaptation_of(RunEvidence(row=RunRow("train-2", "train")), by_id) == "-"

@@ -61,6 +61,7 @@ def sized_study(tmp_path: Path, capsys, kind: str, processor=None, **sections) -
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "side", "sections"),
     [

@@ -225,6 +225,7 @@ print(json.dumps({"file_kb": _status_kb("RssFile") - idle, "unchanged": unchange
 """
 
 
+@pytest.mark.slow
 def test_the_prime_maps_the_steps_code_before_idle(tiny_llama_dir):
     """In a fresh process the first optimizer step and gradient clipping map library pages
     (file-backed RSS: 2-8 MB on CPU, by how the page cache holds the libraries) that would land
@@ -407,6 +408,7 @@ def _config(model_dir: Path, **training) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_measured_step_in_child_matches_estimate(tiny_llama_dir):
     spec = {
         "config": _config(tiny_llama_dir),
@@ -478,6 +480,7 @@ def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_d
     assert lengths["split_counts"]["train"] == len(counts)
 
 
+@pytest.mark.slow
 def test_size_cli_records_and_refuses_without_lengths(
     tmp_path, tiny_llama_dir, capsys, monkeypatch
 ):
@@ -654,6 +657,7 @@ def wider_llama_dir(tmp_path_factory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("wider-llama"), hidden=256, heads=8)
 
 
+@pytest.mark.slow
 def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_dir):
     from tunelab.stages.sizing.processes import measure_configurations
 
@@ -693,6 +697,7 @@ def test_one_process_measures_every_configuration_like_fresh_ones(wider_llama_di
         assert not mf["heap_grown_before"] and mf["forward_of"] == f["label"]
 
 
+@pytest.mark.slow
 def test_a_configuration_over_the_budget_loses_none_of_the_others(wider_llama_dir):
     from tunelab.stages.sizing.processes import measure_configurations
 

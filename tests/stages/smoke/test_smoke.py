@@ -89,6 +89,7 @@ def test_overrides_and_sample():
 # ---------------------------------------------------------------- tiny models
 
 
+@pytest.mark.slow
 def test_smoke_tiny_bert_lora(tmp_path, tiny_bert_dir, capsys):
     root = write_study(tmp_path / "s", tiny_bert_dir)
     prepare(root, capsys)
@@ -108,6 +109,7 @@ def test_smoke_tiny_bert_lora(tmp_path, tiny_bert_dir, capsys):
     assert [r["id"] for r in json.loads(out)] == [record["run_id"]]
 
 
+@pytest.mark.slow
 def test_smoke_tiny_llama_lora_packed(tmp_path, tiny_llama_dir, capsys):
     root = write_study(
         tmp_path / "s",
@@ -125,6 +127,7 @@ def test_smoke_tiny_llama_lora_packed(tmp_path, tiny_llama_dir, capsys):
     assert 0 < record["adapter_time_ratio"] < 10
 
 
+@pytest.mark.slow
 def test_smoke_times_a_generating_adapter_per_decoding_step(tmp_path, tiny_llama_dir, capsys):
     """An extraction study: the adapter's cost is timed per decoding step, on passes of at most
     RATIO_DECODE_STEPS new tokens (the study's budget is 64, which the random model fills)."""

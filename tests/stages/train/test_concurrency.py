@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "stress"))
-
 import harness  # noqa: E402
+import pytest
 
 from helpers import kill_harness_fixtures  # noqa: E402
 
@@ -28,6 +28,7 @@ def json_of(log: str) -> dict:
 launcher, study_dir = kill_harness_fixtures("concurrency", steps=STEPS, checkpoint_every=3)
 
 
+@pytest.mark.slow
 def test_two_trains_at_once(study_dir, launcher):
     from tunelab.core.records import read_json
     from tunelab.core.study import Study

@@ -35,6 +35,7 @@ def straight(study_dir, launcher) -> Path:
     return study_dir / "records" / "runs" / row.id
 
 
+@pytest.mark.slow
 def test_three_sigkills_then_resume_is_bit_exact(study_dir, launcher, straight):
     from tunelab.core.study import Study
 

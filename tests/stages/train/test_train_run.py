@@ -248,6 +248,7 @@ def test_heartbeat_beats_between_steps(study_dir, monkeypatch):
 # ---------------------------------------------------------------- kills and resumes
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_exact(study_dir, straight, killed, capsys):
     code, _, run_dir = killed["kill-step5"]
     assert code == -signal.SIGKILL

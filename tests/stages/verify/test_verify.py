@@ -100,6 +100,7 @@ def test_environment_differences_are_named():
 # ---------------------------------------------------------------- on a real checkpoint
 
 
+@pytest.mark.slow
 def test_verify_passes_then_catches_a_changed_byte(lora_study, capsys):
     root, run_id = lora_study
     code, out, err = run_cli(capsys, "verify", run_id, "-s", root, "--json")
@@ -143,6 +144,7 @@ def test_verify_passes_then_catches_a_changed_byte(lora_study, capsys):
     assert names == ["verify-1.json", "verify-2.json"]
 
 
+@pytest.mark.slow
 def test_verify_compares_the_fresh_process_environment(lora_study, capsys):
     """The environment compared is the one of the process that re-evaluated: a run recorded on
     another torch is reproduced here, and the record names the difference."""
@@ -161,11 +163,12 @@ def test_verify_compares_the_fresh_process_environment(lora_study, capsys):
     assert rec["environment"]["torch"] != "1.0.0-elsewhere"
 
 
+@pytest.mark.slow
 def test_verify_catches_edited_weights_with_rewritten_hashes(lora_study, capsys):
     """Someone edits the adapter and rewrites state.json's hashes: the predictions give it away."""
     from safetensors.torch import load_file, save_file
 
-    from tunelab.core.records import sha256_file
+    from tunelab.core.hashing import sha256_file
 
     root, run_id = lora_study
     work = root.parent / "edited"

@@ -2,6 +2,11 @@
 
 They are genuine transformers models (Llama, BERT) with a trained byte-level BPE / WordPiece
 tokenizer, only small: every code path that runs on SmolLM2 or MiniLM runs on them in seconds.
+
+`save_tiny_llama(dir)`, `save_tiny_bert(dir)`, `save_tiny_vit(dir)`. Tests use them through the
+session fixtures `tiny_llama_dir`, `tiny_bert_dir`, `tiny_vit_dir` of tests/conftest.py (beside
+`minilm_dir`, `smollm2_dir`, `bbc_dir`, `spam_dir`; `tests/helpers.py` has `run_cli(capsys,
+*args)`, `tree_hashes`, `fill_hypothesis`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ pair forward, twice that backward. tunelab's loss runs the LM head on the loss p
 (`tunelab.stages.train.losses`), so the head counts at those positions. Activation checkpointing runs
 each block's forward again during backward. A ResNet or ConvNeXt costs 2 FLOPs per multiply of
 each convolution and linear layer, counted by the memory model's walk of its feature maps.
+
+`micro_step_flops(facts, MicroBatch, checkpointing)`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ the evaluation, from the study's own shapes.
 The utilization is stated, never hidden: the catalog's default for the GPU's architecture and
 the method, the study's own measured step on a GPU of the same architecture when it has one
 (a sizing or a training run on CUDA), or the user's `--utilization`.
+
+Interface: `project(shape, cfg, gpu, gpus=, strategy=, utilization=, measured=) -> Projection`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A study that has not loaded its model yet (a 1B-class base named only by its config) can be
 planned from its architecture and the adaptation it registers. `model_facts` (sizing) reads
 the same facts from a loaded, adapted model; for the Llama and BERT families the two agree.
+
+`facts_from_config(config_json, adaptation, *, architecture, dtype, num_labels) -> ModelFacts`
+(also for method qlora).
 """
 
 from __future__ import annotations

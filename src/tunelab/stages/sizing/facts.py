@@ -4,6 +4,12 @@ The roles of the parameters of each transformer block (q k v o gate up down norm
 read from their names, so the estimate knows which linear layers train in full, which carry a
 LoRA adapter and which are frozen. Also `count_saved_bytes`: the bytes autograd really keeps for
 backward during a forward pass, to check the analytic walk against.
+
+`model_facts(model, architecture)`; ViT / DeiT blocks are walked as the "bert" family
+(approximate); ResNet and ConvNeXt give family "resnet" | "convnext" with `conv` (image_size:
+the config's or `DEFAULT_IMAGE_SIZE`). `count_saved_bytes(model, forward, backward=None)` keeps
+nothing afterwards (without `backward` the graph holds keys, not tensors: no backward through it;
+with it, detached aliases, and `backward(out)` runs once the hooks are left: the same count).
 """
 
 from __future__ import annotations

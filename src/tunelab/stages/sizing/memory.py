@@ -24,6 +24,20 @@ transformers use the `llama` walk and are marked approximate. Two conv nets are 
 map by feature map, at the model's image size: `resnet` (convolution, batch norm, ReLU, max
 pool, basic or bottleneck layers) and `convnext` (depthwise convolution, LayerNorm, pointwise
 linear layers, layer scale). No torch import: values in, values out.
+
+Interface: `ModelFacts`, `Case(seq_len, micro_batch, grad_accum, precision, checkpointing, packing,
+masked, loss_fraction, optimizer, device)`, `estimate_memory(facts, case, strategy="single" | "ddp"
+| "fsdp", ranks=1) -> Estimate` (bytes: `weights`, `gradients`, `optimizer_states`, `activations`,
+`logits_loss`, `phases`, `peak_total`, `peak_increase`, `rule_x4`, `dequantized_layer`),
+`project_per_rank(facts, case, n)`. `loss_route(facts, strategy) -> "fused" | "chunked" | "model"`
+and `logits_bytes(facts, case, route="fused") -> {logits, loss_tokens, chunk_rows, kept, forward,
+backward}` are the loss term, by the training loss's route. QLoRA: `ModelFacts.quant_params,
+quant_tensors, quant_constant_bytes, quant_largest, quant_dtype, quant_compute_dtype` (0 / defaults
+without a 4-bit base; `total_weight_bytes` includes the constants), `quant_constants_of(numels,
+double_quant)`, `dequantized_layer_bytes(facts)`, `weights_by_dtype["4bit_constants"]`. Conv nets
+(`CONV_FAMILIES`): `ModelFacts.conv` holds the config fields the walk reads and `trains` (module
+path -> "weight" | "lora", the head as "classifier"); `Case.seq_len` is unused there (the side is
+`conv["image_size"]`; the batch is `micro_batch` images).
 """
 
 from __future__ import annotations

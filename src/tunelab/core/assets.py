@@ -7,6 +7,9 @@
   `make assets` into .cache/assets (or where TUNELAB_SPAM_DIR points)
 
 A study config names one as `asset:NAME` (`tunelab.core.config.resolve_path`).
+
+`minilm_path()`, `smollm2_gguf() -> (folder, filename)`, `bbc_path()`, `spamassassin_path()`,
+`asset_path("asset:NAME[/sub]")`.
 """
 
 from __future__ import annotations
