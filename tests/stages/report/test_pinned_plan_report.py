@@ -23,6 +23,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from helpers import run_cli
 
 GOLDEN = Path(__file__).parents[2] / "fixtures" / "golden"
