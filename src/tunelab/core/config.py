@@ -829,8 +829,15 @@ def _describe_error(err: dict[str, Any]) -> str:
     shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        hint = FAMILIAR_KEYS.get(loc, "check the spelling; `tunelab init` writes every known key")
-        msg = f"unknown key ({hint})"
+        from tunelab.core.config_keys import shown_key, unknown_key_message
+
+        hint = "check the spelling; `tunelab init` writes every known key"
+        msg = (
+            f"unknown key ({FAMILIAR_KEYS[loc]})"
+            if loc in FAMILIAR_KEYS
+            else unknown_key_message(StudyConfig, list(err["loc"]), hint)
+        )
+        loc = shown_key(loc)
     elif err["type"] == "finite_number":
         msg = "must be a finite number (NaN and infinity are refused)"
     elif err["type"].endswith("_type") and isinstance(value, str):

@@ -343,9 +343,12 @@ def mirror_run(
         mirror.files.append((c["_path"], "compare"))
     entries = [r for c in listed for r in c["runs"] if r["run_id"] == row.id and r.get("compared")]
     if entries:
-        mirror.tags["tunelab.stages.compare.guardrails"] = (
-            "pass" if entries[-1]["guardrails_pass"] else "fail"
+        last = entries[-1]
+        mirror.tags["tunelab.stages.compare.guardrails"] = last.get("guardrails_verdict") or (
+            "pass" if last["guardrails_pass"] else "fail"
         )
+        if last.get("decision"):
+            mirror.tags["tunelab.stages.compare.decision"] = last["decision"]
     return mirror
 
 

@@ -43,6 +43,7 @@ from tunelab.core.errors import DataError
 from tunelab.core.hashing import sha256_bytes
 from tunelab.lib.preprocess.decode import _REPLACE, ACCEPTED_MODES, _pil, decode_image, model_rgb
 from tunelab.stages.data.dedup import DuplicatePair, exact_group_ids
+from tunelab.stages.data.leftovers import leftover_file, leftover_folder
 from tunelab.stages.data.readers import SourceData, SourceRow, _contained, _record_file, _rel
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -142,6 +143,8 @@ def _skip_reason(name: str) -> str | None:
         return "hidden"
     if name.lower() in SYSTEM_FILES:
         return "system file"
+    if why := leftover_file(name):
+        return why
     suffix = Path(name).suffix.lower()
     if suffix not in IMAGE_EXTENSIONS:
         return f"extension {suffix or '(none)'}"
@@ -188,6 +191,8 @@ def _label_folders(root: Path, follow: bool, src: SourceData, images: ImageSourc
             images.skipped.append((p.name, "not in a label folder"))
         elif p.name.startswith("."):
             images.skipped.append((p.name + "/", "hidden"))
+        elif why := leftover_folder(p.name):
+            images.skipped.append((p.name + "/", why))
         elif _contained(p, root, follow, src):
             labels.append(p)
     return labels

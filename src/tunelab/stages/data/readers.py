@@ -36,6 +36,7 @@ from tunelab.core.errors import DataError, preview
 from tunelab.core.hashing import sha256_bytes, sha256_file
 from tunelab.core.progress import Progress, silent
 from tunelab.core.strict_load import ParseProblem, loads_json
+from tunelab.stages.data.leftovers import leftover_file, leftover_folder
 
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_ALIASES = {
@@ -517,10 +518,14 @@ def _read_folder(
             f"{root}: not a folder (format: folder wants one sub-folder per label)",
             hint="fix data.source.path, or set data.source.format to the file's format",
         )
+    left = [p for p in root.iterdir() if p.is_dir() and leftover_folder(p.name)]
     labels = sorted(
         p
         for p in root.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and _contained(p, root, follow, src)
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and p not in left
+        and _contained(p, root, follow, src)
     )
     stray = [p.name for p in root.glob(cfg.source.glob) if p.is_file()]
     if stray:
@@ -535,6 +540,8 @@ def _read_folder(
         )
     for folder in labels:
         files = sorted(p for p in folder.glob(cfg.source.glob) if p.is_file())
+        left += [p for p in files if leftover_file(p.name)]
+        files = [p for p in files if not leftover_file(p.name)]
         if not files:
             raise DataError(
                 f"{folder}: label folder {folder.name!r} has no files matching {cfg.source.glob!r}",
@@ -551,6 +558,19 @@ def _read_folder(
                 text = text[1:]
             src.rows.append(SourceRow(text, folder.name, None, rel, None, rel, folder.name))
             progress(1)
+    if left:
+        src.notes.append(leftovers_note(left, root))
+
+
+def leftovers_note(left: list[Path], root: Path) -> str:
+    """The note naming the OS / archiver / notebook leftovers a folder source skipped."""
+    shown = ", ".join(
+        f"{_rel(p, root)}{'/' if p.is_dir() else ''} "
+        f"({leftover_folder(p.name) or leftover_file(p.name)})"
+        for p in sorted(left)[:5]
+    )
+    more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+    return f"skipped {len(left)} leftover(s) of operating systems, archivers or notebooks: {shown}{more}"
 
 
 def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: RowCount) -> None:
@@ -735,6 +755,8 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = silent) -> Sou
     mapper = FieldMapper(cfg.fields, fmt)
     src = SourceData(rows=[], files=[], root=root)
     count = _row_counter(progress)
+    if fmt != "hub":
+        require_text_names(root)
     if fmt == "folder":
         _read_folder(src, cfg, mapper, errors, count)
     elif fmt == "hf_disk":
@@ -752,6 +774,31 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = silent) -> Sou
             f"{src.links[0]['target']}; the manifest lists every one (source.links_followed)"
         )
     return src
+
+
+def escaped_name(name: str) -> str:
+    """A file name as its bytes read, the bytes that are not UTF-8 as \\xNN."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def require_text_names(root: Path) -> None:
+    """Refuse a data folder holding a file or folder name that is not valid UTF-8 (it could be
+    neither recorded in the manifest nor shown), each named escaped."""
+    bad = []
+    for here, dirs, names in os.walk(root) if root.is_dir() else []:
+        for name in dirs + names:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                bad.append(escaped_name(str(Path(here, name).relative_to(root))))
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise DataError(
+            f"{escaped_name(str(root))}: {len(bad)} file or folder name(s) are not valid "
+            f"UTF-8: {shown}",
+            hint="rename them to UTF-8 (e.g. `convmv -f latin1 -t utf8 -r --notest FOLDER`), "
+            "then run `tunelab data` again",
+        )
 
 
 def iter_texts(rows: list[SourceRow]) -> Iterator[str]:
