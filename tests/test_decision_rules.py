@@ -188,3 +188,27 @@ def _config(min_improvement, rules):
         "model": {"path": "m"},
     }
     return StudyConfig.model_validate(raw)
+
+
+def test_register_on_the_demo_study_states_and_records_the_detectable_effect(tmp_path, capsys):
+    """Before any snapshot: the source cut by data.splits and data.max_examples, a stand-in
+    baseline; the record keeps it outside its hashed content."""
+    import json
+
+    import yaml
+
+    from helpers import run_cli
+    from tunelab.core.config import sha256_json
+    from tunelab.demo.studies import classification_study
+
+    root = tmp_path / "demo"
+    root.mkdir()
+    (root / "study.yaml").write_text(yaml.safe_dump(classification_study(root), sort_keys=False))
+    code, out, _ = run_cli(capsys, "register", "-s", root)
+    assert code == 0 and "detectable effect: macro_f1 +0." in out
+    assert "min_improvement 0.05 is below the smallest macro_f1 effect" in out
+    record = json.loads((root / "records" / "hypothesis-v1.json").read_text())
+    effect = record["detectable_effect"]
+    assert 0.1 < effect < 0.25 and record["power"]["n"] > 100
+    assert record["sha256"] == sha256_json(record["content"])
+    assert "detectable_effect" not in record["content"]

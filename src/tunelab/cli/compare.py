@@ -109,7 +109,6 @@ def _guardrail_table(guards: list[dict[str, Any]]) -> Table:
                 g["rule"],
                 g["item"] or "",
                 fmt(g["value"]),
-                f"{g.get('margin', g['bound']):+g}",
                 interval,
                 judged,
                 level,
@@ -117,7 +116,7 @@ def _guardrail_table(guards: list[dict[str, Any]]) -> Table:
                 note,
             ]
         )
-    columns = ["rule", "item", "value", "margin", "interval", "bound", "adj. level"]
+    columns = ["rule", "item", "value", "interval", "bound", "adj. level"]
     columns += ["verdict", "note"]
     if not any(r[-1] for r in rows):  # no notes: the rule keeps the column's width
         columns, rows = columns[:-1], [r[:-1] for r in rows]

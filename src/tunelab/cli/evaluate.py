@@ -168,6 +168,10 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
     print_evaluation(ev, f"baseline on {ev.split}")
     _print_failure_examples(run.dir, ev.split)
     console.print(f"run {run.id}, record: {run.dir}")
+    from tunelab.cli.hypothesis import print_power
+    from tunelab.stages.hypothesis.power import registration_power
+
+    print_power(registration_power(s, s.config))  # now from the baseline's own predictions
     console.print("next: `tunelab smoke`, `tunelab size`, then `tunelab train`")
 
 

@@ -39,6 +39,18 @@ def validate(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    _print_snapshot_power(study, sets or [])
+
+
+def _print_snapshot_power(study: Path, sets: list[str]) -> None:
+    """Once a data snapshot exists: what its validation split can detect."""
+    from tunelab.cli.hypothesis import print_power
+    from tunelab.stages.data.snapshot import list_snapshots
+    from tunelab.stages.hypothesis.power import registration_power
+
+    s = open_study(study, sets)
+    if list_snapshots(s):
+        print_power(registration_power(s, s.config))
 
 
 @app.command()

@@ -66,7 +66,7 @@ def register(
     v, sha = record["version"], record["sha256"]
     if not created:
         console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")
-        _print_power(power)
+        print_power(power)
         return
     console.print(f"[green]registered[/] records/hypothesis-v{v}.json  sha256 {sha[:12]}")
     if record["diff"]:
@@ -74,10 +74,11 @@ def register(
         console.print(table(f"amendment of v{v - 1}", ["field", "was", "now"], rows))
     for g in s.config.guardrails:
         console.print(f"  guardrail: {g.describe()}")
-    _print_power(power)
+    print_power(power)
 
 
-def _print_power(power: dict[str, Any]) -> None:
+def print_power(power: dict[str, Any]) -> None:
+    """The detectable effect and the warnings it earns (register, validate, baseline)."""
     effect = power.get("detectable_effect")
     if effect is None:
         console.print(f"detectable effect: not known ({power.get('note') or 'no estimate'})")

@@ -61,11 +61,16 @@ def _baseline_rows(study: Any) -> list[dict[str, Any]] | None:
 def registration_power(study: Any, cfg: StudyConfig) -> dict[str, Any]:
     """{detectable_effect, metric, n, source, level, power, per_category, warnings, note}:
     what the validation split can detect; never raises for missing data (the note says why
-    nothing could be said)."""
+    nothing could be said). The warnings about point guardrails are given in every case."""
+    out = _estimate(study, cfg)
+    return out | {"warnings": power_warnings(cfg, out)}
+
+
+def _estimate(study: Any, cfg: StudyConfig) -> dict[str, Any]:
     alpha = (1 - cfg.evaluation.confidence) / 2
     metric = cfg.hypothesis.primary_metric
     out: dict[str, Any] = {"metric": metric, "level": alpha, "power": POWER}
-    out |= {"detectable_effect": None, "per_category": {}, "warnings": [], "note": None}
+    out |= {"detectable_effect": None, "per_category": {}, "n": None, "note": None}
     try:
         rows = _baseline_rows(study)
         found = _split_labels(study, cfg) if rows is None else None
@@ -99,7 +104,6 @@ def registration_power(study: Any, cfg: StudyConfig) -> dict[str, Any]:
         c: {"n": support[c], "detectable_effect": float(effect(per[j]))}
         for j, c in enumerate(classes)
     }
-    out["warnings"] = power_warnings(cfg, out)
     return out
 
 
