@@ -33,6 +33,9 @@ socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 
 REPO = Path(__file__).resolve().parents[1]
 
+# fixtures shared across folders, defined beside the builders they use
+pytest_plugins = ["helpers.pinned"]
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
@@ -95,3 +98,15 @@ def smollm2_dir() -> Path:
     from tunelab.lib.models import convert_gguf
 
     return convert_gguf(*smollm2_gguf())
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: the tiny models' ops are too small to split, and a second thread only
+    makes them slower and their timings noisier."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

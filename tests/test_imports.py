@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from test_pinned_plan_report import pinned  # noqa: F401 - the fixed study's records
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "tunelab"
 
