@@ -5,6 +5,7 @@ live MLflow metrics written while training, read back with the trackers' own rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,7 @@ from tunelab.core.errors import ConfigError
 from tunelab.core.records import read_jsonl
 from tunelab.core.study import Study
 from tunelab.track.flatten import STUDY_RUN_ID, flatten_params, metric_key, step_points
-from tunelab.track.mlflow_mirror import SYNC_TAG, sync_mlflow
+from tunelab.track.mlflow_mirror import SYNC_TAG, is_file_store, sync_mlflow
 from tunelab.track.optional import INSTALL_HINT, TrackingError, TrackingWarning, import_optional
 
 STEPS = 6
@@ -224,14 +227,30 @@ def test_missing_extra_is_named(monkeypatch):
 # ------------------------------------------------------------------ the mirror read back
 
 
+def file_store(folder: Path) -> str:
+    """MLflow's folder store made by MLflow itself (one experiment in it), as a user who
+    mirrored with an older tunelab has one."""
+    code = (
+        "import sys; from mlflow.tracking import MlflowClient; "
+        "MlflowClient(sys.argv[1]).create_experiment('older')"
+    )
+    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(folder)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["folder", "sqlite"])
+@pytest.mark.parametrize("store", ["file-store", "sqlite"])
 def test_sync_reads_back_with_mlflow_client(study_dir, tmp_path, sqlite_uri, store):
-    uri = str(tmp_path / "mlruns") if store == "folder" else sqlite_uri
+    uri = file_store(tmp_path / "mlruns") if store == "file-store" else sqlite_uri
     study = Study.open(study_dir)
     names = runs_by_kind_name(study)
     result = sync_mlflow(study, uri)
     assert result["counts"] == {"created": MIRRORS, "updated": 0, "unchanged": 0}
+    assert result["kind"] == ("folder" if store == "file-store" else "sqlite")
 
     client = client_for(result["uri"])
     runs = mlflow_runs(client)
@@ -466,33 +485,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """`mlflow server` on 127.0.0.1 at a free port, stopped (its process group) at the end."""
+@contextlib.contextmanager
+def mlflow_serving(args: list[str], cwd: Path, env: dict[str, str]) -> Iterator[str]:
+    """`mlflow ARGS --host 127.0.0.1 --port P` (P free), waited for until /health answers and
+    stopped (its process group) at the end. Yields its URL."""
     port = free_port()
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed below
+    log = open(cwd / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "server-artifacts"),
-        ],
+        [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        cwd=tmp_path,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # no job workers
+        cwd=cwd,
+        env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # no job workers
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -506,7 +511,7 @@ def mlflow_server(tmp_path):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(
-                    "mlflow server did not start:\n" + (tmp_path / "server.log").read_text()[-3000:]
+                    f"mlflow {args[0]} did not start:\n" + (cwd / "server.log").read_text()[-3000:]
                 )
             time.sleep(0.5)
         yield url
@@ -518,6 +523,22 @@ def mlflow_server(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=20)
         log.close()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """`mlflow server` on 127.0.0.1 at a free port with a SQLite store of its own."""
+    args = [
+        "server",
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "server-artifacts"),
+    ]
+    with mlflow_serving(args, tmp_path, dict(os.environ)) as url:
+        yield url
 
 
 @pytest.mark.slow
@@ -538,3 +559,42 @@ def test_sync_over_http_to_a_server(study_dir, mlflow_server):
     assert "predictions-validation.jsonl" in artifacts(
         client, runs[names["eval-validation"]], "records"
     )
+
+
+def no_file_store_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+
+
+@pytest.mark.slow
+def test_a_bare_folder_is_a_store_mlflow_opens_as_it_is(study_dir, tmp_path, capsys):
+    """`tunelab track --mlflow ./mlruns` into a new folder: MLflow's own client and the
+    `mlflow ui` command tunelab prints open it with no MLFLOW_* setting."""
+    folder = tmp_path / "mlruns"
+    code, out, err = run_cli(capsys, "track", "-s", study_dir, "--mlflow", folder)
+    assert code == 0, err
+    assert (folder / "mlflow.db").is_file() and not is_file_store(folder)
+    see = next(line for line in out.splitlines() if line.startswith("see it: "))
+    command = see.removeprefix("see it: ").strip("`").split()
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    assert command == ["mlflow", "ui", "--backend-store-uri", uri]
+    count = (
+        "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
+        "e = c.get_experiment_by_name(sys.argv[2]); "
+        "print(len(c.search_runs([e.experiment_id])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", count, uri, NAME],
+        env=no_file_store_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.strip()) == MIRRORS
+    with mlflow_serving(command[1:], tmp_path, no_file_store_env()) as url:
+        with urllib.request.urlopen(f"{url}/", timeout=30) as reply:
+            assert reply.status == 200 and b"<html" in reply.read().lower()
+        query = urllib.parse.urlencode({"experiment_name": NAME})
+        api = f"{url}/api/2.0/mlflow/experiments/get-by-name?{query}"
+        with urllib.request.urlopen(api, timeout=30) as reply:
+            assert json.loads(reply.read())["experiment"]["name"] == NAME

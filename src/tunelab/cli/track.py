@@ -14,8 +14,8 @@ MlflowOpt = Annotated[
     str | None,
     typer.Option(
         "--mlflow",
-        help="Where to mirror: a folder (./mlruns), sqlite:///FILE.db or http://HOST:PORT "
-        "(default: MLFLOW_TRACKING_URI).",
+        help="Where to mirror: a folder (./mlruns: the SQLite store mlruns/mlflow.db in it), "
+        "sqlite:///FILE.db or http://HOST:PORT (default: MLFLOW_TRACKING_URI).",
     ),
 ]
 ExperimentOpt = Annotated[
@@ -29,6 +29,7 @@ ExperimentOpt = Annotated[
 def _ui_command(result: dict[str, Any]) -> str:
     if result["kind"] == "http":
         return f"open {result['uri']}"
+    # a folder store found in place: MLflow opens it only with this setting
     env = "MLFLOW_ALLOW_FILE_STORE=true " if result["kind"] == "folder" else ""
     return f"{env}mlflow ui --backend-store-uri {result['uri']}"
 
