@@ -96,9 +96,18 @@ def runs(
 
 
 @app.command()
-def env(json_out: JsonOpt = False) -> None:
+def env(
+    json_out: JsonOpt = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Check the study's method and extensions here.")
+    ] = False,
+    study: StudyDir = Path("."),
+) -> None:
     """The environment: Python, OS, CPU, torch, CUDA/ROCm, GPUs, attention kernels, packages."""
     e = capture_env()
+    if check:
+        _env_check(e, study, json_out)
+        return
     if json_out:
         emit_json(e)
         return
@@ -124,3 +133,18 @@ def env(json_out: JsonOpt = False) -> None:
         ["git", e["tunelab_git"] and e["tunelab_git"]["commit"][:12]],
     ]
     console.print(table("environment", ["what", "value"], rows))
+
+
+def _env_check(e: dict, study: Path, json_out: bool) -> None:
+    """`tunelab env --check`: the study's method, precision and extensions on this backend;
+    exit 2 when one cannot run here."""
+    from tunelab.stages.smoke.backend import backend_checks
+
+    checks = backend_checks(e, open_study(study, None).config)
+    if json_out:
+        emit_json({"backend": e["backend"], "checks": checks})
+    else:
+        rows = [[c["check"], "ok" if c["ok"] else "FAILS", c["detail"]] for c in checks]
+        console.print(table(f"on {e['backend']}", ["check", "result", "detail"], rows))
+    if any(c["ok"] is False for c in checks):
+        raise typer.Exit(2)

@@ -39,6 +39,13 @@ NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes (torchrun --nnod
 NodeRankOpt = Annotated[
     int | None, typer.Option("--node-rank", help="This node's rank; node 0 writes the records.")
 ]
+OtherPlatformOpt = Annotated[
+    bool,
+    typer.Option(
+        "--other-platform",
+        help="Go on where no smoke passed on this platform; needs --why, which is recorded.",
+    ),
+]
 RdzvOpt = Annotated[
     str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (several nodes).")
 ]
@@ -76,6 +83,17 @@ def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> 
     _print(run, status, title, rate_unit(run.study))
 
 
+def _require_why(other_platform: bool, why: str | None) -> None:
+    from tunelab.core.errors import RunError
+
+    if other_platform and not (why and why.strip()):
+        raise RunError(
+            "--other-platform needs --why: the reason to go on without a smoke on this platform "
+            "is recorded with the run",
+            hint='add --why "..." (e.g. --why "same torch build, smoke pending")',
+        )
+
+
 @app.command()
 def train(
     study: StudyDir = Path("."),
@@ -92,6 +110,7 @@ def train(
     nnodes: NnodesOpt = 1,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvOpt = None,
+    other_platform: OtherPlatformOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
     from tunelab.stages.train import train_run
@@ -108,7 +127,10 @@ def train(
     first = not under_torchrun() or os.environ.get("RANK") == "0"
     parent = s.check_new_run("train", name if first else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
-    ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
+    _require_why(other_platform, why)
+    ranks_cmd = forward_options(
+        study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform
+    )
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
         return
     with (
@@ -122,6 +144,7 @@ def train(
             why=why,
             progress=board.update,
             strategy=ranks,
+            platform_why=why if other_platform else None,
         )
     _report(run, ranks, json_out, "training run")
 
@@ -136,6 +159,8 @@ def resume(
     nnodes: NnodesOpt = 1,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvOpt = None,
+    other_platform: OtherPlatformOpt = False,
+    why: Annotated[str | None, typer.Option(help="Why --other-platform (recorded).")] = None,
 ) -> None:
     """Continue an interrupted run from its latest checkpoint, to the same result (a
     distributed run relaunches with its recorded --strategy and --nproc)."""
@@ -154,7 +179,8 @@ def resume(
         stopped.dir, strategy=strategy, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
     )  # fmt: skip
-    ranks_cmd = forward_options(study=s.root, json=json_out)
+    _require_why(other_platform, why)
+    ranks_cmd = forward_options(study=s.root, json=json_out, other_platform=other_platform, why=why)
     if relaunch(launch, s.root, ["resume", stopped.id, *ranks_cmd]):
         return
     with (
@@ -162,7 +188,13 @@ def resume(
         ProgressBoard(enabled=not json_out) as board,
     ):
         progress = board.update
-        run = resume_run(s, stopped.id, progress=progress, strategy=ranks)
+        run = resume_run(
+            s,
+            stopped.id,
+            progress=progress,
+            strategy=ranks,
+            platform_why=why if other_platform else None,
+        )
     if not json_out and (ranks is None or ranks.is_main):
         for e in s.ledger.events(run.id):
             if e["kind"] == "checkpoint_skipped":

@@ -50,8 +50,8 @@ def zero_stat(w: np.ndarray) -> np.ndarray:
 def f1_stats(
     golds: Sequence[str], preds: Sequence[str | None], labels: Sequence[str]
 ) -> dict[str, Stat]:
-    """Per-category F1 [B, C], macro F1 and weighted F1 [B] from weighted confusion counts,
-    with the definitions of `metrics.classification_metrics`."""
+    """Per-category precision, recall and F1 [B, C], macro F1 and weighted F1 [B] from weighted
+    confusion counts, with the definitions of `metrics.classification_metrics`."""
     index = {label: i for i, label in enumerate(labels)}
     gold = np.zeros((len(golds), len(labels)))
     pred = np.zeros((len(golds), len(labels)))
@@ -61,16 +61,23 @@ def f1_stats(
             pred[row, index[p]] = 1.0
     hit = gold * pred
 
+    def precision(w: np.ndarray) -> np.ndarray:
+        return _safe_div(w @ hit, w @ pred)
+
+    def recall(w: np.ndarray) -> np.ndarray:
+        return _safe_div(w @ hit, w @ gold)
+
     def per_category(w: np.ndarray) -> np.ndarray:
-        tp, support, predicted = w @ hit, w @ gold, w @ pred
-        precision, recall = _safe_div(tp, predicted), _safe_div(tp, support)
-        return _safe_div(2 * precision * recall, precision + recall)
+        p, r = precision(w), recall(w)
+        return _safe_div(2 * p * r, p + r)
 
     def weighted(w: np.ndarray) -> np.ndarray:
         support = w @ gold
         return _safe_div((per_category(w) * support).sum(axis=1), support.sum(axis=1))
 
     return {
+        "per_category_precision": precision,
+        "per_category_recall": recall,
         "per_category_f1": per_category,
         "macro_f1": lambda w: per_category(w).mean(axis=1),
         "weighted_f1": weighted,

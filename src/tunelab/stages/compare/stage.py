@@ -222,7 +222,8 @@ def example_stats(
         overall["accuracy"] = mean_stat(correct)
         overall["macro_f1"] = f1["macro_f1"]
         overall["weighted_f1"] = f1["weighted_f1"]
-        per_category["f1"] = f1["per_category_f1"]
+        for key in CATEGORY_KEYS:
+            per_category[key] = f1[f"per_category_{key}"]
         return overall, per_category, per_field
     verdicts = [r.get("verdicts") or {} for r in rows]
     if kind == "format":

@@ -55,6 +55,7 @@ from tunelab.core.errors import (
     RunError,
     TunelabError,
 )
+from tunelab.core.ledger import utc_now
 from tunelab.core.progress import Progress
 from tunelab.core.records import (
     append_jsonl,
@@ -64,6 +65,7 @@ from tunelab.core.records import (
 )
 from tunelab.core.study import Run, Study
 from tunelab.stages.hypothesis.stage import diff_dicts, require_hypothesis
+from tunelab.stages.smoke.platform import require_smoke_platform
 from tunelab.stages.train import callbacks as cb
 from tunelab.stages.train import checkpoint as ckpt
 from tunelab.stages.train import compute, rank_run
@@ -171,6 +173,7 @@ def train_run(
     resume_from: str | None = None,
     progress: Progress | None = None,
     strategy: Strategy | None = None,
+    platform_why: str | None = None,
 ) -> Run:
     """Start a training run (or continue `resume_from`); returns the run once it completed.
 
@@ -182,6 +185,7 @@ def train_run(
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
     prep = prepare_run(study)
+    override = require_smoke_platform(study, "train", platform_why)
     run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -197,6 +201,7 @@ def train_run(
             "labels": prep.labels,
             "base_model": prep.base.identity,
             "hypothesis_evaluation_spec_sha256": prep.hypothesis["evaluation_spec_sha256"],
+            **({"platform_override": override} if override else {}),
         },
     )
     execute_run(study, run, prep, resume=None, progress=progress, strategy=strategy)
@@ -209,6 +214,7 @@ def resume_run(
     *,
     progress: Progress | None = None,
     strategy: Strategy | None = None,
+    platform_why: str | None = None,
 ) -> Run:
     """Continue a stopped run in its own folder from its latest complete checkpoint.
 
@@ -270,6 +276,7 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
+    override = require_smoke_platform(study, "resume", platform_why)
     skipped = incomplete_checkpoints(root, latest_ckpt)
     run = rank_run.follow(strategy, run)
     run.set_status(
@@ -279,6 +286,9 @@ def resume_run(
     )
     if skipped and (strategy or SingleProcess()).is_main:
         study.ledger.add_event(run.id, "checkpoint_skipped", [p.name for p in skipped])
+    if override and (strategy or SingleProcess()).is_main:
+        append_jsonl(run.path("platform-overrides.jsonl"), {"at": utc_now(), **override})
+        study.ledger.add_event(run.id, "platform_override", override)
     execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
     return run
 

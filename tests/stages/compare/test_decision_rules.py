@@ -70,6 +70,15 @@ def test_a_clear_gain_on_many_examples_is_adopted_with_its_bounds():
     )
 
 
+def test_per_category_precision_and_recall_are_judged_on_intervals():
+    golds, base, var = _pair(1500, 0.55, 0.9)
+    rules = [{**F1_RULE, "metric": m} for m in ("precision", "recall")]
+    out = _compare(golds, base, var, rules)
+    assert all(g["verdict"] == "pass" and g["ci_low"] is not None for g in out["guardrails"])
+    a = out["per_category"]["a"]["precision"]
+    assert a["ci_low"] <= a["delta"] <= a["ci_high"]
+
+
 def test_a_small_split_is_inconclusive_and_says_what_would_settle_it():
     golds, base, var = _pair(60, 0.6, 0.62, seed=3)
     out = _compare(golds, base, var, [F1_RULE], min_improvement=0.02)
