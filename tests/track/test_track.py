@@ -713,3 +713,69 @@ def test_cli_track_wandb_offline_and_without_the_extra(study_dir, tmp_path, monk
     monkeypatch.setitem(sys.modules, "wandb", None)
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and "pip install 'tunelab[tracking]'" in err
+
+
+CLI = "import sys; from tunelab.cli import main; main(sys.argv[1:])"
+TRACKIO_SCRIPT = """
+import json, sys
+from tunelab.core.study import Study
+from tunelab.track.trackio_mirror import sync_trackio
+study = Study.open(sys.argv[1])
+counts = [sync_trackio(study)["counts"] for _ in range(2)]
+from trackio.sqlite_storage import SQLiteStorage
+names = SQLiteStorage.get_runs(sys.argv[2])
+runs = {n: {"config": SQLiteStorage.get_run_config(sys.argv[2], n),
+            "logs": SQLiteStorage.get_logs(sys.argv[2], n)} for n in names}
+print(json.dumps({"counts": counts, "names": names, "runs": runs}, default=str))
+"""
+
+
+@pytest.mark.slow
+def test_trackio_store_twice_one_run_each(study_dir, tmp_path):
+    """Trackio fixes its store when imported: the mirror runs in a process of its own with
+    TRACKIO_DIR in a temporary folder, and that process opens the store with Trackio's own
+    SQLiteStorage."""
+    from tunelab.track.wandb_mirror import wandb_run_id
+
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", TRACKIO_SCRIPT, str(study_dir), NAME],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["counts"][0]["created"] == MIRRORS
+    assert out["counts"][1] == {"created": 0, "updated": 0, "unchanged": MIRRORS}
+    study = Study.open(study_dir)
+    rows = study.list_runs()
+    assert sorted(out["names"]) == sorted(
+        [wandb_run_id(NAME, r.id) for r in rows] + [wandb_run_id(NAME, STUDY_RUN_ID)]
+    )
+    for row in rows:
+        run = out["runs"][wandb_run_id(NAME, row.id)]
+        assert run["config"]["tunelab.status"] == row.status
+    names = runs_by_kind_name(study)
+    lora = out["runs"][names["lora"]]["logs"]
+    metrics = read_jsonl(study.runs_dir / names["lora"] / "metrics.jsonl")
+    losses = [(r["step"], r["loss"]) for r in metrics if "loss" in r]
+    assert [(x["step"], x["train/loss"]) for x in lora if "train/loss" in x] == [
+        (s, pytest.approx(v)) for s, v in losses
+    ]
+    record = json.loads(
+        (study.runs_dir / names["eval-validation"] / "metrics-validation.json").read_text()
+    )["metrics"]
+    evaluation = out["runs"][names["eval-validation"]]["logs"]
+    f1 = [x["validation/macro_f1"] for x in evaluation if "validation/macro_f1" in x]
+    assert f1 == [pytest.approx(record["macro_f1"])]
+    cli = subprocess.run(
+        [sys.executable, "-c", CLI, "track", "-s", str(study_dir), "--trackio", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert json.loads(cli.stdout)["trackio"]["counts"]["unchanged"] == MIRRORS

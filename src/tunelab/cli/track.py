@@ -41,6 +41,13 @@ WandbModeOpt = Annotated[
     str | None, typer.Option(help="W&B mode: online or offline (default: WANDB_MODE, else online).")
 ]
 
+TrackioOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trackio", help="Mirror into Trackio's local store (TRACKIO_DIR, else Trackio's own)."
+    ),
+]
+
 
 def _ui_command(result: dict[str, Any]) -> str:
     if result["kind"] == "http":
@@ -99,6 +106,7 @@ def track(
     wandb_project: WandbProjectOpt = None,
     wandb_entity: WandbEntityOpt = None,
     wandb_mode: WandbModeOpt = None,
+    trackio: TrackioOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Mirror every run of the study (params, tags, metric histories, records) into MLflow
@@ -120,12 +128,24 @@ def track(
                 mode=wandb_mode,
                 progress=board.update,
             )
-        if not wandb or mlflow or os.environ.get("MLFLOW_TRACKING_URI"):
+        if trackio:
+            from tunelab.track.trackio_mirror import sync_trackio
+
+            results["trackio"] = sync_trackio(s, progress=board.update)
+        if not (wandb or trackio) or mlflow or os.environ.get("MLFLOW_TRACKING_URI"):
             results["mlflow"] = sync_mlflow(s, mlflow, experiment=experiment, progress=board.update)
     if json_out:
         emit_json(results["mlflow"] if list(results) == ["mlflow"] else results)
         return
     if "wandb" in results:
         _print_wandb(results["wandb"])
+    if "trackio" in results:
+        t = results["trackio"]
+        c = t["counts"]
+        console.print(
+            f"Trackio project {t['project']}: {c['created']} created, {c['updated']} updated, "
+            f"{c['unchanged']} unchanged in {t['dir']}"
+        )
+        console.print(f"see it: `TRACKIO_DIR={t['dir']} trackio show`", soft_wrap=True)
     if "mlflow" in results:
         _print(results["mlflow"])

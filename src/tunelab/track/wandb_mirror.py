@@ -86,7 +86,7 @@ class SyncState:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """wandb prints to stdout; tunelab's stdout holds only its own result (--json)."""
     with contextlib.redirect_stdout(io.StringIO()):
         yield
@@ -193,7 +193,7 @@ def sync_wandb(
     mirrors = collect_study(study)
     family = groups(mirrors)
     results = []
-    with _quiet(), _as_tracking_error(name):
+    with quiet(), _as_tracking_error(name):
         for i, mirror in enumerate(mirrors):
             if progress is not None:
                 progress("track", i, len(mirrors), mirror.run_id)
