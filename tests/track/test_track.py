@@ -208,8 +208,9 @@ def test_log_to_names_only_known_backends(tmp_path, tiny_bert_dir):
 def test_the_trackers_are_imported_only_when_used():
     code = (
         "import sys, tunelab.cli, tunelab.cli.track, tunelab.track.live, "
-        "tunelab.track.mlflow_mirror, tunelab.track.tensorboard\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'tensorboard')))"
+        "tunelab.track.mlflow_mirror, tunelab.track.tensorboard, tunelab.track.wandb_mirror\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('mlflow', 'tensorboard', 'wandb')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -598,3 +599,117 @@ def test_a_bare_folder_is_a_store_mlflow_opens_as_it_is(study_dir, tmp_path, cap
         api = f"{url}/api/2.0/mlflow/experiments/get-by-name?{query}"
         with urllib.request.urlopen(api, timeout=30) as reply:
             assert json.loads(reply.read())["experiment"]["name"] == NAME
+
+
+# ------------------------------------------------------------------ Weights & Biases offline
+
+
+def wandb_records(path: Path):
+    """The records of an offline run file (`run-<id>.wandb`: wandb's LevelDB-style log of
+    protobuf records, 32 KiB blocks after a 7-byte header), parsed with wandb's own Record."""
+    import struct
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = Record()
+            record.ParseFromString(pending + payload if kind == 4 else payload)
+            pending = b""
+            yield record
+        elif kind in (2, 3):
+            pending += payload
+
+
+def wandb_offline_runs(folder: Path) -> dict[str, dict]:
+    """Every offline run folder under `folder`, by W&B run id: its folders, exit code,
+    summary, config and history steps (folders of one id merged in order, as `wandb sync`
+    uploads them)."""
+    runs: dict[str, dict] = {}
+    for run_dir in sorted(folder.glob("wandb/offline-run-*")):
+        (log,) = run_dir.glob("run-*.wandb")
+        for r in wandb_records(log):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                run = runs.setdefault(r.run.run_id, {"dirs": [], "summary": {}, "steps": []})
+                run["dirs"].append(run_dir)
+                run["config"] = {i.key: json.loads(i.value_json) for i in r.run.config.update}
+                run["group"] = r.run.run_group
+            elif kind == "summary":
+                for item in r.summary.update:
+                    run["summary"]["/".join(item.nested_key) or item.key] = json.loads(
+                        item.value_json
+                    )
+            elif kind == "config":
+                for item in r.config.update:
+                    run["config"]["/".join(item.nested_key) or item.key] = json.loads(
+                        item.value_json
+                    )
+            elif kind == "history":
+                run["steps"].append(r.history.step.num)
+            elif kind == "exit":
+                run["exit_code"] = r.exit.exit_code
+    return runs
+
+
+@pytest.mark.slow
+def test_wandb_offline_twice_one_run_each(study_dir, tmp_path, monkeypatch):
+    from tunelab.track.wandb_mirror import EXIT_CODE, sync_wandb, wandb_run_id
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    study = Study.open(study_dir)
+    first = sync_wandb(study, directory=tmp_path)
+    again = sync_wandb(study, directory=tmp_path)
+    assert first["counts"]["created"] == MIRRORS and first["mode"] == "offline"
+    assert again["counts"] == {"created": 0, "updated": 0, "unchanged": MIRRORS}
+    runs = wandb_offline_runs(tmp_path)
+    rows = study.list_runs()
+    ids = {row.id: wandb_run_id(NAME, row.id) for row in rows}
+    assert set(runs) == {*ids.values(), wandb_run_id(NAME, STUDY_RUN_ID)}
+    assert all(len(r["dirs"]) == 1 for r in runs.values())  # one offline folder per run
+    for row in rows:
+        run = runs[ids[row.id]]
+        assert run["summary"]["tunelab.status"] == row.status
+        assert run["exit_code"] == EXIT_CODE[row.status]
+        assert run["config"]["tunelab.run_id"] == row.id
+    names = runs_by_kind_name(study)
+    lora, evaluation = runs[ids[names["lora"]]], runs[ids[names["eval-validation"]]]
+    metrics = read_jsonl(study.runs_dir / names["lora"] / "metrics.jsonl")
+    last_loss = [r["loss"] for r in metrics if "loss" in r][-1]
+    assert lora["summary"]["train/loss"] == pytest.approx(last_loss)
+    assert lora["steps"] == sorted({r["step"] for r in metrics})
+    record = json.loads(
+        (study.runs_dir / names["eval-validation"] / "metrics-validation.json").read_text()
+    )["metrics"]
+    assert evaluation["summary"]["validation/macro_f1"] == pytest.approx(record["macro_f1"])
+    assert evaluation["group"] == lora["group"] == names["lora"]
+    assert lora["config"]["training.lr"] == "0.005"
+    records = Path(lora["dirs"][0]) / "files" / "records"
+    assert {"config.json", "metrics.jsonl"} <= {p.name for p in records.iterdir()}
+
+
+@pytest.mark.slow
+def test_cli_track_wandb_offline_and_without_the_extra(study_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    args = ("track", "-s", study_dir, "--wandb", "--wandb-mode", "offline")
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert f"{MIRRORS} created, 0 updated, 0 unchanged" in out and "wandb sync" in out
+    assert "mlflow" not in out.lower()  # no MLflow URI given: W&B only
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0 and json.loads(out)["wandb"]["counts"]["unchanged"] == MIRRORS
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and "pip install 'tunelab[tracking]'" in err

@@ -1,4 +1,4 @@
-"""tunelab track: mirror the study's records into MLflow."""
+"""tunelab track: mirror the study's records into MLflow and Weights & Biases."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ ExperimentOpt = Annotated[
     typer.Option(
         help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the study's name)."
     ),
+]
+
+WandbOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wandb",
+        help="Mirror into Weights & Biases (WANDB_MODE=offline writes run folders for "
+        "`wandb sync`).",
+    ),
+]
+WandbProjectOpt = Annotated[
+    str | None, typer.Option(help="W&B project (default: WANDB_PROJECT, else the study's name).")
+]
+WandbEntityOpt = Annotated[str | None, typer.Option(help="W&B entity (default: WANDB_ENTITY).")]
+WandbModeOpt = Annotated[
+    str | None, typer.Option(help="W&B mode: online or offline (default: WANDB_MODE, else online).")
 ]
 
 
@@ -54,21 +70,62 @@ def _print(result: dict[str, Any]) -> None:
     console.print(f"see it: `{_ui_command(result)}`", soft_wrap=True)
 
 
+def _print_wandb(result: dict[str, Any]) -> None:
+    rows = [
+        [r["run_id"], r["status"], r["action"], r["metrics"], r["files"]] for r in result["runs"]
+    ]
+    t = table(
+        f"W&B project {result['project']} ({result['mode']})",
+        ["run", "status", "wandb", "values", "files"],
+        rows,
+    )
+    t.columns[0].no_wrap = True
+    console.print(t)
+    c = result["counts"]
+    console.print(
+        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged "
+        f"in {result['dir']}/wandb"
+    )
+    if result["mode"] == "offline":
+        console.print(f"upload it: `wandb sync {result['dir']}/wandb`", soft_wrap=True)
+
+
 @app.command()
 def track(
     study: StudyDir = Path("."),
     mlflow: MlflowOpt = None,
     experiment: ExperimentOpt = None,
+    wandb: WandbOpt = False,
+    wandb_project: WandbProjectOpt = None,
+    wandb_entity: WandbEntityOpt = None,
+    wandb_mode: WandbModeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Mirror every run of the study (params, tags, metric histories, records) into MLflow;
-    syncing again updates the runs it made and never duplicates them."""
+    """Mirror every run of the study (params, tags, metric histories, records) into MLflow
+    and, with --wandb, Weights & Biases; syncing again updates the runs it made and never
+    duplicates them."""
+    import os
+
     from tunelab.track.mlflow_mirror import sync_mlflow
+    from tunelab.track.wandb_mirror import sync_wandb
 
     s = open_study(study, None)
+    results: dict[str, Any] = {}
     with ProgressBoard(enabled=not json_out, transient=True) as board:
-        result = sync_mlflow(s, mlflow, experiment=experiment, progress=board.update)
+        if wandb:
+            results["wandb"] = sync_wandb(
+                s,
+                project=wandb_project,
+                entity=wandb_entity,
+                mode=wandb_mode,
+                progress=board.update,
+            )
+        if not wandb or mlflow or os.environ.get("MLFLOW_TRACKING_URI"):
+            results["mlflow"] = sync_mlflow(s, mlflow, experiment=experiment, progress=board.update)
     if json_out:
-        emit_json(result)
+        emit_json(results["mlflow"] if list(results) == ["mlflow"] else results)
         return
-    _print(result)
+    if "wandb" in results:
+        _print_wandb(results["wandb"])
+    if "mlflow" in results:
+        _print(results["mlflow"])

@@ -57,6 +57,8 @@ class Point:
     value: float
     step: int
     timestamp_ms: int
+    curve: bool = True  # a step of metrics.jsonl; False: an evaluation or smoke value, its
+    # step the number of the evaluation (a tracker without step-free values logs it apart)
 
 
 @dataclass
@@ -157,7 +159,7 @@ def evaluation_points(record: dict[str, Any], step: int, timestamp_ms: int) -> l
     for name in ("seconds", "examples_per_s"):
         if (number := _number(record.get(name))) is not None:
             leaves.append((metric_key(split, name), number))
-    return [Point(k, v, step, timestamp_ms) for k, v in leaves]
+    return [Point(k, v, step, timestamp_ms, curve=False) for k, v in leaves]
 
 
 def env_summary(env: dict[str, Any]) -> str:
@@ -330,7 +332,7 @@ def mirror_run(
     if smoke.exists():
         record = read_json(smoke)
         mirror.points += [
-            Point(metric_key("smoke", k), v, 0, start)
+            Point(metric_key("smoke", k), v, 0, start, curve=False)
             for k, v in numeric_leaves({k: x for k, x in record.items() if not isinstance(x, dict)})
         ]
         mirror.tags["tunelab.smoke_passed"] = str(record.get("passed"))
