@@ -1,4 +1,5 @@
-"""Mirrors of the study's records in the trackers users already watch: MLflow, W&B, Trackio and TensorBoard.
+"""Mirrors of the study's records in the trackers users already watch: MLflow, W&B, Trackio
+and TensorBoard.
 
 The study folder stays the evidence; these are copies, rebuilt from it at any time.
 
