@@ -195,12 +195,10 @@ def test_a_live_mlflow_run_ends_with_the_runs_outcome():
 
 
 def test_log_to_names_only_known_backends(tmp_path, tiny_bert_dir):
-    root = write_topic_study(tmp_path / "s", tiny_bert_dir, NAME, training={"log_to": ["wandb"]})
+    root = write_topic_study(tmp_path / "s", tiny_bert_dir, NAME, training={"log_to": ["neptune"]})
     with pytest.raises(ConfigError) as err:
         Study.open(root)
-    assert "training.log_to" in err.value.message and "'tensorboard' or 'mlflow'" in (
-        err.value.message
-    )
+    assert "training.log_to" in err.value.message and "'mlflow' or 'wandb'" in (err.value.message)
     with pytest.raises(ConfigError, match="twice"):
         Study.open(root, ["training.log_to=[mlflow, mlflow]"])
 
@@ -779,3 +777,28 @@ def test_trackio_store_twice_one_run_each(study_dir, tmp_path):
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert json.loads(cli.stdout)["trackio"]["counts"]["unchanged"] == MIRRORS
+
+
+@pytest.mark.slow
+def test_live_wandb_then_sync_sends_no_step_twice(study_dir, tmp_path, monkeypatch):
+    from tunelab.stages.train import train_run
+    from tunelab.track.wandb_mirror import sync_wandb, wandb_run_id
+
+    root = tmp_path / "copy"
+    shutil.copytree(study_dir, root)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    study = Study.open(root, ["training.log_to=[wandb]"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrackingWarning)
+        run = train_run(study, name="live")
+    steps = sorted({r["step"] for r in read_jsonl(run.dir / "metrics.jsonl")})
+    live = wandb_offline_runs(tmp_path)[wandb_run_id(NAME, run.id)]
+    assert live["steps"] == steps and live["exit_code"] == 0
+    result = sync_wandb(Study.open(root))
+    assert {r["run_id"]: r["action"] for r in result["runs"]}[run.id] == "updated"
+    after = wandb_offline_runs(tmp_path)[wandb_run_id(NAME, run.id)]
+    assert len(after["dirs"]) == 2 and after["steps"] == steps  # no step sent twice
+    assert after["summary"]["tunelab.status"] == "completed"

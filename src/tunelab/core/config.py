@@ -574,10 +574,11 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
-    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+    log_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list,
         description="Live mirrors of the step metrics: tensorboard (event files in the run "
-        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI), wandb (WANDB_* "
+        "settings).",
     )
 
     @model_validator(mode="after")
