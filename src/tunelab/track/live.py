@@ -140,8 +140,12 @@ class WandbBackend:
         mirror = mirror_run(study, row, [row], [], points=False)
         self.project = os.environ.get("WANDB_PROJECT") or study.config.name
         self.wid = wm.wandb_run_id(study.config.name, self.run.id)
+        # named here, not left to wandb: it reads WANDB_* once per process
         self.wb_run = wandb.init(
             project=self.project,
+            entity=os.environ.get("WANDB_ENTITY"),
+            mode=os.environ.get("WANDB_MODE") or "online",
+            dir=os.environ.get("WANDB_DIR") or ".",
             id=self.wid,
             name=mirror.name,
             group=row.parent,
