@@ -113,7 +113,7 @@ def model_section(name: str, workdir: Path) -> dict:
             save_tiny_moe(folder, hidden=256, layers=4, heads=4, expert_intermediate=256)
         return {"path": str(folder), "architecture": "causal_lm"}
     if name == "minilm":
-        from tunelab.demo.assets import minilm_path
+        from tunelab.core.assets import minilm_path
 
         return {"path": str(minilm_path()), "architecture": "encoder"}
     if name in SHAPES:
@@ -122,7 +122,7 @@ def model_section(name: str, workdir: Path) -> dict:
             save_shape(name, folder)
         return {"path": str(folder), "architecture": "causal_lm"}
     if name == "smollm2":
-        from tunelab.demo.assets import smollm2_gguf
+        from tunelab.core.assets import smollm2_gguf
 
         folder, gguf = smollm2_gguf()
         return {"path": str(folder), "gguf_file": gguf, "architecture": "causal_lm"}

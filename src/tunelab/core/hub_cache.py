@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import ConfigError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.hub import COMMIT_RE, HubSnapshot, hub_cache_dir
-from tunelab.core.records import sha256_file
 
 # stored with git-lfs on the hub (its default .gitattributes), so their blob is named by sha256
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet", ".arrow", ".model")

@@ -170,3 +170,12 @@ def require_safetensors(paths: list[Path], what: str) -> None:
         f"{what}: {len(bad)} damaged safetensors file(s):\n" + "\n".join(lines),
         hint="the file cannot be loaded; use an earlier checkpoint, or train again",
     )
+
+
+def tensor_infos(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """{tensor name: (dtype, shape)} from the header of a file `safetensors_problems` passed."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = loads_json(f.read(n).decode("utf-8"))
+    header.pop("__metadata__", None)
+    return {name: (info["dtype"], list(info["shape"])) for name, info in header.items()}

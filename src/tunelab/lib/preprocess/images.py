@@ -22,7 +22,6 @@ the chain (`processor_config_for`) and measured by `processor_gap(processor, cha
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import StudyConfig, sha256_json
+from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
+from tunelab.core.hashing import sha256_json, stable_u64
+from tunelab.lib.preprocess.decode import ACCEPTED_MODES, model_rgb, open_image
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
-from tunelab.stages.data.images import ACCEPTED_MODES, model_rgb, open_image
 
 RECIPE_VERSION = 3  # raised when a rule changes the pixels, so stored recipes stop matching
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -194,8 +194,7 @@ def example_rng(seed: int, example_id: str, epoch: int = 0) -> random.Random:
     """The augmentation's generator of one example in one epoch: fixed by the seed, the epoch
     and the id (epoch 0's key is the seed and the id alone)."""
     key = f"{seed}:{example_id}" if epoch == 0 else f"{seed}:{epoch}:{example_id}"
-    digest = hashlib.sha256(key.encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+    return random.Random(stable_u64(key))
 
 
 def open_example_image(example: dict[str, Any]) -> Any:

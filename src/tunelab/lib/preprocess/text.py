@@ -45,8 +45,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from tunelab.core.config import StudyConfig, sha256_json
+from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
+from tunelab.core.hashing import sha256_json
 from tunelab.lib.preprocess.chat import ChatRendering, render_chat
 from tunelab.lib.preprocess.problems import FIXES as FIXES  # re-exported
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems

@@ -3,12 +3,12 @@
     build_snapshot(study, progress=None) -> manifest dict (records/data/<snapshot-id>/)
     load_snapshot(study, snapshot_id=None) -> Snapshot (.id, .manifest, .labels, .rows(split))
     open_test_split(study, snapshot, who, why, run_id=None) -> list of examples (logged)
-    latest_snapshot_id(study) -> str | None
+    latest_snapshot_id(study) -> str | None (the rule lives in core.evidence)
 
 An example is a dict {"id", "text", "label", "target"}.
 
-`build_snapshot`'s `progress(stage, done, total)` hears of inputs of 5,000 rows or more
-("reading" with total None, the duplicate search's stages with total 1); the manifest it returns
+`build_snapshot`'s `progress(what, done, total)` (core.progress) hears of inputs of 5,000 rows
+or more ("reading" with total None, the duplicate search's stages with total 1); the manifest it returns
 has `"unchanged": True` when an identical snapshot already existed (same id, reused). The folder
 also holds `dropped.jsonl` and `DONE`. `Snapshot.dir`, `Snapshot.counts` (`{split: n}` after
 dedup), `Snapshot.labels` (sorted, or None); `rows(split)` re-checks the split file's sha256 on
@@ -21,10 +21,10 @@ re-verifies the file. `latest_snapshot_id` is the snapshot of the most recent `t
 file, absolute).
 """
 
+from tunelab.core.evidence import latest_snapshot_id
 from tunelab.stages.data.snapshot import (
     Snapshot,
     build_snapshot,
-    latest_snapshot_id,
     list_snapshots,
     load_snapshot,
     open_test_split,

@@ -16,8 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tunelab.core.evidence import pinned_commit
 from tunelab.core.hub import HubSnapshot, download
-from tunelab.stages.hypothesis.stage import pinned_commit
 
 if TYPE_CHECKING:
     from tunelab.core.config import SourceConfig

@@ -34,6 +34,7 @@ from tunelab.stages.data.readers import (
     load_hf_disk,
     load_hub,
     read_source,
+    require_text_names,
 )
 
 DATASET_FORMATS = ("hf_disk", "hub")  # `datasets` data sets: an Image column
@@ -49,6 +50,8 @@ def read_image_source(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSou
 
 
 def _read(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSource]:
+    if cfg.source.format != "hub":
+        require_text_names(root)
     if cfg.source.format == "folder":
         src = SourceData(rows=[], files=[], root=root)
         return src, read_image_folder(src, cfg)

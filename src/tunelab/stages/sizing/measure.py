@@ -25,7 +25,7 @@ has when it comes first, the others on a model built again. Memory
 before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
 allocations take before any mmap, and a step measured after them would show the heap's
 high-water mark rather than its live tensors, whereas configurations measured pinned one
-after another give what fresh processes give (docs/sizing.md; tests/test_sizing.py;
+after another give what fresh processes give (docs/sizing.md; tests/stages/sizing/test_sizing.py;
 benchmarks/sizing_time.py).
 
 Memory:

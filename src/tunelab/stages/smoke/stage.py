@@ -16,7 +16,7 @@ The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_exa
 `checkpoint_save_s`, `reload_s`, ...) are written to `records/runs/<smoke-id>/smoke.json`.
 
 `run_smoke(study, *, num_train=8, num_steps=2, num_eval=4, progress=None) -> (run, record)`
-(`progress`: the training's `TrainProgress`) builds its run with
+(`progress`: core.progress, moved by the training steps) builds its run with
 `tunelab.stages.train.run.prepare_run` (its `Prepared.snapshot` replaced by a seeded
 `SnapshotSample`) and `execute_run`. `records/runs/<smoke-id>/smoke.json` (what `tunelab plan`
 reads): `passed`, `reason`, `checks [{check, ok, detail}]`, `step_s` (mean of the steps after the
@@ -47,8 +47,8 @@ from tunelab.core.records import read_json, read_jsonl, write_json_atomic
 from tunelab.lib.probes import AdapterPass, adapter_time_ratio
 
 if TYPE_CHECKING:
+    from tunelab.core.progress import Progress
     from tunelab.core.study import Run, Study
-    from tunelab.stages.train.callbacks import TrainProgress
     from tunelab.stages.train.run import Prepared
 
 SMOKE_KIND = "smoke"
@@ -135,7 +135,7 @@ def run_smoke(
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Run, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
@@ -283,7 +283,7 @@ def _smoke_body(
     eval_rows: list[dict[str, Any]],
     eval_ids: list[Any],
     found: _Findings,
-    progress: TrainProgress | None,
+    progress: Progress | None,
 ) -> None:
     """Train, check the checkpoint, evaluate the reloaded model, reload it in a fresh process."""
     status = _train_pass(study, run, prep, found, progress)
@@ -293,7 +293,7 @@ def _smoke_body(
 
 
 def _train_pass(
-    study: Study, run: Run, prep: Prepared, found: _Findings, progress: TrainProgress | None
+    study: Study, run: Run, prep: Prepared, found: _Findings, progress: Progress | None
 ) -> dict[str, Any]:
     """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
     checks (recorded even when training raises); returns the run's status."""

@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import CheckpointError, StudyError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import (
     publish_dir,
     read_json,
     safe_join,
-    sha256_file,
     temp_dir_beside,
     write_json_atomic,
 )
@@ -69,6 +69,7 @@ from tunelab.stages.train.layout import (  # noqa: F401 (part of this module's i
     mark_final,
     step_dir_name,
 )
+from tunelab.stages.train.resume_check import optimizer_layout, require_resume_state, rng_layout
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def _save_replica(
     opt_tensors, opt_rest = flatten_optimizer(optimizer.state_dict())
     save_file(opt_tensors, str(folder / OPTIMIZER_TENSORS))
     write_json_atomic(folder / OPTIMIZER_REST, opt_rest)
-    return {}
+    return {"optimizer_layout": optimizer_layout(model, optimizer)}
 
 
 def _load_replica(
@@ -365,6 +366,7 @@ def save_checkpoint(
             "rank_rng": rank_rng,
             "step": step,
             "rng": rng_rest,
+            "rng_layout": rng_layout(rng_tensors),
             "grad_scaler": scaler.state_dict()
             if scaler is not None and scaler.is_enabled()
             else None,
@@ -398,6 +400,8 @@ def load_checkpoint(
 
     strategy = strategy or SingleProcess()
     state = read_checkpoint_state(path)
+    if optimizer is not None:
+        require_resume_state(path, state)
     saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
     if saved != (strategy.name, strategy.world_size):
         raise CheckpointError(

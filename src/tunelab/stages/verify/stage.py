@@ -332,10 +332,9 @@ def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         save_file({"logits": logits}, str(out / "probe.safetensors"))
     val_loss = None
     if spec.get("val_loss_ids"):
-        from tunelab.core.config import validate_config
         from tunelab.stages.train.validation import validation_loss_of
 
-        run_cfg = validate_config(read_json(run.path("config.json"))["config"])
+        run_cfg = run.config
         val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
         val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
     checks_s = time.perf_counter() - started
@@ -418,7 +417,7 @@ def fresh_evaluate(
 
 def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     row = run.row
     if row.kind not in VERIFIABLE_KINDS:
@@ -563,11 +562,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
     eval_record = evaluation["record"]
     precision = study.config.training.precision
     if trow.kind != "baseline":
-        precision = (
-            (read_json(target.dir / "config.json").get("config") or {})
-            .get("training", {})
-            .get("precision", precision)
-        )
+        precision = target.record.training.get("precision", precision)
     precision = _used_precision(precision, target.dir / "compute.json")
     atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
     started = time.perf_counter()
