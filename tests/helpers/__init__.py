@@ -231,6 +231,42 @@ def write_topic_study(
     return root
 
 
+def write_config_only_study(
+    root: Path, model_config: dict[str, Any], capsys: pytest.CaptureFixture[str], **model: Any
+) -> Path:
+    """An extraction study whose base is only a config.json (no weights), 200 emails of
+    varied length, micro-batch 4 x 4, 3 epochs, sequences of 1,024: registered, with its data
+    snapshot (no model is needed for either). `model` updates the model section."""
+    import yaml
+
+    from tunelab.stages.hypothesis.template import render_study_yaml
+
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "config.json").write_text(json.dumps(model_config))
+    rows = [
+        {
+            "id": f"m{i}",
+            "text": f"From: user{i}@example.com\nSubject: note {i}\n\n" + "text " * (i % 40),
+            "target": json.dumps({"sender": f"user{i}@example.com", "subject": f"note {i}"}),
+        }
+        for i in range(200)
+    ]
+    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(render_study_yaml("extraction", root.name))
+    raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
+    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
+    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
+    raw["data"]["dedup"]["near"] = False
+    raw["model"].update(path="model", **model)
+    raw["preprocess"]["max_seq_len"] = 1024
+    raw["training"].update(micro_batch_size=4, grad_accum_steps=4, max_steps=None, num_epochs=3)
+    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for command in ("register", "data"):
+        code, _, err = run_cli(capsys, command, "-s", root)
+        assert code == 0, err
+    return root
+
+
 # ------------------------------------------------------------------ kill harness fixtures
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import FILLED_HYPOTHESIS, run_cli, write_config_only_study
 from tunelab.core.config import AdaptationConfig
 from tunelab.stages.plan.catalog import find_gpu, gpu_of_device, gpus
 from tunelab.stages.plan.flops import MicroBatch, micro_step_flops
@@ -225,35 +225,8 @@ def test_the_largest_micro_batch_that_fits_by_the_sizing_model():
 
 @pytest.fixture
 def config_only_study(tmp_path, capsys) -> Path:
-    """An extraction study on Llama-3.2-1B's shape: a config.json and no weights; registered,
-    with its data snapshot (no model is needed for either)."""
-    from tunelab.stages.hypothesis.template import render_study_yaml
-
-    root = tmp_path / "one-b"
-    (root / "model").mkdir(parents=True)
-    (root / "model" / "config.json").write_text(json.dumps(LLAMA_1B))
-    rows = [
-        {
-            "id": f"m{i}",
-            "text": f"From: user{i}@example.com\nSubject: note {i}\n\n" + "text " * (i % 40),
-            "target": json.dumps({"sender": f"user{i}@example.com", "subject": f"note {i}"}),
-        }
-        for i in range(200)
-    ]
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("extraction", "llama-1b-plan"))
-    raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = "model"
-    raw["preprocess"]["max_seq_len"] = 1024
-    raw["training"].update(micro_batch_size=4, grad_accum_steps=4, max_steps=None, num_epochs=3)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    for command in ("register", "data"):
-        code, _, err = run_cli(capsys, command, "-s", root)
-        assert code == 0, err
-    return root
+    """An extraction study on Llama-3.2-1B's shape: a config.json and no weights."""
+    return write_config_only_study(tmp_path / "one-b", LLAMA_1B, capsys)
 
 
 @pytest.fixture

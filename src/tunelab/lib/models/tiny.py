@@ -183,3 +183,46 @@ def save_tiny_vit(
     model.save_pretrained(out)
     ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
     return out
+
+
+def save_tiny_moe(
+    out: Path,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    experts: int = 8,
+    top_k: int = 2,
+    expert_intermediate: int = 16,
+    seed: int = 0,
+) -> Path:
+    """A Qwen3-MoE (every block routed to `top_k` of `experts` fused experts) with the tiny
+    ChatML tokenizer, saved as a transformers folder."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = build_tiny_causal_tokenizer()
+    cfg = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        moe_intermediate_size=expert_intermediate,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=hidden // heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

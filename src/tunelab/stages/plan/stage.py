@@ -284,6 +284,7 @@ def compare_gpus(
                 "name": gpu.name,
                 "arch": gpu.arch,
                 "fits": proj["fit"]["fits"],
+                "why_not": proj["fit"].get("reason"),
                 "micro_batch": proj["fit"]["micro_batch"],
                 "grad_accum": proj["fit"]["grad_accum"],
                 "checkpointing": proj["fit"]["checkpointing"],

@@ -51,6 +51,20 @@ _ROLES_LLAMA = {
     "mlp.down_proj": "down",
     "input_layernorm": "norm1",
     "post_attention_layernorm": "norm2",
+    # mixture-of-experts blocks (tunelab.lib.models.moe): fused experts, router, shared experts
+    "mlp.experts": "experts",
+    "block_sparse_moe.experts": "experts",
+    "mlp.gate": "router",
+    "mlp.router": "router",
+    "block_sparse_moe.router": "router",
+    "mlp.shared_expert_gate": "router",
+    **{
+        f"{m}.{p}": "shared"
+        for m in ("mlp.shared_expert", "mlp.shared_experts")
+        for p in ("gate_proj", "up_proj", "down_proj")
+    },
+    "shared_mlp.input_linear": "shared",
+    "shared_mlp.output_linear": "shared",
 }
 _ROLES_BERT = {
     "attention.self.query": "q",
@@ -176,9 +190,17 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         lora_rank=lora_rank,
         lora_dropout=lora_dropout,
         approximate=approximate,
+        moe=_moe_of(cfg),
         **quant.facts(model),
         **top,
     )
+
+
+def _moe_of(cfg: Any) -> dict[str, Any] | None:
+    from tunelab.lib.models.moe import moe_shape
+
+    shape = moe_shape(cfg.to_dict()) if hasattr(cfg, "to_dict") else None
+    return shape.to_dict() if shape else None
 
 
 def _conv_facts(model: Any, architecture: str, *, lora_rank: int, lora_dropout: float):

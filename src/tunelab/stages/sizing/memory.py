@@ -127,6 +127,10 @@ class ModelFacts:
     # a conv net (family resnet | convnext): its config (image_size, num_channels, hidden_sizes,
     # depths, ...) and "trains": module path (as in the model, no prefix) -> "weight" | "lora"
     conv: dict[str, Any] | None = None
+    # a mixture-of-experts model: tunelab.lib.models.moe.MoeShape.to_dict() (experts, top_k,
+    # expert_intermediate, shared_intermediate, sparse_layers, ...); its sparse blocks carry the
+    # roles "experts", "router" and "shared" (tunelab.stages.sizing.moe_walk)
+    moe: dict[str, Any] | None = None
 
     @property
     def total_weight_bytes(self) -> int:
@@ -406,6 +410,10 @@ class _Trace:
         o = self.linear(a, f.heads * hd, f.hidden, train.get("o"))
         x = self.add(x, o)
         h = self.rmsnorm(x, train.get("norm2"))
+        if f.moe and getattr(self, "layer", -1) in f.moe["sparse_layers"]:
+            from tunelab.stages.sizing.moe_walk import moe_mlp
+
+            return self.add(x, moe_mlp(self, h, train))
         g = self.linear(h, f.hidden, f.intermediate, train.get("gate"))
         u = self.linear(h, f.hidden, f.intermediate, train.get("up"))
         m = self.mul(self.pointwise_saving_input(g), u)
@@ -627,11 +635,13 @@ class _Trace:
             train = f.layer_training[i] if i < len(f.layer_training) else {}
             self.group(f"layer.{i}")
             before = self.total
+            self.layer = i
             if c.checkpointing:
                 # only the block input is kept; the block runs again during backward
                 self.save(x)
                 sub = _Trace(f, c)
                 sub.rows, sub.s, sub.rows_pos, sub.rope_saved = self.rows, self.s, 1, True
+                sub.layer = i
                 out = sub.block(x, train)
                 self.recompute = max(self.recompute, sub.total)
                 self.blocks.append((sub.total, getattr(sub, "attention_mark", 0)))

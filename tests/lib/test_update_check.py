@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_images import write_colour_folder, write_image_study
 
 from helpers import run_cli
+from helpers.images import write_colour_folder, write_image_study
 from tunelab.lib.models import capture_params, classify_update
 
 MASK_TOKEN = "dinov2.embeddings.mask_token"
