@@ -89,7 +89,7 @@ def _estimate(study: Any, cfg: StudyConfig) -> dict[str, Any]:
     n = len(golds)
     out["n"] = n
     if cfg.task.kind not in CLASSIFYING_KINDS or n == 0:
-        return out | {"note": "known for classification metrics; other tasks after `baseline`"}
+        return out | {"note": "computed for classification tasks only: for format and extraction tasks no figure is given"}
     classes = sorted({str(x) for x in golds})
     stats = f1_stats(
         [str(x) for x in golds], [None if x is None else str(x) for x in preds], classes
