@@ -74,7 +74,7 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
         Smoke,
     )
 
-    records = Path(__file__).parent / "fixtures" / "plan-study" / "records"
+    records = Path(__file__).parents[1] / "fixtures" / "plan-study" / "records"
     kinds = {
         "runs/*/config.json": RunConfig,
         "runs/*/status.json": RunStatus,
