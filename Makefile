@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 ASSETS := .cache/assets/package/data/spam-1
-# The lowest typer pyproject allows, with its click, for tests/test_cli_errors.py
+# The lowest typer pyproject allows, with its click, for tests/cli/test_cli_errors.py
 TYPER_LOWEST := .cache/typer-lowest
 HUB_CACHE := .cache/hf-hub
 HUB_REF := $(HUB_CACHE)/models--sentence-transformers--all-MiniLM-L6-v2/refs/main
@@ -44,7 +44,7 @@ assets: $(ASSETS)
 # (examples/classification-bbc-hub): `export HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE)`.
 $(HUB_REF): $(STAMP)
 	HF_HUB_CACHE=$(CURDIR)/$(HUB_CACHE) $(VENV)/bin/tunelab hub-cache \
-	  "$$($(PY) -c 'from tunelab.demo.assets import minilm_path; print(minilm_path())')" \
+	  "$$($(PY) -c 'from tunelab.core.assets import minilm_path; print(minilm_path())')" \
 	  sentence-transformers/all-MiniLM-L6-v2
 
 hub-cache: $(HUB_REF)

@@ -43,15 +43,15 @@ step() {  # step NAME TIMEOUT_S COMMAND...: timed, logged, never stops the scrip
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 step env 40 $py -m tunelab env --json
 step gpu-tests 240 $py -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_sizing.py tests/test_train_loop.py tests/test_models.py \
-    tests/test_throughput.py tests/test_compute.py
+    tests/stages/sizing/test_sizing.py tests/stages/train/test_train_loop.py tests/lib/test_models.py \
+    tests/stages/train/test_throughput.py tests/stages/train/test_compute.py
 step sizing-bf16 190 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
     --models smollm2-shape,llama1b-shape --lengths 2048 --micro-batch 8 --threads 8 \
     --json-out "$out/sizing-bf16.json"
 step qlora 150 $py benchmarks/sizing_accuracy.py --device cuda --precision bf16 \
     --models smollm2-shape --methods qlora,lora --checkpointing off,on --lengths 2048 \
     --micro-batch 8 --threads 8 --json-out "$out/qlora.json"
-step qlora-tests 90 $py -m pytest -q -p no:cacheprovider tests/test_qlora.py \
+step qlora-tests 90 $py -m pytest -q -p no:cacheprovider tests/lib/test_qlora.py \
     -k "records_the_4bit_base or losses_fall or changed_4bit_weight"
 # the catalog id of this GPU (H200 when the name is not in the catalog)
 gpu_id=$($py -c "import torch; from tunelab.stages.plan.catalog import gpu_of_device as g; \

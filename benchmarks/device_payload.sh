@@ -6,7 +6,7 @@
 #     Liger Kernel for the throughput benchmark's peers (pure Python);
 #   - all-MiniLM-L6-v2 as fp16 (44 MB instead of 91), widened back to fp32 there (max
 #     difference 1e-3 from the packaged weights: same shapes and memory, not the same identity);
-#   - the BBC corpus; both as packages on PYTHONPATH, found by `tunelab.demo.assets` as installed.
+#   - the BBC corpus; both as packages on PYTHONPATH, found by `tunelab.core.assets` as installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}

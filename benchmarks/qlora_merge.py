@@ -40,7 +40,7 @@ def base_folder(name: str, work: Path) -> Path:
         if not folder.exists():
             save_tiny_llama(folder, hidden=256, layers=4, heads=4)
         return folder
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.lib.models.gguf import convert_gguf
 
     return convert_gguf(*smollm2_gguf())

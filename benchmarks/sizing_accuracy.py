@@ -12,6 +12,7 @@ in its own process (`tunelab.stages.sizing.measure`), compared with `tunelab.sta
 Target: within 15 % on CPU for every row, within 10 % of max allocated on a GPU.
 
     python benchmarks/sizing_accuracy.py                      # tiny Llama + MiniLM
+    python benchmarks/sizing_accuracy.py --models tiny-moe    # a tiny Qwen3-MoE (8 experts, top 2)
     python benchmarks/sizing_accuracy.py --models tiny,minilm,smollm2   # + SmolLM2-135M (slow)
     # on a GPU, without any asset: SmolLM2-135M's and Llama-3.2-1B's shapes, random weights
     python benchmarks/sizing_accuracy.py --models smollm2-shape,llama1b-shape \
@@ -38,6 +39,7 @@ from tunelab.stages.sizing.stage import compare_row
 MODELS = {
     # name: (architecture, LoRA targets, lengths, micro-batch)
     "tiny": ("causal_lm", ["q_proj", "v_proj"], [64, 128, 256], 8),
+    "tiny-moe": ("causal_lm", ["q_proj", "v_proj"], [64, 128, 256], 8),
     "minilm": ("encoder", ["query", "value"], [64, 128, 256], 8),
     "smollm2": ("causal_lm", ["q_proj", "v_proj"], [128, 256, 512], 2),
     "smollm2-shape": ("causal_lm", ["q_proj", "v_proj"], [512, 1024, 2048], 8),
@@ -102,8 +104,16 @@ def model_section(name: str, workdir: Path) -> dict:
             # outweigh the runtime's own few MB
             save_tiny_llama(folder, hidden=256, layers=4, heads=4)
         return {"path": str(folder), "architecture": "causal_lm"}
+    if name == "tiny-moe":
+        from tunelab.lib.models.tiny import save_tiny_moe
+
+        folder = workdir / "tiny-qwen3-moe-h256"
+        if not folder.exists():
+            # a Qwen3-MoE as wide as the tiny Llama above: 8 experts of 256, 2 routed a token
+            save_tiny_moe(folder, hidden=256, layers=4, heads=4, expert_intermediate=256)
+        return {"path": str(folder), "architecture": "causal_lm"}
     if name == "minilm":
-        from tunelab.demo.assets import minilm_path
+        from tunelab.core.assets import minilm_path
 
         return {"path": str(minilm_path()), "architecture": "encoder"}
     if name in SHAPES:
@@ -112,7 +122,7 @@ def model_section(name: str, workdir: Path) -> dict:
             save_shape(name, folder)
         return {"path": str(folder), "architecture": "causal_lm"}
     if name == "smollm2":
-        from tunelab.demo.assets import smollm2_gguf
+        from tunelab.core.assets import smollm2_gguf
 
         folder, gguf = smollm2_gguf()
         return {"path": str(folder), "gguf_file": gguf, "architecture": "causal_lm"}

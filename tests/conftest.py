@@ -33,6 +33,9 @@ socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 
 REPO = Path(__file__).resolve().parents[1]
 
+# fixtures shared across folders, defined beside the builders they use
+pytest_plugins = ["helpers.pinned"]
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
@@ -60,21 +63,21 @@ def tiny_vit_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from tunelab.demo.assets import minilm_path
+    from tunelab.core.assets import minilm_path
 
     return minilm_path()
 
 
 @pytest.fixture(scope="session")
 def bbc_dir() -> Path:
-    from tunelab.demo.assets import bbc_path
+    from tunelab.core.assets import bbc_path
 
     return bbc_path()
 
 
 @pytest.fixture(scope="session")
 def spam_dir() -> Path:
-    from tunelab.demo.assets import spamassassin_path
+    from tunelab.core.assets import spamassassin_path
 
     return spamassassin_path()
 
@@ -91,7 +94,19 @@ def smollm2_dir() -> Path:
 
     The first use converts (20-50 s, 2 GB RAM); later ones find the cached folder. Slow tests only.
     """
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.lib.models import convert_gguf
 
     return convert_gguf(*smollm2_gguf())
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: the tiny models' ops are too small to split, and a second thread only
+    makes them slower and their timings noisier."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,8 +12,11 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis
+from tunelab.core.ledger import RunRow
+from tunelab.core.record_types import Evaluation
 from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.decision import choose_variant, decide, final_test
 
 WORDS = {
@@ -92,11 +95,15 @@ def test_the_decision_rule_and_its_test_figure():
         "v3 is not yet evaluated on the sealed test split: "
         "`tunelab eval train-v3 --split test --final` opens it, once."
     )
-    test_eval = {
-        "row": {"id": "eval-1", "kind": "eval", "parent": "train-v3"},
-        "evaluations": {"test": {"n": 15, "metrics": {"macro_f1": 0.75}}},
-    }
-    other = {"row": {"id": "eval-0", "kind": "eval", "parent": "train-v1"}, "evaluations": {}}
+    test_eval = RunEvidence(
+        row=RunRow("eval-1", "eval", parent="train-v3"),
+        evaluations={
+            "test": Evaluation(
+                Path("metrics-test.json"), {}, "test", 15, metrics={"macro_f1": 0.75}
+            )
+        },
+    )
+    other = RunEvidence(row=RunRow("eval-0", "eval", parent="train-v1"))
     opening = {"run_id": "eval-1"}
     assert final_test(compare, [other, test_eval], [opening]) == (
         "On the sealed test split (15 examples, eval run eval-1, its only opening): "

@@ -1,4 +1,4 @@
-"""The import graph of the `tunelab` package has no cycle.
+"""The import graph of the `tunelab` package has no cycle, and goes only down the floors.
 
 Read from the source with `ast`: every `import tunelab.x` and `from tunelab.x import y` executed
 when a module is imported (the module's body, its class bodies and compound statements, not
@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from test_pinned_plan_report import pinned  # noqa: F401 - the fixed study's records
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "tunelab"
@@ -223,6 +221,65 @@ def test_no_import_cycle_hidden_inside_functions():
     if cycles:
         shortest = min(cycles, key=len)
         pytest.fail("import cycle through imports inside functions: " + " -> ".join(shortest))
+
+
+# The floors of the house, lowest first: a module imports only from its own floor or those below.
+# track (the MLflow mirror) and demo (the packaged example studies) both sit on stages, side by
+# side: neither imports the other.
+LAYERS = {"core": 0, "lib": 1, "stages": 2, "track": 3, "demo": 3, "cli": 4}
+
+# Edges that still go up, each with why; removing one is progress, adding one needs a reason.
+LAYERING_EXCEPTIONS = {
+    # training.log_to mirrors the live metrics to MLflow from inside the training loop
+    ("tunelab.stages.train.run", "tunelab.track.live"),
+}
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every edge (importer, imported) that goes to a higher floor, or across track and demo."""
+    found = []
+    for importer, deps in sorted(graph.items()):
+        low = layer_of(importer)
+        for dep in sorted(deps):
+            high = layer_of(dep)
+            if low is None or high is None or high == low:
+                continue
+            if any(other.startswith(dep + ".") for other in deps):
+                continue  # a package above an imported module: that module's edge names it
+            if LAYERS[high] > LAYERS[low] or LAYERS[high] == LAYERS[low]:
+                found.append((importer, dep))
+    return found
+
+
+def test_upward_imports_are_found():
+    graph = {
+        "tunelab.core.a": {"tunelab.lib.b"},
+        "tunelab.lib.b": {"tunelab.core.a"},
+        "tunelab.track.t": {"tunelab.demo", "tunelab.demo.d", "tunelab.stages.s"},
+        "tunelab.cli.c": {"tunelab.track.t", "tunelab.core.a"},
+    }
+    assert upward_imports(graph) == [
+        ("tunelab.core.a", "tunelab.lib.b"),
+        ("tunelab.track.t", "tunelab.demo.d"),
+    ]
+
+
+def test_layering_core_below_lib_below_stages_below_cli():
+    """Imports inside functions count too: a deferred import is still a dependency."""
+    found = set(upward_imports(import_graph(inside_functions=True)))
+    new = sorted(found - LAYERING_EXCEPTIONS)
+    if new:
+        pytest.fail(
+            "imports that go up a floor (core < lib < stages < track, demo < cli):\n"
+            + "\n".join(f"  {a} -> {b}" for a, b in new)
+        )
+    gone = sorted(LAYERING_EXCEPTIONS - found)
+    assert not gone, f"listed exceptions no longer needed (remove them): {gone}"
 
 
 # a fresh process: the test process has torch imported already

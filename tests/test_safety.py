@@ -165,9 +165,9 @@ def test_safe_join_keeps_paths_inside(tmp_path):
 def test_record_readers_refuse_paths_out_of_their_folder():
     """Where a record names a path (export manifests, checkpoints/final), the reader goes through
     safe_join or an equivalent check; tests/bad_inputs/cases.yaml exercises each one."""
-    export = (SRC / "export" / "check.py").read_text(encoding="utf-8")
+    export = (SRC / "stages" / "export" / "check.py").read_text(encoding="utf-8")
     assert "safe_join" in export
-    checkpoint = (SRC / "train" / "layout.py").read_text(encoding="utf-8")
+    checkpoint = (SRC / "stages" / "train" / "layout.py").read_text(encoding="utf-8")
     assert "not a checkpoint of this run" in checkpoint
     import yaml
 

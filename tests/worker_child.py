@@ -1,4 +1,4 @@
-"""A worker module for tests/test_worker.py: does what its spec's `do` says."""
+"""A worker module for tests/core/test_worker.py: does what its spec's `do` says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kill/resume harness shared by the fast kill test (tests/test_kill_resume.py), the stress test
+"""Kill/resume harness shared by the fast kill test (tests/stages/train/test_kill_resume.py), the stress test
 (tests/stress/test_kill_stress.py) and the concurrency test.
 
 Every `tunelab` command runs in its own process, started from a fork server that imported

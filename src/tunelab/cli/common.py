@@ -1,4 +1,9 @@
-"""Shared pieces of the command line: the app, options every command takes, output helpers."""
+"""Shared pieces of the command line: the app, options every command takes, output helpers.
+
+Commands live in `tunelab.cli.<stage>` modules that register on `app` (discovered by
+`tunelab.cli.load_commands`). Use `StudyDir`, `SetOpt`, `JsonOpt`, `open_study` (it also
+remembers the folder for a crash file: `tunelab.cli._crash`), `emit_json`, `table`, `console`.
+"""
 
 from __future__ import annotations
 

@@ -59,21 +59,7 @@ def _print_run(run: dict[str, Any]) -> None:
     for key, what in (("per_category", "category"), ("per_field", "field")):
         if run.get(key):
             console.print(_per_item_table(f"per {what} delta [95% CI]", what, run[key]))
-    rules = [
-        [
-            g["rule"],
-            g["item"] or "",
-            fmt(g["value"]),
-            fmt(g["bound"]),
-            "[green]pass[/]" if g["pass"] else "[red]FAIL[/]",
-            g.get("note") or "",
-        ]
-        for g in run["guardrails"]
-    ]
-    columns = ["rule", "item", "value", "bound", "verdict", "note"]
-    if not any(r[-1] for r in rules):  # no notes: the rule keeps the column's width
-        columns, rules = columns[:-1], [r[:-1] for r in rules]
-    console.print(table("guardrails", columns, rules))
+    console.print(_guardrail_table(run["guardrails"]))
     fl = run["flips"]
     console.print(
         f"flips: {_ids(fl['num_improved'], 'improved', fl['improved'])}; "
@@ -93,6 +79,48 @@ def _print_run(run: dict[str, Any]) -> None:
         console.print(f"[bold yellow]flag:[/] {flag}")
     for note in run.get("notes") or []:
         console.print(f"note: {note}")
+
+
+_VERDICT = {
+    "pass": "[green]pass[/]",
+    "fail": "[red]FAIL[/]",
+    "inconclusive": "[yellow]inconclusive[/]",
+}
+
+
+def _verdict(g: dict[str, Any]) -> str:
+    return _VERDICT[g.get("verdict") or ("pass" if g.get("pass") else "fail")]
+
+
+def _guardrail_table(guards: list[dict[str, Any]]) -> Table:
+    """Each check with the interval it was judged on (the delta's for a rule relative to the
+    baseline, else the value's), the bound the verdict rests on and the fail side's adjusted
+    level; an inconclusive check names the split size that would likely settle it."""
+    rows = []
+    for g in guards:
+        interval = "-" if g.get("ci_low") is None else f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]"
+        judged = "-" if g.get("judged_bound") is None else f"{g['judged_bound']:+.4f}"
+        level = "-" if g.get("adjusted_level") is None else f"{g['adjusted_level']:.3g}"
+        note = g.get("note") or ""
+        if g.get("settle_n"):
+            note = f"about {g['settle_n']} examples would likely settle it"
+        rows.append(
+            [
+                g["rule"],
+                g["item"] or "",
+                fmt(g["value"]),
+                interval,
+                judged,
+                level,
+                _verdict(g),
+                note,
+            ]
+        )
+    columns = ["rule", "item", "value", "interval", "bound", "adj. level"]
+    columns += ["verdict", "note"]
+    if not any(r[-1] for r in rows):  # no notes: the rule keeps the column's width
+        columns, rows = columns[:-1], [r[:-1] for r in rows]
+    return table("guardrails", columns, rows)
 
 
 def _per_item_table(title: str, what: str, items: dict[str, dict[str, Any]]) -> Table:
@@ -131,11 +159,12 @@ def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
     t.add_column("CI vs 0", no_wrap=True)
     t.add_column("≥ min", no_wrap=True)
     t.add_column("guards", no_wrap=True)
+    t.add_column("decision", no_wrap=True)
     notes = []
     for run in record["runs"]:
         who = run.get("name") or run["run_id"]
         if not run["compared"]:
-            t.add_row(_run_label(run), f"not compared ({run['status']})", "-", "-", "-")
+            t.add_row(_run_label(run), f"not compared ({run['status']})", "-", "-", "-", "-")
             notes.append(f"{who}: {run['not_compared_reason']}")
             continue
         p = run["primary"]
@@ -145,7 +174,11 @@ def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
             _delta(p).replace(" [", "\n[", 1),
             interval_verdict(p),
             "yes" if meets else ("no" if meets is not None else "-"),
-            "[green]pass[/]" if run["guardrails_pass"] else "[red]FAIL[/]",
+            _verdict({"verdict": run.get("guardrails_verdict"), "pass": run["guardrails_pass"]}),
+            run.get("decision") or "-",
+        )
+        notes.extend(
+            f"{who}: {run.get('decision')}: {r}" for r in run.get("decision_reasons") or []
         )
         notes.extend(f"{who}: flag: {flag}" for flag in run["flags"])
     return t, notes
@@ -160,10 +193,18 @@ def print_compare(record: dict[str, Any]) -> None:
     )
     summary, notes = _summary_table(record)
     console.print(summary)
+    tests = record.get("tests") or {}
     console.print(
         "CI vs 0: where the delta's 95% interval lies (only above 0 is a significant gain); "
         "≥ min: the delta reaches the registered minimum improvement"
     )
+    if tests:
+        console.print(
+            f"tests: {tests['confidence']:.0%} paired intervals, each one-sided test at "
+            f"{tests['alpha']:.3g}; a guardrail passes on its interval's bound at that level "
+            f"and fails at the {tests['multiplicity']}-adjusted level shown; goal "
+            f"{tests['goal']}; decision: {record.get('decision')}"
+        )
     for note in notes:
         console.print(f"  {note}")
     for run in record["runs"]:

@@ -20,25 +20,25 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, eval_progress
+from tunelab.cli.progress import ProgressBoard
 from tunelab.core.env import BUSY_CPU_SHARE
+from tunelab.core.record_types import Evaluation
 from tunelab.lib.inference.eval_copy import describe_copy, ran_on_copy
 from tunelab.lib.metrics import OVERALL_METRICS, failure_kind
 
 
-def print_evaluation(record: dict[str, Any], title: str) -> None:
+def print_evaluation(ev: Evaluation, title: str) -> None:
     """The overall metrics, the per-category or per-field table and the confusion matrix."""
-    m = record["metrics"]
-    kind = record["task_kind"]
-    rows = [[k, fmt(m[k])] for k in OVERALL_METRICS.get(kind, ()) if m.get(k) is not None]
+    m = ev.metrics
+    rows = [[k, fmt(m[k])] for k in OVERALL_METRICS.get(ev.task_kind, ()) if m.get(k) is not None]
     rows += [
-        ["examples", record["n"]],
-        ["examples/s", fmt(record.get("examples_per_s"), 2)],
-        ["spec sha256", record["spec_sha256"][:12]],
+        ["examples", ev.n],
+        ["examples/s", fmt(ev.examples_per_s, 2)],
+        ["spec sha256", (ev.spec_sha256 or "")[:12]],
     ]
-    if record.get("cpu_share") is not None:
-        rows.insert(-1, ["CPU share of its threads", fmt(record["cpu_share"], 2)])
-    gen = record.get("generation")
+    if ev.cpu_share is not None:
+        rows.insert(-1, ["CPU share of its threads", fmt(ev.cpu_share, 2)])
+    gen = ev.generation
     if gen:
         rows.insert(
             -1,
@@ -49,11 +49,11 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
             ],
         )
         rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
-    merge = record.get("merge") or {}
+    merge = ev.merge or {}
     if ran_on_copy(merge) or "check_s" in merge:  # a copy was made: used, or why not
         rows.insert(-1, ["evaluated on", describe_copy(merge)])
-    if record.get("torch_threads"):
-        rows.insert(-1, ["threads", record["torch_threads"]])
+    if ev.torch_threads:
+        rows.insert(-1, ["threads", ev.torch_threads])
     console.print(table(title, ["metric", "value"], rows))
     if m.get("per_category"):
         cats = [
@@ -79,12 +79,12 @@ def print_evaluation(record: dict[str, Any], title: str) -> None:
     over = (gen or {}).get("answers_over_budget")
     if over:
         console_err.print(
-            f"[yellow]warning:[/] {over} of {record['n']} gold answers are longer than "
-            f"evaluation.max_new_tokens ({record['evaluation']['max_new_tokens']}): generation "
+            f"[yellow]warning:[/] {over} of {ev.n} gold answers are longer than "
+            f"evaluation.max_new_tokens ({(ev.evaluation or {}).get('max_new_tokens')}): generation "
             "stops before their end and they cannot be judged right (`tunelab inspect` names "
             "the longest)"
         )
-    share = record.get("cpu_share")
+    share = ev.cpu_share
     if share is not None and share < BUSY_CPU_SHARE:
         console_err.print(
             f"[yellow]note:[/] this evaluation had {100 * share:.0f} % of its threads' CPU time: "
@@ -148,9 +148,9 @@ def _print_failure_examples(run_dir: Path, split: str) -> None:
         )
 
 
-def _warn_test_openings(record: dict[str, Any]) -> None:
-    if record.get("warning"):
-        console_err.print(f"[bold red on white] WARNING [/] [bold red]{record['warning']}[/]")
+def _warn_test_openings(ev: Evaluation) -> None:
+    if ev.warning:
+        console_err.print(f"[bold red on white] WARNING [/] [bold red]{ev.warning}[/]")
 
 
 @app.command()
@@ -160,13 +160,18 @@ def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_baseline(s, progress=eval_progress(board))
+        run, record = run_baseline(s, progress=board.update)
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
-    print_evaluation(record, f"baseline on {record['split']}")
-    _print_failure_examples(run.dir, record["split"])
+    ev = Evaluation.of(run.path(f"metrics-{record['split']}.json"), record)
+    print_evaluation(ev, f"baseline on {ev.split}")
+    _print_failure_examples(run.dir, ev.split)
     console.print(f"run {run.id}, record: {run.dir}")
+    from tunelab.cli.hypothesis import print_power
+    from tunelab.stages.hypothesis.power import registration_power
+
+    print_power(registration_power(s, s.config))  # now from the baseline's own predictions
     console.print("next: `tunelab smoke`, `tunelab size`, then `tunelab train`")
 
 
@@ -189,17 +194,16 @@ def eval_(
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_eval(
-            s, run_id, split=split, final=final, why=why, progress=eval_progress(board)
-        )
-    _warn_test_openings(record)
+        run, record = run_eval(s, run_id, split=split, final=final, why=why, progress=board.update)
+    ev = Evaluation.of(run.path(f"metrics-{record['split']}.json"), record)
+    _warn_test_openings(ev)
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
-    print_evaluation(record, f"{record['split']} evaluation")
-    _print_failure_examples(run.dir, record["split"])
-    console.print(f"evaluated run {record['evaluates']}")
-    if record.get("test_openings"):
-        console.print(f"test split openings in this study: {record['test_openings']}")
+    print_evaluation(ev, f"{ev.split} evaluation")
+    _print_failure_examples(run.dir, ev.split)
+    console.print(f"evaluated run {ev.evaluates}")
+    if ev.test_openings:
+        console.print(f"test split openings in this study: {ev.test_openings}")
     console.print(f"run {run.id}, record: {run.dir}")
     console.print("next: `tunelab compare`")

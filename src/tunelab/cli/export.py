@@ -20,6 +20,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.core.record_types import ExportManifest
 
 
 @app.command()
@@ -53,6 +54,7 @@ def export(
 ) -> None:
     """Export the adapter (peft) or the full model (safetensors), tokenizer, manifest, model card."""
     from tunelab.stages.export import export_run
+    from tunelab.stages.export.manifest import MANIFEST
     from tunelab.stages.export.merge import MergeTolerance
 
     s = open_study(study, sets)
@@ -68,14 +70,15 @@ def export(
     if json_out:
         emit_json({"path": str(path), "manifest": manifest})
         return
-    res = manifest.get("results") or {}
-    primary = res.get("primary") or {}
-    g = manifest["guardrails"]
+    m = ExportManifest.of(path / MANIFEST, manifest)
+    primary = (m.results or {}).get("primary") or {}
+    passed = (m.guardrails or {}).get("pass")
+    base = m.base or {}
     rows = [
         ["export", str(path)],
-        ["run", manifest["run_id"]],
-        ["artifact", artifact_text(manifest)],
-        ["base", f"{manifest['base'].get('name')} sha256 {manifest['base']['sha256'][:16]}..."],
+        ["run", m.run_id],
+        ["artifact", artifact_text(m.artifact or {})],
+        ["base", f"{base.get('name')} sha256 {str(base.get('sha256'))[:16]}..."],
         [
             "primary metric",
             f"{primary.get('metric')} {fmt(primary.get('baseline'))} -> "
@@ -83,10 +86,10 @@ def export(
             if primary
             else "not compared",
         ],
-        ["guardrails", "-" if g["pass"] is None else ("pass" if g["pass"] else "[red]FAIL[/]")],
-        ["files", f"{len(manifest['files'])} with sha256 in tunelab-manifest.json"],
+        ["guardrails", "-" if passed is None else ("pass" if passed else "[red]FAIL[/]")],
+        ["files", f"{len(m.files or {})} with sha256 in tunelab-manifest.json"],
     ]
-    merged = manifest.get("merge")
+    merged = m.merge
     if merged:
         rows.append(
             [
@@ -98,16 +101,15 @@ def export(
             ]
         )
     console.print(table("export", ["", ""], rows, show_header=False))
-    for line in manifest["limitations"]:
+    for line in m.limitations or []:
         console.print(f"  limitation: {line}", highlight=False)
-    hub = manifest["base"].get("hub")
-    base_arg = f"{hub['repo_id']}@{hub['commit']}" if hub else manifest["base"]["path_at_export"]
+    hub = base.get("hub")
+    base_arg = f"{hub['repo_id']}@{hub['commit']}" if hub else base.get("path_at_export")
     console.print(f"next: `tunelab check-export {path} --base {base_arg}`", soft_wrap=True)
 
 
-def artifact_text(manifest: dict) -> str:
-    """What the export folder holds at its top, and how it loads."""
-    art = manifest["artifact"]
+def artifact_text(art: dict) -> str:
+    """What the export folder holds at its top (the manifest's `artifact`), and how it loads."""
     if art["kind"] == "adapter":
         where = "" if art["dir"] == "." else f" in {art['dir']}/"
         four_bit = " for the 4-bit base" if art.get("method") == "qlora" else ""

@@ -10,8 +10,8 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.config import config_warnings
 from tunelab.core.env import capture_env
-from tunelab.core.study import validate_study
 from tunelab.stages.hypothesis.pins import drift
+from tunelab.stages.hypothesis.validate import validate_study
 
 
 @app.command()
@@ -51,6 +51,18 @@ def validate(
     console.print(f"[green]valid[/] {study / 'study.yaml'}  config sha256 {cfg.sha256()[:12]}")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    _print_snapshot_power(study, sets or [])
+
+
+def _print_snapshot_power(study: Path, sets: list[str]) -> None:
+    """Once a data snapshot exists: what its validation split can detect."""
+    from tunelab.cli.hypothesis import print_power
+    from tunelab.stages.data.snapshot import list_snapshots
+    from tunelab.stages.hypothesis.power import registration_power
+
+    s = open_study(study, sets)
+    if list_snapshots(s):
+        print_power(registration_power(s, s.config))
 
 
 @app.command()
@@ -96,9 +108,18 @@ def runs(
 
 
 @app.command()
-def env(json_out: JsonOpt = False) -> None:
+def env(
+    json_out: JsonOpt = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Check the study's method and extensions here.")
+    ] = False,
+    study: StudyDir = Path("."),
+) -> None:
     """The environment: Python, OS, CPU, torch, CUDA/ROCm, GPUs, attention kernels, packages."""
     e = capture_env()
+    if check:
+        _env_check(e, study, json_out)
+        return
     if json_out:
         emit_json(e)
         return
@@ -124,3 +145,18 @@ def env(json_out: JsonOpt = False) -> None:
         ["git", e["tunelab_git"] and e["tunelab_git"]["commit"][:12]],
     ]
     console.print(table("environment", ["what", "value"], rows))
+
+
+def _env_check(e: dict, study: Path, json_out: bool) -> None:
+    """`tunelab env --check`: the study's method, precision and extensions on this backend;
+    exit 2 when one cannot run here."""
+    from tunelab.stages.smoke.backend import backend_checks
+
+    checks = backend_checks(e, open_study(study, None).config)
+    if json_out:
+        emit_json({"backend": e["backend"], "checks": checks})
+    else:
+        rows = [[c["check"], "ok" if c["ok"] else "FAILS", c["detail"]] for c in checks]
+        console.print(table(f"on {e['backend']}", ["check", "result", "detail"], rows))
+    if any(c["ok"] is False for c in checks):
+        raise typer.Exit(2)

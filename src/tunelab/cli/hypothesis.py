@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.core.evidence import pins_of
 from tunelab.stages.hypothesis import stage as hyp
 from tunelab.stages.hypothesis.pins import resolve_pins
+from tunelab.stages.hypothesis.power import registration_power
 from tunelab.stages.hypothesis.template import TASK_KINDS, init_study
 
 
@@ -44,8 +46,9 @@ def register(
     a base or data set named by hub id is pinned to the commit its revision resolves to."""
     s = open_study(study, sets)
     hyp.check_registrable(s.config, s.overrides)  # before any download
-    pins, notes = resolve_pins(s.config, hyp.pins_of(s.root), repin=repin)
-    record, created = hyp.register(s.root, s.config, pins)
+    pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
+    power = registration_power(s, s.config)
+    record, created = hyp.register(s.root, s.config, pins, power)
     if created:
         s.ledger.add_event(
             None,
@@ -53,7 +56,7 @@ def register(
             {"version": record["version"], "sha256": record["sha256"]},
         )
     if json_out:
-        emit_json({"created": created, "notes": notes, **record})
+        emit_json({"created": created, "notes": notes, "power": power, **record})
         return
     for key, pin in pins.items():
         line = f"  {key}: {pin['repo_id']}@{pin['revision']} pinned to commit {pin['commit']}"
@@ -63,6 +66,7 @@ def register(
     v, sha = record["version"], record["sha256"]
     if not created:
         console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")
+        print_power(power)
         return
     console.print(f"[green]registered[/] records/hypothesis-v{v}.json  sha256 {sha[:12]}")
     if record["diff"]:
@@ -70,3 +74,20 @@ def register(
         console.print(table(f"amendment of v{v - 1}", ["field", "was", "now"], rows))
     for g in s.config.guardrails:
         console.print(f"  guardrail: {g.describe()}")
+    print_power(power)
+
+
+def print_power(power: dict[str, Any]) -> None:
+    """The detectable effect and the warnings it earns (register, validate, baseline)."""
+    effect = power.get("detectable_effect")
+    if effect is None:
+        console.print(f"detectable effect: not known ({power.get('note') or 'no estimate'})")
+    else:
+        console.print(
+            f"detectable effect: {power['metric']} {effect:+.4f} on {power['n']} validation "
+            f"examples (one-sided level {power['level']:.3g}, {power['power']:.0%} power; "
+            f"from {power['source']})",
+            soft_wrap=True,
+        )
+    for warning in power.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)

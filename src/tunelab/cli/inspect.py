@@ -143,12 +143,8 @@ def inspect_cmd(
         )
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out, transient=True) as board:
-
-        def tick(done: int, total: int) -> None:
-            board.update(f"encoding {split}", done, total)
-
         record = run_inspect(
-            s, split=split, per_category=per_category, snapshot_id=snapshot, progress=tick
+            s, split=split, per_category=per_category, snapshot_id=snapshot, progress=board.update
         )
     if json_out:
         emit_json(record)

@@ -318,6 +318,12 @@ def print_comparison(result: dict[str, Any]) -> None:
             pad_edge=False,
         )
     )
+    for r in result["rows"]:
+        if not r["fits"]:
+            why = r.get("why_not") or ""
+            if not why.startswith("weights"):  # the short form of the peak's reason
+                why = f"peak {r['peak_bytes'] / 1e9:.1f} GB over {r['memory_bytes'] / 1e9:.0f} GB"
+            console.print(f"{r['gpu']}: does not fit ({why})")
     answer = result["answer"]
     if answer["gpu"] is None:
         console.print(f"answer: none: {answer['why']}", style="bold")

@@ -6,6 +6,9 @@ plain line per task goes to stderr at the first update, then at most every `ever
 and once more with the final figures when the command ends:
 
     train 12/100 (12%) loss 6.2013 | 2,140 tok/s | 0:00:34
+
+`ProgressBoard.update(name, done, total, text)` is the library's progress callback
+(core.progress) as it is; `board.prefixed("smoke")` names the bars of a stage run inside another.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import IO, Any
+
+from tunelab.core.progress import Progress
 
 PLAIN_EVERY_S = 10.0
 
@@ -87,6 +92,14 @@ class ProgressBoard:
         if task.printed_at is None or now - task.printed_at >= self.every_s:
             self._print(task)
 
+    def prefixed(self, prefix: str) -> Progress:
+        """A progress callback whose bars are named "`prefix` what" ("smoke train")."""
+
+        def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
+            self.update(f"{prefix} {what}", done, total, text)
+
+        return update
+
     def close(self) -> None:
         if self._rich is not None:
             self._rich.stop()
@@ -103,15 +116,10 @@ class ProgressBoard:
     def _update_rich(self, name: str, done: float, total: float | None, text: str) -> None:
         if self._rich is None:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
-            self._rich = Progress(
+            self._rich = RichProgress(
                 TextColumn("[bold]{task.description}[/]"),
                 BarColumn(),
                 TextColumn("{task.fields[amount]}"),
@@ -126,26 +134,3 @@ class ProgressBoard:
         if name not in self._rich_tasks:
             self._rich_tasks[name] = self._rich.add_task(name, total=total, **fields)
         self._rich.update(self._rich_tasks[name], completed=done, total=total, **fields)
-
-
-def train_progress(board: ProgressBoard, name: str = "train", rate: str = "tok/s"):
-    """The training loop's progress callback (step, total, row) drawn on `board`; `rate`: the
-    unit of the loop's `tokens_per_s` (`img/s` for an image task, whose batches count images)."""
-
-    def report(step: int, total: int, row: dict[str, Any]) -> None:
-        tps = row.get("tokens_per_s")
-        loss = row.get("loss")
-        text = f"loss {loss:.4f}" if loss is not None else ""
-        text += f" | {tps:,.0f} {rate}" if tps else ""
-        board.update(name, step, total, text)
-
-    return report
-
-
-def eval_progress(board: ProgressBoard):
-    """Evaluation's progress callback (examples done, in all, what) drawn on `board`."""
-
-    def report(done: int, total: int, what: str) -> None:
-        board.update(what, done, total)
-
-    return report

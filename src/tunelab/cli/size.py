@@ -113,11 +113,7 @@ def size(
         emit_json({**record, "path": str(path)})
         return
     with ProgressBoard(transient=True) as board:
-
-        def on_config(i: int, n: int, label: str) -> None:
-            board.update("size", i, n, text=label)
-
-        record, path = run_sizing(s, progress=on_config, **kwargs)
+        record, path = run_sizing(s, progress=board.update, **kwargs)
     print_sizing(record)
     console.print(f"record: {path}")
 

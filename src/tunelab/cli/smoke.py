@@ -20,7 +20,8 @@ from tunelab.cli.common import (
     rate_unit,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_types import Smoke
 from tunelab.core.records import read_json
 
 _MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
@@ -91,52 +92,45 @@ def smoke(
             num_train=train_examples,
             num_steps=steps,
             num_eval=eval_examples,
-            progress=train_progress(board, "smoke train", rate_unit(s, short=True)),
+            progress=board.prefixed("smoke"),
         )
+    smoke = Smoke.of(run.path("smoke.json"), record)
     if json_out:
         emit_json(record)
     else:
         if run.path("audit.json").exists():
             console.print(audit_table(read_json(run.path("audit.json"))))
-        rows = [[c["check"], _MARK[c["ok"]], c["detail"]] for c in record["checks"]]
+        rows = [[c["check"], _MARK[c["ok"]], c["detail"]] for c in smoke.checks]
         console.print(table(f"smoke {run.id}", ["check", "result", "detail"], rows))
         timing_rows = [
-            [
-                "step",
-                f"{fmt(record.get('step_s'), 3)} s (first {fmt(record.get('first_step_s'), 3)} s)",
-            ],
-            [
-                f"{rate_unit(s).removesuffix('/s')} per step",
-                fmt(record.get("tokens_per_step"), 0),
-            ],
-            ["eval", f"{fmt(record.get('eval_s_per_example'), 4)} s per example"],
-            *_adapter_row(record),
-            ["checkpoint save", f"{fmt(record.get('checkpoint_save_s'), 3)} s"],
+            ["step", f"{fmt(smoke.step_s, 3)} s (first {fmt(smoke.first_step_s, 3)} s)"],
+            [f"{rate_unit(s).removesuffix('/s')} per step", fmt(smoke.tokens_per_step, 0)],
+            ["eval", f"{fmt(smoke.eval_s_per_example, 4)} s per example"],
+            *_adapter_row(smoke),
+            ["checkpoint save", f"{fmt(smoke.checkpoint_save_s, 3)} s"],
             [
                 "reload (fresh process)",
-                f"{fmt(record.get('reload_s'), 3)} s to load, "
-                f"{fmt(record.get('fresh_process_s'), 1)} s in all",
+                f"{fmt(smoke.reload_s, 3)} s to load, {fmt(smoke.fresh_process_s, 1)} s in all",
             ],
-            ["total", f"{fmt(record.get('total_s'), 1)} s"],
+            ["total", f"{fmt(smoke.total_s, 1)} s"],
         ]
         console.print(table("timings", ["", ""], timing_rows, show_header=False))
-        verdict = "[green]passed[/]" if record["passed"] else "[red]FAILED[/]"
-        console.print(f"smoke {verdict}: {record['reason']}")
-        console.print(f"record: {record['path']}")
-    if not record["passed"]:
+        verdict = "[green]passed[/]" if smoke.passed else "[red]FAILED[/]"
+        console.print(f"smoke {verdict}: {smoke.reason}")
+        console.print(f"record: {smoke.path}")
+    if not smoke.passed:
         raise SmokeFailed(
-            f"smoke {run.id} failed: {record['reason']}",
-            hint=(record.get("hint") + "; " if record.get("hint") else "")
-            + f"the record is {record['path']}",
+            f"smoke {run.id} failed: {smoke.reason}",
+            hint=(smoke.hint + "; " if smoke.hint else "") + f"the record is {smoke.path}",
         )
 
 
-def _adapter_row(record: dict) -> list[list[str]]:
+def _adapter_row(smoke: Smoke) -> list[list[str]]:
     """'x 1.22 per decoding step (fastest of 3 passes on and off)', when it was timed."""
-    how = record.get("adapter_timing")
-    if not how or record.get("adapter_time_ratio") is None:
+    how = smoke.adapter_timing
+    if not how or smoke.adapter_time_ratio is None:
         return []
-    ratio = record["adapter_time_ratio"]
+    ratio = smoke.adapter_time_ratio
     text = f"x {ratio:.2f} per {how['unit']} (fastest of {how['pairs']} passes on and off)"
     if ratio < 1.0:  # an unmerged adapter only adds work: faster with it is timing noise
         text += "; under x 1 is timing noise: read it as no measurable cost"

@@ -1,4 +1,4 @@
-"""tunelab track: mirror the study's records into MLflow."""
+"""tunelab track: mirror the study's records into MLflow and Weights & Biases."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ MlflowOpt = Annotated[
     str | None,
     typer.Option(
         "--mlflow",
-        help="Where to mirror: a folder (./mlruns), sqlite:///FILE.db or http://HOST:PORT "
-        "(default: MLFLOW_TRACKING_URI).",
+        help="Where to mirror: a folder (./mlruns: the SQLite store mlruns/mlflow.db in it), "
+        "sqlite:///FILE.db or http://HOST:PORT (default: MLFLOW_TRACKING_URI).",
     ),
 ]
 ExperimentOpt = Annotated[
@@ -25,10 +25,34 @@ ExperimentOpt = Annotated[
     ),
 ]
 
+WandbOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wandb",
+        help="Mirror into Weights & Biases (WANDB_MODE=offline writes run folders for "
+        "`wandb sync`).",
+    ),
+]
+WandbProjectOpt = Annotated[
+    str | None, typer.Option(help="W&B project (default: WANDB_PROJECT, else the study's name).")
+]
+WandbEntityOpt = Annotated[str | None, typer.Option(help="W&B entity (default: WANDB_ENTITY).")]
+WandbModeOpt = Annotated[
+    str | None, typer.Option(help="W&B mode: online or offline (default: WANDB_MODE, else online).")
+]
+
+TrackioOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trackio", help="Mirror into Trackio's local store (TRACKIO_DIR, else Trackio's own)."
+    ),
+]
+
 
 def _ui_command(result: dict[str, Any]) -> str:
     if result["kind"] == "http":
         return f"open {result['uri']}"
+    # a folder store found in place: MLflow opens it only with this setting
     env = "MLFLOW_ALLOW_FILE_STORE=true " if result["kind"] == "folder" else ""
     return f"{env}mlflow ui --backend-store-uri {result['uri']}"
 
@@ -53,25 +77,75 @@ def _print(result: dict[str, Any]) -> None:
     console.print(f"see it: `{_ui_command(result)}`", soft_wrap=True)
 
 
+def _print_wandb(result: dict[str, Any]) -> None:
+    rows = [
+        [r["run_id"], r["status"], r["action"], r["metrics"], r["files"]] for r in result["runs"]
+    ]
+    t = table(
+        f"W&B project {result['project']} ({result['mode']})",
+        ["run", "status", "wandb", "values", "files"],
+        rows,
+    )
+    t.columns[0].no_wrap = True
+    console.print(t)
+    c = result["counts"]
+    console.print(
+        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged "
+        f"in {result['dir']}/wandb"
+    )
+    if result["mode"] == "offline":
+        console.print(f"upload it: `wandb sync {result['dir']}/wandb`", soft_wrap=True)
+
+
 @app.command()
 def track(
     study: StudyDir = Path("."),
     mlflow: MlflowOpt = None,
     experiment: ExperimentOpt = None,
+    wandb: WandbOpt = False,
+    wandb_project: WandbProjectOpt = None,
+    wandb_entity: WandbEntityOpt = None,
+    wandb_mode: WandbModeOpt = None,
+    trackio: TrackioOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Mirror every run of the study (params, tags, metric histories, records) into MLflow;
-    syncing again updates the runs it made and never duplicates them."""
+    """Mirror every run of the study (params, tags, metric histories, records) into MLflow
+    and, with --wandb, Weights & Biases; syncing again updates the runs it made and never
+    duplicates them."""
+    import os
+
     from tunelab.track.mlflow_mirror import sync_mlflow
+    from tunelab.track.wandb_mirror import sync_wandb
 
     s = open_study(study, None)
+    results: dict[str, Any] = {}
     with ProgressBoard(enabled=not json_out, transient=True) as board:
+        if wandb:
+            results["wandb"] = sync_wandb(
+                s,
+                project=wandb_project,
+                entity=wandb_entity,
+                mode=wandb_mode,
+                progress=board.update,
+            )
+        if trackio:
+            from tunelab.track.trackio_mirror import sync_trackio
 
-        def tick(done: int, total: int, run_id: str) -> None:
-            board.update("track", done, total, run_id)
-
-        result = sync_mlflow(s, mlflow, experiment=experiment, progress=tick)
+            results["trackio"] = sync_trackio(s, progress=board.update)
+        if not (wandb or trackio) or mlflow or os.environ.get("MLFLOW_TRACKING_URI"):
+            results["mlflow"] = sync_mlflow(s, mlflow, experiment=experiment, progress=board.update)
     if json_out:
-        emit_json(result)
+        emit_json(results["mlflow"] if list(results) == ["mlflow"] else results)
         return
-    _print(result)
+    if "wandb" in results:
+        _print_wandb(results["wandb"])
+    if "trackio" in results:
+        t = results["trackio"]
+        c = t["counts"]
+        console.print(
+            f"Trackio project {t['project']}: {c['created']} created, {c['updated']} updated, "
+            f"{c['unchanged']} unchanged in {t['dir']}"
+        )
+        console.print(f"see it: `TRACKIO_DIR={t['dir']} trackio show`", soft_wrap=True)
+    if "mlflow" in results:
+        _print(results["mlflow"])

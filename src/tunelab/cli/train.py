@@ -20,7 +20,8 @@ from tunelab.cli.common import (
     rate_unit,
     table,
 )
-from tunelab.cli.progress import ProgressBoard, train_progress
+from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_types import RunStatus
 from tunelab.core.study import Run
 
 if TYPE_CHECKING:
@@ -38,46 +39,59 @@ NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes (torchrun --nnod
 NodeRankOpt = Annotated[
     int | None, typer.Option("--node-rank", help="This node's rank; node 0 writes the records.")
 ]
+OtherPlatformOpt = Annotated[
+    bool,
+    typer.Option(
+        "--other-platform",
+        help="Go on where no smoke passed on this platform; needs --why, which is recorded.",
+    ),
+]
 RdzvOpt = Annotated[
     str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (several nodes).")
 ]
 
 
-def _summary(run: Run) -> dict[str, Any]:
-    status = run.status()
-    return {
-        "run_id": run.id,
-        "status": status["status"],
-        "record": str(run.dir),
-        **{k: v for k, v in status.items() if k not in ("run_id", "status", "reason", "at")},
-    }
+def _summary(run: Run, status: RunStatus) -> dict[str, Any]:
+    """The `--json` summary of a finished run."""
+    return {"run_id": run.id, "status": status.status, "record": str(run.dir), **status.summary()}
 
 
-def _print(summary: dict[str, Any], title: str, rate: str) -> None:
+def _print(run: Run, status: RunStatus, title: str, rate: str) -> None:
     rows = [
-        ["run", summary["run_id"]],
-        ["status", summary["status"]],
-        ["steps", summary.get("steps")],
-        ["final loss", fmt(summary.get("final_loss"))],
-        ["val loss", f"{fmt(summary.get('val_loss_initial'))} -> {fmt(summary.get('val_loss'))}"],
-        ["time", f"{fmt(summary.get('train_seconds'), 1)} s"],
-        [rate, fmt(summary.get("tokens_per_s"), 0)],
-        ["checkpoint", summary.get("final_checkpoint")],
-        ["record", summary["record"]],
+        ["run", run.id],
+        ["status", status.status],
+        ["steps", status.steps],
+        ["final loss", fmt(status.final_loss)],
+        ["val loss", f"{fmt(status.val_loss_initial)} -> {fmt(status.val_loss)}"],
+        ["time", f"{fmt(status.train_seconds, 1)} s"],
+        [rate, fmt(status.tokens_per_s, 0)],
+        ["checkpoint", status.final_checkpoint],
+        ["record", str(run.dir)],
     ]
     console.print(table(title, ["", ""], rows, show_header=False))
-    console.print(f"next: `tunelab eval {summary['run_id']}`")
+    console.print(f"next: `tunelab eval {run.id}`")
 
 
 def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> None:
     """The finished run's summary, as JSON or a table; only the main rank prints."""
     if ranks is not None and not ranks.is_main:
         return
-    summary = _summary(run)
+    status = run.last_status()
     if json_out:
-        emit_json(summary)
+        emit_json(_summary(run, status))
         return
-    _print(summary, title, rate_unit(run.study))
+    _print(run, status, title, rate_unit(run.study))
+
+
+def _require_why(other_platform: bool, why: str | None) -> None:
+    from tunelab.core.errors import RunError
+
+    if other_platform and not (why and why.strip()):
+        raise RunError(
+            "--other-platform needs --why: the reason to go on without a smoke on this platform "
+            "is recorded with the run",
+            hint='add --why "..." (e.g. --why "same torch build, smoke pending")',
+        )
 
 
 @app.command()
@@ -96,6 +110,7 @@ def train(
     nnodes: NnodesOpt = 1,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvOpt = None,
+    other_platform: OtherPlatformOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
     from tunelab.stages.train import train_run
@@ -113,7 +128,10 @@ def train(
     parent = s.check_new_run("train", name if first else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     launch.check(s.config)
-    ranks_cmd = forward_options(study=s.root, name=name, parent=parent, why=why, set=sets)
+    _require_why(other_platform, why)
+    ranks_cmd = forward_options(
+        study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform
+    )
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
         return
     with (
@@ -125,8 +143,9 @@ def train(
             name=name,
             parent=parent,
             why=why,
-            progress=train_progress(board, rate=rate_unit(s, short=True)),
+            progress=board.update,
             strategy=ranks,
+            platform_why=why if other_platform else None,
         )
     _report(run, ranks, json_out, "training run")
 
@@ -141,6 +160,8 @@ def resume(
     nnodes: NnodesOpt = 1,
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvOpt = None,
+    other_platform: OtherPlatformOpt = False,
+    why: Annotated[str | None, typer.Option(help="Why --other-platform (recorded).")] = None,
 ) -> None:
     """Continue an interrupted run from its latest checkpoint, to the same result (a
     distributed run relaunches with its recorded --strategy and --nproc)."""
@@ -159,13 +180,24 @@ def resume(
         stopped.dir, strategy=strategy, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
     )  # fmt: skip
-    ranks_cmd = forward_options(study=s.root, json=json_out)
+    _require_why(other_platform, why)
+    ranks_cmd = forward_options(study=s.root, json=json_out, other_platform=other_platform, why=why)
     if relaunch(launch, s.root, ["resume", stopped.id, *ranks_cmd]):
         return
     with (
         rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        progress = train_progress(board, rate=rate_unit(s, short=True))
-        run = resume_run(s, stopped.id, progress=progress, strategy=ranks)
+        progress = board.update
+        run = resume_run(
+            s,
+            stopped.id,
+            progress=progress,
+            strategy=ranks,
+            platform_why=why if other_platform else None,
+        )
+    if not json_out and (ranks is None or ranks.is_main):
+        for e in s.ledger.events(run.id):
+            if e["kind"] == "checkpoint_skipped":
+                console.print(f"note: skipped {e['detail']}: no DONE marker (a save cut by a kill)")
     _report(run, ranks, json_out, "resumed run")

@@ -18,6 +18,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.core.record_types import Verify
 
 
 @app.command()
@@ -39,16 +40,17 @@ def verify(
 
     s = open_study(study, sets)
     record = verify_run(s, run_id, atol=atol)
+    v = Verify.of(record["path"], record)
     if json_out:
         emit_json(record)
     else:
-        ck = record.get("checkpoint")
-        pred = record.get("predictions") or {}
-        timings = record.get("timings") or {}
-        env = record["environment"]
+        ck = v.checkpoint
+        pred = v.predictions or {}
+        timings = v.timings or {}
+        env = v.environment or {}
         rows = [
-            ["run", f"{record['run_id']} (model of {record['model_run']}, {record['model_kind']})"],
-            ["recorded predictions", f"{record['evaluation_run']} ({record['split']})"],
+            ["run", f"{v.run_id} (model of {v.model_run}, {v.model_kind})"],
+            ["recorded predictions", f"{v.evaluation_run} ({v.split})"],
             [
                 "checkpoint files",
                 "-"
@@ -66,7 +68,7 @@ def verify(
                 else f"{pred['matched']} of {pred['n']} reproduced, max score diff "
                 f"{fmt(pred.get('max_score_diff'), 6)} (atol {pred['atol']:g})",
             ],
-            ["environment", "same as the run's" if env["same"] else "[yellow]differs[/]"],
+            ["environment", "same as the run's" if env.get("same") else "[yellow]differs[/]"],
             [
                 "fresh process",
                 f"load {fmt(timings.get('load_s'), 2)} s, eval {fmt(timings.get('eval_s'), 2)} s"
@@ -81,13 +83,12 @@ def verify(
                 f"fresh {m['fresh']!r}",
                 highlight=False,
             )
-        if env["message"]:
+        if env.get("message"):
             console.print(f"[yellow]{env['message']}[/]", highlight=False)
-        verdict = "[green]passed[/]" if record["passed"] else "[red]FAILED[/]"
-        console.print(f"verify {verdict}: {record['reason']}", highlight=False)
-        console.print(f"record: {record['path']}", soft_wrap=True, highlight=False)  # whole
-    if not record["passed"]:
+        verdict = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
+        console.print(f"verify {verdict}: {v.reason}", highlight=False)
+        console.print(f"record: {v.path}", soft_wrap=True, highlight=False)  # whole
+    if not v.passed:
         raise VerifyFailed(
-            f"run {record['model_run']} not verified: {record['reason']}",
-            hint=f"the record is {record['path']}",
+            f"run {v.model_run} not verified: {v.reason}", hint=f"the record is {v.path}"
         )

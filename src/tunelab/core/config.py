@@ -3,13 +3,26 @@
 `load_config(path, overrides)` reads study.yaml, applies `--set key.path=value` overrides and
 returns a `StudyConfig`, or raises one `ConfigError` listing every problem (field path, value
 found, what is expected). Unknown keys are errors.
+
+- `StudyConfig` (pydantic) has the sections `task hypothesis guardrails data model adaptation
+  preprocess training evaluation budget`. Every section is strict (no "4" -> 4, no "false" ->
+  False; lists stand for tuples): a new field takes its value's own type.
+- `cfg.evaluation_spec()` is what the hypothesis locks; it leaves out `EVALUATION_SPEED_FIELDS`
+  (`evaluation.num_threads`). `cfg.hub_refs()` names the hub repos the study uses.
+- `sha256_json(obj)` hashes canonical JSON.
+- `contradictions(cfg) -> [str]` (warm-up past max_steps, `generation_room_problem(cfg)`) and
+  `config_warnings(cfg) -> [str]` (settings the method ignores) are what `tunelab validate`
+  reports through `tunelab.stages.hypothesis.validate.validate_study`.
+- `resolve_path(text, root=None)`: a path from a config (`asset:NAME[/sub]`, `~`, relative to
+  the study).
+- `CLASSIFYING_KINDS`: the kinds scored as classification; test `cfg.task.kind` against it, not
+  against "classification". `data.fields.image`, `preprocess.image` (`ImageTransformsConfig`)
+  and `task.scoring` are absent from the dump when unset.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -28,6 +41,7 @@ from pydantic import (
 )
 
 from tunelab.core.errors import ConfigError, preview
+from tunelab.core.hashing import sha256_json
 from tunelab.core.strict_load import ParseProblem, load_yaml
 
 # a hub repo id: "org/name" (or a bare legacy "name"), as huggingface_hub accepts it
@@ -43,6 +57,16 @@ def _without_unset(model: BaseModel, handler: Any, field: str) -> dict[str, Any]
     out = handler(model)
     if getattr(model, field) is None:
         out.pop(field, None)
+    return out
+
+
+def _without_defaults(model: BaseModel, handler: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    """The model serialized without those of `fields` that hold their default, so that records
+    locked before a field existed keep their sha256 (and read back with the default)."""
+    out = handler(model)
+    for name in fields:
+        if getattr(model, name) == type(model).model_fields[name].default:
+            out.pop(name, None)
     return out
 
 
@@ -67,6 +91,30 @@ class HypothesisConfig(Section):
     min_improvement: float = Field(
         0.0, description="Smallest improvement of primary_metric over the baseline that counts."
     )
+    goal: Literal["superiority", "equivalence"] = Field(
+        "superiority",
+        description="superiority: the variant must beat the baseline; equivalence: it must be "
+        "no worse and no better than the baseline within +-equivalence_margin (TOST).",
+    )
+    equivalence_margin: float | None = Field(
+        None,
+        gt=0,
+        description="goal equivalence: the largest |delta| of primary_metric that "
+        "still counts as equivalent.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_default_goal(self, handler: Any) -> dict[str, Any]:
+        return _without_defaults(self, handler, ("goal", "equivalence_margin"))
+
+    @model_validator(mode="after")
+    def _check_goal(self) -> HypothesisConfig:
+        if (self.goal == "equivalence") != (self.equivalence_margin is not None):
+            raise ValueError(
+                "hypothesis.goal equivalence and hypothesis.equivalence_margin go together: "
+                "set both (e.g. goal: equivalence, equivalence_margin: 0.01) or neither"
+            )
+        return self
 
 
 class GuardrailRule(Section):
@@ -83,13 +131,24 @@ class GuardrailRule(Section):
     op: Literal[">=", "<=", ">", "<"] = ">="
     value: float = 0.0
     relative_to: Literal["baseline"] | None = None
+    test: Literal["interval", "point"] = Field(
+        "interval",
+        description="interval: judged on the bound of the paired interval (pass, fail or "
+        "inconclusive); point: on the point estimate alone (pass or fail by the luck of the "
+        "draw, no error rate controlled).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_default_test(self, handler: Any) -> dict[str, Any]:
+        return _without_defaults(self, handler, ("test",))
 
     def describe(self) -> str:
         bound = f"baseline {self.value:+g}" if self.relative_to else f"{self.value:g}"
         where = {"overall": "", "every_category": "per-category ", "every_field": "per-field "}[
             self.scope
         ]
-        return f"{where}{self.metric} {self.op} {bound}"
+        point = " (point estimate)" if self.test == "point" else ""
+        return f"{where}{self.metric} {self.op} {bound}{point}"
 
 
 # ---------------------------------------------------------------- task
@@ -460,11 +519,23 @@ class PreprocessConfig(Section):
     image: ImageTransformsConfig | None = Field(
         None, description="image_classification: resize, crop, normalize, training augmentation."
     )
+    instruction_role: Literal["user", "system"] = Field(
+        "user",
+        description="Chat turn holding task.instruction; system falls back to the user turn "
+        "(with a note) where the template refuses a system role.",
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(
+        None, description="Arguments of the chat template, e.g. {enable_thinking: false}."
+    )
 
     @model_serializer(mode="wrap")
     def _drop_unset_image(self, handler: Any) -> dict[str, Any]:
         # absent when unset, so the locked evaluation specs of text studies keep their sha256
-        return _without_unset(self, handler, "image")
+        out = _without_unset(self, handler, "image")
+        out = {k: v for k, v in out.items() if k != "chat_template_kwargs" or v is not None}
+        if out.get("instruction_role") == "user":
+            out.pop("instruction_role")
+        return out
 
 
 # ---------------------------------------------------------------- training
@@ -503,10 +574,11 @@ class TrainingConfig(Section):
         2, ge=1, description="Steps after which every trainable tensor must have moved."
     )
     num_threads: int | None = None
-    log_to: list[Literal["tensorboard", "mlflow"]] = Field(
+    log_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list,
         description="Live mirrors of the step metrics: tensorboard (event files in the run "
-        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI).",
+        "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI), wandb (WANDB_* "
+        "settings).",
     )
 
     @model_validator(mode="after")
@@ -526,6 +598,22 @@ class EvaluationConfig(Section):
         None, description="Evaluate the first N examples of the split."
     )
     bootstrap_samples: int = 1000
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1.0,
+        description="Two-sided level of every interval; each one-sided "
+        "test (a guardrail, the primary metric) runs at (1 - confidence) / 2.",
+    )
+    interval_method: Literal["wilson", "bootstrap"] = Field(
+        "wilson",
+        description="Interval of a rate judged against an absolute bound "
+        "(json_valid_rate >= 0.99): Wilson score, or the bootstrap. Deltas always use the "
+        "paired bootstrap.",
+    )
+    multiplicity: Literal["holm", "bonferroni", "none"] = Field(
+        "holm", description="Family-wise error control over the guardrail checks of a comparison."
+    )
     num_threads: int | None = Field(
         None,
         ge=1,
@@ -543,7 +631,13 @@ class EvaluationConfig(Section):
         "procedure.",
     )
 
+    @model_serializer(mode="wrap")
+    def _drop_default_tests(self, handler: Any) -> dict[str, Any]:
+        return _without_defaults(self, handler, EVALUATION_TEST_FIELDS)
 
+
+# the tests a decision runs: locked with the spec, absent from it at their defaults
+EVALUATION_TEST_FIELDS = ("confidence", "interval_method", "multiplicity")
 # evaluation settings of speed alone: outside the locked evaluation spec
 EVALUATION_SPEED_FIELDS = {"num_threads", "draft_tokens"}
 
@@ -626,12 +720,6 @@ class StudyConfig(Section):
 
 
 # ---------------------------------------------------------------- loading
-
-
-def sha256_json(obj: Any) -> str:
-    """sha256 of the canonical JSON form (sorted keys, no spaces)."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -742,8 +830,15 @@ def _describe_error(err: dict[str, Any]) -> str:
     shown = preview(value) if err["type"] != "missing" else "(missing)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        hint = FAMILIAR_KEYS.get(loc, "check the spelling; `tunelab init` writes every known key")
-        msg = f"unknown key ({hint})"
+        from tunelab.core.config_keys import shown_key, unknown_key_message
+
+        hint = "check the spelling; `tunelab init` writes every known key"
+        msg = (
+            f"unknown key ({FAMILIAR_KEYS[loc]})"
+            if loc in FAMILIAR_KEYS
+            else unknown_key_message(StudyConfig, list(err["loc"]), hint)
+        )
+        loc = shown_key(loc)
     elif err["type"] == "finite_number":
         msg = "must be a finite number (NaN and infinity are refused)"
     elif err["type"].endswith("_type") and isinstance(value, str):
@@ -864,7 +959,7 @@ def resolve_path(text: str, root: Path | None = None) -> Path:
     """A path from a config: `asset:NAME[/sub/path]` names a packaged asset (portable studies),
     `~` is expanded, and a relative path is taken under `root` (the study folder)."""
     if text.startswith("asset:"):
-        from tunelab.demo.assets import asset_path
+        from tunelab.core.assets import asset_path
 
         return asset_path(text)
     p = Path(os.path.expanduser(text))

@@ -2,6 +2,14 @@
 
 The same dictionary is printed by `tunelab env` and saved as env.json with every run. CUDA and
 ROCm fields are present (null) on CPU so that records have one shape everywhere.
+
+- `capture_env() -> dict`: saved as env.json in every run; `compute_device` says where tunelab
+  computes.
+- `device_kind() -> "cuda" | "cpu"`: CUDA when torch sees it; `TUNELAB_DEVICE=cpu|cuda` decides,
+  checked by `requested_device()` before every CLI command (a bad value is a ConfigError).
+  `tunelab.lib.models.compute_device()` is the torch device with its index.
+- `cpu_share(cpu_s, seconds, threads, device)`: process CPU seconds over wall seconds x threads
+  on the CPU, else None; below `BUSY_CPU_SHARE` (0.8) the cores were shared.
 """
 
 from __future__ import annotations
@@ -157,8 +165,43 @@ def capture_env() -> dict[str, Any]:
             "nccl": torch.distributed.is_available() and torch.distributed.is_nccl_available(),
         },
         "packages": {p: _version(p) for p in PACKAGES},
+        "extensions": {p: _version(p) for p in EXTENSIONS},
         "tunelab_git": _git_commit(),
     }
+
+
+# kernels and quantizers whose builds are tied to a GPU, a backend and a torch
+EXTENSIONS = ("flash-attn", "bitsandbytes", "liger-kernel")
+
+
+def platform_of(env: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an env.json that make a platform: what a smoke and a baseline that passed
+    on one platform say nothing about on another (backend, device, torch, CUDA/ROCm, driver,
+    transformers, peft, the extensions installed). Pure."""
+    packages = env.get("packages") or {}
+    return {
+        "backend": env.get("backend"),
+        "compute_device": env.get("compute_device", env.get("backend")),
+        "devices": sorted(g.get("name") or "?" for g in env.get("gpus") or []),
+        "torch": env.get("torch"),
+        "cuda": env.get("cuda"),
+        "rocm": env.get("rocm"),
+        "driver": env.get("driver"),
+        "transformers": packages.get("transformers"),
+        "peft": packages.get("peft"),
+        "extensions": {k: v for k, v in (env.get("extensions") or {}).items() if v},
+    }
+
+
+def describe_platform(p: dict[str, Any]) -> str:
+    """One line: 'cpu, torch 2.13.0, transformers 5.24, peft 0.21.2' (GPUs, CUDA, driver and
+    extensions when present)."""
+    parts = [p["compute_device"] or "?"] + list(p["devices"])
+    for key in ("torch", "cuda", "rocm", "driver", "transformers", "peft"):
+        if p.get(key):
+            parts.append(f"{key} {p[key]}")
+    parts += [f"{k} {v}" for k, v in sorted(p.get("extensions", {}).items())]
+    return ", ".join(parts)
 
 
 DEVICE_ENV = "TUNELAB_DEVICE"

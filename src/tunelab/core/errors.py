@@ -1,6 +1,13 @@
 """One error family for user mistakes: a message saying what was found and a hint saying the fix.
 
 The library raises these; only the CLI prints them (without a traceback) and exits with code 2.
+
+Kinds: `ConfigError`, `StudyError`, `HypothesisError`, `DataError`, `SnapshotError`,
+`PreprocessError`, `ModelError`, `RunError`, `CheckpointError`, `EvaluationError`,
+`ExportError`, ... A failed check is a kind with `exit_code = 1` (`VerifyFailed`, `SmokeFailed`,
+`ExampleMismatch`), raised after its record is written and printed; `raise typer.Exit(n)` does
+not serve (the CLI runs the app with standalone_mode=False, which returns the code instead of
+exiting). `preview(value, limit=80)` is a bounded repr for messages, cut while it is walked.
 """
 
 from __future__ import annotations

@@ -4,6 +4,15 @@ Everything goes through `huggingface_hub.snapshot_download`, so the cache is the
 tool shares (`HF_HUB_CACHE`, else `HF_HOME/hub`), `HF_TOKEN` authenticates and
 `HF_HUB_OFFLINE=1` reads the cache only. The environment is read at each call, not at import.
 Imports no torch.
+
+- `hub_cache_dir()`, `hub_offline()`: the environment at call time (HF_HUB_CACHE / HF_HOME,
+  HF_HUB_OFFLINE).
+- `download(repo_id, revision, repo_type=, allow_patterns=) -> HubSnapshot(repo_id, repo_type,
+  revision, commit, path)`; ModelError / DataError with hints. Offline, the hint starts with
+  `cached_instead(repo_id, revision, repo_type, field)`: the repo's cached refs and commits, or
+  cached repos of a close id.
+- `current_commit`, `cached_commit`, `fill_command`; `progress_class` is the tqdm class the CLI
+  sets for downloads.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ of a small one), `snapshots/<commit>/<path>` as relative symlinks to the blobs, 
 holding the commit, and `trees/<commit>.json` (the tree listing snapshot_download keeps), so
 that `snapshot_download(..., local_files_only=True)` and `scan_cache_dir` read it back. It serves
 machines without hub access (the demo, the tests, an air-gapped GPU host) and lists the cache.
+
+`write_snapshot(folder, repo_id, repo_type=, refs=, commit=, cache_dir=)`: refs are checked
+against `REF_RE` before anything is written; only a `.cache/` inside the folder is skipped.
+`cached_repos(repo_type=None)` lists the cache (from `scan_cache_dir`). Commands: `tunelab
+models [--datasets]`, `tunelab hub-cache FOLDER REPO_ID` (`tunelab.cli.models`).
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import ConfigError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.hub import COMMIT_RE, HubSnapshot, hub_cache_dir
-from tunelab.core.records import sha256_file
 
 # stored with git-lfs on the hub (its default .gitattributes), so their blob is named by sha256
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet", ".arrow", ".model")

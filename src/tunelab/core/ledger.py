@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tunelab.core.ledger_rebuild import ledger_damage, move_aside, refill
 
 MIGRATIONS: list[str] = [
     # 1: runs, events, test openings
@@ -82,33 +85,50 @@ def utc_now() -> str:
 
 @dataclass
 class RunRow:
+    """One run as the ledger indexes it (the columns of `runs`, in order)."""
+
     id: str
     kind: str
-    name: str | None
-    parent: str | None
-    status: str
-    reason: str | None
-    created_at: str
-    finished_at: str | None
-    heartbeat_at: str | None
-    pid: int | None
-    config_sha: str | None
-    data_snapshot: str | None
-    hypothesis_version: int | None
-    hypothesis_sha: str | None
-    env_sha: str | None
-    why: str | None
+    name: str | None = None
+    parent: str | None = None
+    status: str = "running"
+    reason: str | None = None
+    created_at: str = ""
+    finished_at: str | None = None
+    heartbeat_at: str | None = None
+    pid: int | None = None
+    config_sha: str | None = None
+    data_snapshot: str | None = None
+    hypothesis_version: int | None = None
+    hypothesis_sha: str | None = None
+    env_sha: str | None = None
+    why: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+class LedgerRebuilt(UserWarning):
+    """The ledger was damaged: moved aside and rebuilt from the records."""
 
 
 class Ledger:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.rebuilt: str | None = None  # what was wrong, when this opening rebuilt the ledger
+        damage = ledger_damage(path)
+        aside = move_aside(path) if damage else None
         with self._connect() as db:
             self._migrate(db)
+            if aside is not None:
+                n = refill(db, path.parent / "runs")
+                self.rebuilt = (
+                    f"{path} was damaged ({damage}); rebuilt from {path.parent}/runs "
+                    f"({n} run(s)); the damaged file is kept as {aside.name}"
+                )
+        if self.rebuilt:
+            warnings.warn(self.rebuilt, LedgerRebuilt, stacklevel=2)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

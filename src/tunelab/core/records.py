@@ -2,11 +2,17 @@
 
 Every record is written to a temporary name in the same folder, fsynced, then moved into place
 with os.replace, so a kill leaves either the old state or the new one, never half a file.
+
+`write_json_atomic`, `write_jsonl_atomic`, `write_bytes_atomic` refuse to overwrite unless
+`overwrite=True`; `append_jsonl`, `read_json`, `read_jsonl`; `temp_dir_beside` + `publish_dir`
+make a folder record appear in one rename (with its DONE marker written last);
+`safe_join(root, relative)` refuses a path that leaves its folder. Digests live in
+core/hashing, the typed record kinds in core/record_types, the latest of a kind in
+core/evidence.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -112,18 +118,6 @@ def temp_dir_beside(final_dir: Path) -> Path:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def safe_join(root: Path, relative: str) -> Path:

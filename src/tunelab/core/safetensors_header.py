@@ -7,6 +7,11 @@ the file and the problem named, not later inside a loader as a traceback.
 
 `header_problems(prefix, file_size)` is pure: `prefix` holds the file's first bytes (at least
 8 + N, or the whole file if shorter). `safetensors_problems(path)` reads just that much.
+
+`require_safetensors(paths, what)` raises CheckpointError naming every damaged file.
+`tunelab.stages.train.checkpoint.read_checkpoint_state` runs it on every listed `.safetensors`
+(a verify record's `checkpoint` gains `damaged {name: problem}`), and
+`tunelab.stages.export.check` on an export's files.
 """
 
 from __future__ import annotations
@@ -165,3 +170,12 @@ def require_safetensors(paths: list[Path], what: str) -> None:
         f"{what}: {len(bad)} damaged safetensors file(s):\n" + "\n".join(lines),
         hint="the file cannot be loaded; use an earlier checkpoint, or train again",
     )
+
+
+def tensor_infos(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """{tensor name: (dtype, shape)} from the header of a file `safetensors_problems` passed."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = loads_json(f.read(n).decode("utf-8"))
+    header.pop("__metadata__", None)
+    return {name: (info["dtype"], list(info["shape"])) for name, info in header.items()}

@@ -8,6 +8,10 @@
 
 Problems raise `ParseProblem` (what, line, column); callers add the file and the hint and raise
 their own TunelabError kind.
+
+`load_yaml(text)` and `loads_json(text)` raise `ParseProblem(problem, line, column)`; a key given
+twice raises its subclass `DuplicateKey`. `no_duplicate_keys(pairs)` is the `json.loads`
+object_pairs_hook that refuses it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,16 @@ records/runs/<run-id>/        config.json, env.json, status.json, metrics.jsonl,
 records/ledger.sqlite         index of all of the above
 report/                       dossier.html, dossier.md, plots
 ```
+
+`Study.open(dir, overrides)`: `study.config`, `study.root`, `study.records`, `study.ledger`,
+`study.resolve(path_from_config)` (`config.resolve_path` under the study's root),
+`study.create_run(kind, config=, name=, parent=, why=, data_snapshot=, hypothesis=, env=,
+extra=) -> Run` (the folder `records/runs/<id>/` with config.json, env.json, status.json),
+`study.get_run(id) -> Run`, `study.list_runs()`. `run.set_status(status, reason)` (running |
+completed | failed | invalid | interrupted), `run.heartbeat()`, `run.record` (config.json,
+typed: core.record_types.RunConfig) and `run.config` (its study config, validated once).
+
+`tunelab validate` gathers the checks of every layer in `tunelab.stages.hypothesis.validate`.
 """
 
 from __future__ import annotations
@@ -17,57 +27,24 @@ import os
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.config import (
     StudyConfig,
-    contradictions,
     load_config,
     resolve_path,
-    sha256_json,
-    sourced_problems,
 )
-from tunelab.core.errors import ConfigError, RunError, StudyError
+from tunelab.core.errors import RunError, StudyError
+from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import Ledger, RunRow, utc_now
+from tunelab.core.record_types import RunConfig, RunStatus
 from tunelab.core.records import read_json, write_json_atomic
-from tunelab.lib.metrics import study_metric_problems
 
 RUN_STATUSES = ("running", "completed", "failed", "invalid", "interrupted")
 # A running run whose heartbeat is older than this, and whose process is gone, was killed.
 STALE_HEARTBEAT_S = 120.0
-
-
-def validate_study(study_dir: Path, overrides: list[str] | None = None) -> StudyConfig:
-    """`tunelab validate`: the config, its contradictions (`config.contradictions`), then what
-    can be checked of the data it names without reading it (the source exists; each mapped
-    field is a column of its first file). Raises one ConfigError listing every problem."""
-    from tunelab.stages.data.readers import source_problems
-
-    path = Path(study_dir) / "study.yaml"
-    cfg = load_config(path, overrides)
-    from tunelab.lib.models.quantize import qlora_problems
-    from tunelab.lib.tasks import task_problems
-    from tunelab.stages.hypothesis.pins import cache_problems
-    from tunelab.stages.train.loop import optimizer_problems
-
-    problems = (
-        contradictions(cfg)
-        + task_problems(cfg.task)
-        + study_metric_problems(cfg)
-        + qlora_problems(cfg)
-        + optimizer_problems(cfg.training)
-        + cache_problems(cfg)
-    )
-    if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
-        problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
-    if problems:
-        where, lines, what = sourced_problems(problems, str(path), overrides or [])
-        raise ConfigError(
-            f"{where}: {len(problems)} problem(s):\n" + "\n".join(lines),
-            hint=f"change {what}, then run `tunelab validate` again",
-        )
-    return cfg
 
 
 def new_run_id(kind: str) -> str:
@@ -108,6 +85,16 @@ class Run:
     def path(self, name: str) -> Path:
         return self.dir / name
 
+    @cached_property
+    def record(self) -> RunConfig:
+        """The run's config.json, typed (read once; a damaged one raises the located error)."""
+        return RunConfig.read(self.dir / "config.json")
+
+    @cached_property
+    def config(self) -> StudyConfig:
+        """The study config the run was started with, validated once."""
+        return self.record.study_config()
+
     def set_status(self, status: str, reason: str | None = None, **extra: Any) -> None:
         """Record a status in status.json (replaced atomically) and in the ledger."""
         assert status in RUN_STATUSES, status
@@ -128,7 +115,12 @@ class Run:
         self.study.ledger.heartbeat(self.id)
 
     def status(self) -> dict[str, Any]:
+        """status.json as written (`last_status` reads it typed)."""
         return read_json(self.dir / "status.json")
+
+    def last_status(self) -> RunStatus:
+        """status.json, typed."""
+        return RunStatus.read(self.dir / "status.json")
 
 
 class Study:

@@ -9,6 +9,13 @@ what the child left. The child's `__main__` calls `serve(body)`: `body(spec, out
 its return value becomes `result.json`; an exception becomes `error.json` (kind, message, hint,
 traceback). `Outcome.value()` returns the result or raises the child's error again, whole: a
 TunelabError as its own kind, anything else as the caller's kind with the child's traceback.
+
+Parent: `with Worker("tunelab.x") as w:` (inputs may go in `w.dir`), `outcome = w.run(spec,
+timeout_s=, offline=True, env=None, poll=None)` -> `Outcome(returncode (None at the timeout),
+result, error, stderr, seconds)` with `timed_out`, `killed` and `value(failure_kind, what, hint)`;
+`poll()` is called about every half second while the child runs. Child:
+`sys.exit(serve(body))`; `write_result(out, result)` for a child that answers early. Used by
+`tunelab.lib.models.reload`, `tunelab.stages.verify.stage` and `tunelab.stages.sizing.measure`.
 """
 
 from __future__ import annotations

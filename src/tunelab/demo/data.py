@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     """python -m tunelab.demo.data extraction|classification|format OUT.jsonl [--n N]"""
     import argparse
 
-    from tunelab.demo.assets import spamassassin_path
+    from tunelab.core.assets import spamassassin_path
 
     ap = argparse.ArgumentParser(prog="python -m tunelab.demo.data", description=main.__doc__)
     ap.add_argument("kind", choices=["extraction", "classification", "format"])

@@ -12,6 +12,10 @@ shows is exactly what the commands do. The dossier at the end is built from the 
 After the comparison, the variant it adopts (the dossier's rule) is verified, evaluated once on
 the sealed test split (`tunelab eval RUN --split test --final`, logged) and exported; without an
 adopted variant the test split stays sealed.
+
+`run_stages(study_dir, demo_stages(change, why), log) -> {study, dossier, timings_s, total_s,
+runs}`; `runs["adopted"]` is {run_id, name, adopted}; the test opening's reason is `FINAL_WHY`.
+`run_demo(task, dir)`; `DEMO_TASKS` includes "image" (`tunelab.demo.studies.image_study`).
 """
 
 from __future__ import annotations

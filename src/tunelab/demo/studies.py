@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunelab.demo import assets
+from tunelab.core import assets
 from tunelab.demo.data import write_spam_extraction
 
 

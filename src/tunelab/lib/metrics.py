@@ -11,6 +11,10 @@ the top-level fields and the field micro-F1.
 Per-example verdicts (`ExtractionTask.verdicts`: counts per path) are what the aggregates are
 built from, so that the comparison can resample examples and recompute every metric the same
 way.
+
+`classification_metrics`, `format_metrics`, `extraction_metrics(verdicts, fields, paths)`;
+`OVERALL_METRICS[kind]` is also the order in which `tunelab eval` prints the overall metrics;
+`study_metric_problems(cfg)`: a primary or guardrail metric the task never records.
 """
 
 from __future__ import annotations

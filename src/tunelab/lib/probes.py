@@ -8,6 +8,12 @@
 - `hash_rate`: how fast this machine hashes (the export checks the base model's files).
 
 No stage is imported here: the stages hand their own evaluation and generation to the probes.
+
+`StepClock`, `generation_timing` -> `{batches: [{n, prompt_tokens, steps, prefill_s, decode_s,
+answer_steps}], steps, answer_steps, answers_over_budget, prefill_s, decode_s, s_per_step}`
+(`steps`: tokens generated; `answer_steps`: what the gold answers with their EOS would take,
+capped at `max_new_tokens`); `AdapterPass` + `adapter_time_ratio(model, timed_pass)`;
+`hash_rate()`.
 """
 
 from __future__ import annotations
@@ -152,9 +158,9 @@ def adapter_time_ratio(
 
 def hash_rate() -> float:
     """Bytes per second sha256 hashes on this machine now (16 MiB timed)."""
-    import hashlib
+    from tunelab.core.hashing import sha256_bytes
 
     block = bytes(16 * 2**20)
     started = time.perf_counter()
-    hashlib.sha256(block).hexdigest()
+    sha256_bytes(block)
     return len(block) / max(1e-9, time.perf_counter() - started)

@@ -2,6 +2,16 @@
 
 Pure functions take record dicts and return values; `collect_study(study)` reads the study
 folder once and builds one `RunMirror` per tunelab run (plus one for the study's own records).
+
+`collect_study(study) -> [RunMirror]` (every run of `study.list_runs()`, oldest first, then the
+`study` mirror of the records of no run); `RunMirror(run_id, kind, name, status, reason,
+start_ms, end_ms, nest_under, params, tags, points: [Point(key, value, step, timestamp_ms)],
+files: [(path, artifact folder)])`, `fingerprint()`. `STEP_KEYS` maps metrics.jsonl fields to
+tracker keys (`loss` -> `train/loss`, `val_loss` -> `validation/loss`, `memory_bytes` ->
+`system/memory_bytes`, ...); evaluation records become `<split>/<metric>` (per category and
+field flattened), smoke.json numbers `smoke/<name>`. `flatten_params`, `step_points(row,
+ts_ms)`, `evaluation_points`, `metric_key`, `env_summary`, `run_tags` are pure; no tracker is
+imported here.
 """
 
 from __future__ import annotations
@@ -13,9 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
 from tunelab.core.errors import StudyError
-from tunelab.core.records import read_json, sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
+from tunelab.core.records import read_json
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study
@@ -47,6 +57,8 @@ class Point:
     value: float
     step: int
     timestamp_ms: int
+    curve: bool = True  # a step of metrics.jsonl; False: an evaluation or smoke value, its
+    # step the number of the evaluation (a tracker without step-free values logs it apart)
 
 
 @dataclass
@@ -147,7 +159,7 @@ def evaluation_points(record: dict[str, Any], step: int, timestamp_ms: int) -> l
     for name in ("seconds", "examples_per_s"):
         if (number := _number(record.get(name))) is not None:
             leaves.append((metric_key(split, name), number))
-    return [Point(k, v, step, timestamp_ms) for k, v in leaves]
+    return [Point(k, v, step, timestamp_ms, curve=False) for k, v in leaves]
 
 
 def env_summary(env: dict[str, Any]) -> str:
@@ -320,7 +332,7 @@ def mirror_run(
     if smoke.exists():
         record = read_json(smoke)
         mirror.points += [
-            Point(metric_key("smoke", k), v, 0, start)
+            Point(metric_key("smoke", k), v, 0, start, curve=False)
             for k, v in numeric_leaves({k: x for k, x in record.items() if not isinstance(x, dict)})
         ]
         mirror.tags["tunelab.smoke_passed"] = str(record.get("passed"))
@@ -333,9 +345,12 @@ def mirror_run(
         mirror.files.append((c["_path"], "compare"))
     entries = [r for c in listed for r in c["runs"] if r["run_id"] == row.id and r.get("compared")]
     if entries:
-        mirror.tags["tunelab.stages.compare.guardrails"] = (
-            "pass" if entries[-1]["guardrails_pass"] else "fail"
+        last = entries[-1]
+        mirror.tags["tunelab.stages.compare.guardrails"] = last.get("guardrails_verdict") or (
+            "pass" if last["guardrails_pass"] else "fail"
         )
+        if last.get("decision"):
+            mirror.tags["tunelab.stages.compare.decision"] = last["decision"]
     return mirror
 
 

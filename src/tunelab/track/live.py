@@ -4,6 +4,11 @@
 background thread: `log(row)` never waits (a full queue drops the row and counts it), a backend
 that fails (server down, package missing) is dropped with one warning and training goes on.
 `close(error)` stops the threads, waiting at most CLOSE_TIMEOUT_S in all. Only rank 0 logs.
+
+The one hook in training: started before the loop in `tunelab.stages.train.run`, `log` beside
+the metrics.jsonl append of each step, closed after the loop and on any exception. Config:
+`training.log_to: list["tensorboard" | "mlflow"]` (default []); TensorBoard files in
+`records/runs/<id>/tensorboard/`.
 """
 
 from __future__ import annotations
@@ -110,7 +115,68 @@ def mlflow_end_status(error: BaseException | None) -> str:
     return "FAILED"
 
 
-BACKENDS = {"tensorboard": TensorBoardBackend, "mlflow": MlflowBackend}
+class WandbBackend:
+    """The run's W&B run (id = the tunelab run id) in WANDB_PROJECT, else the project named
+    after the study; WANDB_MODE, WANDB_ENTITY and WANDB_DIR as wandb reads them. At the end
+    the last step sent is noted for `tunelab track --wandb`, which then sends only the rest."""
+
+    name = "wandb"
+
+    def __init__(self, run: Any):
+        self.run = run
+        self.wb_run: Any = None
+        self.last_step = -1
+
+    def open(self) -> None:
+        import os
+
+        from tunelab.track import wandb_mirror as wm
+        from tunelab.track.flatten import mirror_run
+        from tunelab.track.optional import import_optional
+
+        wandb = import_optional("wandb", "training.log_to wandb")
+        study = self.run.study
+        row = study.ledger.get_run(self.run.id)
+        mirror = mirror_run(study, row, [row], [], points=False)
+        self.project = os.environ.get("WANDB_PROJECT") or study.config.name
+        self.wid = wm.wandb_run_id(study.config.name, self.run.id)
+        # named here, not left to wandb: it reads WANDB_* once per process
+        self.wb_run = wandb.init(
+            project=self.project,
+            entity=os.environ.get("WANDB_ENTITY"),
+            mode=os.environ.get("WANDB_MODE") or "online",
+            dir=os.environ.get("WANDB_DIR") or ".",
+            id=self.wid,
+            name=mirror.name,
+            group=row.parent,
+            job_type=row.kind,
+            config=wm.config(mirror),
+            resume="allow",
+            reinit="create_new",
+            settings=wm._settings(wandb),
+        )
+
+    def send(self, rows: list[dict[str, Any]]) -> None:
+        from tunelab.track.flatten import RunMirror
+        from tunelab.track.wandb_mirror import curve_rows
+
+        points = [p for r in rows for p in step_points(r, _now_ms())]
+        held = RunMirror("", "", "", "", None, 0, None, points=points)
+        for step, values in curve_rows(held, self.last_step):
+            self.wb_run.log(values, step=step)
+            self.last_step = step
+
+    def close(self, error: BaseException | None) -> None:
+        from tunelab.track.wandb_mirror import SyncState
+
+        code = {"FINISHED": 0, "KILLED": 143}.get(mlflow_end_status(error), 1)
+        self.wb_run.finish(exit_code=code)
+        state = SyncState(Path(self.wb_run.settings.wandb_dir))
+        state.runs[f"{self.project}/{self.wid}"] = {"sha256": "", "step": self.last_step}
+        state.save()
+
+
+BACKENDS = {"tensorboard": TensorBoardBackend, "mlflow": MlflowBackend, "wandb": WandbBackend}
 
 
 class _Worker:

@@ -5,6 +5,10 @@ before any run is created, so syncing again updates the runs it finds and never 
 them. A run whose mirror did not change since the last sync (the `tunelab.sync_sha256` tag) is
 left alone; one that changed gets its new status, tags and files, the params it lacks and only
 the metric values whose steps MLflow does not hold yet.
+
+`sync_mlflow(study, uri=None, *, experiment=None, progress=None) -> {uri, kind, experiment {name,
+id}, runs [{run_id, kind, name, status, reason, mlflow_run_id, action (created | updated |
+unchanged), params, metrics, files}], counts}`; `progress("track", done, total, run_id)` (core.progress).
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
+from tunelab.core.progress import Progress
 from tunelab.track.flatten import RunMirror, collect_study
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
 
@@ -39,16 +43,16 @@ SYNC_TAG = "tunelab.sync_sha256"
 FILES_TAG = "tunelab.files_sha256"
 HEALTH_TIMEOUT_S = 5.0
 URI_HINT = (
-    "pass --mlflow with a folder (./mlruns), a SQLite file (sqlite:///mlflow.db) or a "
-    "server (http://127.0.0.1:5000), or set MLFLOW_TRACKING_URI"
+    "pass --mlflow with a folder (./mlruns, which holds the SQLite store mlruns/mlflow.db), "
+    "a SQLite file (sqlite:///mlflow.db) or a server (http://127.0.0.1:5000), or set "
+    "MLFLOW_TRACKING_URI"
 )
-
-Progress = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where the mirror goes: `uri` as MLflow takes it, `kind` folder | sqlite | http | other."""
+    """Where the mirror goes: `uri` as MLflow takes it, `kind` sqlite | folder (MLflow's
+    folder store, found in place) | http | other."""
 
     uri: str
     kind: str
@@ -63,23 +67,26 @@ class Target:
         return (db.parent / "mlartifacts").resolve().as_uri()
 
 
+DB_NAME = "mlflow.db"
+
+
+def is_file_store(folder: Path) -> bool:
+    """Whether `folder` holds MLflow's folder store (an experiment folder with its meta.yaml,
+    or the `.trash` folder MLflow makes beside them)."""
+    return (folder / ".trash").is_dir() or any(folder.glob("*/meta.yaml"))
+
+
 def resolve_target(uri: str | None) -> Target:
     """The tracking URI from `uri`, else MLFLOW_TRACKING_URI; raises TrackingError when neither
-    names one. A plain path is a folder (MLflow's file store)."""
+    names one. A plain path is a folder: the SQLite store `<folder>/mlflow.db` (what MLflow
+    opens without any setting), or MLflow's folder store when the folder already holds one."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or None
     if not uri:
         raise TrackingError("no MLflow tracking URI given", hint=URI_HINT)
     if uri.startswith(("http://", "https://")):
         return Target(uri.rstrip("/"), "http")
     if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-        if path.is_dir():
-            raise TrackingError(
-                f"{uri}: {path} is a folder, not a SQLite file",
-                hint="name a file, e.g. sqlite:///mlflow.db",
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return Target(f"sqlite:///{path.resolve()}", "sqlite")
+        return _sqlite_target(Path(uri.removeprefix("sqlite:///")), uri)
     if uri.startswith("file:"):
         uri = uri.removeprefix("file://").removeprefix("file:")
     elif "://" in uri:
@@ -90,7 +97,19 @@ def resolve_target(uri: str | None) -> Target:
             f"{path} is a file, not an MLflow folder",
             hint="name a folder (it is created), or sqlite:///FILE.db",
         )
-    return Target(str(path.resolve()), "folder")
+    if path.is_dir() and is_file_store(path):
+        return Target(str(path.resolve()), "folder")
+    return _sqlite_target(path / DB_NAME, uri)
+
+
+def _sqlite_target(path: Path, uri: str) -> Target:
+    if path.is_dir():
+        raise TrackingError(
+            f"{uri}: {path} is a folder, not a SQLite file",
+            hint=f"name a file, e.g. sqlite:///{DB_NAME}",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Target(f"sqlite:///{path.resolve()}", "sqlite")
 
 
 def check_reachable(target: Target, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
@@ -111,8 +130,8 @@ def check_reachable(target: Target, timeout_s: float = HEALTH_TIMEOUT_S) -> None
 
 @contextlib.contextmanager
 def quiet_mlflow(target: Target, env: dict[str, str] | None = None) -> Iterator[None]:
-    """MLflow's settings for a mirror: its file store allowed when a folder was named (MLflow
-    keeps it in maintenance mode behind MLFLOW_ALLOW_FILE_STORE), no run URLs printed on
+    """MLflow's settings for a mirror: its file store allowed when the folder named holds one
+    (MLflow keeps it in maintenance mode behind MLFLOW_ALLOW_FILE_STORE), no run URLs printed on
     stdout, its INFO logs (database migrations) kept off the terminal; `env` adds settings.
     A variable the user set keeps the user's value."""
     wanted = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", **(env or {})}
@@ -340,7 +359,7 @@ def sync_mlflow(
         results = []
         for i, mirror in enumerate(mirrors):
             if progress is not None:
-                progress(i, len(mirrors), mirror.run_id)
+                progress("track", i, len(mirrors), mirror.run_id)
             parent = mlflow_ids.get(mirror.nest_under) if mirror.nest_under else None
             result = sync_run(client, exp_id, mirror, existing.get(mirror.run_id), parent)
             mlflow_ids[mirror.run_id] = result["mlflow_run_id"]
@@ -355,7 +374,7 @@ def sync_mlflow(
                 }
             )
         if progress is not None:
-            progress(len(mirrors), len(mirrors), "")
+            progress("track", len(mirrors), len(mirrors))
     counts = {
         a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")
     }

@@ -1,4 +1,9 @@
-"""The `tracking` extra (mlflow, tensorboard): imported only when a mirror is used."""
+"""The `tracking` extra (mlflow, tensorboard): imported only when a mirror is used.
+
+Without the extra, `TrackingError` (a TunelabError, exit 2) with the hint
+`pip install 'tunelab[tracking]'`; `TrackingWarning` (RuntimeWarning) for a live backend that
+stopped.
+"""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ where they end (`tunelab.lib.inference.generation.greedy_agreement`); for a clas
 same best label. Otherwise the evaluation falls back to the model as loaded and records why.
 The evaluation record's `merge` says which model was used (`copy`, `merged`, `packed`);
 `tunelab verify` re-evaluates with that choice.
+
+`ran_on_copy(merge)` reads a record's `merge` (also one without `copy`).
 """
 
 from __future__ import annotations

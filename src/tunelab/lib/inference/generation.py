@@ -14,6 +14,10 @@
   what greedy decoding agrees with.
 
 Outputs equal the greedy decoding of each prompt alone, cut at the same end (tests check it).
+
+`generate_outputs(model, tokenizer, prompts, *, max_new_tokens, batch_size, tick=, stats=,
+stop_at_answer=False)` (`model` may be an `eval_copy.EvalModels`), `pad_id_for(tokenizer)`,
+`greedy_agreement`; `pad_sequences(seqs, pad_id, left=)` is `tunelab.lib.inference.decoding`'s.
 """
 
 from __future__ import annotations

@@ -65,6 +65,19 @@ def resolve_lora_targets(model: Any, target_modules: list[str] | str) -> list[st
     return [n for n in linear if any(_matches(n, t) for t in target_modules)]
 
 
+def _expert_notes(model: Any) -> list[str]:
+    """LoRA on a mixture-of-experts model: what it does not reach."""
+    fused = [n for n, p in model.named_parameters() if ".experts." in n and not p.requires_grad]
+    if not fused:
+        return []
+    return [
+        f"the routed experts are fused parameters ({len(fused)} tensors such as "
+        f"{fused[0].split('base_model.model.')[-1]}), not linear layers: LoRA's target_modules "
+        "do not reach them, so they stay frozen; only the attention, the router where it is a "
+        "linear layer, dense blocks and shared experts are adapted (audit groups experts, router)"
+    ]
+
+
 def adapt(model: Any, adaptation: AdaptationConfig, architecture: str) -> tuple[Any, dict]:
     """Prepare `model` for training by `adaptation.method`; returns (model, audit).
 
@@ -100,6 +113,7 @@ def adapt(model: Any, adaptation: AdaptationConfig, architecture: str) -> tuple[
         frozen_new = [n for n in new_params if not any(n.startswith(m + ".") for m in to_save)]
         if frozen_new:
             notes.append(f"newly initialized tensors stay frozen at random values: {frozen_new}")
+        notes += _expert_notes(model)
     elif method == "freeze":
         adapted = _apply_freeze(model, adaptation.trainable)
         to_save, saves = [], "trainable"

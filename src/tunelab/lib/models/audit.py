@@ -15,6 +15,8 @@ GROUP_ORDER = [
     "embeddings",
     "attention",
     "mlp",
+    "experts",
+    "router",
     "norm",
     "pooler",
     "head",
@@ -35,7 +37,8 @@ def strip_wrappers(name: str) -> str:
 
 
 def param_group(name: str) -> str:
-    """The module group of a parameter: embeddings, attention, mlp, norm, pooler, head, lora_*."""
+    """The module group of a parameter: embeddings, attention, mlp, experts, router, norm,
+    pooler, head, lora_*. Shared experts count as mlp (every token runs through them)."""
     if ".lora_A." in name or ".lora_embedding_A." in name:
         return "lora_A"
     if ".lora_B." in name or ".lora_embedding_B." in name:
@@ -45,6 +48,11 @@ def param_group(name: str) -> str:
     parts = strip_wrappers(name).lower().split(".")[:-1]
     if parts and parts[0] in HEAD_NAMES:
         return "head"
+    # mixture of experts: the routed experts and the router apart from the dense MLP
+    if "experts" in parts and not any(p.startswith("shared") for p in parts):
+        return "experts"
+    if parts and parts[-1] in ("router", "shared_expert_gate") or parts[-2:] == ["mlp", "gate"]:
+        return "router"
     if any("norm" in p or p.startswith("ln_") for p in parts):
         return "norm"
     if any("embed" in p or p in ("wte", "wpe") for p in parts):

@@ -1,4 +1,9 @@
-"""Where models compute: the torch device every stage puts a model on."""
+"""Where models compute: the torch device every stage puts a model on.
+
+`compute_device() -> torch.device`: the current CUDA device (with its index) when
+`tunelab.core.env.device_kind()` says cuda, else the CPU. Training, baseline, eval, smoke and
+verify's fresh process put the model there.
+"""
 
 from __future__ import annotations
 

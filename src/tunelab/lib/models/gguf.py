@@ -13,7 +13,6 @@ so a concurrent or killed conversion never leaves half a folder.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from tunelab.core.errors import ModelError
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file, sha256_text
 
 CONVERSION_FILE = "tunelab-conversion.json"
 
@@ -38,7 +37,7 @@ def gguf_sha256(path: Path) -> str:
     path = Path(path).resolve()
     st = path.stat()
     index_dir = cache_root() / "gguf-hashes"
-    index = index_dir / f"{hashlib.sha256(str(path).encode('utf-8')).hexdigest()[:32]}.json"
+    index = index_dir / f"{sha256_text(str(path))[:32]}.json"
     try:
         known = json.loads(index.read_text())
         if known["size"] == st.st_size and known["mtime_ns"] == st.st_mtime_ns:

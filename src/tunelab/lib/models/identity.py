@@ -11,9 +11,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import sha256_json
 from tunelab.core.errors import ModelError
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file_cached, sha256_json
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 TOKENIZER_FILES = (
@@ -51,18 +50,8 @@ ENCODER_TYPES = {
     "nomic_bert",
 }
 
-# (resolved path, size, mtime_ns) -> sha256; a 538 MB file is hashed once per process.
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def hash_file(path: Path) -> str:
-    """sha256 of a file, cached in memory by (path, size, mtime)."""
-    path = Path(path).resolve()
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_CACHE:
-        _HASH_CACHE[key] = sha256_file(path)
-    return _HASH_CACHE[key]
+# a 538 MB weights file is hashed once per process
+hash_file = sha256_file_cached
 
 
 def identity_files(path: Path, patterns: list[str] | None = None) -> list[str]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.core.config import resolve_path
 from tunelab.core.errors import ModelError
+from tunelab.core.evidence import pinned_commit
 from tunelab.lib.models._quiet import quiet_transformers
 from tunelab.lib.models.adapt import head_module_names
 from tunelab.lib.models.gguf import CONVERSION_FILE, convert_gguf
@@ -19,7 +20,6 @@ from tunelab.lib.models.identity import (
     model_identity,
     read_model_config,
 )
-from tunelab.stages.hypothesis.stage import pinned_commit
 
 if TYPE_CHECKING:
     from tunelab.core.config import ModelConfig, StudyConfig

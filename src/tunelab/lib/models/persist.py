@@ -50,37 +50,52 @@ def saved_method(folder: Path | str) -> str:
     )
 
 
-def save_trainable(model: Any, out_dir: Path | str, method: str | None = None) -> Path:
-    """Write what `method` (default: the model's own) trains into `out_dir`.
+def save_trainable(
+    model: Any,
+    out_dir: Path | str,
+    method: str | None = None,
+    weights: dict[str, Any] | None = None,
+) -> Path:
+    """Write what `method` (default: the model's own) trains into `out_dir`: the one writer of
+    trained weights, for a model in memory and for FSDP's gathered state alike.
 
-    `out_dir` is created; callers make the surrounding checkpoint atomic.
+    `weights`: the trainable tensors gathered from a sharded model (name -> tensor), written in
+    place of the model's own parameters. `out_dir` is created; callers make the surrounding
+    checkpoint atomic.
     """
     method = method or method_of(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():
         if method in ("lora", "qlora"):
-            model.save_pretrained(out, safe_serialization=True)
+            model.save_pretrained(out, state_dict=weights, safe_serialization=True)
         elif method == "full":
             # the names the model has in memory: transformers would rename some models' tensors
             # (ViT's q_proj back to attention.query) to their original checkpoint format, which
             # load_trainable's exact check then refuses; from_pretrained reads both
-            model.save_pretrained(out, safe_serialization=True, save_original_format=False)
-        elif method == "freeze":
-            from safetensors.torch import save_file
-
-            tensors = {
-                n: p.detach().contiguous().cpu()
-                for n, p in model.named_parameters()
-                if n in _expected_trainable(model)
-            }
-            save_file(tensors, str(out / FREEZE_FILE), metadata={"format": "pt"})
-            (out / "trainable.json").write_text(
-                json.dumps({"method": "freeze", "tensors": sorted(tensors)}, indent=2) + "\n"
+            model.save_pretrained(
+                out, state_dict=weights, safe_serialization=True, save_original_format=False
             )
+        elif method == "freeze":
+            if weights is None:
+                expected = _expected_trainable(model)
+                weights = {
+                    n: p.detach().cpu() for n, p in model.named_parameters() if n in expected
+                }
+            _write_freeze(out, {n: t.contiguous() for n, t in weights.items()})
         else:
             raise AssertionError(f"unknown method {method!r}")
     return out
+
+
+def _write_freeze(out: Path, tensors: dict[str, Any]) -> None:
+    """A `freeze` model's trained tensors, and the list of their names."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(out / FREEZE_FILE), metadata={"format": "pt"})
+    (out / "trainable.json").write_text(
+        json.dumps({"method": "freeze", "tensors": sorted(tensors)}, indent=2) + "\n"
+    )
 
 
 def _expected_trainable(model: Any) -> frozenset[str]:

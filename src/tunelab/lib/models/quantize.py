@@ -4,6 +4,10 @@
 `qlora_problems(cfg)` is what `tunelab validate` refuses (bitsandbytes missing, or unable to run
 the settings on the compute device); `quantization_record(q)` goes into the base identity and
 the audit, since the 4-bit weights are the base as the run used it.
+
+`qlora_problems(cfg)` also covers `training.optimizer` in `BNB_OPTIMIZERS` (AdamW8bit,
+PagedAdamW8bit, built by `tunelab.stages.train.loop.build_optimizer` from bitsandbytes.optim);
+`quantized_numel(p)` counts a packed 4-bit tensor by its weights.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 They are genuine transformers models (Llama, BERT) with a trained byte-level BPE / WordPiece
 tokenizer, only small: every code path that runs on SmolLM2 or MiniLM runs on them in seconds.
+
+`save_tiny_llama(dir)`, `save_tiny_bert(dir)`, `save_tiny_vit(dir)`. Tests use them through the
+session fixtures `tiny_llama_dir`, `tiny_bert_dir`, `tiny_vit_dir` of tests/conftest.py (beside
+`minilm_dir`, `smollm2_dir`, `bbc_dir`, `spam_dir`; `tests/helpers.py` has `run_cli(capsys,
+*args)`, `tree_hashes`, `fill_hypothesis`).
 """
 
 from __future__ import annotations
@@ -177,4 +182,47 @@ def save_tiny_vit(
     out = Path(out)
     model.save_pretrained(out)
     ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out
+
+
+def save_tiny_moe(
+    out: Path,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    experts: int = 8,
+    top_k: int = 2,
+    expert_intermediate: int = 16,
+    seed: int = 0,
+) -> Path:
+    """A Qwen3-MoE (every block routed to `top_k` of `experts` fused experts) with the tiny
+    ChatML tokenizer, saved as a transformers folder."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = build_tiny_causal_tokenizer()
+    cfg = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        moe_intermediate_size=expert_intermediate,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=hidden // heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
     return out

@@ -3,6 +3,10 @@ image processor (preprocessor_config.json), both from a local folder.
 
 The processor's settings (size, crop, mean, std, resampling) are what `tunelab.lib.preprocess.images`
 applies by default; tunelab runs the chain itself so that `tunelab inspect` can show each step.
+
+`is_image_config(config)` makes `detect_architecture` answer "image"; `patch_tokens(config)` is
+(image_size / patch_size)^2 + 1, an image model's "sequence length" for sizing.
+`head_module_names` and LoRA (peft's generic PeftModel) take "image".
 """
 
 from __future__ import annotations

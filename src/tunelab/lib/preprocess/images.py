@@ -11,11 +11,17 @@ augments (`encode` is the deterministic chain; only `encode_train` augments).
 `ImagePreprocessor` has the interface of `tunelab.lib.preprocess.text.Preprocessor` (`Preprocessor(...)`
 returns one for an `image` architecture): `encode`, `encode_train`, `check`, `find_problems`, `describe`,
 `template_sha256` (the chain's recipe, recorded in runs and checked by evaluation).
+
+`encode(example) -> {"id", "pixel_values": Tensor [3, H, W], "label"}`, `encode_train(example,
+epoch=0)`, `train_views(rows, encoded)` (`view(i, epoch)`, or None when nothing augments),
+`chain` (`Chain`: `steps(train)`). An export's `tokenizer/preprocessor_config.json` is set to
+the chain (`processor_config_for`) and measured by `processor_gap(processor, chain, image) ->
+{matches, max_abs_diff, error}` (export's `limitations_detail.processor`, check-export's
+`processor`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import StudyConfig, sha256_json
+from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
+from tunelab.core.hashing import sha256_json, stable_u64
+from tunelab.lib.preprocess.decode import ACCEPTED_MODES, model_rgb, open_image
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
-from tunelab.stages.data.images import ACCEPTED_MODES, model_rgb, open_image
 
 RECIPE_VERSION = 3  # raised when a rule changes the pixels, so stored recipes stop matching
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -187,8 +194,7 @@ def example_rng(seed: int, example_id: str, epoch: int = 0) -> random.Random:
     """The augmentation's generator of one example in one epoch: fixed by the seed, the epoch
     and the id (epoch 0's key is the seed and the id alone)."""
     key = f"{seed}:{example_id}" if epoch == 0 else f"{seed}:{epoch}:{example_id}"
-    digest = hashlib.sha256(key.encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+    return random.Random(stable_u64(key))
 
 
 def open_example_image(example: dict[str, Any]) -> Any:

@@ -16,6 +16,27 @@ masking token values, so the target's EOS keeps its loss even when pad == EOS.
 
 `template_sha256` hashes the rendering recipe; `check_template_match` refuses an evaluation whose
 recipe differs from training's.
+
+`Preprocessor(tokenizer, cfg, task, architecture)`, architecture "encoder" or "causal_lm" ("image"
+gives a `tunelab.lib.preprocess.images.ImagePreprocessor`):
+
+- `encode(example) -> dict`: causal `{"id", "input_ids", "labels", "truncated", "prompt_len",
+  "target_len", "input_tokens", "input_tokens_cut", "target_truncated", "target_text"}` (labels
+  -100 everywhere but the loss positions; EOS included in the target); encoder classification
+  `{"id", "input_ids", "label": int, "truncated"}`. `encode_train` is `encode` for text;
+  `train_views(rows, encoded)` is None for text.
+- `prompt_ids(example, *, generate=None)`: the prompt on the same rendering path, no target;
+  the cut leaves room for the example's target, or with `generate=N` (evaluation of format and
+  extraction) for N generated tokens.
+- `encode_candidates(example)` (causal classification: one encoding per label, target = label
+  + EOS, one shared prompt; the score is the summed log-prob of the loss positions),
+  `encode_with_target(example, text)`, `render_prompt(example)` (text, special tokens visible),
+  `describe()` (preprocess.json: template_sha256, prefix/suffix text, notes), `eos_id`, `pad_id`.
+- `find_problems(encoded) -> [Problem]` (no raise; `Problem`: example_id, kind, message, fix),
+  `check(encoded)` raises PreprocessError; `check_collated(encoded, labels_rows, pad_id,
+  eos_id) -> [Problem]` finds a collator that masks labels by value (`eos_masked_by_pad`);
+  `raise_problems(problems)`; `length_stats(encoded)` -> n, p50, p95, max, share_truncated
+  (image encodings: `{n, shape}`).
 """
 
 from __future__ import annotations
@@ -24,17 +45,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from tunelab.core.config import StudyConfig, sha256_json
+from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
+from tunelab.core.hashing import sha256_json
+from tunelab.lib.preprocess.chat import ChatRendering, render_chat
 from tunelab.lib.preprocess.problems import FIXES as FIXES  # re-exported
 from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
 from tunelab.lib.tasks import ClassificationTask, Task
 
 IGNORE_INDEX = -100
 RECIPE_VERSION = 1
-# Stands for the input while the template is rendered; split out afterwards.
-INPUT_PLACEHOLDER = "\u27e6tunelab-input-3f9c\u27e7"
-TARGET_PLACEHOLDER = "\u27e6tunelab-target-3f9c\u27e7"
 ARCHITECTURES = ("encoder", "causal_lm")
 
 
@@ -158,6 +178,7 @@ class Preprocessor:
         self.task = task
         self.architecture = architecture
         self.notes: list[str] = []
+        self.chat: ChatRendering | None = None
         self.eos_id: int | None = tokenizer.eos_token_id
         self.eos_token: str | None = tokenizer.eos_token
         self.pad_id: int | None = tokenizer.pad_token_id
@@ -249,65 +270,15 @@ class Preprocessor:
                     "the input; add a separator such as '\\n\\n### Answer:\\n'"
                 )
             return prefix, suffix
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise PreprocessError(
-                "the tokenizer has no chat template (preprocess.template: chat)",
-                hint="set preprocess.template: plain (with preprocess.plain_template), or use "
-                "a tokenizer that ships a chat template",
-            )
-        content = f"{instruction}\n\n{INPUT_PLACEHOLDER}" if instruction else INPUT_PLACEHOLDER
-        messages = [{"role": "user", "content": content}]
-        try:
-            with_gen = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-            without_gen = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=False
-            )
-        except Exception as exc:  # jinja errors, templates that refuse a role
-            raise PreprocessError(
-                f"the chat template fails to render a user message: {exc}",
-                hint="fix the tokenizer's chat_template, or set preprocess.template: plain",
-            ) from None
-        if with_gen.count(INPUT_PLACEHOLDER) != 1:
-            raise PreprocessError(
-                "the chat template does not render the user message's content "
-                f"(the input appears {with_gen.count(INPUT_PLACEHOLDER)} times)",
-                hint="fix the tokenizer's chat_template so it prints message['content'], or set "
-                "preprocess.template: plain",
-            )
-        if with_gen == without_gen:
-            raise PreprocessError(
-                "the chat template ignores add_generation_prompt: the prompt would end without "
-                "the assistant turn header, so training and inference would not agree on where "
-                "the answer starts",
-                hint="fix the tokenizer's chat_template ({% if add_generation_prompt %}...), or "
-                "set preprocess.template: plain",
-            )
-        self._compare_assistant_turn(messages, with_gen)
-        prefix, suffix = with_gen.split(INPUT_PLACEHOLDER)
-        return prefix, suffix
-
-    def _compare_assistant_turn(self, messages: list[dict[str, str]], prompt: str) -> None:
-        """Note where the template's own assistant turn differs from prompt + target + EOS."""
-        try:
-            full = self.tokenizer.apply_chat_template(
-                [*messages, {"role": "assistant", "content": TARGET_PLACEHOLDER}], tokenize=False
-            )
-        except Exception:
-            return
-        if not full.startswith(prompt + TARGET_PLACEHOLDER):
-            self.notes.append(
-                "the chat template renders an assistant turn differently from its generation "
-                "prompt; tunelab trains on the generation prompt (what inference sees)"
-            )
-            return
-        after = full[len(prompt + TARGET_PLACEHOLDER) :]
-        if not after.startswith(self.eos_token or ""):
-            self.notes.append(
-                f"the chat template ends an assistant turn with {after[:20]!r}, not the EOS "
-                f"token {self.eos_token!r}; tunelab appends EOS and generation stops on it"
-            )
+        chat = render_chat(
+            self.tokenizer,
+            instruction,
+            self.cfg.instruction_role,
+            dict(self.cfg.chat_template_kwargs or {}),
+        )
+        self.notes += chat.notes
+        self.chat = chat
+        return chat.prefix, chat.suffix
 
     def recipe(self) -> dict[str, Any]:
         """Everything that decides how a prompt is rendered and cut (hashed as template_sha256).
@@ -339,7 +310,20 @@ class Preprocessor:
             "max_seq_len": self.cfg.max_seq_len,
             "truncation_side": self.cfg.truncation_side,
             "split_special_tokens_in_user_text": True,
+            # only when set, so recipes (and their sha256) of studies without them stay as they are
+            **self._chat_settings(),
         }
+
+    def _chat_settings(self) -> dict[str, Any]:
+        chat = self.chat
+        out: dict[str, Any] = {}
+        if chat is None:
+            return out
+        if self.cfg.chat_template_kwargs:
+            out["chat_template_kwargs"] = dict(self.cfg.chat_template_kwargs)
+        if self.cfg.instruction_role != "user":
+            out["instruction_role"] = chat.instruction_role
+        return out
 
     def describe(self) -> dict[str, Any]:
         """The recipe summary saved with runs (preprocess.json) and inspect records."""
@@ -355,6 +339,8 @@ class Preprocessor:
             "truncation_side": self.cfg.truncation_side,
             "train_on_prompt": self.cfg.train_on_prompt,
             "allow_target_truncation": self.cfg.allow_target_truncation,
+            "inserted_text": self.chat.inserted if self.chat else "",
+            **self._chat_settings(),
             "notes": list(self.notes),
         }
 

@@ -4,6 +4,24 @@
 - format (`FormatTask`): the answer must match a JSON Schema or a regular expression;
 - extraction (`ExtractionTask`): the answer is a JSON object with the schema's required fields,
   scored path by path (`schema_scoring`).
+
+`get_task(cfg, labels) -> Task` (`kind`, `labels`, `render(example) -> (input_text,
+target_text)`, `parse(raw_output) -> dict`, `verdicts(parsed, example) -> dict`,
+`metric_names`; for inspect `categories(rows)` and `target_problems(rows)`); `task_for(task_cfg,
+labels)` is the same for a task section alone (a locked one). `task_problems(task_cfg) -> [str]`
+(a json_schema that is no JSON Schema, scoring options naming no path) and
+`task_warnings(task_cfg) -> [str]` (json_schema `format` keywords, which nothing checks):
+`tunelab validate` reports both, `register` refuses the problems.
+
+`parse(raw)` returns `{"valid", "failure" (None | "empty" | "not_a_label" | "parse_error" |
+"not_an_object" | "schema_error" | "no_match"), "error", "value", ...}`; classification adds
+`label`; extraction adds `json_valid`, `schema_valid`, `fields` {name: value}, `present` {name:
+bool}, `json_failure` (the reader's kind or None). Extraction's `verdicts` hold `correct`,
+`json_valid`, `schema_valid`, `failure`, `json_failure`, `paths` {path: counts},
+`exact_match`, `all_fields_match`. `ExtractionTask.fields` (top-level required fields),
+`ExtractionTask.paths` ([{path, kind}] of the schema), `ClassificationTask.label_to_index`.
+Config: `task.scoring {ordered: [path], tolerance: {path: float}}`,
+`data.splits.stratify: true | false | target_kind`.
 """
 
 from __future__ import annotations

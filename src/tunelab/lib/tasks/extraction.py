@@ -6,6 +6,12 @@ the schema. A gold target is read strictly (`strict_load.loads_json`, as `tunela
 it): the whole target is one JSON object, a key given twice is refused, not last-wins. Failure kinds of `parse`: `empty`, `parse_error` (no JSON object can be read; the
 reader's own kind is in `json_failure`), `not_an_object`, `schema_error`. Scoring follows the
 schema path by path (`schema_scoring.SchemaScorer`), with `task.scoring` options.
+
+`read_gold(text) -> (object, None) | (None, problem)`; `ExtractionTask.gold(example)` raises
+DataError, `check_golds(examples)` runs it over an evaluation's rows before any generation.
+`target_kinds(example)` gives `PATH empty|null|filled` (the snapshot manifest counts them as
+`counts.target_kinds` {split: {kind: n}}); `target_problems` reports `target_not_json` and
+`target_schema_error`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Scored exactly as text classification (per-category precision, recall, F1, the confusion
 matrix), so `kind` stays "classification" for the metrics, guardrails and compare; `modality`
 tells the stages that read inputs (preprocessing, inspect) that an example is an image.
+
+`ImageClassificationTask` is a `ClassificationTask` with `modality = "image"`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ undefined, so neither is taken (nor a later object).
 Failure kinds (`FAILURE_KINDS`): `empty` (blank output), `no_json` (no object and no other JSON
 value), `truncated` (an object that never closes), `invalid_json` (objects close but none
 parses), `not_an_object` (the answer is a JSON array, number, string or literal).
+
+`find_json_object(raw) -> FoundJson(value, failure, error, start, end)`; an object giving a key
+twice is `invalid_json` with `end` set (`answer_complete(text)` is true there: generation stops).
 """
 
 from __future__ import annotations

@@ -29,6 +29,12 @@ positive is a present answer value matching a present gold value). Sub-fields of
 judged on the paired items only: each pair is one slot of `quantities[].unit`.
 
 Pure: values in, values out.
+
+`SchemaScorer(schema, ordered=, tolerance=)`: `.paths` {path: PathSpec(path, kind value |
+object | list | list_of_objects, node, nullable)}, `.score(gold, answer, failure=None) -> {path:
+{slots, present, empty_match, exact, match, tp, pred, gold, missing, wrong_type, wrong_value,
+not_json}}` (zero counts left out), `.tuples` (list paths scored by position),
+`.target_kinds(gold)`; `SCORING_VERSION` names the rules in every record scored by them.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ A rule names a metric, a scope (overall, every category, every field: for an ext
 every path of its schema, nested ones such as `quantities[].unit` included), an operator and a value;
 with `relative_to: baseline` the bound is the baseline's metric plus the value. Each rule gives
 one verdict per item of its scope, with the numbers behind it.
+
+`check_guardrails(rules, baseline_metrics, run_metrics) -> [{rule, metric, scope, item, op,
+value, baseline, bound, pass, note}]` (`every_field` covers every extraction path); `all_pass`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tunelab.core.config import GuardrailRule
+from tunelab.lib.statistics import Estimate, examples_to_settle, step_down
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -80,8 +84,8 @@ def check_guardrails(
     baseline_metrics: Mapping[str, Any] | None,
     run_metrics: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """One verdict per rule and scope item: {rule, metric, scope, item, op, value, baseline,
-    bound, pass, note}. A metric the run lacks, a relative rule without a baseline value, or a
+    """One verdict per rule and scope item on the point values: {rule, metric, scope, item, op,
+    value, baseline, bound, margin, relative_to, test, pass, note}. A metric the run lacks, a relative rule without a baseline value, or a
     category (field) with no example (slot) in the split fails with a note saying so (a
     guardrail that cannot be checked does not pass)."""
     base = inner_metrics(baseline_metrics)
@@ -124,11 +128,107 @@ def check_guardrails(
                     "value": value,
                     "baseline": baseline,
                     "bound": bound,
+                    "margin": rule.value,
+                    "relative_to": rule.relative_to,
+                    "test": rule.test,
                     "pass": bool(passed),
                     "note": note,
                 }
             )
     return out
+
+
+# (metric, scope, item, relative) -> the estimate of the run's value or its delta, or None
+EstimateOf = Callable[[str, str, Any, bool], Estimate | None]
+
+
+def judge_guardrails(
+    items: Sequence[Mapping[str, Any]],
+    estimate_of: EstimateOf,
+    *,
+    n: int,
+    confidence: float = 0.95,
+    multiplicity: str = "holm",
+) -> list[dict[str, Any]]:
+    """The verdicts of `check_guardrails` items: `point` items keep their point verdict;
+    `interval` items are judged on bounds (see the module docstring). Each item gains
+    `verdict` (pass | fail | inconclusive), `point_pass`, and for interval items `ci_low`,
+    `ci_high` (the two-sided interval at `confidence` of the value or the delta judged),
+    `judged_bound` (the bound the verdict rests on), `level` (one-sided alpha of the pass
+    side), `adjusted_level` (of the fail side) and `settle_n` (the split size that would likely
+    settle an inconclusive item; None when it cannot be said)."""
+    alpha = (1 - confidence) / 2
+    out = [{**it, "point_pass": it["pass"]} for it in items]
+    family: list[tuple[int, Estimate]] = []
+    for i, it in enumerate(out):
+        if it["test"] == "point" or it["note"] is not None:
+            it["verdict"] = "pass" if it["pass"] else "fail"
+            continue
+        est = estimate_of(it["metric"], it["scope"], it["item"], bool(it["relative_to"]))
+        if est is None:
+            it.update(verdict="inconclusive", note=_NO_INTERVAL.format(**it))
+            it["pass"] = False
+            continue
+        family.append((i, est))
+    higher = [out[i]["op"] in (">=", ">") for i, _ in family]
+    margins = [float(out[i]["margin"]) for i, _ in family]
+    p_fail = [
+        est.p_below(m) if up else est.p_above(m)
+        for (_, est), m, up in zip(family, margins, higher, strict=True)
+    ]
+
+    def fails(j: int, level: float) -> bool:
+        est, m = family[j][1], margins[j]
+        return est.upper(level) < m - _EPS if higher[j] else est.lower(level) > m + _EPS
+
+    tested = step_down(p_fail, alpha, fails, multiplicity)
+    for j, ((i, est), (failed, level)) in enumerate(zip(family, tested, strict=True)):
+        _judge_item(out[i], est, margins[j], higher[j], alpha, failed, level, n)
+    return out
+
+
+_NO_INTERVAL = (
+    "no interval is resampled for {metric} ({scope}): it cannot be judged on a bound; "
+    "write `test: point` on the rule to judge its point estimate"
+)
+
+
+def _judge_item(
+    it: dict[str, Any],
+    est: Estimate,
+    margin: float,
+    higher: bool,
+    alpha: float,
+    failed: bool,
+    level: float,
+    n: int,
+) -> None:
+    low, high = est.lower(alpha), est.upper(alpha)
+    pass_bound = low if higher else high
+    passed = pass_bound >= margin - _EPS if higher else pass_bound <= margin + _EPS
+    fail_bound = est.upper(level) if higher else est.lower(level)
+    verdict = "pass" if passed else ("fail" if failed else "inconclusive")
+    settle = None
+    if verdict == "inconclusive":
+        settle = examples_to_settle(n, (high - low) / 2, abs(est.point - margin))
+    it.update(
+        verdict=verdict,
+        ci_low=low,
+        ci_high=high,
+        judged_bound=fail_bound if verdict == "fail" else pass_bound,
+        level=alpha,
+        adjusted_level=level,
+        settle_n=settle,
+    )
+    it["pass"] = verdict == "pass"
+
+
+def overall_verdict(verdicts: Sequence[Mapping[str, Any]]) -> str:
+    """fail when any item fails, pass when every item passes, else inconclusive."""
+    found = {v.get("verdict") or ("pass" if v.get("pass") else "fail") for v in verdicts}
+    if "fail" in found:
+        return "fail"
+    return "inconclusive" if "inconclusive" in found else "pass"
 
 
 def all_pass(verdicts: Sequence[Mapping[str, Any]]) -> bool:

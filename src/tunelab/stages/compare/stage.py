@@ -1,162 +1,71 @@
 """Comparing variants with the baseline: paired statistics, guardrails, flips and config diffs.
 
-Pure parts (values in, values out): `paired_bootstrap`, `mcnemar`, `flips`, `config_diff`,
-`compare_evaluations`. The edge (`compare_study`) finds each run's evaluation in the study
+Pure parts (values in, values out): `flips`, `config_diff`, `compare_evaluations`; the
+statistics themselves (paired bootstrap, McNemar, bounds, Holm, TOST) live in
+`tunelab.lib.statistics`. The edge (`compare_study`) finds each run's evaluation in the study
 folder, refuses results of different evaluation specs, and writes `records/compare/<id>.json`.
 
-Paired bootstrap: the same resampled example multiset is applied to the baseline and the
-variant, so the interval is for the difference on the same examples. A resample is drawn as
-multinomial counts `W [samples, n]`; every metric is written as a function of those counts
-(means, ratios of sums, F1 from weighted confusion counts), so all metrics share one draw.
+`compare_evaluations(..., fields=, paths=)`; `compare_study(study, run_ids=None, split=,
+baseline=)` + `save_compare(study, record)` write `records/compare/<id>.json`. Failed,
+interrupted and unevaluated runs are listed with their reason; naming a run evaluated under
+another spec is refused.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tunelab.core.config import CLASSIFYING_KINDS
+from tunelab.lib.statistics import (
+    Stat,
+    f1_stats,
+    mcnemar,
+    mean_stat,
+    paired_draws,
+    ratio_stat,
+    summarize_draws,
+)
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
-from tunelab.stages.compare.guardrails import check_guardrails, inner_metrics
+from tunelab.stages.compare.guardrails import (
+    check_guardrails,
+    inner_metrics,
+    judge_guardrails,
+    overall_verdict,
+)
+from tunelab.stages.compare.verdicts import (
+    DecisionTests,
+    estimates,
+    primary_verdict,
+    run_decision,
+    value_pairs,
+)
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 if TYPE_CHECKING:
+    from tunelab.core.record_types import RunConfig
     from tunelab.core.study import Study
 
-Stat = Callable[[np.ndarray], np.ndarray]  # counts [B, n] -> values [B] or [B, k]
-
-# ---------------------------------------------------------------- statistics
+# ---------------------------------------------------------------- flips
 
 
-def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.divide(a, b, out=np.zeros_like(a, dtype=np.float64), where=b != 0)
-
-
-def mean_stat(x: Sequence[float] | np.ndarray) -> Stat:
-    """The weighted mean of a per-example value ([n] -> [B]; [n, k] -> [B, k])."""
-    arr = np.asarray(x, dtype=np.float64)
-    return lambda w: (w @ arr) / w.sum(axis=1, keepdims=arr.ndim > 1)
-
-
-def ratio_stat(num: Sequence[float] | np.ndarray, den: Sequence[float] | np.ndarray) -> Stat:
-    """sum(w * num) / sum(w * den): micro averages such as field micro-F1 (2 tp / (pred + gold))."""
-    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    return lambda w: _safe_div(w @ a, w @ b)
-
-
-def f1_stats(
-    golds: Sequence[str], preds: Sequence[str | None], labels: Sequence[str]
-) -> dict[str, Stat]:
-    """Per-category F1 [B, C], macro F1 and weighted F1 [B] from weighted confusion counts,
-    with the definitions of `metrics.classification_metrics`."""
-    index = {label: i for i, label in enumerate(labels)}
-    gold = np.zeros((len(golds), len(labels)))
-    pred = np.zeros((len(golds), len(labels)))
-    for row, (g, p) in enumerate(zip(golds, preds, strict=True)):
-        gold[row, index[g]] = 1.0
-        if p in index:
-            pred[row, index[p]] = 1.0
-    hit = gold * pred
-
-    def per_category(w: np.ndarray) -> np.ndarray:
-        tp, support, predicted = w @ hit, w @ gold, w @ pred
-        precision, recall = _safe_div(tp, predicted), _safe_div(tp, support)
-        return _safe_div(2 * precision * recall, precision + recall)
-
-    def weighted(w: np.ndarray) -> np.ndarray:
-        support = w @ gold
-        return _safe_div((per_category(w) * support).sum(axis=1), support.sum(axis=1))
-
-    return {
-        "per_category_f1": per_category,
-        "macro_f1": lambda w: per_category(w).mean(axis=1),
-        "weighted_f1": weighted,
-    }
-
-
-def paired_bootstrap(
-    stats: Mapping[str, tuple[Stat, Stat]],
-    n: int,
-    *,
-    samples: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    chunk: int = 250,
-) -> dict[str, dict[str, Any]]:
-    """Percentile intervals of `variant - baseline` for each named pair of statistics.
-
-    Args:
-        stats: name -> (baseline statistic, variant statistic), both over the same n examples
-            in the same order.
-        n: number of paired examples.
-        samples: bootstrap resamples; seed: the generator seed (same seed, same intervals).
-    Returns:
-        name -> {"baseline", "variant", "delta", "ci_low", "ci_high"} (floats, or lists for
-        vector statistics such as per-category F1).
-    """
-    ones = np.ones((1, n))
-    point = {k: (a(ones)[0], b(ones)[0]) for k, (a, b) in stats.items()}
-    draws: dict[str, list[np.ndarray]] = {k: [] for k in stats}
-    rng = np.random.default_rng(seed)
-    probs = np.full(n, 1.0 / n)
-    done = 0
-    while done < samples and n > 0:
-        size = min(chunk, samples - done)
-        w = rng.multinomial(n, probs, size=size).astype(np.float64)  # [size, n]
-        for k, (a, b) in stats.items():
-            draws[k].append(b(w) - a(w))
-        done += size
-    tail = (1.0 - confidence) / 2 * 100
-    out = {}
-    for k, (base, var) in point.items():
-        if draws[k]:
-            d = np.concatenate(draws[k], axis=0)
-            low, high = np.percentile(d, [tail, 100 - tail], axis=0)
-        else:
-            low = high = var - base
-        out[k] = {
-            "baseline": _plain(base),
-            "variant": _plain(var),
-            "delta": _plain(var - base),
-            "ci_low": _plain(low),
-            "ci_high": _plain(high),
-        }
+def flips_by_category(
+    rows: Sequence[Mapping[str, Any]],
+    baseline_correct: Sequence[bool],
+    variant_correct: Sequence[bool],
+    labels: Sequence[str],
+) -> dict[str, dict[str, int]]:
+    """{category: {"improved": wrong -> right, "regressed": right -> wrong}} by gold label."""
+    out = {label: {"improved": 0, "regressed": 0} for label in labels}
+    for row, a, b in zip(rows, baseline_correct, variant_correct, strict=True):
+        if a != b and row.get("gold") in out:
+            out[row["gold"]]["improved" if b else "regressed"] += 1
     return out
-
-
-def _plain(x: Any) -> Any:
-    arr = np.asarray(x, dtype=np.float64)
-    return float(arr) if arr.ndim == 0 else [float(v) for v in arr]
-
-
-def mcnemar(baseline_correct: Sequence[bool], variant_correct: Sequence[bool]) -> dict[str, Any]:
-    """McNemar's test on paired correctness.
-
-    b = baseline right and variant wrong, c = baseline wrong and variant right. With fewer than
-    25 discordant pairs the two-sided exact binomial test is used, else the chi-square statistic
-    with continuity correction (1 degree of freedom).
-    """
-    b = sum(1 for x, y in zip(baseline_correct, variant_correct, strict=True) if x and not y)
-    c = sum(1 for x, y in zip(baseline_correct, variant_correct, strict=True) if y and not x)
-    m = b + c
-    if m == 0:
-        return {"b": 0, "c": 0, "method": "exact", "statistic": None, "p_value": 1.0}
-    if m < 25:
-        tail = sum(math.comb(m, k) for k in range(min(b, c) + 1)) / 2**m
-        return {"b": b, "c": c, "method": "exact", "statistic": None, "p_value": min(1.0, 2 * tail)}
-    chi2 = (abs(b - c) - 1) ** 2 / m
-    return {
-        "b": b,
-        "c": c,
-        "method": "chi2_continuity",
-        "statistic": chi2,
-        "p_value": math.erfc(math.sqrt(chi2 / 2)),
-    }
 
 
 def flips(
@@ -313,7 +222,8 @@ def example_stats(
         overall["accuracy"] = mean_stat(correct)
         overall["macro_f1"] = f1["macro_f1"]
         overall["weighted_f1"] = f1["weighted_f1"]
-        per_category["f1"] = f1["per_category_f1"]
+        for key in CATEGORY_KEYS:
+            per_category[key] = f1[f"per_category_{key}"]
         return overall, per_category, per_field
     verdicts = [r.get("verdicts") or {} for r in rows]
     if kind == "format":
@@ -386,11 +296,15 @@ def compare_evaluations(
     paths: Sequence[str] = (),
     samples: int = 1000,
     seed: int = 0,
+    tests: DecisionTests | None = None,
 ) -> dict[str, Any]:
     """Everything one comparison row holds, computed from two evaluations' records.
 
     Examples are paired by id (those in both); the notes say how many were left unpaired.
     `paths`: an extraction schema's paths (default `fields`), each with paired intervals.
+    `tests`: the locked confidence, interval method, multiplicity and goal (default: the
+    documented defaults). The row's `decision` is adopt, reject or inconclusive (see
+    `tunelab.stages.compare.verdicts`).
     """
     base_by_id = {r["id"]: r for r in baseline_rows}
     var_by_id = {r["id"]: r for r in variant_rows}
@@ -410,7 +324,11 @@ def compare_evaluations(
     pairs = {m: (b_overall[m], v_overall[m]) for m in b_overall if m in v_overall}
     pairs |= {f"per_category.{m}": (b_cat[m], v_cat[m]) for m in b_cat}
     pairs |= {f"per_field.{m}": (b_field[m], v_field[m]) for m in b_field}
-    boot = paired_bootstrap(pairs, len(ids), samples=samples, seed=seed)
+    tests = tests or DecisionTests()
+    point, draws = paired_draws(
+        pairs | value_pairs(guardrails, pairs), len(ids), samples=samples, seed=seed
+    )
+    boot = summarize_draws({k: point[k] for k in pairs}, draws, tests.confidence)
 
     metrics = {m: r for m, r in boot.items() if "." not in m}
     b_inner, v_inner = inner_metrics(baseline_metrics), inner_metrics(variant_metrics)
@@ -436,7 +354,26 @@ def compare_evaluations(
     )
     base_ok = [bool(r.get("correct")) for r in base]
     var_ok = [bool(r.get("correct")) for r in var]
-    verdicts = check_guardrails(guardrails, baseline_metrics, variant_metrics)
+    estimate_of = estimates(point, draws, labels=labels, paths=paths, n=len(ids), tests=tests)
+    primary |= primary_verdict(
+        primary,
+        estimate_of(primary_metric, "overall", None, True),
+        tests,
+        min_improvement,
+        len(ids),
+    )
+    verdicts = judge_guardrails(
+        check_guardrails(guardrails, baseline_metrics, variant_metrics),
+        estimate_of,
+        n=len(ids),
+        confidence=tests.confidence,
+        multiplicity=tests.multiplicity,
+    )
+    guards = overall_verdict(verdicts)
+    decision, reasons = run_decision(primary, verdicts, guards)
+    changed = flips(ids, base_ok, var_ok)
+    if kind in CLASSIFYING_KINDS:
+        changed["by_category"] = flips_by_category(base, base_ok, var_ok, labels)
     return {
         "n_paired": len(ids),
         "notes": notes,
@@ -447,7 +384,10 @@ def compare_evaluations(
         "per_field": per_field,
         "guardrails": verdicts,
         "guardrails_pass": all(v["pass"] for v in verdicts),
-        "flips": flips(ids, base_ok, var_ok),
+        "guardrails_verdict": guards,
+        "decision": decision,
+        "decision_reasons": reasons,
+        "flips": changed,
     }
 
 
@@ -496,20 +436,11 @@ def new_compare_id() -> str:
 # ---------------------------------------------------------------- the study edge
 
 
-def _run_config(study: Study, run_id: str) -> dict[str, Any]:
-    from tunelab.core.records import read_json
+def _run_config(study: Study, run_id: str) -> RunConfig | None:
+    from tunelab.core.record_types import RunConfig
 
     path = study.runs_dir / run_id / "config.json"
-    return read_json(path) if path.exists() else {}
-
-
-def _latest_baseline(study: Study, split: str) -> Any:
-    from tunelab.stages.evaluate.stage import BASELINE_KIND, find_evaluation
-
-    for row in reversed(study.ledger.list_runs(BASELINE_KIND)):
-        if row.status == "completed" and find_evaluation(study, row.id, split):
-            return row
-    return None
+    return RunConfig.read(path) if path.exists() else None
 
 
 def _not_compared(entry: dict[str, Any], why: str) -> dict[str, Any]:
@@ -525,7 +456,7 @@ class _Baseline:
     evaluation: dict[str, Any]
     record: dict[str, Any]
     predictions: list[dict[str, Any]]
-    config: dict[str, Any]
+    config: RunConfig | None
     kind: str
     labels: list[str]
     fields: list[str]
@@ -535,8 +466,8 @@ class _Baseline:
 def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
     from tunelab.core.config import TaskConfig
+    from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
-    from tunelab.stages.hypothesis.stage import all_hypotheses
 
     version = record.get("hypothesis_version")
     found = next((h for h in all_hypotheses(study.records) if h["version"] == version), hyp)
@@ -568,10 +499,13 @@ def _scored(
 
 def _find_baseline(study: Any, hyp: Mapping[str, Any], baseline: str | None, split: str):
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation, latest_baseline
 
-    row = study.get_run(baseline).row if baseline else _latest_baseline(study, split)
-    evaluation = find_evaluation(study, row.id, split) if row else None
+    if baseline:
+        row = study.get_run(baseline).row
+        evaluation = find_evaluation(study, row.id, split)
+    else:
+        row, evaluation = latest_baseline(study, split) or (None, None)
     if evaluation is None:
         raise EvaluationError(
             f"no completed baseline evaluation on the {split} split",
@@ -613,7 +547,7 @@ def _compare_run(
 ) -> dict[str, Any]:
     """One row of the comparison: the run against the baseline, or why it is not compared."""
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     entry: dict[str, Any] = {
         "run_id": row.id,
@@ -654,6 +588,7 @@ def _compare_run(
         paths=base.paths,
         samples=study.config.evaluation.bootstrap_samples,
         seed=study.config.evaluation.seed,
+        tests=DecisionTests.from_locked(content),
     )
     if note:
         result["notes"].append(note)
@@ -661,11 +596,11 @@ def _compare_run(
     parent_id = row.parent or base.row.id
     parent_cfg = _run_config(study, parent_id) if row.parent else base.config
     diff = config_diff(
-        parent_cfg.get("config") or {},
-        run_cfg.get("config") or {},
+        parent_cfg.config if parent_cfg else {},
+        run_cfg.config if run_cfg else {},
         why=row.why,
-        parent_snapshot=parent_cfg.get("data_snapshot"),
-        child_snapshot=run_cfg.get("data_snapshot"),
+        parent_snapshot=parent_cfg.data_snapshot if parent_cfg else None,
+        child_snapshot=run_cfg.data_snapshot if run_cfg else None,
     )
     diff["against"] = parent_id
     entry.update(
@@ -694,8 +629,7 @@ def compare_study(
     Returns the compare record (not yet saved; see `save_compare`).
     """
     from tunelab.core.errors import HypothesisError
-    from tunelab.stages.evaluate.stage import EVAL_KIND
-    from tunelab.stages.hypothesis.stage import latest_hypothesis
+    from tunelab.core.evidence import EVAL_KIND, latest_hypothesis
 
     hyp = latest_hypothesis(study.records)
     if hyp is None:
@@ -733,6 +667,7 @@ def compare_study(
         )
     ev = study.config.evaluation
     content = hyp["content"]
+    tests = DecisionTests.from_locked(content)
     return {
         "id": new_compare_id(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -743,7 +678,13 @@ def compare_study(
         "hypothesis_sha256": hyp["sha256"],
         "primary_metric": content["hypothesis"]["primary_metric"],
         "min_improvement": float(content["hypothesis"].get("min_improvement") or 0.0),
-        "bootstrap": {"samples": ev.bootstrap_samples, "seed": ev.seed, "confidence": 0.95},
+        "bootstrap": {
+            "samples": ev.bootstrap_samples,
+            "seed": ev.seed,
+            "confidence": tests.confidence,
+        },
+        "tests": tests.as_record(),
+        "decision": study_decision(entries),
         "baseline": {
             "run_id": base.row.id,
             "kind": base.row.kind,
@@ -767,6 +708,13 @@ def save_compare(study: Study, record: dict[str, Any]) -> Any:
     path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
     study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
     return path
+
+
+def study_decision(entries: Sequence[Mapping[str, Any]]) -> str:
+    """adopt when some compared run is adopted, inconclusive when none is but one is
+    inconclusive, else reject (keep the baseline)."""
+    found = {e.get("decision") for e in entries if e.get("compared")}
+    return next((d for d in ("adopt", "inconclusive") if d in found), "reject")
 
 
 def interval_verdict(primary: dict[str, Any]) -> str:

@@ -13,10 +13,13 @@ function appended to `SOURCE_CHECKS`.
 
 `control_notes` runs on the cleaned texts: control characters and ANSI escape sequences are
 warned with example places (the `strip_control` cleaning rule removes them).
+
+`RowsRead(rows, config, source_path)` (with `task_labels`, `has_label`) is what each check reads.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from tunelab.stages.data.readers import SourceRow
 
 SHOWN_ROWS = 10  # rows named in a message; the count says how many in all
 SHOWN_PLACES = 3  # rows named per label spelling
+MAX_LABEL_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,20 @@ def _places(rows: list[SourceRow], limit: int = SHOWN_PLACES) -> str:
 
 
 def _spelling(raw: Any) -> str:
+    """The label as written; escaped when it is not ASCII, so that spellings that differ by
+    Unicode form or an invisible character do not print alike."""
     if isinstance(raw, bool) or not isinstance(raw, int | float):
-        return repr(str(raw))
+        return repr(str(raw)) if str(raw).isascii() else ascii(str(raw))
     return f"{raw!r} (a number)"
+
+
+def label_key(label: str) -> str:
+    """What two spellings of one label share: Unicode compatibility form (NFKC), invisible
+    characters (format category Cf: zero-width spaces and joiners, soft hyphens, BOMs) removed,
+    runs of whitespace as one space, case folded."""
+    text = unicodedata.normalize("NFKC", label)
+    text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return " ".join(text.split()).casefold()
 
 
 def label_spellings(
@@ -106,17 +121,17 @@ def label_spellings(
     for row in rows:
         if row.label is not None:
             raw = row.label if row.label_raw is None else row.label_raw
-            groups[row.label.casefold()][_spelling(raw)].append(row)
+            groups[label_key(row.label)][_spelling(raw)].append(row)
     for label in task_labels or []:
-        if label.casefold() in groups and repr(label) not in groups[label.casefold()]:
-            groups[label.casefold()][repr(label)] = []
+        if label_key(label) in groups and _spelling(label) not in groups[label_key(label)]:
+            groups[label_key(label)][_spelling(label)] = []
     return {k: dict(v) for k, v in groups.items() if len(v) > 1}
 
 
-def _canonical(label_key: str, rows: list[SourceRow], task_labels: list[str] | None) -> str:
+def _canonical(key: str, rows: list[SourceRow], task_labels: list[str] | None) -> str:
     """task.labels' spelling of the label, else its most frequent one (ties: the first sorted)."""
     for label in task_labels or []:
-        if label.casefold() == label_key:
+        if label_key(label) == key:
             return label
     counts = Counter(r.label for r in rows)
     return min(counts, key=lambda lab: (-counts[lab], lab))
@@ -128,6 +143,7 @@ def check_label_spellings(read: RowsRead) -> list[str]:
     if not read.has_label:
         return []
     rows, task_labels = read.rows, read.task_labels
+    _refuse_long_labels(rows)
     variants = label_spellings(rows, task_labels)
     if not any(r.rule == "unify_labels" for r in read.config.data.cleaning):
         if variants:
@@ -136,12 +152,55 @@ def check_label_spellings(read: RowsRead) -> list[str]:
     by_key: dict[str, list[SourceRow]] = defaultdict(list)
     for row in rows:
         if row.label is not None:
-            by_key[row.label.casefold()].append(row)
+            by_key[label_key(row.label)].append(row)
     for key, members in by_key.items():
         label = _canonical(key, members, task_labels)
         for row in members:
             row.label = label
     return []
+
+
+def _refuse_long_labels(rows: list[SourceRow]) -> None:
+    """A label longer than MAX_LABEL_CHARS is a text or a path in the label column, not a
+    category."""
+    long = [r for r in rows if r.label is not None and len(r.label) > MAX_LABEL_CHARS]
+    if long:
+        raise DataError(
+            f"{len(long)} row(s) have a label of more than {MAX_LABEL_CHARS} characters "
+            f"({_places(long)}: {preview(long[0].label)}), a text rather than a category",
+            hint="check data.fields.label names the label column, or fix the rows",
+        )
+
+
+def check_number_labels(read: RowsRead) -> list[str]:
+    """A note when some labels are numbers and others words: in a CSV every value is text, so
+    a `1` among `spam` and `ham` becomes a category of its own without a word."""
+    if not read.has_label:
+        return []
+    numbers: dict[str, list[SourceRow]] = defaultdict(list)
+    words = set()
+    for row in read.rows:
+        if row.label is None:
+            continue
+        if _is_number(row.label):
+            numbers[row.label].append(row)
+        else:
+            words.add(row.label)
+    if not numbers or not words:
+        return []
+    shown = "; ".join(f"{lab!r} ({len(rs)} row(s): {_places(rs)})" for lab, rs in numbers.items())
+    return [
+        f"label(s) written as numbers among {len(words)} text label(s): {shown}; each is a "
+        "category of its own: fix the rows if they meant one of the text labels"
+    ]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return bool(text.strip())
 
 
 def labels_changed(rows: list[SourceRow]) -> int:
@@ -164,7 +223,8 @@ def _variants_error(variants: dict[str, dict[str, list[SourceRow]]]) -> DataErro
     more = len(variants) - SHOWN_ROWS
     return DataError(
         f"{len(variants)} label(s) spelt in several ways (case, surrounding spaces, or a "
-        "number in some rows and text in others), which would count as different "
+        "number in some rows and text in others, Unicode form, invisible characters), which "
+        "would count as different "
         "categories or be merged without a word:\n"
         + "\n".join(lines)
         + (f"\n  ... and {more} more" if more > 0 else ""),
@@ -286,7 +346,13 @@ def _article(word: str) -> str:
     return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
-SOURCE_CHECKS: list[Check] = [check_not_empty, check_label_spellings, check_labels, check_targets]
+SOURCE_CHECKS: list[Check] = [
+    check_not_empty,
+    check_label_spellings,
+    check_number_labels,
+    check_labels,
+    check_targets,
+]
 
 
 def run_checks(read: RowsRead, checks: list[Check] | None = None) -> list[str]:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunelab.core.config import CleaningRule, sha256_json
+from tunelab.core.config import CleaningRule
 from tunelab.core.errors import ConfigError
+from tunelab.core.hashing import sha256_json
 
 _SPACES = re.compile(r"[^\S\n]+")  # whitespace other than newline
 # ANSI escape sequences (CSI and OSC), then single control characters: C0 but tab, newline and

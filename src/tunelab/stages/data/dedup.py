@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from tunelab.core.progress import Progress, silent
 
 # Probability that a pair exactly at the threshold becomes an LSH candidate.
 TARGET_CANDIDATE_PROBABILITY = 0.995
@@ -38,12 +40,6 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-Progress = Callable[[str, float], None]
-
-
-def _noop(stage: str, fraction: float) -> None:
-    pass
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -202,7 +198,7 @@ def minhash_signatures(
     seed: int = 1,
     *,
     num_threads: int | None = None,
-    progress: Progress = _noop,
+    progress: Progress = silent,
 ) -> np.ndarray:
     """[num_docs, num_perm] uint32 MinHash signatures; documents without shingles get all-max.
 
@@ -254,7 +250,7 @@ def minhash_signatures(
             sig[d] = (best >> shift).astype(np.uint32)
         with lock:
             done[0] += len(chunk)
-            progress("minhash", done[0] / len(docs))
+            progress("minhash", done[0] / len(docs), 1.0)
 
     def run_many(part: list[tuple[np.ndarray, int]]) -> None:
         for block in part:
@@ -409,20 +405,20 @@ def find_near_duplicates(
     shingle_size: int = 5,
     seed: int = 1,
     num_threads: int | None = None,
-    progress: Progress = _noop,
+    progress: Progress = silent,
 ) -> NearDuplicates:
     """Pairs of texts whose word-shingle sets (punctuation stripped first) have Jaccard
     similarity >= threshold."""
     sh = shingle_texts(strip_punctuation(normalized), shingle_size)
-    progress("shingles", 1.0)
+    progress("shingles", 1.0, 1.0)
     sig = minhash_signatures(sh, num_perm, seed, num_threads=num_threads, progress=progress)
     bands, rows = lsh_params(threshold, num_perm)
     active = np.flatnonzero(sh.counts > 0)
     cand = lsh_candidates(sig, bands, rows, active)
-    progress("lsh", 1.0)
+    progress("lsh", 1.0, 1.0)
     sim = jaccard(sh, cand)
     keep = sim >= threshold - 1e-12
-    progress("verify", 1.0)
+    progress("verify", 1.0, 1.0)
     return NearDuplicates(cand[keep], sim[keep], len(cand), bands, rows)
 
 
@@ -450,7 +446,7 @@ def find_duplicates(
     num_perm: int = 128,
     shingle_size: int = 5,
     seed: int = 1,
-    progress: Progress = _noop,
+    progress: Progress = silent,
 ) -> tuple[list[DuplicatePair], dict[str, int]]:
     """Exact pairs (equal normalized text) and near pairs (exact Jaccard >= threshold) among
     the rows. Near-duplicate search runs on one representative per exact group. Returns the

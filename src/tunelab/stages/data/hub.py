@@ -5,6 +5,9 @@ own prepared Arrow cache, "the latest cached version", whatever the revision. So
 files are fetched into the hub cache with `snapshot_download` at the commit registration pinned,
 and `data.readers.read_hub` reads that snapshot folder (its README's configs and split files)
 as a local data set: offline, and exactly that commit.
+
+`fetch_dataset(source, commit=None) -> HubSnapshot`; `source_root(study)`: the folder the
+readers read for a hub source.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tunelab.core.evidence import pinned_commit
 from tunelab.core.hub import HubSnapshot, download
-from tunelab.stages.hypothesis.stage import pinned_commit
 
 if TYPE_CHECKING:
     from tunelab.core.config import SourceConfig

@@ -7,6 +7,9 @@ A `datasets` Image value's stored bytes (or, when it holds only a path, the file
 data set's folder) are the image's bytes: decoded in full, hashed and stored in the snapshot like
 a file of a label folder. Labels come from a ClassLabel column (its names) or a string column; a
 column of numbers without names is refused rather than read as categories "0", "1", ...
+
+`read_image_source(root, cfg) -> (SourceData, ImageSource)` reads every image source; for a
+`datasets` source an example's `text` is `<name>[<split>] row <i>`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tunelab.stages.data.readers import (
     load_hf_disk,
     load_hub,
     read_source,
+    require_text_names,
 )
 
 DATASET_FORMATS = ("hf_disk", "hub")  # `datasets` data sets: an Image column
@@ -46,6 +50,8 @@ def read_image_source(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSou
 
 
 def _read(root: Path, cfg: DataConfig) -> tuple[SourceData, ImageSource]:
+    if cfg.source.format != "hub":
+        require_text_names(root)
     if cfg.source.format == "folder":
         src = SourceData(rows=[], files=[], root=root)
         return src, read_image_folder(src, cfg)

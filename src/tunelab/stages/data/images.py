@@ -16,14 +16,22 @@ composited onto white. Duplicates compare that: exact when those pixels are equa
 re-saved as BMP or WebP-lossless counts), near when the 64-bit difference hashes (dHash) of two
 images differ in few bits: similarity = 1 - Hamming distance / 64, compared with
 `data.dedup.threshold`.
+
+- `image_facts(bytes, where) -> ImageFacts(sha256, pixel_sha256, dhash, width, height, mode,
+  format, ext, bytes, orientation)` (refuses a mode outside `ACCEPTED_MODES`);
+  Decoding (`open_image`, `decode_image`, `model_rgb`, `ACCEPTED_MODES`) is
+  `tunelab.lib.preprocess.decode`'s: the training chain decodes exactly as the snapshot did.
+- `add_image_bytes(images, data, where)`: a bad file joins `images.problems`; `finish(src,
+  images)` raises every problem in one DataError and adds the notes of skipped and turned files.
+- `find_image_duplicates(facts, exact=, near=, threshold=)` gives pairs as
+  `tunelab.stages.data.dedup.DuplicatePair`; `hamming_pairs`, `stored_name(facts)`.
+- The snapshot also holds `images/` and `images.jsonl` (train and validation facts);
+  `load_snapshot` lists files recursively.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,19 +40,19 @@ import numpy as np
 
 from tunelab.core.config import DataConfig
 from tunelab.core.errors import DataError
+from tunelab.core.hashing import sha256_bytes
+from tunelab.lib.preprocess.decode import _REPLACE, ACCEPTED_MODES, _pil, decode_image, model_rgb
 from tunelab.stages.data.dedup import DuplicatePair, exact_group_ids
+from tunelab.stages.data.leftovers import leftover_file, leftover_folder
 from tunelab.stages.data.readers import SourceData, SourceRow, _contained, _record_file, _rel
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-# Pillow modes that convert to RGB without losing the picture (16-bit and float modes do not)
-ACCEPTED_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 # files an operating system leaves in folders of pictures
 SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini", "icon\r"})
 HASH_BITS = 64
 DHASH_VERSION = 2
-EXIF_ORIENTATION = 0x0112
-ORIENTED = "tunelab_exif_orientation"  # Image.info key: the EXIF orientation applied when read
 NOTE_NAMES = 8  # file names a note lists before "(+N more)"
+_AGAIN = "then run `tunelab data` again"
 # rows compared at once in the near-duplicate search ([block, n] uint64 XORs)
 BLOCK_ROWS = 1024
 
@@ -70,90 +78,6 @@ class ImageFacts:
         return out
 
 
-def _pil():
-    try:
-        from PIL import Image
-    except ImportError as exc:  # pragma: no cover - Pillow comes with the images extra
-        raise DataError("image data needs Pillow", hint="pip install 'tunelab[images]'") from exc
-    return Image
-
-
-_REPLACE = "replace the file, or remove it"
-_AGAIN = "then run `tunelab data` again"
-
-
-def _unreadable(where: str, data: bytes, exc: Exception) -> DataError:
-    """The DataError for bytes Pillow cannot decode, saying what is wrong with them."""
-    Image = _pil()
-    if not data:
-        return DataError(f"{where}: an empty file (0 bytes)", hint=_REPLACE)
-    if isinstance(exc, Image.DecompressionBombError):
-        return DataError(
-            f"{where}: too large to decode safely ({exc})",
-            hint="a damaged or hostile header, or a huge picture: downscale it (a model reads a "
-            f"few hundred pixels a side), or {_REPLACE}",
-        )
-    if isinstance(exc, Image.UnidentifiedImageError):
-        return DataError(
-            f"{where}: not a readable image, of no format Pillow knows ({len(data):,} bytes "
-            f"starting {data[:8]!r})",
-            hint=f"PNG, JPEG, WebP, BMP, TIFF and GIF are read: convert it, or {_REPLACE}",
-        )
-    return DataError(
-        f"{where}: not a readable image, cut short or damaged (Pillow: {type(exc).__name__}: {exc})",
-        hint=f"copy the file again from where it came from, or {_REPLACE}",
-    )
-
-
-def decode_image(data: bytes, where: str) -> tuple[Any, int]:
-    """(image, EXIF orientation) of `data`, decoded completely (a truncated file fails here) and
-    turned upright by its EXIF orientation; DataError naming `where`."""
-    Image = _pil()
-    try:
-        with warnings.catch_warnings():  # a large picture is read; its size is recorded
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as probe:
-                probe.verify()  # structure and checksums, without decoding
-            img = Image.open(io.BytesIO(data))
-            img.load()  # every pixel: catches a file cut short
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad files
-        raise _unreadable(where, data, exc) from None
-    frames = getattr(img, "n_frames", 1)
-    if frames > 1:
-        raise DataError(
-            f"{where}: an animated {img.format} of {frames} frames; a classifier reads one picture",
-            hint="save the frame you mean as its own file (Pillow: `im.seek(i); "
-            f"im.save('frame.png')`), or {_REPLACE}",
-        )
-    orientation = int(img.getexif().get(EXIF_ORIENTATION) or 1)
-    if orientation != 1:
-        from PIL import ImageOps
-
-        fmt = img.format
-        img = ImageOps.exif_transpose(img)
-        img.format = fmt
-        img.info[ORIENTED] = orientation  # for inspect to say so
-    return img, orientation
-
-
-def open_image(data: bytes, where: str):
-    """The upright image of `data`, decoded in full; DataError naming `where`."""
-    return decode_image(data, where)[0]
-
-
-def model_rgb(img: Any) -> Any:
-    """The RGB image a model reads, as transformers' `convert_to_rgb` makes it: transparency
-    (an alpha band or a palette's transparent colour) composited onto white."""
-    Image = _pil()
-    if img.mode == "RGB":
-        return img
-    if "A" in img.getbands() or img.info.get("transparency") is not None:
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return img.convert("RGB")
-
-
 def dhash(img: Any) -> int:
     """64-bit difference hash: a 9x8 grey-level thumbnail, one bit per left<right neighbour."""
     Image = _pil()
@@ -174,13 +98,14 @@ def image_facts(data: bytes, where: str) -> ImageFacts:
             "`Image.fromarray((np.asarray(im) >> 8).astype('uint8')).save(path)`",
         )
     pixels = model_rgb(img)
-    h = hashlib.sha256(f"{pixels.mode}:{pixels.width}x{pixels.height}:".encode())
-    h.update(pixels.tobytes())
+    pixel_sha256 = sha256_bytes(
+        f"{pixels.mode}:{pixels.width}x{pixels.height}:".encode(), pixels.tobytes()
+    )
     fmt = (img.format or "").upper()
     ext = {"JPEG": ".jpg", "TIFF": ".tif"}.get(fmt, "." + fmt.lower() if fmt else ".img")
     return ImageFacts(
-        sha256=hashlib.sha256(data).hexdigest(),
-        pixel_sha256=h.hexdigest(),
+        sha256=sha256_bytes(data),
+        pixel_sha256=pixel_sha256,
         dhash=dhash(img),
         width=img.width,
         height=img.height,
@@ -218,6 +143,8 @@ def _skip_reason(name: str) -> str | None:
         return "hidden"
     if name.lower() in SYSTEM_FILES:
         return "system file"
+    if why := leftover_file(name):
+        return why
     suffix = Path(name).suffix.lower()
     if suffix not in IMAGE_EXTENSIONS:
         return f"extension {suffix or '(none)'}"
@@ -264,6 +191,8 @@ def _label_folders(root: Path, follow: bool, src: SourceData, images: ImageSourc
             images.skipped.append((p.name, "not in a label folder"))
         elif p.name.startswith("."):
             images.skipped.append((p.name + "/", "hidden"))
+        elif why := leftover_folder(p.name):
+            images.skipped.append((p.name + "/", why))
         elif _contained(p, root, follow, src):
             labels.append(p)
     return labels

@@ -4,6 +4,18 @@ a hub data set in the snapshot folder `data.hub` fetched at its pinned commit.
 Each reader yields `SourceRow`s (raw id, text, label, target, user split) with `where`, the place
 a message names ("data.jsonl line 12"), and lists the files it read with their sha256. Bad input
 raises `DataError` naming the file, the line (or row) and the field, with the fix.
+
+`read_source(root, cfg, progress)` -> `SourceData`; `SourceRow.label_raw` is the label as
+written; `SourceData.hub` becomes `manifest["source"]["hub"]` = `{repo_id, repo_type, revision,
+commit, config, splits {name: rows}, fingerprints, datasets}`. `read_hub` reads a hub data set
+(`data.source.format: hub`: `name`, `config`, `revision`, `splits`; no `path`) from the snapshot
+folder `tunelab.stages.data.hub.fetch_dataset` leaves; `check_inferred_targets` refuses a target
+column `datasets` types as other than text from JSON / CSV files. `load_hf_disk(src)` /
+`load_hub(src, cfg)` give the loaded data set (the image sources read it too).
+`source_problems(path, data_cfg)` is what `tunelab validate` checks of the data without reading
+it. Config: `data.source.encoding_errors: error | replace`, `data.source.follow_links` (links
+followed are listed in `manifest["source"]["links_followed"]`, present only then),
+`data.invalid_targets: refuse | keep`.
 """
 
 from __future__ import annotations
@@ -21,8 +33,10 @@ from typing import Any
 
 from tunelab.core.config import DataConfig, FieldsConfig
 from tunelab.core.errors import DataError, preview
-from tunelab.core.records import sha256_bytes, sha256_file
+from tunelab.core.hashing import sha256_bytes, sha256_file
+from tunelab.core.progress import Progress, silent
 from tunelab.core.strict_load import ParseProblem, loads_json
+from tunelab.stages.data.leftovers import leftover_file, leftover_folder
 
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_ALIASES = {
@@ -39,7 +53,8 @@ SPLIT_ALIASES = {
 HF_SPLIT_COLUMN = "__split__"
 EXTENSIONS = {"jsonl": ("*.jsonl", "*.json"), "csv": ("*.csv",), "parquet": ("*.parquet",)}
 
-Progress = Callable[[int], None]
+# n more rows read: the readers' tally, which `read_source` reports as progress
+RowCount = Callable[[int], None]
 PROGRESS_EVERY = 10_000  # rows between progress updates
 
 
@@ -63,10 +78,6 @@ class SourceData:
     replaced_bytes: int = 0  # invalid UTF-8 bytes replaced (encoding_errors: replace)
     links: list[dict[str, str]] = field(default_factory=list)  # followed: {path, target}
     hub: dict[str, Any] | None = None  # format hub: repo, commit, config, splits, fingerprints
-
-
-def _noop(n: int) -> None:
-    pass
 
 
 # ---------------------------------------------------------------- field values
@@ -363,7 +374,7 @@ def _not_json_lines(text: str, name: str) -> DataError | None:
 
 
 def _read_jsonl(
-    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: RowCount
 ) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
@@ -422,7 +433,7 @@ def _csv_separator_error(name: str, sep: str) -> DataError:
 
 
 def _read_csv(
-    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: RowCount
 ) -> None:
     data = path.read_bytes()
     _record_file(src, path, data)
@@ -471,7 +482,7 @@ def _read_csv(
 
 
 def _read_parquet(
-    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: Progress
+    src: SourceData, path: Path, mapper: FieldMapper, errors: str, progress: RowCount
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -498,7 +509,7 @@ def _read_parquet(
 
 
 def _read_folder(
-    src: SourceData, cfg: DataConfig, mapper: FieldMapper, errors: str, progress: Progress
+    src: SourceData, cfg: DataConfig, mapper: FieldMapper, errors: str, progress: RowCount
 ) -> None:
     root = src.root
     follow = cfg.source.follow_links
@@ -507,10 +518,14 @@ def _read_folder(
             f"{root}: not a folder (format: folder wants one sub-folder per label)",
             hint="fix data.source.path, or set data.source.format to the file's format",
         )
+    left = [p for p in root.iterdir() if p.is_dir() and leftover_folder(p.name)]
     labels = sorted(
         p
         for p in root.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and _contained(p, root, follow, src)
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and p not in left
+        and _contained(p, root, follow, src)
     )
     stray = [p.name for p in root.glob(cfg.source.glob) if p.is_file()]
     if stray:
@@ -525,6 +540,8 @@ def _read_folder(
         )
     for folder in labels:
         files = sorted(p for p in folder.glob(cfg.source.glob) if p.is_file())
+        left += [p for p in files if leftover_file(p.name)]
+        files = [p for p in files if not leftover_file(p.name)]
         if not files:
             raise DataError(
                 f"{folder}: label folder {folder.name!r} has no files matching {cfg.source.glob!r}",
@@ -541,9 +558,22 @@ def _read_folder(
                 text = text[1:]
             src.rows.append(SourceRow(text, folder.name, None, rel, None, rel, folder.name))
             progress(1)
+    if left:
+        src.notes.append(leftovers_note(left, root))
 
 
-def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: Progress) -> None:
+def leftovers_note(left: list[Path], root: Path) -> str:
+    """The note naming the OS / archiver / notebook leftovers a folder source skipped."""
+    shown = ", ".join(
+        f"{_rel(p, root)}{'/' if p.is_dir() else ''} "
+        f"({leftover_folder(p.name) or leftover_file(p.name)})"
+        for p in sorted(left)[:5]
+    )
+    more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+    return f"skipped {len(left)} leftover(s) of operating systems, archivers or notebooks: {shown}{more}"
+
+
+def _read_hf_disk(src: SourceData, mapper: FieldMapper, progress: RowCount) -> None:
     add_dataset_rows(src, mapper, load_hf_disk(src), src.root.name, progress)
 
 
@@ -574,7 +604,7 @@ def load_hf_disk(src: SourceData) -> Any:
 
 
 def add_dataset_rows(
-    src: SourceData, mapper: FieldMapper, loaded: Any, name: str, progress: Progress
+    src: SourceData, mapper: FieldMapper, loaded: Any, name: str, progress: RowCount
 ) -> None:
     """The rows of a `datasets` Dataset or DatasetDict (its split names in HF_SPLIT_COLUMN),
     ClassLabel integers read as their names."""
@@ -706,22 +736,37 @@ def load_hub(src: SourceData, cfg: DataConfig) -> Any:
     return loaded
 
 
-def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> SourceData:
-    """Read every row of the configured source. `root` is the resolved data.source.path."""
+def _row_counter(progress: Progress) -> RowCount:
+    """The readers' tally, reported as `progress("reading", rows so far, None)`."""
+    seen = [0]
+
+    def add(n: int) -> None:
+        seen[0] += n
+        progress("reading", seen[0], None)
+
+    return add
+
+
+def read_source(root: Path, cfg: DataConfig, progress: Progress = silent) -> SourceData:
+    """Read every row of the configured source. `root` is the resolved data.source.path;
+    `progress("reading", rows, None)` (core.progress) as rows are read."""
     fmt = cfg.source.format
     errors = cfg.source.encoding_errors
     mapper = FieldMapper(cfg.fields, fmt)
     src = SourceData(rows=[], files=[], root=root)
+    count = _row_counter(progress)
+    if fmt != "hub":
+        require_text_names(root)
     if fmt == "folder":
-        _read_folder(src, cfg, mapper, errors, progress)
+        _read_folder(src, cfg, mapper, errors, count)
     elif fmt == "hf_disk":
-        _read_hf_disk(src, mapper, progress)
+        _read_hf_disk(src, mapper, count)
     elif fmt == "hub":  # a data set in the hub cache, at its pinned commit (`data.hub`)
-        read_hub(src, cfg, mapper, progress)
+        read_hub(src, cfg, mapper, count)
     else:
         reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}[fmt]
         for path in _files_of(root, EXTENSIONS[fmt], cfg.source.follow_links, src):
-            reader(src, path, mapper, errors, progress)
+            reader(src, path, mapper, errors, count)
     if src.links:
         src.notes.append(
             f"read {len(src.links)} file(s) through symbolic links that leave the data folder "
@@ -729,6 +774,31 @@ def read_source(root: Path, cfg: DataConfig, progress: Progress = _noop) -> Sour
             f"{src.links[0]['target']}; the manifest lists every one (source.links_followed)"
         )
     return src
+
+
+def escaped_name(name: str) -> str:
+    """A file name as its bytes read, the bytes that are not UTF-8 as \\xNN."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def require_text_names(root: Path) -> None:
+    """Refuse a data folder holding a file or folder name that is not valid UTF-8 (it could be
+    neither recorded in the manifest nor shown), each named escaped."""
+    bad = []
+    for here, dirs, names in os.walk(root) if root.is_dir() else []:
+        for name in dirs + names:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                bad.append(escaped_name(str(Path(here, name).relative_to(root))))
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise DataError(
+            f"{escaped_name(str(root))}: {len(bad)} file or folder name(s) are not valid "
+            f"UTF-8: {shown}",
+            hint="rename them to UTF-8 (e.g. `convmv -f latin1 -t utf8 -r --notest FOLDER`), "
+            "then run `tunelab data` again",
+        )
 
 
 def iter_texts(rows: list[SourceRow]) -> Iterator[str]:

@@ -17,22 +17,21 @@ read only through `open_test_split`, which logs who opened it, when and why in t
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import DataConfig, DedupConfig, sha256_json
+from tunelab.core.config import DataConfig, DedupConfig
 from tunelab.core.errors import DataError, EvaluationError, SnapshotError, StudyError
+from tunelab.core.evidence import latest_snapshot_id
+from tunelab.core.hashing import sha256_bytes, sha256_json, sha256_text
 from tunelab.core.ledger import utc_now
+from tunelab.core.progress import Progress
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
-    read_json,
     remove_tree,
-    sha256_bytes,
     temp_dir_beside,
     write_bytes_atomic,
 )
@@ -71,16 +70,13 @@ def data_dir(study: Study) -> Path:
 # ---------------------------------------------------------------- progress
 
 
-# (stage, done, total or None) -> None: "reading" counts rows of an unknown total, the
-# duplicate search's stages ("minhash", ...) report a fraction of 1
-SnapshotProgress = Callable[[str, float, float | None], None]
-
-
 class _Bar:
-    """Turns the readers' and the duplicate search's progress into the caller's callback;
-    silent without one or on small inputs (below PROGRESS_FROM rows)."""
+    """Turns the readers' row counts and the duplicate search's progress into the caller's
+    callback (core.progress: "reading" counts rows of an unknown total, the duplicate search's
+    stages, "minhash", ..., a fraction of 1); silent without one or on small inputs (below
+    PROGRESS_FROM rows)."""
 
-    def __init__(self, progress: SnapshotProgress | None):
+    def __init__(self, progress: Progress | None):
         self.progress = progress
 
     def __enter__(self) -> _Bar:
@@ -89,21 +85,19 @@ class _Bar:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def counter(self, name: str) -> Callable[[int], None]:
-        """Advance by n items of unknown total; reported once PROGRESS_FROM are seen."""
-        seen = [0]
+    def rows(self) -> Progress:
+        """The readers' rows read, reported once PROGRESS_FROM are seen."""
 
-        def advance(n: int) -> None:
-            seen[0] += n
-            if self.progress and seen[0] >= PROGRESS_FROM:
-                self.progress(name, seen[0], None)
+        def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
+            if self.progress and done >= PROGRESS_FROM:
+                self.progress(what, done, total, text)
 
-        return advance
+        return update
 
-    def fraction(self, rows: int) -> Callable[[str, float], None]:
-        def update(stage: str, fraction: float) -> None:
+    def fraction(self, rows: int) -> Progress:
+        def update(what: str, done: float, total: float | None = None, text: str = "") -> None:
             if self.progress and rows >= PROGRESS_FROM:
-                self.progress(stage, fraction, 1.0)
+                self.progress(what, done, total, text)
 
         return update
 
@@ -113,7 +107,7 @@ class _Bar:
 
 def _content_id(row: SourceRow) -> str:
     blob = "\x1f".join([row.text, row.label or "", row.target or ""])
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+    return sha256_text(blob)[:16]
 
 
 def assign_ids(rows: list[SourceRow]) -> list[str]:
@@ -198,11 +192,11 @@ class _Duplicates:
     removed: dict[int, Any]  # kept row -> (the row it duplicates, its pair or None)
 
 
-def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> dict[str, Any]:
+def build_snapshot(study: Study, progress: Progress | None = None) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
-    `progress(stage, done, total)` hears of large inputs (the CLI draws the bars). Returns the
-    manifest, plus `"unchanged": True` when an identical snapshot already existed.
+    `progress(what, done, total)` (core.progress) hears of large inputs (the CLI draws the
+    bars). Returns the manifest, plus `"unchanged": True` when an identical snapshot already existed.
     Raises DataError on bad input (naming file, line or row, and field), ConfigError on a bad
     rule, SnapshotError when an existing snapshot with the same id fails verification. Nothing
     is left behind on error.
@@ -217,7 +211,7 @@ def build_snapshot(study: Study, progress: SnapshotProgress | None = None) -> di
 
             src, images = read_image_source(source_path, cfg)
         else:
-            src = read_source(source_path, cfg, bar.counter("reading"))
+            src = read_source(source_path, cfg, bar.rows())
         read = RowsRead(src.rows, study.config, source_path)
         notes = list(src.notes) + run_checks(read)
         rows = src.rows
@@ -302,7 +296,7 @@ def _keep(cleaned: CleaningResult, cfg: DataConfig) -> _Kept:
     kept, texts = cleaned.kept, cleaned.texts
     normalized = dedup.normalize_texts(texts)
     # the same keys as splits.content_keys(texts), without normalizing twice
-    keys = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalized.to_pylist()]
+    keys = [sha256_text(t) for t in normalized.to_pylist()]
     if cfg.max_examples is None or cfg.max_examples >= len(kept):
         return _Kept(kept, texts, keys, normalized, 0)
     pick = sample_by_hash(keys, cfg.max_examples, cfg.splits.seed)
@@ -350,7 +344,7 @@ def _split(
 
 
 def _find_duplicates(
-    kept: _Kept, splits: list[str], d: DedupConfig, progress: Callable[[str, float], None]
+    kept: _Kept, splits: list[str], d: DedupConfig, progress: Progress
 ) -> _Duplicates:
     """Exact and near duplicates of the kept rows, and the rows the policy removes."""
     if d.exact or d.near:
@@ -700,25 +694,6 @@ def list_snapshots(study: Study) -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def latest_snapshot_id(study: Study) -> str | None:
-    """The snapshot of the most recent `tunelab data` (ledger), else the newest on disk."""
-    present = set(list_snapshots(study))
-    for event in reversed(study.ledger.events()):
-        if event["kind"] == "data:snapshot" and event["detail"]:
-            sid = json.loads(event["detail"]).get("snapshot_id")
-            if sid in present:
-                return sid
-    best: tuple[str, str] | None = None
-    for sid in present:
-        try:
-            created = read_json(data_dir(study) / sid / "manifest.json")["created_at"]
-        except Exception:  # noqa: BLE001 - an unreadable folder is not a candidate
-            continue
-        if best is None or created > best[0]:
-            best = (created, sid)
-    return best[1] if best else None
 
 
 def _resolve_id(study: Study, snapshot_id: str | None) -> str:

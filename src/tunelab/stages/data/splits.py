@@ -18,29 +18,26 @@ Pure: keys in, split names out.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from tunelab.core.config import SplitConfig
 from tunelab.core.errors import DataError
+from tunelab.core.hashing import sha256_text, stable_u64
 
 SPLITS = ("train", "validation", "test")
 
 
 def unit_hash(key: str, seed: int, purpose: str = "split") -> float:
     """A number in [0, 1) from (purpose, seed, key); uniform and stable across runs."""
-    digest = hashlib.sha256(f"tunelab:{purpose}:{seed}:{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    return stable_u64(f"tunelab:{purpose}:{seed}:{key}") / 2.0**64
 
 
 def content_keys(texts: Sequence[str]) -> list[str]:
     """The key each row is split by: sha256 of its normalized text (see dedup.normalize_texts)."""
     from tunelab.stages.data.dedup import normalize_texts
 
-    return [
-        hashlib.sha256(t.encode("utf-8")).hexdigest() for t in normalize_texts(texts).to_pylist()
-    ]
+    return [sha256_text(t) for t in normalize_texts(texts).to_pylist()]
 
 
 def split_by_hash(keys: Sequence[str], cfg: SplitConfig) -> list[str]:

@@ -17,6 +17,33 @@ preprocessor's template sha. Comparisons refuse results whose spec sha differ.
 
 Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a run of kind
 `eval` whose parent is RUN. Each holds `predictions-<split>.jsonl` and `metrics-<split>.json`.
+
+- `evaluate_model(model, tokenizer, base, study, examples, split, *, labels=None,
+  progress=None, expect_template_sha256=None, merge=None) -> (record, predictions)`:
+  `progress(what, done, total)` (core.progress) once before the first batch (done 0) and
+  after every batch; `merge` None checks the evaluation copy on the first batch
+  (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice (`run_baseline`
+  and `run_eval` take it too). Raises HypothesisError when study.config does not match the
+  registered hypothesis.
+- `record_evaluation(run, record, predictions)` writes `predictions-<split>.jsonl` and
+  `metrics-<split>.json`: `{run_id, split, spec_sha256 (= sha256_json({evaluation_spec_sha256:
+  locked, template_sha256: preprocessor's})), evaluation_spec_sha256, template_sha256,
+  hypothesis_version, task_kind, labels, fields, n, seconds, examples_per_s, torch_threads,
+  threads_from ("evaluation.num_threads" or "free cores (...)": `set_evaluation_threads`),
+  merge {copy, merged, reason, merge_s, check_s, max_diff, atol, packed, unmerged}, cpu_s,
+  cpu_share (`tunelab.core.env.cpu_share`), evaluation, generation (None unless the task
+  generates: `tunelab.lib.probes.generation_timing`), metrics {..., per_category {label:
+  {precision, recall, f1, support}}, per_field {path: {kind, slots, presence_rate, exact_match,
+  normalized_match, precision, recall, f1, support, failures}}, scoring, failure_counts,
+  confusion {labels, predicted, matrix}}}`.
+- A prediction row: `{id, gold, raw_output, prediction, correct, verdicts}` (+ `scores` per
+  label for classification, `parse_error` for generation, `image` for an image model).
+- `find_evaluation(study, run_id, split) -> {eval_run, dir, record} | None` (the newest completed
+  eval run of it, else the run's own metrics file) and `load_predictions(evaluation)` are how
+  compare, verify and export find a run's evaluation. `rescore_predictions(task, predictions)`
+  judges recorded rows again from their gold and raw output (compare does so for extraction
+  records of another `metrics.scoring`). `predict_rows`, `load_base_model` and `pad_id_for`
+  (`tunelab.lib.inference.generation`) serve verify and export.
 """
 
 from __future__ import annotations
@@ -26,8 +53,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem, sha256_json
+from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem
 from tunelab.core.errors import EvaluationError, RunError
+from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
+from tunelab.core.hashing import sha256_json
+from tunelab.core.progress import Progress
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 from tunelab.lib import metrics as M
 from tunelab.lib.inference.decoding import left_padded_positions
@@ -45,8 +75,6 @@ from tunelab.stages.hypothesis.stage import evaluation_spec_sha, require_hypothe
 if TYPE_CHECKING:
     from tunelab.core.study import Run, Study
 
-EVAL_KIND = "eval"
-BASELINE_KIND = "baseline"
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one. Verify
 # reproduces recorded scores within it, and a merged copy must stay within it.
@@ -70,21 +98,17 @@ def _tensor_rows(compare: Any) -> Any:
     return lambda a, b: compare(a.tolist(), b.tolist())
 
 
-# (examples done, examples in all, what is evaluated) -> None, after every batch
-EvalProgress = Callable[[int, int, str], None]
-
-
 class _Ticker:
     """Counts the examples done and tells the caller's progress callback (if any)."""
 
-    def __init__(self, progress: EvalProgress | None, total: int, what: str):
+    def __init__(self, progress: Progress | None, total: int, what: str):
         self.progress, self.total, self.what = progress, total, what
         self.done = 0
 
     def __call__(self, n: int) -> None:
         self.done += n
         if self.progress is not None:
-            self.progress(self.done, self.total, self.what)
+            self.progress(self.what, self.done, self.total)
 
 
 # ---------------------------------------------------------------- inference
@@ -247,7 +271,7 @@ def evaluate_model(
     split: str,
     *,
     labels: Sequence[str] | None = None,
-    progress: EvalProgress | None = None,
+    progress: Progress | None = None,
     expect_template_sha256: str | None = None,
     merge: bool | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -581,9 +605,7 @@ def require_generation_room(cfg: StudyConfig) -> None:
         )
 
 
-def run_baseline(
-    study: Study, *, progress: EvalProgress | None = None
-) -> tuple[Run, dict[str, Any]]:
+def run_baseline(study: Study, *, progress: Progress | None = None) -> tuple[Run, dict[str, Any]]:
     """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
     of kind `baseline`. Returns (run, metrics record)."""
 
@@ -643,7 +665,7 @@ def run_eval(
     split: str = "validation",
     final: bool = False,
     why: str | None = None,
-    progress: EvalProgress | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Run, dict[str, Any]]:
     """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
     itself on the test split), recorded as a run of kind `eval` whose parent is RUN.
@@ -748,25 +770,6 @@ def run_eval(
 
 
 # ---------------------------------------------------------------- finding evaluations
-
-
-def find_evaluation(study: Study, run_id: str, split: str = "validation") -> dict[str, Any] | None:
-    """The evaluation of run `run_id` on `split`: the newest completed `eval` run of it, else
-    the run's own metrics (a baseline, or a run that evaluated itself). Returns {"eval_run",
-    "dir", "record"} or None."""
-    candidates = [
-        r
-        for r in study.ledger.list_runs(EVAL_KIND)
-        if r.parent == run_id and r.status == "completed"
-    ]
-    for r in sorted(candidates, key=lambda r: (r.created_at, r.id), reverse=True):
-        path = study.runs_dir / r.id / f"metrics-{split}.json"
-        if path.exists():
-            return {"eval_run": r.id, "dir": path.parent, "record": read_json(path)}
-    own = study.runs_dir / run_id / f"metrics-{split}.json"
-    if own.exists():
-        return {"eval_run": run_id, "dir": own.parent, "record": read_json(own)}
-    return None
 
 
 def load_predictions(evaluation: dict[str, Any]) -> list[dict[str, Any]]:

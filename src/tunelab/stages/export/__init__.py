@@ -28,6 +28,25 @@ runs the recorded example. Nothing is pickled: tensors are safetensors, the rest
 - `merge`: `merge_into`, `--merge` (an adapter merged into its dequantized base, checked)
 - `card`: `model_card`, the README.md written from the manifest
 - `check`: `check_export`, an export checked against its manifest and a base, then run
+
+`export_run(study, run_id, *, out=None, notes=(), merge_dtype=None, merge_tolerance=None) ->
+(path, manifest)`. The manifest: `format` (`tunelab-export/2`; `READABLE_FORMATS` also reads
+`/1`, whose weights sat in `adapter/` or `model/`), `artifact {kind, dir, method, format,
+weights, merged?, dtype?}`, `merge` (None, or `merge.merge_into`'s figures: dtype,
+dequantized_from, example_ids, examples, positions, logits_max_abs_diff, logits_max_abs,
+greedy_agreement, prediction_agreement, tolerance, within_tolerance), `run_id`, `base` (the
+identity without `path`, with `architecture`; a QLoRA run's `quantization`), `task`, `config`,
+`data_snapshot`, `hypothesis`, `environment {training, export}`, `results` (compare's row for
+the run or None), `guardrails {pass, verdicts}`, `limitations` (sentences),
+`limitations_detail` (its `truncation` read from the run's preprocess.json counts; an image
+export's `processor`), `files {relpath: sha256}`, `manifest_sha256`. Its ledger event `export`
+holds `seconds`. `check_export(dir, base_path)` raises ExportError; `base_path` may be a hub id
+`org/repo[@rev]` (`check.resolve_base_arg`; another commit than the manifest's
+`base.hub.commit` is refused); `check.check_files` checks hashes, pickles and safetensors
+headers, `check.check_binding(dir, manifest)` compares `adapter_config.json` with the manifest;
+a differing example output raises `ExampleMismatch` (exit 1). The package re-exports
+`ExampleMismatch`, `MANIFEST`, `FORMAT`, `manifest_sha256`, `limitation_lines`, `regressions`,
+`failure_kinds`.
 """
 
 from tunelab.stages.export.check import ExampleMismatch, check_export

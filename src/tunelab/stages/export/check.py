@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import ExportError, StudyError, preview
-from tunelab.core.records import read_json, safe_join, sha256_file
+from tunelab.core.hashing import sha256_file
+from tunelab.core.records import read_json, safe_join
 from tunelab.core.safetensors_header import safetensors_problems
 from tunelab.stages.export.manifest import (
     FORMAT,
@@ -399,8 +400,8 @@ def _processor_check(
     """The exported AutoImageProcessor against the study's chain (`processor_gap`), on the
     example's image when there is one."""
     from tunelab.core.config import validate_config
+    from tunelab.lib.preprocess.decode import open_image
     from tunelab.lib.preprocess.images import processor_gap, resolve_chain
-    from tunelab.stages.data.images import open_image
 
     chain = resolve_chain(processor, validate_config(manifest["config"], source=MANIFEST))
     image = None

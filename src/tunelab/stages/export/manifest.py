@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import sha256_json
-from tunelab.core.records import sha256_file
+from tunelab.core.hashing import sha256_file, sha256_json
 
 MANIFEST = "tunelab-manifest.json"
 # /2: the adapter (or whole model) at the top of the folder, so that plain

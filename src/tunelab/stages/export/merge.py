@@ -57,16 +57,13 @@ def merged_model(study: Study, run: Run, dtype: str):
     """The run's base with its adapter merged in, in `dtype` ("bf16" | "fp32"), on the CPU."""
     import torch
 
-    from tunelab.core.config import validate_config
-    from tunelab.core.records import read_json
     from tunelab.lib.models import load_model, resolve_recorded
     from tunelab.stages.train.layout import final_checkpoint
 
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
-    base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
+    record, cfg = run.record, run.config
+    base = resolve_recorded(cfg.model, study.root, record.base_model)
     torch.manual_seed(cfg.training.seed)
-    model = load_model(base, cfg, record.get("labels"))
+    model = load_model(base, cfg, record.labels)
     ckpt = final_checkpoint(run.dir / "checkpoints")
     return merge_adapter(model, ckpt / "adapter", dtype)
 
@@ -194,8 +191,6 @@ def merge_into(
     Raises ExportError (exit 2) naming the figures beyond `tolerance`; the caller then removes
     `dst` (the export's temporary folder): nothing is published.
     """
-    from tunelab.core.config import validate_config
-    from tunelab.core.records import read_json
     from tunelab.lib.models._quiet import quiet_transformers
     from tunelab.stages.train import load_run_model
 
@@ -215,15 +210,14 @@ def merge_into(
             hint="export without --merge, or rebuild the snapshot with a validation split",
         )
     tolerance = tolerance or MergeTolerance()
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
+    record, cfg = run.record, run.config
     with quiet_transformers():
         merged_model(study, run, dtype).save_pretrained(dst, safe_serialization=True)
     reference, tokenizer, base = load_run_model(study, run, device="cpu")
     # the model as a user loads it: its buffers (RoPE frequencies) as from_pretrained makes them
     merged = load_merged(dst, base.architecture, dtype)
     figures, example = compare_models(
-        reference, merged, tokenizer, cfg, record.get("labels"), base.architecture, rows
+        reference, merged, tokenizer, cfg, record.labels, base.architecture, rows
     )
     problems = tolerance.problems(figures)
     if problems:
@@ -232,7 +226,7 @@ def merge_into(
             f"on {figures['examples']} validation examples: " + "; ".join(problems),
             hint=_refused_merge_hint(dtype, problems, figures),
         )
-    quantization = (record.get("base_model") or {}).get("quantization")
+    quantization = (record.base_model or {}).get("quantization")
     merge = {
         "dtype": dtype,
         "from": method,

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab import __version__
-from tunelab.core.config import StudyConfig, validate_config
+from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
+from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
+from tunelab.core.record_types import RunConfig, Verify
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -34,7 +36,7 @@ from tunelab.core.records import (
 from tunelab.lib.models import BaseModel, hub_source, resolve_recorded, verify_identity
 from tunelab.lib.models.identity import TOKENIZER_FILES
 from tunelab.stages.data import load_snapshot
-from tunelab.stages.evaluate.stage import find_evaluation, load_predictions
+from tunelab.stages.evaluate.stage import load_predictions
 from tunelab.stages.export.card import model_card
 from tunelab.stages.export.limitations import failure_kinds, limitation_lines, regressions
 from tunelab.stages.export.manifest import (
@@ -47,7 +49,6 @@ from tunelab.stages.export.manifest import (
     pickle_files,
     tree_hashes,
 )
-from tunelab.stages.hypothesis.stage import latest_hypothesis
 from tunelab.stages.train.layout import final_checkpoint
 from tunelab.stages.verify.stage import check_checkpoint_files
 
@@ -158,16 +159,18 @@ def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str |
 
 
 def _latest_verify(run: Run) -> dict[str, Any] | None:
-    found = []
-    for p in run.dir.glob("verify-*.json"):
-        try:
-            found.append((int(p.stem.split("-")[1]), p))
-        except ValueError:
-            continue
-    if not found:
+    """What the manifest says of the run's latest verification (None before any)."""
+    found = latest(run.study, "verify", run_dir=run.dir)
+    if found is None:
         return None
-    rec = read_json(max(found)[1])
-    return {k: rec.get(k) for k in ("record", "passed", "reason", "finished_at", "environment")}
+    v = Verify.read(found.path)
+    return {
+        "record": v.record,
+        "passed": v.passed,
+        "reason": v.reason,
+        "finished_at": v.finished_at,
+        "environment": v.environment,
+    }
 
 
 def _env_summary(env: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -191,7 +194,7 @@ class _Source:
     """A completed training run as the export reads it: its config, checkpoint and base."""
 
     run: Run
-    record: dict[str, Any]  # the run's config.json
+    record: RunConfig  # the run's config.json
     cfg: StudyConfig
     ckpt: Path
     base: BaseModel
@@ -243,8 +246,7 @@ def _destination(study: Study, out: Path | str | None) -> tuple[str, Path]:
 def _open_source(study: Study, run: Run) -> _Source:
     """The run's config, its final checkpoint (hashes checked) and its base (identity checked)."""
     row = run.row
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
+    record, cfg = run.record, run.config
     ckpt = final_checkpoint(run.dir / "checkpoints")
     if ckpt is None:
         raise ExportError(f"run {row.id} has no final checkpoint", hint="the run is incomplete")
@@ -255,8 +257,8 @@ def _open_source(study: Study, run: Run) -> _Source:
             + ", ".join(files_check["changed"] + files_check["missing"]),
             hint=f"the checkpoint is damaged; `tunelab verify {row.id}` records the check",
         )
-    base = resolve_recorded(cfg.model, study.root, record.get("base_model"))
-    identity = record.get("base_model") or base.identity
+    base = resolve_recorded(cfg.model, study.root, record.base_model)
+    identity = record.base_model or base.identity
     try:
         verify_identity(identity, base.path)
     except Exception as exc:  # ModelError: say it as an export refusal
@@ -276,8 +278,8 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     hypothesis = None
     if hyp_all:
         hypothesis = {
-            "version": src.record.get("hypothesis_version"),
-            "sha256": src.record.get("hypothesis_sha256"),
+            "version": src.record.hypothesis_version,
+            "sha256": src.record.hypothesis_sha256,
             "latest_version": hyp_all["version"],
             **(hyp_all["content"]["hypothesis"] if hyp_all else {}),
         }
@@ -286,7 +288,7 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     predictions = load_predictions(evaluation) if evaluation else []
     verdicts = (comparison or {}).get("guardrails") or []
     openings = study.ledger.test_openings()
-    labels = src.record.get("labels")
+    labels = src.record.labels
     detail = {
         "not_compared": not_compared,
         "regressed": regressions(comparison),
@@ -378,7 +380,7 @@ def _image_processor(src: _Source, tmp: Path, example: dict[str, Any] | None) ->
     write_json_atomic(path, config)
     image = None
     if example and "image" in example["example"]:
-        from tunelab.stages.data.images import open_image
+        from tunelab.lib.preprocess.decode import open_image
 
         image = open_image((tmp / example["example"]["image_path"]).read_bytes(), "example")
     with quiet_transformers():
@@ -441,11 +443,11 @@ def _build_manifest(
         },
         "task": {
             "kind": cfg.task.kind,
-            "labels": src.record.get("labels"),
+            "labels": src.record.labels,
             "fields": (cfg.task.json_schema or {}).get("required"),
         },
-        "config": src.record["config"],
-        "config_sha256": src.record.get("config_sha256"),
+        "config": src.record.config,
+        "config_sha256": src.record.config_sha256,
         "adaptation": cfg.adaptation.model_dump(mode="json"),
         "training": cfg.training.model_dump(mode="json"),
         "template_sha256": (ev.evaluation or {}).get("record", {}).get("template_sha256"),

@@ -2,9 +2,13 @@
 
 `tunelab register` resolves each hub repo the study names (the base model, a hub data set) and
 locks `{repo_id, repo_type, revision, commit}` into the hypothesis record under `pins`; every
-later stage loads exactly that commit (`hypothesis.pinned_commit` reads it back). Registering
+later stage loads exactly that commit (`core.evidence.pinned_commit` reads it back). Registering
 again keeps a pin whose repo and revision are unchanged (`repin=True` resolves it again, a new
 hypothesis version).
+
+`resolve_pins(cfg, previous, repin=) -> (pins, notes)` (a base: `tunelab.lib.models.hub.pin_base`,
+config.json alone; a data set: fetched whole); `drift(root, cfg) -> notes` (a moved ref, for
+`tunelab validate`); `cache_problems(cfg)`: offline, a repo or revision the cache does not hold.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.evidence import pins_of
 from tunelab.core.hub import (
     cached_commit,
     cached_instead,
@@ -21,7 +26,6 @@ from tunelab.core.hub import (
     hub_offline,
     repo_folder,
 )
-from tunelab.stages.hypothesis.stage import pins_of
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig

@@ -3,23 +3,32 @@
 `register(study)` writes records/hypothesis-vN.json (content, sha256, UTC time). Registering a
 changed hypothesis makes vN+1 with the diff against vN; earlier versions are never touched.
 Stages that compute on a model call `require_hypothesis(study)` and carry its version and sha.
+
+- `require_hypothesis(study_root, cfg) -> {version, sha256, evaluation_spec_sha256}` raises
+  HypothesisError when none is registered, when study.yaml drifted from the latest version, or
+  when a hub repo or revision study.yaml names is not the one pinned.
+- `register(root, cfg, pins=None)`: `pins` go into the locked `content["pins"]` (`{"model" |
+  "data": {repo_id, repo_type, revision, commit}}`, hub repos only; the comparison with
+  study.yaml leaves them out).
+- The records are read back by `core.evidence` (`read_hypothesis`, `latest_hypothesis`,
+  `all_hypotheses`, `pins_of`, `pinned_commit`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import StudyConfig, contradictions, sha256_json, sourced_problems
+from tunelab.core.config import StudyConfig, contradictions, sourced_problems
 from tunelab.core.errors import HypothesisError
+from tunelab.core.evidence import latest_hypothesis
+from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import utc_now
-from tunelab.core.records import read_json, write_json_atomic
+from tunelab.core.records import write_json_atomic
 from tunelab.lib.metrics import study_metric_problems
 
 TEMPLATE_MARK = "TODO"
-_VERSION_RE = re.compile(r"^hypothesis-v(\d+)\.json$")
 
 
 def locked_content(cfg: StudyConfig) -> dict[str, Any]:
@@ -35,48 +44,6 @@ def locked_content(cfg: StudyConfig) -> dict[str, Any]:
 
 def evaluation_spec_sha(cfg: StudyConfig) -> str:
     return sha256_json(cfg.evaluation_spec())
-
-
-def _versions(records: Path) -> list[tuple[int, Path]]:
-    out = []
-    for p in records.glob("hypothesis-v*.json"):
-        m = _VERSION_RE.match(p.name)
-        if m:
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def read_hypothesis(path: Path) -> dict[str, Any]:
-    """A hypothesis record, refused when its locked content no longer matches its sha256."""
-    record = read_json(path)
-    if not isinstance(record, dict) or sha256_json(record.get("content")) != record.get("sha256"):
-        raise HypothesisError(
-            f"{path}: edited after registration (its content no longer matches its sha256)",
-            hint="restore the file from a copy; to change the hypothesis, edit study.yaml and run "
-            "`tunelab register` (a new version)",
-        )
-    return record
-
-
-def latest_hypothesis(records: Path) -> dict[str, Any] | None:
-    versions = _versions(records)
-    return read_hypothesis(versions[-1][1]) if versions else None
-
-
-def all_hypotheses(records: Path) -> list[dict[str, Any]]:
-    return [read_hypothesis(p) for _, p in _versions(records)]
-
-
-def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
-    """The pins of the latest registered hypothesis ({} when none)."""
-    latest = latest_hypothesis(Path(study_root) / "records")
-    return dict((latest or {}).get("content", {}).get("pins") or {})
-
-
-def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
-    """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
-    pin = pins_of(study_root).get(key)
-    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
 
 
 def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[dict[str, Any]]:
@@ -118,12 +85,17 @@ def check_registrable(cfg: StudyConfig, overrides: Sequence[str] = ()) -> None:
 
 
 def register(
-    study_root: Path, cfg: StudyConfig, pins: dict[str, Any] | None = None
+    study_root: Path,
+    cfg: StudyConfig,
+    pins: dict[str, Any] | None = None,
+    power: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Lock the current hypothesis. Returns (record, created); unchanged content creates nothing.
 
     `pins` (from `tunelab.stages.hypothesis.pins.resolve_pins`): the commit of each hub repo the study names,
-    locked with the rest under `content["pins"]`.
+    locked with the rest under `content["pins"]`. `power` (from
+    `tunelab.stages.hypothesis.power.registration_power`): what the validation split can
+    detect, kept beside the content (`detectable_effect`, `power`), outside its sha256.
     """
     check_registrable(cfg)
     records = Path(study_root) / "records"
@@ -144,6 +116,8 @@ def register(
         "amends": previous and {"version": previous["version"], "sha256": previous["sha256"]},
         "diff": diff_dicts(previous["content"], content) if previous else [],
     }
+    if power is not None:
+        record |= {"detectable_effect": power.get("detectable_effect"), "power": power}
     write_json_atomic(records / f"hypothesis-v{version}.json", record)
     return record, True
 

@@ -2,6 +2,9 @@
 
 The hypothesis fields start as TODO so that `tunelab register` refuses them until a person has
 written the question down.
+
+`render_study_yaml(task, name)`, `init_study(dir, task, name)`; `TASK_KINDS` is what
+`tunelab init --task` takes.
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ from the others (the model can learn the size instead of the content).
 
 The HTML page shows thumbnails before and after the transforms (the tensor mapped back to
 pixels through the mean and std).
+
+`inspect_images(pre, rows, split=, per_category=, progress=)` -> the record body (`kind:
+"image"`, `distributions`, `warnings`, `examples` with `original`, `steps`, `tensor`,
+`thumbnails`, `train_view`); `render_images_html(record)`; `thumbnail_png(img, px)` (the dossier's
+galleries use it too). `tunelab.stages.inspect.stage.run_inspect` dispatches on the
+architecture; `tunelab.cli.inspect_images.print_image_record` prints it.
 """
 
 from __future__ import annotations
@@ -22,15 +28,16 @@ import html
 import io
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tunelab.core.errors import DataError, PreprocessError
+from tunelab.core.progress import Progress
+from tunelab.lib.preprocess.decode import ACCEPTED_MODES, ORIENTED, model_rgb
 from tunelab.lib.preprocess.images import apply_chain, example_rng, open_example_image
 from tunelab.lib.preprocess.problems import Problem
-from tunelab.stages.data.images import ACCEPTED_MODES, ORIENTED, model_rgb
 
 THUMB_PX = 96
 # a category whose median area is this many times the others' (or below 1 / it) is flagged
@@ -233,7 +240,7 @@ def inspect_images(
     *,
     split: str,
     per_category: int,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The body of an image inspect record for the rows of one split."""
     problems: list[dict[str, str]] = []
@@ -243,7 +250,7 @@ def inspect_images(
     for i, row in enumerate(rows):
         img, problem = _open(row)
         if progress:
-            progress(i + 1, len(rows))
+            progress(f"encoding {split}", i + 1, len(rows))
         if problem:
             problems.append(problem)
             continue

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import html
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import sha256_json
+from tunelab.core.evidence import latest_hypothesis
+from tunelab.core.hashing import sha256_json
+from tunelab.core.progress import Progress
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
 from tunelab.lib.preprocess.text import (
     IGNORE_INDEX,
@@ -31,13 +33,11 @@ from tunelab.lib.preprocess.text import (
     nearest_rank,
 )
 from tunelab.lib.tasks import Task, get_task
-from tunelab.stages.hypothesis.stage import latest_hypothesis
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study
 
 NO_CATEGORY = "all"
-Progress = Callable[[int, int], None]
 
 
 # ---------------------------------------------------------------- pure logic
@@ -209,17 +209,19 @@ def inspect_rows(
     per_category: int = 2,
     progress: Progress | None = None,
     max_new_tokens: int | None = None,
+    what: str = "encoding",
 ) -> dict[str, Any]:
     """Encode every row, check all of them, and describe `per_category` examples per category
     plus the longest one. Returns the inspect record (without ids and paths).
 
     `max_new_tokens` (`evaluation.max_new_tokens`) is the generation budget the answers are
-    measured against (`answer_budget`); None skips that check."""
+    measured against (`answer_budget`); None skips that check. `progress(what, done, total)`
+    (core.progress) after each row."""
     encoded = []
     for i, row in enumerate(rows):
         encoded.append(pre.encode(row))
         if progress:
-            progress(i + 1, len(rows))
+            progress(what, i + 1, len(rows))
     problems = pre.find_problems(encoded)
     # targets the task's scorer can never match (extraction: not read as an object, off-schema)
     problems += [Problem(**p) for p in task.target_problems(rows)]
@@ -426,6 +428,7 @@ def run_inspect(
             per_category=per_category,
             progress=progress,
             max_new_tokens=study.config.evaluation.max_new_tokens,
+            what=f"encoding {split}",
         )
         render = render_html
     inspect_id = new_inspect_id()

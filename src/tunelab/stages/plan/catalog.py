@@ -1,6 +1,10 @@
 """The catalog of rental GPUs (`gpus.toml` beside this module): datasheet figures with their
 source, a default price, the default utilization by architecture and method, and the host's
-time per transformer block in eager PyTorch."""
+time per transformer block in eager PyTorch.
+
+`gpus()`, `find_gpu(id)` (ConfigError naming the ids), `gpu_of_device(cuda_name)`,
+`default_utilization(arch, method)`, `host_cost()`.
+"""
 
 from __future__ import annotations
 

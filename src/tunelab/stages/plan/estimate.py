@@ -10,6 +10,9 @@ window, warns when the registered number does not, and gives the cost.
 
 The figures are those of the device that measured them (or of a projection to a catalog GPU,
 `tunelab.stages.plan.project`); `speedup` or `step_time_s` scale a plan by hand.
+
+`build_plan(figures, cfg, *, days, gpu_hour_price=None, speedup=1.0, step_time_s=None) ->
+Plan`; the steps of a variant are `tunelab.stages.train.schedule.total_steps`.
 """
 
 from __future__ import annotations

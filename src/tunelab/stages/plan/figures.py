@@ -6,6 +6,17 @@
 - an evaluation: the baseline's (`tunelab baseline`), the unit every variant's evaluation
   repeats, with what a variant adds to it (its load, its answers' length, its adapter);
 - the durations of smoke, sizing and baseline themselves, from the ledger and the records.
+
+`Figure(value, source)`, `Figures`, `gather_figures(study) -> Figures`. A variant's evaluation:
+`baseline_s`, `baseline_load_s`, `eval_load_s` (the smoke's fresh-process load),
+`answer_length_s_per_example` (a generating task's baseline batches priced again at their gold
+answers' length less what they generated, per example; negative when the base rambled longer),
+`adapted_extra_s_per_example` ((the baseline's seconds per example + that) x (the smoke's
+`adapter_time_ratio` - 1), else LoRA's parameter share), `variant_s_per_step` (the baseline's
+decoding step x the ratio, x 1 when the smoke's evaluation chose the merged copy, which then adds
+`eval_merge_s` once per evaluation: `merged_evaluation`), `eval_max_examples` (caps every
+evaluation, not training's validation passes). The smoke and the baseline are
+found by `core.evidence` (`latest(study, "smoke", "smoke.json")`, `latest_baseline`).
 """
 
 from __future__ import annotations
@@ -15,10 +26,11 @@ from datetime import datetime
 from typing import Any
 
 from tunelab.core.errors import StudyError
+from tunelab.core.evidence import latest, latest_baseline
+from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.lib import probes
-from tunelab.stages.smoke.record import latest_smoke
 
 
 @dataclass(frozen=True)
@@ -142,19 +154,20 @@ def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:
     )
 
 
-def _own_row(sizing: dict[str, Any]) -> dict[str, Any]:
+def _own_row(sizing: Sizing) -> dict[str, Any]:
     """The sizing row of the study's own configuration, which must have been measured."""
-    thr = sizing.get("throughput") or {}
-    own = next((r for r in sizing["configurations"] if r["label"] == thr.get("row")), None)
+    thr = sizing.throughput or {}
+    rows = sizing.configurations or []
+    own = next((r for r in rows if r["label"] == thr.get("row")), None)
     if own is None or own["status"] != "ok" or not thr.get("step_s"):
         raise StudyError(
-            f"sizing {sizing['id']} has no measured step of the study's configuration",
+            f"sizing {sizing.id} has no measured step of the study's configuration",
             hint="run `tunelab size` again (its first configuration must fit)",
         )
     return own
 
 
-def _smoke_figures(smoke: dict[str, Any] | None, row: Any, load_s: Figure) -> dict[str, Figure]:
+def _smoke_figures(smoke: Smoke | None, row: Any, load_s: Figure) -> dict[str, Figure]:
     if smoke is None:
         return {
             "checkpoint_save_s": Figure(None, "no smoke record"),
@@ -163,12 +176,12 @@ def _smoke_figures(smoke: dict[str, Any] | None, row: Any, load_s: Figure) -> di
             "process_start_s": Figure(None, "no smoke record"),
         }
     sm = f"smoke {row.id}"
-    start = (smoke.get("fresh_process_s") or 0) - (smoke.get("reload_s") or 0)
-    start -= (smoke.get("fresh_eval_s") or 0) + (smoke.get("fresh_checks_s") or 0)
+    start = (smoke.fresh_process_s or 0) - (smoke.reload_s or 0)
+    start -= (smoke.fresh_eval_s or 0) + (smoke.fresh_checks_s or 0)
     return {
-        "checkpoint_save_s": Figure(smoke.get("checkpoint_save_s"), sm),
-        "reload_s": Figure(smoke.get("reload_s"), f"{sm}: load in a fresh process"),
-        "smoke_s": Figure(run_seconds(row) or smoke.get("total_s"), f"{sm}: ledger"),
+        "checkpoint_save_s": Figure(smoke.checkpoint_save_s, sm),
+        "reload_s": Figure(smoke.reload_s, f"{sm}: load in a fresh process"),
+        "smoke_s": Figure(run_seconds(row) or smoke.total_s, f"{sm}: ledger"),
         "process_start_s": Figure(
             start if start > 0 else None,
             f"{sm}: its fresh process less the load, the evaluation and the smoke's own checks "
@@ -183,16 +196,17 @@ def gather_figures(study: Study) -> Figures:
 
     cfg = study.config
     sizing = require_sizing(study)
-    thr = sizing["throughput"]
-    own = _own_row(sizing)
+    own = _own_row(sizing)  # refuses a sizing without the study's own step
+    thr = sizing.throughput or {}
+    facts = sizing.facts or {}
     m = own["measured"]
-    lengths = sizing.get("lengths") or {}
+    lengths = sizing.lengths or {}
     quant = lengths.get("quantiles") or []
     measured_len = own["options"]["seq_len"]
-    packing = bool(cfg.training.packing and sizing["facts"]["architecture"] == "causal_lm")
+    packing = bool(cfg.training.packing and facts.get("architecture") == "causal_lm")
     micro = cfg.training.micro_batch_size
-    conv = bool(sizing["facts"].get("conv"))
-    image = sizing["facts"].get("architecture") == "image"  # every image at one size
+    conv = bool(facts.get("conv"))
+    image = facts.get("architecture") == "image"  # every image at one size
     if conv:
         typical, how = measured_len, "every image at that side"
     elif image:
@@ -204,13 +218,14 @@ def gather_figures(study: Study) -> Figures:
         typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
     scale = (typical or measured_len) / measured_len
     per_example = "px a side" if conv else ("patch tokens/image" if image else "tokens/example")
-    sid = f"sizing {sizing['id']}"
+    sid = f"sizing {sizing.id}"
     load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
-    smoke, smoke_row = latest_smoke(study)
-    env = sizing.get("env") or {}
+    found = latest(study, "smoke", "smoke.json")
+    smoke, smoke_row = (Smoke.read(found.path), found.row) if found else (None, None)
+    env = sizing.env or {}
     f = Figures(
-        device=sizing["device"],
-        sizing_id=sizing["id"],
+        device=sizing.device,
+        sizing_id=sizing.id,
         step_s=Figure(
             thr["step_s"] * scale,
             f"{sid}: {thr['step_s']:.3f} s at {measured_len} {per_example} x {scale:.3f} ({how})",
@@ -220,7 +235,7 @@ def gather_figures(study: Study) -> Figures:
         ),
         load_s=load_s,
         encode_s=Figure(lengths.get("encode_train_s"), f"{sid}: tokenizing the training split"),
-        sizing_s=Figure(sizing.get("seconds"), f"{sid}: its own duration"),
+        sizing_s=Figure(sizing.seconds, f"{sid}: its own duration"),
         tokens_per_s=Figure(thr.get("tokens_per_s"), sid),
         counts=split_counts(study, lengths.get("split_counts") or {}),
         lengths=Lengths(**{k: lengths.get(k) for k in ("p50", "p95", "max", "mean")}),
@@ -234,10 +249,10 @@ def gather_figures(study: Study) -> Figures:
         logical_cores=(env.get("cpu") or {}).get("logical_cores"),
         **_smoke_figures(smoke, smoke_row, load_s),
     )
-    _baseline_figures(study, f, smoke, smoke_row, sizing["facts"])
+    _baseline_figures(study, f, smoke, smoke_row, facts)
     if f.eval_s_per_example.value is None and smoke is not None:
         f.eval_s_per_example = Figure(
-            smoke.get("eval_s_per_example"), f"smoke {smoke_row.id}: a few examples (high)"
+            smoke.eval_s_per_example, f"smoke {smoke_row.id}: a few examples (high)"
         )
     if f.eval_s_per_example.value is None:
         # a forward per example: right for a classifier, low for generation
@@ -249,21 +264,18 @@ def gather_figures(study: Study) -> Figures:
     return f
 
 
-def latest_baseline(study: Study) -> tuple[Any, dict[str, Any]]:
-    """The newest completed baseline's ledger row and its validation metrics record ({} when it
-    has none), or (None, {})."""
-    rows = [r for r in study.ledger.list_runs("baseline") if r.status == "completed"]
-    if not rows:
-        return None, {}
-    path = study.runs_dir / rows[-1].id / "metrics-validation.json"
-    return rows[-1], (read_json(path) if path.exists() else {})
+def baseline_record(study: Study) -> tuple[Any, dict[str, Any]]:
+    """The latest baseline's ledger row and its validation metrics record
+    (`core.evidence.latest_baseline`), or (None, {})."""
+    found = latest_baseline(study, "validation")
+    return (found[0], found[1]["record"]) if found else (None, {})
 
 
 def _baseline_figures(
-    study: Study, f: Figures, smoke: dict[str, Any] | None, smoke_row: Any, facts: dict[str, Any]
+    study: Study, f: Figures, smoke: Smoke | None, smoke_row: Any, facts: dict[str, Any]
 ) -> None:
     """The baseline's evaluation, the very procedure every variant's evaluation repeats."""
-    row, rec = latest_baseline(study)
+    row, rec = baseline_record(study)
     if row is None:
         return
     f.baseline_s = Figure(run_seconds(row), f"baseline {row.id}: ledger")
@@ -308,7 +320,7 @@ def merged_evaluation(smoke_eval: dict[str, Any], batch_size: int) -> Figure | N
 
 
 def adapted_costs(
-    smoke: dict[str, Any] | None,
+    smoke: Smoke | None,
     smoke_id: str | None,
     rec: dict[str, Any],
     baseline_id: str,
@@ -342,14 +354,14 @@ def adapted_costs(
         per_example = max(0.0, per_example + length.seconds)
     if rec.get("load_s") is not None:
         out["baseline_load_s"] = Figure(rec["load_s"], f"baseline {baseline_id}: its model load")
-    reload = (smoke or {}).get("reload_s")
+    reload = smoke.reload_s if smoke else None
     if reload is not None:
         out["eval_load_s"] = Figure(
             reload,
             f"smoke {smoke_id}: an adapted checkpoint loaded in a fresh process, after the "
             "baseline",
         )
-    ratio = (smoke or {}).get("adapter_time_ratio")
+    ratio = smoke.adapter_time_ratio if smoke else None
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
     step = (rec.get("generation") or {}).get("s_per_step")
     if merged is not None:

@@ -9,6 +9,8 @@ pair forward, twice that backward. tunelab's loss runs the LM head on the loss p
 (`tunelab.stages.train.losses`), so the head counts at those positions. Activation checkpointing runs
 each block's forward again during backward. A ResNet or ConvNeXt costs 2 FLOPs per multiply of
 each convolution and linear layer, counted by the memory model's walk of its feature maps.
+
+`micro_step_flops(facts, MicroBatch, checkpointing)`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,25 @@ def linear_shapes(facts: ModelFacts) -> dict[str, tuple[int, int]]:
         "up": (h, facts.intermediate),
         "down": (facts.intermediate, h),
     }
+
+
+def block_linears(facts: ModelFacts, layer: int) -> list[tuple[str, int, int]]:
+    """(role, fan_in, fan_out) of the matmuls one token runs through in block `layer`. A
+    mixture-of-experts block's MLP is its router, `top_k` experts (each as wide as one expert,
+    folded into one matmul of top_k times the width) and the shared experts: the active
+    parameters, not the resident ones."""
+    shapes = linear_shapes(facts)
+    moe = facts.moe
+    if not moe or layer not in moe["sparse_layers"]:
+        return [(role, i, o) for role, (i, o) in shapes.items()]
+    h, width, k = facts.hidden, int(moe["expert_intermediate"]), int(moe["top_k"])
+    out = [(role, *shapes[role]) for role in ("q", "k", "v", "o")]
+    out += [("router", h, int(moe["experts"]))]
+    out += [("experts", h, 2 * width * k), ("experts", width * k, h)]
+    shared = int(moe.get("shared_intermediate") or 0)
+    if shared:
+        out += [("shared", h, 2 * shared), ("shared", shared, h)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,13 +116,12 @@ def micro_step_flops(facts: ModelFacts, batch: MicroBatch, *, checkpointing: boo
     if facts.conv is not None:
         forward, backward = conv_flops(facts, batch.examples)
         return StepFlops(forward, backward, 0.0)  # neither conv net checkpoints
-    shapes = linear_shapes(facts)
     first = _first_trainable_block(facts)
     forward = backward = recompute = 0.0
     for i in range(facts.layers):
         roles = facts.layer_training[i] if i < len(facts.layer_training) else {}
         block = 0.0
-        for role, (fan_in, fan_out) in shapes.items():
+        for role, fan_in, fan_out in block_linears(facts, i):
             dense = 2 * batch.tokens * fan_in * fan_out
             block += dense
             needs_input = first is not None and i >= first

@@ -18,6 +18,8 @@ the evaluation, from the study's own shapes.
 The utilization is stated, never hidden: the catalog's default for the GPU's architecture and
 the method, the study's own measured step on a GPU of the same architecture when it has one
 (a sizing or a training run on CUDA), or the user's `--utilization`.
+
+Interface: `project(shape, cfg, gpu, gpus=, strategy=, utilization=, measured=) -> Projection`.
 """
 
 from __future__ import annotations
@@ -202,6 +204,9 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
             load=load.to_dict(),
         )
     smallest = min(found["candidates"], key=lambda c: c["predicted_peak_bytes"])
+    # the weights alone (every expert of an MoE model resident) over the card: say that first
+    weights = shape.facts.total_weight_bytes / (gpus if gpus > 1 and strategy == "fsdp" else 1)
+    reason = f"weights {weights / 1e9:.1f} GB" if weights > gpu.memory_bytes else found["reason"]
     return Fit(
         False,
         smallest["micro_batch"],
@@ -209,7 +214,7 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         smallest["checkpointing"],
         smallest["predicted_peak_bytes"],
         gpu.memory_bytes,
-        found["reason"],
+        reason,
         load.to_dict(),
     )
 
@@ -435,7 +440,13 @@ def _inputs(shape: StudyShape, gpu: Gpu, util: UtilizationRange) -> list[Input]:
         ),
         Input(
             "model",
-            f"{f.num_params:,} parameters, {f.trainable_params:,} trained, {f.layers} blocks",
+            f"{f.num_params:,} parameters, {f.trainable_params:,} trained, {f.layers} blocks"
+            + (
+                f"; mixture of experts: {f.moe['active_params']:,} active a token "
+                f"({f.moe['top_k']} of {f.moe['experts']} experts)"
+                if f.moe
+                else ""
+            ),
             shape.facts_source,
             "measured" if shape.facts_source.startswith("sizing") else "read",
         ),

@@ -14,14 +14,16 @@ from typing import Any
 
 from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
 from tunelab.core.errors import SnapshotError
+from tunelab.core.evidence import latest
+from tunelab.core.record_types import RunConfig, Sizing
 from tunelab.core.study import Study
 from tunelab.stages.plan.estimate import PROCESS_START_S
 from tunelab.stages.plan.figures import (
     Figure,
     Figures,
     Lengths,
+    baseline_record,
     gather_figures,
-    latest_baseline,
     split_counts,
 )
 from tunelab.stages.plan.project import Projection, StudyShape
@@ -105,10 +107,9 @@ def character_lengths(
 
 def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
     """The study's shape for a projection, and its latest sizing record (None without one)."""
-    from tunelab.stages.sizing.stage import latest_sizing
-
     cfg = study.config
-    sizing = latest_sizing(study)
+    found = latest(study, "sizing")
+    sizing = Sizing.read(found.path).raw if found else None
     lengths = (sizing or {}).get("lengths") or {}
     labels = _labels(study)
     facts, facts_source = _facts(study, sizing, labels)
@@ -174,7 +175,7 @@ def _generation(
     if not generating:
         steps = min(max_new_tokens, math.ceil(longest * loss))
         return mean * (1 - loss), steps, "given by the task: it scores each example, no decoding"
-    row, rec = latest_baseline(study)
+    row, rec = baseline_record(study)
     batches = (rec.get("generation") or {}).get("batches") or []
     if row is not None and batches:
         prompt = sum(b["prompt_tokens"] for b in batches) / len(batches)
@@ -187,9 +188,7 @@ def _generation(
 
 def local_figures(study: Study) -> Figures | None:
     """The figures measured on this machine, or None without a sizing record."""
-    from tunelab.stages.sizing.stage import latest_sizing
-
-    return gather_figures(study) if latest_sizing(study) is not None else None
+    return gather_figures(study) if latest(study, "sizing") is not None else None
 
 
 def _here(fig: Figure | None, fallback: float, assumed: str) -> Figure:
@@ -292,7 +291,7 @@ def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, An
         step = mean_step_s(study, row.id)
         if gpu is None or not step or not str(env.get("compute_device", "")).startswith("cuda"):
             continue
-        t = read_json(folder / "config.json")["config"]["training"]
+        t = RunConfig.read(folder / "config.json").training
         flops = (
             micro_step_flops(
                 shape.facts,

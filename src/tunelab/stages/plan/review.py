@@ -6,6 +6,16 @@ the plan recomputed at the speed the runs themselves measured (their own mean st
 own evaluation seconds per example): when the machine's load changes between sizing and
 training, the first error mixes the speed change with the plan's arithmetic, the second shows
 the arithmetic alone.
+
+`review_plan(study, plan=None)` (`tunelab plan --review --json`; the dossier calls it) ->
+`{plan, notes, rows, largest_error, largest_error_at_run_speed, max_error_pct,
+max_error_at_run_speed_pct}` (`notes`: for a GPU plan, the runs that ran elsewhere;
+`largest_error`: `{phase, error_pct}` signed as the table prints it, or None); each row `{phase,
+what, planned_s, actual_s, error_pct, planned_at_run_speed_s, error_at_run_speed_pct,
+below_resolution, margin_pct, within_margin, far_off (|error| over `FAR_OFF_PCT` = 50 %, either
+way; `far_off_remark(row)` says it), repeats_s, repeat_spread_pct, within_repeat_spread}`:
+`repeats_s` holds the durations of a unit that ran more than once (the evaluations of one
+split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`).
 """
 
 from __future__ import annotations
@@ -15,10 +25,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tunelab.core.errors import StudyError
+from tunelab.core.evidence import latest, sizing_dir
+from tunelab.core.record_types import Sizing
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.stages.plan.figures import _parse_time, run_seconds
-from tunelab.stages.plan.stored import latest_plan
 
 # A phase planned and measured under this many seconds is shown in the review but left out of
 # its largest error: a process's timing varies by tenths of a second on a shared machine, and
@@ -282,15 +293,13 @@ def repeat_verdict(row: dict[str, Any]) -> str | None:
 
 
 def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
-    from tunelab.stages.sizing.stage import list_sizings
-
     runs = [r for r in study.list_runs() if r.status != "running" and run_seconds(r) is not None]
 
     def of(kind: str) -> list[Any]:
         return [r for r in runs if r.kind == kind]
 
     smoke, baseline, train, evals = of("smoke"), of("baseline"), of("train"), of("eval")
-    sizing = [read_json(p).get("seconds") or 0.0 for p in list_sizings(study)]
+    sizing = [Sizing.read(p).seconds or 0.0 for p in sorted(sizing_dir(study).glob("size-*.json"))]
     verify = verify_seconds(study)
     exports = export_seconds(study)
     # experiments at each run's own speed: compute scaled, checkpoint saves as planned
@@ -363,9 +372,11 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
     """Planned against actual, phase by phase, for the units the ledger holds: `{plan, rows,
     max_error_pct, max_error_at_run_speed_pct}` (the record `tunelab plan --review --json`
     prints). `plan` is a plan record; None: the latest."""
-    plan = plan or latest_plan(study)
     if plan is None:
-        raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
+        found = latest(study, "plan")
+        if found is None:
+            raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
+        plan = found.read()
     planned = PlannedUnits.from_record(plan)
     rows = _rows(study, planned)
     for r in rows:

@@ -3,6 +3,9 @@
 A study that has not loaded its model yet (a 1B-class base named only by its config) can be
 planned from its architecture and the adaptation it registers. `model_facts` (sizing) reads
 the same facts from a loaded, adapted model; for the Llama and BERT families the two agree.
+
+`facts_from_config(config_json, adaptation, *, architecture, dtype, num_labels) -> ModelFacts`
+(also for method qlora).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 
 from tunelab.core.config import AdaptationConfig
 from tunelab.core.errors import StudyError
+from tunelab.lib.models.moe import moe_shape
 from tunelab.stages.plan.flops import linear_shapes
+from tunelab.stages.plan.moe_shapes import moe_facts
 from tunelab.stages.sizing.facts import _BERT_TYPES, _LLAMA_TYPES
 from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts, quant_constants_of
 
@@ -91,6 +96,9 @@ def facts_from_config(
         vocab=int(config["vocab_size"]),
         num_labels=num_labels if architecture == "encoder" else 0,
     )
+    moe = moe_shape(config)
+    if moe is not None:
+        return moe_facts(config, moe, base, adaptation, dtype)
     shapes = linear_shapes(base)
     full = adaptation.method == "full"
     tied = architecture == "causal_lm" and bool(config.get("tie_word_embeddings", False))

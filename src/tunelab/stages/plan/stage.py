@@ -1,4 +1,9 @@
-"""`tunelab plan`: gather the figures, build the plan, record it with its chart."""
+"""`tunelab plan`: gather the figures, build the plan, record it with its chart.
+
+`make_plan(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
+record's `projection` is absent for a plan of measured figures); `compare_gpus(study, days=,
+gpus=, strategy=, utilization=)` (`tunelab plan --compare-gpus`) records nothing.
+"""
 
 from __future__ import annotations
 
@@ -279,6 +284,7 @@ def compare_gpus(
                 "name": gpu.name,
                 "arch": gpu.arch,
                 "fits": proj["fit"]["fits"],
+                "why_not": proj["fit"].get("reason"),
                 "micro_batch": proj["fit"]["micro_batch"],
                 "grad_accum": proj["fit"]["grad_accum"],
                 "checkpointing": proj["fit"]["checkpointing"],

@@ -1,8 +1,13 @@
-"""Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`."""
+"""Where plans are kept: `records/plans/<plan-id>.json` beside its chart `<plan-id>.png`.
+
+`plans_in_order(study, on_damaged=None)` (oldest first, as the dossier reads them), `plans_dir`.
+The latest plan is `core.evidence.latest(study, "plan")` (the largest `created_ns`).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +31,20 @@ def _creation_order(rec: dict[str, Any]) -> tuple[int, str]:
     return (int(rec.get("created_ns") or 0), str(rec.get("id", "")))
 
 
-def plans_in_order(study: Study) -> list[dict[str, Any]]:
-    """Every plan record, oldest first (each with `_path`, where it was read from)."""
+def plans_in_order(
+    study: Study, on_damaged: Callable[[Path, StudyError], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every plan record, oldest first (each with `_path`, where it was read from). A damaged
+    record is not a plan to show or review: it is left out and passed to `on_damaged`."""
     folder = plans_dir(study)
     records = []
     for path in folder.glob("plan-*.json") if folder.is_dir() else []:
         try:
             rec = read_json(path)
-        except StudyError:  # a damaged record is not a plan to show or review
+        except StudyError as exc:
+            if on_damaged is not None:
+                on_damaged(path, exc)
             continue
         if isinstance(rec, dict):
             records.append({**rec, "_path": str(path)})
     return sorted(records, key=_creation_order)
-
-
-def latest_plan(study: Study) -> dict[str, Any] | None:
-    """The newest plan record, or None."""
-    found = plans_in_order(study)
-    if not found:
-        return None
-    latest = dict(found[-1])
-    latest.pop("_path")
-    return latest

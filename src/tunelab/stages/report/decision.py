@@ -3,11 +3,23 @@
 Pure: a compare record (and the collected runs) in, a choice and sentences out. The dossier's
 decision and `tunelab demo` (which opens the test split for the adopted variant only) share
 the rule.
+
+- `choose_variant(compare_record) -> (row | None, reasons)`: the compared variant with the
+  largest primary-metric gain meeting `min_improvement`, with a 95 % interval above 0 and every
+  guardrail passing; `decide(compare_record) -> str` (the dossier's sentence).
+- `test_figure(compare_record, runs, test_openings) -> {name, run_id, metric, eval_run, n, value,
+  openings, validation} | None` (the summary row; `eval_run` None until the split is opened);
+  `final_test(compare_record, runs, test_openings) -> str | None` (the adopted variant's primary
+  metric on the test split, from the eval run that opened it first).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunelab.stages.report.collect import RunEvidence
 
 
 def format_ci(d: dict[str, Any]) -> str:
@@ -18,9 +30,10 @@ def format_ci(d: dict[str, Any]) -> str:
 
 
 def choose_variant(compare: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The compared variant with the largest gain in the primary metric that meets the
-    registered minimum improvement with a 95 % interval above 0 and passes every guardrail
-    (its compare row, or None), and why each other variant was not chosen."""
+    """The compared variant with the largest gain in the primary metric whose decision is
+    adopt (its compare row, or None), and why each other variant was not chosen. A compare
+    record from before decisions were recorded is read by its rule: the delta meets the
+    registered minimum improvement with a 95 % interval above 0 and every guardrail passes."""
     metric = compare.get("primary_metric")
     candidates, reasons = [], []
     for r in compare.get("runs", []):
@@ -31,6 +44,12 @@ def choose_variant(compare: dict[str, Any]) -> tuple[dict[str, Any] | None, list
             )
             continue
         p = r.get("primary") or {}
+        if "decision" in r:
+            if r["decision"] == "adopt":
+                candidates.append((p.get("delta") or 0.0, name, r))
+            else:
+                reasons.append(f"{name}: {r['decision']}: " + "; ".join(r["decision_reasons"]))
+            continue
         failed = [g for g in r.get("guardrails", []) if not g.get("pass")]
         if failed:
             reasons.append(
@@ -60,24 +79,68 @@ def decide(compare: dict[str, Any]) -> str:
         p = r["primary"]
         delta = p.get("delta") or 0.0
         flags = f" Flags: {'; '.join(r['flags'])}." if r.get("flags") else ""
+        if "decision" in r:
+            return f"Adopt {name} (run {r['run_id']}): {_adopted_because(compare, r)}.{flags}"
         return (
             f"Adopt {name} (run {r['run_id']}): {metric} {p.get('baseline'):.4f} -> "
             f"{p.get('variant'):.4f} (delta {delta:+.4f}, 95 % CI {format_ci(p)}), all "
             f"{len(r.get('guardrails', []))} guardrail checks pass.{flags}"
+        )
+    if compare.get("decision") == "inconclusive":
+        return (
+            "Inconclusive: no variant is adopted and none is ruled out. "
+            + "; ".join(reasons)
+            + ". "
+            + _what_settles(compare)
         )
     return (
         "Keep the baseline: " + ("; ".join(reasons) if reasons else "no variant was compared") + "."
     )
 
 
+def _what_settles(compare: dict[str, Any]) -> str:
+    """What would settle an inconclusive comparison: more validation examples (the largest
+    split size its inconclusive tests name), or the sealed test split, opened once."""
+    sizes = [
+        n
+        for r in compare.get("runs", [])
+        if r.get("decision") == "inconclusive"
+        for n in [(r.get("primary") or {}).get("settle_n")]
+        + [g.get("settle_n") for g in r.get("guardrails") or []]
+        if n
+    ]
+    more = f"about {max(sizes)} validation examples would likely settle it" if sizes else ""
+    final = "the sealed test split, opened once with `tunelab eval RUN --split test --final`"
+    return f"What would settle it: {more + ', or ' if more else ''}{final}."
+
+
+def _adopted_because(compare: dict[str, Any], r: dict[str, Any]) -> str:
+    """The adopted row's evidence: the primary test with its interval, the guardrails with
+    the adjusted level, the flips."""
+    p, tests = r["primary"], compare.get("tests") or {}
+    guards = r.get("guardrails") or []
+    levels = [g["adjusted_level"] for g in guards if g.get("adjusted_level") is not None]
+    fl = r.get("flips") or {}
+    level = f"; fail side at {tests.get('multiplicity')}-adjusted levels down to {min(levels):.3g}"
+    return (
+        f"{compare.get('primary_metric')} {p.get('baseline'):.4f} -> {p.get('variant'):.4f}, "
+        f"delta {p.get('delta') or 0.0:+.4f}, {tests.get('confidence', 0.95):.0%} interval "
+        f"{format_ci(p)}: {p.get('verdict')} (one-sided level {tests.get('alpha', 0.025):.3g}); "
+        f"all {len(guards)} guardrail checks pass on their interval bounds"
+        + (level if levels else "")
+        + f"; {fl.get('num_improved', 0)} examples wrong -> right, "
+        f"{fl.get('num_regressed', 0)} right -> wrong"
+    )
+
+
 def test_figure(
-    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+    compare: dict[str, Any], runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
     """The adopted variant on the sealed test split, from the evaluation that opened it first:
     `{name, run_id, metric, eval_run, n, value, openings, validation}` (`eval_run` None while
     it has not been evaluated there); None when no variant is adopted.
 
-    `runs` are the dossier's collected runs (`row`, `evaluations` by split); `openings` the
+    `runs` are the dossier's collected runs (`RunEvidence`: `row`, `evaluations` by split); `openings` the
     ledger's test openings, each naming the eval run that opened the split."""
     chosen, _ = choose_variant(compare)
     if chosen is None:
@@ -85,21 +148,19 @@ def test_figure(
     run_id = chosen["run_id"]
     metric = compare.get("primary_metric")
     tests = {
-        r["row"]["id"]: r
+        r.row.id: r
         for r in runs
-        if r["row"]["kind"] == "eval"
-        and r["row"]["parent"] == run_id
-        and "test" in r["evaluations"]
+        if r.row.kind == "eval" and r.row.parent == run_id and "test" in r.evaluations
     }
     first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
-    record = tests[first]["evaluations"]["test"] if first else {}
+    test = tests[first].evaluations["test"] if first else None
     return {
         "name": chosen.get("name") or run_id,
         "run_id": run_id,
         "metric": metric,
         "eval_run": first,
-        "n": record.get("n"),
-        "value": (record.get("metrics") or {}).get(metric),
+        "n": test.n if test else None,
+        "value": test.metrics.get(metric) if test else None,
         "openings": len(openings),
         "validation": (chosen.get("primary") or {}).get("variant"),
     }
@@ -110,7 +171,7 @@ def _shown(value: Any) -> str:
 
 
 def final_test(
-    compare: dict[str, Any], runs: list[dict[str, Any]], openings: list[dict[str, Any]]
+    compare: dict[str, Any], runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
 ) -> str | None:
     """The adopted variant's primary metric on the sealed test split as a sentence (None when
     no variant is adopted); see `test_figure`."""

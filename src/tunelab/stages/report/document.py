@@ -5,6 +5,10 @@ same structure, so the two dossiers cannot disagree (Markdown lists a gallery's 
 HTML escapes every string (they come from data and configs), inlines images as base64, keeps
 every table inside the page (a wide one scrolls in its own box) and shows the exact value of a
 rounded figure on hover.
+
+A `Section` holds strings, `Table`, `Image` (a PNG file) and `Gallery(thumbs: [Thumb(png bytes,
+caption)], caption)`, inlined as data URIs in dossier.html and given by their captions in
+dossier.md.
 """
 
 from __future__ import annotations

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+if TYPE_CHECKING:
+    from tunelab.stages.report.collect import RunEvidence
+
 
 def plot_loss_curves(
-    runs: list[dict[str, Any]], out: Path, resumed: dict[str, list[int]] | None = None
+    runs: list[RunEvidence], out: Path, resumed: dict[str, list[int]] | None = None
 ) -> Path | None:
     """One line per training run (train loss per step, validation loss as markers); a dotted
     vertical line at each step a run was resumed from (`resumed`: run id -> steps)."""
-    series = [
-        (r["row"]["name"] or r["row"]["id"], r["steps"], (resumed or {}).get(r["row"]["id"], []))
-        for r in runs
-        if r["steps"]
-    ]
+    series = [(r.label, r.steps, (resumed or {}).get(r.row.id, [])) for r in runs if r.steps]
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(8, 4))

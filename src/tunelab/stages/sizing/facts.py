@@ -4,6 +4,12 @@ The roles of the parameters of each transformer block (q k v o gate up down norm
 read from their names, so the estimate knows which linear layers train in full, which carry a
 LoRA adapter and which are frozen. Also `count_saved_bytes`: the bytes autograd really keeps for
 backward during a forward pass, to check the analytic walk against.
+
+`model_facts(model, architecture)`; ViT / DeiT blocks are walked as the "bert" family
+(approximate); ResNet and ConvNeXt give family "resnet" | "convnext" with `conv` (image_size:
+the config's or `DEFAULT_IMAGE_SIZE`). `count_saved_bytes(model, forward, backward=None)` keeps
+nothing afterwards (without `backward` the graph holds keys, not tensors: no backward through it;
+with it, detached aliases, and `backward(out)` runs once the hooks are left: the same count).
 """
 
 from __future__ import annotations
@@ -45,6 +51,20 @@ _ROLES_LLAMA = {
     "mlp.down_proj": "down",
     "input_layernorm": "norm1",
     "post_attention_layernorm": "norm2",
+    # mixture-of-experts blocks (tunelab.lib.models.moe): fused experts, router, shared experts
+    "mlp.experts": "experts",
+    "block_sparse_moe.experts": "experts",
+    "mlp.gate": "router",
+    "mlp.router": "router",
+    "block_sparse_moe.router": "router",
+    "mlp.shared_expert_gate": "router",
+    **{
+        f"{m}.{p}": "shared"
+        for m in ("mlp.shared_expert", "mlp.shared_experts")
+        for p in ("gate_proj", "up_proj", "down_proj")
+    },
+    "shared_mlp.input_linear": "shared",
+    "shared_mlp.output_linear": "shared",
 }
 _ROLES_BERT = {
     "attention.self.query": "q",
@@ -170,9 +190,17 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         lora_rank=lora_rank,
         lora_dropout=lora_dropout,
         approximate=approximate,
+        moe=_moe_of(cfg),
         **quant.facts(model),
         **top,
     )
+
+
+def _moe_of(cfg: Any) -> dict[str, Any] | None:
+    from tunelab.lib.models.moe import moe_shape
+
+    shape = moe_shape(cfg.to_dict()) if hasattr(cfg, "to_dict") else None
+    return shape.to_dict() if shape else None
 
 
 def _conv_facts(model: Any, architecture: str, *, lora_rank: int, lora_dropout: float):

@@ -25,7 +25,7 @@ has when it comes first, the others on a model built again. Memory
 before any unpinned step: a heap grown by unpinned steps keeps free chunks that later
 allocations take before any mmap, and a step measured after them would show the heap's
 high-water mark rather than its live tensors, whereas configurations measured pinned one
-after another give what fresh processes give (docs/sizing.md; tests/test_sizing.py;
+after another give what fresh processes give (docs/sizing.md; tests/stages/sizing/test_sizing.py;
 benchmarks/sizing_time.py).
 
 Memory:
@@ -58,6 +58,13 @@ Out of memory (CUDA OutOfMemoryError, MemoryError, a failed CPU allocation) or a
 `memory_budget_bytes` (a watchdog thread stops the child at once, after writing the verdict of
 the configuration it was on) is reported as `status: does_not_fit`, never as a crash of the
 caller; the parent gives the configurations left to a new child.
+
+SPEC is `{"configurations": [spec, ...]}`; each result goes to `configuration-<i>.json`, a
+memory-phase verdict to `memory-<i>.json`, the phase to `phase.json`.
+`synthetic_examples(..., image_size=)` makes `pixel_values` for an image model. The child needs
+`tunelab.stages.train.build` (`build_model`, `build_loop`), `tunelab.stages.train.loop`
+(`train_loop`, `loss_sum`, `validation_loss`, `autocast`, `to_device`) and
+`tunelab.stages.train.batches.Position`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,20 @@ transformers use the `llama` walk and are marked approximate. Two conv nets are 
 map by feature map, at the model's image size: `resnet` (convolution, batch norm, ReLU, max
 pool, basic or bottleneck layers) and `convnext` (depthwise convolution, LayerNorm, pointwise
 linear layers, layer scale). No torch import: values in, values out.
+
+Interface: `ModelFacts`, `Case(seq_len, micro_batch, grad_accum, precision, checkpointing, packing,
+masked, loss_fraction, optimizer, device)`, `estimate_memory(facts, case, strategy="single" | "ddp"
+| "fsdp", ranks=1) -> Estimate` (bytes: `weights`, `gradients`, `optimizer_states`, `activations`,
+`logits_loss`, `phases`, `peak_total`, `peak_increase`, `rule_x4`, `dequantized_layer`),
+`project_per_rank(facts, case, n)`. `loss_route(facts, strategy) -> "fused" | "chunked" | "model"`
+and `logits_bytes(facts, case, route="fused") -> {logits, loss_tokens, chunk_rows, kept, forward,
+backward}` are the loss term, by the training loss's route. QLoRA: `ModelFacts.quant_params,
+quant_tensors, quant_constant_bytes, quant_largest, quant_dtype, quant_compute_dtype` (0 / defaults
+without a 4-bit base; `total_weight_bytes` includes the constants), `quant_constants_of(numels,
+double_quant)`, `dequantized_layer_bytes(facts)`, `weights_by_dtype["4bit_constants"]`. Conv nets
+(`CONV_FAMILIES`): `ModelFacts.conv` holds the config fields the walk reads and `trains` (module
+path -> "weight" | "lora", the head as "classifier"); `Case.seq_len` is unused there (the side is
+`conv["image_size"]`; the batch is `micro_batch` images).
 """
 
 from __future__ import annotations
@@ -113,6 +127,10 @@ class ModelFacts:
     # a conv net (family resnet | convnext): its config (image_size, num_channels, hidden_sizes,
     # depths, ...) and "trains": module path (as in the model, no prefix) -> "weight" | "lora"
     conv: dict[str, Any] | None = None
+    # a mixture-of-experts model: tunelab.lib.models.moe.MoeShape.to_dict() (experts, top_k,
+    # expert_intermediate, shared_intermediate, sparse_layers, ...); its sparse blocks carry the
+    # roles "experts", "router" and "shared" (tunelab.stages.sizing.moe_walk)
+    moe: dict[str, Any] | None = None
 
     @property
     def total_weight_bytes(self) -> int:
@@ -392,6 +410,10 @@ class _Trace:
         o = self.linear(a, f.heads * hd, f.hidden, train.get("o"))
         x = self.add(x, o)
         h = self.rmsnorm(x, train.get("norm2"))
+        if f.moe and getattr(self, "layer", -1) in f.moe["sparse_layers"]:
+            from tunelab.stages.sizing.moe_walk import moe_mlp
+
+            return self.add(x, moe_mlp(self, h, train))
         g = self.linear(h, f.hidden, f.intermediate, train.get("gate"))
         u = self.linear(h, f.hidden, f.intermediate, train.get("up"))
         m = self.mul(self.pointwise_saving_input(g), u)
@@ -613,11 +635,13 @@ class _Trace:
             train = f.layer_training[i] if i < len(f.layer_training) else {}
             self.group(f"layer.{i}")
             before = self.total
+            self.layer = i
             if c.checkpointing:
                 # only the block input is kept; the block runs again during backward
                 self.save(x)
                 sub = _Trace(f, c)
                 sub.rows, sub.s, sub.rows_pos, sub.rope_saved = self.rows, self.s, 1, True
+                sub.layer = i
                 out = sub.block(x, train)
                 self.recompute = max(self.recompute, sub.total)
                 self.blocks.append((sub.total, getattr(sub, "attention_mark", 0)))

@@ -8,6 +8,11 @@ results it wrote; the configuration it was on gets the verdict of its end and th
 new child. `shared=False` starts a fresh child for every configuration (`tunelab size
 --fresh-processes`), as does glibc's default allocator (`--allocator default`), whose moving
 thresholds make a configuration's RSS depend on what ran before it in the process.
+
+`measure_configurations(specs, timeout_s=, shared=True, on_result=) -> [result]` (each result
+has `process {index, position}`) and `measure_in_subprocess(spec, timeout_s=) -> result` turn an
+exception in the child, a crash or a timeout into a row of status error with the child's whole
+error, a SIGKILL into does_not_fit.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@
 - `recommend`: the largest micro-batch (and the accumulation that keeps the configured
   effective batch) whose predicted peak, calibrated on the measurements, fits the memory budget
   with a safety margin; without activation checkpointing when possible, since it costs time.
+
+`parse_precisions(text)`, `parse_bytes`, `parse_int_list`; `configurations(...,
+can_checkpoint=)` and `recommend(..., strategy=, ranks=, can_checkpoint=)` (estimate_memory's
+strategy and ranks, default single).
 """
 
 from __future__ import annotations

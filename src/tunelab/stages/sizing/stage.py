@@ -17,6 +17,30 @@
 What is compared: on CUDA the predicted peak total against `max_memory_allocated`; on CPU the
 predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
 measured peak RSS above the idle process (model, optimizer and batch loaded).
+
+`run_sizing(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
+method (`label` "method M") at the study's own configuration, each predicted from its own facts;
+`recommendation.other_methods` [{method, fits, micro_batch, grad_accum, checkpointing,
+predicted_peak_bytes}] (the CLI proposes one that fits when the study's does not). An image
+model's "sequence length" is its patch tokens (`tunelab.lib.models.vision.patch_tokens`), or for
+a conv net its square image side (`conv_image_side(base, cfg)`; the lengths record gains
+`image_size` and `length_unit` "patch tokens" | "image side"); any other image model is refused
+(ModelError); `supports_checkpointing(study)` drops the checkpointing configurations of a model
+that cannot checkpoint.
+
+`records/sizing/<size-id>.json` (the latest: `core.evidence.latest(study, "sizing")`): `device`, `seconds`, `lengths {p50,
+p95, max, mean, quantiles, loss_fraction, split_counts, encode_train_s}`, `configurations:
+[{label, method, options {seq_len, micro_batch, grad_accum, measured_accum, precision,
+checkpointing, packing}, status (ok | does_not_fit | error), reason, predicted {...Estimate,
+compared}, measured {step_s, projected_step_s, micro_step_s, tokens_per_s, forward_s,
+forward_of, heap_grown_before, saved_activation_bytes, load_s, cpu_share, phase_s, idle_rss,
+peak_rss, increase | max_allocated, max_reserved, compared}, error_pct, rule_x4 {bytes,
+error_pct}, seq_len, micro_batch, predicted_mb, measured_mb, step_s, process {index,
+position}}]`, `processes` (shared | fresh), `max_error_pct`, `rule_x4_max_error_pct`,
+`recommendation {fits, micro_batch, grad_accum, checkpointing, precision, predicted_peak_bytes
+(= fixed_bytes, the idle process's RSS on CPU and 0 on CUDA, + step_peak_bytes), budget_bytes,
+tokens_per_s, ...}`, `projection: [{ranks, micro_batch, grad_accum, ddp, fsdp}]`, `throughput
+{row, step_s, tokens_per_s}`, `step_s`, `tokens_per_s`.
 """
 
 from __future__ import annotations
@@ -32,8 +56,11 @@ from typing import Any
 
 from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
 from tunelab.core.errors import SnapshotError, StudyError, TunelabError
+from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
-from tunelab.core.records import read_json, write_json_atomic
+from tunelab.core.progress import Progress
+from tunelab.core.record_types import Sizing, Smoke
+from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
@@ -125,45 +152,27 @@ def _processes_text(count: int, shared: bool) -> str:
 def sizing_forecast(study: Study, options: list[Option], own: str, shared: bool = True) -> str:
     """A sentence saying how long the sizing will take, from the latest smoke's step time (the
     only step measured before), or that it is known after the first configuration."""
-    from tunelab.stages.smoke.record import latest_smoke
-
-    smoke, row = latest_smoke(study)
+    found = latest(study, "smoke", "smoke.json")
+    smoke, row = (Smoke.read(found.path), found.row) if found else (None, None)
     what = _processes_text(len(options), shared)
-    if not smoke or not smoke.get("step_s") or not smoke.get("tokens_per_step"):
+    if not smoke or not smoke.step_s or not smoke.tokens_per_step:
         return f"{what} (time known after the first)"
-    start = smoke.get("fresh_process_s") or PROCESS_START_S
+    start = smoke.fresh_process_s or PROCESS_START_S
     images = study.config.task.kind == "image_classification"
     seconds = expected_seconds(
-        options, own, smoke["step_s"], smoke["tokens_per_step"], start,
+        options, own, smoke.step_s, smoke.tokens_per_step, start,
         build_s=CONFIG_BUILD_S if shared else start, images=images,
     )  # fmt: skip
     unit = "images" if images else "tokens"
     return (
         f"{what}: {_clock_text(seconds)} "
-        f"(smoke {row.id}: {smoke['step_s']:.1f} s a step of {smoke['tokens_per_step']:.0f} {unit})"
+        f"(smoke {row.id}: {smoke.step_s:.1f} s a step of {smoke.tokens_per_step:.0f} {unit})"
     )
-
-
-def sizing_dir(study: Study) -> Path:
-    return study.records / "sizing"
 
 
 def new_sizing_id() -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"size-{stamp}-{secrets.token_hex(3)}"
-
-
-def list_sizings(study: Study) -> list[Path]:
-    """Sizing records, oldest first."""
-    folder = sizing_dir(study)
-    if not folder.is_dir():
-        return []
-    return sorted(folder.glob("size-*.json"), key=lambda p: p.name)
-
-
-def latest_sizing(study: Study) -> dict[str, Any] | None:
-    found = list_sizings(study)
-    return read_json(found[-1]) if found else None
 
 
 def device_memory_bytes(device: str) -> int:
@@ -370,7 +379,7 @@ class _Measurer:
         own: str,
         total: int,
         timeout_s: float,
-        progress: Callable[[int, int, str], None] | None,
+        progress: Progress | None,
         shared: bool = True,
     ):
         self.base_spec, self.own, self.total = base_spec, own, total
@@ -422,7 +431,9 @@ class _Measurer:
         """Measure option `o` alone (its own process); `note` follows its label on the
         progress line."""
         if self.progress:
-            self.progress(len(self.rows), self.total, o.label + (f"; {note}" if note else ""))
+            self.progress(
+                "size", len(self.rows), self.total, o.label + (f"; {note}" if note else "")
+            )
         self.measure_all([(o, method)])
         return self.rows[-1]
 
@@ -632,7 +643,7 @@ class _RowProgress:
         own: str,
         total: int,
         shared: bool,
-        progress: Callable[[int, int, str], None] | None,
+        progress: Progress | None,
         images: bool = False,
     ):
         self.planned, self.own, self.total, self.shared = planned, own, total, shared
@@ -655,7 +666,7 @@ class _RowProgress:
             first = self.timed[0] if self.timed else None
             note = _remaining(self.done, left, self.own, first, self.shared, self.images)
             n = len(self.done)
-            self.progress(n, self.total, f"{n} of {len(self.planned)} measured; {note}")
+            self.progress("size", n, self.total, f"{n} of {len(self.planned)} measured; {note}")
 
 
 def run_sizing(
@@ -669,7 +680,7 @@ def run_sizing(
     measure_steps: int = 1,
     allocator: str = "pinned",
     timeout_s: float = 1800.0,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Progress | None = None,
     methods: list[str] | None = None,
     shared: bool = True,
 ) -> tuple[dict[str, Any], Path]:
@@ -680,7 +691,7 @@ def run_sizing(
     `shared`: all configurations in one measuring process (False: a fresh one for each,
     `tunelab size --fresh-processes`; see `processes.measure_configurations`).
 
-    `progress(done, total, label)` is called before each configuration is measured. Returns
+    `progress("size", done, total, label)` (core.progress) as the configurations are measured. Returns
     (record, path). Raises TunelabError when nothing could be measured or lengths are unknown;
     an out-of-memory configuration is a row with status does_not_fit.
     """
@@ -731,7 +742,7 @@ def run_sizing(
     planned = [o for o, _ in queue]
     note = sizing_forecast(study, planned, own, shared)
     if progress:
-        progress(0, total, f"{planned[0].label}; {note}")
+        progress("size", 0, total, f"{planned[0].label}; {note}")
     images = cfg.task.kind == "image_classification"
     on_row = _RowProgress(planned, own, total, shared, progress, images)
     measurer.measure_all(queue, on_row)
@@ -897,10 +908,11 @@ def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def require_sizing(study: Study) -> dict[str, Any]:
-    record = latest_sizing(study)
-    if record is None:
+def require_sizing(study: Study) -> Sizing:
+    """The latest sizing record, read as its kind (`core.record_types.Sizing`)."""
+    found = latest(study, "sizing")
+    if found is None:
         raise StudyError(
             "no sizing record in records/sizing/", hint="measure the step first: `tunelab size`"
         )
-    return record
+    return Sizing.read(found.path)

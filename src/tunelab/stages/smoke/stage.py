@@ -14,6 +14,22 @@ and must give:
 
 The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_example`,
 `checkpoint_save_s`, `reload_s`, ...) are written to `records/runs/<smoke-id>/smoke.json`.
+
+`run_smoke(study, *, num_train=8, num_steps=2, num_eval=4, progress=None) -> (run, record)`
+(`progress`: core.progress, moved by the training steps) builds its run with
+`tunelab.stages.train.run.prepare_run` (its `Prepared.snapshot` replaced by a seeded
+`SnapshotSample`) and `execute_run`. `records/runs/<smoke-id>/smoke.json` (what `tunelab plan`
+reads): `passed`, `reason`, `checks [{check, ok, detail}]`, `step_s` (mean of the steps after the
+first), `first_step_s`, `tokens_per_step`, `peak_memory_bytes`, `train_s`, `eval_s`,
+`eval_s_per_example`, `checkpoint_save_s` (state.json's `save_s` when training recorded one,
+else file times), `checkpoint_bytes`, `reload_s`, `fresh_eval_s`, `fresh_checks_s`,
+`fresh_process_s` (with imports), `adapter_time_ratio` (`tunelab.lib.probes.adapter_time_ratio`:
+the fastest of 3 to 5 interleaved pairs, per decoding step over `RATIO_DECODE_STEPS` new tokens
+for a generating task; None without an adapter), `adapter_timing` (`unit`, `pairs`, `off_s`,
+`on_s`, `decode_steps`), `total_s`, `settings` (num_train, num_steps, num_eval, overrides,
+micro_batch_size, grad_accum_steps, max_seq_len, precision, method, architecture, device,
+torch_threads, load_avg_1m, logical_cores), `losses`. A failed check raises `SmokeFailed`
+(exit 1) after the record is written.
 """
 
 from __future__ import annotations
@@ -31,8 +47,8 @@ from tunelab.core.records import read_json, read_jsonl, write_json_atomic
 from tunelab.lib.probes import AdapterPass, adapter_time_ratio
 
 if TYPE_CHECKING:
+    from tunelab.core.progress import Progress
     from tunelab.core.study import Run, Study
-    from tunelab.stages.train.callbacks import TrainProgress
     from tunelab.stages.train.run import Prepared
 
 SMOKE_KIND = "smoke"
@@ -119,7 +135,7 @@ def run_smoke(
     num_train: int = 8,
     num_steps: int = 2,
     num_eval: int = 4,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Run, dict[str, Any]]:
     """`tunelab smoke`: returns (run, record); record["passed"] says whether every check passed.
 
@@ -267,7 +283,7 @@ def _smoke_body(
     eval_rows: list[dict[str, Any]],
     eval_ids: list[Any],
     found: _Findings,
-    progress: TrainProgress | None,
+    progress: Progress | None,
 ) -> None:
     """Train, check the checkpoint, evaluate the reloaded model, reload it in a fresh process."""
     status = _train_pass(study, run, prep, found, progress)
@@ -277,7 +293,7 @@ def _smoke_body(
 
 
 def _train_pass(
-    study: Study, run: Run, prep: Prepared, found: _Findings, progress: TrainProgress | None
+    study: Study, run: Run, prep: Prepared, found: _Findings, progress: Progress | None
 ) -> dict[str, Any]:
     """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
     checks (recorded even when training raises); returns the run's status."""
@@ -309,15 +325,30 @@ def _train_pass(
             timings["tokens_per_step"] = round(sum(r["tokens"] for r in steps) / len(steps), 1)
             timings["peak_memory_bytes"] = max(r.get("memory_bytes") or 0 for r in steps)
     status = run.status()
-    violations = (status.get("update_check") or {}).get("violations")
+    check = status.get("update_check") or {}
+    violations = check.get("violations")
     found.check(
         "update check",
         violations == [] if violations is not None else None,
-        "every trainable tensor moved, every frozen one stayed"
+        _update_detail(check)
         if violations == []
         else ("; ".join(violations[:3]) if violations else "not run"),
     )
     return status
+
+
+def _update_detail(check: dict[str, Any]) -> str:
+    detail = "every trainable tensor moved, every frozen one stayed"
+    unused = check.get("unused") or []
+    if unused:
+        detail += (
+            f" (but {len(unused)} tensor(s), {check.get('unused_parameters', 0):,} parameters, got "
+            "no gradient: the forward does not use them, not counted as trained): "
+            + ", ".join(unused[:3])
+        )
+    if check.get("unrouted_experts"):
+        detail += f"; {len(check['unrouted_experts'])} expert tensor(s) no token was routed to"
+    return detail
 
 
 def _check_checkpoint(run: Run, found: _Findings) -> None:

@@ -8,6 +8,10 @@
 - `save_checkpoint` / `load_checkpoint` / `check_checkpoint_files` (`checkpoint`): atomic,
   safetensors + JSON, no pickle, every strategy
 - `train_run`, `resume_run`, `load_run_model` (`run`)
+
+The loss of an optimizer step is the summed cross-entropy of its micro-batches divided by the
+total number of loss tokens across them (counted before the forwards; an encoder example is one
+loss token). `tunelab.stages.train.layout` imports no torch.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ untouched. A route that cannot run a call (dropout on a route without it, an une
 runs that call example by example, which is exact too. Which route a model gets is decided by
 `tunelab.stages.train.losses.check_model` (the packed rows must equal the padded ones) from the
 candidates `candidates()` names.
+
+`ROUTES` (flash_varlen, torch_varlen, flex, per_example), `IMPLEMENTATIONS[route]` (the
+transformers name), `PACKED_SDPA` (the per-example one); `unavailable(route, device, dtype)`,
+`candidates(requested, device, dtype)`, `use_route(model, route)`, `restore_sdpa(model)`;
+`segment_bounds(position_ids) -> Segments`, passed to the model as `tunelab_segments` (plain
+SDPA without segments; not saved with the model).
 """
 
 from __future__ import annotations

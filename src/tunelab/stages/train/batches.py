@@ -6,6 +6,14 @@ micro 4 x accumulation 2 sees exactly the examples of micro 8 x accumulation 1. 
 that stream, `(epoch, index)`, is saved in checkpoints so a resumed run continues where it was.
 An example may look different each epoch (`StepSource.views`: augmented images, drawn from the
 seed, the epoch and the example), so the position fixes the views too.
+
+`collate(encoded, pad_id, architecture, packing) -> dict` (`input_ids`, `labels`,
+`attention_mask` or packed `position_ids`, `num_tokens`; "image": `{pixel_values [b, 3, H, W],
+labels [b], num_tokens = b}`). `DataOrder(n, seed)`: a permutation per epoch (`seed + epoch`);
+`Position(epoch, index)` is saved in checkpoints; `take_with_epochs(position, n)` gives
+`[(epoch, index)]`. `StepSource.next(position) -> (micro_batches, next_position)`; its
+`views(index, epoch)`, when set (`build_loop(..., views=)`), replaces `encoded[index]`
+(augmented images).
 """
 
 from __future__ import annotations

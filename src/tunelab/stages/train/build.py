@@ -5,6 +5,12 @@ freeze), activation checkpointing, on its device, its blocks compiled when `trai
 `build_loop` gives it what the loop needs: the strategy's wrapping, the optimizer over the
 trainable parameters, the schedule, the grad scaler of the precision, and the seeded order of
 the examples.
+
+`build_model(base, cfg, labels, device) -> (model, audit)` (seeded: load, adapt, activation
+checkpointing, `compute.prepare_model`, device) and `build_loop(model, training_cfg, encoded, *,
+architecture, pad_id, total_steps, strategy=None, views=None) -> Loop` (strategy wrapping,
+optimizer, schedule, grad scaler, data order): `tunelab train` and `tunelab size` both build
+through them.
 """
 
 from __future__ import annotations

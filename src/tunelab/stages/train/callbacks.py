@@ -17,6 +17,14 @@ the step's metrics line, which a callback may extend before the next one sees it
 
 Adding a job is one more entry in that list. The heartbeat thread and the signal handler that
 these callbacks consult (`Heartbeat`, `SignalStop`) live here too.
+
+A run's step callbacks, in order: `StepFigures` (memory_bytes, elapsed_s), `UpdateCheck`,
+`Validation`, `MetricsLog`, `tunelab.track.live.LiveLogger` (`training.log_to`), `Checkpoints`,
+`kill_point`, `HeartbeatStep`, `ProgressReport`, `StopOnSignal`. The list is built in
+`tunelab.stages.train.run`; a new job is one more entry. `Heartbeat`, `SignalStop` and
+`RunInterrupted` live here too. Test hook: `TUNELAB_TEST_KILL_AT=step:K | save:K | term:K`
+(SIGKILL after step K, SIGKILL in the middle of writing checkpoint K, SIGTERM after step K);
+tests only.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,7 @@ import torch
 
 from tunelab.core.errors import RunError
 from tunelab.core.ledger import utc_now
+from tunelab.core.progress import Progress
 from tunelab.core.records import append_jsonl, write_json_atomic
 from tunelab.core.study import Run
 from tunelab.stages.train import checkpoint as ckpt
@@ -41,9 +49,6 @@ from tunelab.stages.train.loop import InvalidRun, Loop, TrainState, validation_l
 from tunelab.stages.train.strategy import Strategy
 
 HEARTBEAT_EVERY_S = 5.0
-
-# (step, total steps, the step's metrics row) -> None; rank 0 calls it after every step
-TrainProgress = Callable[[int, int, dict[str, Any]], None]
 
 
 class RunInterrupted(RunError):
@@ -102,10 +107,18 @@ class UpdateCheck:
     def __call__(self, state: TrainState, row: dict[str, Any]) -> None:
         if self.before is None or state.step != self.after_step:
             return
-        from tunelab.lib.models import check_update
+        from tunelab.lib.models import classify_update
 
-        violations = check_update(self.before, self.model, state.step, self.method)
+        result = classify_update(self.before, self.model, state.step, self.method)
+        self.before.release()
+        violations = result.violations
         self.record["violations"] = violations
+        if result.unused:
+            # trainable in name only: the task's forward never reads them
+            self.record["unused"] = result.unused
+            self.record["unused_parameters"] = result.unused_numel
+        if result.unrouted:
+            self.record["unrouted_experts"] = result.unrouted
         if violations:
             raise InvalidRun(
                 f"update check after step {state.step}: {len(violations)} tensor(s) wrong: "
@@ -234,14 +247,24 @@ class HeartbeatStep:
             self.beat.beat()
 
 
-class ProgressReport:
-    """The caller's progress callback, on rank 0: (step, total steps, row)."""
+def progress_text(row: dict[str, Any], rate: str = "tok/s") -> str:
+    """'loss 6.2500 | 2,140 tok/s': a step's figures beside its bar (`rate`: the unit of the
+    row's `tokens_per_s`, `img/s` for an image task, whose batches count images)."""
+    tps, loss = row.get("tokens_per_s"), row.get("loss")
+    text = f"loss {loss:.4f}" if loss is not None else ""
+    return text + (f" | {tps:,.0f} {rate}" if tps else "")
 
-    def __init__(self, progress: TrainProgress, total: int):
+
+class ProgressReport:
+    """The caller's progress callback (core.progress), on rank 0: ("train", step, total
+    steps, the step's loss and rate)."""
+
+    def __init__(self, progress: Progress, total: int, images: bool = False):
         self.progress, self.total = progress, total
+        self.rate = "img/s" if images else "tok/s"
 
     def __call__(self, state: TrainState, row: dict[str, Any]) -> None:
-        self.progress(state.step, self.total, row)
+        self.progress("train", state.step, self.total, progress_text(row, self.rate))
 
 
 class StopOnSignal:

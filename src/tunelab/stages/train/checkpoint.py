@@ -23,6 +23,19 @@ A checkpoint is written into a temporary folder beside its final name and rename
 so a kill during a save leaves the previous checkpoint as the latest complete one. No pickle:
 tensors go to safetensors, everything else to JSON. torch is imported only to write or load
 tensors: checking files and reading state.json need none.
+
+`save_checkpoint(root, step, *, model, optimizer, scheduler, scaler, method, state,
+strategy=None) -> Path` and `load_checkpoint(path, *, model, optimizer=None, scheduler=None,
+scaler=None, method, restore_rng_state=True, strategy=None) -> state`: every rank calls them; a
+checkpoint of another strategy or world size is refused. `check_checkpoint_files(path) -> {path,
+files_checked, changed, missing, ok}` (verify, smoke and export report it);
+`read_checkpoint_state(path, verify=True)` raises CheckpointError on what it finds (and on a
+damaged safetensors header); `load_weights(model, folder, method)`; the layout names of
+`tunelab.stages.train.layout` (`list_checkpoints`, `latest_checkpoint`, `final_checkpoint`,
+`mark_final`, `step_dir_name`) are re-exported. An optimizer state entry that is a dict of
+tensors (bitsandbytes' 8-bit states) is stored as `PID.KEY/SUB`. state.json holds `strategy`,
+`world_size`, `rank_rng` (the generator states of ranks 1..N-1) and, when training records
+it, `save_s`.
 """
 
 from __future__ import annotations
@@ -37,12 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import CheckpointError, StudyError
+from tunelab.core.hashing import sha256_file
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import (
     publish_dir,
     read_json,
     safe_join,
-    sha256_file,
     temp_dir_beside,
     write_json_atomic,
 )
@@ -56,6 +69,7 @@ from tunelab.stages.train.layout import (  # noqa: F401 (part of this module's i
     mark_final,
     step_dir_name,
 )
+from tunelab.stages.train.resume_check import optimizer_layout, require_resume_state, rng_layout
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 
 if TYPE_CHECKING:
@@ -133,7 +147,7 @@ def _save_replica(
     opt_tensors, opt_rest = flatten_optimizer(optimizer.state_dict())
     save_file(opt_tensors, str(folder / OPTIMIZER_TENSORS))
     write_json_atomic(folder / OPTIMIZER_REST, opt_rest)
-    return {}
+    return {"optimizer_layout": optimizer_layout(model, optimizer)}
 
 
 def _load_replica(
@@ -352,6 +366,7 @@ def save_checkpoint(
             "rank_rng": rank_rng,
             "step": step,
             "rng": rng_rest,
+            "rng_layout": rng_layout(rng_tensors),
             "grad_scaler": scaler.state_dict()
             if scaler is not None and scaler.is_enabled()
             else None,
@@ -385,6 +400,8 @@ def load_checkpoint(
 
     strategy = strategy or SingleProcess()
     state = read_checkpoint_state(path)
+    if optimizer is not None:
+        require_resume_state(path, state)
     saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
     if saved != (strategy.name, strategy.world_size):
         raise CheckpointError(

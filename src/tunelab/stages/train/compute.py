@@ -9,6 +9,12 @@
   missing toolchain is a ConfigError at the start of the run, not a failure in its first step.
 - `describe_compute`: the record of all three (compute.json in a run), with the attention route
   and the loss route `tunelab.stages.train.losses.check_model` chose and why.
+
+`check_compile(device)`, `compile_blocks(model)`, `prepare_model(model, cfg, device) -> blocks`
+(`build.build_model` calls it, before any wrapping), `compiled_blocks(model)`,
+`describe_compute(model, cfg, device, input_ids, architecture)`. Config: `training.precision:
+auto | fp32 | bf16 | fp16`, `training.compile: bool` (false), `training.attention: auto |
+flash_varlen | torch_varlen | flex | per_example`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ A rank that fails leaves `rank-<k>.json` in the launch folder (`TUNELAB_LAUNCH_D
 leaves `run.json` naming the run. After torchrun exits the launcher copies the rank records into
 the run's `ranks/` folder and, when torchrun failed, sets the status to failed naming each
 failed rank ("rank 1: RuntimeError: ..."), unless the run was interrupted by a signal.
+
+`Launch`, `run_torchrun`, `relaunch`, `rank_strategy`, `resume_launch`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Any
 
 from tunelab.core.env import under_torchrun
 from tunelab.core.errors import ConfigError, RunError
-from tunelab.core.records import read_json, write_json_atomic
+from tunelab.core.record_types import RunConfig, RunStatus
+from tunelab.core.records import write_json_atomic
 from tunelab.stages.train.launch_dir import (
     LAUNCH_DIR_ENV,
     announced_run,
@@ -215,11 +218,11 @@ def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
         write_json_atomic(run_dir / "ranks" / f"rank-{r['rank']}.json", r, overwrite=True)
     from tunelab.core.study import Run, Study
 
-    status = read_json(run_dir / "status.json")
-    current = status.get("status")
+    status = RunStatus.read(run_dir / "status.json")
+    current = status.status
     if returncode != 0 and current != "completed" and (current == "running" or failures):
         if not (current == "interrupted" and not failures):
-            study = Study.open(study_root, (read_json(run_dir / "config.json")).get("overrides"))
+            study = Study.open(study_root, RunConfig.read(run_dir / "config.json").overrides)
             run = Run(study, info["run_id"], run_dir)
             run.set_status(
                 "failed",
@@ -228,7 +231,7 @@ def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
                 ranks=[{k: f.get(k) for k in ("rank", "host", "error")} for f in failures],
                 torchrun_exit_code=returncode,
                 previous_status=current,
-                previous_reason=status.get("reason"),
+                previous_reason=status.reason,
             )
             current = "failed"
     return LaunchResult(returncode, info["run_id"], run_dir, current, failures)
@@ -240,7 +243,7 @@ def raise_for_result(result: LaunchResult) -> None:
         return
     where = f"run {result.run_id} {result.status}" if result.run_id else "no run was created"
     if result.run_dir and result.status == "interrupted":
-        reason = read_json(result.run_dir / "status.json").get("reason")
+        reason = RunStatus.read(result.run_dir / "status.json").reason
         raise RunError(
             reason or where,
             hint=f"`tunelab resume {result.run_id}` continues from its latest checkpoint",
@@ -322,7 +325,7 @@ def rank_strategy(launch: Launch, precision: str) -> Iterator[Distributed | None
 
 def recorded_precision(run_dir: Path) -> str:
     """training.precision of a run as it was started (study.yaml plus its --set overrides)."""
-    return read_json(run_dir / "config.json")["config"]["training"]["precision"]
+    return RunConfig.read(run_dir / "config.json").training["precision"]
 
 
 def resume_launch(

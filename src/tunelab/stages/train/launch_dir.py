@@ -4,6 +4,8 @@ The launcher (`tunelab.stages.train.launch`) gives every rank a folder (`TUNELAB
 leaves `run.json` naming the run it created; a rank that fails leaves `rank-<k>.json` (its
 exception and traceback), which the launcher copies into the run's `ranks/` folder and names in
 the run's status.
+
+`report_rank_failure`, `announce_run`, `announced_run`, `read_rank_records`.
 """
 
 from __future__ import annotations

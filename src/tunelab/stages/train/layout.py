@@ -35,6 +35,19 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def incomplete_checkpoints(root: Path, latest: Path | None) -> list[Path]:
+    """step-XXXXXX folders after `latest` (the newest complete one) without their DONE marker:
+    a resume goes back past them, and says so."""
+    after = int(_STEP_RE.match(latest.name).group(1)) if latest is not None else -1
+    out = []
+    if root.is_dir():
+        for p in sorted(root.iterdir()):
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir() and int(m.group(1)) > after and not (p / "DONE").exists():
+                out.append(p)
+    return out
+
+
 def final_checkpoint(root: Path) -> Path | None:
     """The checkpoint `final` points at (or `final` itself, a folder where a copy of the study
     did not keep the link); a link leading out of this run's checkpoints (an edited run folder)

@@ -4,6 +4,16 @@ Loss normalization: the loss of an optimizer step is the summed token cross-entr
 micro-batches divided by the number of loss tokens in the whole step (counted before the forward
 passes). So micro 4 x accumulation 2 gives the same loss and gradients as micro 8 x 1, whatever
 the lengths. For an encoder classifier each example is one loss "token".
+
+`train_loop(Loop(model, optimizer, scheduler, source, cfg, total_steps, architecture, strategy,
+scaler), TrainState, callbacks)`: after every optimizer step it calls each `callback(state,
+row)` of the list in order (`StepCallback`); a callback may extend the row, log, evaluate,
+checkpoint, or stop the run by raising. `loss_sum` (an image model: `model(pixel_values=...)`;
+a causal LM: `tunelab.stages.train.losses.causal_lm_loss_sum`), `validation_loss(model, batches,
+architecture, precision) -> (loss, loss_tokens)`, `autocast`, `to_device`,
+`build_optimizer` (any `torch.optim` optimizer by name, or bitsandbytes' 8-bit ones),
+`optimizer_problems` (for `tunelab validate`). `InvalidRun(RunError)`: a non-finite loss, no
+loss tokens.
 """
 
 from __future__ import annotations

@@ -34,6 +34,16 @@ Routes, best first:
   hidden states; for models wrapped by DDP or FSDP (their forward must run for gradient sync and
   parameter gathering) and models whose forward transforms the logits after the head.
 - full: full logits, then the loss positions (a model without output embeddings).
+
+Interface: `causal_lm_loss_sum(model, batch, chunk_logits=None) -> Tensor` (the causal-LM branch of
+`loop.loss_sum`), `linear_cross_entropy_sum(hidden, weight, bias, targets, chunk_rows=None)`
+(chunks of `fused_chunk_rows(vocab)`), `cross_entropy_sum(head, hidden, targets,
+chunk_logits=None)` (fused, or chunked above `CHUNK_LOGITS`; `cross_entropy_kind(head, device)`
+says which). `check_model(model, input_ids, attention_route="auto") -> ModelChecks(route, parts,
+packing_exact, packed_attention, attention, attention_tried, cross_entropy)` runs once per
+model (the run calls it at its start, inside the training's autocast; else the first batch
+does); `.describe()` is what compute.json records, `checks_of(model)` returns it later. A route
+named by `training.attention` that cannot run or is not exact raises ConfigError.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ A distributed run is the single-process loop started once per rank by torchrun
 
 FSDP2 (`fully_shard`) shards each decoder layer then the root; its checkpoints go through its
 shard writer (`tunelab.stages.train.sharded`). The process group is `tunelab.stages.train.process_group`'s.
+
+`make_strategy(name, precision)`, `shard_step`, `decoder_layers`; the `DDP` and `FSDP` classes.
 """
 
 from __future__ import annotations

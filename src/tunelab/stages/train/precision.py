@@ -3,6 +3,11 @@
 `auto` (the default) is bf16 autocast on a CUDA device that supports bf16 and fp32 elsewhere
 (CPU; a GPU without bf16, where fp16 needs its grad scaler and is asked for by name). fp32, bf16
 and fp16 mean what they say. Every reader of training.precision resolves it here.
+
+`resolve_precision(requested, device) -> "fp32" | "bf16" | "fp16"`; `precision_choice` adds the
+reason. Its readers: `loop.autocast`, `make_grad_scaler`, the strategies, the smoke's
+tolerances, the sizing's options; `tunelab verify` takes the precision a run used from its
+compute.json.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 nccl on CUDA (RCCL on ROCm answers to the same name), gloo on CPU; a collective waits
 `TUNELAB_DIST_TIMEOUT_S` (default 1800 s) for a missing rank before failing.
+
+`init_process_group`, `destroy_process_group`, and the backend with its version.
 """
 
 from __future__ import annotations

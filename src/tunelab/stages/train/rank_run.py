@@ -1,5 +1,9 @@
 """The run as every rank of a distributed run holds it: rank 0 writes the records, the other
-ranks follow it (same folder, no writes)."""
+ranks follow it (same folder, no writes).
+
+`create_run`, `follow`, `environment`, `FollowerRun`, `recorded_strategy(run_dir)` (the strategy
+and world size a run was started with: resume relaunches with them, another one is refused).
+"""
 
 from __future__ import annotations
 

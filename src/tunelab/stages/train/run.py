@@ -9,6 +9,32 @@ one in the same folder. Statuses (status.json and the ledger):
 - invalid: a non-finite loss, a broken loss mask, or the update check after the first steps
 - interrupted: SIGINT / SIGTERM (a checkpoint is saved first), or a SIGKILL found later by a
   stale heartbeat (`Study.reconcile`)
+
+`train_run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
+and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress("train", step,
+total_steps, "loss ... | rate")` on rank 0 after every step (core.progress). Resume keeps the run id
+and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
+re-applied), a newer or tampered snapshot and a changed base. Both raise after recording the
+status: `InvalidRun` / `PreprocessError` -> invalid (exit 2), `RunFailed` -> failed (exit 1),
+`RunInterrupted` -> interrupted (exit 128 + signal; a checkpoint was saved). `prepare_run(study)
+-> Prepared` and `execute_run(study, run, prep, resume=None, progress=, strategy=None)` are the
+two halves the smoke reuses (keep their names and shapes). `load_run_model(study, run,
+checkpoint=None, device=None) -> (model, tokenizer, base)`: the base and the run's final (or
+named: step number or "step-000010") checkpoint, in eval mode, on `device` (None:
+`compute_device()`; export passes "cpu"), for evaluation, verify and export; refuses a base whose
+identity changed.
+
+The run folder: `config.json` (+ `labels`, `base_model` identity), `env.json`, `preprocess.json`
+(template sha, length stats), `audit.json`, `compute.json` (device, `precision {requested, used,
+why}`, `compile {enabled, blocks}`, `loss_route`, `cross_entropy`, `packing_exact`,
+`attention`, `attention_not_used [{route, reason}]`; written once, at the first start),
+`metrics.jsonl` (one line per step: step, epoch, loss, lr, grad_norm, tokens, loss_tokens,
+seconds, tokens_per_s, memory_bytes, elapsed_s, and val_loss / val_tokens on evaluation steps; a
+`step: 0` line with the validation loss before training), `metrics-replayed.jsonl` (steps redone
+by a resume), `status.json` (completed: steps, final_loss, val_loss, val_loss_initial, tokens,
+train_seconds, tokens_per_s, steps_per_s, final_checkpoint, update_check; failed: error,
+traceback), `checkpoints/step-XXXXXX/`, `checkpoints/final -> step-XXXXXX`, and `DONE` when
+completed.
 """
 
 from __future__ import annotations
@@ -21,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tunelab.core.config import StudyConfig, TrainingConfig, validate_config
+from tunelab.core.config import StudyConfig, TrainingConfig
 from tunelab.core.errors import (
     CheckpointError,
     ModelError,
@@ -29,22 +55,26 @@ from tunelab.core.errors import (
     RunError,
     TunelabError,
 )
+from tunelab.core.ledger import utc_now
+from tunelab.core.progress import Progress
 from tunelab.core.records import (
     append_jsonl,
-    read_json,
     read_jsonl,
     write_json_atomic,
     write_jsonl_atomic,
 )
 from tunelab.core.study import Run, Study
 from tunelab.stages.hypothesis.stage import diff_dicts, require_hypothesis
+from tunelab.stages.smoke.platform import require_smoke_platform
 from tunelab.stages.train import callbacks as cb
 from tunelab.stages.train import checkpoint as ckpt
 from tunelab.stages.train import compute, rank_run
 from tunelab.stages.train.batches import Position
 from tunelab.stages.train.build import build_loop, build_model, seed_everything
-from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop, TrainProgress
+from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop
+from tunelab.stages.train.layout import incomplete_checkpoints
 from tunelab.stages.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
+from tunelab.stages.train.resume_check import require_resume_state
 from tunelab.stages.train.schedule import total_steps
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 from tunelab.stages.train.validation import validation_batches
@@ -141,12 +171,13 @@ def train_run(
     parent: str | None = None,
     why: str | None = None,
     resume_from: str | None = None,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
     strategy: Strategy | None = None,
+    platform_why: str | None = None,
 ) -> Run:
     """Start a training run (or continue `resume_from`); returns the run once it completed.
 
-    `progress(step, total_steps, metrics_row)` is called on rank 0 after every step (the CLI
+    `progress("train", step, total_steps, text)` is called on rank 0 after every step (the CLI
     draws the bar). Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
     (status invalid), RunFailed (status failed) and the usual TunelabErrors before the run
     exists (no hypothesis, no snapshot, no model).
@@ -154,6 +185,7 @@ def train_run(
     if resume_from is not None:
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
     prep = prepare_run(study)
+    override = require_smoke_platform(study, "train", platform_why)
     run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -169,6 +201,7 @@ def train_run(
             "labels": prep.labels,
             "base_model": prep.base.identity,
             "hypothesis_evaluation_spec_sha256": prep.hypothesis["evaluation_spec_sha256"],
+            **({"platform_override": override} if override else {}),
         },
     )
     execute_run(study, run, prep, resume=None, progress=progress, strategy=strategy)
@@ -179,8 +212,9 @@ def resume_run(
     study: Study,
     run_id: str,
     *,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
     strategy: Strategy | None = None,
+    platform_why: str | None = None,
 ) -> Run:
     """Continue a stopped run in its own folder from its latest complete checkpoint.
 
@@ -202,11 +236,11 @@ def resume_run(
             f"run {run.id} cannot be resumed: {why}",
             hint="start a new run with `tunelab train` (a run is never restarted over itself)",
         )
-    record = read_json(run.path("config.json"))
-    resumed = Study.open(study.root, record.get("overrides") or [])
+    record = run.record
+    resumed = Study.open(study.root, record.overrides or [])
     cfg = resumed.config
-    if cfg.sha256() != record["config_sha256"]:
-        changes = diff_dicts(record["config"], cfg.to_dict())
+    if cfg.sha256() != record.config_sha256:
+        changes = diff_dicts(record.config, cfg.to_dict())
         shown = "; ".join(f"{d['path']}: {d['old']!r} -> {d['new']!r}" for d in changes[:8])
         raise RunError(
             f"run {run.id} was started with another config: {shown}",
@@ -216,14 +250,14 @@ def resume_run(
     from tunelab.stages.data import load_snapshot
 
     latest = load_snapshot(resumed)
-    if latest.id != record["data_snapshot"]:
+    if latest.id != record.data_snapshot:
         raise RunError(
             f"the data snapshot changed since run {run.id} started "
-            f"({record['data_snapshot'][:12]} -> {latest.id[:12]})",
+            f"({(record.data_snapshot or '')[:12]} -> {latest.id[:12]})",
             hint="a resumed run must see the same data; start a new run with `tunelab train`",
         )
-    prep = prepare_run(resumed, record["data_snapshot"])
-    if prep.base.identity["sha256"] != record["base_model"]["sha256"]:
+    prep = prepare_run(resumed, record.data_snapshot)
+    if prep.base.identity["sha256"] != (record.base_model or {}).get("sha256"):
         raise RunError(
             f"the base model changed since run {run.id} started ({prep.base.path})",
             hint="restore the original model folder, or start a new run",
@@ -233,19 +267,28 @@ def resume_run(
     latest_ckpt = ckpt.latest_checkpoint(root)
     if latest_ckpt is not None:
         state = ckpt.read_checkpoint_state(latest_ckpt)
+        require_resume_state(latest_ckpt, state)
         if (state["config_sha256"], state["data_snapshot"]) != (
-            record["config_sha256"],
-            record["data_snapshot"],
+            record.config_sha256,
+            record.data_snapshot,
         ):
             raise CheckpointError(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
+    override = require_smoke_platform(study, "resume", platform_why)
+    skipped = incomplete_checkpoints(root, latest_ckpt)
     run = rank_run.follow(strategy, run)
     run.set_status(
         "running",
-        f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}",
+        f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}"
+        + "".join(f"; {p.name} skipped: no DONE marker (cut by a kill)" for p in skipped),
     )
+    if skipped and (strategy or SingleProcess()).is_main:
+        study.ledger.add_event(run.id, "checkpoint_skipped", [p.name for p in skipped])
+    if override and (strategy or SingleProcess()).is_main:
+        append_jsonl(run.path("platform-overrides.jsonl"), {"at": utc_now(), **override})
+        study.ledger.add_event(run.id, "platform_override", override)
     execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
     return run
 
@@ -259,7 +302,7 @@ def execute_run(
     prep: Prepared,
     *,
     resume: Path | None,
-    progress: TrainProgress | None,
+    progress: Progress | None,
     strategy: Strategy | None,
 ) -> None:
     """Train `prep` into `run` and record the outcome as the run's status.
@@ -374,7 +417,7 @@ def _train(
     resume: Path | None,
     stop: SignalStop,
     beat: Heartbeat,
-    progress: TrainProgress | None,
+    progress: Progress | None,
     strategy: Strategy,
 ) -> dict[str, Any]:
     from tunelab.lib.models import compute_device
@@ -431,6 +474,7 @@ def _train(
     live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
     if validation.initial is not None:
         live.log({"step": 0, "val_loss": validation.initial})
+    images = study.config.task.kind == "image_classification"  # its batches count images
     callbacks: list[StepCallback] = [
         cb.StepFigures(device, clock),
         update_check,
@@ -440,7 +484,7 @@ def _train(
         checkpoints,
         cb.kill_point,
         cb.HeartbeatStep(beat, checkpoints),
-        *([cb.ProgressReport(progress, steps)] if progress and strategy.is_main else []),
+        *([cb.ProgressReport(progress, steps, images)] if progress and strategy.is_main else []),
         cb.StopOnSignal(stop, saver, run.id),
     ]
     beat.step, beat.total_steps = state.step, steps
@@ -522,8 +566,7 @@ def load_run_model(
     from tunelab.lib.models import compute_device, load_model, load_tokenizer, resolve_recorded
 
     run = study.get_run(run) if isinstance(run, str) else run
-    record = read_json(run.path("config.json"))
-    cfg = validate_config(record["config"], source=str(run.path("config.json")))
+    record, cfg = run.record, run.config
     root = _ckpt_root(run)
     if checkpoint is None:
         path = ckpt.final_checkpoint(root)
@@ -547,7 +590,7 @@ def load_run_model(
                 hint=f"its checkpoints: {', '.join(found) or 'none'}",
             )
     ckpt.read_checkpoint_state(path)
-    recorded = record.get("base_model") or {}
+    recorded = record.base_model or {}
     base = resolve_recorded(cfg.model, study.root, recorded)
     if recorded.get("sha256") and recorded["sha256"] != base.identity["sha256"]:
         raise ModelError(
@@ -556,7 +599,7 @@ def load_run_model(
         )
     tokenizer = load_tokenizer(base)
     seed_everything(cfg.training.seed)
-    model = load_model(base, cfg, record.get("labels"))
+    model = load_model(base, cfg, record.labels)
     model = ckpt.load_weights(model, path, cfg.adaptation.method)
     model.to(device if device is not None else compute_device()).eval()
     return model, tokenizer, base

@@ -1,5 +1,9 @@
 """How many optimizer steps a run takes and the learning rate of each: pure arithmetic, no torch,
-so that the planner counts the steps of a run as training will."""
+so that the planner counts the steps of a run as training will.
+
+`total_steps(cfg, num_train, world_size=1)` (the optimizer steps of a run) and `lr_factor(step,
+training_cfg, total_steps)`.
+"""
 
 from __future__ import annotations
 

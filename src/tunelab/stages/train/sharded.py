@@ -5,16 +5,17 @@ states, loadable on any world size) and, written by rank 0, the trainable weight
 in the single-process format (`adapter/` or `model/`), so that evaluation, verify and export
 load an FSDP run like any other. The rest of the checkpoint (scheduler, generators, state.json)
 is `tunelab.stages.train.checkpoint`'s.
+
+`ShardedCheckpoint` (FSDP's shard writer; rank 0 writes the gathered weights with
+`tunelab.lib.models.save_trainable`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from tunelab.core.errors import RunError
 
@@ -87,37 +88,15 @@ class ShardedCheckpoint:
     def save(
         self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
     ) -> dict[str, Any]:
-        from tunelab.lib.models import trainable_dirname
+        from tunelab.lib.models import save_trainable, trainable_dirname
 
         save_sharded(folder, model, optimizer)
         weights = full_trainable_state(model)  # [full tensors on rank 0's CPU]
         if self.is_main:
-            write_trainable(model, weights, folder / trainable_dirname(method), method)
+            save_trainable(model, folder / trainable_dirname(method), method, weights=weights)
         return {"optimizer": f"{DCP_DIR}/ (torch.distributed.checkpoint, sharded)"}
 
     def load(
         self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
     ) -> None:
         load_sharded(folder, model, optimizer)
-
-
-def write_trainable(
-    model: torch.nn.Module, weights: dict[str, torch.Tensor], out: Path, method: str
-) -> Path:
-    """Gathered trainable weights in the format `tunelab.lib.models.save_trainable` writes, so that
-    evaluation, verify and export load an FSDP run like any other."""
-    from tunelab.lib.models._quiet import quiet_transformers
-    from tunelab.lib.models.persist import FREEZE_FILE
-
-    out.mkdir(parents=True, exist_ok=True)
-    with quiet_transformers():
-        if method in ("lora", "full"):
-            # peft and transformers write these tensors instead of reading the sharded model
-            model.save_pretrained(out, state_dict=weights, safe_serialization=True)
-        else:
-            tensors = {n: t.contiguous() for n, t in weights.items()}
-            save_file(tensors, str(out / FREEZE_FILE), metadata={"format": "pt"})
-            (out / "trainable.json").write_text(
-                json.dumps({"method": "freeze", "tensors": sorted(tensors)}, indent=2) + "\n"
-            )
-    return out

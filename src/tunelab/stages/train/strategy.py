@@ -6,6 +6,12 @@ share objects between ranks (rank 0 creates the record, the others follow it) an
 `shard_writer`, how a checkpoint holds the model: None for a full replica on rank 0 (the single
 process and DDP), a `ShardWriter` where each rank holds only its shards (FSDP). A single process
 is the identity.
+
+`Strategy`: `name` ("single" | "ddp" | "fsdp"), `rank`, `world_size`, `is_main`, `wrap_model`,
+`unwrap`, `shard_indices`, `all_reduce_sum`, `broadcast_object`, `gather_objects`, `barrier`,
+`describe()` (env.json's `distributed`, None for a single process), `accumulate(model, last)`,
+and `shard_writer` (`ShardWriter.save(folder, model, optimizer, method) -> state fields`,
+`load(...)`; collectives). `SingleProcess` is the identity.
 """
 
 from __future__ import annotations

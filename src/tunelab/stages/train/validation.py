@@ -3,6 +3,10 @@
 A run evaluates its `val_loss` on `validation_batches`; `validation_loss_of` gives the loss of
 any model on any rows the same way (the smoke compares a reloaded checkpoint's with the live
 model's).
+
+`validation_batches(encoded, training_cfg, pad_id, architecture)` and `validation_loss_of(model,
+tokenizer, base, cfg, rows, labels) -> float` (verify's fresh process computes the smoke's
+with it).
 """
 
 from __future__ import annotations

@@ -14,6 +14,18 @@ What is checked, in order:
 
 Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never overwritten).
 `tunelab smoke` uses the same fresh process (`fresh_evaluate`) and adds a logit probe.
+
+`verify_run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
+`evaluation_run`, `checkpoint {path, files_checked, changed, missing, ok, damaged?}` (None for a
+baseline), `predictions {n, matched, mismatched, missing, max_score_diff, atol, mismatches, ok}`,
+`environment {same, differences, message}` (the fresh process's environment against the run's
+env.json), `timings {load_s, eval_s, process_s}`; exit 0 verified, `VerifyFailed` (1) not, 2
+when the run cannot be verified. `fresh_evaluate(study, run_id, snapshot=, split=, ids=,
+labels=, probe_ids=None, val_loss_ids=None, num_threads=None, merge=None)` (`merge`: the
+recorded choice, `recorded_copy(eval_record)`) runs the worker and returns its predictions,
+timings and `env`; its TunelabError is raised again as its kind, any other failure as
+CheckpointError with the child's whole error. The parent imports no torch. `probe_logits` works
+on pixel values for an image model.
 """
 
 from __future__ import annotations
@@ -320,10 +332,9 @@ def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         save_file({"logits": logits}, str(out / "probe.safetensors"))
     val_loss = None
     if spec.get("val_loss_ids"):
-        from tunelab.core.config import validate_config
         from tunelab.stages.train.validation import validation_loss_of
 
-        run_cfg = validate_config(read_json(run.path("config.json"))["config"])
+        run_cfg = run.config
         val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
         val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
     checks_s = time.perf_counter() - started
@@ -406,7 +417,7 @@ def fresh_evaluate(
 
 def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
-    from tunelab.stages.evaluate.stage import find_evaluation
+    from tunelab.core.evidence import find_evaluation
 
     row = run.row
     if row.kind not in VERIFIABLE_KINDS:
@@ -551,11 +562,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
     eval_record = evaluation["record"]
     precision = study.config.training.precision
     if trow.kind != "baseline":
-        precision = (
-            (read_json(target.dir / "config.json").get("config") or {})
-            .get("training", {})
-            .get("precision", precision)
-        )
+        precision = target.record.training.get("precision", precision)
     precision = _used_precision(precision, target.dir / "compute.json")
     atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
     started = time.perf_counter()

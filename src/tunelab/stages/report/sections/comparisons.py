@@ -35,23 +35,29 @@ def _per_item(sec: Section, name: str, v: dict[str, Any]) -> None:
         )
 
 
+def _guardrail_table(guards: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Columns and rows of the guardrail checks; a record with verdicts adds the interval
+    judged, the bound the verdict rests on and the fail side's adjusted level."""
+    judged = any("verdict" in g for g in guards)
+    columns = ["rule", "item", "value", "bound"]
+    columns += ["interval", "judged bound", "adjusted level", "verdict"] if judged else ["verdict"]
+    rows = []
+    for g in guards:
+        row = [g.get("rule"), g.get("item") or "overall", g.get("value"), g.get("bound")]
+        if judged:
+            row += [
+                format_ci(g),
+                "-" if g.get("judged_bound") is None else f"{g['judged_bound']:+.4f}",
+                "-" if g.get("adjusted_level") is None else f"{g['adjusted_level']:.3g}",
+            ]
+        rows.append(row + [g.get("verdict") or ("pass" if g.get("pass") else "fail")])
+    return columns, rows
+
+
 def _guardrails_and_flips(sec: Section, name: str, v: dict[str, Any], flipped: list) -> None:
     guards = v.get("guardrails") or []
     if guards:
-        sec.table(
-            ["rule", "item", "value", "bound", "verdict"],
-            [
-                [
-                    g.get("rule"),
-                    g.get("item") or "overall",
-                    g.get("value"),
-                    g.get("bound"),
-                    "pass" if g.get("pass") else "fail",
-                ]
-                for g in guards
-            ],
-            caption=f"{name} guardrails",
-        )
+        sec.table(*_guardrail_table(guards), caption=f"{name} guardrails")
     fl = v.get("flips") or {}
     if fl:
         sec.table(

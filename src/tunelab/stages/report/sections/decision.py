@@ -54,6 +54,8 @@ def _summary(
         return f"{x:.4f}" if isinstance(x, int | float) else "-"
 
     delta = p.get("delta")
+    if "decision" in shown:
+        return _summary_with_verdicts(compare, shown, chosen is not None, test, openings)
     return [
         [
             "adopted variant",
@@ -70,6 +72,54 @@ def _summary(
         ["guardrails", f"{passing} of {len(guards)} checks pass"],
         ["sealed test split", _test_row(test, openings)],
     ]
+
+
+def _summary_with_verdicts(
+    compare: dict[str, Any], shown: dict[str, Any], adopted: bool, test: Any, openings: int
+) -> list[list[Any]]:
+    """The summary of a compare record with verdicts: the decision, the primary test on its
+    interval, each guardrail verdict with the adjusted level, the flips per category."""
+    tests = compare.get("tests") or {}
+    name = shown.get("name") or shown.get("run_id")
+    p = shown.get("primary") or {}
+    guards = shown.get("guardrails") or []
+    counts = {v: sum(1 for g in guards if g.get("verdict") == v) for v in _VERDICTS}
+    levels = [g["adjusted_level"] for g in guards if g.get("adjusted_level") is not None]
+    adjusted = (
+        f", fail side {tests.get('multiplicity')}-adjusted to {min(levels):.3g}" if levels else ""
+    )
+    fl = shown.get("flips") or {}
+    by_cat = fl.get("by_category") or {}
+    per = ", ".join(f"{c} +{v['improved']}/-{v['regressed']}" for c, v in by_cat.items())
+    what = "adopt" if adopted else compare.get("decision", "reject")
+    goal = "equivalence (TOST)" if tests.get("goal") == "equivalence" else "superiority"
+    return [
+        [
+            "adopted variant",
+            f"{name} (run {shown.get('run_id')})" if adopted else f"none (closest: {name})",
+        ],
+        ["decision", what],
+        [
+            f"primary metric ({compare.get('primary_metric')}, validation)",
+            f"{p.get('baseline'):.4f} -> {p.get('variant'):.4f}, delta {p.get('delta') or 0.0:+.4f}, "
+            f"{tests.get('confidence', 0.95):.0%} CI {format_ci(p)}: {goal} {p.get('verdict')} "
+            f"(minimum improvement {compare.get('min_improvement')})",
+        ],
+        [
+            "guardrails",
+            f"{counts['pass']} pass, {counts['fail']} fail, {counts['inconclusive']} inconclusive "
+            f"of {len(guards)} (one-sided level {tests.get('alpha', 0.025):.3g}{adjusted})",
+        ],
+        [
+            "flips",
+            f"{fl.get('num_improved', 0)} wrong -> right, {fl.get('num_regressed', 0)} right -> wrong"
+            + (f" (per category {per})" if per else ""),
+        ],
+        ["sealed test split", _test_row(test, openings)],
+    ]
+
+
+_VERDICTS = ("pass", "fail", "inconclusive")
 
 
 def decision_section(d: Dossier) -> Section:

@@ -10,7 +10,7 @@ def environments_section(d: Dossier) -> Section:
     sec = Section("Environments")
     envs: dict[tuple, list[str]] = {}
     for r in d.runs:
-        e = r.get("env")
+        e = r.env
         if e:
             key = (
                 e.get("torch"),
@@ -20,7 +20,7 @@ def environments_section(d: Dossier) -> Section:
                 ", ".join(g.get("name", "") for g in e.get("gpus", []))
                 or (e.get("cpu") or {}).get("name"),
             )
-            envs.setdefault(key, []).append(r["row"]["id"])
+            envs.setdefault(key, []).append(r.row.id)
     return sec.table(
         ["torch", "backend", "cuda", "rocm", "device", "runs"],
         [[*k, len(v)] for k, v in envs.items()],

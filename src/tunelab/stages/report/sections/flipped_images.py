@@ -5,16 +5,18 @@ PER_CATEGORY images of each gold category, captioned with the example's id, its 
 the baseline's and the variant's predictions. Built from records only: the two evaluations'
 predictions (each image prediction names its stored image) and the image files of the data
 snapshot, each checked against the sha256 in its name before it is shown.
+
+`flipped_galleries(dossier, compare, variant)`: `PER_CATEGORY` per gold category and direction.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import DataError
+from tunelab.core.hashing import sha256_bytes
 from tunelab.stages.report.document import Gallery, Thumb
 from tunelab.stages.report.sections.context import Dossier
 
@@ -41,15 +43,16 @@ def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, dict[s
 
 
 def _snapshot_dir(d: Dossier, eval_run: str, split: str) -> Path | None:
-    run = d.runs_by_id.get(eval_run) or {}
-    sid = ((run.get("evaluations") or {}).get(split) or {}).get("data_snapshot")
+    run = d.runs_by_id.get(eval_run)
+    ev = run.evaluations.get(split) if run else None
+    sid = ev.data_snapshot if ev else None
     return d.study.records / "data" / sid if sid else None
 
 
 def _thumbnail(folder: Path, name: Any) -> bytes | None:
     """The stored image `name` (images/<sha256>.<ext>) as a thumbnail; None when it is missing
     or its bytes no longer match the sha256 its name carries."""
-    from tunelab.stages.data.images import open_image
+    from tunelab.lib.preprocess.decode import open_image
     from tunelab.stages.inspect.images import thumbnail_png
 
     if not isinstance(name, str) or not name.startswith("images/"):
@@ -59,7 +62,7 @@ def _thumbnail(folder: Path, name: Any) -> bytes | None:
         data = path.read_bytes()
     except OSError:
         return None
-    if hashlib.sha256(data).hexdigest() != Path(name).stem:
+    if sha256_bytes(data) != Path(name).stem:
         return None
     try:
         return thumbnail_png(open_image(data, name))  # upright, as the model read it

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.context import Dossier
 
 
-def _over_budget(sec: Section, runs: list[dict[str, Any]]) -> None:
+def _over_budget(sec: Section, runs: list[RunEvidence]) -> None:
     """Answers the generation budget cuts: every model is scored wrong on them."""
     over: dict[str, tuple[int, int, Any]] = {}
     for r in runs:
-        for split, ev in r["evaluations"].items():
-            count = (ev.get("generation") or {}).get("answers_over_budget")
+        for split, ev in r.evaluations.items():
+            count = (ev.generation or {}).get("answers_over_budget")
             if count:
-                over[split] = (count, ev["n"], (ev.get("evaluation") or {}).get("max_new_tokens"))
+                over[split] = (count, ev.n, (ev.evaluation or {}).get("max_new_tokens"))
     for split, (count, n, budget) in sorted(over.items()):
         # the test split is sealed: inspect does not open it
         names = f" (`tunelab inspect --split {split}` names them)" if split != "test" else ""
@@ -44,7 +45,7 @@ def limitations_section(d: Dossier) -> Section:
             [[o["at"], o["who"], o["why"], o["run_id"]] for o in openings],
         )
     _over_budget(sec, d.runs)
-    failed = [r for r in d.runs if r["row"]["status"] in ("failed", "invalid", "interrupted")]
+    failed = [r for r in d.runs if r.row.status in ("failed", "invalid", "interrupted")]
     if failed:
         sec.text(
             f"{len(failed)} run(s) did not complete; they are listed above with their reasons."
@@ -52,4 +53,11 @@ def limitations_section(d: Dossier) -> Section:
     for ex in d.data["exports"]:
         for lim in ex.get("limitations") or []:
             sec.text(str(lim))
+    unreadable = d.data.get("unreadable") or []
+    if unreadable:
+        sec.text(
+            f"{len(unreadable)} record(s) could not be read; the sections above leave them out "
+            "(restore each from a copy and build the dossier again):"
+        )
+        sec.table(["record", "problem"], [[u["path"], u["error"]] for u in unreadable])
     return sec

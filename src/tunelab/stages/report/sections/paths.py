@@ -6,30 +6,30 @@ Built from evaluation records only: each record's `metrics.per_field` holds one 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from tunelab.core.record_types import Evaluation
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.plots import plot_grouped_bars
 
 _FAILURES = ("missing", "wrong_type", "wrong_value", "not_json")
 
 
-def _paths(records: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, str]:
+def _paths(records: Sequence[tuple[str, Evaluation]]) -> dict[str, str]:
     """path -> kind, in the order the records list them."""
     out: dict[str, str] = {}
     for _, rec in records:
-        for path, row in ((rec.get("metrics") or {}).get("per_field") or {}).items():
+        for path, row in (rec.metrics.get("per_field") or {}).items():
             out.setdefault(path, (row or {}).get("kind") or "value")
     return out
 
 
-def path_section(runs: Sequence[tuple[str, Mapping[str, Any]]], plot_dir: Path) -> Section | None:
+def path_section(runs: Sequence[tuple[str, Evaluation]], plot_dir: Path) -> Section | None:
     """'Extraction scores per path' for (run label, evaluation record) pairs, baseline first:
     the match rate and F1 of every path as tables and bars, and the failures by kind of the
     first and last run. None unless a record scores a nested or list path."""
-    records = [(name, rec) for name, rec in runs if rec.get("task_kind") == "extraction"]
+    records = [(name, rec) for name, rec in runs if rec.task_kind == "extraction"]
     paths = _paths(records)
     if not any(kind != "value" or "." in p or "[]" in p for p, kind in paths.items()):
         return None
@@ -47,11 +47,10 @@ def path_section(runs: Sequence[tuple[str, Mapping[str, Any]]], plot_dir: Path) 
     ):
         series: dict[str, list[float | None]] = {}
         for name, rec in records:
-            per = (rec.get("metrics") or {}).get("per_field") or {}
+            per = rec.metrics.get("per_field") or {}
             series[name] = [(per.get(p) or {}).get(stat) for p in paths]
         slots = [
-            ((records[-1][1].get("metrics") or {}).get("per_field") or {}).get(p, {}).get("slots")
-            for p in paths
+            (records[-1][1].metrics.get("per_field") or {}).get(p, {}).get("slots") for p in paths
         ]
         sec.table(
             ["path", "kind", *names, f"slots ({names[-1]})"],
@@ -64,7 +63,7 @@ def path_section(runs: Sequence[tuple[str, Mapping[str, Any]]], plot_dir: Path) 
         sec.image(plot_grouped_bars(list(paths), series, title, stat, plot_dir / file), title)
     for idx in sorted({0, len(records) - 1}):
         name, rec = records[idx]
-        per = (rec.get("metrics") or {}).get("per_field") or {}
+        per = rec.metrics.get("per_field") or {}
         rows = []
         for p in paths:
             failures = (per.get(p) or {}).get("failures") or {}

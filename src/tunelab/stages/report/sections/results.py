@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunelab.core.record_types import Evaluation
 from tunelab.stages.report.document import Section, Value
 from tunelab.stages.report.plots import plot_grouped_bars
 from tunelab.stages.report.sections.context import Dossier
@@ -18,10 +19,10 @@ _FIELD_STATS = ("exact_match", "normalized_match", "presence_rate")
 _STAT_NAMES = {"f1": "F1", "exact_match": "exact match", "normalized_match": "normalized match"}
 
 
-def _metric_names(evaluated: dict[str, dict[str, Any]]) -> list[str]:
+def _metric_names(evaluated: dict[str, Evaluation]) -> list[str]:
     names: list[str] = []
     for ev in evaluated.values():
-        for k, v in (ev.get("metrics") or {}).items():
+        for k, v in ev.metrics.items():
             if (
                 isinstance(v, int | float)
                 and not isinstance(v, bool)
@@ -36,7 +37,7 @@ def _per_group(d: Dossier, sec: Section, key: str, unit: str) -> None:
     """One row per category or field, one column per run, and the same as bars."""
     groups: list[str] = []
     for i in d.order:
-        for g in (d.evaluated[i].get("metrics") or {}).get(key) or {}:
+        for g in d.evaluated[i].metrics.get(key) or {}:
             if g not in groups:
                 groups.append(g)
     if not groups:
@@ -44,7 +45,7 @@ def _per_group(d: Dossier, sec: Section, key: str, unit: str) -> None:
     stat = "f1" if key == "per_category" else None
     series: dict[str, list[float | None]] = {}
     for i in d.order:
-        per = (d.evaluated[i].get("metrics") or {}).get(key) or {}
+        per = d.evaluated[i].metrics.get(key) or {}
         if stat is None:
             first = next(iter(per.values()), {})
             stat = next((s for s in _FIELD_STATS if s in first), None)
@@ -75,8 +76,8 @@ def _confusion(sec: Section, name: str, conf: dict[str, Any]) -> None:
     sec.table(columns, rows, caption=f"{name}: confusion matrix (examples; rows: gold)")
 
 
-def _version(d: Dossier, record: dict[str, Any]) -> str:
-    version, _ = d.version_of(record)
+def _version(d: Dossier, ev: Evaluation) -> str:
+    version, _ = d.version_of(ev.raw)
     return "-" if version is None else f"v{version}"
 
 
@@ -84,7 +85,7 @@ def _stale_evaluations(d: Dossier) -> dict[str, list[str]]:
     """Each note ("made under hypothesis v1; current is v2") -> the runs it is about."""
     out: dict[str, list[str]] = {}
     for i in d.order:
-        if note := d.made_under(d.evaluated[i]):
+        if note := d.made_under(d.evaluated[i].raw):
             out.setdefault(note, []).append(d.label(i))
     return out
 
@@ -94,7 +95,7 @@ def results_section(d: Dossier) -> Section:
     if not d.evaluated:
         return sec.text("No evaluation recorded yet (`tunelab baseline`, `tunelab eval RUN`).")
     metric_names = _metric_names(d.evaluated)
-    metrics = {i: d.evaluated[i].get("metrics") or {} for i in d.order}
+    metrics = {i: d.evaluated[i].metrics for i in d.order}
     stale = _stale_evaluations(d)
     versions = [["hypothesis", *(_version(d, d.evaluated[i]) for i in d.order)]] if stale else []
     sec.table(
@@ -102,9 +103,9 @@ def results_section(d: Dossier) -> Section:
         [
             [
                 "kind",
-                *(d.runs_by_id.get(i, {"row": {"kind": "?"}})["row"]["kind"] for i in d.order),
+                *(r.row.kind if (r := d.runs_by_id.get(i)) else "?" for i in d.order),
             ],
-            ["examples", *(d.evaluated[i].get("n") for i in d.order)],
+            ["examples", *(d.evaluated[i].n for i in d.order)],
             *versions,
             *([k, *(metrics[i].get(k) for i in d.order)] for k in metric_names),
         ],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tunelab.core.ledger import RunRow
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.plots import plot_loss_curves
 from tunelab.stages.report.sections.context import Dossier, short
@@ -60,16 +62,16 @@ def _history(label: str, run_id: str, stops: list[dict[str, Any]]) -> str:
     )
 
 
-def adaptation_of(run: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> str:
+def adaptation_of(run: RunEvidence, by_id: dict[str, RunEvidence]) -> str:
     """How the model a run trained or evaluated was adapted, in a few words, from its recorded
     config: an evaluation's is its parent's, a baseline's the base (4-bit under QLoRA)."""
-    if run["row"]["kind"] == "eval" and run["row"].get("parent") in by_id:
-        run = by_id[run["row"]["parent"]]
-    adaptation = ((run.get("config") or {}).get("config") or {}).get("adaptation") or {}
+    if run.row.kind == "eval" and run.row.parent in by_id:
+        run = by_id[run.row.parent]
+    adaptation = (run.config.config.get("adaptation") if run.config else None) or {}
     method = adaptation.get("method")
     if not method:
         return "-"
-    if run["row"]["kind"] == "baseline":
+    if run.row.kind == "baseline":
         return "base, 4-bit" if method == "qlora" else "base"
     if method not in ("lora", "qlora"):
         return method
@@ -79,12 +81,12 @@ def adaptation_of(run: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> str:
 
 def runs_section(d: Dossier) -> Section:
     sec = Section("Every run, failed ones included")
-    stops = {r["row"]["id"]: stops_and_resumes(r.get("events") or []) for r in d.runs}
-    by_id = {r["row"]["id"]: r for r in d.runs}
+    stops = {r.row.id: stops_and_resumes(r.events) for r in d.runs}
+    by_id = {r.row.id: r for r in d.runs}
 
-    def status(row: dict[str, Any]) -> str:
-        resumed = len(resumed_steps(stops[row["id"]]))
-        return row["status"] + (f", resumed {resumed}x" if resumed else "")
+    def status(row: RunRow) -> str:
+        resumed = len(resumed_steps(stops[row.id]))
+        return row.status + (f", resumed {resumed}x" if resumed else "")
 
     sec.table(
         [
@@ -102,31 +104,31 @@ def runs_section(d: Dossier) -> Section:
         ],
         [
             [
-                r["row"]["id"],
-                r["row"]["kind"],
+                r.row.id,
+                r.row.kind,
                 adaptation_of(r, by_id),
-                r["row"]["name"],
-                r["row"]["parent"],
-                status(r["row"]),
-                r["row"]["reason"],
-                r["row"]["why"],
-                short(r["row"]["config_sha"]),
-                r["row"]["created_at"],
-                r["row"]["finished_at"],
+                r.row.name,
+                r.row.parent,
+                status(r.row),
+                r.row.reason,
+                r.row.why,
+                short(r.row.config_sha),
+                r.row.created_at,
+                r.row.finished_at,
             ]
             for r in d.runs
         ],
     )
     for r in d.runs:
-        if stops[r["row"]["id"]]:
-            sec.text(_history(d.label(r["row"]["id"]), r["row"]["id"], stops[r["row"]["id"]]))
+        if stops[r.row.id]:
+            sec.text(_history(r.label, r.row.id, stops[r.row.id]))
     stale: dict[str, list[str]] = {}
     for r in d.runs:
-        if note := d.made_under(r["row"]):
-            stale.setdefault(note, []).append(r["row"]["id"])
+        if note := d.made_under(r.row.to_dict()):
+            stale.setdefault(note, []).append(r.row.id)
     for note, ids in stale.items():
         sec.text(f"{'Run' if len(ids) == 1 else 'Runs'} {', '.join(ids)}: {note}.")
-    train_runs = [r for r in d.runs if r["row"]["kind"] == "train"]
-    resumes = {r["row"]["id"]: resumed_steps(stops[r["row"]["id"]]) for r in train_runs}
+    train_runs = [r for r in d.runs if r.row.kind == "train"]
+    resumes = {r.row.id: resumed_steps(stops[r.row.id]) for r in train_runs}
     loss = plot_loss_curves(train_runs, d.plot_dir / "loss_curves.png", resumes)
     return sec.image(loss, "loss curves")

@@ -1,0 +1,410 @@
+"""Typed record kinds: one class per kind of evidence, read back with one located error.
+
+Each class names the fields the stages read, with their types; `raw` keeps the whole record so a
+field no class names yet stays readable (and the report can show a record as written).
+`Kind.read(path)` is the one way to read a record back:
+
+- a missing file or a file that is not JSON raises `StudyError` naming the path (and the line),
+  from `records.read_json`;
+- a record that is not a JSON object, or lacks a field its kind always has, or has it with the
+  wrong type, raises `StudyError` naming the path and the field: "the record is damaged".
+
+The writers stay with their stages (a record is written once, where its facts are known); a
+class here is what every other stage reads it back as.
+
+| kind           | file                                   | written by                  |
+|----------------|----------------------------------------|-----------------------------|
+| `RunConfig`    | runs/<run>/config.json                 | core.study.Study.create_run |
+| `RunStatus`    | runs/<run>/status.json                 | core.study.Run.set_status   |
+| `Evaluation`   | runs/<run>/metrics-<split>.json        | stages.evaluate             |
+| `Smoke`        | runs/<run>/smoke.json                  | stages.smoke                |
+| `Verify`       | runs/<run>/verify-<n>.json             | stages.verify               |
+| `Sizing`       | sizing/size-<stamp>.json               | stages.sizing               |
+| `Plan`         | plans/plan-<stamp>.json                | stages.plan                 |
+| `Compare`      | compare/<id>.json                      | stages.compare              |
+| `ExportManifest` | exports/<id>/tunelab-manifest.json   | stages.export               |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from tunelab.core.errors import StudyError
+from tunelab.core.records import read_json
+
+if TYPE_CHECKING:
+    from tunelab.core.config import StudyConfig
+
+__all__ = [
+    "Compare",
+    "Evaluation",
+    "ExportManifest",
+    "Plan",
+    "Record",
+    "RunConfig",
+    "RunStatus",
+    "Sizing",
+    "Smoke",
+    "Verify",
+    "damaged",
+]
+
+R = TypeVar("R", bound="Record")
+_ABSENT = object()
+
+
+def damaged(path: Path | str, what: str) -> StudyError:
+    """The one error for a record that reads as JSON but not as its kind."""
+    return StudyError(
+        f"{path}: {what}: the record is damaged",
+        hint="restore it from a copy; records are never rewritten by tunelab",
+    )
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "true/false"}
+    return " or ".join(names.get(t, t.__name__) for t in types if t is not type(None))
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record read back: its path, its whole JSON object, and its kind's typed fields."""
+
+    FIELDS: ClassVar[dict[str, tuple[type, ...]]] = {}
+    # fields a record of this kind may lack (older tunelab versions, optional parts): None then
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    path: Path
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def read(cls: type[R], path: Path | str) -> R:
+        """Read and check the record at `path` (see the module docstring for the errors)."""
+        return cls.of(path, read_json(Path(path)))
+
+    @classmethod
+    def of(cls: type[R], path: Path | str, raw: Any) -> R:
+        """Check an already parsed record `raw` read from `path`."""
+        if not isinstance(raw, dict):
+            raise damaged(path, f"a {type(raw).__name__}, not a JSON object")
+        values = {}
+        for name, types in cls.FIELDS.items():
+            value = raw.get(name, _ABSENT)
+            if value is _ABSENT or value is None:
+                if name not in cls.OPTIONAL and type(None) not in types:
+                    raise damaged(path, f"field {name!r} is missing")
+                value = None
+            elif not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise damaged(path, f"field {name!r} is {value!r}, not {_type_name(types)}")
+            values[name] = value
+        return cls(Path(path), raw, **values)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field no class names yet, read as written."""
+        return self.raw.get(key, default)
+
+
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
+_OPT_DICT = (dict, type(None))
+_OPT_LIST = (list, type(None))
+
+
+@dataclass(frozen=True)
+class RunConfig(Record):
+    """runs/<run>/config.json: what a run was started with (`Run.record`; `Run.config` is its
+    study config validated once)."""
+
+    FIELDS: ClassVar = {
+        "run_id": (str,),
+        "kind": (str,),
+        "name": _OPT_STR,
+        "parent": _OPT_STR,
+        "overrides": _OPT_LIST,
+        "config": (dict,),
+        "config_sha256": (str,),
+        "data_snapshot": _OPT_STR,
+        "hypothesis_version": _OPT_INT,
+        "hypothesis_sha256": _OPT_STR,
+        "base_model": _OPT_DICT,
+        "labels": _OPT_LIST,
+    }
+    OPTIONAL: ClassVar = frozenset({"overrides", "base_model", "labels"})
+
+    run_id: str = ""
+    kind: str = ""
+    name: str | None = None
+    parent: str | None = None
+    overrides: list[str] | None = None
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    config_sha256: str = ""
+    data_snapshot: str | None = None
+    hypothesis_version: int | None = None
+    hypothesis_sha256: str | None = None
+    base_model: dict[str, Any] | None = None
+    labels: list[str] | None = None
+
+    def study_config(self) -> StudyConfig:
+        """The saved study config, validated (a ConfigError names this file)."""
+        from tunelab.core.config import validate_config
+
+        return validate_config(self.config, source=str(self.path))
+
+    @property
+    def training(self) -> dict[str, Any]:
+        """The saved `training` section as written (no validation: cheap, for display)."""
+        return self.config.get("training") or {}
+
+
+@dataclass(frozen=True)
+class RunStatus(Record):
+    """runs/<run>/status.json: the run's last status, replaced at each change; a training run's
+    final one adds its summary (steps, losses, seconds, rate, final checkpoint)."""
+
+    FIELDS: ClassVar = {
+        "run_id": (str,),
+        "status": (str,),
+        "reason": _OPT_STR,
+        "at": _OPT_STR,
+        "steps": _OPT_INT,
+        "final_loss": _OPT_NUM,
+        "val_loss_initial": _OPT_NUM,
+        "val_loss": _OPT_NUM,
+        "train_seconds": _OPT_NUM,
+        "tokens_per_s": _OPT_NUM,
+        "final_checkpoint": _OPT_STR,
+    }
+    OPTIONAL: ClassVar = frozenset({"at"})
+    # the fields every status has; the others are a training run's summary
+    COMMON: ClassVar = ("run_id", "status", "reason", "at")
+
+    run_id: str = ""
+    status: str = ""
+    reason: str | None = None
+    at: str | None = None
+    steps: int | None = None
+    final_loss: float | None = None
+    val_loss_initial: float | None = None
+    val_loss: float | None = None
+    train_seconds: float | None = None
+    tokens_per_s: float | None = None
+    final_checkpoint: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What the status adds to the common fields, as written (the `--json` summary)."""
+        return {k: v for k, v in self.raw.items() if k not in self.COMMON}
+
+
+@dataclass(frozen=True)
+class Evaluation(Record):
+    """runs/<run>/metrics-<split>.json: one evaluation of a model on one split."""
+
+    FIELDS: ClassVar = {
+        "split": (str,),
+        "n": (int,),
+        "task_kind": _OPT_STR,
+        "metrics": (dict,),
+        "seconds": _OPT_NUM,
+        "labels": _OPT_LIST,
+        "fields": _OPT_LIST,
+        "spec_sha256": _OPT_STR,
+        "run_id": _OPT_STR,
+        "generation": _OPT_DICT,
+        "cpu_share": _OPT_NUM,
+        "examples_per_s": _OPT_NUM,
+        "torch_threads": _OPT_INT,
+        "evaluation": _OPT_DICT,
+        "merge": _OPT_DICT,
+        "evaluates": _OPT_STR,
+        "test_openings": _OPT_INT,
+        "warning": _OPT_STR,
+        "data_snapshot": _OPT_STR,
+        "hypothesis_version": _OPT_INT,
+    }
+    OPTIONAL: ClassVar = frozenset(
+        {"task_kind", "seconds", "labels", "fields", "spec_sha256", "run_id", "generation"}
+        | {"cpu_share", "examples_per_s", "torch_threads", "evaluation", "merge", "evaluates"}
+        | {"test_openings", "warning", "data_snapshot", "hypothesis_version"}
+    )
+
+    split: str = ""
+    n: int = 0
+    task_kind: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict, repr=False)
+    seconds: float | None = None
+    labels: list[str] | None = None
+    fields: list[str] | None = None
+    spec_sha256: str | None = None
+    run_id: str | None = None
+    generation: dict[str, Any] | None = None
+    cpu_share: float | None = None
+    examples_per_s: float | None = None
+    torch_threads: int | None = None
+    evaluation: dict[str, Any] | None = None  # the evaluation settings it ran with
+    merge: dict[str, Any] | None = None  # whether it ran on a merged copy, and why
+    evaluates: str | None = None  # an eval run's parent: the run evaluated
+    test_openings: int | None = None  # a test evaluation: the split's openings so far
+    warning: str | None = None
+    data_snapshot: str | None = None
+    hypothesis_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Smoke(Record):
+    """runs/<run>/smoke.json: the smoke test's checks (`{check, ok, detail}`), verdict and
+    timings (seconds; None when the smoke stopped before measuring one)."""
+
+    FIELDS: ClassVar = {
+        "passed": (bool,),
+        "reason": _OPT_STR,
+        "hint": _OPT_STR,
+        "checks": (list,),
+        "step_s": _OPT_NUM,
+        "first_step_s": _OPT_NUM,
+        "tokens_per_step": _OPT_NUM,
+        "eval_s_per_example": _OPT_NUM,
+        "fresh_process_s": _OPT_NUM,
+        "fresh_eval_s": _OPT_NUM,
+        "fresh_checks_s": _OPT_NUM,
+        "checkpoint_save_s": _OPT_NUM,
+        "reload_s": _OPT_NUM,
+        "total_s": _OPT_NUM,
+        "adapter_timing": _OPT_DICT,
+        "adapter_time_ratio": _OPT_NUM,
+    }
+
+    passed: bool = False
+    reason: str | None = None
+    hint: str | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    step_s: float | None = None
+    first_step_s: float | None = None
+    tokens_per_step: float | None = None
+    eval_s_per_example: float | None = None
+    fresh_process_s: float | None = None
+    fresh_eval_s: float | None = None
+    fresh_checks_s: float | None = None
+    checkpoint_save_s: float | None = None
+    reload_s: float | None = None
+    total_s: float | None = None
+    adapter_timing: dict[str, Any] | None = None
+    adapter_time_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Verify(Record):
+    """runs/<run>/verify-<n>.json: one verification of a run's checkpoint."""
+
+    FIELDS: ClassVar = {
+        "record": _OPT_STR,
+        "passed": (bool,),
+        "reason": _OPT_STR,
+        "finished_at": _OPT_STR,
+        "environment": _OPT_DICT,
+        "run_id": _OPT_STR,
+        "model_run": _OPT_STR,
+        "model_kind": _OPT_STR,
+        "evaluation_run": _OPT_STR,
+        "split": _OPT_STR,
+        "checkpoint": _OPT_DICT,
+        "predictions": _OPT_DICT,
+        "timings": _OPT_DICT,
+    }
+    OPTIONAL: ClassVar = frozenset({"finished_at", "environment"})
+
+    record: str | None = None  # its own file name, as written
+    passed: bool = False
+    reason: str | None = None
+    finished_at: str | None = None
+    environment: dict[str, Any] | None = None  # {same, message, ...}: against the run's
+    run_id: str | None = None  # the run verified
+    model_run: str | None = None  # the run whose checkpoint was reloaded (an eval's parent)
+    model_kind: str | None = None
+    evaluation_run: str | None = None  # the run whose recorded predictions were reproduced
+    split: str | None = None
+    checkpoint: dict[str, Any] | None = None  # {ok, files_checked, changed, missing}
+    predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
+    timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
+
+
+@dataclass(frozen=True)
+class Sizing(Record):
+    """sizing/size-<stamp>.json: the measured step, memory and lengths on one device."""
+
+    FIELDS: ClassVar = {
+        "id": (str,),
+        "device": (str,),
+        "seconds": _OPT_NUM,
+        "lengths": _OPT_DICT,
+        "env": _OPT_DICT,
+        "facts": _OPT_DICT,
+        "throughput": _OPT_DICT,
+        "configurations": _OPT_LIST,
+    }
+    OPTIONAL: ClassVar = frozenset({"seconds", "lengths", "env"})
+
+    id: str = ""
+    device: str = ""
+    seconds: float | None = None
+    lengths: dict[str, Any] | None = None
+    env: dict[str, Any] | None = None
+    facts: dict[str, Any] | None = None  # the adapted model's (ModelFacts.to_dict)
+    throughput: dict[str, Any] | None = None  # the study's own configuration: {row, step_s, ...}
+    configurations: list[dict[str, Any]] | None = None  # one row per configuration measured
+
+
+@dataclass(frozen=True)
+class Plan(Record):
+    """plans/plan-<stamp>.json: a rental plan and the figures it was built from."""
+
+    FIELDS: ClassVar = {"id": (str,), "created_ns": _OPT_INT, "config_sha256": _OPT_STR}
+    OPTIONAL: ClassVar = frozenset({"created_ns", "config_sha256"})
+
+    id: str = ""
+    created_ns: int | None = None
+    config_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Compare(Record):
+    """compare/<id>.json: variants set against the baseline on one split."""
+
+    FIELDS: ClassVar = {"id": _OPT_STR, "split": _OPT_STR, "baseline": _OPT_DICT, "runs": _OPT_LIST}
+
+    id: str | None = None
+    split: str | None = None
+    baseline: dict[str, Any] | None = None
+    runs: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ExportManifest(Record):
+    """exports/<id>/tunelab-manifest.json: what an export holds and where it came from."""
+
+    FIELDS: ClassVar = {
+        "run_id": _OPT_STR,
+        "artifact": _OPT_DICT,
+        "base": _OPT_DICT,
+        "results": _OPT_DICT,
+        "guardrails": _OPT_DICT,
+        "merge": _OPT_DICT,
+        "config": _OPT_DICT,
+        "config_sha256": _OPT_STR,
+        "files": _OPT_DICT,
+        "limitations": _OPT_LIST,
+    }
+
+    run_id: str | None = None
+    artifact: dict[str, Any] | None = None  # what the folder holds at its top: {kind, method, ...}
+    base: dict[str, Any] | None = None  # the base model's identity (name, sha256, hub, path)
+    results: dict[str, Any] | None = None  # the comparison with the baseline: {primary, ...}
+    guardrails: dict[str, Any] | None = None  # {pass: true | false | None, ...}
+    merge: dict[str, Any] | None = None  # a merged export's check against the adapter
+    config: dict[str, Any] | None = None
+    config_sha256: str | None = None
+    files: dict[str, Any] | None = None
+    limitations: list[Any] | None = None

@@ -1,0 +1,137 @@
+"""`sync_trackio(study, ...)`: the study as one Trackio project in its local store.
+
+Trackio keeps a run by its name: the name is the W&B run id (the tunelab run id), so a sync
+resumes the run it made. What was sent is kept in `<TRACKIO_DIR>/tunelab-sync.json`, as for
+W&B: an unchanged run is left alone, a changed one gets only the steps after the last one sent.
+Trackio has no run status: `tunelab.status` and `tunelab.reason` are in the run's config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tunelab.core.progress import Progress
+from tunelab.track.flatten import RunMirror, collect_study
+from tunelab.track.optional import TrackingError, import_optional
+from tunelab.track.wandb_mirror import (
+    EXIT_CODE,
+    SyncState,
+    config,
+    curve_rows,
+    groups,
+    quiet,
+    wandb_run_id,
+)
+
+if TYPE_CHECKING:
+    from tunelab.core.study import Study
+
+
+def open_trackio(directory: Path | None) -> Any:
+    """trackio with its store in `directory` (default: TRACKIO_DIR, else Trackio's own); the
+    store is fixed when trackio is first imported."""
+    if directory is not None:
+        os.environ["TRACKIO_DIR"] = str(Path(directory).resolve())
+    trackio = import_optional("trackio", "mirroring to Trackio")
+    held = Path(trackio.utils.TRACKIO_DIR)
+    if directory is not None and held != Path(directory).resolve():
+        raise TrackingError(
+            f"Trackio's store is already {held} in this process, not {directory}",
+            hint="run `tunelab track --trackio DIR` in a process of its own",
+        )
+    return trackio
+
+
+def sync_run(
+    trackio: Any,
+    project: str,
+    mirror: RunMirror,
+    name: str,
+    group: str | None,
+    held: dict[str, Any] | None,
+) -> dict[str, Any]:
+    fingerprint = mirror.fingerprint()
+    result = {"trackio_run": name, "action": "unchanged", "params": 0, "metrics": 0, "files": 0}
+    if held is not None and held.get("sha256") == fingerprint:
+        return {**result, "state": held}
+    after = held.get("step", -1) if held else -1
+    values = {**config(mirror), "tunelab.reason": mirror.reason or ""}
+    trackio.init(
+        project=project,
+        name=name,
+        group=group,
+        config=values,
+        resume="allow",
+        embed=False,
+        auto_log_gpu=False,
+        auto_log_cpu=False,
+    )
+    try:
+        rows = curve_rows(mirror, after)
+        for step, row in rows:
+            trackio.log(row, step=step)
+        finals = [p for p in mirror.points if not p.curve] if held is None else []
+        if held is None:  # Trackio lists a run once it has a value: every run has this one
+            trackio.log({"tunelab/exit_code": EXIT_CODE.get(mirror.status, 1)}, step=0)
+        for p in finals:  # an evaluation's values at its number, as MLflow holds them
+            trackio.log({p.key: p.value}, step=p.step)
+    finally:
+        trackio.finish()
+    return {
+        **result,
+        "action": "updated" if held else "created",
+        "params": len(mirror.params),
+        "metrics": sum(len(r) for _, r in rows) + len(finals) + (held is None),
+        "state": {"sha256": fingerprint, "step": rows[-1][0] if rows else after},
+    }
+
+
+def sync_trackio(
+    study: Study,
+    *,
+    project: str | None = None,
+    directory: Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Mirror every run of `study` into the Trackio project `project` (default: the study's
+    name) of the local store `directory` (default: TRACKIO_DIR, else Trackio's own).
+
+    Returns {project, dir, runs: [{run_id, kind, name, status, reason, trackio_run, action,
+    params, metrics, files}], counts}. Raises TrackingError without the `tracking` extra.
+    """
+    trackio = open_trackio(directory)
+    name = project or study.config.name
+    store = Path(trackio.utils.TRACKIO_DIR)
+    state = SyncState(store)
+    mirrors = collect_study(study)
+    family = groups(mirrors)
+    results = []
+    with quiet():
+        for i, mirror in enumerate(mirrors):
+            if progress is not None:
+                progress("track", i, len(mirrors), mirror.run_id)
+            run_name = wandb_run_id(study.config.name, mirror.run_id)
+            key = f"{name}/{run_name}"
+            result = sync_run(
+                trackio, name, mirror, run_name, family[mirror.run_id], state.runs.get(key)
+            )
+            state.runs[key] = result.pop("state")
+            state.save()
+            results.append(
+                {
+                    "run_id": mirror.run_id,
+                    "kind": mirror.kind,
+                    "name": mirror.name,
+                    "status": mirror.status,
+                    "reason": mirror.reason,
+                    **result,
+                }
+            )
+        if progress is not None:
+            progress("track", len(mirrors), len(mirrors))
+    counts = {
+        a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")
+    }
+    return {"project": name, "dir": str(store), "runs": results, "counts": counts}

@@ -1,0 +1,95 @@
+"""core/record_types: a record reads back typed, and a damaged one raises one located error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import run_cli
+from tunelab.core.errors import StudyError
+from tunelab.core.record_types import Evaluation, RunConfig, RunStatus, Verify
+from tunelab.core.study import Study
+
+
+@pytest.fixture
+def run(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "init", tmp_path / "s", "--task", "classification")
+    assert code == 0, err
+    study = Study.open(tmp_path / "s")
+    return study.create_run("baseline", name="base", extra={"labels": ["ham", "spam"]})
+
+
+def test_a_run_reads_back_its_config_typed_and_validated_once(run):
+    record = run.record
+    assert isinstance(record, RunConfig)
+    assert (record.run_id, record.kind, record.name, record.labels) == (
+        run.id, "baseline", "base", ["ham", "spam"],
+    )  # fmt: skip
+    assert record.config_sha256 == run.study.config.sha256()
+    assert run.config.sha256() == record.config_sha256
+    assert run.config is run.config  # validated once per Run
+    assert record.training["seed"] == run.config.training.seed
+    status = run.last_status()
+    assert isinstance(status, RunStatus) and status.status == "running"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"run_id": "x"', r"config\.json: not valid JSON \(line 1\): the record is damaged"),
+        ("[1, 2]", r"config\.json: a list, not a JSON object: the record is damaged"),
+        ("{}", r"config\.json: field 'run_id' is missing: the record is damaged"),
+    ],
+)
+def test_a_damaged_config_raises_the_located_error(run, text, error):
+    (run.dir / "config.json").write_text(text)
+    with pytest.raises(StudyError, match=error):
+        run.record  # noqa: B018 - reading is the test
+
+
+def test_a_field_of_the_wrong_type_is_named(tmp_path):
+    path = tmp_path / "metrics-validation.json"
+    path.write_text(json.dumps({"split": "validation", "n": "12", "metrics": {}}))
+    with pytest.raises(StudyError, match=r"field 'n' is '12', not int: the record is damaged"):
+        Evaluation.read(path)
+    path.write_text(json.dumps({"split": "validation", "n": 12, "metrics": {"accuracy": 0.5}}))
+    ev = Evaluation.read(path)
+    assert (ev.n, ev.metrics, ev.seconds, ev.get("absent", 7)) == (12, {"accuracy": 0.5}, None, 7)
+    verify = tmp_path / "verify-1.json"
+    verify.write_text(json.dumps({"passed": 1}))  # 1 is not true/false
+    with pytest.raises(StudyError, match=r"field 'passed' is 1, not true/false"):
+        Verify.read(verify)
+
+
+def test_every_record_of_the_fixed_study_reads_as_its_kind():
+    """The typed classes read the records tunelab writes (the fixed study of the pinned plan)."""
+    from pathlib import Path
+
+    from tunelab.core.record_types import (
+        Compare,
+        ExportManifest,
+        Plan,
+        Sizing,
+        Smoke,
+    )
+
+    records = Path(__file__).parents[1] / "fixtures" / "plan-study" / "records"
+    kinds = {
+        "runs/*/config.json": RunConfig,
+        "runs/*/status.json": RunStatus,
+        "runs/*/metrics-*.json": Evaluation,
+        "runs/*/smoke.json": Smoke,
+        "runs/*/verify-*.json": Verify,
+        "sizing/size-*.json": Sizing,
+        "plans/plan-*.json": Plan,
+        "compare/*.json": Compare,
+        "exports/*/tunelab-manifest.json": ExportManifest,
+    }
+    for pattern, kind in kinds.items():
+        paths = sorted(records.glob(pattern))
+        assert paths, pattern
+        for path in paths:
+            assert kind.read(path).path == path
+    smoke = Smoke.read(next(records.glob("runs/*/smoke.json")))
+    assert smoke.passed is True and smoke.step_s > 0 and smoke.checks
