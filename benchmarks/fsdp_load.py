@@ -86,7 +86,7 @@ def make_study(root: Path) -> Path:
         "guardrails": [{"metric": "json_valid_rate", "op": ">=", "value": 0.0}],
         "data": {
             "source": {"format": "jsonl", "path": "data.jsonl"},
-            "fields": {"text": "text", "target": "target"},
+            "fields": {"text": "text", "label": None, "target": "target"},
             "dedup": {"near": False},
         },
         "model": {"path": str(model), "dtype": "float32"},
