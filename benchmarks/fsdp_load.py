@@ -57,7 +57,7 @@ def reset_peak() -> None:
 
 def make_study(root: Path) -> Path:
     from tunelab.core.study import Study
-    from tunelab.demo.assets import smollm2_gguf
+    from tunelab.core.assets import smollm2_gguf
     from tunelab.lib.models import convert_gguf
     from tunelab.stages.data import build_snapshot
     from tunelab.stages.hypothesis.stage import register
