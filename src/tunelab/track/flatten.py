@@ -418,3 +418,20 @@ def collect_study(study: Study) -> list[RunMirror]:
     compares = _compares(study)
     mirrors = [mirror_run(study, row, rows, compares) for row in rows]
     return [*mirrors, mirror_study_records(study, rows)]
+
+
+def run_result(mirror: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """One mirrored run as a tracker's sync reports it: the tunelab run and what was done."""
+    return {
+        "run_id": mirror.run_id,
+        "kind": mirror.kind,
+        "name": mirror.name,
+        "status": mirror.status,
+        "reason": mirror.reason,
+        **result,
+    }
+
+
+def action_counts(results: list[dict[str, Any]]) -> dict[str, int]:
+    """How many runs a sync created, updated and left unchanged."""
+    return {a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")}

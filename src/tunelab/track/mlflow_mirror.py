@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.core.hashing import sha256_file, sha256_json
 from tunelab.core.progress import Progress
-from tunelab.track.flatten import RunMirror, collect_study
+from tunelab.track.flatten import RunMirror, action_counts, collect_study, run_result
 from tunelab.track.optional import TrackingError, import_optional, mlflow_client_class
 
 if TYPE_CHECKING:
@@ -363,21 +363,10 @@ def sync_mlflow(
             parent = mlflow_ids.get(mirror.nest_under) if mirror.nest_under else None
             result = sync_run(client, exp_id, mirror, existing.get(mirror.run_id), parent)
             mlflow_ids[mirror.run_id] = result["mlflow_run_id"]
-            results.append(
-                {
-                    "run_id": mirror.run_id,
-                    "kind": mirror.kind,
-                    "name": mirror.name,
-                    "status": mirror.status,
-                    "reason": mirror.reason,
-                    **result,
-                }
-            )
+            results.append(run_result(mirror, result))
         if progress is not None:
             progress("track", len(mirrors), len(mirrors))
-    counts = {
-        a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")
-    }
+    counts = action_counts(results)
     return {
         "uri": target.uri,
         "kind": target.kind,

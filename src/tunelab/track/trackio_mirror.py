@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.progress import Progress
-from tunelab.track.flatten import RunMirror, collect_study
+from tunelab.track.flatten import RunMirror, action_counts, collect_study, run_result
 from tunelab.track.optional import TrackingError, import_optional
 from tunelab.track.wandb_mirror import (
     EXIT_CODE,
@@ -119,19 +119,8 @@ def sync_trackio(
             )
             state.runs[key] = result.pop("state")
             state.save()
-            results.append(
-                {
-                    "run_id": mirror.run_id,
-                    "kind": mirror.kind,
-                    "name": mirror.name,
-                    "status": mirror.status,
-                    "reason": mirror.reason,
-                    **result,
-                }
-            )
+            results.append(run_result(mirror, result))
         if progress is not None:
             progress("track", len(mirrors), len(mirrors))
-    counts = {
-        a: sum(r["action"] == a for r in results) for a in ("created", "updated", "unchanged")
-    }
+    counts = action_counts(results)
     return {"project": name, "dir": str(store), "runs": results, "counts": counts}
