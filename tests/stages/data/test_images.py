@@ -287,7 +287,7 @@ def test_image_study_through_the_stages(tmp_path, tiny_vit_dir, capsys):
     assert run_cli(capsys, "eval", run_id, "-s", root)[0] == 0
     code, out, err = run_cli(capsys, "compare", "-s", root)
     assert code == 0, err
-    assert "per-category f1" in out
+    assert "per category delta" in out
     code, out, err = run_cli(capsys, "export", run_id, "-s", root)
     assert code == 0, err
     export = next((root / "records" / "exports").iterdir())
