@@ -148,6 +148,9 @@ def _optimizer_problems(path: Path, layout: list[list[Any]] | None) -> list[str]
     return problems
 
 
+BNB_STATE = "__bnb_optimizer_quant_state__"
+
+
 def _param_problems(
     pid: int,
     pname: str,
@@ -161,6 +164,9 @@ def _param_problems(
     where = f"{OPTIMIZER_TENSORS}: parameter {pid} ({pname})"
     scalars = rest.get(str(pid), {})
     have = sorted({k.split("/", 1)[0] for k in tensors} | set(scalars))
+    # bitsandbytes' 8-bit optimizers save their quantized state under one key of their own
+    if BNB_STATE in have:
+        return []
     if have != sorted(keys):
         missing = sorted(set(keys) - set(have))
         extra = sorted(set(have) - set(keys))
