@@ -649,7 +649,13 @@ def _write_nested_study(root, model_dir):
         "min_improvement": 0.0,
     }
     raw["guardrails"] = [
-        {"metric": "normalized_match", "scope": "every_field", "op": ">=", "value": 0.9}
+        {
+            "metric": "normalized_match",
+            "scope": "every_field",
+            "op": ">=",
+            "value": 0.9,
+            "test": "point",
+        }
     ]
     raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
     raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target",
