@@ -57,42 +57,30 @@ def _ui_command(result: dict[str, Any]) -> str:
     return f"{env}mlflow ui --backend-store-uri {result['uri']}"
 
 
-def _print(result: dict[str, Any]) -> None:
+def _print_sync(title: str, tracker: str, result: dict[str, Any], where: str) -> None:
+    """A tracker's sync as a table of runs and a line counting what was done."""
     rows = [
         [r["run_id"], r["status"], r["action"], r["metrics"], r["files"]] for r in result["runs"]
     ]
-    exp = result["experiment"]
-    t = table(
-        f"MLflow experiment {exp['name']} ({exp['id']})",
-        ["run", "status", "mlflow", "values", "files"],
-        rows,
-    )
+    t = table(title, ["run", "status", tracker, "values", "files"], rows)
     t.columns[0].no_wrap = True
     console.print(t)
     c = result["counts"]
     console.print(
-        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged "
-        f"at {result['uri']}"
+        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged {where}"
     )
+
+
+def _print(result: dict[str, Any]) -> None:
+    exp = result["experiment"]
+    title = f"MLflow experiment {exp['name']} ({exp['id']})"
+    _print_sync(title, "mlflow", result, f"at {result['uri']}")
     console.print(f"see it: `{_ui_command(result)}`", soft_wrap=True)
 
 
 def _print_wandb(result: dict[str, Any]) -> None:
-    rows = [
-        [r["run_id"], r["status"], r["action"], r["metrics"], r["files"]] for r in result["runs"]
-    ]
-    t = table(
-        f"W&B project {result['project']} ({result['mode']})",
-        ["run", "status", "wandb", "values", "files"],
-        rows,
-    )
-    t.columns[0].no_wrap = True
-    console.print(t)
-    c = result["counts"]
-    console.print(
-        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged "
-        f"in {result['dir']}/wandb"
-    )
+    title = f"W&B project {result['project']} ({result['mode']})"
+    _print_sync(title, "wandb", result, f"in {result['dir']}/wandb")
     if result["mode"] == "offline":
         console.print(f"upload it: `wandb sync {result['dir']}/wandb`", soft_wrap=True)
 
