@@ -56,8 +56,8 @@ def reset_peak() -> None:
 
 
 def make_study(root: Path) -> Path:
-    from tunelab.core.study import Study
     from tunelab.core.assets import smollm2_gguf
+    from tunelab.core.study import Study
     from tunelab.lib.models import convert_gguf
     from tunelab.stages.data import build_snapshot
     from tunelab.stages.hypothesis.stage import register
