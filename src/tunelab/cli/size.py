@@ -173,6 +173,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
                 p["peak_phase"].replace("_", " "),
             ]
         )
+    rows += _peak_rows(record, suffix)
     what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
     console.print(
         _compact(
@@ -198,6 +199,18 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
         f"shape: {length}, micro-batch x accumulation, precision; {compared}; x4 rule: the "
         "error of weights x 4."
     )
+    worst, ev = record.get("worst_batch_peak"), record.get("evaluation_peak")
+    if worst or ev:
+        step = (
+            f" (step {worst['batch']['step']} of {worst['batch']['steps_scanned']})"
+            if worst
+            else ""
+        )
+        console.print(
+            f"worst: the largest micro-batch the run meets in its seeded order{step}; eval: "
+            "`tunelab eval`'s largest batch (rows of the longest prompt + new tokens "
+            "generated, or fwd: a classifier's forward), over the model alone, no optimizer."
+        )
     console.print(
         _compact(
             "analytic breakdown (MiB)",
@@ -205,6 +218,59 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
             parts,
         )
     )
+
+
+def _peak_rows(record: dict[str, Any], suffix: str) -> list[list[Any]]:
+    """The worst batch of the run and the evaluation's batch, beside the typical steps."""
+    rows = []
+    worst, ev = record.get("worst_batch_peak"), record.get("evaluation_peak")
+    if worst:
+        b = worst["batch"]
+        how = f"{b['tokens']}{suffix} packed" if b["packed"] else ""
+        how = how or f"{max(b['lengths'])}{suffix} {len(b['lengths'])}x1"
+        rows.append(["worst", how, worst])
+    if ev:
+        st = ev["settings"]
+        shape = f"{st['tokens']}{suffix} {st['batch_size']}x"
+        shape += f" +{st['max_new_tokens']}" if st["kind"] == "generation" else " fwd"
+        rows.append(["eval", shape, ev])
+    out = []
+    for label, shape, peak in rows:
+        measured = (peak.get("measured") or {}).get("compared")
+        status = peak["status"]
+        shown = _mib(measured) if status == "ok" else "[red]does not fit[/]"
+        if status == "error":
+            shown = "error"
+        predicted = (peak.get("predicted") or {}).get("compared")
+        out.append(
+            [label, shape, _mib(predicted), shown, _pct(peak.get("error_pct")), "-", "-", "-"]
+        )
+    return out
+
+
+def _peaks_note(record: dict[str, Any]) -> None:
+    """The whole-process peaks against the budget, and a peak that does not fit with its fix."""
+    from tunelab.stages.sizing.peaks import peak_total
+
+    budget = record.get("memory_budget_bytes")
+    for key, name, fix in (
+        ("worst_batch_peak", "the worst batch", "lower training.micro_batch_size"),
+        (
+            "evaluation_peak",
+            "the evaluation",
+            "lower evaluation.batch_size or evaluation.max_new_tokens",
+        ),
+    ):
+        peak = record.get(key)
+        total = peak_total(peak)
+        if not peak or total is None:
+            continue
+        over = budget and (peak["status"] == "does_not_fit" or total > budget)
+        words = f"{name}: {_size(total)} for the whole process, of a {_size(budget)} budget"
+        if over:
+            console.print(f"[red]{words}: does not fit[/]; {fix}, or raise --memory-budget")
+        else:
+            console.print(words)
 
 
 def _recommendation(rec: dict[str, Any], cuda: bool, rate: str) -> None:
@@ -263,6 +329,7 @@ def print_sizing(record: dict[str, Any]) -> None:
         f"{_pct(record['rule_x4_max_error_pct'])}); allocator: {record['allocator']}"
     )
     _recommendation(record["recommendation"], cuda, "images/s" if _images(record) else "tokens/s")
+    _peaks_note(record)
     if record["projection"]:
         console.print(
             _compact(

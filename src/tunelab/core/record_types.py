@@ -344,8 +344,22 @@ class Sizing(Record):
         "facts": _OPT_DICT,
         "throughput": _OPT_DICT,
         "configurations": _OPT_LIST,
+        "memory_budget_bytes": _OPT_INT,
+        "recommendation": _OPT_DICT,
+        "worst_batch_peak": _OPT_DICT,
+        "evaluation_peak": _OPT_DICT,
     }
-    OPTIONAL: ClassVar = frozenset({"seconds", "lengths", "env"})
+    OPTIONAL: ClassVar = frozenset(
+        {
+            "seconds",
+            "lengths",
+            "env",
+            "memory_budget_bytes",
+            "recommendation",
+            "worst_batch_peak",
+            "evaluation_peak",
+        }
+    )
 
     id: str = ""
     device: str = ""
@@ -355,6 +369,15 @@ class Sizing(Record):
     facts: dict[str, Any] | None = None  # the adapted model's (ModelFacts.to_dict)
     throughput: dict[str, Any] | None = None  # the study's own configuration: {row, step_s, ...}
     configurations: list[dict[str, Any]] | None = None  # one row per configuration measured
+    memory_budget_bytes: int | None = None  # the budget every figure was measured against
+    recommendation: dict[str, Any] | None = None  # micro-batch, accumulation, predicted peak
+    # the run's worst micro-batch in its seeded order: {batch {step, lengths, ...}, settings,
+    # status, case, predicted {compared, total, ...}, measured {compared, peak_total, ...},
+    # error_pct} (tunelab.stages.sizing.peaks)
+    worst_batch_peak: dict[str, Any] | None = None
+    # `tunelab eval`'s worst batch: {settings {kind, batch_size, tokens, max_new_tokens},
+    # status, predicted, measured, error_pct}
+    evaluation_peak: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tunelab.stages.sizing.memory import ModelFacts
+from tunelab.stages.sizing.stage_walk import stages_of
 
 _LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "granite"}
 _BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
 # ViTs: a BERT-like encoder over patch tokens (pre-norm); walked as "bert", approximate
-_VIT_TYPES = {"vit", "deit"}
+_VIT_TYPES = {"vit", "deit", "swin"}
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 # conv nets, walked feature map by feature map (sizing.memory): their config's fields
 _CONV_TYPES = {"resnet", "convnext"}
@@ -90,6 +91,20 @@ _ROLES_VIT = {
 }
 
 
+_STAGE_BLOCK = re.compile(r"\.layers\.(\d+)\.blocks\.(\d+)\.")
+
+
+def _flat_blocks(name: str, stages: list[dict[str, int]] | None) -> str:
+    """A Swin block's name with its stage and block numbers as one layer index:
+    'encoder.layers.1.blocks.0.mlp.fc1' -> 'encoder.layers.2.mlp.fc1' after a stage of 2."""
+    found = _STAGE_BLOCK.search(name) if stages else None
+    if found is None:
+        return name
+    stage, block = int(found.group(1)), int(found.group(2))
+    flat = sum(s["depth"] for s in stages[:stage]) + block
+    return name[: found.start()] + f".layers.{flat}." + name[found.end() :]
+
+
 def _plain(name: str) -> str:
     """A parameter name without peft's wrappers: adapters and saved-module copies removed."""
     name = name.removeprefix("module.").removeprefix("base_model.model.")
@@ -116,8 +131,9 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
     roles = _ROLES_BERT if family == "bert" else _ROLES_LLAMA
     if model_type in _VIT_TYPES:
         roles = _ROLES_VIT
-    layers = int(getattr(cfg, "num_hidden_layers", 0))
-    heads = int(getattr(cfg, "num_attention_heads", 1))
+    stages = stages_of(cfg)
+    layers = sum(s["depth"] for s in stages) if stages else int(cfg.num_hidden_layers)
+    heads = stages[-1]["heads"] if stages else int(getattr(cfg, "num_attention_heads", 1))
     hidden = int(cfg.hidden_size)
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
     layer_training: list[dict[str, str]] = [{} for _ in range(layers)]
@@ -139,7 +155,7 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         trainable_bytes += p.numel() * p.element_size()
         largest = max(largest, p.numel() * p.element_size())
         kind = "lora" if ".lora_" in name else "weight"
-        plain = _plain(name)
+        plain = _flat_blocks(_plain(name), stages)
         m = _LAYER.search(plain)
         if m:
             role = _role(plain, roles)
@@ -191,6 +207,7 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         lora_dropout=lora_dropout,
         approximate=approximate,
         moe=_moe_of(cfg),
+        stages=stages,
         **quant.facts(model),
         **top,
     )

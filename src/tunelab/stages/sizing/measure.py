@@ -76,12 +76,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.records import write_json_atomic
 from tunelab.core.worker import serve
+from tunelab.stages.sizing.child_model import (
+    build_for,
+    collect,
+    image_side,
+    is_oom,
+    synthetic_examples,
+)
 from tunelab.stages.sizing.process_memory import (
     Watchdog,
     hwm_bytes,
@@ -95,108 +102,6 @@ from tunelab.stages.sizing.process_memory import (
 # the timed steps stop once the last STABLE_STEPS of them agree within STABLE_TOLERANCE
 STABLE_STEPS = 2
 STABLE_TOLERANCE = 0.05
-_OOM_WORDS = (
-    "out of memory",
-    "can't allocate memory",
-    "cannot allocate memory",
-    "not enough memory",
-)
-
-
-# ------------------------------------------------------------------ synthetic examples
-
-
-def synthetic_examples(
-    count: int,
-    seq_len: int,
-    architecture: str,
-    *,
-    vocab: int,
-    num_labels: int = 2,
-    loss_fraction: float = 1.0,
-    seed: int = 0,
-    low_id: int = 5,
-    image_size: int | None = None,
-) -> list[dict[str, Any]]:
-    """`count` encoded examples of exactly `seq_len` tokens, in the Preprocessor's shape.
-
-    causal_lm: the last `loss_fraction` of the positions carry loss (the target after the prompt).
-    image: `pixel_values` [3, image_size, image_size] (seq_len is then a ViT's patch tokens or
-    a conv net's image side).
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    if architecture == "image":
-        size = int(image_size or 224)
-        return [
-            {
-                "id": f"synthetic-{i}",
-                "pixel_values": torch.randn((3, size, size), generator=g),
-                "label": i % max(1, num_labels),
-            }
-            for i in range(count)
-        ]
-    hi = max(low_id + 1, vocab)
-    out = []
-    for i in range(count):
-        ids = torch.randint(low_id, hi, (seq_len,), generator=g).tolist()
-        e: dict[str, Any] = {"id": f"synthetic-{i}", "input_ids": ids, "truncated": False}
-        if architecture == "causal_lm":
-            prompt = min(seq_len - 2, max(0, round(seq_len * (1.0 - loss_fraction))))
-            e["labels"] = [-100] * prompt + ids[prompt:]
-        else:
-            e["label"] = i % max(1, num_labels)
-        out.append(e)
-    return out
-
-
-# ------------------------------------------------------------------ the child
-
-
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
-
-
-def _build(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
-    """Config, base, model (built as training builds it, on `device`), facts."""
-    from tunelab.core.config import validate_config
-    from tunelab.lib.models import resolve_model
-    from tunelab.stages.sizing.facts import model_facts
-    from tunelab.stages.train.build import build_model
-
-    raw = json.loads(json.dumps(spec["config"]))
-    t = raw.setdefault("training", {})
-    t.update(
-        micro_batch_size=spec["micro_batch"],
-        grad_accum_steps=spec.get("grad_accum", 1),
-        precision=spec.get("precision", t.get("precision", "fp32")),
-        activation_checkpointing=bool(spec.get("checkpointing", False)),
-        packing=bool(spec.get("packing", t.get("packing", True))),
-    )
-    cfg = validate_config(raw, source="sizing spec")
-    root = Path(spec["root"]) if spec.get("root") else None
-    base = resolve_model(cfg.model, root=root)
-    model, _audit = build_model(base, cfg, spec.get("labels"), device)
-    lora = cfg.adaptation.method in ("lora", "qlora")
-    facts = model_facts(
-        model,
-        base.architecture,
-        lora_rank=cfg.adaptation.rank if lora else 0,
-        lora_dropout=cfg.adaptation.dropout if lora else 0.0,
-    )
-    if facts.conv:  # a conv net's "length" is the side of the images it is fed
-        facts = replace(facts, conv={**facts.conv, "image_size": int(spec["seq_len"])})
-    return cfg, base, model, facts
-
-
-def _image_side(spec: dict[str, Any], base: Any, facts: Any) -> int | None:
-    """The side of the synthetic images: a conv net's length, else the ViT's config size."""
-    return int(spec["seq_len"]) if facts.conv else base.config.get("image_size")
 
 
 def _child_device(spec: dict[str, Any]) -> Any:
@@ -251,7 +156,7 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> di
 
     cuda = steps.device.type == "cuda"
     out: dict[str, Any] = {}
-    _collect(cuda)
+    collect(cuda)
     if cuda:
         torch.cuda.synchronize()
         out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
@@ -263,7 +168,7 @@ def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> di
     else:
         steps.run_to(warmup)
     out["warmup_steps"] = warmup
-    _collect(cuda)
+    collect(cuda)
     out["idle_rss_after_warmup"] = rss_bytes()
     out["hwm_reset"] = reset_hwm()
     if cuda:
@@ -289,15 +194,6 @@ def _make_states(optimizer: Any) -> None:
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def _collect(cuda: bool) -> None:
-    """Garbage collected and, on CPU, the heap's free pages returned (`malloc_trim`): what a
-    step then takes from the heap faults its pages in again, and the RSS shows it, whatever
-    the configurations before it in the process left there."""
-    gc.collect()
-    if not cuda:
-        trim_heap()
 
 
 def stable_times(seconds: list[float]) -> bool:
@@ -390,11 +286,16 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
         result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
         if watchdog is not None:
             watchdog.aim(result_path(out, i, "memory"), result)
-        session, result = _guarded(result, measure_memory, spec, device, result)
+        measure = measure_memory
+        if spec.get("peak") == "evaluation":
+            from tunelab.stages.sizing.measure_peaks import measure_evaluation as measure
+        session, result = _guarded(result, measure, spec, device, result)
         if watchdog is not None:
             watchdog.pause()
         write_json_atomic(result_path(out, i, "memory"), result, overwrite=True)
-        if result["status"] == "ok":
+        if spec.get("peak"):  # a peak is memory alone: its result is final
+            write_json_atomic(result_path(out, i), result, overwrite=True)
+        elif result["status"] == "ok":
             fitted[i] = result
             kept = session
         session = None
@@ -477,19 +378,26 @@ def _session(spec: dict[str, Any], device: Any) -> _Session:
     from tunelab.stages.train.build import build_loop
 
     started = time.perf_counter()
-    cfg, base, model, facts = _build(spec, device)
+    cfg, base, model, facts = build_for(spec, device)
     t, arch = cfg.training, base.architecture
     per_step = t.micro_batch_size * t.grad_accum_steps
-    encoded = synthetic_examples(
-        per_step,
-        int(spec["seq_len"]),
-        arch,
-        vocab=facts.vocab,
-        num_labels=max(2, facts.num_labels),
-        loss_fraction=float(spec.get("loss_fraction", 1.0)),
-        seed=t.seed,
-        image_size=_image_side(spec, base, facts) if arch == "image" else None,
-    )
+
+    def examples(count: int, length: int, seed: int) -> list[dict[str, Any]]:
+        return synthetic_examples(
+            count,
+            length,
+            arch,
+            vocab=facts.vocab,
+            num_labels=max(2, facts.num_labels),
+            loss_fraction=float(spec.get("loss_fraction", 1.0)),
+            seed=seed,
+            image_size=image_side(spec, base, facts) if arch == "image" else None,
+        )
+
+    if spec.get("lengths"):  # the worst batch: one example of each length, one micro-batch
+        encoded = [examples(1, int(n), t.seed + j)[0] for j, n in enumerate(spec["lengths"])]
+    else:
+        encoded = examples(per_step, int(spec["seq_len"]), t.seed)
     # the schedule leaves room for every step the measurement may take
     total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))
     total += 1 + int(spec.get("time_steps", 3))
@@ -510,7 +418,7 @@ def measure_memory(
     try:
         session = _session(spec, device)
     except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
-        if _is_oom(exc):
+        if is_oom(exc):
             return None, {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
         raise
     mark("load")
@@ -526,7 +434,7 @@ def measure_memory(
     try:
         memory = _memory_steps(steps, warmup, measure_steps, spec.get("warmup") == "states")
     except Exception as exc:  # noqa: BLE001
-        if _is_oom(exc):
+        if is_oom(exc):
             out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
             if device.type == "cuda":
                 out["measured"] = {"max_allocated": torch.cuda.max_memory_allocated(device)}

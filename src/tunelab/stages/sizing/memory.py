@@ -46,6 +46,8 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tunelab.stages.sizing import stage_walk
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int8": 1, "uint8": 1}
 # Optimizer states kept per trainable parameter, in the parameter's dtype.
 OPTIMIZER_STATES = {
@@ -131,6 +133,9 @@ class ModelFacts:
     # expert_intermediate, shared_intermediate, sparse_layers, ...); its sparse blocks carry the
     # roles "experts", "router" and "shared" (tunelab.stages.sizing.moe_walk)
     moe: dict[str, Any] | None = None
+    # a hierarchical vision transformer (Swin): per stage {depth, hidden, heads, grid, window,
+    # intermediate} (tunelab.stages.sizing.stage_walk); `layers` counts the blocks of all
+    stages: list[dict[str, int]] | None = None
 
     @property
     def total_weight_bytes(self) -> int:
@@ -616,13 +621,15 @@ class _Trace:
         self.rope_saved = False
         tokens = c.tokens
         ids_bytes = tokens * 8
+        if f.stages:  # Swin: the patch grid of the first stage, whatever the case's length
+            tokens = stage_walk.first_width(f.stages, c.micro_batch) // f.stages[0]["hidden"]
         self.group("embeddings")
         # with checkpointing, transformers makes the embeddings' output require a gradient
         # (enable_input_require_grads) so that frozen layers pass gradients through
         emb_rg = bool(f.embed) or c.checkpointing
         if f.embed:
             self.save_bytes(ids_bytes * (3 if f.family == "bert" else 1))  # index tensors
-        x = self.new(tokens * f.hidden, self.pb, emb_rg)
+        x = self.new(tokens * (f.stages[0]["hidden"] if f.stages else f.hidden), self.pb, emb_rg)
         if f.family == "bert":
             x = self.dropout(self.layernorm(x, f.embed), f.hidden_dropout)
         elif c.checkpointing and not f.embed:
@@ -636,10 +643,12 @@ class _Trace:
             self.group(f"layer.{i}")
             before = self.total
             self.layer = i
+            if f.stages:
+                x = stage_walk.enter_layer(self, i, x, f)
             if c.checkpointing:
                 # only the block input is kept; the block runs again during backward
                 self.save(x)
-                sub = _Trace(f, c)
+                sub = _Trace(self.f, c)
                 sub.rows, sub.s, sub.rows_pos, sub.rope_saved = self.rows, self.s, 1, True
                 sub.layer = i
                 out = sub.block(x, train)
@@ -651,6 +660,7 @@ class _Trace:
                 x = self.block(x, train)
                 self.blocks.append((self.total - before, self.attention_mark - before))
             per_layer.append(self.total - before)
+        self.f = f
         self.group("final")
         if f.family == "bert":
             pooled_rg = x.rg or bool(f.pooler)

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
-from tunelab.core.errors import SnapshotError, StudyError, TunelabError
+from tunelab.core.errors import SnapshotError, StudyError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
 from tunelab.core.progress import Progress
@@ -63,6 +63,7 @@ from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
+from tunelab.stages.sizing.peaks import peak_options, peak_records, refuse_unmeasured
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
 from tunelab.stages.sizing.processes import measure_configurations
 from tunelab.stages.sizing.recommend import (
@@ -224,6 +225,9 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
     quantiles = [
         counts[min(len(counts) - 1, round(q * (len(counts) - 1) / 100))] for q in range(101)
     ]
+    from tunelab.stages.sizing.peaks import evaluation_tokens
+
+    evaluation = evaluation_tokens(pre, snapshot, cfg, base.architecture, counts[-1])
     positions = sum(max(0, len(e["input_ids"]) - 1) for e in encoded)
     loss = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in encoded if "labels" in e)
     return {
@@ -237,6 +241,9 @@ def representative_lengths(study: Study, labels_out: list[Any] | None = None) ->
         "split_counts": dict(snapshot.manifest.get("counts", {}).get("final", {})),
         "encode_train_s": encode_s,
         "quantiles": quantiles,
+        "evaluation_tokens": evaluation,
+        # the training examples' lengths in snapshot order, for the worst batch (not recorded)
+        "order": [len(e["input_ids"]) for e in encoded],
     }
 
 
@@ -294,6 +301,8 @@ def _image_lengths(base: Any, snapshot: Any, task: Any, cfg: Any) -> dict[str, A
         "split_counts": counts,
         "encode_train_s": 0.0,
         "quantiles": [tokens] * 101,
+        "evaluation_tokens": tokens,
+        "order": [tokens] * int(counts.get("train", 0)),  # every image at one size
     }
 
 
@@ -387,6 +396,7 @@ class _Measurer:
         self.rows: list[dict[str, Any]] = []
         self.facts: ModelFacts | None = None
         self.facts_of: dict[str, ModelFacts] = {}  # per row: another method's model
+        self.extras: dict[str, dict[str, Any]] = {}  # per label: what its spec adds (peaks)
 
     def spec(self, o: Option, method: str | None) -> dict[str, Any]:
         """The child's spec for option `o` (with adaptation.method `method` instead of the
@@ -406,7 +416,7 @@ class _Measurer:
         if method is not None:
             adaptation = {**spec["config"]["adaptation"], "method": method}
             spec["config"] = {**spec["config"], "adaptation": adaptation}
-        return spec
+        return {**spec, **self.extras.get(o.label, {})}
 
     def measure_all(
         self,
@@ -704,6 +714,8 @@ def run_sizing(
     started = time.perf_counter()
     device = device_kind()  # the steps run in child processes: no CUDA context here
     lengths, sizes, labels = _lengths(study, seq_lens)
+    peak_lengths = dict(lengths) if not seq_lens else _snapshot_lengths(study, sizes)
+    lengths.pop("order", None)
     can_checkpoint = supports_checkpointing(study)
     t = cfg.training
     effective = t.micro_batch_size * t.grad_accum_steps
@@ -734,11 +746,14 @@ def run_sizing(
     }
     # + the recommended configuration, when not measured yet
     others = [m for m in dict.fromkeys(methods or []) if m != cfg.adaptation.method]
-    total = len(options) + len(others) + 1
+    peaks = peak_options(cfg, _architecture(study), options[0], peak_lengths)
+    total = len(options) + len(others) + len(peaks) + 1
     own = own_label(sizes[0])
     measurer = _Measurer(base_spec, own, total, timeout_s, progress, shared)
+    measurer.extras = {o.label: extra for o, extra, _ in peaks}
     queue = [(o, None) for o in options]
     queue += [(replace(options[0], label=f"method {m}"), m) for m in others]
+    queue += [(o, None) for o, _, _ in peaks]  # last: a peak over the budget ends its process
     planned = [o for o, _ in queue]
     note = sizing_forecast(study, planned, own, shared)
     if progress:
@@ -746,13 +761,11 @@ def run_sizing(
     images = cfg.task.kind == "image_classification"
     on_row = _RowProgress(planned, own, total, shared, progress, images)
     measurer.measure_all(queue, on_row)
+    peak_rows = {r["label"]: r for r in measurer.rows if r["label"] in measurer.extras}
+    measurer.rows = [r for r in measurer.rows if r["label"] not in measurer.extras]
     rows, facts = measurer.rows, measurer.facts
-    if facts is None:
-        reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
-        raise TunelabError(
-            f"no configuration could be measured: {reasons[:1500]}",
-            hint="lower --micro-batch / --seq-len, or raise --memory-budget",
-        )
+    refuse_unmeasured(rows, facts)
+    assert facts is not None
     cuda_major = next(
         (r["measured"]["cuda_major"] for r in rows if (r["measured"] or {}).get("cuda_major")), 9
     )
@@ -781,9 +794,25 @@ def run_sizing(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
+    record.update(peak_records(peaks, peak_rows, facts, template, device))
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, _save(study, record)
+
+
+def _architecture(study: Study) -> str:
+    from tunelab.lib.models import resolve_base
+
+    return resolve_base(study).architecture
+
+
+def _snapshot_lengths(study: Study, sizes: list[int]) -> dict[str, Any]:
+    """With --seq-len: the snapshot's lengths for the peaks where there is a snapshot, else
+    none for the worst batch and the longest given length for the evaluation."""
+    try:
+        return representative_lengths(study)
+    except SnapshotError:
+        return {"evaluation_tokens": sizes[-1]}
 
 
 def _save(study: Study, record: dict[str, Any]) -> Path:

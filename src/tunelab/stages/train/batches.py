@@ -11,7 +11,8 @@ seed, the epoch and the example), so the position fixes the views too.
 `attention_mask` or packed `position_ids`, `num_tokens`; "image": `{pixel_values [b, 3, H, W],
 labels [b], num_tokens = b}`). `DataOrder(n, seed)`: a permutation per epoch (`seed + epoch`);
 `Position(epoch, index)` is saved in checkpoints; `take_with_epochs(position, n)` gives
-`[(epoch, index)]`. `StepSource.next(position) -> (micro_batches, next_position)`; its
+`[(epoch, index)]`. `StepSource.next(position) -> (micro_batches, next_position)`
+(`step_pairs(position)`: the same micro-batches as (epoch, index) pairs); its
 `views(index, epoch)`, when set (`build_loop(..., views=)`), replaces `encoded[index]`
 (augmented images).
 """
@@ -181,15 +182,25 @@ class StepSource:
     def examples_per_step(self) -> int:
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
 
-    def next(self, position: Position) -> tuple[list[dict[str, torch.Tensor]], Position]:
+    def step_pairs(self, position: Position) -> tuple[list[list[tuple[int, int]]], Position]:
+        """The (epoch, index) pairs of each micro-batch of the step at `position`, and the
+        position after it (`tunelab size` reads the worst batch of a run from them)."""
         pairs, after = self.order.take_with_epochs(position, self.examples_per_step)
         if self.shard is not None:  # the share of the step's slots, so each keeps its epoch
             pairs = [pairs[k] for k in self.shard(list(range(len(pairs))))]
-        views = self.views
-        examples = [self.encoded[i] if views is None else views(i, epoch) for epoch, i in pairs]
         m = self.micro_batch_size
+        return [pairs[k : k + m] for k in range(0, len(pairs), m)], after
+
+    def next(self, position: Position) -> tuple[list[dict[str, torch.Tensor]], Position]:
+        micro_batches, after = self.step_pairs(position)
+        views = self.views
         batches = [
-            collate(examples[k : k + m], self.pad_id, self.architecture, self.packing)
-            for k in range(0, len(examples), m)
+            collate(
+                [self.encoded[i] if views is None else views(i, epoch) for epoch, i in pairs],
+                self.pad_id,
+                self.architecture,
+                self.packing,
+            )
+            for pairs in micro_batches
         ]
         return batches, after

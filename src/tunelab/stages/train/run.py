@@ -65,6 +65,7 @@ from tunelab.core.records import (
 )
 from tunelab.core.study import Run, Study
 from tunelab.stages.hypothesis.stage import diff_dicts, require_hypothesis
+from tunelab.stages.sizing.gate import require_peaks_fit
 from tunelab.stages.smoke.platform import require_smoke_platform
 from tunelab.stages.train import callbacks as cb
 from tunelab.stages.train import checkpoint as ckpt
@@ -186,6 +187,7 @@ def train_run(
         return resume_run(study, resume_from, progress=progress, strategy=strategy)
     prep = prepare_run(study)
     override = require_smoke_platform(study, "train", platform_why)
+    require_peaks_fit(study, prep.snapshot, "train")
     run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -277,6 +279,7 @@ def resume_run(
                 hint="the run folder was edited; start a new run",
             )
     override = require_smoke_platform(study, "resume", platform_why)
+    require_peaks_fit(resumed, prep.snapshot, "resume")
     skipped = incomplete_checkpoints(root, latest_ckpt)
     run = rank_run.follow(strategy, run)
     run.set_status(
