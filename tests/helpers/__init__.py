@@ -81,9 +81,11 @@ def write_extraction_study(
     *,
     training: dict[str, Any],
     adaptation: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> Path:
     """A registered extraction study (sender, subject) on the tiny Llama with its data snapshot:
-    rows as mail.jsonl, LoRA on q_proj and v_proj, sequences of 128 tokens."""
+    rows as mail.jsonl, LoRA on q_proj and v_proj, sequences of 128 tokens (`evaluation`: its
+    settings over the template's)."""
     import yaml
 
     from tunelab.stages.hypothesis.template import render_study_yaml
@@ -100,6 +102,7 @@ def write_extraction_study(
     raw["adaptation"].update(target_modules=["q_proj", "v_proj"], **(adaptation or {}))
     raw["preprocess"]["max_seq_len"] = 128
     raw["training"].update(training)
+    raw["evaluation"].update(evaluation or {})
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     register_study(root)
     return root

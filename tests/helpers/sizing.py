@@ -9,7 +9,7 @@ from pathlib import Path
 from helpers import write_extraction_study
 
 
-def write_study(root: Path, model_dir: Path) -> Path:
+def write_study(root: Path, model_dir: Path, evaluation: dict | None = None) -> Path:
     """A registered extraction study on the tiny Llama, with its data snapshot."""
     rng = random.Random(0)
     rows = []
@@ -19,4 +19,6 @@ def write_study(root: Path, model_dir: Path) -> Path:
         target = json.dumps({"sender": f"{who}@example.com", "subject": f"s{i}"})
         rows.append({"id": f"m{i}", "text": text, "target": target})
     training = {"micro_batch_size": 4, "max_steps": 4, "warmup_steps": 1, "num_threads": 1}
-    return write_extraction_study(root, model_dir, "size-test", rows, training=training)
+    return write_extraction_study(
+        root, model_dir, "size-test", rows, training=training, evaluation=evaluation
+    )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import FILLED_HYPOTHESIS, run_cli
+from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
 from helpers.sizing import write_study
 from tunelab.core.errors import ConfigError
 from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
@@ -480,12 +480,18 @@ def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_d
     assert lengths["split_counts"]["train"] == len(counts)
 
 
+# an evaluation batch whose prefill alone holds over a GB more than the idle process (about
+# 100 tokens x 12,288 rows) under a 1.5 GiB budget, where training needs a few MB over it
+EVAL_OVER_BUDGET = {"batch_size": 12288, "max_new_tokens": 2}
+
+
 @pytest.mark.slow
 def test_size_cli_records_and_refuses_without_lengths(
     tmp_path, tiny_llama_dir, capsys, monkeypatch
 ):
-    root = write_study(tmp_path / "s", tiny_llama_dir)
-    code, out, err = run_cli(capsys, "size", "-s", root, "--seq-len", "48", "--json")
+    root = write_study(tmp_path / "s", tiny_llama_dir, evaluation=EVAL_OVER_BUDGET)
+    args = ("--seq-len", "48", "--memory-budget", "1.5GiB", "--json")
+    code, out, err = run_cli(capsys, "size", "-s", root, *args)
     assert code == 0, err
     record = json.loads(out[out.index("{") :])
     path = Path(record["path"])
@@ -516,11 +522,32 @@ def test_size_cli_records_and_refuses_without_lengths(
         most = PLANNED_TIME_STEPS if label == "config @48" else 3
         assert 2 <= len(seconds) <= most
         assert len(seconds) == most or stable_times(seconds)
+    _check_peaks(saved, root, capsys)
     # without a snapshot nor --seq-len: a clear refusal (exit 2) naming both ways out
     (root / "records" / "data").rename(root / "records" / "data-moved")
     code, _, err = run_cli(capsys, "size", "-s", root)
     assert code == 2 and "tunelab data" in err and "--seq-len" in err
     _check_printed_at_80_columns(saved, capsys, monkeypatch)
+
+
+def _check_peaks(record, root, capsys):
+    """The worst batch of the run's order (from the snapshot, --seq-len or not) measured within
+    the sizing's bound; the evaluation's batch over the budget; `tunelab train` refused before
+    step 1, records untouched."""
+    worst, ev = record["worst_batch_peak"], record["evaluation_peak"]
+    assert worst["status"] == "ok" and worst["batch"]["packed"]
+    assert worst["batch"]["steps_scanned"] == 4 and 1 <= worst["batch"]["step"] <= 4
+    assert worst["case"]["seq_len"] == sum(worst["batch"]["lengths"])
+    ratio = worst["predicted"]["compared"] / worst["measured"]["compared"]
+    assert 0.6 < ratio < 1.25, worst
+    assert ev["settings"]["kind"] == "generation" and ev["settings"]["batch_size"] == 12288
+    assert ev["status"] == "does_not_fit" and ev["predicted"]["total"] > 1.5 * 2**30, ev
+    before = tree_hashes(root / "records")
+    code, _, err = run_cli(capsys, "train", "-s", root)
+    flat = " ".join(err.split())
+    assert code == 2 and "before step 1" in flat and "evaluation" in flat, err
+    assert "1,536 MiB" in flat and "evaluation.batch_size" in flat, err
+    assert tree_hashes(root / "records") == before
 
 
 def _check_printed_at_80_columns(record, capsys, monkeypatch):
@@ -537,6 +564,10 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
     lines = out.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in out and "config @48" in out
+    # the worst batch and the evaluation beside the typical steps, and the one over the budget
+    assert re.search(r"^worst\s+\d+t packed\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%", out, re.M), out
+    assert re.search(r"^eval\s+\d+t 12288x\s", out, re.M), out
+    assert "the evaluation:" in out and "does not fit" in out.split("the evaluation:")[1]
     assert "what a step adds to the idle process's RSS (MiB)" in out
     # the breakdown's first header is short enough never to fold ("configurat" / "ion")
     assert re.search(r"^config\s+weights\s+grads", out, re.M), out
