@@ -113,7 +113,7 @@ def train(
     other_platform: OtherPlatformOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
     from tunelab.stages.train.launch import (
         Launch,
         forward_options,
@@ -138,7 +138,7 @@ def train(
         rank_strategy(launch, s.config.training.precision) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        run = train_run(
+        run = train_stage.run(
             s,
             name=name,
             parent=parent,
