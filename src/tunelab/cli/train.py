@@ -43,7 +43,7 @@ OtherPlatformOpt = Annotated[
     bool,
     typer.Option(
         "--other-platform",
-        help="Go on where no smoke passed on this platform; needs --why, which is recorded.",
+        help="Go on without a passing smoke and baseline on this platform; needs --why (recorded).",
     ),
 ]
 ResumeIfExistsOpt = Annotated[
@@ -99,8 +99,8 @@ def _require_why(other_platform: bool, why: str | None) -> None:
 
     if other_platform and not (why and why.strip()):
         raise RunError(
-            "--other-platform needs --why: the reason to go on without a smoke on this platform "
-            "is recorded with the run",
+            "--other-platform needs --why: the reason to go on without a smoke and a baseline "
+            "on this platform is recorded with the run",
             hint='add --why "..." (e.g. --why "same torch build, smoke pending")',
         )
 

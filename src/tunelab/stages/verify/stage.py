@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.env import platform_of
 from tunelab.core.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic
 from tunelab.core.worker import Worker, serve
@@ -622,6 +623,7 @@ def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, An
         "torch": current_env["torch"],
         "backend": current_env["backend"],
         "devices": _devices(current_env),
+        "platform": platform_of(current_env),  # the dossier's platforms section
     }
     if not record["passed"] and differences:
         record["reason"] += "; the environment differs from the run's (see environment)"
