@@ -76,8 +76,14 @@ def _image_model(kind: str):
                  num_attention_heads=2, num_labels=3)  # fmt: skip
     configs = {
         "swin": lambda: transformers.SwinConfig(
-            image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
-            window_size=4, drop_path_rate=0.0, num_labels=3,
+            image_size=32,
+            patch_size=4,
+            embed_dim=16,
+            depths=[2, 2],
+            num_heads=[2, 4],
+            window_size=4,
+            drop_path_rate=0.0,
+            num_labels=3,
         ),  # fmt: skip
         "convnext": lambda: transformers.ConvNextConfig(
             hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32, num_labels=3
