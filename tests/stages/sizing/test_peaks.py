@@ -179,3 +179,29 @@ def test_peaks_and_a_moe_step_are_measured_within_the_sizing_bound(tiny_llama_di
         predicted,
         ev["measured"],
     )
+
+
+def test_a_plan_provisions_the_larger_of_training_and_evaluation(tiny_llama_dir):
+    """`plan_peak` (what `tunelab plan` calls per card): the training peak while the
+    evaluation's is smaller; the evaluation's, and the reason naming its batch, when a batch
+    of 4,096 rows x 1,000 + 512 tokens outgrows the card."""
+    from transformers import AutoModelForCausalLM
+
+    from tunelab.core.config import validate_config
+    from tunelab.stages.sizing.facts import model_facts
+    from tunelab.stages.sizing.peaks import plan_peak
+
+    facts = model_facts(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), "causal_lm")
+    schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "string"}}}
+    raw = {**_config(tiny_llama_dir), "task": {"kind": "extraction", "json_schema": schema}}
+    small = validate_config(raw, source="test")
+    big = validate_config(
+        {**raw, "evaluation": {"batch_size": 4096, "max_new_tokens": 512}}, source="test"
+    )
+    card = 2 * 10**9
+    assert plan_peak(10**9, facts, small, 1000, "bf16", card) == (10**9, None)
+    peak, over = plan_peak(10**9, facts, big, 1000, "bf16", card)
+    settings = {"kind": "generation", "batch_size": 4096, "tokens": 1000, "max_new_tokens": 512}
+    added = evaluation_increase(facts, settings, "bf16")["increase"]
+    assert peak == facts.total_weight_bytes + added > card
+    assert "evaluation.batch_size 4096" in over

@@ -154,6 +154,7 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
     """The largest micro-batch (per rank) whose accumulation keeps the study's effective batch
     and that fits `gpu` (the sizing's recommendation at the rental precision)."""
     from tunelab.stages.sizing.load import load_peak, load_problem
+    from tunelab.stages.sizing.peaks import plan_peak
     from tunelab.stages.sizing.recommend import recommend
 
     t = cfg.training
@@ -193,14 +194,17 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         strategy="single" if gpus == 1 else strategy,
         ranks=gpus,
     )
-    if found["fits"]:
+    if found["fits"]:  # the larger of the training and evaluation peaks (sizing.peaks)
+        peak, over = plan_peak(found["predicted_peak_bytes"], shape.facts, cfg, shape.max_len,
+                               shape.precision, gpu.memory_bytes, CUDA_CONTEXT_BYTES)  # fmt: skip
         return Fit(
-            True,
+            over is None,
             found["micro_batch"],
             found["grad_accum"],
             found["checkpointing"],
-            found["predicted_peak_bytes"],
+            peak,
             gpu.memory_bytes,
+            over,
             load=load.to_dict(),
         )
     smallest = min(found["candidates"], key=lambda c: c["predicted_peak_bytes"])

@@ -180,19 +180,31 @@ def planning_peak_bytes(record: dict[str, Any]) -> tuple[int | None, str]:
 
 
 def plan_peak(
-    training_bytes: int, facts: ModelFacts, cfg: Any, tokens: int, precision: str
-) -> tuple[int, str]:
-    """For `tunelab plan` on a card: the larger of a training peak (`training_bytes`, weights
-    included) and the evaluation's (the weights, held in the compute dtype, plus
-    `evaluation_increase` at the study's evaluation settings and `tokens`, the longest
-    sequence), with which it is."""
+    training_bytes: int,
+    facts: ModelFacts,
+    cfg: Any,
+    tokens: int,
+    precision: str,
+    budget_bytes: int,
+    fixed_bytes: int = 0,
+) -> tuple[int, str | None]:
+    """For `tunelab plan` on a card: (the peak to provision, why it does not fit or None).
+
+    The larger of a training peak (`training_bytes`, `fixed_bytes` included) and the
+    evaluation's on one card: `fixed_bytes`, the whole weights (an FSDP run's shards are
+    gathered in one evaluating process) and `evaluation_increase` at the study's evaluation
+    settings over `tokens`, the longest sequence."""
     settings = evaluation_settings(cfg, facts.architecture, tokens)
     added = evaluation_increase(facts, settings, precision)
     if added is None:
-        return training_bytes, "training"
-    evaluation = facts.total_weight_bytes + added["increase"]
-    return (
-        (evaluation, "evaluation") if evaluation > training_bytes else (training_bytes, "training")
+        return training_bytes, None
+    evaluation = fixed_bytes + facts.total_weight_bytes + added["increase"]
+    peak = max(training_bytes, evaluation)
+    if peak <= budget_bytes:
+        return peak, None
+    return peak, (
+        f"the evaluation's peak {evaluation / 1e9:.1f} GB (evaluation.batch_size "
+        f"{settings['batch_size']} x {tokens} tokens + {settings['max_new_tokens']} new)"
     )
 
 
