@@ -12,7 +12,12 @@
    percent, and what the weights x 4 rule would have said.
 4. The recommendation (micro-batch, accumulation, within the memory budget) with its measured
    tokens/s, and the per-rank projection for DDP and FSDP over N ranks.
-5. `records/sizing/<id>.json` (never overwritten), read by `tunelab plan`.
+5. The steps that really peak (`sizing.peaks`), measured last in the same process: the worst
+   micro-batch of the run's seeded order (the snapshot's lengths) and the evaluation's largest
+   batch (generation with its KV cache, or a classifier's forward): `worst_batch_peak` and
+   `evaluation_peak`, each predicted and measured; `tunelab train` checks them
+   (`sizing.gate`).
+6. `records/sizing/<id>.json` (never overwritten), read by `tunelab plan`.
 
 What is compared: on CUDA the predicted peak total against `max_memory_allocated`; on CPU the
 predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
