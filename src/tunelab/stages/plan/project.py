@@ -194,9 +194,9 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         strategy="single" if gpus == 1 else strategy,
         ranks=gpus,
     )
-    if found["fits"]:  # the larger of the training and evaluation peaks (sizing.peaks)
+    if found["fits"]:  # one card: the larger of the training and evaluation peaks
         peak, over = plan_peak(found["predicted_peak_bytes"], shape.facts, cfg, shape.max_len,
-                               shape.precision, gpu.memory_bytes, CUDA_CONTEXT_BYTES)  # fmt: skip
+                               shape.precision, gpu.memory_bytes, CUDA_CONTEXT_BYTES, gpus)  # fmt: skip
         return Fit(
             over is None,
             found["micro_batch"],

@@ -187,13 +187,16 @@ def plan_peak(
     precision: str,
     budget_bytes: int,
     fixed_bytes: int = 0,
+    gpus: int = 1,
 ) -> tuple[int, str | None]:
     """For `tunelab plan` on a card: (the peak to provision, why it does not fit or None).
 
     The larger of a training peak (`training_bytes`, `fixed_bytes` included) and the
-    evaluation's on one card: `fixed_bytes`, the whole weights (an FSDP run's shards are
-    gathered in one evaluating process) and `evaluation_increase` at the study's evaluation
-    settings over `tokens`, the longest sequence."""
+    evaluation's on one card: `fixed_bytes`, the whole weights and `evaluation_increase` at the
+    study's evaluation settings over `tokens`, the longest sequence. Over several `gpus` the
+    training peak alone (the evaluation is not yet planned across cards)."""
+    if gpus > 1:
+        return training_bytes, None
     settings = evaluation_settings(cfg, facts.architecture, tokens)
     added = evaluation_increase(facts, settings, precision)
     if added is None:
