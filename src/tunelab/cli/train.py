@@ -135,7 +135,7 @@ def train(
     resume_if_exists: ResumeIfExistsOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
     from tunelab.stages.train.launch import (
         Launch,
         forward_options,
@@ -168,7 +168,7 @@ def train(
         if resume_if_exists:
             run, action = train_or_resume(s, name, strategy=ranks, **options)
         else:
-            run, action = train_run(s, name=name, strategy=ranks, **options), "started"
+            run, action = train_stage.run(s, name=name, strategy=ranks, **options), "started"
     titles = {"started": "training run", "resumed": "resumed run",
               "completed": "training run (completed before; nothing to do)"}  # fmt: skip
     _report(run, ranks, json_out, titles[action], action if resume_if_exists else None)

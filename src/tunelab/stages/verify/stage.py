@@ -15,7 +15,7 @@ What is checked, in order:
 Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never overwritten).
 `tunelab smoke` uses the same fresh process (`fresh_evaluate`) and adds a logit probe.
 
-`verify_run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
+`run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
 `evaluation_run`, `checkpoint {path, files_checked, changed, missing, ok, damaged?}` (None for a
 baseline), `predictions {n, matched, mismatched, missing, max_score_diff, atol, mismatches, ok}`,
 `environment {same, differences, message}` (the fresh process's environment against the run's
@@ -291,7 +291,9 @@ def load_for_evaluation(study: Study, run: Run, labels: list[str] | None):
     if run.row.kind == "baseline":
         from tunelab.stages.evaluate.stage import load_base_model
 
-        torch.manual_seed(study.config.evaluation.seed)  # as run_baseline seeds a new head
+        torch.manual_seed(
+            study.config.evaluation.seed
+        )  # as the baseline's evaluation seeds a new head
         return load_base_model(study, labels)
     from tunelab.stages.train import load_run_model
 
@@ -533,7 +535,7 @@ def _used_precision(requested: str, compute_json: Path) -> str:
     return resolve_precision(requested, device_kind())
 
 
-def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
+def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
     Returns the record (with `passed` and `reason`, and `path`). Raises RunError or

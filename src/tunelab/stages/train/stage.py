@@ -1,6 +1,6 @@
 """A training run from a study: the record, the statuses, signals, checkpoints and resume.
 
-`train_run(study)` starts a run with a new id; `resume_run(study, run_id)` continues a stopped
+`run(study)` starts a run with a new id; `resume_run(study, run_id)` continues a stopped
 one in the same folder. Statuses (status.json and the ledger):
 
 - running: with a heartbeat (ledger and status.json) every few seconds
@@ -10,7 +10,7 @@ one in the same folder. Statuses (status.json and the ledger):
 - interrupted: SIGINT / SIGTERM (a checkpoint is saved first), or a SIGKILL found later by a
   stale heartbeat (`Study.reconcile`)
 
-`train_run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
+`run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
 and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress("train", step,
 total_steps, "loss ... | rate")` on rank 0 after every step (core.progress). Resume keeps the run id
 and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
@@ -164,7 +164,7 @@ def _encode(prep: Prepared) -> None:
 # ------------------------------------------------------------------ public API
 
 
-def train_run(
+def run(
     study: Study,
     *,
     name: str | None = None,
@@ -622,5 +622,5 @@ __all__ = [
     "prepare_run",
     "read_metrics",
     "resume_run",
-    "train_run",
+    "run",
 ]
