@@ -282,16 +282,22 @@ def _measured(row: dict[str, Any], cuda: bool) -> dict[str, Any]:
 
 
 def worst_record(
-    row: dict[str, Any], kept: dict[str, Any], facts: ModelFacts, template: Case, device: str
+    row: dict[str, Any],
+    kept: dict[str, Any],
+    facts: ModelFacts,
+    template: Case,
+    device: str,
+    idle_bytes: int = 0,
 ) -> dict[str, Any]:
-    """`worst_batch_peak`: the batch (step, lengths), its predicted and measured peak."""
+    """`worst_batch_peak`: the batch (step, lengths), its predicted and measured peak
+    (`idle_bytes`: the idle process where this one was not measured)."""
     from tunelab.stages.sizing.memory import estimate_memory
 
     cuda = device == "cuda"
     case = worst_case(template, kept["batch"])
     est = estimate_memory(facts, case)
     m = _measured(row, cuda)
-    idle = m.get("idle_rss") or 0
+    idle = m.get("idle_rss") or idle_bytes
     compared = est.peak_total if cuda else est.peak_increase
     predicted = {
         "peak_total": est.peak_total,
@@ -312,10 +318,16 @@ def worst_record(
 
 
 def evaluation_record(
-    row: dict[str, Any], kept: dict[str, Any], facts: ModelFacts, precision: str, device: str
+    row: dict[str, Any],
+    kept: dict[str, Any],
+    facts: ModelFacts,
+    precision: str,
+    device: str,
+    idle_bytes: int = 0,
 ) -> dict[str, Any]:
     """`evaluation_peak`: the settings (kind, batch_size, tokens, max_new_tokens), the
-    predicted increase (`evaluation_increase`) and the measured one."""
+    predicted increase (`evaluation_increase`) and the measured one (`idle_bytes`: the idle
+    process where the evaluation's was not measured, e.g. stopped over the budget)."""
     cuda = device == "cuda"
     found = evaluation_increase(facts, kept["settings"], precision)
     m = _measured(row, cuda)
@@ -323,7 +335,7 @@ def evaluation_record(
     if found is not None:
         weights = facts.total_weight_bytes
         compared = weights + found["increase"] if cuda else found["increase"]
-        total = compared if cuda else (m.get("idle") or 0) + compared
+        total = compared if cuda else (m.get("idle") or idle_bytes) + compared
         predicted.update(found, compared=compared, total=total)
     compared = predicted.get("compared")
     return {
@@ -366,14 +378,16 @@ def peak_records(
     facts: ModelFacts,
     template: Case,
     device: str,
+    idle_bytes: int = 0,
 ) -> dict[str, Any]:
-    """`worst_batch_peak` and `evaluation_peak` (None where not measured)."""
+    """`worst_batch_peak` and `evaluation_peak` (None where not measured); `idle_bytes`: the
+    idle process of the configurations, for a peak whose own was not measured."""
     out: dict[str, Any] = {"worst_batch_peak": None, "evaluation_peak": None}
     for o, _, kept in peaks:
-        row = rows[o.label]
+        row, idle = rows[o.label], idle_bytes
         if o.label == WORST_LABEL:
-            out["worst_batch_peak"] = worst_record(row, kept, facts, template, device)
+            out["worst_batch_peak"] = worst_record(row, kept, facts, template, device, idle)
         elif o.label == EVALUATION_LABEL:
             precision = template.precision
-            out["evaluation_peak"] = evaluation_record(row, kept, facts, precision, device)
+            out["evaluation_peak"] = evaluation_record(row, kept, facts, precision, device, idle)
     return out

@@ -799,7 +799,8 @@ def run(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
-    record.update(peak_records(peaks, peak_rows, facts, template, device))
+    idle = 0 if device == "cuda" else max((r["measured"] or {}).get("idle_rss") or 0 for r in rows)
+    record.update(peak_records(peaks, peak_rows, facts, template, device, idle))
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, _save(study, record)
