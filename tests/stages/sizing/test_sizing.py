@@ -565,9 +565,10 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in out and "config @48" in out
     # the worst batch and the evaluation beside the typical steps, and the one over the budget
-    assert re.search(r"^worst\s+\d+t packed\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+%", out, re.M), out
-    assert re.search(r"^eval\s+\d+t 12288x\s", out, re.M), out
-    assert "the evaluation:" in out and "does not fit" in out.split("the evaluation:")[1]
+    assert re.search(r"^worst\s+\d+t\b.*\s[\d.]+\s+[\d.]+\s+[+-][\d.]+%", out, re.M), out
+    assert re.search(r"^eval\s+\d+t\b.*does not fit", out, re.M), out
+    words = " ".join(out.split())
+    assert "the evaluation:" in words and "does not fit" in words.split("the evaluation:")[1]
     assert "what a step adds to the idle process's RSS (MiB)" in out
     # the breakdown's first header is short enough never to fold ("configurat" / "ion")
     assert re.search(r"^config\s+weights\s+grads", out, re.M), out
