@@ -399,26 +399,18 @@ def test_compare_cli_json_and_tables(tmp_path, capsys):
     assert code == 2 and "not found" in err
 
 
-def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
+def test_compare_rescores_extraction_records_of_an_earlier_scorer(make_study):
     """Rows recorded by a scorer that read `{...}` + a stray fence as not JSON are judged again
     from their raw outputs, so the baseline and the variant are scored by the same rules."""
-    import yaml
-
-    from helpers import filled_hypothesis
     from tunelab.core.study import Study
     from tunelab.stages.compare.stage import compare_study
     from tunelab.stages.evaluate.stage import record_evaluation
-    from tunelab.stages.hypothesis import stage as hyp
-    from tunelab.stages.hypothesis.template import render_study_yaml
 
-    raw = yaml.safe_load(render_study_yaml("extraction", "old"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["evaluation"]["bootstrap_samples"] = 100
-    root = tmp_path / "study"
-    root.mkdir()
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    root = make_study(
+        "extraction", name="old", evaluation={"bootstrap_samples": 100}, register=True,
+        snapshot=False,
+    )  # fmt: skip
     study = Study.open(root)
-    hyp.register(study.root, study.config)
     gold = {"sender": "a@x.org", "subject": "Hi"}
     answer = json.dumps(gold)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
+from tunelab.core.record_types import Compare
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
@@ -87,8 +88,9 @@ def test_a_small_split_is_inconclusive_and_says_what_would_settle_it():
     assert open_items and all(g["settle_n"] > 60 for g in open_items if g["settle_n"])
     record = {"primary_metric": "macro_f1", "decision": study_decision([{"compared": True, **out}])}
     record["runs"] = [{"compared": True, "run_id": "r1", "name": "v1", **out}]
-    assert choose_variant(record)[0] is None
-    sentence = decide(record)
+    compare = Compare.of("compare.json", record)
+    assert choose_variant(compare)[0] is None
+    sentence = decide(compare)
     assert sentence.startswith("Inconclusive") and "--final" in sentence
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
-from tunelab.core.record_types import Evaluation, Record, RunConfig, RunStatus
+from tunelab.core.record_types import Compare, Evaluation, Record, RunConfig, RunStatus
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
@@ -76,6 +76,12 @@ class _Reader:
                     rec.setdefault("_path", str(p))
                     out.append(rec)
         return out
+
+    def typed_in(self, kind: type[R], folder: Path, pattern: str = "*.json") -> list[R]:
+        """The records of `folder` matching `pattern` read as `kind`, by name; damaged ones
+        left out and listed."""
+        found = sorted(folder.glob(pattern)) if folder.is_dir() else []
+        return [r for r in (self.typed(kind, p) for p in found) if r is not None]
 
     def typed(self, kind: type[R], path: Path) -> R | None:
         """The record at `path` read as `kind`; None when absent or damaged (listed)."""
@@ -165,7 +171,7 @@ def collect(study: Study) -> dict[str, Any]:
         "inspections": read.records_in(rec / "inspect"),
         "sizing": read.records_in(rec / "sizing"),
         "runs": runs,
-        "compares": read.records_in(rec / "compare"),
+        "compares": read.typed_in(Compare, rec / "compare"),
         "plans": plans_in_order(study, on_damaged=read.damaged),
         "exports": exports,
         "test_openings": study.ledger.test_openings(),
