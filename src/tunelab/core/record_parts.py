@@ -9,7 +9,7 @@ the place and the field. The writers are `stages.compare` (`compare_evaluations`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
@@ -25,11 +25,19 @@ from tunelab.core.record_base import (
 )
 
 __all__ = [
+    "CategoryMetrics",
+    "Confusion",
+    "Decoding",
+    "FieldMetrics",
     "CompareBaseline",
     "CompareEntry",
+    "ConfigChange",
+    "ConfigDiff",
     "Delta",
     "Flips",
     "GuardrailVerdict",
+    "LockedTests",
+    "McNemar",
     "ModelIdentity",
     "Primary",
     "RunEnv",
@@ -147,6 +155,64 @@ class Flips(Record):
 
 
 @dataclass(frozen=True)
+class McNemar(Record):
+    """McNemar's test on the paired right/wrong outcomes: `c` examples improved, `b`
+    regressed (older records name the discordant counts `improved` and `regressed`)."""
+
+    FIELDS: ClassVar = {
+        "method": OPT_STR,
+        "b": OPT_INT,
+        "c": OPT_INT,
+        "improved": OPT_INT,
+        "regressed": OPT_INT,
+        "p_value": OPT_NUM,
+    }
+
+    method: str | None = None
+    b: int | None = None
+    c: int | None = None
+    improved: int | None = None
+    regressed: int | None = None
+    p_value: float | None = None
+
+
+@dataclass(frozen=True)
+class ConfigChange(Record):
+    """One field a run changes against its parent: `key` its dotted path in the config (`path`
+    in the record), `old` and `new` the values as written."""
+
+    FIELDS: ClassVar = {"path": (str,), "group": OPT_STR}
+    RENAMED: ClassVar = {"path": "key"}
+
+    key: str = ""
+    group: str | None = None
+
+    @property
+    def old(self) -> Any:
+        return self.raw.get("old")
+
+    @property
+    def new(self) -> Any:
+        return self.raw.get("new")
+
+
+@dataclass(frozen=True)
+class ConfigDiff(Record):
+    """A run's config against its parent's (or the baseline's): the changes and their flags."""
+
+    FIELDS: ClassVar = {"against": OPT_STR, "groups": OPT_LIST, "flags": OPT_LIST, "why": OPT_STR}
+
+    against: str | None = None
+    groups: list[str] | None = None
+    flags: list[str] | None = None
+    why: str | None = None
+
+    @property
+    def changes(self) -> list[ConfigChange]:
+        return self.parts(ConfigChange, "changes")
+
+
+@dataclass(frozen=True)
 class CompareEntry(Record):
     """One row of a comparison: a run against the baseline, or why it is not compared."""
 
@@ -164,12 +230,10 @@ class CompareEntry(Record):
         "n_paired": OPT_INT,
         "notes": OPT_LIST,
         "flags": OPT_LIST,
-        "config_diff": OPT_DICT,
         "guardrails_pass": OPT_BOOL,
         "guardrails_verdict": OPT_STR,
         "decision": OPT_STR,
         "decision_reasons": OPT_LIST,
-        "mcnemar": OPT_DICT,
     }
 
     run_id: str = ""
@@ -185,12 +249,10 @@ class CompareEntry(Record):
     n_paired: int | None = None
     notes: list[str] | None = None
     flags: list[str] | None = None
-    config_diff: dict[str, Any] | None = field(default=None, repr=False)
     guardrails_pass: bool | None = None
     guardrails_verdict: str | None = None  # pass | fail | inconclusive
     decision: str | None = None  # adopt | reject | inconclusive (None: a record before them)
     decision_reasons: list[str] | None = None
-    mcnemar: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -199,7 +261,9 @@ class CompareEntry(Record):
 
     def check_parts(self) -> None:
         _ = self.primary, self.metrics, self.per_category, self.per_field
-        _ = self.guardrails, self.flips
+        _ = self.guardrails, self.flips, self.mcnemar
+        if (diff := self.config_diff) is not None:
+            _ = diff.changes
 
     @property
     def primary(self) -> Primary:
@@ -222,6 +286,14 @@ class CompareEntry(Record):
         return self.parts(GuardrailVerdict, "guardrails")
 
     @property
+    def mcnemar(self) -> McNemar | None:
+        return self.part(McNemar, "mcnemar")
+
+    @property
+    def config_diff(self) -> ConfigDiff | None:
+        return self.part(ConfigDiff, "config_diff")
+
+    @property
     def flips(self) -> Flips:
         return self.part(Flips, "flips") or Flips(self.path, {}, where=self._at("flips"))
 
@@ -241,6 +313,36 @@ class CompareEntry(Record):
             item: mapping_of(Delta, self.path, row, f"{at}.{item}")
             for item, row in (table or {}).items()
         }
+
+
+@dataclass(frozen=True)
+class LockedTests(Record):
+    """The tests a comparison applied (stages.compare.verdicts.DecisionTests): a record made
+    before them reads as the defaults: 95 % intervals, Holm, superiority."""
+
+    FIELDS: ClassVar = {
+        "confidence": OPT_NUM,
+        "alpha": OPT_NUM,
+        "multiplicity": OPT_STR,
+        "goal": OPT_STR,
+        "interval_method": OPT_STR,
+    }
+
+    confidence: float | None = None
+    alpha: float | None = None
+    multiplicity: str | None = None
+    goal: str | None = None
+    interval_method: str | None = None
+
+    @property
+    def level(self) -> float:
+        """The two-sided confidence (0.95 when the record names none)."""
+        return 0.95 if self.confidence is None else self.confidence
+
+    @property
+    def one_sided(self) -> float:
+        """The level of each one-sided test (0.025 when the record names none)."""
+        return 0.025 if self.alpha is None else self.alpha
 
 
 @dataclass(frozen=True)
@@ -320,3 +422,74 @@ class ModelIdentity(Record):
     def hub(self) -> dict[str, Any]:
         """The hub commit the base is pinned to ({} for a local base)."""
         return (self.source or {}).get("hub") or {}
+
+
+@dataclass(frozen=True)
+class CategoryMetrics(Record):
+    """One category's figures in an evaluation (classification)."""
+
+    FIELDS: ClassVar = {
+        "precision": OPT_NUM,
+        "recall": OPT_NUM,
+        "f1": OPT_NUM,
+        "support": OPT_INT,
+    }
+
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    support: int | None = None
+
+
+@dataclass(frozen=True)
+class FieldMetrics(Record):
+    """One field path's figures in an evaluation (extraction): rates over its `slots`."""
+
+    FIELDS: ClassVar = {
+        "presence_rate": OPT_NUM,
+        "exact_match": OPT_NUM,
+        "normalized_match": OPT_NUM,
+        "precision": OPT_NUM,
+        "recall": OPT_NUM,
+        "f1": OPT_NUM,
+        "slots": OPT_INT,
+    }
+
+    presence_rate: float | None = None
+    exact_match: float | None = None
+    normalized_match: float | None = None
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    slots: int | None = None
+
+
+@dataclass(frozen=True)
+class Confusion(Record):
+    """A confusion matrix: rows the gold `labels`, columns the `predicted` labels (a label the
+    model answered outside the list included)."""
+
+    FIELDS: ClassVar = {"labels": (list,), "predicted": (list,), "matrix": (list,)}
+
+    labels: list[str] | None = None
+    predicted: list[str] | None = None
+    matrix: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Decoding(Record):
+    """How a generative evaluation decoded: batches, steps, and answers over the budget."""
+
+    FIELDS: ClassVar = {
+        "steps": OPT_INT,
+        "batches": OPT_LIST,
+        "answer_steps": OPT_INT,
+        "s_per_step": OPT_NUM,
+        "answers_over_budget": OPT_INT,
+    }
+
+    steps: int | None = None
+    batches: list[Any] | None = None
+    answer_steps: int | None = None
+    s_per_step: float | None = None
+    answers_over_budget: int | None = None

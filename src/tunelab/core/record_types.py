@@ -35,8 +35,17 @@ from tunelab.core.record_base import OPT_INT as _OPT_INT
 from tunelab.core.record_base import OPT_LIST as _OPT_LIST
 from tunelab.core.record_base import OPT_NUM as _OPT_NUM
 from tunelab.core.record_base import OPT_STR as _OPT_STR
-from tunelab.core.record_base import Record, damaged
-from tunelab.core.record_parts import CompareBaseline, CompareEntry, ModelIdentity
+from tunelab.core.record_base import Record, damaged, mapping_of
+from tunelab.core.record_parts import (
+    CategoryMetrics,
+    CompareBaseline,
+    CompareEntry,
+    Confusion,
+    Decoding,
+    FieldMetrics,
+    LockedTests,
+    ModelIdentity,
+)
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -211,6 +220,35 @@ class Evaluation(Record):
     data_snapshot: str | None = None
     hypothesis_version: int | None = None
 
+    @property
+    def per_category(self) -> dict[str, CategoryMetrics]:
+        return mapping_of(
+            CategoryMetrics, self.path, self.metrics.get("per_category"), "metrics.per_category"
+        )
+
+    @property
+    def per_field(self) -> dict[str, FieldMetrics]:
+        return mapping_of(
+            FieldMetrics, self.path, self.metrics.get("per_field"), "metrics.per_field"
+        )
+
+    @property
+    def confusion(self) -> Confusion | None:
+        raw = self.metrics.get("confusion")
+        return None if raw is None else Confusion.of(self.path, raw, "metrics.confusion")
+
+    @property
+    def failure_counts(self) -> dict[str, int]:
+        return dict(self.metrics.get("failure_counts") or {})
+
+    @property
+    def decoding(self) -> Decoding | None:
+        """The decoding of a generative evaluation (None for a classifier's)."""
+        return self.part(Decoding, "generation")
+
+    def check_parts(self) -> None:
+        _ = self.per_category, self.per_field, self.confusion, self.decoding
+
 
 @dataclass(frozen=True)
 class Smoke(Record):
@@ -349,7 +387,6 @@ class Compare(Record):
         "primary_metric": _OPT_STR,
         "min_improvement": _OPT_NUM,
         "decision": _OPT_STR,
-        "tests": _OPT_DICT,
         "test_openings": _OPT_INT,
         "warnings": _OPT_LIST,
         "bootstrap": _OPT_DICT,
@@ -363,7 +400,6 @@ class Compare(Record):
     primary_metric: str | None = None
     min_improvement: float | None = None
     decision: str | None = None  # adopt | reject | inconclusive: the study's
-    tests: dict[str, Any] | None = None  # {confidence, alpha, multiplicity, goal, ...}
     test_openings: int | None = None
     warnings: list[str] | None = None
     bootstrap: dict[str, Any] | None = None  # {samples, seed, confidence}
@@ -374,10 +410,15 @@ class Compare(Record):
         return self.part(CompareBaseline, "baseline")
 
     @property
+    def tests(self) -> LockedTests:
+        return self.part(LockedTests, "tests") or LockedTests(self.path, {}, where="tests")
+
+    @property
     def runs(self) -> list[CompareEntry]:
         return self.parts(CompareEntry, "runs")
 
     def check_parts(self) -> None:
+        _ = self.baseline, self.tests
         for entry in self.runs:
             entry.check_parts()
 

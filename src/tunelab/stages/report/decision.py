@@ -122,15 +122,15 @@ def _what_settles(compare: Compare) -> str:
 def _adopted_because(compare: Compare, r: CompareEntry) -> str:
     """The adopted row's evidence: the primary test with its interval, the guardrails with
     the adjusted level, the flips."""
-    p, tests = r.primary, compare.tests or {}
+    p, tests = r.primary, compare.tests
     guards = r.guardrails
     levels = [g.adjusted_level for g in guards if g.adjusted_level is not None]
     fl = r.flips
-    level = f"; fail side at {tests.get('multiplicity')}-adjusted levels down to {min(levels):.3g}"
+    level = f"; fail side at {tests.multiplicity}-adjusted levels down to {min(levels):.3g}"
     return (
         f"{compare.primary_metric} {p.baseline:.4f} -> {p.variant:.4f}, "
-        f"delta {p.delta or 0.0:+.4f}, {tests.get('confidence', 0.95):.0%} interval "
-        f"{format_ci(p)}: {p.verdict} (one-sided level {tests.get('alpha', 0.025):.3g}); "
+        f"delta {p.delta or 0.0:+.4f}, {tests.level:.0%} interval "
+        f"{format_ci(p)}: {p.verdict} (one-sided level {tests.one_sided:.3g}); "
         f"all {len(guards)} guardrail checks pass on their interval bounds"
         + (level if levels else "")
         + f"; {fl.num_improved or 0} examples wrong -> right, "

@@ -78,19 +78,20 @@ def _variant(sec: Section, v: CompareEntry, flipped: list) -> None:
         caption=f"{name} ({v.run_id}) against the baseline",
     )
     _per_item(sec, name, v)
-    mc = v.mcnemar or {}
-    if mc:
+    if (mc := v.mcnemar) is not None and mc.raw:
+        b = mc.b if mc.b is not None else mc.improved
+        c = mc.c if mc.c is not None else mc.regressed
         sec.text(
-            f"{name}: McNemar ({mc.get('method', '')}) p = {cell_text(p_value(mc.get('p_value')))}, "
-            f"{mc.get('b', mc.get('improved', '-'))}/{mc.get('c', mc.get('regressed', '-'))} discordant."
+            f"{name}: McNemar ({mc.method or ''}) p = {cell_text(p_value(mc.p_value))}, "
+            f"{'-' if b is None else b}/{'-' if c is None else c} discordant."
         )
     _guardrails_and_flips(sec, name, v, flipped)
-    diff = v.config_diff or {}
-    if diff.get("changes"):
+    diff = v.config_diff
+    if diff is not None and diff.changes:
         sec.table(
             ["group", "field", "parent", "variant"],
-            [[c.get("group"), c.get("path"), c.get("old"), c.get("new")] for c in diff["changes"]],
-            caption=f"{name}: config against {diff.get('against')}",
+            [[c.group, c.key, c.old, c.new] for c in diff.changes],
+            caption=f"{name}: config against {diff.against}",
         )
     for flag in v.flags or []:
         sec.text(f"warning ({name}): {flag}")

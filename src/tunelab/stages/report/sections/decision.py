@@ -76,17 +76,15 @@ def _summary_with_verdicts(
 ) -> list[list[Any]]:
     """The summary of a compare record with verdicts: the decision, the primary test on its
     interval, each guardrail verdict with the adjusted level, the flips per category."""
-    tests = compare.tests or {}
+    tests = compare.tests
     name, p, guards, fl = shown.label, shown.primary, shown.guardrails, shown.flips
     counts = {v: sum(1 for g in guards if g.verdict == v) for v in _VERDICTS}
     levels = [g.adjusted_level for g in guards if g.adjusted_level is not None]
-    adjusted = (
-        f", fail side {tests.get('multiplicity')}-adjusted to {min(levels):.3g}" if levels else ""
-    )
+    adjusted = f", fail side {tests.multiplicity}-adjusted to {min(levels):.3g}" if levels else ""
     by_cat = fl.by_category or {}
     per = ", ".join(f"{c} +{v['improved']}/-{v['regressed']}" for c, v in by_cat.items())
     what = "adopt" if adopted else compare.decision or "reject"
-    goal = "equivalence (TOST)" if tests.get("goal") == "equivalence" else "superiority"
+    goal = "equivalence (TOST)" if tests.goal == "equivalence" else "superiority"
     return [
         [
             "adopted variant",
@@ -96,13 +94,13 @@ def _summary_with_verdicts(
         [
             f"primary metric ({compare.primary_metric}, validation)",
             f"{p.baseline:.4f} -> {p.variant:.4f}, delta {p.delta or 0.0:+.4f}, "
-            f"{tests.get('confidence', 0.95):.0%} CI {format_ci(p)}: {goal} {p.verdict} "
+            f"{tests.level:.0%} CI {format_ci(p)}: {goal} {p.verdict} "
             f"(minimum improvement {compare.min_improvement})",
         ],
         [
             "guardrails",
             f"{counts['pass']} pass, {counts['fail']} fail, {counts['inconclusive']} inconclusive "
-            f"of {len(guards)} (one-sided level {tests.get('alpha', 0.025):.3g}{adjusted})",
+            f"of {len(guards)} (one-sided level {tests.one_sided:.3g}{adjusted})",
         ],
         [
             "flips",
