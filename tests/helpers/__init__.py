@@ -33,6 +33,14 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return out
 
 
+# the least a hypothesis needs, for tests of what is not the hypothesis
+MINIMAL_HYPOTHESIS = {
+    "behaviour": "b",
+    "rationale": "r",
+    "expected_effect": "e",
+    "primary_metric": "macro_f1",
+}
+
 FILLED_HYPOTHESIS = {
     "behaviour": "route BBC articles to their topic",
     "rationale": "the encoder was not trained on these five topics",

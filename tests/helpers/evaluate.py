@@ -38,6 +38,19 @@ def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
     return Study.open(root)
 
 
+def causal_classifier(root: Path, model_dir: Path, **sections) -> Study:
+    """A registered classification study (LABELS) on a causal LM, which scores each label by
+    its likelihood."""
+    return make_study(
+        root,
+        "classification",
+        model_dir,
+        task={"labels": LABELS},
+        model={"architecture": "causal_lm"},
+        **sections,
+    )
+
+
 def cls_examples():
     return [
         {"id": f"e{i}", "text": t, "label": LABELS[i % 3], "target": None}

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
+from helpers import MINIMAL_HYPOTHESIS
 from helpers.study import build_study
-
-HYPOTHESIS = {
-    "behaviour": "b",
-    "rationale": "r",
-    "expected_effect": "e",
-    "primary_metric": "macro_f1",
-}
 
 
 def write_study(root, model_dir, rows, task, preprocess=None, data=None):
@@ -22,7 +16,7 @@ def write_study(root, model_dir, rows, task, preprocess=None, data=None):
         root,
         template=False,
         name="inspect-test",
-        hypothesis=HYPOTHESIS,
+        hypothesis=MINIMAL_HYPOTHESIS,
         rows=rows,
         model_dir=model_dir,
         task=task,

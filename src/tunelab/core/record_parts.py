@@ -25,6 +25,11 @@ from tunelab.core.record_base import (
 )
 
 __all__ = [
+    "CheckpointCheck",
+    "EnvironmentCheck",
+    "FreshTimings",
+    "Mismatch",
+    "Reproduced",
     "CategoryMetrics",
     "Confusion",
     "Decoding",
@@ -35,6 +40,7 @@ __all__ = [
     "ConfigDiff",
     "Delta",
     "Flips",
+    "Gpu",
     "GuardrailVerdict",
     "LockedTests",
     "McNemar",
@@ -367,6 +373,16 @@ class CompareBaseline(Record):
 
 
 @dataclass(frozen=True)
+class Gpu(Record):
+    """One GPU an environment saw."""
+
+    FIELDS: ClassVar = {"name": OPT_STR, "memory_bytes": OPT_INT}
+
+    name: str | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class RunEnv(Record):
     """runs/<run>/env.json: where a run computed (core.env.environment)."""
 
@@ -381,6 +397,12 @@ class RunEnv(Record):
         "compute_device": OPT_STR,
         "backend": OPT_STR,
         "tunelab_git": OPT_DICT,
+        "os": OPT_DICT,
+        "rocm": OPT_STR,
+        "cudnn": (str, int, type(None)),
+        "nccl": (str, int, list, type(None)),
+        "attention": OPT_DICT,
+        "bf16_supported": OPT_BOOL,
     }
 
     python: str | None = None
@@ -393,6 +415,26 @@ class RunEnv(Record):
     compute_device: str | None = None
     backend: str | None = None
     tunelab_git: dict[str, Any] | None = None
+    os: dict[str, Any] | None = None
+    rocm: str | None = None
+    cudnn: str | int | None = None
+    nccl: str | int | list[int] | None = None
+    attention: dict[str, bool] | None = None  # kernel -> available here
+    bf16_supported: bool | None = None
+
+    @property
+    def devices(self) -> list[Gpu]:
+        """The GPUs it saw ([] on a CPU)."""
+        return self.parts(Gpu, "gpus")
+
+    @property
+    def cpu_text(self) -> str:
+        """The CPU's name and its logical cores."""
+        cpu = self.cpu or {}
+        return f"{cpu.get('name')} ({cpu.get('logical_cores')} cores)"
+
+    def check_parts(self) -> None:
+        _ = self.devices
 
 
 @dataclass(frozen=True)
@@ -493,3 +535,81 @@ class Decoding(Record):
     answer_steps: int | None = None
     s_per_step: float | None = None
     answers_over_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointCheck(Record):
+    """A checkpoint's files against the sha256 its run recorded."""
+
+    FIELDS: ClassVar = {
+        "ok": OPT_BOOL,
+        "files_checked": OPT_INT,
+        "changed": OPT_LIST,
+        "missing": OPT_LIST,
+    }
+
+    ok: bool | None = None
+    files_checked: int | None = None
+    changed: list[str] | None = None
+    missing: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Mismatch(Record):
+    """One recorded prediction a fresh process did not reproduce (`recorded`, `fresh`: the
+    values as written)."""
+
+    FIELDS: ClassVar = {"id": (str, int), "field": OPT_STR}
+    RENAMED: ClassVar = {"field": "what"}
+
+    id: str | int = ""
+    what: str | None = None  # the field of the prediction that differs
+
+    @property
+    def recorded(self) -> Any:
+        return self.raw.get("recorded")
+
+    @property
+    def fresh(self) -> Any:
+        return self.raw.get("fresh")
+
+
+@dataclass(frozen=True)
+class Reproduced(Record):
+    """How many recorded predictions a fresh process reproduced, within `atol`."""
+
+    FIELDS: ClassVar = {
+        "matched": OPT_INT,
+        "n": OPT_INT,
+        "atol": OPT_NUM,
+        "max_score_diff": OPT_NUM,
+    }
+
+    matched: int | None = None
+    n: int | None = None
+    atol: float | None = None
+    max_score_diff: float | None = None
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        return self.parts(Mismatch, "mismatches")
+
+
+@dataclass(frozen=True)
+class EnvironmentCheck(Record):
+    """This process's environment against the run's."""
+
+    FIELDS: ClassVar = {"same": OPT_BOOL, "message": OPT_STR}
+
+    same: bool | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class FreshTimings(Record):
+    """Seconds a fresh process took to load the checkpoint and to evaluate."""
+
+    FIELDS: ClassVar = {"load_s": OPT_NUM, "eval_s": OPT_NUM}
+
+    load_s: float | None = None
+    eval_s: float | None = None

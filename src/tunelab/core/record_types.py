@@ -38,13 +38,17 @@ from tunelab.core.record_base import OPT_STR as _OPT_STR
 from tunelab.core.record_base import Record, damaged, mapping_of
 from tunelab.core.record_parts import (
     CategoryMetrics,
+    CheckpointCheck,
     CompareBaseline,
     CompareEntry,
     Confusion,
     Decoding,
+    EnvironmentCheck,
     FieldMetrics,
+    FreshTimings,
     LockedTests,
     ModelIdentity,
+    Reproduced,
 )
 
 if TYPE_CHECKING:
@@ -334,6 +338,27 @@ class Verify(Record):
     checkpoint: dict[str, Any] | None = None  # {ok, files_checked, changed, missing}
     predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
     timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
+
+    @property
+    def checkpoint_check(self) -> CheckpointCheck | None:
+        return self.part(CheckpointCheck, "checkpoint")
+
+    @property
+    def reproduced(self) -> Reproduced | None:
+        return self.part(Reproduced, "predictions")
+
+    @property
+    def environment_check(self) -> EnvironmentCheck | None:
+        return self.part(EnvironmentCheck, "environment")
+
+    @property
+    def fresh_timings(self) -> FreshTimings | None:
+        return self.part(FreshTimings, "timings")
+
+    def check_parts(self) -> None:
+        _ = self.checkpoint_check, self.environment_check, self.fresh_timings
+        if (reproduced := self.reproduced) is not None:
+            _ = reproduced.mismatches
 
 
 @dataclass(frozen=True)

@@ -165,9 +165,9 @@ def evaluation_points(record: Evaluation, step: int, timestamp_ms: int) -> list[
 
 def env_summary(env: RunEnv) -> str:
     """One line: python, torch, the device (GPU names or CPU cores) and the key libraries."""
-    if env.gpus:
+    if env.devices:
         names: dict[str, int] = {}
-        for name in (str(g.get("name", "?")) for g in env.gpus):
+        for name in (g.name or "?" for g in env.devices):
             names[name] = names.get(name, 0) + 1
         device = ", ".join(f"{n}x {name}" for name, n in names.items())
     else:

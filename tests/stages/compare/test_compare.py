@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from helpers import MINIMAL_HYPOTHESIS
 from helpers.compare import BASE_P, GOLDS, _cls_rows, _populate, _record, _study
 from tunelab.core.config import StudyConfig
 from tunelab.lib import metrics as M
@@ -144,12 +145,7 @@ def test_flips_lists_ids():
 def _config(**sections):
     raw = {
         "name": "s",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
+        "hypothesis": MINIMAL_HYPOTHESIS,
         "guardrails": [{"metric": "f1", "scope": "every_category"}],
         "data": {"source": {"format": "jsonl", "path": "x.jsonl"}},
         "model": {"path": "m"},

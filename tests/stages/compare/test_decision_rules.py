@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from helpers import MINIMAL_HYPOTHESIS
 from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
 from tunelab.core.record_types import Compare
 from tunelab.lib import metrics as M
@@ -187,13 +188,7 @@ def test_power_warnings_name_the_split_size_needed():
 def _config(min_improvement, rules):
     raw = {
         "name": "s",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-            "min_improvement": min_improvement,
-        },
+        "hypothesis": {**MINIMAL_HYPOTHESIS, "min_improvement": min_improvement},
         "guardrails": rules,
         "data": {"source": {"format": "jsonl", "path": "d.jsonl"}},
         "model": {"path": "m"},

@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from helpers import run_cli
-from helpers.evaluate import LABELS, TEXTS, cls_examples, extraction_examples, load, make_study
+from helpers.evaluate import (
+    LABELS,
+    TEXTS,
+    causal_classifier,
+    cls_examples,
+    extraction_examples,
+    load,
+    make_study,
+)
 from helpers.study import build_study
 from tunelab.core.study import Study
 from tunelab.lib import metrics as M
@@ -100,13 +108,7 @@ def test_causal_label_scores_equal_unpadded_log_likelihood(tmp_path, tiny_llama_
     from tunelab.lib.tasks import get_task
     from tunelab.stages.evaluate.stage import evaluate_model
 
-    study = make_study(
-        tmp_path / "s",
-        "classification",
-        tiny_llama_dir,
-        task={"labels": LABELS},
-        model={"architecture": "causal_lm"},
-    )
+    study = causal_classifier(tmp_path / "s", tiny_llama_dir)
     model, tok, base = load(study)
     record, preds = evaluate_model(model, tok, base, study, cls_examples(), "validation")
     pre = Preprocessor(tok, study.config, get_task(study.config, LABELS), "causal_lm")

@@ -16,13 +16,7 @@ from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.stages.smoke.platform import platforms_of
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def smoke(root: Path, capsys) -> str:
