@@ -125,7 +125,7 @@ def env(
         emit_json(e)
         return
     env = RunEnv.of("environment", e)
-    git = (env.tunelab_git or {}).get("commit")
+    git = env.git_commit
     rows = [
         ["python", env.python],
         ["os", (env.os or {}).get("platform")],

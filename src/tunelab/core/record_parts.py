@@ -428,6 +428,15 @@ class RunEnv(Record):
         return self.parts(Gpu, "gpus")
 
     @property
+    def logical_cores(self) -> int | None:
+        return (self.cpu or {}).get("logical_cores")
+
+    @property
+    def git_commit(self) -> str | None:
+        """The commit of the tunelab checkout it ran (None for an installed package)."""
+        return (self.tunelab_git or {}).get("commit")
+
+    @property
     def cpu_text(self) -> str:
         """The CPU's name and its logical cores."""
         cpu = self.cpu or {}

@@ -171,7 +171,7 @@ def env_summary(env: RunEnv) -> str:
             names[name] = names.get(name, 0) + 1
         device = ", ".join(f"{n}x {name}" for name, n in names.items())
     else:
-        cores = (env.cpu or {}).get("logical_cores")
+        cores = env.logical_cores
         device = f"cpu ({cores} cores)" if cores else "cpu"
     packages = env.packages or {}
     libs = ", ".join(f"{p} {packages[p]}" for p in ("transformers", "peft") if packages.get(p))
@@ -224,7 +224,7 @@ def run_tags(record: RunConfig, row: Any, env: RunEnv | None) -> dict[str, str]:
                 "tunelab.core.env.device": env.compute_device or env.backend,
                 "tunelab.core.env.cuda": env.cuda,
                 "tunelab.core.env.driver": env.driver,
-                "tunelab.git_commit": (env.tunelab_git or {}).get("commit"),
+                "tunelab.git_commit": env.git_commit,
             }
         )
     tags["mlflow.note.content"] = describe_run(row)
