@@ -128,3 +128,25 @@ def test_a_comparison_reads_typed_to_its_guardrail_verdicts_and_locates_a_damage
         bad = {**record, "runs": [{**record["runs"][0], **change}]}
         with pytest.raises(StudyError, match=re.escape(f"compare/c1.json: {where}")):
             Compare.of("compare/c1.json", bad)
+
+
+def test_a_sizing_row_and_an_evaluation_table_read_typed_with_their_place_named():
+    import re
+
+    from tunelab.core.record_types import Evaluation, Sizing
+
+    sizing = {"id": "size-1", "device": "cpu", "configurations": [{"label": "lora", "seq_len": 64}]}
+    (row,) = Sizing.of("sizing/size-1.json", sizing).rows
+    assert row.title == "lora" and row.seq_len == 64 and row.measured_peak_mb is None
+    bad = {**sizing, "configurations": [{"label": "lora", "seq_len": "64"}]}
+    where = "sizing/size-1.json: configurations[0]: field 'seq_len' is '64'"
+    with pytest.raises(StudyError, match=re.escape(where)):
+        _ = Sizing.of("sizing/size-1.json", bad).rows
+    metrics = {"per_category": {"sport": {"f1": 0.5, "support": 3}}, "confusion": {"labels": []}}
+    with pytest.raises(StudyError, match=re.escape("metrics.confusion: field 'predicted'")):
+        Evaluation.of(
+            "metrics-validation.json", {"split": "validation", "n": 3, "metrics": metrics}
+        )
+    ok = {**metrics, "confusion": {"labels": ["sport"], "predicted": ["sport"], "matrix": [[3]]}}
+    ev = Evaluation.of("metrics-validation.json", {"split": "validation", "n": 3, "metrics": ok})
+    assert ev.per_category["sport"].support == 3 and ev.confusion.matrix == [[3]]

@@ -25,6 +25,8 @@ from tunelab.core.record_base import (
 )
 
 __all__ = [
+    "AdaptationSettings",
+    "SizingRow",
     "CheckpointCheck",
     "EnvironmentCheck",
     "FreshTimings",
@@ -504,6 +506,8 @@ class FieldMetrics(Record):
         "recall": OPT_NUM,
         "f1": OPT_NUM,
         "slots": OPT_INT,
+        "kind": OPT_STR,
+        "failures": OPT_DICT,
     }
 
     presence_rate: float | None = None
@@ -513,6 +517,8 @@ class FieldMetrics(Record):
     recall: float | None = None
     f1: float | None = None
     slots: int | None = None
+    kind: str | None = None  # value | object | list: what the schema path holds
+    failures: dict[str, int] | None = None  # failed slots by kind (missing, wrong_type, ...)
 
 
 @dataclass(frozen=True)
@@ -622,3 +628,71 @@ class FreshTimings(Record):
 
     load_s: float | None = None
     eval_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SizingRow(Record):
+    """One configuration a sizing measured: its options, the predicted and measured peak
+    (MiB) and step time (records before the flat figures hold them in `predicted` and
+    `measured`)."""
+
+    FIELDS: ClassVar = {
+        "label": OPT_STR,
+        "name": OPT_STR,
+        "seq_len": OPT_INT,
+        "micro_batch": OPT_INT,
+        "predicted_mb": OPT_NUM,
+        "measured_mb": OPT_NUM,
+        "error_pct": OPT_NUM,
+        "step_s": OPT_NUM,
+        "status": OPT_STR,
+        "reason": OPT_STR,
+        "predicted": OPT_DICT,
+        "measured": OPT_DICT,
+    }
+
+    label: str | None = None
+    name: str | None = None
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    predicted_mb: float | None = None
+    measured_mb: float | None = None
+    error_pct: float | None = None
+    step_s: float | None = None
+    status: str | None = None
+    reason: str | None = None
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+
+    @property
+    def title(self) -> Any:
+        """The row's label, else its name, else its options as written."""
+        return self.label or self.name or self.raw.get("options")
+
+    @property
+    def predicted_peak_mb(self) -> float | None:
+        return self.predicted_mb or (self.predicted or {}).get("total_mb")
+
+    @property
+    def measured_peak_mb(self) -> float | None:
+        return self.measured_mb or (self.measured or {}).get("peak_mb")
+
+    @property
+    def measured_step_s(self) -> float | None:
+        return self.step_s or (self.measured or {}).get("step_s")
+
+
+@dataclass(frozen=True)
+class AdaptationSettings(Record):
+    """The `adaptation` section of a run's saved config, as the dossier names the method."""
+
+    FIELDS: ClassVar = {"method": OPT_STR, "rank": OPT_INT, "quantization": OPT_DICT}
+
+    method: str | None = None
+    rank: int | None = None
+    quantization: dict[str, Any] | None = None
+
+    @property
+    def quant_type(self) -> str:
+        """QLoRA's 4-bit type (nf4 when the config names none)."""
+        return (self.quantization or {}).get("quant_type", "nf4")

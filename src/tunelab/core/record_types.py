@@ -37,6 +37,7 @@ from tunelab.core.record_base import OPT_NUM as _OPT_NUM
 from tunelab.core.record_base import OPT_STR as _OPT_STR
 from tunelab.core.record_base import Record, damaged, mapping_of
 from tunelab.core.record_parts import (
+    AdaptationSettings,
     CategoryMetrics,
     CheckpointCheck,
     CompareBaseline,
@@ -49,6 +50,7 @@ from tunelab.core.record_parts import (
     LockedTests,
     ModelIdentity,
     Reproduced,
+    SizingRow,
 )
 
 if TYPE_CHECKING:
@@ -125,6 +127,13 @@ class RunConfig(Record):
         from tunelab.core.config import validate_config
 
         return validate_config(self.config, source=str(self.path))
+
+    @property
+    def adaptation(self) -> AdaptationSettings:
+        """The saved `adaptation` section (no validation: cheap, for display)."""
+        return AdaptationSettings.of(
+            self.path, self.config.get("adaptation") or {}, "config.adaptation"
+        )
 
     @property
     def training(self) -> dict[str, Any]:
@@ -244,6 +253,11 @@ class Evaluation(Record):
     @property
     def failure_counts(self) -> dict[str, int]:
         return dict(self.metrics.get("failure_counts") or {})
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The generation budget it ran with (None for a classifier's)."""
+        return (self.evaluation or {}).get("max_new_tokens")
 
     @property
     def decoding(self) -> Decoding | None:
@@ -374,6 +388,9 @@ class Sizing(Record):
         "facts": _OPT_DICT,
         "throughput": _OPT_DICT,
         "configurations": _OPT_LIST,
+        "model": _OPT_DICT,
+        "recommendation": _OPT_DICT,
+        "hypothesis_version": _OPT_INT,
     }
     OPTIONAL: ClassVar = frozenset({"seconds", "lengths", "env"})
 
@@ -385,6 +402,24 @@ class Sizing(Record):
     facts: dict[str, Any] | None = None  # the adapted model's (ModelFacts.to_dict)
     throughput: dict[str, Any] | None = None  # the study's own configuration: {row, step_s, ...}
     configurations: list[dict[str, Any]] | None = None  # one row per configuration measured
+    model: dict[str, Any] | None = None  # {architecture, ...} of the model sized
+    recommendation: dict[str, Any] | None = None  # micro-batch, accumulation, predicted peak
+    hypothesis_version: int | None = None
+
+    @property
+    def rows(self) -> list[SizingRow]:
+        """The configurations measured (`rows` in records before that name)."""
+        name = "configurations" if "configurations" in self.raw else "rows"
+        return self.parts(SizingRow, name)
+
+    @property
+    def length_unit(self) -> str | None:
+        """tokens, or an image model's unit (image side, patch tokens)."""
+        return (self.lengths or {}).get("length_unit")
+
+    @property
+    def architecture(self) -> str | None:
+        return (self.model or {}).get("architecture")
 
 
 @dataclass(frozen=True)
@@ -470,6 +505,7 @@ class ExportManifest(Record):
         "config_sha256": _OPT_STR,
         "files": _OPT_DICT,
         "limitations": _OPT_LIST,
+        "hypothesis": _OPT_DICT,
     }
 
     run_id: str | None = None
@@ -482,3 +518,13 @@ class ExportManifest(Record):
     config_sha256: str | None = None
     files: dict[str, Any] | None = None
     limitations: list[Any] | None = None
+    hypothesis: dict[str, Any] | None = None  # the exported run's {version, sha256}
+
+    @property
+    def identity(self) -> ModelIdentity:
+        """The base model the export is bound to."""
+        return self.part(ModelIdentity, "base") or ModelIdentity(self.path, {}, where="base")
+
+    @property
+    def hypothesis_version(self) -> int | None:
+        return (self.hypothesis or {}).get("version")
