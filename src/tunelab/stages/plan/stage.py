@@ -277,7 +277,10 @@ def compare_gpus(
     recorded."""
     cfg = study.config
     days = check_days(cfg.budget.rental_days if days is None else days)
-    counts = (gpus,) if gpus else LAYOUT_GPUS
+    t = cfg.training
+    effective = t.micro_batch_size * t.grad_accum_steps
+    # the effective batch divides among the GPUs (choose_fit refuses a --gpus that does not)
+    counts = (gpus,) if gpus else tuple(n for n in LAYOUT_GPUS if effective % n == 0)
     for n in counts:
         check_layout(n, strategy or "ddp")
     shape, sizing = gather_shape(study)
@@ -308,7 +311,13 @@ def compare_gpus(
         "rows": rows,
         "layouts": layouts,
         "inputs": inputs,
-        "notes": _layout_notes(shape, layouts),
+        "notes": _layout_notes(shape, layouts)
+        + [
+            f"{n} GPUs not tried: the effective batch of {effective} examples "
+            "(micro_batch_size x grad_accum_steps) does not divide among them"
+            for n in LAYOUT_GPUS
+            if not gpus and n not in counts
+        ],
         "currency": currency(),
         "sources": {g.id: f"{g.source}: {g.url}" for g in catalog_gpus()},
     }

@@ -52,6 +52,8 @@ def strategy_refusal(facts: ModelFacts, strategy: str, precision: str) -> str | 
         return None
     if facts.quant_params:
         return "tunelab train refuses qlora under fsdp (FSDP would split the 4-bit weights)"
+    if facts.conv:  # FSDP wraps transformer blocks, one by one
+        return "tunelab train shards transformer blocks under fsdp: a conv net has none"
     if precision == "fp16":
         return "tunelab train refuses fp16 under fsdp (use bf16)"
     return None
