@@ -75,7 +75,8 @@ def plan(
     """A rental plan by phase from the measured step, evaluation and checkpoint times (or, with
     --gpu, projected onto a catalog GPU from the study's shapes): margins, cost, how many
     variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.stages.plan import make_plan, review_plan
+    from tunelab.stages.plan import review_plan
+    from tunelab.stages.plan import stage as plan_stage
 
     s = open_study(study, sets)
     if review:
@@ -113,7 +114,7 @@ def plan(
             return
         print_review(result)
         return
-    record, path, png = make_plan(
+    record, path, png = plan_stage.run(
         s,
         days=days,
         gpu_hour_price=gpu_hour_price,

@@ -1,6 +1,6 @@
 """`tunelab plan`: gather the figures, build the plan, record it with its chart.
 
-`make_plan(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
+`run(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
 record's `projection` is absent for a plan of measured figures); `compare_gpus(study, days=,
 gpus=, strategy=, utilization=)` (`tunelab plan --compare-gpus`) records nothing.
 """
@@ -40,7 +40,7 @@ from tunelab.stages.plan.review import review_plan
 from tunelab.stages.plan.stored import creation_ns, plans_dir
 
 
-def make_plan(
+def run(
     study: Study,
     *,
     days: int | None = None,

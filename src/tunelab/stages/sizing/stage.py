@@ -18,7 +18,7 @@ What is compared: on CUDA the predicted peak total against `max_memory_allocated
 predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
 measured peak RSS above the idle process (model, optimizer and batch loaded).
 
-`run_sizing(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
+`run(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
 method (`label` "method M") at the study's own configuration, each predicted from its own facts;
 `recommendation.other_methods` [{method, fits, micro_batch, grad_accum, checkpointing,
 predicted_peak_bytes}] (the CLI proposes one that fits when the study's does not). An image
@@ -670,7 +670,7 @@ class _RowProgress:
             self.progress("size", n, self.total, f"{n} of {len(self.planned)} measured; {note}")
 
 
-def run_sizing(
+def run(
     study: Study,
     *,
     seq_lens: list[int] | None = None,
