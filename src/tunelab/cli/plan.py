@@ -286,7 +286,8 @@ def print_projection(p: dict[str, Any]) -> None:
     )
     print_inputs(p["inputs"])
     console.print(
-        f"  price: {p['price_per_gpu_hour']:g} {p.get('currency') or 'a'} GPU hour "
+        f"  price: {p['price_per_gpu_hour']:g}{' ' + p['currency'] if p.get('currency') else ''}"
+        " a GPU hour "
         f"({p['price_source']})",
         style="dim",
     )

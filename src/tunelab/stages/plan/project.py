@@ -405,7 +405,8 @@ def project(
     fit = choose_fit(shape, cfg, gpu, gpus, strategy)
     step = step_time(shape, fit, gpu, util, gpus, strategy)
     if not fit.fits:
-        notes.append(f"does not fit: {fit.reason}")
+        load = (fit.reason or "").startswith("the load does not fit")
+        notes.append(fit.reason if load else f"does not fit: {fit.reason}")
     if step.bound == "host":
         notes.append(
             "the step is bound by the host issuing kernels (a small model): a faster GPU does "
