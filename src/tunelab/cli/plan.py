@@ -303,16 +303,20 @@ def load_line(load: dict[str, Any]) -> str:
 
 
 def print_load(rows: list[dict[str, Any]] | None) -> None:
-    """`tunelab size`: the load of one process and of each rank count under DDP and FSDP, and
-    which cannot fit the budget (`load_table`'s rows)."""
-    for r in rows or []:
-        way = "1 process" if r["ranks"] == 1 else f"{r['ranks']} ranks {r['strategy']}"
-        fits = f"DOES NOT FIT: {r['problem']}" if r["problem"] else "fits"
-        console.print(
-            f"load, {way} ({r['mode']}): {_gb(r['device_per_rank'])} on each device, host "
-            f"{_gb(r['host_per_node'])} the node: {fits}",
-            style=None if r["problem"] else "dim",
-        )
+    """`tunelab size`: the load of one process and of each rank count under DDP and FSDP
+    (`load_table`'s rows) in one line, then each that cannot fit the budget."""
+    if not rows:
+        return
+    parts = [
+        ("1 process" if r["ranks"] == 1 else f"{r['ranks']} {r['strategy']}")
+        + f" {r['device_per_rank'] / 1e9:,.1f}/{r['host_per_node'] / 1e9:,.1f}"
+        for r in rows
+    ]
+    console.print("load, GB a device / GB the node's host: " + "; ".join(parts), style="dim")
+    for r in rows:
+        if r["problem"]:
+            way = "1 process" if r["ranks"] == 1 else f"{r['ranks']} ranks {r['strategy']}"
+            console.print(f"{way}: {r['problem']}")
 
 
 def print_inputs(inputs: list[dict[str, Any]]) -> None:
