@@ -295,7 +295,7 @@ def compare_gpus(
                     shape, sizing, local, cfg, gpu, days=days, gpus=n, strategy=way,
                     utilization=utilization, gpu_hour_price=None, measured=measured,
                 )  # fmt: skip
-                tried.append(_layout_row(gpu, plan, proj, cfg, shape, days))
+                tried.append(_layout_row(gpu, plan, proj, cfg, shape))
                 inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
         layouts += tried
         rows.append(_best_layout(tried, cfg.budget.num_variants, days))
@@ -324,7 +324,7 @@ def compare_gpus(
 
 
 def _layout_row(
-    gpu: Gpu, plan: Plan, proj: dict[str, Any], cfg: Any, shape: StudyShape, days: int
+    gpu: Gpu, plan: Plan, proj: dict[str, Any], cfg: Any, shape: StudyShape
 ) -> dict[str, Any]:
     """One layout of `--compare-gpus`: the projection's fit and time, and the variants that fit
     in a rental of 3, 7 and 30 days (the same figures, another window)."""
