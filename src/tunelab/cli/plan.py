@@ -309,7 +309,7 @@ def print_load(rows: list[dict[str, Any]] | None) -> None:
         return
     parts = [
         ("1 process" if r["ranks"] == 1 else f"{r['ranks']} {r['strategy']}")
-        + f" {r['device_per_rank'] / 1e9:,.1f}/{r['host_per_node'] / 1e9:,.1f}"
+        + f" {r['device_per_rank'] / 1e9:,.2f}/{r['host_per_node'] / 1e9:,.2f}"
         for r in rows
     ]
     console.print("load, GB a device / GB the node's host: " + "; ".join(parts), style="dim")
