@@ -75,7 +75,7 @@ def _backend_line(env: dict[str, Any], device: torch.device) -> Check:
             why += f" (TUNELAB_DEVICE=cpu; this machine has {env['backend']})"
     else:
         version = f"ROCm {env['rocm']}" if env["rocm"] else f"CUDA {env['cuda']}"
-        why = f"{env['backend']}: {_device_name(device)}, {version}, driver {env['driver']}"
+        why = f"{env['backend']}: {_device_name(device)}, {version}, driver {env['driver'] or '?'}"
     return Check("backend", PASS, f"{why}; torch {env['torch']}")
 
 
