@@ -377,7 +377,7 @@ def experts_placement(shape: StudyShape, gpus: int, strategy: str) -> str | None
     experts = int(moe["experts"])
     if gpus > 1 and strategy == "fsdp":
         return f"{-(-experts // gpus)} of {experts} experts a layer on each GPU (FSDP)"
-    return f"all {experts} experts on every GPU"
+    return f"all {experts} experts on " + ("every GPU" if gpus > 1 else "the GPU")
 
 
 def check_layout(gpus: int, strategy: str) -> None:
