@@ -24,9 +24,16 @@ def validate(
         str | None, typer.Option(help="Also check the study trains under ddp or fsdp.")
     ] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes per node.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: check the load on this GPU.")
+    ] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: a GPU's memory, e.g. 80GB.")
+    ] = None,
 ) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
-    report every problem at once; with --strategy / --nproc, also that layout."""
+    report every problem at once; with --strategy / --nproc, also that layout (and, with --gpu
+    or --memory-budget, that it loads)."""
     from tunelab.lib.tasks import task_warnings
 
     cfg = validate_study(study, sets or [])
@@ -34,6 +41,13 @@ def validate(
         from tunelab.stages.train.launch import Launch
 
         Launch(nproc or 1, strategy or "single").check(cfg)
+    if gpu or memory_budget:
+        from tunelab.stages.hypothesis.validate import check_layout_load
+        from tunelab.stages.sizing.recommend import parse_bytes
+
+        budget = parse_bytes(memory_budget) if memory_budget else None
+        check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1, gpu=gpu,
+                          device_bytes=budget)  # fmt: skip
     warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
