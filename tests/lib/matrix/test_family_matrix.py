@@ -31,18 +31,12 @@ pytestmark = pytest.mark.matrix
 # sliding windows with softcapping, an encoder, fixed-size, per-stage (lists) and interpolating
 # image models, the last with a parameter its classifier never uses (DINOv2's mask_token)
 FRESH = ("llama", "qwen3_moe", "gemma2", "bert", "vit", "swin", "dinov2")
-SWIN_SIZING = "Swin's depths and heads are lists; sizing reads them as ints (fixed by `peaks`)"
 
 
 def _family_param(name: str):
     reason = buildable(name)
     marks = [pytest.mark.skip(reason=reason)] if reason else []
     return pytest.param(name, id=name, marks=marks)
-
-
-@pytest.fixture(scope="module")
-def family_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("matrix")
 
 
 def _text_rows(kind: str) -> list[dict]:
@@ -140,29 +134,50 @@ def _plain_forward(model, export: Path, kind: str) -> torch.Tensor:
     return model(**tok("The striker scored twice", return_tensors="pt")).logits
 
 
+class Studies:
+    """Each family's model and study, made once for the module: built, validated, registered
+    and snapshotted on first use; trained on first need of a run."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.roots: dict[str, Path] = {}
+        self.runs: dict[str, str] = {}
+
+    def model(self, name: str) -> Path:
+        folder = self.root / "models" / name
+        return folder if (folder / "config.json").is_file() else save_family(name, folder)
+
+    def study(self, name: str, capsys) -> Path:
+        if name not in self.roots:
+            root = write_family_study(self.root / name, self.model(name), BY_NAME[name].kind)
+            for args in (["validate"], ["register"], ["data"]):
+                _stage(capsys, *args, "-s", root)
+            self.roots[name] = root
+        return self.roots[name]
+
+    def run_id(self, name: str, capsys) -> str:
+        if name not in self.runs:
+            out = _stage(capsys, "train", "-s", self.study(name, capsys), "--name", "v1", "--json")
+            self.runs[name] = json.loads(out[out.find("{") :])["run_id"]
+        return self.runs[name]
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory) -> Studies:
+    return Studies(tmp_path_factory.mktemp("matrix"))
+
+
 @pytest.mark.parametrize("name", [_family_param(f.name) for f in FAMILIES])
-def test_family_through_the_stages(family_root, name, capsys, request):
+def test_family_through_the_stages(studies, name, capsys):
     family = BY_NAME[name]
-    model = save_family(name, family_root / "models" / name)
-    root = write_family_study(family_root / name, model, family.kind)
-    for args in (["validate"], ["register"], ["data"], ["inspect"], ["baseline"]):
+    root = studies.study(name, capsys)
+    for args in (["inspect"], ["baseline"]):
         _stage(capsys, *args, "-s", root)
-    if name in FRESH:
-        _stage(capsys, "smoke", "-s", root)
-        if name == "swin":
-            code, _, err = run_cli(capsys, "size", "-s", root, "--micro-batch", "2")
-            if code != 0 and "list" in err:
-                request.applymarker(pytest.mark.xfail(reason=SWIN_SIZING, strict=True))
-                raise AssertionError(err[-500:])
-        else:
-            _stage(capsys, "size", "-s", root, "--micro-batch", "2")
-    out = _stage(capsys, "train", "-s", root, "--name", "v1", "--json")
-    run_id = json.loads(out[out.find("{") :])["run_id"]
-    _stage(capsys, "eval", run_id, "-s", root)
-    if name in FRESH:
-        _stage(capsys, "verify", run_id, "-s", root)
-    _stage(capsys, "export", run_id, "-s", root)
+    run_id = studies.run_id(name, capsys)
+    for args in (["eval", run_id], ["export", run_id]):
+        _stage(capsys, *args, "-s", root)
     (export,) = (root / "records" / "exports").iterdir()
+    model = studies.model(name)
     _stage(capsys, "check-export", export, "--base", model)
     plain = load_plain(export, model, family.kind, num_labels=3)
     with torch.no_grad():
@@ -171,13 +186,22 @@ def test_family_through_the_stages(family_root, name, capsys, request):
     assert logits.shape[-1] == (3 if family.kind != "decoder" else plain.config.vocab_size)
 
 
-def _family_dir(family_root: Path, name: str) -> Path:
-    folder = family_root / "models" / name
-    return folder if (folder / "config.json").is_file() else save_family(name, folder)
+@pytest.mark.parametrize("name", [_family_param(n) for n in FRESH])
+def test_smoke_and_verify_in_fresh_processes(studies, name, capsys):
+    root = studies.study(name, capsys)
+    _stage(capsys, "smoke", "-s", root)
+    _stage(capsys, "verify", studies.run_id(name, capsys), "-s", root)
+
+
+@pytest.mark.parametrize("name", [_family_param(n) for n in FRESH])
+def test_size(studies, name, capsys):
+    out = _stage(capsys, "size", "-s", studies.study(name, capsys), "--micro-batch", "2", "--json")
+    record = json.loads(out[out.find("{") :])
+    assert any(row["status"] == "ok" for row in record["configurations"]), record
 
 
 @pytest.mark.parametrize("name", [_family_param(f.name) for f in FAMILIES if f.kind == "decoder"])
-def test_packed_training_equals_the_padded_forward(family_root, name):
+def test_packed_training_equals_the_padded_forward(studies, name):
     """Two examples longer than the sliding window (8): tunelab's packed, padding-free loss
     and gradients equal those of the model's own padded forward, or the packed batch falls
     back to padding with the reason recorded (`attention_not_used`)."""
@@ -187,7 +211,7 @@ def test_packed_training_equals_the_padded_forward(family_root, name):
     from tunelab.stages.train.batches import collate
     from tunelab.stages.train.losses import causal_lm_loss_sum, checks_of
 
-    folder = _family_dir(family_root, name)
+    folder = studies.model(name)
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
