@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import GuardrailRule, HypothesisConfig
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
@@ -207,7 +208,7 @@ def test_register_on_the_demo_study_states_and_records_the_detectable_effect(tmp
     import yaml
 
     from helpers import run_cli
-    from tunelab.core.config import sha256_json
+    from tunelab.core.hashing import sha256_json
     from tunelab.demo.studies import classification_study
 
     root = tmp_path / "demo"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tunelab.core.config import CLASSIFYING_KINDS
+from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.lib.statistics import (
     Stat,
     f1_stats,
@@ -465,7 +465,7 @@ class _Baseline:
 
 def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
-    from tunelab.core.config import TaskConfig
+    from tunelab.core.config_sections import TaskConfig
     from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
 

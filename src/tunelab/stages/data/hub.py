@@ -20,7 +20,7 @@ from tunelab.core.evidence import pinned_commit
 from tunelab.core.hub import HubSnapshot, download
 
 if TYPE_CHECKING:
-    from tunelab.core.config import SourceConfig
+    from tunelab.core.config_sections import SourceConfig
     from tunelab.core.study import Study
 
 # data files `datasets` reads, and the card whose YAML names the configs and their splits

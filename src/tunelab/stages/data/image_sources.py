@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tunelab.core.config import DataConfig
+from tunelab.core.config_sections import DataConfig
 from tunelab.core.errors import DataError
 from tunelab.stages.data.images import (
     ImageSource,

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import DataConfig
+from tunelab.core.config_sections import DataConfig
 from tunelab.core.errors import DataError
 from tunelab.core.hashing import sha256_bytes
 from tunelab.lib.preprocess.decode import _REPLACE, ACCEPTED_MODES, _pil, decode_image, model_rgb

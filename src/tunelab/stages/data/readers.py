@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import DataConfig, FieldsConfig
+from tunelab.core.config_sections import DataConfig, FieldsConfig
 from tunelab.core.errors import DataError, preview
 from tunelab.core.hashing import sha256_bytes, sha256_file
 from tunelab.core.progress import Progress, silent

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import DataConfig, DedupConfig
+from tunelab.core.config_sections import DataConfig, DedupConfig
 from tunelab.core.errors import DataError, StudyError
 from tunelab.core.hashing import sha256_bytes, sha256_json, sha256_text
 from tunelab.core.ledger import utc_now

@@ -52,7 +52,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem
+from tunelab.core.config import StudyConfig, generation_room_problem
+from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.core.errors import EvaluationError, RunError
 from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
 from tunelab.core.hashing import sha256_json

@@ -155,7 +155,8 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
     through the hub cache (default revision: the commit the export was trained on). Refuses a
     hub base at another commit than the manifest's."""
-    from tunelab.core.config import HUB_ID, resolve_path
+    from tunelab.core.config import resolve_path
+    from tunelab.core.config_sections import HUB_ID
 
     text = str(spec)
     repo, _, rev = text.partition("@")
@@ -280,7 +281,7 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
     auto = AutoModelForSequenceClassification if arch == "encoder" else AutoModelForCausalLM
     quantized = art["kind"] == "adapter" and art.get("method") == "qlora"
     if quantized:
-        from tunelab.core.config import QuantizationConfig
+        from tunelab.core.config_training import QuantizationConfig
         from tunelab.lib.models.quantize import quantization_config
 
         q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
