@@ -38,7 +38,8 @@ from tunelab.stages.data import dedup
 from tunelab.stages.data.checks import RowsRead, control_notes, labels_changed, run_checks
 from tunelab.stages.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
 from tunelab.stages.data.hub import source_root
-from tunelab.stages.data.readers import SourceData, SourceRow, read_source
+from tunelab.stages.data.readers import read_source
+from tunelab.stages.data.source_files import SourceData, SourceRow
 from tunelab.stages.data.splits import (
     SPLITS,
     check_user_splits,
