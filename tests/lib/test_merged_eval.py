@@ -214,7 +214,8 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     from tunelab.lib.inference.eval_copy import EvalModels
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import _Ticker, merge_atol, predict_rows
+    from tunelab.stages.evaluate.predict import predict_rows
+    from tunelab.stages.evaluate.stage import _Ticker, merge_atol
 
     study = make_study(
         tmp_path / "s",

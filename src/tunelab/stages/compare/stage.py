@@ -480,7 +480,8 @@ def _scored(
 ) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
     """An evaluation's record and prediction rows; extraction rows scored by an earlier
     scorer are judged again from their raw outputs, with a note saying so."""
-    from tunelab.stages.evaluate.stage import compute_metrics, load_predictions, rescore_predictions
+    from tunelab.stages.evaluate.predict import rescore_predictions
+    from tunelab.stages.evaluate.stage import compute_metrics, load_predictions
 
     record, rows = evaluation["record"], load_predictions(evaluation)
     scoring = inner_metrics(record).get("scoring")

@@ -324,7 +324,7 @@ def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example
     from tunelab.core.config import validate_config
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import predict_rows
+    from tunelab.stages.evaluate.predict import predict_rows
 
     cfg = validate_config(manifest["config"], source=MANIFEST)
     arch = manifest["base"]["architecture"]
