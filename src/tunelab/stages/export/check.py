@@ -346,7 +346,7 @@ def check_export(
     summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
     matches_recorded}}.
     """
-    from tunelab.stages.verify.stage import compare_predictions
+    from tunelab.stages.verify.checks import compare_predictions
 
     export_dir = Path(export_dir).resolve()
     manifest = _read_manifest(export_dir)

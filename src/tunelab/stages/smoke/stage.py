@@ -5,7 +5,7 @@ batch that fits 8 training examples, the validation loss at the last step) and a
 of the snapshot (8 training, 4 validation examples). It runs the real training code
 (`tunelab.stages.train.stage`: the loop, the update check, the atomic checkpoint), the real evaluation
 (`tunelab.stages.evaluate.stage.evaluate_model` on the model loaded back from the checkpoint, as `tunelab
-eval` does), then a new Python process (`tunelab.stages.verify.stage`) that reloads the checkpoint from disk
+eval` does), then a new Python process (`tunelab.stages.verify.fresh`) that reloads the checkpoint from disk
 and must give:
 
 - the same predictions and raw outputs, scores within the recorded rounding;
@@ -383,7 +383,7 @@ def _evaluation_pass(
     examples and the adapter's cost; returns (predictions, logits)."""
     from tunelab.stages.evaluate.stage import evaluate_model, record_evaluation
     from tunelab.stages.train import load_run_model
-    from tunelab.stages.verify.stage import probe_logits
+    from tunelab.stages.verify.fresh import probe_logits
 
     timings, labels = found.timings, prep.labels
     model, tokenizer, base = load_run_model(study, run)
@@ -428,13 +428,9 @@ def _fresh_process_checks(
 
     from tunelab.core.env import device_kind
     from tunelab.stages.train.precision import resolve_precision
-    from tunelab.stages.verify.stage import (
-        LOGIT_ATOL,
-        SCORE_ATOL,
-        compare_predictions,
-        fresh_evaluate,
-        recorded_copy,
-    )
+    from tunelab.stages.verify.checks import compare_predictions
+    from tunelab.stages.verify.fresh import fresh_evaluate
+    from tunelab.stages.verify.stage import LOGIT_ATOL, SCORE_ATOL, recorded_copy
 
     timings, record = found.timings, found.record
     fresh = fresh_evaluate(
