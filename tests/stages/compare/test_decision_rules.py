@@ -12,8 +12,9 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.config_sections import GuardrailRule, HypothesisConfig
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
+from tunelab.stages.compare.evaluations import compare_evaluations
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
-from tunelab.stages.compare.stage import compare_evaluations, study_decision
+from tunelab.stages.compare.stage import study_decision
 from tunelab.stages.compare.verdicts import DecisionTests
 from tunelab.stages.hypothesis.power import power_warnings
 from tunelab.stages.report.decision import choose_variant, decide
