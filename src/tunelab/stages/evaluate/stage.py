@@ -139,7 +139,8 @@ def evaluate_model(
     import torch
 
     from tunelab.core.env import cpu_share
-    from tunelab.lib.preprocess.text import Preprocessor, check_template_match
+    from tunelab.lib.preprocess.mask_checks import check_template_match
+    from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
 
     cfg: StudyConfig = study.config

@@ -24,14 +24,8 @@ from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
-from tunelab.lib.preprocess.text import (
-    IGNORE_INDEX,
-    Preprocessor,
-    Problem,
-    check_collated,
-    length_stats,
-    nearest_rank,
-)
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated
+from tunelab.lib.preprocess.text import Preprocessor, Problem, length_stats, nearest_rank
 from tunelab.lib.tasks import Task, get_task
 
 if TYPE_CHECKING:
