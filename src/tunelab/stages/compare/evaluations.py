@@ -147,18 +147,7 @@ def compare_evaluations(
     documented defaults). The row's `decision` is adopt, reject or inconclusive (see
     `tunelab.stages.compare.verdicts`).
     """
-    base_by_id = {r["id"]: r for r in baseline_rows}
-    var_by_id = {r["id"]: r for r in variant_rows}
-    ids = [i for i in base_by_id if i in var_by_id]
-    notes = []
-    only_base, only_var = len(base_by_id) - len(ids), len(var_by_id) - len(ids)
-    if only_base or only_var:
-        notes.append(
-            f"paired over {len(ids)} shared examples ({only_base} only in the baseline, "
-            f"{only_var} only in the variant)"
-        )
-    base = [base_by_id[i] for i in ids]
-    var = [var_by_id[i] for i in ids]
+    ids, base, var, notes = _paired(baseline_rows, variant_rows)
     paths = list(paths or fields)
     b_overall, b_cat, b_field = example_stats(kind, base, labels, fields, paths)
     v_overall, v_cat, v_field = example_stats(kind, var, labels, fields, paths)
@@ -174,35 +163,13 @@ def compare_evaluations(
     metrics = {m: r for m, r in boot.items() if "." not in m}
     b_inner, v_inner = inner_metrics(baseline_metrics), inner_metrics(variant_metrics)
     if primary_metric not in metrics and primary_metric in v_inner:
-        bv, vv = b_inner.get(primary_metric), v_inner.get(primary_metric)
-        delta = None if bv is None or vv is None else vv - bv
-        metrics[primary_metric] = {
-            "baseline": bv,
-            "variant": vv,
-            "delta": delta,
-            "ci_low": None,
-            "ci_high": None,
-        }
+        metrics[primary_metric] = _unpaired_metric(primary_metric, b_inner, v_inner)
     per_category = _per_item(boot, "per_category", labels, b_inner, v_inner, CATEGORY_KEYS)
     per_field = _per_item(boot, "per_field", paths, b_inner, v_inner, FIELD_KEYS)
-    primary = dict(metrics.get(primary_metric) or {})
-    delta = primary.get("delta")
-    primary.update(
-        metric=primary_metric,
-        min_improvement=min_improvement,
-        meets_min_improvement=None if delta is None else delta >= min_improvement,
-        significant=None if primary.get("ci_low") is None else primary["ci_low"] > 0,
-    )
     base_ok = [bool(r.get("correct")) for r in base]
     var_ok = [bool(r.get("correct")) for r in var]
     estimate_of = estimates(point, draws, labels=labels, paths=paths, n=len(ids), tests=tests)
-    primary |= primary_verdict(
-        primary,
-        estimate_of(primary_metric, "overall", None, True),
-        tests,
-        min_improvement,
-        len(ids),
-    )
+    primary = _primary(metrics, primary_metric, min_improvement, estimate_of, tests, len(ids))
     verdicts = judge_guardrails(
         check_guardrails(guardrails, baseline_metrics, variant_metrics),
         estimate_of,
@@ -230,6 +197,54 @@ def compare_evaluations(
         "decision_reasons": reasons,
         "flips": changed,
     }
+
+
+def _primary(
+    metrics: Mapping[str, Any],
+    name: str,
+    min_improvement: float,
+    estimate_of: Any,
+    tests: DecisionTests,
+    n: int,
+) -> dict[str, Any]:
+    """The primary metric's row: its interval, whether it meets the smallest improvement that
+    counts, and its verdict under the locked tests."""
+    primary = dict(metrics.get(name) or {})
+    delta = primary.get("delta")
+    primary.update(
+        metric=name,
+        min_improvement=min_improvement,
+        meets_min_improvement=None if delta is None else delta >= min_improvement,
+        significant=None if primary.get("ci_low") is None else primary["ci_low"] > 0,
+    )
+    estimate = estimate_of(name, "overall", None, True)
+    return primary | primary_verdict(primary, estimate, tests, min_improvement, n)
+
+
+def _paired(
+    baseline_rows: Sequence[Mapping[str, Any]], variant_rows: Sequence[Mapping[str, Any]]
+) -> tuple[list[Any], list[Mapping[str, Any]], list[Mapping[str, Any]], list[str]]:
+    """The ids in both, the two rows of each in that order, and a note of the unpaired."""
+    base_by_id = {r["id"]: r for r in baseline_rows}
+    var_by_id = {r["id"]: r for r in variant_rows}
+    ids = [i for i in base_by_id if i in var_by_id]
+    notes = []
+    only_base, only_var = len(base_by_id) - len(ids), len(var_by_id) - len(ids)
+    if only_base or only_var:
+        notes.append(
+            f"paired over {len(ids)} shared examples ({only_base} only in the baseline, "
+            f"{only_var} only in the variant)"
+        )
+    return ids, [base_by_id[i] for i in ids], [var_by_id[i] for i in ids], notes
+
+
+def _unpaired_metric(
+    name: str, b_inner: Mapping[str, Any], v_inner: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A metric the records hold but the examples cannot resample: its values, no interval."""
+    bv, vv = b_inner.get(name), v_inner.get(name)
+    delta = None if bv is None or vv is None else vv - bv
+    return {"baseline": bv, "variant": vv, "delta": delta, "ci_low": None, "ci_high": None}
 
 
 CATEGORY_KEYS = ("precision", "recall", "f1")

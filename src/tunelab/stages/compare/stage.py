@@ -214,6 +214,34 @@ def _compare_run(
     return entry
 
 
+def _rows_to_compare(study: Study, run_ids: Sequence[str] | None, base: _Baseline) -> list[Any]:
+    """The ledger rows of the named runs, or of every training run (refused when none)."""
+    if run_ids:
+        return [study.get_run(r).row for r in run_ids]
+    rows = [r for r in study.list_runs() if r.kind == "train"]
+    if not rows:
+        from tunelab.core.errors import EvaluationError
+
+        raise EvaluationError(
+            f"no training run to compare with the baseline {base.row.id} yet",
+            hint="run `tunelab train`, then `tunelab eval RUN`, then `tunelab compare`",
+        )
+    return rows
+
+
+def _baseline_entry(base: _Baseline) -> dict[str, Any]:
+    """The record's `baseline`: which run and evaluation, and its numeric metrics."""
+    metrics = inner_metrics(base.record).items()
+    return {
+        "run_id": base.row.id,
+        "kind": base.row.kind,
+        "eval_run": base.evaluation["eval_run"],
+        "spec_sha256": base.record.get("spec_sha256"),
+        "n": base.record.get("n"),
+        "metrics": {k: v for k, v in metrics if isinstance(v, (int, float))},
+    }
+
+
 def run(
     study: Study,
     run_ids: Sequence[str] | None = None,
@@ -239,19 +267,8 @@ def run(
         )
     base, base_note = _find_baseline(study, hyp, baseline, split)
     explicit = bool(run_ids)
-    if explicit:
-        rows = [study.get_run(r).row for r in run_ids or []]
-    else:
-        rows = [r for r in study.list_runs() if r.kind == "train"]
-        if not rows:
-            from tunelab.core.errors import EvaluationError
-
-            raise EvaluationError(
-                f"no training run to compare with the baseline {base.row.id} yet",
-                hint="run `tunelab train`, then `tunelab eval RUN`, then `tunelab compare`",
-            )
     entries = []
-    for row in rows:
+    for row in _rows_to_compare(study, run_ids, base):
         if row.id == base.row.id:
             continue
         if row.kind == EVAL_KIND and row.parent:
@@ -285,16 +302,7 @@ def run(
         },
         "tests": tests.as_record(),
         "decision": study_decision(entries),
-        "baseline": {
-            "run_id": base.row.id,
-            "kind": base.row.kind,
-            "eval_run": base.evaluation["eval_run"],
-            "spec_sha256": base.record.get("spec_sha256"),
-            "n": base.record.get("n"),
-            "metrics": {
-                k: v for k, v in inner_metrics(base.record).items() if isinstance(v, (int, float))
-            },
-        },
+        "baseline": _baseline_entry(base),
         "runs": entries,
         "test_openings": len(openings),
         "warnings": warnings,

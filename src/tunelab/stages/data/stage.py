@@ -467,6 +467,62 @@ def _transforms(cfg: DataConfig, images: bool = False) -> dict[str, Any]:
     }
 
 
+def _source_entry(cfg: DataConfig, read: RowsRead, src: SourceData) -> dict[str, Any]:
+    return {
+        "format": cfg.source.format,
+        "path": cfg.source.path,
+        "resolved_path": str(read.source_path),
+        "num_files": len(src.files),
+        "files": src.files,
+        "replaced_invalid_utf8_bytes": src.replaced_bytes,
+        **({"hub": src.hub} if src.hub else {}),
+        **({"links_followed": src.links} if src.links else {}),
+    }
+
+
+def _dedup_entry(cfg: DataConfig, dups: _Duplicates, images: bool) -> dict[str, Any]:
+    dedup_config = cfg.dedup.model_dump(mode="json")
+    algorithm = dups.lsh
+    if not images:
+        algorithm = {
+            "version": dedup.DEDUP_ALGORITHM_VERSION,
+            "minhash_seed": 1,
+            "verification": "exact Jaccard of word shingle sets",
+            **dups.lsh,
+        }
+    return {
+        "config": dedup_config,
+        "policy": cfg.dedup.policy,
+        "sha256": sha256_json(dedup_config),
+        "normalization": NORMALIZATION,
+        "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
+        "algorithm": algorithm,
+    }
+
+
+def _counts_entry(
+    src: SourceData,
+    cleaned: CleaningResult,
+    kept: _Kept,
+    split: _Split,
+    duplicates: dict[str, Any],
+    examples: dict[str, list[dict[str, Any]]],
+    labels: list[str | None],
+) -> dict[str, Any]:
+    return {
+        "rows_read": len(src.rows),
+        "dropped_by_cleaning": len(cleaned.dropped),
+        "sampled_out": kept.sampled_out,
+        "removed_as_duplicates": len(duplicates["removed"]),
+        "before_dedup": counts_by_category(split.splits, labels),
+        "final": {s: len(examples[s]) for s in SPLITS},
+        "per_category": counts_by_category(
+            [s for s in SPLITS for _ in examples[s]],
+            [e["label"] for s in SPLITS for e in examples[s]],
+        ),
+    }
+
+
 def _manifest(
     read: RowsRead,
     src: SourceData,
@@ -491,22 +547,12 @@ def _manifest(
     )
     images = read.config.task.kind == "image_classification"
     transforms = _transforms(cfg, images)
-    dedup_config = cfg.dedup.model_dump(mode="json")
     splits_config = cfg.splits.model_dump(mode="json")
     manifest: dict[str, Any] = {
         "snapshot_id": "",
         "format_version": FORMAT_VERSION,
         "created_at": utc_now(),
-        "source": {
-            "format": cfg.source.format,
-            "path": cfg.source.path,
-            "resolved_path": str(read.source_path),
-            "num_files": len(src.files),
-            "files": src.files,
-            "replaced_invalid_utf8_bytes": src.replaced_bytes,
-            **({"hub": src.hub} if src.hub else {}),
-            **({"links_followed": src.links} if src.links else {}),
-        },
+        "source": _source_entry(cfg, read, src),
         "fields": cfg.fields.model_dump(mode="json"),
         "task_labels": task_labels,
         "cleaning": {
@@ -523,33 +569,8 @@ def _manifest(
                 {**mv, "row": ids[kept.index[mv["row"]]]} for mv in split.moved
             ],
         },
-        "dedup": {
-            "config": dedup_config,
-            "policy": cfg.dedup.policy,
-            "sha256": sha256_json(dedup_config),
-            "normalization": NORMALIZATION,
-            "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
-            "algorithm": dups.lsh
-            if images
-            else {
-                "version": dedup.DEDUP_ALGORITHM_VERSION,
-                "minhash_seed": 1,
-                "verification": "exact Jaccard of word shingle sets",
-                **dups.lsh,
-            },
-        },
-        "counts": {
-            "rows_read": len(src.rows),
-            "dropped_by_cleaning": len(cleaned.dropped),
-            "sampled_out": kept.sampled_out,
-            "removed_as_duplicates": len(duplicates["removed"]),
-            "before_dedup": counts_by_category(split.splits, labels),
-            "final": {s: len(examples[s]) for s in SPLITS},
-            "per_category": counts_by_category(
-                [s for s in SPLITS for _ in examples[s]],
-                [e["label"] for s in SPLITS for e in examples[s]],
-            ),
-        },
+        "dedup": _dedup_entry(cfg, dups, images),
+        "counts": _counts_entry(src, cleaned, kept, split, duplicates, examples, labels),
         "duplicates": duplicates["summary"],
         "labels": label_set,
         "files": {name: sha256_bytes(data) for name, data in sorted(outputs.items())},

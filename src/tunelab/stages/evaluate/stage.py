@@ -136,9 +136,6 @@ def evaluate_model(
         HypothesisError when no hypothesis is registered or study.yaml drifted from it;
         EvaluationError when there is nothing to evaluate.
     """
-    import torch
-
-    from tunelab.core.env import cpu_share
     from tunelab.lib.preprocess.mask_checks import check_template_match
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
@@ -158,27 +155,11 @@ def evaluate_model(
     architecture = base.architecture
     pre = Preprocessor(tokenizer, cfg, task, architecture)
     check_template_match(expect_template_sha256, pre.template_sha256)
-    torch.manual_seed(ev.seed)
-    was_training = model.training
-    model.eval()
-    timing: dict[str, Any] = {}
-    started, cpu_started = time.perf_counter(), time.process_time()
-    what = f"evaluate {split} ({len(rows)} examples)"
-    tick = Ticker(progress or None, len(rows), what)
+    tick = Ticker(progress or None, len(rows), f"evaluate {split} ({len(rows)} examples)")
     tick(0)  # a line at once in a pipe, before the first batch's minutes
-    try:
-        models = EvalModels.prepare(model, merge, merge_atol(cfg), ev.batch_size)
-        with torch.inference_mode():
-            predictions = predict_rows(
-                models, tokenizer, pre, task, cfg, rows, architecture, tick, timing
-            )
-        merge_record = models.record
-        del models  # the evaluation copy goes with it
-    finally:
-        model.train(was_training)
-    seconds = time.perf_counter() - started
-    cpu_s = time.process_time() - cpu_started
-    metric_values = compute_metrics(task, predictions)
+    predictions, merge_record, timing, measured = _predict_split(
+        model, tokenizer, pre, task, cfg, rows, merge, tick
+    )
     record = {
         "split": split,
         "spec_sha256": spec_sha256(hypothesis["evaluation_spec_sha256"], pre.template_sha256),
@@ -192,18 +173,59 @@ def evaluate_model(
         "labels": list(task.labels) if task.labels else None,
         "fields": list(getattr(task, "fields", []) or []) or None,
         "n": len(rows),
-        "seconds": round(seconds, 3),
-        "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
-        "device": str(model_device(model)),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_s": round(cpu_s, 3),
-        "cpu_share": cpu_share(cpu_s, seconds, torch.get_num_threads(), model_device(model)),
+        **measured,
         "evaluation": ev.model_dump(mode="json"),
-        "metrics": metric_values,
+        "metrics": compute_metrics(task, predictions),
         "generation": timing or None,
         "merge": merge_record,
     }
     return record, predictions
+
+
+def _predict_split(
+    model: Any,
+    tokenizer: Any,
+    pre: Any,
+    task: Any,
+    cfg: StudyConfig,
+    rows: list[dict[str, Any]],
+    merge: bool | None,
+    tick: Ticker,
+) -> tuple[list[dict[str, Any]], Any, dict[str, Any], dict[str, Any]]:
+    """The predictions on `rows` in eval mode (the model's mode restored after), through the
+    evaluation copy. Returns (predictions, the copy's record, generation timing, the
+    record's time and device fields)."""
+    import torch
+
+    from tunelab.core.env import cpu_share
+
+    torch.manual_seed(cfg.evaluation.seed)
+    was_training = model.training
+    model.eval()
+    timing: dict[str, Any] = {}
+    started, cpu_started = time.perf_counter(), time.process_time()
+    try:
+        models = EvalModels.prepare(model, merge, merge_atol(cfg), cfg.evaluation.batch_size)
+        with torch.inference_mode():
+            predictions = predict_rows(
+                models, tokenizer, pre, task, cfg, rows, pre.architecture, tick, timing
+            )
+        merge_record = models.record
+        del models  # the evaluation copy goes with it
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
+    threads, device = torch.get_num_threads(), model_device(model)
+    measured = {
+        "seconds": round(seconds, 3),
+        "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
+        "device": str(device),
+        "torch_threads": threads,
+        "cpu_s": round(cpu_s, 3),
+        "cpu_share": cpu_share(cpu_s, seconds, threads, device),
+    }
+    return predictions, merge_record, timing, measured
 
 
 def merge_atol(cfg: StudyConfig) -> float:
@@ -391,29 +413,7 @@ def _evaluate_run(
     hypothesis = require_hypothesis(study.root, cfg)
     target = study.get_run(run_id)
     row = target.row
-    if row.kind == EVAL_KIND:
-        raise RunError(
-            f"{row.id} is itself an evaluation (of {row.parent})",
-            hint=f"evaluate the run it evaluates: `tunelab eval {row.parent}`",
-        )
-    if row.status != "completed":
-        raise RunError(
-            f"run {row.id} is {row.status}" + (f" ({row.reason})" if row.reason else ""),
-            hint="only a completed run can be evaluated; `tunelab runs` lists them",
-        )
-    if split not in ("validation", "test"):
-        raise EvaluationError(
-            f"unknown split {split!r}", hint="use --split validation or --split test --final"
-        )
-    if split == "test" and not final:
-        raise EvaluationError(
-            "the test split is sealed",
-            hint="open it once, for the final decision: `tunelab eval RUN --split test --final`",
-        )
-    if split != "test" and final:
-        raise EvaluationError(
-            "--final is only for the test split", hint="add --split test, or drop --final"
-        )
+    _check_evaluable(row, split, final)
     threads = set_evaluation_threads(cfg)
     snapshot = load_snapshot(study, row.data_snapshot)
     labels = _task_labels_from(cfg, snapshot)
@@ -437,27 +437,14 @@ def _evaluate_run(
         else:
             examples = snapshot.rows(split)
         started = time.perf_counter()
-        if row.kind == BASELINE_KIND:
-            model, tokenizer, base = load_base_model(study, labels)
-        else:
-            from tunelab.stages.train import load_run_model
-
-            model, tokenizer, base = load_run_model(study, target)
+        model, tokenizer, base = _load_evaluated(study, target, labels)
         load_s = time.perf_counter() - started
         trained_with = target.path("preprocess.json")
+        template = read_json(trained_with).get("template_sha256") if trained_with.exists() else None
         record, predictions = evaluate_model(
-            model,
-            tokenizer,
-            base,
-            study,
-            examples,
-            split,
-            labels=labels,
-            progress=progress,
-            expect_template_sha256=read_json(trained_with).get("template_sha256")
-            if trained_with.exists()
-            else None,
-        )
+            model, tokenizer, base, study, examples, split, labels=labels, progress=progress,
+            expect_template_sha256=template,
+        )  # fmt: skip
         record["evaluates"] = row.id
         record["load_s"] = round(load_s, 3)
         record["threads_from"] = threads
@@ -476,6 +463,43 @@ def _evaluate_run(
         raise
     run.set_status("completed")
     return run, {"run_id": run.id, **record}
+
+
+def _check_evaluable(row: Any, split: str, final: bool) -> None:
+    """Refuse an evaluation of an evaluation, of a run that did not complete, of an unknown
+    split, of the sealed test split without `final`, and `final` on another split."""
+    if row.kind == EVAL_KIND:
+        raise RunError(
+            f"{row.id} is itself an evaluation (of {row.parent})",
+            hint=f"evaluate the run it evaluates: `tunelab eval {row.parent}`",
+        )
+    if row.status != "completed":
+        raise RunError(
+            f"run {row.id} is {row.status}" + (f" ({row.reason})" if row.reason else ""),
+            hint="only a completed run can be evaluated; `tunelab runs` lists them",
+        )
+    if split not in ("validation", "test"):
+        raise EvaluationError(
+            f"unknown split {split!r}", hint="use --split validation or --split test --final"
+        )
+    if split == "test" and not final:
+        raise EvaluationError(
+            "the test split is sealed",
+            hint="open it once, for the final decision: `tunelab eval RUN --split test --final`",
+        )
+    if split != "test" and final:
+        raise EvaluationError(
+            "--final is only for the test split", hint="add --split test, or drop --final"
+        )
+
+
+def _load_evaluated(study: Study, target: Run, labels: list[str] | None) -> tuple[Any, Any, Any]:
+    """The model a run evaluates: the untouched base for a baseline, else its checkpoint."""
+    if target.row.kind == BASELINE_KIND:
+        return load_base_model(study, labels)
+    from tunelab.stages.train import load_run_model
+
+    return load_run_model(study, target)
 
 
 # ---------------------------------------------------------------- finding evaluations

@@ -176,6 +176,52 @@ def _used_precision(requested: str, compute_json: Path) -> str:
     return resolve_precision(requested, device_kind())
 
 
+def _score_atol(study: Study, target: Run) -> float:
+    """The score tolerance of the precision the evaluated model computed in."""
+    precision = study.config.training.precision
+    if target.row.kind != "baseline":
+        precision = target.record.training.get("precision", precision)
+    precision = _used_precision(precision, target.dir / "compute.json")
+    return SCORE_ATOL.get(precision, 2e-4)
+
+
+def _checked_files(target: Run) -> dict[str, Any]:
+    ckpt = _checkpoint_of(target)
+    if ckpt is None:
+        return {"path": None, "ok": False, "changed": [], "missing": ["all"]}
+    return check_checkpoint_files(ckpt)
+
+
+def _refused_checkpoint(ck: dict[str, Any] | None) -> str | None:
+    """Why a checkpoint whose files failed their check is not loaded, or None to load it."""
+    if ck is None or ck["ok"]:
+        return None
+    if ck.get("damaged") and not ck["changed"] + ck["missing"]:
+        return f"checkpoint {ck['path']} cannot be loaded: " + "; ".join(
+            f"{n}: {why}" for n, why in ck["damaged"].items()
+        )
+    bad = ck["changed"] + ck["missing"]
+    return (
+        f"checkpoint {ck['path']} does not match the sha256 recorded when it was written: "
+        + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad)
+    )
+
+
+def _environment_of(target: Run, current_env: dict[str, Any]) -> dict[str, Any]:
+    """The record's `environment`: `current_env` against the run's env.json."""
+    env_path = target.dir / "env.json"
+    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
+    return {
+        "same": not differences,
+        "differences": differences,
+        "message": env_message(target.row.id, differences),
+        "torch": current_env["torch"],
+        "backend": current_env["backend"],
+        "devices": env_devices(current_env),
+        "platform": platform_of(current_env),  # the dossier's platforms section
+    }
+
+
 def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
@@ -204,11 +250,7 @@ def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, An
         )
     recorded = load_predictions(evaluation)
     eval_record = evaluation["record"]
-    precision = study.config.training.precision
-    if trow.kind != "baseline":
-        precision = target.record.training.get("precision", precision)
-    precision = _used_precision(precision, target.dir / "compute.json")
-    atol = SCORE_ATOL.get(precision, 2e-4) if atol is None else atol
+    atol = _score_atol(study, target) if atol is None else atol
     started = time.perf_counter()
     record: dict[str, Any] = {
         "run_id": run.id,
@@ -222,51 +264,18 @@ def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, An
     }
 
     # 1. checkpoint files
-    if trow.kind == "baseline":
-        record["checkpoint"] = None
-    else:
-        ckpt = _checkpoint_of(target)
-        if ckpt is None:
-            record["checkpoint"] = {"path": None, "ok": False, "changed": [], "missing": ["all"]}
-        else:
-            record["checkpoint"] = check_checkpoint_files(ckpt)
-
-    # 2. the fresh process
-    ck = record["checkpoint"]
-    if ck is not None and not ck["ok"] and ck.get("damaged") and not ck["changed"] + ck["missing"]:
-        record.update(
-            predictions=None,
-            passed=False,
-            reason=f"checkpoint {ck['path']} cannot be loaded: "
-            + "; ".join(f"{n}: {why}" for n, why in ck["damaged"].items()),
-        )
-    elif ck is not None and not ck["ok"]:
-        bad = ck["changed"] + ck["missing"]
-        record.update(
-            predictions=None,
-            passed=False,
-            reason=f"checkpoint {ck['path']} does not match the sha256 recorded when it was "
-            "written: "
-            + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad),
-        )
+    record["checkpoint"] = None if trow.kind == "baseline" else _checked_files(target)
+    # 2. the fresh process, unless the files already failed
+    refused = _refused_checkpoint(record["checkpoint"])
+    if refused:
+        record.update(predictions=None, passed=False, reason=refused)
     else:
         record.update(_reproduce(study, trow.id, record, recorded, eval_record, atol))
-
     # 3. environment (recorded whatever the outcome): the fresh process's own, which is the one
     # that re-evaluated; this process's where none ran (it then imports torch for it)
     current_env = record.pop("fresh_env", None) or capture_env()
-    env_path = target.dir / "env.json"
-    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
-    record["environment"] = {
-        "same": not differences,
-        "differences": differences,
-        "message": env_message(trow.id, differences),
-        "torch": current_env["torch"],
-        "backend": current_env["backend"],
-        "devices": env_devices(current_env),
-        "platform": platform_of(current_env),  # the dossier's platforms section
-    }
-    if not record["passed"] and differences:
+    record["environment"] = _environment_of(target, current_env)
+    if not record["passed"] and record["environment"]["differences"]:
         record["reason"] += "; the environment differs from the run's (see environment)"
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["finished_at"] = utc_now()
