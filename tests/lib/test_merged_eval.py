@@ -214,8 +214,8 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     from tunelab.lib.inference.eval_copy import EvalModels
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.predict import predict_rows
-    from tunelab.stages.evaluate.stage import _Ticker, merge_atol
+    from tunelab.stages.evaluate.predict import Ticker, predict_rows
+    from tunelab.stages.evaluate.stage import merge_atol
 
     study = make_study(
         tmp_path / "s",
@@ -232,7 +232,7 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     rows = cls_examples()
     models = EvalModels.prepare(model, None, -1.0, 4)
     got = predict_rows(
-        models, tok, pre, task, study.config, rows, "causal_lm", _Ticker(None, 7, "")
+        models, tok, pre, task, study.config, rows, "causal_lm", Ticker(None, 7, "")
     )
     assert models.record["merged"] is False
     assert models.record["reason"].startswith(
