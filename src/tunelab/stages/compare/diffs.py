@@ -6,13 +6,9 @@ warning when a variant changes more than one thing (`config_diff`, `group_of`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tunelab.stages.hypothesis.stage import diff_dicts
-
-if TYPE_CHECKING:
-    pass
-
 
 # ---------------------------------------------------------------- flips
 

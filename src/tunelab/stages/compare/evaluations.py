@@ -7,7 +7,7 @@ McNemar, bounds, Holm, TOST) live in `tunelab.lib.statistics`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from tunelab.lib.statistics import (
     ratio_stat,
     summarize_draws,
 )
+from tunelab.stages.compare.diffs import flips, flips_by_category
 from tunelab.stages.compare.guardrails import (
     check_guardrails,
     inner_metrics,
@@ -34,10 +35,6 @@ from tunelab.stages.compare.verdicts import (
     run_decision,
     value_pairs,
 )
-
-if TYPE_CHECKING:
-    pass
-from tunelab.stages.compare.diffs import flips, flips_by_category
 
 # ---------------------------------------------------------------- per-example tables
 

@@ -17,14 +17,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
+from tunelab.stages.compare.diffs import config_diff
+from tunelab.stages.compare.evaluations import compare_evaluations
 from tunelab.stages.compare.guardrails import inner_metrics
 from tunelab.stages.compare.verdicts import DecisionTests
 
 if TYPE_CHECKING:
     from tunelab.core.record_types import RunConfig
     from tunelab.core.study import Study
-from tunelab.stages.compare.diffs import config_diff
-from tunelab.stages.compare.evaluations import compare_evaluations
 
 
 def new_compare_id() -> str:

@@ -16,7 +16,7 @@ output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tunelab.core.config import StudyConfig
 from tunelab.core.errors import EvaluationError
@@ -25,10 +25,6 @@ from tunelab.lib.inference.decoding import left_padded_positions
 from tunelab.lib.inference.eval_copy import as_models, close_scores
 from tunelab.lib.inference.generation import batches_of, generate_outputs, pad_id_for, pad_sequences
 from tunelab.lib.probes import generation_timing
-
-if TYPE_CHECKING:
-    pass
-
 
 # ---------------------------------------------------------------- batching helpers
 

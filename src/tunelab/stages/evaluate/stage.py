@@ -68,11 +68,11 @@ from tunelab.lib.inference.generation import (  # noqa: F401  (pad helpers and g
     pad_sequences,
 )
 from tunelab.lib.models.identity import hub_source
+from tunelab.stages.evaluate.predict import Ticker, model_device, predict_rows
 from tunelab.stages.hypothesis.stage import evaluation_spec_sha, require_hypothesis
 
 if TYPE_CHECKING:
     from tunelab.core.study import Run, Study
-from tunelab.stages.evaluate.predict import Ticker, model_device, predict_rows
 
 # Recorded scores are rounded (probabilities to 6 decimals, log-likelihoods to 4), so the fp32
 # tolerance allows one unit in the 4th decimal; reduced precision gets a wider one. Verify

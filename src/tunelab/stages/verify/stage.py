@@ -37,11 +37,11 @@ from tunelab.core.records import read_json, write_json_atomic
 from tunelab.lib.inference.eval_copy import ran_on_copy
 from tunelab.stages.evaluate.stage import SCORE_ATOL
 from tunelab.stages.train.checkpoint import check_checkpoint_files
+from tunelab.stages.verify.checks import compare_env, compare_predictions, env_devices, env_message
+from tunelab.stages.verify.fresh import fresh_evaluate
 
 if TYPE_CHECKING:
     from tunelab.core.study import Run, Study
-from tunelab.stages.verify.checks import compare_env, compare_predictions, env_devices, env_message
-from tunelab.stages.verify.fresh import fresh_evaluate
 
 # Raw logits of the smoke probe are compared unrounded.
 LOGIT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2}
