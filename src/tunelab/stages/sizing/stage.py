@@ -63,6 +63,7 @@ from tunelab.core.progress import Progress
 from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
+from tunelab.stages.sizing.load import load_table
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
 from tunelab.stages.sizing.processes import measure_configurations
@@ -782,6 +783,7 @@ def run(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
+    record["load"] = load_table(facts, ranks, budget, device)  # the load before the first step
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, _save(study, record)

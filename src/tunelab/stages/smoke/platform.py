@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tunelab.core.env import describe_platform, platform_of
+from tunelab.core.env import capture_env, describe_platform, platform_of
 from tunelab.core.errors import RunError
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
@@ -88,8 +88,6 @@ def check_platform(study: Study, command: str, override_why: str | None) -> dict
     (the runs that passed here), with `override` {why, source, missing} where the user let
     it go on without them. Raises RunError naming `tunelab smoke` / `tunelab baseline` when
     one is missing here and no reason is given."""
-    from tunelab.core.env import capture_env
-
     here = platform_of(capture_env())
     record: dict[str, Any] = {"platform": here}
     missing: dict[str, list[dict[str, Any]]] = {}
