@@ -25,6 +25,8 @@ from tunelab.core.record_base import (
 )
 
 __all__ = [
+    "GuardrailRule",
+    "Pin",
     "AdaptationSettings",
     "SizingRow",
     "CheckpointCheck",
@@ -696,3 +698,33 @@ class AdaptationSettings(Record):
     def quant_type(self) -> str:
         """QLoRA's 4-bit type (nf4 when the config names none)."""
         return (self.quantization or {}).get("quant_type", "nf4")
+
+
+@dataclass(frozen=True)
+class GuardrailRule(Record):
+    """One guardrail as a hypothesis locked it: what must not get worse, and by how much."""
+
+    FIELDS: ClassVar = {
+        "metric": OPT_STR,
+        "scope": OPT_STR,
+        "op": OPT_STR,
+        "value": OPT_NUM,
+        "relative_to": OPT_STR,
+    }
+
+    metric: str | None = None
+    scope: str | None = None
+    op: str | None = None
+    value: float | None = None
+    relative_to: str | None = None  # "baseline", or None for an absolute bound
+
+
+@dataclass(frozen=True)
+class Pin(Record):
+    """A hub repository a hypothesis pinned: what a revision meant when it was locked."""
+
+    FIELDS: ClassVar = {"repo_id": OPT_STR, "revision": OPT_STR, "commit": OPT_STR}
+
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
