@@ -3,8 +3,8 @@ flips, and a run's environment.
 
 Each piece is a `Record` read at a place inside its record file (`where`, e.g.
 `runs[1].guardrails[0]`), so a damaged piece raises the located `StudyError` naming the file,
-the place and the field. The writers are `stages.compare` (`compare_evaluations`,
-`_compare_run`, `compare_study`) and `core.env` (env.json).
+the place and the field. The writers are `stages.compare` (`evaluations.compare_evaluations`,
+`stage._compare_run`, `stage.run`) and `core.env` (env.json).
 """
 
 from __future__ import annotations
