@@ -11,7 +11,7 @@ the place and the field. The comparison's writers are `stages.compare`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tunelab.core.record_base import (
     OPT_BOOL,
@@ -21,6 +21,7 @@ from tunelab.core.record_base import (
     OPT_NUM,
     OPT_STR,
     Record,
+    as_written,
     damaged,
     mapping_of,
 )
@@ -216,13 +217,8 @@ class ConfigChange(Record):
     key: str = ""
     group: str | None = None
 
-    @property
-    def old(self) -> Any:
-        return self.raw.get("old")
-
-    @property
-    def new(self) -> Any:
-        return self.raw.get("new")
+    old = as_written("old")
+    new = as_written("new")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from tunelab.core.record_base import (
     OPT_NUM,
     OPT_STR,
     Record,
+    as_written,
 )
 
 __all__ = [
@@ -247,13 +248,8 @@ class Mismatch(Record):
     id: str | int = ""
     what: str | None = None  # the field of the prediction that differs
 
-    @property
-    def recorded(self) -> Any:
-        return self.raw.get("recorded")
-
-    @property
-    def fresh(self) -> Any:
-        return self.raw.get("fresh")
+    recorded = as_written("recorded")
+    fresh = as_written("fresh")
 
 
 @dataclass(frozen=True)
