@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import run_cli, tree_hashes, write_topic_study
+from helpers import MINIMAL_HYPOTHESIS, run_cli, tree_hashes, write_topic_study
 
 FUZZ = settings(
     max_examples=40,
@@ -134,7 +134,7 @@ def _check_located(exc: Exception, *names: str) -> None:
 
 
 def _read(root: Path, **source) -> None:
-    from tunelab.core.config import DataConfig
+    from tunelab.core.config_sections import DataConfig
     from tunelab.core.errors import TunelabError
     from tunelab.stages.data.checks import RowsRead, run_checks
     from tunelab.stages.data.readers import read_source
@@ -160,12 +160,7 @@ def _study_config(data):
     return validate_config(
         {
             "name": "fuzz",
-            "hypothesis": {
-                "behaviour": "b",
-                "rationale": "r",
-                "expected_effect": "e",
-                "primary_metric": "macro_f1",
-            },
+            "hypothesis": MINIMAL_HYPOTHESIS,
             "guardrails": [],
             "data": data.model_dump(mode="json"),
             "model": {"path": "nowhere"},

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis, run_cli
-from tunelab.core.config import ConfigError, ModelConfig
+from tunelab.core.config import ConfigError
+from tunelab.core.config_training import ModelConfig
 from tunelab.core.errors import HypothesisError, ModelError
 from tunelab.core.hub_cache import cached_repos, write_snapshot
 
@@ -424,6 +425,7 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
     assert code == 2 and "40 hex" in err
 
 
+@pytest.mark.slow  # hashes and resolves the real MiniLM's files
 def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     tmp_path, monkeypatch, minilm_dir, capsys
 ):

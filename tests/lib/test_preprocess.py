@@ -12,13 +12,8 @@ from transformers import AutoTokenizer
 
 from tunelab.core.config import validate_config
 from tunelab.core.errors import PreprocessError
-from tunelab.lib.preprocess.text import (
-    IGNORE_INDEX,
-    Preprocessor,
-    check_collated,
-    check_template_match,
-    length_stats,
-)
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated, check_template_match
+from tunelab.lib.preprocess.text import Preprocessor, length_stats
 from tunelab.lib.tasks import get_task
 from tunelab.stages.hypothesis.template import render_study_yaml
 
@@ -363,6 +358,7 @@ def test_encoder_classification_tiny_bert(bert_tok):
         make_pre(bert_tok, "extraction", arch="encoder")
 
 
+@pytest.mark.slow  # the real MiniLM's tokenizer
 def test_encoder_classification_minilm(minilm_dir):
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     text = "Markets rallied as the central bank held interest rates steady " * 10

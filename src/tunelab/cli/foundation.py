@@ -10,6 +10,7 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.config import config_warnings
 from tunelab.core.env import capture_env
+from tunelab.core.record_parts import RunEnv
 from tunelab.stages.hypothesis.pins import drift
 from tunelab.stages.hypothesis.validate import validate_study
 
@@ -23,9 +24,16 @@ def validate(
         str | None, typer.Option(help="Also check the study trains under ddp or fsdp.")
     ] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes per node.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: check the load on this GPU.")
+    ] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: a GPU's memory, e.g. 80GB.")
+    ] = None,
 ) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
-    report every problem at once; with --strategy / --nproc, also that layout."""
+    report every problem at once; with --strategy / --nproc, also that layout (and, with --gpu
+    or --memory-budget, that it loads)."""
     from tunelab.lib.tasks import task_warnings
 
     cfg = validate_study(study, sets or [])
@@ -33,6 +41,13 @@ def validate(
         from tunelab.stages.train.launch import Launch
 
         Launch(nproc or 1, strategy or "single").check(cfg)
+    if gpu or memory_budget:
+        from tunelab.stages.hypothesis.validate import check_layout_load
+        from tunelab.stages.sizing.recommend import parse_bytes
+
+        budget = parse_bytes(memory_budget) if memory_budget else None
+        check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1, gpu=gpu,
+                          device_bytes=budget)  # fmt: skip
     warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
@@ -125,26 +140,28 @@ def env(
     if json_out:
         emit_json(e)
         return
+    env = RunEnv.of("environment", e)
+    git = env.git_commit
     rows = [
-        ["python", e["python"]],
-        ["os", e["os"]["platform"]],
-        ["cpu", f"{e['cpu']['name']} ({e['cpu']['logical_cores']} cores)"],
-        ["torch", e["torch"]],
-        ["backend", e["backend"]],
-        ["cuda", e["cuda"]],
-        ["rocm", e["rocm"]],
-        ["cudnn", e["cudnn"]],
-        ["nccl", e["nccl"]],
-        ["driver", e["driver"]],
+        ["python", env.python],
+        ["os", (env.os or {}).get("platform")],
+        ["cpu", env.cpu_text],
+        ["torch", env.torch],
+        ["backend", env.backend],
+        ["cuda", env.cuda],
+        ["rocm", env.rocm],
+        ["cudnn", env.cudnn],
+        ["nccl", env.nccl],
+        ["driver", env.driver],
         [
             "gpus",
-            ", ".join(f"{g['name']} {g['memory_bytes'] / 2**30:.0f} GiB" for g in e["gpus"])
+            ", ".join(f"{g.name} {(g.memory_bytes or 0) / 2**30:.0f} GiB" for g in env.devices)
             or "none",
         ],
-        ["bf16", e["bf16_supported"]],
-        ["attention", ", ".join(k for k, v in e["attention"].items() if v)],
-        *[[k, v] for k, v in e["packages"].items()],
-        ["git", e["tunelab_git"] and e["tunelab_git"]["commit"][:12]],
+        ["bf16", env.bf16_supported],
+        ["attention", ", ".join(k for k, v in (env.attention or {}).items() if v)],
+        *[[k, v] for k, v in (env.packages or {}).items()],
+        ["git", git and git[:12]],
     ]
     console.print(table("environment", ["what", "value"], rows))
 

@@ -9,6 +9,7 @@ import typer
 from rich import box
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.cli.plan import print_load
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.errors import ConfigError
 from tunelab.stages.sizing.recommend import (
@@ -349,3 +350,4 @@ def print_sizing(record: dict[str, Any]) -> None:
         console.print(
             "DDP, FSDP: the analytic peak of one rank's tensors, without the process's own memory."
         )
+    print_load(record.get("load"))

@@ -152,6 +152,10 @@ def train(
     parent = s.check_new_run("train", name if first and not resume_if_exists else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     launch.check(s.config)
+    if first:  # the layout must load on this GPU (CUDA only)
+        from tunelab.stages.hypothesis.validate import check_train_load
+
+        check_train_load(s.root, s.config, launch)
     _require_why(other_platform, why)
     ranks_cmd = forward_options(
         study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform,

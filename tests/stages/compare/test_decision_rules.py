@@ -8,11 +8,15 @@ import random
 import numpy as np
 import pytest
 
-from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
+from helpers import MINIMAL_HYPOTHESIS
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import GuardrailRule, HypothesisConfig
+from tunelab.core.record_types import Compare
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
+from tunelab.stages.compare.evaluations import compare_evaluations
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
-from tunelab.stages.compare.stage import compare_evaluations, study_decision
+from tunelab.stages.compare.stage import study_decision
 from tunelab.stages.compare.verdicts import DecisionTests
 from tunelab.stages.hypothesis.power import power_warnings
 from tunelab.stages.report.decision import choose_variant, decide
@@ -87,8 +91,9 @@ def test_a_small_split_is_inconclusive_and_says_what_would_settle_it():
     assert open_items and all(g["settle_n"] > 60 for g in open_items if g["settle_n"])
     record = {"primary_metric": "macro_f1", "decision": study_decision([{"compared": True, **out}])}
     record["runs"] = [{"compared": True, "run_id": "r1", "name": "v1", **out}]
-    assert choose_variant(record)[0] is None
-    sentence = decide(record)
+    compare = Compare.of("compare.json", record)
+    assert choose_variant(compare)[0] is None
+    sentence = decide(compare)
     assert sentence.startswith("Inconclusive") and "--final" in sentence
 
 
@@ -185,13 +190,7 @@ def test_power_warnings_name_the_split_size_needed():
 def _config(min_improvement, rules):
     raw = {
         "name": "s",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-            "min_improvement": min_improvement,
-        },
+        "hypothesis": {**MINIMAL_HYPOTHESIS, "min_improvement": min_improvement},
         "guardrails": rules,
         "data": {"source": {"format": "jsonl", "path": "d.jsonl"}},
         "model": {"path": "m"},
@@ -207,7 +206,7 @@ def test_register_on_the_demo_study_states_and_records_the_detectable_effect(tmp
     import yaml
 
     from helpers import run_cli
-    from tunelab.core.config import sha256_json
+    from tunelab.core.hashing import sha256_json
     from tunelab.demo.studies import classification_study
 
     root = tmp_path / "demo"

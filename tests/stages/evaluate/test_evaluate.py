@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import filled_hypothesis, register_study, run_cli
-from helpers.evaluate import LABELS, TEXTS, cls_examples, extraction_examples, load, make_study
+from helpers import run_cli
+from helpers.evaluate import (
+    LABELS,
+    TEXTS,
+    causal_classifier,
+    cls_examples,
+    extraction_examples,
+    load,
+    make_study,
+)
+from helpers.study import build_study
 from tunelab.core.study import Study
 from tunelab.lib import metrics as M
 from tunelab.stages.data import load_snapshot
@@ -99,13 +108,7 @@ def test_causal_label_scores_equal_unpadded_log_likelihood(tmp_path, tiny_llama_
     from tunelab.lib.tasks import get_task
     from tunelab.stages.evaluate.stage import evaluate_model
 
-    study = make_study(
-        tmp_path / "s",
-        "classification",
-        tiny_llama_dir,
-        task={"labels": LABELS},
-        model={"architecture": "causal_lm"},
-    )
+    study = causal_classifier(tmp_path / "s", tiny_llama_dir)
     model, tok, base = load(study)
     record, preds = evaluate_model(model, tok, base, study, cls_examples(), "validation")
     pre = Preprocessor(tok, study.config, get_task(study.config, LABELS), "causal_lm")
@@ -250,7 +253,7 @@ GOLD_ROW = {
     ],
 )
 def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid, correct, failure):
-    from tunelab.stages.evaluate.stage import judge_output
+    from tunelab.stages.evaluate.predict import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, raw)
     v = row["verdicts"]
@@ -270,7 +273,7 @@ def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid
 
 
 def test_judge_schema_error_still_scores_present_fields(extraction_task):
-    from tunelab.stages.evaluate.stage import judge_output
+    from tunelab.stages.evaluate.predict import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
     paths = row["verdicts"]["paths"]
@@ -282,7 +285,8 @@ def test_judge_schema_error_still_scores_present_fields(extraction_task):
 
 def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
     """Rescoring is a function of the recorded gold and raw output alone."""
-    from tunelab.stages.evaluate.stage import compute_metrics, judge_output, rescore_predictions
+    from tunelab.stages.evaluate.predict import judge_output, rescore_predictions
+    from tunelab.stages.evaluate.stage import compute_metrics
 
     raws = ['{"sender": "a@x.org", "subject": "Hello"}\n```', "no", '{"sender": "b"}']
     rows = [
@@ -296,7 +300,8 @@ def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
 def test_judge_format_outputs():
     from tunelab.core.config import validate_config
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import compute_metrics, judge_output
+    from tunelab.stages.evaluate.predict import judge_output
+    from tunelab.stages.evaluate.stage import compute_metrics
 
     task = get_task(validate_config(yaml.safe_load(render_study_yaml("format", "t"))))
     row = {"id": "f", "text": "q", "target": '{"answer": "yes"}'}
@@ -342,30 +347,34 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
         }
         for i in range(60)
     ]
-    (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "stage"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["data"]["splits"] = {"train": 0.6, "validation": 0.2, "test": 0.2, "seed": 0}
-    raw["model"]["path"] = str(tiny_bert_dir)
-    raw["adaptation"] = {"method": "full"}
-    raw["preprocess"]["max_seq_len"] = 48
-    raw["training"].update(
-        micro_batch_size=4,
-        max_steps=3,
-        lr=1e-2,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
-        num_threads=1,
+    fixed = {
+        "data.fields": {"id": "id", "text": "text", "label": "label"},
+        "data.cleaning": [],
+        "data.splits": {"train": 0.6, "validation": 0.2, "test": 0.2, "seed": 0},
+        "adaptation": {"method": "full"},
+        "preprocess.max_seq_len": 48,
+    }
+    training = {
+        "micro_batch_size": 4,
+        "max_steps": 3,
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "eval_every_steps": None,
+        "checkpoint_every_steps": None,
+        "num_threads": 1,
+    }
+    return build_study(
+        root,
+        "classification",
+        name="stage",
+        model_dir=tiny_bert_dir,
+        rows=rows,
+        data_file="news.jsonl",
+        set=fixed,
+        training=training,
+        evaluation={"batch_size": 8, "bootstrap_samples": 200},
+        register=True,
     )
-    raw["evaluation"].update(batch_size=8, bootstrap_samples=200)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    register_study(root)
-    return root
 
 
 def test_baseline_eval_compare_commands(stage_study, capsys):

@@ -59,7 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
+from tunelab.core.config_sections import CLASSIFYING_KINDS
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import SnapshotError, StudyError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
@@ -67,6 +68,7 @@ from tunelab.core.progress import Progress
 from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
+from tunelab.stages.sizing.load import load_table
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
 from tunelab.stages.sizing.peaks import peak_options, peak_records, refuse_unmeasured
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
@@ -801,6 +803,7 @@ def run(
     )  # fmt: skip
     idle = 0 if device == "cuda" else max((r["measured"] or {}).get("idle_rss") or 0 for r in rows)
     record.update(peak_records(peaks, peak_rows, facts, template, device, idle))
+    record["load"] = load_table(facts, ranks, budget, device)  # the load before the first step
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, _save(study, record)

@@ -112,6 +112,7 @@ def meta_model(study: Study) -> tuple[Any, str]:
         model = auto.get(arch, image_model_class()).from_config(
             tconfig, trust_remote_code=mcfg.trust_remote_code
         )
+    model.tie_weights()  # from_config ties only tensors that have storage
     return model, arch
 
 
@@ -143,7 +144,9 @@ def _targets(cfg: StudyConfig, model: Any) -> str:
     if a.method == "full":
         return "every parameter trained"
     found = resolve_lora_targets(model, a.target_modules)
-    return f"LoRA on {len(found) or 'every linear'} modules ({a.target_modules})"
+    if not found:  # all-linear: peft resolves it when it adapts the model
+        return "LoRA on every linear module but the output layer (all-linear)"
+    return f"LoRA on {len(found)} modules ({', '.join(a.target_modules)})"
 
 
 def _adaptation_line(cfg: StudyConfig, model: Any) -> Check:
