@@ -200,6 +200,18 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
         f"shape: {length}, micro-batch x accumulation, precision; {compared}; x4 rule: the "
         "error of weights x 4."
     )
+    _peak_legend(record)
+    console.print(
+        _compact(
+            "analytic breakdown (MiB)",
+            ["config", "weights", "grads", "optim", "activ", "logits", "temps", "peak at"],
+            parts,
+        )
+    )
+
+
+def _peak_legend(record: dict[str, Any]) -> None:
+    """What the worst and eval rows of the table are."""
     worst, ev = record.get("worst_batch_peak"), record.get("evaluation_peak")
     if worst or ev:
         step = (
@@ -212,13 +224,6 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
             "`tunelab eval`'s largest batch (rows of the longest prompt + new tokens "
             "generated, or fwd: a classifier's forward), over the model alone, no optimizer."
         )
-    console.print(
-        _compact(
-            "analytic breakdown (MiB)",
-            ["config", "weights", "grads", "optim", "activ", "logits", "temps", "peak at"],
-            parts,
-        )
-    )
 
 
 def _peak_rows(record: dict[str, Any], suffix: str) -> list[list[Any]]:
