@@ -46,6 +46,14 @@ OtherPlatformOpt = Annotated[
         help="Go on where no smoke passed on this platform; needs --why, which is recorded.",
     ),
 ]
+ResumeIfExistsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume-if-exists",
+        help="With --name: resume the interrupted run of that name (or report it if it "
+        "completed) instead of refusing the name; the command to run again after a preemption.",
+    ),
+]
 RdzvOpt = Annotated[
     str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (several nodes).")
 ]
@@ -72,13 +80,16 @@ def _print(run: Run, status: RunStatus, title: str, rate: str) -> None:
     console.print(f"next: `tunelab eval {run.id}`")
 
 
-def _report(run: Run, ranks: Distributed | None, json_out: bool, title: str) -> None:
-    """The finished run's summary, as JSON or a table; only the main rank prints."""
+def _report(
+    run: Run, ranks: Distributed | None, json_out: bool, title: str, action: str | None = None
+) -> None:
+    """The finished run's summary, as JSON or a table; only the main rank prints. `action`
+    (started, resumed, completed) is added to the JSON of `train --resume-if-exists`."""
     if ranks is not None and not ranks.is_main:
         return
     status = run.last_status()
     if json_out:
-        emit_json(_summary(run, status))
+        emit_json({**_summary(run, status), **({"action": action} if action else {})})
         return
     _print(run, status, title, rate_unit(run.study))
 
@@ -91,6 +102,16 @@ def _require_why(other_platform: bool, why: str | None) -> None:
             "--other-platform needs --why: the reason to go on without a smoke on this platform "
             "is recorded with the run",
             hint='add --why "..." (e.g. --why "same torch build, smoke pending")',
+        )
+
+
+def _require_name(resume_if_exists: bool, name: str | None) -> None:
+    from tunelab.core.errors import ConfigError
+
+    if resume_if_exists and not name:
+        raise ConfigError(
+            "--resume-if-exists needs --name: the name is how a command run again finds its run",
+            hint="add --name NAME (the same on every start of the job)",
         )
 
 
@@ -111,6 +132,7 @@ def train(
     node_rank: NodeRankOpt = None,
     rdzv_endpoint: RdzvOpt = None,
     other_platform: OtherPlatformOpt = False,
+    resume_if_exists: ResumeIfExistsOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
     from tunelab.stages.train import train_run
@@ -121,33 +143,35 @@ def train(
         relaunch,
         under_torchrun,
     )
+    from tunelab.stages.train.named import train_or_resume
 
     s = open_study(study, sets)
+    _require_name(resume_if_exists, name)
     # rank 0 alone checks the name (the others start while it creates the run)
     first = not under_torchrun() or os.environ.get("RANK") == "0"
-    parent = s.check_new_run("train", name if first else None, parent)
+    parent = s.check_new_run("train", name if first and not resume_if_exists else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     launch.check(s.config)
     _require_why(other_platform, why)
     ranks_cmd = forward_options(
-        study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform
-    )
+        study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform,
+        resume_if_exists=resume_if_exists,
+    )  # fmt: skip
     if relaunch(launch, s.root, ["train", *ranks_cmd, *forward_options(json=json_out)]):
         return
     with (
         rank_strategy(launch, s.config.training.precision) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
-        run = train_run(
-            s,
-            name=name,
-            parent=parent,
-            why=why,
-            progress=board.update,
-            strategy=ranks,
-            platform_why=why if other_platform else None,
-        )
-    _report(run, ranks, json_out, "training run")
+        options = {"parent": parent, "why": why, "progress": board.update,
+                   "platform_why": why if other_platform else None}  # fmt: skip
+        if resume_if_exists:
+            run, action = train_or_resume(s, name, strategy=ranks, **options)
+        else:
+            run, action = train_run(s, name=name, strategy=ranks, **options), "started"
+    titles = {"started": "training run", "resumed": "resumed run",
+              "completed": "training run (completed before; nothing to do)"}  # fmt: skip
+    _report(run, ranks, json_out, titles[action], action if resume_if_exists else None)
 
 
 @app.command()
