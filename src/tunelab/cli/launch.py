@@ -75,8 +75,9 @@ def launch(
                    "strategy": h.strategy, "warnings": h.warnings})  # fmt: skip
         return
     where = f"{h.gpus_per_node} x {h.gpu}" if not h.cpu else f"{h.nproc} CPU ranks"
-    console.print(f"wrote {written.path}")
+    # paths whole, never wrapped: they are copied into commands
+    console.print(f"wrote {written.path}", soft_wrap=True)
     console.print(f"{h.nodes} node(s), {where} a node, {h.strategy}, from plan {h.plan_id}")
     for w in h.warnings:
         console_err.print(f"[yellow]warning:[/] {w}")
-    console.print(f"next: `{written.submit}`")
+    console.print(f"next: `{written.submit}`", soft_wrap=True)
