@@ -59,8 +59,8 @@ def make_study(root: Path) -> Path:
     from tunelab.core.assets import smollm2_gguf
     from tunelab.core.study import Study
     from tunelab.lib.models import convert_gguf
-    from tunelab.stages.data import build_snapshot
-    from tunelab.stages.hypothesis.stage import register
+    from tunelab.stages.data import stage as data_stage
+    from tunelab.stages.hypothesis import stage as hypothesis_stage
 
     model = convert_gguf(*smollm2_gguf())
     root.mkdir(parents=True, exist_ok=True)
@@ -108,8 +108,8 @@ def make_study(root: Path) -> Path:
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     study = Study.open(root)
-    build_snapshot(study)
-    register(study.root, study.config)
+    data_stage.run(study)
+    hypothesis_stage.run(study.root, study.config)
     return root
 
 
@@ -122,7 +122,7 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
     from tunelab.stages.train.build import build_loop, build_model
     from tunelab.stages.train.loop import TrainState, train_loop
     from tunelab.stages.train.parallel import make_strategy
-    from tunelab.stages.train.run import _encode, prepare_run
+    from tunelab.stages.train.stage import _encode, prepare_run
 
     torch.set_num_threads(1)
     strategy = make_strategy(strategy_name) if strategy_name != "single" else None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.study import Study
-from tunelab.stages.sizing.stage import run_sizing
+from tunelab.stages.sizing import stage as sizing_stage
 
 
 def _copy(study: Path, into: Path) -> Path:
@@ -33,7 +33,7 @@ def _copy(study: Path, into: Path) -> Path:
 
 
 def _size(study: Path, seq_lens: list[int], fresh: bool) -> dict[str, Any]:
-    record, _ = run_sizing(Study.open(study), seq_lens=seq_lens, shared=not fresh)
+    record, _ = sizing_stage.run(Study.open(study), seq_lens=seq_lens, shared=not fresh)
     return record
 
 

@@ -64,20 +64,20 @@ def build_study(root: Path, bert_dir: Path) -> dict[str, str]:
     """register -> data -> baseline -> train -> eval -> export, plus a run stopped by SIGTERM
     after step 2. The base model is copied into the study (`base/`) so a case may damage it.
     Returns the ids the cases refer to."""
-    from tunelab.stages.data import build_snapshot
-    from tunelab.stages.evaluate.stage import run_baseline, run_eval
-    from tunelab.stages.export import export_run
-    from tunelab.stages.train import train_run
+    from tunelab.stages.data import stage as data_stage
+    from tunelab.stages.evaluate import stage as evaluate_stage
+    from tunelab.stages.export import stage as export_stage
+    from tunelab.stages.train import stage as train_stage
 
     root.mkdir(parents=True)
     shutil.copytree(bert_dir, root / "base")
     write_topic_study(root, "base", "bad-inputs", training={"num_threads": 1})
     study = register_study(root, snapshot=False)
-    snapshot = build_snapshot(study)["snapshot_id"]
-    baseline, _ = run_baseline(study)
-    run = train_run(study, name="lora")
-    run_eval(study, run.id)
-    export, _ = export_run(study, run.id)
+    snapshot = data_stage.run(study)["snapshot_id"]
+    baseline, _ = evaluate_stage.run(study)
+    run = train_stage.run(study, name="lora")
+    evaluate_stage.run(study, run.id)
+    export, _ = export_stage.run(study, run.id)
     stopped = train_stopped_at(study, 2, "stopped")
     assert stopped.status == "interrupted"
     return {

@@ -314,7 +314,7 @@ def test_smoke_flags_an_adapter_faster_than_none_as_timing_noise():
 
 def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp_path):
     from helpers.data import jsonl_study
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
     from tunelab.stages.data.dedup import find_near_duplicates, normalize_texts
 
     article = (
@@ -334,7 +334,7 @@ def test_copies_differing_only_in_punctuation_and_quotes_are_near_duplicates(tmp
     for r in rows:
         r["part"] = "train"
     study = jsonl_study(tmp_path, rows, fields={"split": "part"}, dedup={"policy": "report_only"})
-    m = build_snapshot(study)
+    m = data_stage.run(study)
     assert m["duplicates"]["near_pairs"] == 1
     assert "punctuation" in m["dedup"]["shingle_normalization"]
 
@@ -416,7 +416,7 @@ def _long_path_comparison(tmp_path) -> tuple[Path, list]:
     root.mkdir()
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     task = get_task(study.config)
     runs = []
     for kind, right in (("baseline", 5), ("train", 15)):

@@ -13,7 +13,8 @@ from helpers import fill_hypothesis, run_cli, tree_hashes
 from tunelab.core.config import load_config, validate_config
 from tunelab.core.errors import ConfigError, HypothesisError, RunError
 from tunelab.core.study import Study
-from tunelab.stages.hypothesis.stage import register, require_hypothesis
+from tunelab.stages.hypothesis import stage as hypothesis_stage
+from tunelab.stages.hypothesis.stage import require_hypothesis
 
 
 @pytest.mark.parametrize("task", ["classification", "format", "extraction"])
@@ -196,7 +197,7 @@ def test_register_refuses_without_guardrails(tmp_path, capsys):
     fill_hypothesis(tmp_path / "s" / "study.yaml")
     cfg = load_config(tmp_path / "s" / "study.yaml", ["guardrails=[]"])
     with pytest.raises(HypothesisError, match="guardrails is empty"):
-        register(tmp_path / "s", cfg)
+        hypothesis_stage.run(tmp_path / "s", cfg)
 
 
 def _make_runs(root: str, n: int) -> None:

@@ -368,7 +368,8 @@ def test_study_by_hub_id_runs_every_stage_offline(hub_cache, tmp_path, tiny_llam
 def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
     from tunelab.core.errors import DataError, EvaluationError
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot, load_snapshot
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     write_mail_dataset(tmp_path)
     root = write_hub_study(tmp_path / "study", hub_data=True)
@@ -377,7 +378,7 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
     code, out, err = run_cli(capsys, "register", "-s", root)
     assert code == 0 and f"data: {DATA_REPO}@main pinned to commit {DATA_COMMIT}" in out
     study = Study.open(root)
-    build_snapshot(study)
+    data_stage.run(study)
     snap = load_snapshot(study)
     assert [r["id"] for r in snap.rows("validation")] == ["m8", "m9"]
     with pytest.raises(EvaluationError):
@@ -388,7 +389,7 @@ def test_hub_data_set_splits_and_errors(hub_cache, tmp_path, capsys):
         raw["data"]["source"].update(source)
         (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         with pytest.raises(DataError) as exc:
-            build_snapshot(Study.open(root))
+            data_stage.run(Study.open(root))
         return exc.value
 
     exc = snapshot_with(splits=["train", "dev"])

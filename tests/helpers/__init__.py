@@ -63,13 +63,13 @@ def register_study(root: Path, *, snapshot: bool = True) -> Any:
     """Open the study.yaml written under root, register its hypothesis and (unless told not to)
     build its data snapshot; returns the Study."""
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
     from tunelab.stages.hypothesis import stage as hyp
 
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     if snapshot:
-        build_snapshot(study)
+        data_stage.run(study)
     return study
 
 
@@ -271,15 +271,16 @@ def write_config_only_study(
 
 
 def train_stopped_at(study: Any, step: int, name: str, **kwargs: Any) -> Any:
-    """`train_run` stopped by SIGTERM at `step` (the loop's test hook): the interrupted run."""
+    """`train_stage.run` stopped by SIGTERM at `step` (the loop's test hook): the interrupted run."""
     import os
 
-    from tunelab.stages.train import RunInterrupted, train_run
+    from tunelab.stages.train import RunInterrupted
+    from tunelab.stages.train import stage as train_stage
 
     os.environ["TUNELAB_TEST_KILL_AT"] = f"term:{step}"
     try:
         with pytest.raises(RunInterrupted):
-            train_run(study, name=name, **kwargs)
+            train_stage.run(study, name=name, **kwargs)
     finally:
         del os.environ["TUNELAB_TEST_KILL_AT"]
     (stopped,) = [r for r in study.ledger.list_runs() if r.name == name]

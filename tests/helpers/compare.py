@@ -28,7 +28,7 @@ def _study(tmp_path):
     root.mkdir()
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     return study
 
 

@@ -39,7 +39,7 @@ def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
     root.mkdir(parents=True, exist_ok=True)
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     return study
 
 

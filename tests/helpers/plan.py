@@ -27,7 +27,7 @@ def _study(root: Path, model_dir: Path) -> Study:
     raw["training"]["checkpoint_every_steps"] = 10
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     return study
 
 

@@ -14,12 +14,12 @@ def write_study(root: Path, model_dir: Path, **kw) -> Path:
 
 def trained_study(root: Path, model_dir: Path, **kw) -> tuple[Path, str]:
     """register -> data -> baseline -> train -> eval; returns (study dir, train run id)."""
-    from tunelab.stages.evaluate.stage import run_baseline, run_eval
-    from tunelab.stages.train import train_run
+    from tunelab.stages.evaluate import stage as evaluate_stage
+    from tunelab.stages.train import stage as train_stage
 
     write_study(root, model_dir, **kw)
     study = register_study(root)
-    run_baseline(study)
-    run = train_run(study, name="lora")
-    run_eval(study, run.id)
+    evaluate_stage.run(study)
+    run = train_stage.run(study, name="lora")
+    evaluate_stage.run(study, run.id)
     return root, run.id

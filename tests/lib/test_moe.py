@@ -167,25 +167,34 @@ def test_a_qwen3_30b_a3b_study_is_planned_with_its_experts_resident(tmp_path, ca
     from helpers import run_cli, write_config_only_study
 
     root = write_config_only_study(tmp_path / "a3b", QWEN3_30B_A3B, capsys, dtype="bfloat16")
-    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus", "--json")
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus", "--gpus", "1", "--json")
     assert code == 0, err
     result = json.loads(out[out.index("{") :])
     rows = {r["gpu"]: r for r in result["rows"]}
     # bf16 weights and the study's LoRA adapters (in fp32): every expert resident
     lora = 48 * 8 * (2 * (2048 + 4096) + 2 * (2048 + 512))  # rank 8 on q, k, v, o
     weights = (2 * 30_532_122_624 + 4 * lora) / 1e9
-    for card in ("RTX-4090", "L4"):
+    for card in ("RTX-4090", "L4"):  # one card: the load itself does not fit
         assert not rows[card]["fits"]
-        # the load is the first thing that cannot fit: the reason names the weights' size
-        assert f"{weights:.1f} GB" in rows[card]["why_not"]
-        assert "weights" in rows[card]["why_not"]
+        assert f"(weights {weights:.1f} GB, loaded whole on every rank)" in rows[card]["why_not"]
     model = next(i["value"] for i in result["inputs"] if i["name"] == "model")
     assert f"{30_532_122_624 + lora:,} parameters, {lora:,} trained" in model
     assert "3,353,032,704 active a token (8 of 128 experts)" in model
-    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus")
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus", "--gpus", "1")
     assert code == 0, err
-    assert "RTX-4090: does not fit" in out
-    assert "L4: does not fit" in out
+    for card in ("RTX-4090", "L4"):
+        assert f"{card}: does not fit at 1 GPU (load {weights:.1f} GB a GPU over 24 GB" in out
+    # on 1/2/4/8 GPUs a node FSDP splits the experts: 32 of 128 on each of 4 RTX-4090
+    code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus", "--json")
+    assert code == 0, err
+    result = json.loads(out[out.index("{") :])
+    four = next(
+        r
+        for r in result["layouts"]
+        if (r["gpu"], r["gpus"], r["strategy"]) == ("RTX-4090", 4, "fsdp")
+    )
+    assert four["fits"] and four["experts"] == "32 of 128 experts a layer on each GPU (FSDP)"
+    assert "FSDP shards the experts' weights" in result["notes"][0]
 
 
 def test_the_audit_groups_experts_and_router_and_says_lora_does_not_reach_them():

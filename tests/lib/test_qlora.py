@@ -20,7 +20,7 @@ from tunelab.core.errors import ConfigError
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.lib.models import adapt, capture_params, check_update, load_model, resolve_model
-from tunelab.stages.train import train_run
+from tunelab.stages.train import stage as train_stage
 
 pytest.importorskip("bitsandbytes")
 
@@ -51,7 +51,7 @@ def qlora_study(root: Path, model_dir: Path, quantization: dict, **training) -> 
 def trained(tmp_path_factory, tiny_llama_dir):
     root = qlora_study(tmp_path_factory.mktemp("qlora") / "s", tiny_llama_dir, QUANT)
     study = Study.open(root)
-    return study, train_run(study)
+    return study, train_stage.run(study)
 
 
 def test_qlora_run_records_the_4bit_base(trained):
@@ -135,7 +135,7 @@ def test_qlora_encoder_keeps_its_new_head_in_full_precision(tmp_path, tiny_bert_
     model = load_model(resolve_model(cfg.model), cfg, labels=cfg.task.labels)
     assert type(model.classifier) is torch.nn.Linear
     assert type(model.bert.encoder.layer[0].attention.self.query).__name__ == "Linear4bit"
-    run = train_run(study, name="q")
+    run = train_stage.run(study, name="q")
     assert read_json(run.dir / "status.json")["status"] == "completed"
 
 

@@ -16,7 +16,7 @@ import tunelab.lib.models  # noqa: F401
 import tunelab.lib.preprocess.text  # noqa: F401
 import tunelab.lib.tasks  # noqa: F401
 import tunelab.stages.data  # noqa: F401
-import tunelab.stages.train.run  # noqa: F401
+import tunelab.stages.train.stage  # noqa: F401
 from tunelab.cli import load_commands, main
 
 load_commands()

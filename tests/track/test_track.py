@@ -52,10 +52,12 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
     """register -> data -> baseline -> train (TensorBoard live) -> eval, a failed run, an
     invalid run (a learning rate too small to move a weight), a run stopped by SIGTERM after
     step 3, compare, report."""
-    from tunelab.stages.compare.stage import compare_study, save_compare
-    from tunelab.stages.evaluate.stage import run_baseline, run_eval
-    from tunelab.stages.report import build_report
-    from tunelab.stages.train import InvalidRun, train_run
+    from tunelab.stages.compare import stage as compare_stage
+    from tunelab.stages.compare.stage import save_compare
+    from tunelab.stages.evaluate import stage as evaluate_stage
+    from tunelab.stages.report import stage as report_stage
+    from tunelab.stages.train import InvalidRun
+    from tunelab.stages.train import stage as train_stage
 
     torch.set_num_threads(1)
     root = write_topic_study(
@@ -66,17 +68,17 @@ def study_dir(tmp_path_factory, tiny_bert_dir) -> Path:
         training={"eval_every_steps": 2, "log_to": ["tensorboard"], "num_threads": 1},
     )
     study = register_study(root)
-    run_baseline(study)
-    lora = train_run(study, name="lora", why="LoRA r8 on query and value")
-    run_eval(study, lora.id)
+    evaluate_stage.run(study)
+    lora = train_stage.run(study, name="lora", why="LoRA r8 on query and value")
+    evaluate_stage.run(study, lora.id)
     broken = Study.open(root, ["training.optimizer=NoSuchOptimizer"])
     with pytest.raises(ConfigError):
-        train_run(broken, name="no-such-optimizer", parent=lora.id, why="an optimizer typo")
+        train_stage.run(broken, name="no-such-optimizer", parent=lora.id, why="an optimizer typo")
     with pytest.raises(InvalidRun):
-        train_run(Study.open(root, ["training.lr=1e-30"]), name="frozen", why="lr 1e-30")
+        train_stage.run(Study.open(root, ["training.lr=1e-30"]), name="frozen", why="lr 1e-30")
     train_stopped_at(study, 3, "stopped", why="stopped by SIGTERM")
-    save_compare(study, compare_study(study))
-    build_report(study)
+    save_compare(study, compare_stage.run(study))
+    report_stage.run(study)
     return root
 
 
@@ -417,7 +419,7 @@ def test_tensorboard_events_hold_the_step_metrics(study_dir):
 def test_live_mlflow_metrics_then_sync_adds_no_duplicate(
     study_dir, tmp_path, sqlite_uri, monkeypatch
 ):
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
 
     root = tmp_path / "copy"
     shutil.copytree(study_dir, root)
@@ -427,7 +429,7 @@ def test_live_mlflow_metrics_then_sync_adds_no_duplicate(
     study = Study.open(root, ["training.log_to=[mlflow]"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", TrackingWarning)
-        run = train_run(study, name="live")
+        run = train_stage.run(study, name="live")
     client = client_for(uri)
     ml = mlflow_runs(client, "live")[run.id]
     rows = read_jsonl(run.dir / "metrics.jsonl")
@@ -443,14 +445,14 @@ def test_live_mlflow_metrics_then_sync_adds_no_duplicate(
 
 
 def test_dead_server_warns_once_and_training_is_unchanged(study_dir, tmp_path, monkeypatch):
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
 
     root = tmp_path / "copy"
     shutil.copytree(study_dir, root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     study = Study.open(root, ["training.log_to=[tensorboard, mlflow]"])
     with pytest.warns(TrackingWarning) as caught:
-        run = train_run(study, name="dead-server")
+        run = train_stage.run(study, name="dead-server")
     messages = [str(w.message) for w in caught if w.category is TrackingWarning]
     assert len(messages) == 1 and "mlflow" in messages[0] and "did not answer" in messages[0]
     assert run.status()["status"] == "completed"
@@ -781,7 +783,7 @@ def test_trackio_store_twice_one_run_each(study_dir, tmp_path):
 
 @pytest.mark.slow
 def test_live_wandb_then_sync_sends_no_step_twice(study_dir, tmp_path, monkeypatch):
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
     from tunelab.track.wandb_mirror import sync_wandb, wandb_run_id
 
     root = tmp_path / "copy"
@@ -793,7 +795,7 @@ def test_live_wandb_then_sync_sends_no_step_twice(study_dir, tmp_path, monkeypat
     study = Study.open(root, ["training.log_to=[wandb]"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", TrackingWarning)
-        run = train_run(study, name="live")
+        run = train_stage.run(study, name="live")
     steps = sorted({r["step"] for r in read_jsonl(run.dir / "metrics.jsonl")})
     live = wandb_offline_runs(tmp_path)[wandb_run_id(NAME, run.id)]
     assert live["steps"] == steps and live["exit_code"] == 0

@@ -225,10 +225,11 @@ def compare(
     json_out: JsonOpt = False,
 ) -> None:
     """Runs against the baseline: deltas with paired 95% intervals, guardrails, flips, diffs."""
-    from tunelab.stages.compare.stage import compare_study, save_compare
+    from tunelab.stages.compare import stage as compare_stage
+    from tunelab.stages.compare.stage import save_compare
 
     s = open_study(study, None)
-    record = compare_study(s, run_ids or None, split=split, baseline=baseline)
+    record = compare_stage.run(s, run_ids or None, split=split, baseline=baseline)
     path = save_compare(s, record)
     for w in record["warnings"]:
         console_err.print(f"[bold red on white] WARNING [/] [bold red]{w}[/]")

@@ -18,7 +18,8 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard
-from tunelab.stages.data import build_snapshot, load_snapshot
+from tunelab.stages.data import load_snapshot
+from tunelab.stages.data import stage as data_stage
 from tunelab.stages.data.splits import SPLITS
 
 
@@ -50,7 +51,7 @@ def data(
         )
         return
     with ProgressBoard(enabled=progress and not json_out, transient=True) as board:
-        manifest = build_snapshot(s, progress=board.update)
+        manifest = data_stage.run(s, progress=board.update)
     sid = manifest["snapshot_id"]
     path = s.records / "data" / sid
     if json_out:

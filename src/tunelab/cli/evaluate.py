@@ -156,11 +156,11 @@ def _warn_test_openings(ev: Evaluation) -> None:
 @app.command()
 def baseline(study: StudyDir = Path("."), sets: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Evaluate the untouched base model on the validation split (a run of kind baseline)."""
-    from tunelab.stages.evaluate.stage import run_baseline
+    from tunelab.stages.evaluate import stage as evaluate_stage
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_baseline(s, progress=board.update)
+        run, record = evaluate_stage.run(s, progress=board.update)
     if json_out:
         emit_json({"record": str(run.dir), **record})
         return
@@ -190,11 +190,13 @@ def eval_(
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate a run with the baseline's procedure (a run of kind eval, parent RUN)."""
-    from tunelab.stages.evaluate.stage import run_eval
+    from tunelab.stages.evaluate import stage as evaluate_stage
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_eval(s, run_id, split=split, final=final, why=why, progress=board.update)
+        run, record = evaluate_stage.run(
+            s, run_id, split=split, final=final, why=why, progress=board.update
+        )
     ev = Evaluation.of(run.path(f"metrics-{record['split']}.json"), record)
     _warn_test_openings(ev)
     if json_out:

@@ -53,13 +53,13 @@ def export(
     json_out: JsonOpt = False,
 ) -> None:
     """Export the adapter (peft) or the full model (safetensors), tokenizer, manifest, model card."""
-    from tunelab.stages.export import export_run
+    from tunelab.stages.export import stage as export_stage
     from tunelab.stages.export.manifest import MANIFEST
     from tunelab.stages.export.merge import MergeTolerance
 
     s = open_study(study, sets)
     tolerance = MergeTolerance() if merge_atol is None else MergeTolerance(merge_atol)
-    path, manifest = export_run(
+    path, manifest = export_stage.run(
         s,
         run_id,
         out=out,

@@ -23,9 +23,16 @@ def validate(
         str | None, typer.Option(help="Also check the study trains under ddp or fsdp.")
     ] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes per node.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: check the load on this GPU.")
+    ] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="With --nproc/--strategy: a GPU's memory, e.g. 80GB.")
+    ] = None,
 ) -> None:
     """Check study.yaml (and that the data it names exists, with the columns it maps) and
-    report every problem at once; with --strategy / --nproc, also that layout."""
+    report every problem at once; with --strategy / --nproc, also that layout (and, with --gpu
+    or --memory-budget, that it loads)."""
     from tunelab.lib.tasks import task_warnings
 
     cfg = validate_study(study, sets or [])
@@ -33,6 +40,13 @@ def validate(
         from tunelab.stages.train.launch import Launch
 
         Launch(nproc or 1, strategy or "single").check(cfg)
+    if gpu or memory_budget:
+        from tunelab.stages.hypothesis.validate import check_layout_load
+        from tunelab.stages.sizing.recommend import parse_bytes
+
+        budget = parse_bytes(memory_budget) if memory_budget else None
+        check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1, gpu=gpu,
+                          device_bytes=budget)  # fmt: skip
     warnings = config_warnings(cfg) + task_warnings(cfg.task)
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
@@ -111,11 +125,13 @@ def runs(
 def env(
     json_out: JsonOpt = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Check the study's method and extensions here.")
+        bool,
+        typer.Option("--check", help="Check the study's model, method and extensions here."),
     ] = False,
     study: StudyDir = Path("."),
 ) -> None:
-    """The environment: Python, OS, CPU, torch, CUDA/ROCm, GPUs, attention kernels, packages."""
+    """The environment: Python, OS, CPU, torch, CUDA/ROCm, GPUs, attention kernels, packages;
+    --check: whether the study's model, method, precision and extensions work here (exit 2)."""
     e = capture_env()
     if check:
         _env_check(e, study, json_out)
@@ -148,15 +164,23 @@ def env(
 
 
 def _env_check(e: dict, study: Path, json_out: bool) -> None:
-    """`tunelab env --check`: the study's method, precision and extensions on this backend;
-    exit 2 when one cannot run here."""
-    from tunelab.stages.smoke.backend import backend_checks
+    """`tunelab env --check`: the study's model, method, precision and extensions on this
+    machine, each PASS, FAIL or N-A; exit 2 when one the study needs fails."""
+    from tunelab.stages.smoke.backend import FAIL, backend_checks
 
-    checks = backend_checks(e, open_study(study, None).config)
+    checks = backend_checks(open_study(study, None))
     if json_out:
-        emit_json({"backend": e["backend"], "checks": checks})
+        emit_json({"backend": e["backend"], "checks": [c.as_dict() for c in checks]})
     else:
-        rows = [[c["check"], "ok" if c["ok"] else "FAILS", c["detail"]] for c in checks]
-        console.print(table(f"on {e['backend']}", ["check", "result", "detail"], rows))
-    if any(c["ok"] is False for c in checks):
+        colour = {"PASS": "green", "FAIL": "red", "N-A": "dim"}
+        rows = [
+            [
+                c.check,
+                f"[{colour[c.result]}]{c.result}[/]",
+                c.detail + (" (not used here)" if c.result == FAIL and not c.needed else ""),
+            ]
+            for c in checks
+        ]
+        console.print(table(f"the study on {e['backend']}", ["check", "result", "why"], rows))
+    if any(c.result == FAIL and c.needed for c in checks):
         raise typer.Exit(2)

@@ -48,7 +48,7 @@ def register(
     hyp.check_registrable(s.config, s.overrides)  # before any download
     pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
     power = registration_power(s, s.config)
-    record, created = hyp.register(s.root, s.config, pins, power)
+    record, created = hyp.run(s.root, s.config, pins, power)
     if created:
         s.ledger.add_event(
             None,

@@ -134,7 +134,7 @@ def inspect_cmd(
 ) -> None:
     """Show examples after the exact preprocessing of training, and stop on what the model
     would misread: a broken mask (text), an image that does not convert faithfully (images)."""
-    from tunelab.stages.inspect.stage import run_inspect
+    from tunelab.stages.inspect import stage as inspect_stage
 
     if split not in SPLITS:
         raise DataError(
@@ -143,7 +143,7 @@ def inspect_cmd(
         )
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out, transient=True) as board:
-        record = run_inspect(
+        record = inspect_stage.run(
             s, split=split, per_category=per_category, snapshot_id=snapshot, progress=board.update
         )
     if json_out:

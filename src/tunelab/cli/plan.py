@@ -48,10 +48,14 @@ def plan(
         str | None,
         typer.Option(help="Project the plan onto this catalog GPU (e.g. H100-SXM, L40S, MI300X)."),
     ] = None,
-    gpus: Annotated[int, typer.Option(help="GPUs of that kind (with --gpu).")] = 1,
+    gpus: Annotated[
+        int | None,
+        typer.Option(help="GPUs of that kind (with --gpu; --compare-gpus tries 1, 2, 4, 8)."),
+    ] = None,
     strategy: Annotated[
-        str, typer.Option(help="ddp | fsdp, for more than one GPU (with --gpu).")
-    ] = "ddp",
+        str | None,
+        typer.Option(help="ddp | fsdp, for more than one GPU (--gpu: ddp; --compare-gpus: both)."),
+    ] = None,
     utilization: Annotated[
         float | None,
         typer.Option(
@@ -71,7 +75,8 @@ def plan(
     """A rental plan by phase from the measured step, evaluation and checkpoint times (or, with
     --gpu, projected onto a catalog GPU from the study's shapes): margins, cost, how many
     variants fit, and a Gantt chart (records/plans/<id>.png)."""
-    from tunelab.stages.plan import make_plan, review_plan
+    from tunelab.stages.plan import review_plan
+    from tunelab.stages.plan import stage as plan_stage
 
     s = open_study(study, sets)
     if review:
@@ -81,8 +86,8 @@ def plan(
             "--speedup": speedup != 1.0,
             "--step-time-s": step_time_s is not None,
             "--gpu": gpu is not None,
-            "--gpus": gpus != 1,
-            "--strategy": strategy != "ddp",
+            "--gpus": gpus is not None,
+            "--strategy": strategy is not None,
             "--utilization": utilization is not None,
             "--compare-gpus": compare_gpus,
         }
@@ -109,15 +114,15 @@ def plan(
             return
         print_review(result)
         return
-    record, path, png = make_plan(
+    record, path, png = plan_stage.run(
         s,
         days=days,
         gpu_hour_price=gpu_hour_price,
         speedup=speedup,
         step_time_s=step_time_s,
         gpu=gpu,
-        gpus=gpus,
-        strategy=strategy,
+        gpus=gpus or 1,
+        strategy=strategy or "ddp",
         utilization=utilization,
     )
     if json_out:
@@ -235,10 +240,12 @@ def print_plan(record: dict[str, Any]) -> None:
         f"+ {_h(v['startup_s'])} start = {_h(v['total_s'])}"
     )
     c = record["cost"]
+    money = (record.get("projection") or {}).get("currency")
+    unit = f" {money}" if money else ""
     console.print(
         f"busy {_h(record['busy_s'])} of a {record['window_s'] / 3600:.0f} h window; "
-        f"{record['variants_that_fit']} variants fit; cost {c['busy_cost']:,.2f} busy, "
-        f"{c['rental_cost']:,.2f} for the whole rental ({c['rental_hours']} h x "
+        f"{record['variants_that_fit']} variants fit; cost {c['busy_cost']:,.2f}{unit} busy, "
+        f"{c['rental_cost']:,.2f}{unit} for the whole rental ({c['rental_hours']} h x "
         f"{record['gpu_hour_price']:g})"
     )
     console.print(f"one evaluation of a variant: {_h(record['evaluation_run_s'])}")
@@ -270,6 +277,8 @@ def print_projection(p: dict[str, Any]) -> None:
         f"{layout}; predicted peak {_gb(fit['peak_bytes'])} of {_gb(fit['budget_bytes'])}"
         + ("" if fit["fits"] else " (DOES NOT FIT)")
     )
+    if fit.get("load"):
+        console.print(load_line(fit["load"]))
     console.print(
         f"step {step['value']:.4g} s ({step['low']:.4g}-{step['high']:.4g} s over a utilization "
         f"of {u['low']:.2f}-{u['high']:.2f}), {step['flops'] / 1e12:.3g} TFLOP, bound by the "
@@ -277,8 +286,37 @@ def print_projection(p: dict[str, Any]) -> None:
     )
     print_inputs(p["inputs"])
     console.print(
-        f"  price: {p['price_per_gpu_hour']:g} per GPU hour ({p['price_source']})", style="dim"
+        f"  price: {p['price_per_gpu_hour']:g}{' ' + p['currency'] if p.get('currency') else ''}"
+        " a GPU hour "
+        f"({p['price_source']})",
+        style="dim",
     )
+
+
+def load_line(load: dict[str, Any]) -> str:
+    """The load-time peak (tunelab.stages.sizing.load) in one line: `plan --gpu` and `size`."""
+    return (
+        f"load ({load['mode']}): {_gb(load['device_per_rank'])} on each GPU; host "
+        f"{_gb(load['host_per_rank'])} a rank, {_gb(load['host_per_node'])} the node "
+        f"({load['why']})"
+    )
+
+
+def print_load(rows: list[dict[str, Any]] | None) -> None:
+    """`tunelab size`: the load of one process and of each rank count under DDP and FSDP
+    (`load_table`'s rows) in one line, then each that cannot fit the budget."""
+    if not rows:
+        return
+    parts = [
+        ("1 process" if r["ranks"] == 1 else f"{r['ranks']} {r['strategy']}")
+        + f" {r['device_per_rank'] / 1e9:,.2f}/{r['host_per_node'] / 1e9:,.2f}"
+        for r in rows
+    ]
+    console.print("load, GB a device / GB the node's host: " + "; ".join(parts), style="dim")
+    for r in rows:
+        if r["problem"]:
+            way = "1 process" if r["ranks"] == 1 else f"{r['ranks']} ranks {r['strategy']}"
+            console.print(f"{way}: {r['problem']}")
 
 
 def print_inputs(inputs: list[dict[str, Any]]) -> None:
@@ -287,32 +325,64 @@ def print_inputs(inputs: list[dict[str, Any]]) -> None:
         console.print(f"  {i['kind']}: {i['name']}: {i['value']}  ({i['source']})", style="dim")
 
 
+def _layout(r: dict[str, Any]) -> str:
+    return f"{r['gpus']} {r['strategy']}" if r["gpus"] > 1 else "1"
+
+
+def _why_not(r: dict[str, Any]) -> str:
+    """A layout's reason, short: the load, the weights, or the step's peak."""
+    why = r.get("why_not") or ""
+    load = r.get("load") or {}
+    if why.startswith("the load does not fit") and load:
+        return (
+            f"load {load['device_per_rank'] / 1e9:.1f} GB a GPU over {r['memory_bytes'] / 1e9:.0f}"
+            f" GB: weights {load['weights'] / 1e9:.1f} GB, "
+            + ("sharded" if load["mode"] == "sharded" else "whole on every GPU")
+        )
+    if why.startswith(("weights", "tunelab train refuses")):
+        return why
+    return f"peak {r['peak_bytes'] / 1e9:.1f} GB over {r['memory_bytes'] / 1e9:.0f} GB"
+
+
 def print_comparison(result: dict[str, Any]) -> None:
-    """One row per catalog GPU, the cheapest that fits first (readable at 80 columns)."""
+    """One row per catalog GPU that fits, its best layout, the cheapest first (readable at 80
+    columns); then why each GPU that fits no layout does not."""
     from rich import box
 
-    days = result["days"]
+    days, money = result["days"], result["currency"]
     rows = []
-    for r in result["rows"]:
+    for r in (r for r in result["rows"] if r["fits"]):
         micro = f"{r['micro_batch']}x{r['grad_accum']}" + ("c" if r["checkpointing"] else "")
-        v = r["variants"]
+        v = r["variants"]  # variants that fit a rental of 3, 7 and 30 days
         rows.append(
             [
                 r["gpu"],
-                "yes" if r["fits"] else "NO",
+                _layout(r),
                 micro,
                 f"{r['step_s']:.3g}",
                 f"{r['hours_per_variant']:.3g}",
-                f"{v[3]}/{v[7]}/{v[30]}",
+                f"{v[days]:,}",
                 f"{r['busy_cost']:,.2f}",
                 f"{r['rental_cost']:,.0f}",
             ]
         )
+    counts = "/".join(str(n) for n in result["gpus"])
+    at = f"{counts} GPU" + ("" if counts == "1" else "s")
     console.print(
         table(
-            f"{result['gpus']} GPU(s) per rental ({result['strategy']}), "
-            f"{result['num_variants']} variants registered",
-            ["GPU", "fits", "micro", "step s", "h/var", "variants 3/7/30 d", "busy", f"{days} d"],
+            f"each GPU's best layout of {counts} GPUs a node that fits ("
+            + (result["strategy"] or "ddp or fsdp")
+            + f"), {result['num_variants']} variants registered",
+            [
+                "GPU",
+                "GPUs",
+                "micro",
+                "step s",
+                "h/var",
+                f"var/{days} d",
+                f"busy {money}",
+                f"{days} d {money}",
+            ],
             rows,
             box=box.SIMPLE_HEAD,
             pad_edge=False,
@@ -320,25 +390,21 @@ def print_comparison(result: dict[str, Any]) -> None:
     )
     for r in result["rows"]:
         if not r["fits"]:
-            why = r.get("why_not") or ""
-            if not why.startswith("weights"):  # the short form of the peak's reason
-                why = f"peak {r['peak_bytes'] / 1e9:.1f} GB over {r['memory_bytes'] / 1e9:.0f} GB"
-            console.print(f"{r['gpu']}: does not fit ({why})")
-    answer = result["answer"]
-    if answer["gpu"] is None:
-        console.print(f"answer: none: {answer['why']}", style="bold")
-    else:
-        console.print(
-            f"answer: {result['gpus']}x {answer['gpu']} for {answer['days']} days, "
-            f"{answer['rental_cost']:,.0f} for the rental, the cheapest that holds the "
-            f"{result['num_variants']} registered variants ({answer['busy_hours']:.2f} h busy)",
-            style="bold",
-        )
+            tried = [*r.get("others", []), r]
+            why = "; ".join(
+                (f"{t['strategy']}: " if len(tried) > 1 else "") + _why_not(t) for t in tried
+            )
+            console.print(f"{r['gpu']}: does not fit at {at} ({why})")
+    _print_answer(result)
     console.print(
-        "micro: micro-batch x accumulation per GPU (c: activation checkpointing); step s: an "
-        "optimizer step at the default utilization; h/var: hours a variant takes with its "
-        f"margins; busy: the cost of the busy hours; {days} d: the whole rental"
+        "GPUs: GPUs a node and strategy; micro: micro-batch x accumulation per GPU (c: "
+        "activation checkpointing); step s: an optimizer step at the default utilization; "
+        f"h/var: hours a variant takes with its margins; var/{days} d: variants that fit the "
+        f"rental; busy: the cost of the busy hours; {days} d: the whole rental (the catalog's "
+        f"prices, in {money}, for all the layout's GPUs)"
     )
+    for note in result["notes"]:
+        console.print(f"note: {note}")
     shares = {
         f"{r['arch']} {r['utilization']:.2f}" + (" measured" if r["utilization_measured"] else "")
         for r in result["rows"]
@@ -351,3 +417,24 @@ def print_comparison(result: dict[str, Any]) -> None:
     print_inputs(result["inputs"])
     for gpu_id, source in result["sources"].items():
         console.print(f"  {gpu_id}: {source}", style="dim")
+
+
+def _print_answer(result: dict[str, Any]) -> None:
+    answer = result["answer"]
+    if answer["gpu"] is None:
+        console.print(f"answer: none: {answer['why']}", style="bold")
+        return
+    n = answer.get("gpus", 1)
+    layout = f" ({answer['strategy']})" if n > 1 else ""
+    row = next(
+        r for r in result["layouts"]
+        if (r["gpu"], r["gpus"], r["strategy"]) == (answer["gpu"], n, answer.get("strategy"))
+    )  # fmt: skip
+    experts = f"; {row['experts']}" if row.get("experts") else ""
+    console.print(
+        f"answer: {n}x {answer['gpu']}{layout} for {answer['days']} days, "
+        f"{answer['rental_cost']:,.0f} {result['currency']} for the rental, the cheapest that "
+        f"holds the {result['num_variants']} registered variants ({answer['busy_hours']:.2f} h "
+        f"busy{experts})",
+        style="bold",
+    )

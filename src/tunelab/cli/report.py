@@ -10,12 +10,11 @@ from tunelab.cli.common import JsonOpt, StudyDir, app, console, emit_json, open_
 @app.command()
 def report(study: StudyDir = Path("."), json_out: JsonOpt = False) -> None:
     """Build report/dossier.html and report/dossier.md from the study's records."""
-    from tunelab.stages.report import (
-        build_report,
-    )  # matplotlib: imported only when a report is built
+    # matplotlib: imported only when a report is built
+    from tunelab.stages.report import stage as report_stage
 
     s = open_study(study, None)
-    paths = build_report(s)
+    paths = report_stage.run(s)
     if json_out:
         emit_json({k: str(v) for k, v in paths.items()})
         return

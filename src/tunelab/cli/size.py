@@ -9,6 +9,7 @@ import typer
 from rich import box
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
+from tunelab.cli.plan import print_load
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.errors import ConfigError
 from tunelab.stages.sizing.recommend import (
@@ -85,7 +86,7 @@ def size(
     """Measure full training steps (all configurations in one process, the model rebuilt for
     each) against the analytic memory model; recommend micro-batch and accumulation within the
     memory budget."""
-    from tunelab.stages.sizing.stage import run_sizing
+    from tunelab.stages.sizing import stage as sizing_stage
 
     precisions = parse_precisions(precision) if precision else None
     if allocator not in ("pinned", "default"):
@@ -109,11 +110,11 @@ def size(
         shared=not fresh_processes,
     )
     if json_out:
-        record, path = run_sizing(s, **kwargs)
+        record, path = sizing_stage.run(s, **kwargs)
         emit_json({**record, "path": str(path)})
         return
     with ProgressBoard(transient=True) as board:
-        record, path = run_sizing(s, progress=board.update, **kwargs)
+        record, path = sizing_stage.run(s, progress=board.update, **kwargs)
     print_sizing(record)
     console.print(f"record: {path}")
 
@@ -282,3 +283,4 @@ def print_sizing(record: dict[str, Any]) -> None:
         console.print(
             "DDP, FSDP: the analytic peak of one rank's tensors, without the process's own memory."
         )
+    print_load(record.get("load"))

@@ -83,11 +83,12 @@ def smoke(
 
     Exit code 1 when a check fails (the record says which).
     """
-    from tunelab.stages.smoke.stage import SmokeFailed, run_smoke
+    from tunelab.stages.smoke import stage as smoke_stage
+    from tunelab.stages.smoke.stage import SmokeFailed
 
     s = open_study(study, sets)
     with ProgressBoard(enabled=not json_out) as board:
-        run, record = run_smoke(
+        run, record = smoke_stage.run(
             s,
             num_train=train_examples,
             num_steps=steps,

@@ -43,7 +43,7 @@ OtherPlatformOpt = Annotated[
     bool,
     typer.Option(
         "--other-platform",
-        help="Go on where no smoke passed on this platform; needs --why, which is recorded.",
+        help="Go on without a passing smoke and baseline on this platform; needs --why (recorded).",
     ),
 ]
 ResumeIfExistsOpt = Annotated[
@@ -99,8 +99,8 @@ def _require_why(other_platform: bool, why: str | None) -> None:
 
     if other_platform and not (why and why.strip()):
         raise RunError(
-            "--other-platform needs --why: the reason to go on without a smoke on this platform "
-            "is recorded with the run",
+            "--other-platform needs --why: the reason to go on without a smoke and a baseline "
+            "on this platform is recorded with the run",
             hint='add --why "..." (e.g. --why "same torch build, smoke pending")',
         )
 
@@ -135,7 +135,7 @@ def train(
     resume_if_exists: ResumeIfExistsOpt = False,
 ) -> None:
     """Train a run with a new id: progress bar, metrics.jsonl, atomic checkpoints."""
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
     from tunelab.stages.train.launch import (
         Launch,
         forward_options,
@@ -152,6 +152,10 @@ def train(
     parent = s.check_new_run("train", name if first and not resume_if_exists else None, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     launch.check(s.config)
+    if first:  # the layout must load on this GPU (CUDA only)
+        from tunelab.stages.hypothesis.validate import check_train_load
+
+        check_train_load(s.root, s.config, launch)
     _require_why(other_platform, why)
     ranks_cmd = forward_options(
         study=s.root, name=name, parent=parent, why=why, set=sets, other_platform=other_platform,
@@ -168,7 +172,7 @@ def train(
         if resume_if_exists:
             run, action = train_or_resume(s, name, strategy=ranks, **options)
         else:
-            run, action = train_run(s, name=name, strategy=ranks, **options), "started"
+            run, action = train_stage.run(s, name=name, strategy=ranks, **options), "started"
     titles = {"started": "training run", "resumed": "resumed run",
               "completed": "training run (completed before; nothing to do)"}  # fmt: skip
     _report(run, ranks, json_out, titles[action], action if resume_if_exists else None)

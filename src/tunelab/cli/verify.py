@@ -36,10 +36,11 @@ def verify(
 
     Exit code 1 when it does not (the record verify-<n>.json says why).
     """
-    from tunelab.stages.verify.stage import VerifyFailed, verify_run
+    from tunelab.stages.verify import stage as verify_stage
+    from tunelab.stages.verify.stage import VerifyFailed
 
     s = open_study(study, sets)
-    record = verify_run(s, run_id, atol=atol)
+    record = verify_stage.run(s, run_id, atol=atol)
     v = Verify.of(record["path"], record)
     if json_out:
         emit_json(record)

@@ -5,7 +5,7 @@ background thread: `log(row)` never waits (a full queue drops the row and counts
 that fails (server down, package missing) is dropped with one warning and training goes on.
 `close(error)` stops the threads, waiting at most CLOSE_TIMEOUT_S in all. Only rank 0 logs.
 
-The one hook in training: started before the loop in `tunelab.stages.train.run`, `log` beside
+The one hook in training: started before the loop in `tunelab.stages.train.stage`, `log` beside
 the metrics.jsonl append of each step, closed after the loop and on any exception. Config:
 `training.log_to: list["tensorboard" | "mlflow"]` (default []); TensorBoard files in
 `records/runs/<id>/tensorboard/`.

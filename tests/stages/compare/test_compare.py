@@ -316,11 +316,12 @@ def test_example_stats_extraction_reproduce_the_metrics():
 
 
 def test_compare_study_rows_and_record(tmp_path):
-    from tunelab.stages.compare.stage import compare_study, save_compare
+    from tunelab.stages.compare import stage as compare_stage
+    from tunelab.stages.compare.stage import save_compare
 
     study = _study(tmp_path)
     base, good, messy, failed, other, pending = _populate(study)
-    record = compare_study(study)
+    record = compare_stage.run(study)
     by = {r["run_id"]: r for r in record["runs"]}
     assert set(by) == {good.id, messy.id, failed.id, other.id, pending.id}
     g = by[good.id]
@@ -346,22 +347,22 @@ def test_compare_study_rows_and_record(tmp_path):
 
 def test_compare_refuses_a_named_run_of_another_spec(tmp_path):
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.compare.stage import compare_study
+    from tunelab.stages.compare import stage as compare_stage
 
     study = _study(tmp_path)
     _, good, _, _, other, _ = _populate(study)
-    assert compare_study(study, [good.id])["runs"][0]["compared"]
+    assert compare_stage.run(study, [good.id])["runs"][0]["compared"]
     with pytest.raises(EvaluationError, match="refusing to compare.*evaluation spec differs"):
-        compare_study(study, [other.id])
+        compare_stage.run(study, [other.id])
 
 
 def test_compare_without_baseline_says_what_to_run(tmp_path):
     from tunelab.core.errors import EvaluationError
-    from tunelab.stages.compare.stage import compare_study
+    from tunelab.stages.compare import stage as compare_stage
 
     study = _study(tmp_path)
     with pytest.raises(EvaluationError) as err:
-        compare_study(study)
+        compare_stage.run(study)
     assert "tunelab baseline" in err.value.hint
 
 
@@ -406,7 +407,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
 
     from helpers import filled_hypothesis
     from tunelab.core.study import Study
-    from tunelab.stages.compare.stage import compare_study
+    from tunelab.stages.compare import stage as compare_stage
     from tunelab.stages.evaluate.stage import record_evaluation
     from tunelab.stages.hypothesis import stage as hyp
     from tunelab.stages.hypothesis.template import render_study_yaml
@@ -418,7 +419,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
     root.mkdir()
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    hyp.register(study.root, study.config)
+    hyp.run(study.root, study.config)
     gold = {"sender": "a@x.org", "subject": "Hi"}
     answer = json.dumps(gold)
 
@@ -440,7 +441,7 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
         record_evaluation(run, record, old_rows(outputs))
         run.set_status("completed")
         runs.append(run)
-    out = compare_study(study)
+    out = compare_stage.run(study)
     assert out["baseline"]["metrics"]["json_valid_rate"] == 0.5  # the stray fence reads now
     assert "judged again by tunelab-extraction/3" in out["warnings"][0]
     (row,) = out["runs"]

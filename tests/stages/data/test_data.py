@@ -13,7 +13,8 @@ from helpers.data import LABELS, jsonl_study, make_rows, make_study, ticket, wri
 from tunelab.core.config import CleaningRule, SplitConfig
 from tunelab.core.errors import ConfigError, DataError, EvaluationError, SnapshotError
 from tunelab.core.study import Study
-from tunelab.stages.data import build_snapshot, latest_snapshot_id, load_snapshot, open_test_split
+from tunelab.stages.data import latest_snapshot_id, load_snapshot, open_test_split
+from tunelab.stages.data import stage as data_stage
 from tunelab.stages.data.cleaning import clean_texts
 from tunelab.stages.data.splits import content_keys, split_by_hash
 
@@ -49,10 +50,10 @@ def test_snapshot_runs_every_source_check_in_order(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, note_rows])
     s = jsonl_study(tmp_path, make_rows(30), dedup={"near": False})
-    assert build_snapshot(s)["notes"][-1] == "30 rows read" and seen == [30]
+    assert data_stage.run(s)["notes"][-1] == "30 rows read" and seen == [30]
     monkeypatch.setattr(checks, "SOURCE_CHECKS", [*checks.SOURCE_CHECKS, refuse_sales])
     with pytest.raises(DataError, match=r"rows.jsonl line 3: sales refused"):
-        build_snapshot(s)
+        data_stage.run(s)
 
 
 # ---------------------------------------------------------------- readers
@@ -69,7 +70,7 @@ def test_jsonl_reader_maps_fields(tmp_path):
         fields={"id": "uid", "text": "body", "label": "cat", "target": "answer"},
         dedup={"near": False},
     )
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     got = {r["id"]: r for rows_ in all_rows(s).values() for r in rows_}
     assert len(got) == 60 and m["counts"]["rows_read"] == 60
     assert got["t7"] == {
@@ -91,7 +92,7 @@ def test_csv_reader_handles_quotes_and_newlines(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("\n".join(lines) + "\n")
     s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "data.csv"}})
-    build_snapshot(s)
+    data_stage.run(s)
     texts = [r["text"] for rows in all_rows(s).values() for r in rows]
     assert len(texts) == 30
     assert all(", with a comma\nand a second line" in t for t in texts)
@@ -105,7 +106,7 @@ def test_parquet_reader(tmp_path):
     (tmp_path / "s").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s" / "rows.parquet")
     s = make_study(tmp_path / "s", {"source": {"format": "parquet", "path": "rows.parquet"}})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert sum(m["counts"]["final"].values()) == 45
     assert m["labels"] == LABELS
 
@@ -118,7 +119,7 @@ def test_folder_reader_labels_are_folder_names(tmp_path):
         (root / label / f"{i:03d}.txt").write_text(ticket(i, label))
     (root / "README.txt").write_text("not an example")
     s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     got = {r["id"]: r for rows in all_rows(s).values() for r in rows}
     assert got["outage/001.txt"]["label"] == "outage"
     assert got["outage/001.txt"]["text"] == ticket(1, "outage")
@@ -146,7 +147,7 @@ def test_hf_disk_reader_dataset_dict_and_class_labels(tmp_path):
         tmp_path / "s",
         {"source": {"format": "hf_disk", "path": "hf"}, "fields": {"split": "__split__"}},
     )
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["splits"]["method"] == "column"
     assert m["counts"]["final"] == {"train": 30, "validation": 9, "test": 9}
     assert m["labels"] == LABELS
@@ -193,7 +194,7 @@ def test_unknown_label_and_duplicate_ids(tmp_path, capsys):
     s = jsonl_study(tmp_path / "a", rows)
     s.config.task.labels = LABELS
     with pytest.raises(DataError, match=r"rows.jsonl line 5: unknown label 'refunds'"):
-        build_snapshot(s)
+        data_stage.run(s)
 
     rows = [{**r, "id": "same" if i in (1, 4) else f"r{i}"} for i, r in enumerate(make_rows(6))]
     s = jsonl_study(tmp_path / "b", rows, fields={"id": "id"})
@@ -216,7 +217,7 @@ def test_invalid_utf8_error_and_replace(tmp_path, capsys):
             "splits": {"stratify": False},
         },
     )
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["source"]["replaced_invalid_utf8_bytes"] == 1
     texts = [r["text"] for rows in all_rows(s).values() for r in rows]
     assert "price \ufffd 5" in texts
@@ -269,7 +270,7 @@ def test_csv_field_longer_than_the_csv_module_limit_is_read(tmp_path):
         "cleaning": [{"rule": "drop_longer_than", "max_chars": 20000}],
         "splits": {"stratify": False},
     }
-    m = build_snapshot(make_study(tmp_path / "s", data))
+    m = data_stage.run(make_study(tmp_path / "s", data))
     assert m["counts"]["rows_read"] == 30
     assert m["counts"]["dropped_by_cleaning"] == 1
 
@@ -303,7 +304,7 @@ def test_files_a_folder_source_skips_are_noted(tmp_path):
     (folder / "C.JSONL").write_text("")
     (folder / ".DS_Store").write_text("")
     s = make_study(tmp_path / "s", {"source": {"format": "jsonl", "path": "data"}})
-    notes = build_snapshot(s)["notes"]
+    notes = data_stage.run(s)["notes"]
     assert "skipped 2 file(s) in data not matching *.jsonl or *.json: C.JSONL, more/b.tsv" in notes
 
 
@@ -322,7 +323,7 @@ def test_category_too_small_to_stratify(tmp_path, capsys):
     s = jsonl_study(tmp_path, rows)
     _cli_fails(capsys, s, "category 'rare' is too small to stratify", "2 row(s) for 3 splits")
     s = jsonl_study(tmp_path, rows, splits={"stratify": False})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert any("'rare'" in n for n in m["notes"])
 
 
@@ -331,7 +332,7 @@ def test_small_category_gets_a_row_in_every_split(tmp_path):
         {"text": ticket(9000 + i, "rare", n_words=12), "label": "rare"} for i in range(4)
     ]
     s = jsonl_study(tmp_path, rows)
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     per = m["counts"]["per_category"]
     assert all(per[split].get("rare", 0) >= 1 for split in ("train", "validation", "test"))
     moved = m["splits"]["moved_to_cover_small_categories"]
@@ -354,19 +355,18 @@ def test_bad_user_split_value_and_bad_regex(tmp_path, capsys):
         tmp_path / "b", make_rows(5), cleaning=[{"rule": "regex_replace", "pattern": "(unclosed"}]
     )
     with pytest.raises(ConfigError, match=r"data.cleaning\[0\].pattern"):
-        build_snapshot(s)
+        data_stage.run(s)
 
 
 def test_no_partial_snapshot_when_writing_fails(tmp_path, monkeypatch):
     s = jsonl_study(tmp_path, make_rows(60))
-    import tunelab.stages.data.snapshot as snapshot_mod
 
     def boom(tmp, final):  # noqa: ANN001
         raise OSError("disk full")
 
-    monkeypatch.setattr(snapshot_mod, "publish_dir", boom)
+    monkeypatch.setattr(data_stage, "publish_dir", boom)
     with pytest.raises(OSError, match="disk full"):
-        build_snapshot(s)
+        data_stage.run(s)
     assert snapshot_dirs(s) == [], "the temporary folder is removed too"
     assert not [e for e in s.ledger.events() if e["kind"] == "data:snapshot"]
 
@@ -416,7 +416,7 @@ def test_rule_effects_are_in_the_manifest(tmp_path):
     rows = make_rows(60)
     rows[3]["text"] = "  " + rows[3]["text"].upper() + "  "
     s = jsonl_study(tmp_path, rows, cleaning=[{"rule": "strip"}, {"rule": "lowercase"}])
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["cleaning"]["rules"] == [
         {"rule": "strip", "changed": 1, "dropped": 0},
         {"rule": "lowercase", "changed": 1, "dropped": 0},
@@ -440,9 +440,9 @@ def test_split_of_a_row_never_moves_when_rows_are_added(tmp_path):
 
     # the same property end to end, through cleaning, dedup and the snapshot
     s1 = jsonl_study(tmp_path / "a", base, dedup={"near": False})
-    build_snapshot(s1)
+    data_stage.run(s1)
     s2 = jsonl_study(tmp_path / "b", more, dedup={"near": False}, splits={"stratify": False})
-    build_snapshot(s2)
+    data_stage.run(s2)
     where1 = {r["id"]: s for s, rows in all_rows(s1).items() for r in rows}
     where2 = {r["id"]: s for s, rows in all_rows(s2).items() for r in rows}
     assert where1 and all(where2[i] == s for i, s in where1.items())
@@ -450,7 +450,7 @@ def test_split_of_a_row_never_moves_when_rows_are_added(tmp_path):
 
 def test_splits_follow_fractions_per_category_and_seed(tmp_path):
     s = jsonl_study(tmp_path, make_rows(3000), dedup={"near": False})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     per = m["counts"]["per_category"]
     for label in LABELS:
         n = sum(per[sp][label] for sp in per)
@@ -465,7 +465,7 @@ def test_splits_follow_fractions_per_category_and_seed(tmp_path):
 def test_user_split_column_is_respected(tmp_path):
     rows = [{**r, "part": ["train", "valid", "test"][i % 3]} for i, r in enumerate(make_rows(30))]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["counts"]["final"] == {"train": 10, "validation": 10, "test": 10}
     assert m["splits"]["method"] == "column"
 
@@ -486,7 +486,7 @@ def test_exact_and_near_duplicates_across_splits_drop_eval(tmp_path):
         {"text": ticket(1001, "outage"), "label": "outage", "part": "test"},
     ]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     snap = load_snapshot(s)
     dup = json.loads((snap.dir / "duplicates.json").read_text())
     kinds = {(p["split_a"], p["split_b"], p["kind"]) for p in dup["pairs"]}
@@ -521,7 +521,7 @@ def test_duplicate_policies(tmp_path, policy, final):
         {"text": ticket(501, "sales"), "label": "sales", "part": "test"},
     ]
     s = jsonl_study(tmp_path, rows, fields={"split": "part"}, dedup={"policy": policy})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["counts"]["final"] == final
     assert m["duplicates"]["exact_pairs"] == 3
     assert m["dedup"]["policy"] == policy
@@ -531,7 +531,7 @@ def test_exact_duplicates_share_a_hash_split(tmp_path):
     rows = make_rows(200)
     rows += [{**r, "text": r["text"].upper() + "  "} for r in rows[:50]]
     s = jsonl_study(tmp_path, rows, dedup={"policy": "report_only"})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["duplicates"]["exact_pairs"] == 50
     assert m["duplicates"]["across_split_pairs"] == 0
 
@@ -557,12 +557,12 @@ def test_same_inputs_same_id_and_reuse(tmp_path, capsys):
 
     # the id depends on the source content, not on where it lives
     other = jsonl_study(tmp_path / "moved", make_rows(90))
-    assert build_snapshot(other)["snapshot_id"] == first
+    assert data_stage.run(other)["snapshot_id"] == first
 
 
 def test_manifest_records_inputs_rules_counts_and_hashes(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90), cleaning=[{"rule": "strip"}])
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     snap = load_snapshot(s, m["snapshot_id"][:6])  # a unique prefix works
     assert snap.id == m["snapshot_id"] == snap.dir.name
     for key in ("created_at", "source", "fields", "cleaning", "transforms", "splits", "dedup"):
@@ -582,7 +582,7 @@ def test_manifest_records_inputs_rules_counts_and_hashes(tmp_path):
 @pytest.mark.parametrize("target", ["train.jsonl", "test.jsonl", "manifest.json", "extra"])
 def test_tampering_is_refused(tmp_path, capsys, target):
     s = jsonl_study(tmp_path, make_rows(90))
-    sid = build_snapshot(s)["snapshot_id"]
+    sid = data_stage.run(s)["snapshot_id"]
     folder = s.records / "data" / sid
     if target == "extra":
         (folder / "notes.txt").write_text("hi")
@@ -599,12 +599,12 @@ def test_tampering_is_refused(tmp_path, capsys, target):
     assert code == 2 and sid in err and "hint:" in err
     # building again with the same inputs refuses to reuse the damaged folder
     with pytest.raises(SnapshotError):
-        build_snapshot(s)
+        data_stage.run(s)
 
 
 def test_rows_reread_checks_hashes(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90))
-    snap = load_snapshot(s, build_snapshot(s)["snapshot_id"])
+    snap = load_snapshot(s, data_stage.run(s)["snapshot_id"])
     assert snap.rows("validation")
     path = snap.dir / "validation.jsonl"
     path.write_text(path.read_text() + '{"id": "x", "text": "planted", "label": "sales"}\n')
@@ -614,7 +614,7 @@ def test_rows_reread_checks_hashes(tmp_path):
 
 def test_test_split_is_sealed_and_openings_are_logged(tmp_path):
     s = jsonl_study(tmp_path, make_rows(90))
-    build_snapshot(s)
+    data_stage.run(s)
     snap = load_snapshot(s)
     with pytest.raises(EvaluationError, match="sealed") as exc:
         snap.rows("test")
@@ -643,10 +643,10 @@ def test_no_snapshot_yet(tmp_path):
 
 def test_max_examples_is_a_seeded_sample(tmp_path):
     s = jsonl_study(tmp_path, make_rows(300), max_examples=120)
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert sum(m["counts"]["final"].values()) == 120 and m["counts"]["sampled_out"] == 180
     again = jsonl_study(tmp_path, make_rows(300), max_examples=120)
-    assert build_snapshot(again)["snapshot_id"] == m["snapshot_id"]
+    assert data_stage.run(again)["snapshot_id"] == m["snapshot_id"]
 
 
 # ---------------------------------------------------------------- label names, leftovers, file names
@@ -701,7 +701,7 @@ def test_leftovers_of_systems_archivers_and_notebooks_are_skipped_with_a_note(tm
     (root / "sales" / "Thumbs.db").write_bytes(b"\xd0\xcf")
     (root / "sales" / "~$001.txt").write_text("an Office lock file")
     s = make_study(tmp_path / "s", {"source": {"format": "folder", "path": "corpus"}})
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["labels"] == LABELS
     (note,) = [n for n in m["notes"] if "leftover" in n]
     assert "__MACOSX/" in note and "sales/._000.txt" in note and "sales/~$001.txt" in note
@@ -725,7 +725,7 @@ def test_a_number_among_text_labels_is_noted(tmp_path):
             for i in range(80)]  # fmt: skip
     p.write_text("text,label\n" + "\n".join(rows) + "\n")
     s = make_study(tmp_path / "s", {"source": {"format": "csv", "path": "d.csv"}})
-    (note,) = [n for n in build_snapshot(s)["notes"] if "written as numbers" in n]
+    (note,) = [n for n in data_stage.run(s)["notes"] if "written as numbers" in n]
     assert "'1' (20 row(s): d.csv line 5" in note and "3 text label(s)" in note
 
 

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from tunelab.core.study import Study
-from tunelab.stages.data import build_snapshot, load_snapshot, open_test_split
 from tunelab.stages.data import dedup as d
+from tunelab.stages.data import load_snapshot, open_test_split
+from tunelab.stages.data import stage as data_stage
 
 
 def shingle_set(text: str, k: int) -> set[tuple[str, ...]]:
@@ -195,7 +196,7 @@ def test_bbc_snapshot_finds_the_duplicates_it_really_contains(tmp_path, bbc_dir)
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg))
     s = Study.open(root)
-    m = build_snapshot(s)
+    m = data_stage.run(s)
     assert m["counts"]["rows_read"] == 2225
     assert m["labels"] == ["business", "entertainment", "politics", "sports", "tech"]
     dup = m["duplicates"]

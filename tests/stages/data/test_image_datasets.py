@@ -56,7 +56,8 @@ def image_dataset_study(root: Path, model_dir: Path, source: dict, **fields) -> 
 
 def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_dir, capsys):
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot, load_snapshot
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     root = tmp_path / "s"
     parts = {"train": colour_dataset(0, 24), "validation": colour_dataset(24, 9)}
@@ -66,7 +67,7 @@ def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_
         root, tiny_vit_dir, {"format": "hf_disk", "path": "colours"}, split="__split__"
     )
     study = Study.open(root)
-    manifest = build_snapshot(study)
+    manifest = data_stage.run(study)
     assert manifest["splits"]["method"] == "column"
     assert manifest["counts"]["final"] == {"train": 24, "validation": 9, "test": 9}
     assert manifest["labels"] == sorted(NAMES)  # the ClassLabel's names, not "0", "1", "2"
@@ -90,7 +91,8 @@ def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_
 def test_hub_data_set_with_an_image_column_and_string_labels(tmp_path, tiny_vit_dir, monkeypatch):
     from tunelab.core.hub_cache import write_snapshot
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot, load_snapshot
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -110,7 +112,7 @@ def test_hub_data_set_with_an_image_column_and_string_labels(tmp_path, tiny_vit_
         split="__split__",
     )
     study = Study.open(root)
-    manifest = build_snapshot(study)
+    manifest = data_stage.run(study)
     assert manifest["source"]["hub"]["commit"] == commit
     assert manifest["counts"]["final"] == {"train": 18, "validation": 6, "test": 6}
     validation = load_snapshot(study).rows("validation")
@@ -159,18 +161,18 @@ def test_a_corrupt_image_names_the_data_set_column_and_row(tmp_path, tiny_vit_di
 )
 def test_bad_columns_are_named(tmp_path, tiny_vit_dir, fields, label_feature, message, hint):
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     root = saved(tmp_path, colour_dataset(0, 6, label_feature))
     image_dataset_study(root, tiny_vit_dir, {"format": "hf_disk", "path": "colours"}, **fields)
     with pytest.raises(DataError) as exc:
-        build_snapshot(Study.open(root))
+        data_stage.run(Study.open(root))
     assert message in exc.value.message and hint in exc.value.hint
 
 
 def test_an_unlabelled_row_and_a_path_outside_are_refused(tmp_path, tiny_vit_dir):
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     images, _ = colour_rows(0, 3)
     features = datasets.Features(
@@ -181,7 +183,7 @@ def test_an_unlabelled_row_and_a_path_outside_are_refused(tmp_path, tiny_vit_dir
         saved(tmp_path, ds), tiny_vit_dir, {"format": "hf_disk", "path": "colours"}
     )
     with pytest.raises(DataError, match=r"colours row 1 \(column 'colour', label\): -1 is not"):
-        build_snapshot(Study.open(root))
+        data_stage.run(Study.open(root))
 
     # Image values that hold only a path (save_to_disk would embed the bytes: save a struct of
     # bytes and path, then declare it an Image): inside the folder read, outside refused
@@ -198,4 +200,4 @@ def test_an_unlabelled_row_and_a_path_outside_are_refused(tmp_path, tiny_vit_dir
     info.write_text(json.dumps(meta))
     image_dataset_study(root, tiny_vit_dir, {"format": "hf_disk", "path": "colours"})
     with pytest.raises(DataError, match=r"colours row 1 .*only the path '../outside.png'"):
-        build_snapshot(Study.open(root))
+        data_stage.run(Study.open(root))

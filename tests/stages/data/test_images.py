@@ -77,7 +77,8 @@ def test_truncated_image_is_named_and_nothing_is_written(tmp_path, tiny_vit_dir,
 
 def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_path, tiny_vit_dir):
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot, load_snapshot
+    from tunelab.stages.data import load_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     root = tmp_path / "s"
     pics = root / "pics"
@@ -105,7 +106,7 @@ def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_
     raw["data"]["dedup"]["policy"] = "drop_all_but_one"
     (root / "study.yaml").write_text(yaml.safe_dump(raw))
     study = Study.open(root)
-    manifest = build_snapshot(study)
+    manifest = data_stage.run(study)
     assert manifest["duplicates"]["exact_pairs"] >= 1
     assert manifest["counts"]["removed_as_duplicates"] >= 1
     assert manifest["transforms"]["split_key"] == "sha256 of the decoded pixels"
@@ -125,7 +126,7 @@ def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_
 
 def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
 
     root = tmp_path / "s"
     root.mkdir()
@@ -135,7 +136,7 @@ def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
     raw["data"]["fields"] = {"image": "path"}
     (root / "study.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(DataError, match=r"data.jsonl line 1.*nope.png"):
-        build_snapshot(Study.open(root))
+        data_stage.run(Study.open(root))
 
 
 # ---------------------------------------------------------------- transforms
@@ -610,8 +611,9 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
 
     from helpers.train_run import assert_same_result
     from tunelab.core.study import Study
+    from tunelab.stages.train import stage as train_stage
     from tunelab.stages.train.callbacks import RunInterrupted
-    from tunelab.stages.train.run import resume_run, train_run
+    from tunelab.stages.train.stage import resume_run
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
@@ -625,7 +627,7 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
     for args in (["register"], ["data"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
     study = Study.open(root)
-    straight = train_run(study, name="straight")
+    straight = train_stage.run(study, name="straight")
     epochs = [r.get("epoch") for r in map(json.loads, (straight.dir / "metrics.jsonl").open())]
     assert max(e for e in epochs if e is not None) > 2  # the run reads more than two epochs
 
@@ -636,7 +638,7 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
             os.kill(os.getpid(), signal.SIGTERM)  # the loop saves a checkpoint and stops
 
     with pytest.raises(RunInterrupted):
-        train_run(study, name="stopped", progress=stop_after_step_3)
+        train_stage.run(study, name="stopped", progress=stop_after_step_3)
     (row,) = [r for r in study.ledger.list_runs() if r.name == "stopped"]
     resumed = resume_run(Study.open(root), row.id)
     assert_same_result(resumed.dir, straight.dir)  # exact losses, bit-identical adapter
@@ -647,7 +649,7 @@ def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypa
     not."""
     from tunelab.core.study import Study
     from tunelab.lib.preprocess.images import ImagePreprocessor
-    from tunelab.stages.train.run import train_run
+    from tunelab.stages.train import stage as train_stage
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
@@ -664,9 +666,9 @@ def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypa
         rows = map(json.loads, (run.dir / "metrics.jsonl").open())
         return [(r["epoch"], r["loss"]) for r in rows if r.get("loss") is not None]
 
-    per_epoch = losses(train_run(study, name="per-epoch"))
+    per_epoch = losses(train_stage.run(study, name="per-epoch"))
     monkeypatch.setattr(ImagePreprocessor, "train_views", lambda self, rows, encoded: None)
-    one_view = losses(train_run(study, name="one-view"))
+    one_view = losses(train_stage.run(study, name="one-view"))
     first = [k for k, (epoch, _) in enumerate(per_epoch) if epoch <= 1.0]
     assert first and len(first) < len(per_epoch)
     assert [per_epoch[k] for k in first] == [one_view[k] for k in first]

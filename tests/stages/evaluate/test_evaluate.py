@@ -370,7 +370,7 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
 
 def test_baseline_eval_compare_commands(stage_study, capsys):
     from tunelab.core.records import read_json, read_jsonl
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
 
     code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
     assert code == 0, err
@@ -401,7 +401,7 @@ def test_baseline_eval_compare_commands(stage_study, capsys):
     assert code == 0, err
     assert "per category" in out and "confusion" in out and "examples/s" in out
 
-    trained = train_run(Study.open(stage_study), name="v1", why="first")
+    trained = train_stage.run(Study.open(stage_study), name="v1", why="first")
     code, out, err = run_cli(capsys, "eval", trained.id, "-s", stage_study, "--json")
     assert code == 0, err
     ev = json.loads(out)

@@ -28,11 +28,11 @@ from tunelab.stages.export.card import model_card
 def exported(tmp_path_factory, tiny_bert_dir):
     """A LoRA run on the tiny BERT (trained, evaluated against a baseline) and its export."""
     from tunelab.core.study import Study
-    from tunelab.stages.export import export_run
+    from tunelab.stages.export import stage as export_stage
 
     root, run_id = trained_study(tmp_path_factory.mktemp("export") / "s", tiny_bert_dir)
     out = root.parent / "exported"
-    path, manifest = export_run(
+    path, manifest = export_stage.run(
         Study.open(root), run_id, out=out, notes=["trained on 24 toy sentences"]
     )
     return root, run_id, path, manifest
@@ -251,14 +251,14 @@ def test_truncation_is_read_from_the_run_and_equals_encoding_again(tmp_path, tin
     from helpers import register_study, write_topic_study
     from tunelab.lib.models import resolve_model
     from tunelab.stages.data import load_snapshot
-    from tunelab.stages.export.write import _truncation
-    from tunelab.stages.train import train_run
+    from tunelab.stages.export.stage import _truncation
+    from tunelab.stages.train import stage as train_stage
 
     root = write_topic_study(
         tmp_path / "s", tiny_bert_dir, "trunc", max_steps=1, preprocess={"max_seq_len": 8}
     )
     study = register_study(root)
-    run = study.get_run(train_run(study, name="short").id)
+    run = study.get_run(train_stage.run(study, name="short").id)
     cfg, snapshot = study.config, load_snapshot(study)
     base = resolve_model(cfg.model, root=study.root)
     recorded = _truncation(study, run, cfg, base, snapshot, LABELS)

@@ -174,14 +174,14 @@ def test_merge_beyond_its_tolerance_is_refused(qlora_run, capsys):
 def test_qlora_verify_and_eval(qlora_run):
     from tunelab.core.evidence import find_evaluation
     from tunelab.core.study import Study
-    from tunelab.stages.verify.stage import verify_run
+    from tunelab.stages.verify import stage as verify_stage
 
     root, run_id = qlora_run
     study = Study.open(root)
     evaluation = find_evaluation(study, run_id, "validation")
     assert evaluation and evaluation["record"]["n"] == 9
     assert set(evaluation["record"]["metrics"]["per_category"]) == set(LABELS)
-    record = verify_run(study, run_id)  # a fresh process loads the 4-bit base + adapter again
+    record = verify_stage.run(study, run_id)  # a fresh process loads the 4-bit base + adapter again
     assert record["passed"], record["reason"]
     assert record["predictions"]["matched"] == 9 and record["checkpoint"]["ok"]
 
@@ -189,10 +189,10 @@ def test_qlora_verify_and_eval(qlora_run):
 @pytest.mark.slow
 def test_qlora_smoke(qlora_run):
     from tunelab.core.study import Study
-    from tunelab.stages.smoke.stage import run_smoke
+    from tunelab.stages.smoke import stage as smoke_stage
 
     root, _ = qlora_run
-    _, record = run_smoke(Study.open(root), num_train=4, num_steps=2, num_eval=2)
+    _, record = smoke_stage.run(Study.open(root), num_train=4, num_steps=2, num_eval=2)
     assert record["passed"], record["reason"]
     assert record["settings"]["method"] == "qlora"
     checks = {c["check"]: c["ok"] for c in record["checks"]}

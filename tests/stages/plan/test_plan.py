@@ -168,7 +168,7 @@ def test_too_slow_warns_and_speedup_projects():
 
 
 def test_steps_are_trainings_own_count_and_padded_lengths():
-    from tunelab.stages.train.run import total_steps
+    from tunelab.stages.train.stage import total_steps
 
     epochs = config({**TRAINING, "max_steps": None, "num_epochs": 2.0})
     assert total_steps(epochs, 800) == 100
@@ -252,9 +252,10 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
     _sizing_record(study)
     _finished_run(study, "smoke", 30.0)
     _finished_run(study, "baseline", 12.0)
-    from tunelab.stages.plan import make_plan, review_plan
+    from tunelab.stages.plan import review_plan
+    from tunelab.stages.plan import stage as plan_stage
 
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     per_variant = plan["variant"]["total_s"]
     slow = _finished_run(study, "train", per_variant * 1.05)
     _finished_run(study, "train", per_variant * 1.15)
@@ -299,9 +300,10 @@ def test_review_sets_planned_against_ledger(tmp_path, tiny_llama_dir, capsys):
 def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llama_dir, capsys):
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
-    from tunelab.stages.plan import make_plan, review_plan
+    from tunelab.stages.plan import review_plan
+    from tunelab.stages.plan import stage as plan_stage
 
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     planned = plan["variant"]["steps"]
     for steps in (planned, planned // 2, planned // 2):
         run = _finished_run(study, "train", 10.0)
@@ -316,21 +318,22 @@ def test_review_says_when_runs_took_other_steps_than_planned(tmp_path, tiny_llam
     ]
     code, out, _ = run_cli(capsys, "plan", "-s", study.root, "--review")
     assert code == 0 and f"took {planned // 2} steps" in " ".join(out.split())
-    from tunelab.stages.report import build_report
+    from tunelab.stages.report import stage as report_stage
 
-    md = build_report(study)["markdown"].read_text()
+    md = report_stage.run(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
     assert f"Note: {notes[0]}." in section[: section.index("\n## ")]
 
 
 def test_review_shows_but_does_not_count_phases_under_a_second(tmp_path, tiny_llama_dir):
-    from tunelab.stages.plan import RESOLUTION_S, make_plan, review_plan
+    from tunelab.stages.plan import RESOLUTION_S, review_plan
+    from tunelab.stages.plan import stage as plan_stage
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
     _finished_run(study, "smoke", 30.0)
     _finished_run(study, "baseline", 12.0)
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     run = _finished_run(study, "train", plan["variant"]["total_s"] * 1.05)
     study.ledger.add_event(run, "export", {"export_id": "export-x", "seconds": 0.2})
     review = review_plan(study, {**plan, "export_s": 0.1})
@@ -372,14 +375,15 @@ def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
 def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, tiny_llama_dir):
     """The demo plans after the initial check; the dossier reviews that plan against the ledger
     as it is when the dossier is built, not as it was when the plan was made."""
-    from tunelab.stages.plan import make_plan, review_plan
-    from tunelab.stages.report import build_report
+    from tunelab.stages.plan import review_plan
+    from tunelab.stages.plan import stage as plan_stage
+    from tunelab.stages.report import stage as report_stage
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
     _finished_run(study, "smoke", 30.0)
     _finished_run(study, "baseline", 12.0)
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     stored = {r["phase"]: r for r in plan["review"]["rows"]}
     assert stored["experiments"]["error_pct"] is None  # nothing trained yet when planned
     _finished_run(study, "train", plan["variant"]["total_s"] * 1.1)
@@ -391,7 +395,7 @@ def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, 
     assert evaluation["repeat_spread_pct"] == pytest.approx(22.2)
     assert evaluation["within_repeat_spread"] == (abs(evaluation["error_pct"]) <= 22.2)
     assert rows["experiments"]["repeat_spread_pct"] is None  # one run: no spread
-    md = build_report(study)["markdown"].read_text()
+    md = report_stage.run(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
     section = section[: section.index("\n## ")]
     line = next(x for x in section.splitlines() if x.startswith("| experiments"))
@@ -404,7 +408,8 @@ def test_dossier_sets_a_plan_made_before_the_experiments_against_them(tmp_path, 
 
 
 def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_path, tiny_llama_dir):
-    from tunelab.stages.plan import gather_figures, make_plan
+    from tunelab.stages.plan import gather_figures
+    from tunelab.stages.plan import stage as plan_stage
 
     study = _study(tmp_path / "s", tiny_llama_dir)
     _sizing_record(study)
@@ -416,7 +421,7 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
     )
     figures = gather_figures(study)
     assert figures.process_start_s.value == pytest.approx(3.0)
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)
 
 

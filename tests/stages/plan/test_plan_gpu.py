@@ -247,7 +247,7 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
     assert rows[: len(fitting)] == fitting  # the cards where it does not fit come last
     for r in rows:
         assert r["step_low_s"] <= r["step_s"] <= r["step_high_s"]
-        assert r["micro_batch"] * r["grad_accum"] == 16
+        assert r["micro_batch"] * r["grad_accum"] * r["gpus"] == 16
         assert set(r["variants"]) == {"3", "7", "30"}
     kinds = {i["name"]: i["kind"] for i in result["inputs"]}
     assert kinds["model"] == "read" and kinds["lengths"] == "assumed"
@@ -260,12 +260,13 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
     assert code == 0, err
     lines = out.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
-    for r in rows:
-        assert any(line.lstrip().startswith(r["gpu"] + " ") for line in lines)
+    for r in rows:  # a row of the table, or a line saying why it fits no layout
+        assert any(line.lstrip().startswith((r["gpu"] + " ", r["gpu"] + ":")) for line in lines)
     assert "assumed: lengths" in out and "read: model" in out and "utilization" in out
     answer = result["answer"]
     assert answer["gpu"] in {r["gpu"] for r in fitting} and answer["days"] in (3, 7, 30)
-    assert f"answer: 1x {answer['gpu']} for {answer['days']} days" in out
+    assert f"answer: {answer['gpus']}x {answer['gpu']}" in out
+    assert f"for {answer['days']} days" in out
 
 
 def _row(gpu, fits, variants, rental_cost, busy_hours=1.0):

@@ -12,7 +12,7 @@ import yaml
 from helpers import FILLED_HYPOTHESIS, run_cli
 from tunelab.core.config import AdaptationConfig
 from tunelab.stages.plan.shapes import facts_from_config
-from tunelab.stages.sizing.load import load_peak, load_problem
+from tunelab.stages.sizing.load import load_peak, load_problem, load_table, strategy_refusal
 
 # Llama-3-70B's published config.json (the values that shape the model)
 LLAMA_70B = {
@@ -47,12 +47,28 @@ def test_load_peak_whole_and_sharded():
     assert on_cpu.host_per_rank > weights / 4
     assert "sharded loading" in sharded.why
     h100 = 80 * 10**9
-    assert "141.9 GB on each device" in load_problem(load_peak(facts, "ddp", 4, 4), h100, None)
+    assert "141.9 GB on each GPU" in load_problem(load_peak(facts, "ddp", 4, 4), h100, None)
     assert load_problem(sharded, h100, None) is None
     assert "host memory on the node" in load_problem(sharded, h100, 1 * 10**9)
     qlora = facts_from_config(LLAMA_70B, AdaptationConfig(method="qlora"),
                               architecture="causal_lm", dtype="bfloat16")  # fmt: skip
     assert load_peak(qlora, "fsdp", 4, 4).mode == "whole"  # 4-bit weights load whole
+    assert "refuses qlora under fsdp" in strategy_refusal(qlora, "fsdp", "bf16")
+    assert strategy_refusal(qlora, "ddp", "bf16") is None
+
+
+def test_size_records_the_load_of_each_rank_count():
+    facts = facts_from_config(LLAMA_70B, LORA_ALL, architecture="causal_lm", dtype="bfloat16")
+    rows = {(r["ranks"], r["strategy"]): r for r in load_table(facts, (2, 4), 80 * 10**9, "cuda")}
+    assert set(rows) == {(1, "single"), (2, "ddp"), (2, "fsdp"), (4, "ddp"), (4, "fsdp")}
+    for key in ((1, "single"), (2, "ddp"), (4, "ddp")):  # 141.9 GB on every GPU
+        assert rows[key]["problem"].startswith("the load does not fit"), key
+    for n in (2, 4):  # 71.0 and 35.5 GB a GPU
+        assert rows[(n, "fsdp")]["problem"] is None and rows[(n, "fsdp")]["mode"] == "sharded"
+    # on a CPU the budget is the node's memory: four whole copies, or four quarters
+    on_cpu = {(r["ranks"], r["strategy"]): r for r in load_table(facts, (4,), 300 * 10**9, "cpu")}
+    assert "host memory on the node" in on_cpu[(4, "ddp")]["problem"]
+    assert on_cpu[(4, "fsdp")]["problem"] is None
 
 
 @pytest.fixture
@@ -94,9 +110,57 @@ def test_a_layout_whose_load_cannot_fit_does_not_fit_and_sharded_fits(seventy_b_
     assert code == 0, err
     fit = json.loads(out[out.index("{") :])["projection"]["fit"]
     assert fit["fits"] is False and fit["load"]["mode"] == "whole"
-    assert fit["reason"].startswith("loading does not fit: 141.9 GB on each device")
+    assert fit["reason"].startswith("the load does not fit: 141.9 GB on each GPU")
+    assert "weights 141.9 GB, loaded whole on every rank" in fit["reason"]
     code, out, err = run_cli(capsys, *args, "--strategy", "fsdp")
     assert code == 0, err
     fit = json.loads(out[out.index("{") :])["projection"]["fit"]
     assert fit["fits"] is True, fit["reason"]
     assert fit["load"]["mode"] == "sharded" and fit["load"]["device_per_rank"] < 36e9
+
+
+def test_compare_gpus_tries_multi_gpu_layouts_and_recommends_only_what_loads(
+    seventy_b_study, capsys
+):
+    code, out, err = run_cli(capsys, "plan", "-s", seventy_b_study, "--compare-gpus", "--json")
+    assert code == 0, err
+    result = json.loads(out[out.index("{") :])
+    assert result["gpus"] == [1, 2, 4, 8] and result["currency"] == "USD"
+    layouts = {(r["gpu"], r["gpus"], r["strategy"]): r for r in result["layouts"]}
+    h100 = {k[1:]: r for k, r in layouts.items() if k[0] == "H100-SXM"}
+    assert set(h100) == {(1, "single"), *((n, s) for n in (2, 4, 8) for s in ("ddp", "fsdp"))}
+    for n in (1, 2, 4, 8):  # the whole base on every GPU: 141.9 GB over 80 GB, at any count
+        whole = h100[(n, "single" if n == 1 else "ddp")]
+        assert not whole["fits"] and whole["why_not"].startswith("the load does not fit")
+        assert whole["load"]["mode"] == "whole"
+    assert h100[(4, "fsdp")]["fits"] and h100[(4, "fsdp")]["load"]["mode"] == "sharded"
+    assert h100[(4, "fsdp")]["load"]["device_per_rank"] < 36e9
+    best = next(r for r in result["rows"] if r["gpu"] == "H100-SXM")
+    assert best["fits"] and best["strategy"] == "fsdp" and best["gpus"] in (2, 4, 8)
+    # every layout that fits loads: its load fits the GPU, and it is one train runs
+    for r in result["layouts"]:
+        if r["fits"]:
+            assert r["load"]["device_per_rank"] < r["memory_bytes"]
+            assert r["strategy"] in ("single", "ddp", "fsdp")
+    answer = result["answer"]
+    picked = layouts[(answer["gpu"], answer["gpus"], answer["strategy"])]
+    assert picked["fits"]
+    code, out, err = run_cli(capsys, "plan", "-s", seventy_b_study, "--compare-gpus")
+    assert code == 0, err
+    assert "RTX-4090: does not fit at 1/2/4/8 GPUs (ddp: load 141.9 GB a GPU over 24 GB" in out
+    assert f"answer: {answer['gpus']}x {answer['gpu']}" in out and " USD for the rental" in out
+    assert "busy USD" in out
+
+
+def test_validate_refuses_a_layout_whose_load_cannot_fit(seventy_b_study, capsys):
+    args = ("validate", "-s", seventy_b_study, "--nproc", "4")
+    code, _, err = run_cli(capsys, *args, "--strategy", "ddp", "--gpu", "H100-SXM")
+    assert code == 2
+    assert "--nproc 4 --strategy ddp on --gpu H100-SXM: the load does not fit: 141.9 GB" in err
+    assert "weights 141.9 GB, loaded whole on every rank" in err
+    code, _, err = run_cli(capsys, *args, "--strategy", "fsdp", "--memory-budget", "30GB")
+    assert code == 2 and "on GPUs of 30.0 GB (--memory-budget)" in err
+    assert "GB on each GPU, over its 30.0 GB (sharded loading: each rank reads its 1/4" in err
+    code, out, err = run_cli(capsys, *args, "--strategy", "fsdp", "--memory-budget", "80GB")
+    assert code == 0, err
+    assert "valid" in out

@@ -29,13 +29,13 @@ def _lines(out: str) -> list[str]:
 
 
 def _planned(tmp_path, model_dir):
-    from tunelab.stages.plan import make_plan
+    from tunelab.stages.plan import stage as plan_stage
 
     study = _study(tmp_path / "s", model_dir)
     _sizing_record(study)
     _finished_run(study, "smoke", 30.0)
     _finished_run(study, "baseline", 12.0)
-    plan, _, _ = make_plan(study, days=3)
+    plan, _, _ = plan_stage.run(study, days=3)
     return study, plan
 
 
@@ -111,10 +111,10 @@ def test_a_plan_names_the_device_its_figures_are_for(tmp_path, tiny_llama_dir, c
     ids = sorted(p.stem for p in (study.records / "plans").glob("plan-*.json"))
     assert ids == [f"plan-20260102-030405-{s}" for s in ("000000", "dddddd", "eeeeee", "ffffff")]
     from tunelab.core.evidence import latest
-    from tunelab.stages.report import build_report
+    from tunelab.stages.report import stage as report_stage
 
     assert latest(study, "plan").read()["id"] == "plan-20260102-030405-000000"
-    md = build_report(study)["markdown"].read_text()
+    md = report_stage.run(study)["markdown"].read_text()
     section = md[md.index("## Rental plan") :]
     assert "days on 1x NVIDIA L4 24GB (projected) at" in section
 

@@ -16,7 +16,7 @@ from helpers import fill_hypothesis, run_cli, train_stopped_at
 from tunelab.core.ledger import RunRow
 from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
-from tunelab.stages.report import build_report
+from tunelab.stages.report import stage as report_stage
 from tunelab.stages.report.collect import RunEvidence
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -85,8 +85,8 @@ def test_report_is_rebuilt_not_recorded(hostile_study):
     def body(text: str) -> str:
         return "\n".join(line for line in text.splitlines() if not line.startswith("Built "))
 
-    first = body(build_report(s)["markdown"].read_text())
-    second = body(build_report(s)["markdown"].read_text())
+    first = body(report_stage.run(s)["markdown"].read_text())
+    second = body(report_stage.run(s)["markdown"].read_text())
     assert first == second and "Version 1" in first
 
 
@@ -94,7 +94,7 @@ def test_report_is_rebuilt_not_recorded(hostile_study):
     CHROMIUM is None, reason="chromium not installed (make setup installs it as root)"
 )
 def test_dossier_renders_in_headless_chromium(hostile_study, tmp_path):
-    paths = build_report(Study.open(hostile_study))
+    paths = report_stage.run(Study.open(hostile_study))
     dom = render_dom(paths["html"], tmp_path)
     assert "tunelab dossier" in dom
     assert "Hypothesis and guardrails" in dom and "Limitations" in dom
@@ -170,7 +170,7 @@ def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_b
     for args in (["eval", v1.id], ["compare"]):
         code, out, err = run_cli(capsys, *args, "-s", root)
         assert code == 0, err
-    paths = build_report(study)
+    paths = report_stage.run(study)
     md = paths["markdown"].read_text()
     # the decision comes first, then a table of contents naming every section
     assert md.index("Contents:") < md.index("## Decision") < md.index("## Hypothesis")
@@ -283,10 +283,11 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
     import torch
 
     from helpers import register_study, write_topic_study
-    from tunelab.stages.compare.stage import compare_study, save_compare
-    from tunelab.stages.evaluate.stage import run_baseline, run_eval
-    from tunelab.stages.hypothesis.stage import register
-    from tunelab.stages.inspect.stage import run_inspect
+    from tunelab.stages.compare import stage as compare_stage
+    from tunelab.stages.compare.stage import save_compare
+    from tunelab.stages.evaluate import stage as evaluate_stage
+    from tunelab.stages.hypothesis import stage as hypothesis_stage
+    from tunelab.stages.inspect import stage as inspect_stage
     from tunelab.stages.train import resume_run
 
     torch.set_num_threads(1)
@@ -298,18 +299,18 @@ def amended_study(tmp_path_factory, tiny_bert_dir):
         training={"checkpoint_every_steps": 1, "num_threads": 1},
     )
     study = register_study(root)
-    run_inspect(study)
-    run_baseline(study)
+    inspect_stage.run(study)
+    evaluate_stage.run(study)
     stopped = train_stopped_at(study, 2, "lora", why="LoRA on query and value")
     resume_run(Study.open(root), stopped.id)
-    run_eval(study, stopped.id)
-    save_compare(study, compare_study(study))
+    evaluate_stage.run(study, stopped.id)
+    save_compare(study, compare_stage.run(study))
     raw = yaml.safe_load((root / "study.yaml").read_text())
     raw["hypothesis"]["rationale"] = "the encoder never saw these three topics"
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = Study.open(root)
-    assert register(study.root, study.config)[0]["version"] == 2
-    return {"root": root, "run": stopped.id, "paths": build_report(study)}
+    assert hypothesis_stage.run(study.root, study.config)[0]["version"] == 2
+    return {"root": root, "run": stopped.id, "paths": report_stage.run(study)}
 
 
 def _section(md: str, title: str) -> str:

@@ -114,8 +114,8 @@ def email_rows(n: int = 32) -> list[dict]:
 @pytest.fixture(scope="module")
 def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
     from tunelab.core.study import Study
-    from tunelab.stages.data import build_snapshot
-    from tunelab.stages.hypothesis.stage import register
+    from tunelab.stages.data import stage as data_stage
+    from tunelab.stages.hypothesis import stage as hypothesis_stage
 
     root = tmp_path_factory.mktemp("dist-study")
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in email_rows()))
@@ -152,19 +152,19 @@ def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
     }
     (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     study = Study.open(root)
-    build_snapshot(study)
-    register(study.root, study.config)
+    data_stage.run(study)
+    hypothesis_stage.run(study.root, study.config)
     return root
 
 
 def single_process_run(root: Path, sets: list[str]) -> Path:
     """The reference: one process, micro batch 4 x accumulation 2, in this process."""
     from tunelab.core.study import Study
-    from tunelab.stages.train import train_run
+    from tunelab.stages.train import stage as train_stage
 
     threads = torch.get_num_threads()
     try:
-        return train_run(Study.open(root, sets)).dir
+        return train_stage.run(Study.open(root, sets)).dir
     finally:
         torch.set_num_threads(threads)
 

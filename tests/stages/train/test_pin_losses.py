@@ -1,4 +1,4 @@
-"""Pinned losses: the tiny Llama trained for four optimizer steps through `train_run` (what
+"""Pinned losses: the tiny Llama trained for four optimizer steps through `train_stage.run` (what
 `tunelab train` calls in a single process) must give these exact per-step losses.
 
 A refactor of the training path keeps identical loss (tolerance 0). The literals hold for fp32 on
@@ -19,7 +19,7 @@ import pytest
 from helpers import write_email_study
 from tunelab.core.records import read_jsonl
 from tunelab.core.study import Study
-from tunelab.stages.train import train_run
+from tunelab.stages.train import stage as train_stage
 
 # step: (training loss, validation loss or None); step 0 holds the validation loss before training
 PINNED = {
@@ -90,7 +90,7 @@ def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
 def test_losses_are_the_pinned_ones(study_dir, method, monkeypatch):
     monkeypatch.setenv("TUNELAB_DEVICE", "cpu")
     study = Study.open(study_dir, [f"adaptation.method={method}"])
-    run = train_run(study, name=f"pin-{method}", why="pinned losses")
+    run = train_stage.run(study, name=f"pin-{method}", why="pinned losses")
     got = {
         r["step"]: (r.get("loss"), r.get("val_loss")) for r in read_jsonl(run.path("metrics.jsonl"))
     }

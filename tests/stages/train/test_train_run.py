@@ -21,14 +21,9 @@ from helpers.train_run import assert_same_result, final_adapter
 from tunelab.core.errors import PreprocessError, RunError
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
-from tunelab.stages.train import (
-    InvalidRun,
-    RunFailed,
-    load_run_model,
-    resume_run,
-    train_run,
-)
+from tunelab.stages.train import InvalidRun, RunFailed, load_run_model, resume_run
 from tunelab.stages.train import checkpoint as ckpt
+from tunelab.stages.train import stage as train_stage
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 8
@@ -59,7 +54,7 @@ def study_dir(tmp_path_factory, tiny_llama_dir) -> Path:
 def straight(study_dir):
     """The uninterrupted run every interrupted one must equal."""
     torch.set_num_threads(1)
-    run = train_run(Study.open(study_dir), name="straight", why="reference")
+    run = train_stage.run(Study.open(study_dir), name="straight", why="reference")
     return run
 
 
@@ -328,7 +323,7 @@ def test_nan_loss_is_invalid(study_dir, capsys):
 def test_update_check_violation_is_invalid(study_dir):
     study = Study.open(study_dir, ["training.lr=1e-30"])  # too small to move any weight
     with pytest.raises(InvalidRun, match="update check after step 2") as exc:
-        train_run(study)
+        train_stage.run(study)
     assert "lora_A" in exc.value.message and "unchanged" in exc.value.message
     row = study.ledger.list_runs()[-1]
     assert row.status == "invalid" and "lora_A" in row.reason
@@ -346,7 +341,7 @@ def test_exception_is_failed_with_message(study_dir, capsys):
     assert status["status"] == "failed" and status["error"] == "RuntimeError"
     assert "SparseAdam" in status["reason"] and "Traceback" in status["traceback"]
     with pytest.raises(RunFailed):  # the library raises it too
-        train_run(Study.open(study_dir, ["training.optimizer=SparseAdam"]))
+        train_stage.run(Study.open(study_dir, ["training.optimizer=SparseAdam"]))
 
 
 def test_broken_loss_mask_is_invalid(tmp_path, tiny_llama_dir, capsys):
@@ -357,13 +352,13 @@ def test_broken_loss_mask_is_invalid(tmp_path, tiny_llama_dir, capsys):
     raw["preprocess"]["max_seq_len"] = 40  # the target no longer fits
     raw["evaluation"]["max_new_tokens"] = 16  # below the window, as register asks
     (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    hyp.register(root, Study.open(root).config)
+    hyp.run(root, Study.open(root).config)
     code, _, err = run_cli(capsys, "train", "-s", root)
     assert code == 2 and "error:" in err
     row = Study.open(root).ledger.list_runs()[-1]
     assert row.status == "invalid" and row.reason
     with pytest.raises(PreprocessError):
-        train_run(Study.open(root))
+        train_stage.run(Study.open(root))
 
 
 # ---------------------------------------------------------------- resume refusals
@@ -398,8 +393,8 @@ def test_resume_refuses_completed_running_changed_config_and_data(study_dir, str
     with open(copy / "mail.jsonl", "a") as f:
         target = json.dumps({"sender": "zed@example.com", "subject": "Hello"})
         f.write(json.dumps({"id": "new", "text": "From: zed@example.com", "target": target}) + "\n")
-    from tunelab.stages.data import build_snapshot
+    from tunelab.stages.data import stage as data_stage
 
-    build_snapshot(Study.open(copy))
+    data_stage.run(Study.open(copy))
     with pytest.raises(RunError, match="data snapshot changed"):
         resume_run(Study.open(copy), alive.id)

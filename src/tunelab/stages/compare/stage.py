@@ -2,10 +2,10 @@
 
 Pure parts (values in, values out): `flips`, `config_diff`, `compare_evaluations`; the
 statistics themselves (paired bootstrap, McNemar, bounds, Holm, TOST) live in
-`tunelab.lib.statistics`. The edge (`compare_study`) finds each run's evaluation in the study
+`tunelab.lib.statistics`. The edge (`run`) finds each run's evaluation in the study
 folder, refuses results of different evaluation specs, and writes `records/compare/<id>.json`.
 
-`compare_evaluations(..., fields=, paths=)`; `compare_study(study, run_ids=None, split=,
+`compare_evaluations(..., fields=, paths=)`; `run(study, run_ids=None, split=,
 baseline=)` + `save_compare(study, record)` write `records/compare/<id>.json`. Failed,
 interrupted and unevaluated runs are listed with their reason; naming a run evaluated under
 another spec is refused.
@@ -614,7 +614,7 @@ def _compare_run(
     return entry
 
 
-def compare_study(
+def run(
     study: Study,
     run_ids: Sequence[str] | None = None,
     *,

@@ -1,13 +1,13 @@
 """Stage 2, data: readers, cleaning rules, seeded stable splits, duplicates, sealed snapshots.
 
-    build_snapshot(study, progress=None) -> manifest dict (records/data/<snapshot-id>/)
+    stage.run(study, progress=None) -> manifest dict (records/data/<snapshot-id>/)
     load_snapshot(study, snapshot_id=None) -> Snapshot (.id, .manifest, .labels, .rows(split))
     open_test_split(study, snapshot, who, why, run_id=None) -> list of examples (logged)
     latest_snapshot_id(study) -> str | None (the rule lives in core.evidence)
 
 An example is a dict {"id", "text", "label", "target"}.
 
-`build_snapshot`'s `progress(what, done, total)` (core.progress) hears of inputs of 5,000 rows
+`stage.run`'s `progress(what, done, total)` (core.progress) hears of inputs of 5,000 rows
 or more ("reading" with total None, the duplicate search's stages with total 1); the manifest it returns
 has `"unchanged": True` when an identical snapshot already existed (same id, reused). The folder
 also holds `dropped.jsonl` and `DONE`. `Snapshot.dir`, `Snapshot.counts` (`{split: n}` after
@@ -22,17 +22,10 @@ file, absolute).
 """
 
 from tunelab.core.evidence import latest_snapshot_id
-from tunelab.stages.data.snapshot import (
-    Snapshot,
-    build_snapshot,
-    list_snapshots,
-    load_snapshot,
-    open_test_split,
-)
+from tunelab.stages.data.snapshot import Snapshot, list_snapshots, load_snapshot, open_test_split
 
 __all__ = [
     "Snapshot",
-    "build_snapshot",
     "latest_snapshot_id",
     "list_snapshots",
     "load_snapshot",

@@ -22,8 +22,7 @@ Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a
   progress=None, expect_template_sha256=None, merge=None) -> (record, predictions)`:
   `progress(what, done, total)` (core.progress) once before the first batch (done 0) and
   after every batch; `merge` None checks the evaluation copy on the first batch
-  (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice (`run_baseline`
-  and `run_eval` take it too). Raises HypothesisError when study.config does not match the
+  (`tunelab.lib.inference.eval_copy`), True / False reproduce a recorded choice. Raises HypothesisError when study.config does not match the
   registered hypothesis.
 - `record_evaluation(run, record, predictions)` writes `predictions-<split>.jsonl` and
   `metrics-<split>.json`: `{run_id, split, spec_sha256 (= sha256_json({evaluation_spec_sha256:
@@ -605,9 +604,30 @@ def require_generation_room(cfg: StudyConfig) -> None:
         )
 
 
-def run_baseline(study: Study, *, progress: Progress | None = None) -> tuple[Run, dict[str, Any]]:
-    """`tunelab baseline`: the untouched base model on the validation split, recorded as a run
-    of kind `baseline`. Returns (run, metrics record)."""
+def run(
+    study: Study,
+    run_id: str | None = None,
+    *,
+    split: str = "validation",
+    final: bool = False,
+    why: str | None = None,
+    progress: Progress | None = None,
+) -> tuple[Run, dict[str, Any]]:
+    """Stages 4 and 8: `run(study)` is `tunelab baseline`, `run(study, RUN, ...)` is `tunelab
+    eval RUN`; one evaluation procedure for both. Returns (run, metrics record)."""
+    if run_id is not None:
+        return _evaluate_run(study, run_id, split=split, final=final, why=why, progress=progress)
+    if split != "validation" or final:
+        raise EvaluationError(
+            "the baseline is evaluated on the validation split",
+            hint="evaluate the baseline run on the test split: `tunelab eval BASELINE --split "
+            "test --final`",
+        )
+    return _baseline(study, progress=progress)
+
+
+def _baseline(study: Study, *, progress: Progress | None = None) -> tuple[Run, dict[str, Any]]:
+    """The untouched base model on the validation split, recorded as a run of kind `baseline`."""
 
     from tunelab.core.env import capture_env
     from tunelab.stages.data import load_snapshot
@@ -658,7 +678,7 @@ def _task_labels_from(cfg: StudyConfig, snapshot: Any) -> list[str] | None:
     return list(cfg.task.labels) if cfg.task.labels else list(snapshot.labels or [])
 
 
-def run_eval(
+def _evaluate_run(
     study: Study,
     run_id: str,
     *,
@@ -667,7 +687,7 @@ def run_eval(
     why: str | None = None,
     progress: Progress | None = None,
 ) -> tuple[Run, dict[str, Any]]:
-    """`tunelab eval RUN`: the baseline's procedure applied to a trained run (or the baseline
+    """The baseline's procedure applied to a trained run (or the baseline
     itself on the test split), recorded as a run of kind `eval` whose parent is RUN.
 
     The test split opens only with `final=True`, through `tunelab.stages.data.open_test_split` (which

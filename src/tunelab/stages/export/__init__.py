@@ -24,12 +24,12 @@ runs the recorded example. Nothing is pickled: tensors are safetensors, the rest
 
 - `manifest`: the format, the folder's names, `manifest_sha256`, file hashes
 - `limitations`: what the model card and the manifest say the model cannot be trusted with
-- `write`: `export_run`, the export itself
+- `stage`: `run`, the export itself
 - `merge`: `merge_into`, `--merge` (an adapter merged into its dequantized base, checked)
 - `card`: `model_card`, the README.md written from the manifest
 - `check`: `check_export`, an export checked against its manifest and a base, then run
 
-`export_run(study, run_id, *, out=None, notes=(), merge_dtype=None, merge_tolerance=None) ->
+`stage.run(study, run_id, *, out=None, notes=(), merge_dtype=None, merge_tolerance=None) ->
 (path, manifest)`. The manifest: `format` (`tunelab-export/2`; `READABLE_FORMATS` also reads
 `/1`, whose weights sat in `adapter/` or `model/`), `artifact {kind, dir, method, format,
 weights, merged?, dtype?}`, `merge` (None, or `merge.merge_into`'s figures: dtype,
@@ -52,14 +52,12 @@ a differing example output raises `ExampleMismatch` (exit 1). The package re-exp
 from tunelab.stages.export.check import ExampleMismatch, check_export
 from tunelab.stages.export.limitations import failure_kinds, limitation_lines, regressions
 from tunelab.stages.export.manifest import FORMAT, MANIFEST, manifest_sha256
-from tunelab.stages.export.write import export_run
 
 __all__ = [
     "FORMAT",
     "MANIFEST",
     "ExampleMismatch",
     "check_export",
-    "export_run",
     "failure_kinds",
     "limitation_lines",
     "manifest_sha256",

@@ -37,8 +37,8 @@ def _split_labels(study: Any, cfg: StudyConfig) -> tuple[list[str | None], str] 
     if list_snapshots(study):
         snap = load_snapshot(study)
         return [r.get("label") for r in snap.rows("validation")], f"data snapshot {snap.id}"
+    from tunelab.stages.data.hub import source_root
     from tunelab.stages.data.readers import read_source
-    from tunelab.stages.data.snapshot import source_root
 
     rows = read_source(source_root(study), cfg.data).rows
     # the snapshot keeps at most data.max_examples rows, the classes in their proportions

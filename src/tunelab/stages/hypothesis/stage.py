@@ -1,13 +1,13 @@
 """Locking the hypothesis, the guardrails and the evaluation procedure before any computing.
 
-`register(study)` writes records/hypothesis-vN.json (content, sha256, UTC time). Registering a
+`run(study)` writes records/hypothesis-vN.json (content, sha256, UTC time). Registering a
 changed hypothesis makes vN+1 with the diff against vN; earlier versions are never touched.
 Stages that compute on a model call `require_hypothesis(study)` and carry its version and sha.
 
 - `require_hypothesis(study_root, cfg) -> {version, sha256, evaluation_spec_sha256}` raises
   HypothesisError when none is registered, when study.yaml drifted from the latest version, or
   when a hub repo or revision study.yaml names is not the one pinned.
-- `register(root, cfg, pins=None)`: `pins` go into the locked `content["pins"]` (`{"model" |
+- `run(root, cfg, pins=None)`: `pins` go into the locked `content["pins"]` (`{"model" |
   "data": {repo_id, repo_type, revision, commit}}`, hub repos only; the comparison with
   study.yaml leaves them out).
 - The records are read back by `core.evidence` (`read_hypothesis`, `latest_hypothesis`,
@@ -84,7 +84,7 @@ def check_registrable(cfg: StudyConfig, overrides: Sequence[str] = ()) -> None:
         )
 
 
-def register(
+def run(
     study_root: Path,
     cfg: StudyConfig,
     pins: dict[str, Any] | None = None,

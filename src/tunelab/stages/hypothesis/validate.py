@@ -7,11 +7,15 @@ contradictions (core.config), the task's (lib.tasks), the metrics' (lib.metrics)
 (stages.hypothesis.pins) and the data source's columns without reading it
 (stages.data.readers). It lives in a stage, not in core, because it gathers checks from the
 layers above core.
+
+`check_layout_load` refuses a `--nproc` / `--strategy` layout whose load cannot fit a GPU
+(`validate --gpu ID` or `--memory-budget`; `train` on CUDA checks its own GPU).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tunelab.core.config import (
     StudyConfig,
@@ -54,3 +58,62 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
             hint=f"change {what}, then run `tunelab validate` again",
         )
     return cfg
+
+
+def check_layout_load(
+    study_dir: Path,
+    cfg: StudyConfig,
+    *,
+    strategy: str,
+    nproc: int,
+    nnodes: int = 1,
+    gpu: str | None = None,
+    device_bytes: int | None = None,
+    where: str | None = None,
+) -> None:
+    """`validate --nproc N --strategy S` with `--gpu ID` (a catalog GPU) or `--memory-budget`
+    (`device_bytes`), and `train` on CUDA: raise ConfigError when that layout cannot load the
+    base (tunelab.stages.sizing.load), naming the load."""
+    from tunelab.stages.plan.catalog import find_gpu
+    from tunelab.stages.plan.project import CUDA_CONTEXT_BYTES
+    from tunelab.stages.plan.rental import layout_load_problem
+
+    if gpu is not None:
+        device_bytes = find_gpu(gpu).memory_bytes - CUDA_CONTEXT_BYTES
+    if device_bytes is None:
+        return
+    if where is None:
+        budget = f"GPUs of {device_bytes / 1e9:.1f} GB (--memory-budget)"
+        where = f"--gpu {gpu}" if gpu else budget
+    problem = layout_load_problem(
+        cfg, Path(study_dir), strategy=strategy, nproc=nproc, nnodes=nnodes,
+        device_bytes=device_bytes,
+    )  # fmt: skip
+    if problem is not None:
+        raise ConfigError(
+            f"--nproc {nproc} --strategy {strategy} on {where}: {problem}",
+            hint="use more GPUs or --strategy fsdp (sharded loading), a GPU with more memory "
+            "(`tunelab plan --compare-gpus` lists the layouts that load), or a smaller base",
+        )
+
+
+def check_train_load(study_dir: Path, cfg: StudyConfig, launch: Any) -> None:
+    """`tunelab train` on CUDA (`launch`: its --nproc, --nnodes, --strategy): refuse before
+    starting a layout that cannot load the base on this machine's GPU (ConfigError). Without
+    CUDA, or for a base whose config.json the planner cannot read (a GGUF file, a family it
+    does not model), nothing is checked: the load itself is the test."""
+    import torch
+
+    from tunelab.core.errors import StudyError
+
+    if not torch.cuda.is_available():
+        return
+    props = torch.cuda.get_device_properties(0)
+    device_bytes = props.total_memory - (1 << 30)  # the CUDA context
+    try:
+        check_layout_load(
+            study_dir, cfg, strategy=launch.strategy, nproc=launch.nproc, nnodes=launch.nnodes,
+            device_bytes=device_bytes, where=f"this machine's {props.name}",
+        )  # fmt: skip
+    except StudyError:
+        return

@@ -17,7 +17,7 @@ pixels through the mean and std).
 `inspect_images(pre, rows, split=, per_category=, progress=)` -> the record body (`kind:
 "image"`, `distributions`, `warnings`, `examples` with `original`, `steps`, `tensor`,
 `thumbnails`, `train_view`); `render_images_html(record)`; `thumbnail_png(img, px)` (the dossier's
-galleries use it too). `tunelab.stages.inspect.stage.run_inspect` dispatches on the
+galleries use it too). `tunelab.stages.inspect.stage.run` dispatches on the
 architecture; `tunelab.cli.inspect_images.print_image_record` prints it.
 """
 

@@ -8,7 +8,7 @@ token count, which positions carry loss, where truncation cut, and whether the t
 loss decode to the expected target. Length statistics and the stop conditions cover the whole
 split. The record is `records/inspect/<id>.json` plus a small HTML page `<id>.html`.
 
-`inspect_rows` is the pure part (values in, values out); `run_inspect` loads the snapshot and
+`inspect_rows` is the pure part (values in, values out); `run` loads the snapshot and
 the tokenizer, and writes the records.
 """
 
@@ -398,7 +398,7 @@ def new_inspect_id() -> str:
     return f"inspect-{stamp}-{secrets.token_hex(3)}"
 
 
-def run_inspect(
+def run(
     study: Study,
     *,
     split: str = "train",

@@ -6,7 +6,7 @@ review against the ledger and the Gantt chart (the probes the stages run for it 
 - `estimate`: `build_plan(figures, cfg, days=...) -> Plan`, pure
 - `review`: `review_plan(study, plan)`, planned against actual from the ledger
 - `chart`: `draw_gantt(plan, path)`
-- `stage`: `make_plan(study, ...)`, what `tunelab plan` runs; `stored`: `plans_in_order` (the latest: `core.evidence.latest(study, "plan")`)
+- `stage`: `run(study, ...)`, what `tunelab plan` runs; `stored`: `plans_in_order` (the latest: `core.evidence.latest(study, "plan")`)
 
 Names load on first use (PEP 562), so importing the package stays cheap.
 
@@ -42,7 +42,6 @@ _HOMES = {
     "repeat_verdict": "review",
     "review_plan": "review",
     "draw_gantt": "chart",
-    "make_plan": "stage",
     "plans_in_order": "stored",
     "plans_dir": "stored",
 }

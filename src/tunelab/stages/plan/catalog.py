@@ -34,6 +34,7 @@ class Gpu:
     interconnect_gbs: float
     price_per_hour: float
     source: str
+    url: str  # where the datasheet is published
 
     def peak_flops(self, precision: str) -> float:
         """FLOP/s of dense matrix products at `precision` (bf16 | fp16 | fp32)."""
@@ -118,8 +119,10 @@ def gpu_of_device(device_name: str | None) -> Gpu | None:
         "L40S": "l40s",
         "L4": r"(?<![0-9])l4(?![0-9])",
         "RTX-4090": "rtx4090",
+        "RTX-5090": "rtx5090",
         "MI300X": "mi300x",
         "MI325X": "mi325x",
+        "MI355X": "mi355x",
         "A10": r"(?<![0-9])a10g?(?![0-9])",
     }
     for gpu_id, pattern in patterns.items():

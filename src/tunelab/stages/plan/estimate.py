@@ -231,6 +231,13 @@ def plan_device(figures: Figures, gpu: str, speedup: float, step_time_s: float |
     return "this machine's CPU" if figures.device == "cpu" else f"this machine's {figures.device}"
 
 
+def variants_in_window(window_s: float, busy_s: float, n_var: int, per_variant_s: float) -> int:
+    """How many variants fit a rental window: what the plan spends besides its `n_var`
+    variants (`busy_s` holds both) is fixed, each more variant takes `per_variant_s`."""
+    fixed_s = busy_s - n_var * per_variant_s
+    return max(0, int((window_s - fixed_s) // per_variant_s)) if per_variant_s > 0 else n_var
+
+
 def build_plan(
     figures: Figures,
     cfg: StudyConfig,
@@ -280,8 +287,7 @@ def build_plan(
         + ev.run_s * (1 + MARGINS["evaluation"])
         + resume_each
     )
-    fixed_s = busy_s - n_var * per_variant_s
-    fit = max(0, int((window_s - fixed_s) // per_variant_s)) if per_variant_s > 0 else n_var
+    fit = variants_in_window(window_s, busy_s, n_var, per_variant_s)
     warnings = []
     if fit < n_var:
         warnings.append(

@@ -153,7 +153,7 @@ def micro_batch(shape: StudyShape, m: int) -> MicroBatch:
 def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strategy: str) -> Fit:
     """The largest micro-batch (per rank) whose accumulation keeps the study's effective batch
     and that fits `gpu` (the sizing's recommendation at the rental precision)."""
-    from tunelab.stages.sizing.load import load_peak, load_problem
+    from tunelab.stages.sizing.load import load_peak, load_problem, strategy_refusal
     from tunelab.stages.sizing.recommend import recommend
 
     t = cfg.training
@@ -178,8 +178,10 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
     )
     layout = "single" if gpus == 1 else strategy
     load = load_peak(shape.facts, layout, gpus, gpus, "cuda")
-    problem = load_problem(load, gpu.memory_bytes - CUDA_CONTEXT_BYTES, None)
-    if problem is not None:  # the run would die before its first step
+    problem = strategy_refusal(shape.facts, layout, shape.precision) or load_problem(
+        load, gpu.memory_bytes - CUDA_CONTEXT_BYTES, None
+    )
+    if problem is not None:  # the run would be refused, or die before its first step
         return Fit(False, 1, effective // gpus, t.activation_checkpointing,
                    load.device_per_rank + CUDA_CONTEXT_BYTES, gpu.memory_bytes, problem,
                    load.to_dict())  # fmt: skip
@@ -365,6 +367,19 @@ def resolve_utilization(
     return default_utilization(gpu.arch, method), False, notes
 
 
+def experts_placement(shape: StudyShape, gpus: int, strategy: str) -> str | None:
+    """Where a mixture of experts' experts lie on a layout (None for a dense model). FSDP
+    shards each parameter on its first dimension, and transformers keeps a layer's experts in
+    one tensor [experts, ...]: each GPU holds its share of whole experts at rest."""
+    moe = shape.facts.moe
+    if not moe:
+        return None
+    experts = int(moe["experts"])
+    if gpus > 1 and strategy == "fsdp":
+        return f"{-(-experts // gpus)} of {experts} experts a layer on each GPU (FSDP)"
+    return f"all {experts} experts on " + ("every GPU" if gpus > 1 else "the GPU")
+
+
 def check_layout(gpus: int, strategy: str) -> None:
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: at least one GPU", hint="e.g. --gpus 2")
@@ -390,7 +405,8 @@ def project(
     fit = choose_fit(shape, cfg, gpu, gpus, strategy)
     step = step_time(shape, fit, gpu, util, gpus, strategy)
     if not fit.fits:
-        notes.append(f"does not fit: {fit.reason}")
+        load = (fit.reason or "").startswith("the load does not fit")
+        notes.append(fit.reason if load else f"does not fit: {fit.reason}")
     if step.bound == "host":
         notes.append(
             "the step is bound by the host issuing kernels (a small model): a faster GPU does "
@@ -435,7 +451,7 @@ def _inputs(shape: StudyShape, gpu: Gpu, util: UtilizationRange) -> list[Input]:
         Input(
             "GPU",
             f"{peak:g} TFLOP/s {shape.precision}, {gpu.memory_gb:g} GB, {gpu.bandwidth_gbs:g} GB/s",
-            gpu.source,
+            f"{gpu.source}: {gpu.url}",
             "datasheet",
         ),
         Input(

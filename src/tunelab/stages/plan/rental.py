@@ -10,6 +10,7 @@ disk's speed; each figure says which.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
@@ -62,22 +63,50 @@ def _facts(
 ) -> tuple[ModelFacts, str]:
     if sizing and (sizing.get("facts") or {}).get("layer_training") is not None:
         return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
+    return config_facts(study.config, study.root, len(labels))
+
+
+def config_facts(cfg: StudyConfig, root: Path, num_labels: int = 0) -> tuple[ModelFacts, str]:
+    """The adapted model's facts from the base's config.json alone (no weights read), and
+    where they came from. Raises StudyError when the base has no config.json."""
     from tunelab.lib.models.loading import base_folder
 
-    cfg = study.config
-    folder = base_folder(cfg.model, study.root)  # a hub base: its snapshot in the hub cache
+    folder = base_folder(cfg.model, root)  # a hub base: its snapshot in the hub cache
     config = read_model_config(folder)
     facts = facts_from_config(
         config,
         cfg.adaptation,
         architecture=_architecture(config, cfg.model.architecture),
         dtype=cfg.model.dtype,
-        num_labels=len(labels),
+        num_labels=num_labels,
     )
     return (
         facts,
         f"{folder / 'config.json'} with adaptation {cfg.adaptation.method} (no weights read)",
     )
+
+
+def layout_load_problem(
+    cfg: StudyConfig,
+    root: Path,
+    *,
+    strategy: str,
+    nproc: int,
+    nnodes: int = 1,
+    device_bytes: int | None = None,
+    host_bytes: int | None = None,
+) -> str | None:
+    """Why `tunelab train --nproc N --strategy S` cannot load the study's base on GPUs of
+    `device_bytes` (nodes of `host_bytes`), or None when it can (see tunelab.stages.sizing.load).
+    The facts come from the base's config.json; the precision is the rental's (bf16 unless
+    training.precision says fp16)."""
+    from tunelab.stages.sizing.load import load_peak, load_problem, strategy_refusal
+
+    facts, _ = config_facts(cfg, root, len(cfg.task.labels or []))
+    ranks = max(1, nproc) * max(1, nnodes)
+    refusal = strategy_refusal(facts, strategy, cfg.training.precision)
+    peak = load_peak(facts, strategy, ranks, max(1, nproc), "cuda")
+    return refusal or load_problem(peak, device_bytes, host_bytes)
 
 
 def character_lengths(

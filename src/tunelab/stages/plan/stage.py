@@ -1,6 +1,6 @@
 """`tunelab plan`: gather the figures, build the plan, record it with its chart.
 
-`make_plan(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
+`run(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
 record's `projection` is absent for a plan of measured figures); `compare_gpus(study, days=,
 gpus=, strategy=, utilization=)` (`tunelab plan --compare-gpus`) records nothing.
 """
@@ -17,12 +17,18 @@ from tunelab.core.errors import ConfigError
 from tunelab.core.ledger import utc_now
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
-from tunelab.stages.plan.catalog import Gpu, find_gpu
+from tunelab.stages.plan.catalog import Gpu, currency, find_gpu
 from tunelab.stages.plan.catalog import gpus as catalog_gpus
 from tunelab.stages.plan.chart import draw_gantt
-from tunelab.stages.plan.estimate import Plan, build_plan
+from tunelab.stages.plan.estimate import Plan, build_plan, variants_in_window
 from tunelab.stages.plan.figures import Figures, gather_figures
-from tunelab.stages.plan.project import StudyShape, measured_utilization, project
+from tunelab.stages.plan.project import (
+    StudyShape,
+    check_layout,
+    experts_placement,
+    measured_utilization,
+    project,
+)
 from tunelab.stages.plan.rental import (
     gather_shape,
     local_figures,
@@ -34,7 +40,7 @@ from tunelab.stages.plan.review import review_plan
 from tunelab.stages.plan.stored import creation_ns, plans_dir
 
 
-def make_plan(
+def run(
     study: Study,
     *,
     days: int | None = None,
@@ -154,9 +160,10 @@ def check_gpu_only(*, gpus: int, strategy: str, utilization: float | None) -> No
 
 
 def cheapest_rental(rows: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
-    """The rental that answers "which GPU, how many days, what cost": among the GPUs the study
-    fits, the shortest rental (3, 7 or 30 days) holding `num_variants` on each, then the
-    cheapest of those. `{gpu, days, rental_cost, busy_hours}`, or `{gpu: None, why}`."""
+    """The rental that answers "which GPU, how many days, what cost": among the layouts the
+    study fits, the shortest rental (3, 7 or 30 days) holding `num_variants` on each, then the
+    cheapest of those. `{gpu, days, rental_cost, busy_hours}` (with the row's `gpus` and
+    `strategy` when it has them), or `{gpu: None, why}`."""
     fitting = [r for r in rows if r["fits"]]
     if not fitting:
         return {"gpu": None, "why": "the study fits no catalog GPU's memory"}
@@ -166,11 +173,12 @@ def cheapest_rental(rows: list[dict[str, Any]], num_variants: int, days: int) ->
         if shortest is not None:
             # the rental costs its days x 24 h x the price: linear in the days
             cost = r["rental_cost"] * shortest / days
-            options.append((cost, r["busy_hours"], r["gpu"], shortest))
+            options.append((cost, r["busy_hours"], r["gpu"], shortest, r))
     if not options:
         return {"gpu": None, "why": f"no catalog GPU runs {num_variants} variants within 30 days"}
-    cost, busy, gpu, shortest = min(options)
-    return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy}
+    cost, busy, gpu, shortest, row = min(options, key=lambda o: o[:4])
+    layout = {k: row[k] for k in ("gpus", "strategy") if k in row}  # a multi-GPU layout's
+    return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy, **layout}
 
 
 def check_days(days: int) -> int:
@@ -214,6 +222,8 @@ def _projected_plan(
         "price_source": "--gpu-hour-price"
         if gpu_hour_price is not None
         else "the catalog's default",
+        # the catalog's currency; a price given on the command line is in the user's own
+        "currency": currency() if gpu_hour_price is None else None,
     }
     return figures, plan, projection
 
@@ -245,75 +255,149 @@ def gpu_plan(
     )
 
 
+LAYOUT_GPUS = (1, 2, 4, 8)  # GPUs a node that `--compare-gpus` tries
+
+
 def compare_gpus(
     study: Study,
     *,
     days: int | None = None,
-    gpus: int = 1,
-    strategy: str = "ddp",
+    gpus: int | None = None,
+    strategy: str | None = None,
     utilization: float | None = None,
 ) -> dict[str, Any]:
-    """Every catalog GPU for the study, the cheapest that fits first: `{days, gpus, strategy,
-    rows: [{gpu, name, fits, micro_batch, grad_accum, checkpointing, peak_bytes, memory_bytes,
-    step_s, step_low_s, step_high_s, bound, utilization, utilization_measured,
-    hours_per_variant, variants {3, 7, 30}, busy_hours, busy_cost, rental_cost,
-    price_per_gpu_hour}], inputs, notes}`. Nothing is recorded."""
+    """Every catalog GPU for the study, the cheapest that fits first. Each GPU is tried on
+    `gpus` GPUs a node (default 1, 2, 4 and 8) under `strategy` (default: DDP and FSDP, the
+    cheaper that fits). `{answer, days, rows, layouts, inputs, notes, sources, currency}`: `rows`
+    holds each GPU's best layout (its cheapest rental, else its largest layout, with why it does
+    not fit), `layouts` every layout tried: `{gpu, name, gpus, strategy, fits, why_not,
+    micro_batch, grad_accum, checkpointing, peak_bytes, memory_bytes, load, experts, step_s,
+    step_low_s, step_high_s, bound, utilization, utilization_measured, hours_per_variant,
+    variants {3, 7, 30}, busy_hours, busy_cost, rental_cost, price_per_gpu_hour}`. Nothing is
+    recorded."""
     cfg = study.config
     days = check_days(cfg.budget.rental_days if days is None else days)
+    t = cfg.training
+    effective = t.micro_batch_size * t.grad_accum_steps
+    # the effective batch divides among the GPUs (choose_fit refuses a --gpus that does not)
+    counts = (gpus,) if gpus else tuple(n for n in LAYOUT_GPUS if effective % n == 0)
+    for n in counts:
+        check_layout(n, strategy or "ddp")
     shape, sizing = gather_shape(study)
     local = local_figures(study)
     measured = measured_run_utilization(study, shape)
-    rows, inputs = [], []
+    rows, layouts, inputs = [], [], []
     for gpu in catalog_gpus():
-        kw = dict(
-            gpus=gpus,
-            strategy=strategy,
-            utilization=utilization,
-            gpu_hour_price=None,
-            measured=measured,
-        )
-        _, plan, proj = _projected_plan(shape, sizing, local, cfg, gpu, days=days, **kw)
-        fit_in = {
-            d: _projected_plan(shape, sizing, local, cfg, gpu, days=d, **kw)[1].variants_that_fit
-            for d in (3, 7, 30)
-        }
-        step = proj["step"]
-        rows.append(
-            {
-                "gpu": gpu.id,
-                "name": gpu.name,
-                "arch": gpu.arch,
-                "fits": proj["fit"]["fits"],
-                "why_not": proj["fit"].get("reason"),
-                "micro_batch": proj["fit"]["micro_batch"],
-                "grad_accum": proj["fit"]["grad_accum"],
-                "checkpointing": proj["fit"]["checkpointing"],
-                "peak_bytes": proj["fit"]["peak_bytes"],
-                "memory_bytes": proj["fit"]["budget_bytes"],
-                "step_s": step["value"],
-                "step_low_s": step["low"],
-                "step_high_s": step["high"],
-                "bound": step["bound"],
-                "utilization": proj["utilization"]["value"],
-                "utilization_measured": proj["utilization_measured"],
-                "hours_per_variant": plan.per_variant_with_margins_s / 3600,
-                "variants": fit_in,
-                "busy_hours": plan.cost.busy_hours,
-                "busy_cost": plan.cost.busy_cost,
-                "rental_cost": plan.cost.rental_cost,
-                "price_per_gpu_hour": proj["price_per_gpu_hour"],
-            }
-        )
-        inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
+        tried = []
+        for n in counts:
+            for way in [strategy] if strategy else ["ddp", "fsdp"] if n > 1 else ["ddp"]:
+                _, plan, proj = _projected_plan(
+                    shape, sizing, local, cfg, gpu, days=days, gpus=n, strategy=way,
+                    utilization=utilization, gpu_hour_price=None, measured=measured,
+                )  # fmt: skip
+                tried.append(_layout_row(gpu, plan, proj, cfg, shape))
+                inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
+        layouts += tried
+        rows.append(_best_layout(tried, cfg.budget.num_variants, days))
     rows.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
+    layouts.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
     return {
-        "answer": cheapest_rental(rows, cfg.budget.num_variants, days),
+        "answer": cheapest_rental(layouts, cfg.budget.num_variants, days),
         "days": days,
-        "gpus": gpus,
-        "strategy": "single" if gpus == 1 else strategy,
+        "gpus": list(counts),
+        "strategy": strategy,
         "num_variants": cfg.budget.num_variants,
         "utilization_given": utilization,
         "rows": rows,
+        "layouts": layouts,
         "inputs": inputs,
-        "sources": {g.id: g.source for g in catalog_gpus()},
+        "notes": _layout_notes(shape, layouts)
+        + [
+            f"{n} GPUs not tried: the effective batch of {effective} examples "
+            "(micro_batch_size x grad_accum_steps) does not divide among them"
+            for n in LAYOUT_GPUS
+            if not gpus and n not in counts
+        ],
+        "currency": currency(),
+        "sources": {g.id: f"{g.source}: {g.url}" for g in catalog_gpus()},
     }
+
+
+def _layout_row(
+    gpu: Gpu, plan: Plan, proj: dict[str, Any], cfg: Any, shape: StudyShape
+) -> dict[str, Any]:
+    """One layout of `--compare-gpus`: the projection's fit and time, and the variants that fit
+    in a rental of 3, 7 and 30 days (the same figures, another window)."""
+    step, fit, n = proj["step"], proj["fit"], proj["gpus"]
+    hours = float(cfg.budget.hours_per_day)
+    per_variant = plan.per_variant_with_margins_s
+    return {
+        "gpu": gpu.id,
+        "name": gpu.name,
+        "arch": gpu.arch,
+        "gpus": n,
+        "strategy": proj["strategy"],
+        "fits": fit["fits"],
+        "why_not": fit.get("reason"),
+        "micro_batch": fit["micro_batch"],
+        "grad_accum": fit["grad_accum"],
+        "checkpointing": fit["checkpointing"],
+        "peak_bytes": fit["peak_bytes"],
+        "memory_bytes": fit["budget_bytes"],
+        "load": fit.get("load"),
+        "experts": experts_placement(shape, n, proj["strategy"]),
+        "step_s": step["value"],
+        "step_low_s": step["low"],
+        "step_high_s": step["high"],
+        "bound": step["bound"],
+        "utilization": proj["utilization"]["value"],
+        "utilization_measured": proj["utilization_measured"],
+        "hours_per_variant": plan.per_variant_with_margins_s / 3600,
+        "variants": {
+            d: variants_in_window(d * hours * 3600, plan.busy_s, plan.num_variants, per_variant)
+            for d in (3, 7, 30)
+        },
+        "busy_hours": plan.cost.busy_hours,
+        "busy_cost": plan.cost.busy_cost,
+        "rental_cost": plan.cost.rental_cost,
+        "price_per_gpu_hour": proj["price_per_gpu_hour"],
+    }
+
+
+def _best_layout(tried: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
+    """A GPU's layout for the table: the cheapest rental among those that fit, else the one
+    that fits with the lowest busy cost, else the largest tried (its reason the most telling)."""
+    fitting = [r for r in tried if r["fits"]]
+    if not fitting:
+        return tried[-1] if len(tried) < 2 else _largest_refusal(tried)
+    pick = cheapest_rental(fitting, num_variants, days)
+    if pick["gpu"] is not None:
+        return next(
+            r for r in fitting if (r["gpus"], r["strategy"]) == (pick["gpus"], pick["strategy"])
+        )
+    return min(fitting, key=lambda r: r["busy_cost"])
+
+
+def _largest_refusal(tried: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest layout tried, its reason naming every strategy's at that size."""
+    largest = max(r["gpus"] for r in tried)
+    last = [r for r in tried if r["gpus"] == largest]
+    if len(last) == 1:
+        return last[0]
+    why = "; ".join(f"{r['strategy']}: {r['why_not']}" for r in last)
+    return {**last[-1], "why_not": why, "others": last[:-1]}
+
+
+def _layout_notes(shape: StudyShape, layouts: list[dict[str, Any]]) -> list[str]:
+    """What the table's layouts mean for this model (an MoE's experts under FSDP)."""
+    moe = shape.facts.moe
+    if not moe or not any(r["strategy"] == "fsdp" for r in layouts):
+        return []
+    return [
+        f"mixture of experts: FSDP shards the experts' weights over the GPUs: transformers "
+        f"keeps a layer's {moe['experts']} experts in one tensor and FSDP splits it on that "
+        "dimension, so each GPU holds 1/N of them at rest; a layer's experts are gathered "
+        "for its forward and backward, every GPU computing those its own tokens route to "
+        "(sharded data parallel, not expert parallelism). "
+        "DDP keeps every expert on every GPU."
+    ]

@@ -1,5 +1,1 @@
-"""The dossier: built only from the study's records."""
-
-from tunelab.stages.report.build import build_report
-
-__all__ = ["build_report"]
+"""Stage 13, report: the dossier, built only from the study's records (`stage.run`)."""

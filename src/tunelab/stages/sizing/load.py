@@ -33,6 +33,7 @@ class LoadPeak:
     device_per_rank: int
     host_per_rank: int
     host_per_node: int
+    weights: int  # the base's weights, all ranks together
     why: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,6 +43,20 @@ class LoadPeak:
 def loads_sharded(facts: ModelFacts, strategy: str) -> bool:
     """Whether the trainer loads this model sharded (see the module docstring)."""
     return strategy == "fsdp" and facts.architecture == "causal_lm" and not facts.quant_params
+
+
+def strategy_refusal(facts: ModelFacts, strategy: str, precision: str) -> str | None:
+    """Why `tunelab train` refuses this model under `strategy` (the rules of
+    `tunelab.stages.train.parallel.strategy_problems`, read from the facts), or None."""
+    if strategy != "fsdp":
+        return None
+    if facts.quant_params:
+        return "tunelab train refuses qlora under fsdp (FSDP would split the 4-bit weights)"
+    if facts.conv:  # FSDP wraps transformer blocks, one by one
+        return "tunelab train shards transformer blocks under fsdp: a conv net has none"
+    if precision == "fp16":
+        return "tunelab train refuses fp16 under fsdp (use bf16)"
+    return None
 
 
 def _largest_tensor_bytes(facts: ModelFacts) -> int:
@@ -66,17 +81,15 @@ def load_peak(
         on_device = weights // ranks + facts.trainable_bytes // ranks
         in_flight = _largest_tensor_bytes(facts) // ranks + facts.trainable_bytes
         host = in_flight + (on_device if device == "cpu" else 0)
-        why = f"sharded loading: each rank reads its 1/{ranks} of the {gb:.1f} GB of weights"
-        return LoadPeak("sharded", on_device, host, host * per_node, why)
-    host = weights
+        why = f"sharded loading: each rank reads its 1/{ranks} of the weights {gb:.1f} GB"
+        return LoadPeak("sharded", on_device, host, host * per_node, weights, why)
+    why = f"weights {gb:.1f} GB, loaded whole on every rank"
     if strategy == "fsdp" and ranks > 1:
-        why = (
-            f"the whole base ({gb:.1f} GB of weights) loads on every rank and moves to its "
-            "device before FSDP shards it (sharded loading covers causal LMs in full precision)"
+        why += (
+            " and moved to its device before FSDP shards them (sharded loading covers causal "
+            "LMs in full precision)"
         )
-    else:
-        why = f"the whole base ({gb:.1f} GB of weights) loads on every rank"
-    return LoadPeak("whole", weights, host, host * per_node, why)
+    return LoadPeak("whole", weights, weights, weights * per_node, weights, why)
 
 
 def load_problem(peak: LoadPeak, device_bytes: int | None, host_bytes: int | None) -> str | None:
@@ -84,12 +97,30 @@ def load_problem(peak: LoadPeak, device_bytes: int | None, host_bytes: int | Non
     capacity of None is not checked."""
     if device_bytes is not None and peak.device_per_rank > device_bytes:
         return (
-            f"loading does not fit: {peak.device_per_rank / 1e9:.1f} GB on each device, over "
+            f"the load does not fit: {peak.device_per_rank / 1e9:.1f} GB on each GPU, over "
             f"its {device_bytes / 1e9:.1f} GB ({peak.why})"
         )
     if host_bytes is not None and peak.host_per_node > host_bytes:
         return (
-            f"loading does not fit: {peak.host_per_node / 1e9:.1f} GB of host memory on the "
+            f"the load does not fit: {peak.host_per_node / 1e9:.1f} GB of host memory on the "
             f"node, over its {host_bytes / 1e9:.1f} GB ({peak.why})"
         )
     return None
+
+
+def load_table(
+    facts: ModelFacts, ranks: tuple[int, ...], budget_bytes: int | None, device: str
+) -> list[dict[str, Any]]:
+    """The load of one process and of each rank count in `ranks` under DDP and FSDP (all ranks
+    on one node), each with its problem against `budget_bytes` (a GPU's memory on "cuda", the
+    node's memory on "cpu"; None: not checked). `tunelab size` records and prints it."""
+    rows = []
+    for n in (1, *sorted({r for r in ranks if r > 1})):
+        for strategy in ("single",) if n == 1 else ("ddp", "fsdp"):
+            peak = load_peak(facts, strategy, n, n, device)
+            on_gpu = device == "cuda"
+            problem = load_problem(
+                peak, budget_bytes if on_gpu else None, None if on_gpu else budget_bytes
+            )
+            rows.append({"ranks": n, "strategy": strategy, **peak.to_dict(), "problem": problem})
+    return rows

@@ -18,7 +18,7 @@ What is compared: on CUDA the predicted peak total against `max_memory_allocated
 predicted increase (optimizer states, gradients, activations, logits, temporaries) against the
 measured peak RSS above the idle process (model, optimizer and batch loaded).
 
-`run_sizing(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
+`run(..., methods=[...])` (`tunelab size --methods full,lora,qlora`) adds a row per other
 method (`label` "method M") at the study's own configuration, each predicted from its own facts;
 `recommendation.other_methods` [{method, fits, micro_batch, grad_accum, checkpointing,
 predicted_peak_bytes}] (the CLI proposes one that fits when the study's does not). An image
@@ -62,6 +62,7 @@ from tunelab.core.progress import Progress
 from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
+from tunelab.stages.sizing.load import load_table
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
 from tunelab.stages.sizing.processes import measure_configurations
@@ -669,7 +670,7 @@ class _RowProgress:
             self.progress("size", n, self.total, f"{n} of {len(self.planned)} measured; {note}")
 
 
-def run_sizing(
+def run(
     study: Study,
     *,
     seq_lens: list[int] | None = None,
@@ -781,6 +782,7 @@ def run_sizing(
         study, hypothesis, lengths, sizes, device, budget, allocator, facts, rows, rec,
         _projection(facts, template, rec, effective, ranks),
     )  # fmt: skip
+    record["load"] = load_table(facts, ranks, budget, device)  # the load before the first step
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, _save(study, record)

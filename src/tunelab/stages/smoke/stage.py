@@ -3,7 +3,7 @@
 A run of kind `smoke` takes the study's config with a few overrides (2 optimizer steps, a micro
 batch that fits 8 training examples, the validation loss at the last step) and a seeded sample
 of the snapshot (8 training, 4 validation examples). It runs the real training code
-(`tunelab.stages.train.run`: the loop, the update check, the atomic checkpoint), the real evaluation
+(`tunelab.stages.train.stage`: the loop, the update check, the atomic checkpoint), the real evaluation
 (`tunelab.stages.evaluate.stage.evaluate_model` on the model loaded back from the checkpoint, as `tunelab
 eval` does), then a new Python process (`tunelab.stages.verify.stage`) that reloads the checkpoint from disk
 and must give:
@@ -15,9 +15,9 @@ and must give:
 The pass/fail table and the timings the planner reads (`step_s`, `eval_s_per_example`,
 `checkpoint_save_s`, `reload_s`, ...) are written to `records/runs/<smoke-id>/smoke.json`.
 
-`run_smoke(study, *, num_train=8, num_steps=2, num_eval=4, progress=None) -> (run, record)`
+`run(study, *, num_train=8, num_steps=2, num_eval=4, progress=None) -> (run, record)`
 (`progress`: core.progress, moved by the training steps) builds its run with
-`tunelab.stages.train.run.prepare_run` (its `Prepared.snapshot` replaced by a seeded
+`tunelab.stages.train.stage.prepare_run` (its `Prepared.snapshot` replaced by a seeded
 `SnapshotSample`) and `execute_run`. `records/runs/<smoke-id>/smoke.json` (what `tunelab plan`
 reads): `passed`, `reason`, `checks [{check, ok, detail}]`, `step_s` (mean of the steps after the
 first), `first_step_s`, `tokens_per_step`, `peak_memory_bytes`, `train_s`, `eval_s`,
@@ -49,7 +49,7 @@ from tunelab.lib.probes import AdapterPass, adapter_time_ratio
 if TYPE_CHECKING:
     from tunelab.core.progress import Progress
     from tunelab.core.study import Run, Study
-    from tunelab.stages.train.run import Prepared
+    from tunelab.stages.train.stage import Prepared
 
 SMOKE_KIND = "smoke"
 VAL_LOSS_RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
@@ -129,7 +129,7 @@ def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
     return {"check": name, "ok": ok, "detail": detail}
 
 
-def run_smoke(
+def run(
     study: Study,
     *,
     num_train: int = 8,
@@ -146,7 +146,7 @@ def run_smoke(
 
     from tunelab.core.env import capture_env, device_kind
     from tunelab.core.study import Study
-    from tunelab.stages.train import run as train_run_mod
+    from tunelab.stages.train import stage as train_stage
 
     if num_steps < 1 or num_train < 1 or num_eval < 1:
         raise RunError(
@@ -162,7 +162,7 @@ def run_smoke(
     kept = [item for item in study.overrides if item.split("=", 1)[0].strip() not in own]
     smoke_study = Study.open(study.root, kept + overrides)
     cfg = smoke_study.config
-    prep = train_run_mod.prepare_run(smoke_study)
+    prep = train_stage.prepare_run(smoke_study)
     sample = SnapshotSample(
         prep.snapshot, {"train": num_train, "validation": num_eval}, cfg.training.seed
     )
@@ -297,13 +297,13 @@ def _train_pass(
 ) -> dict[str, Any]:
     """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
     checks (recorded even when training raises); returns the run's status."""
-    from tunelab.stages.train import run as train_run_mod
+    from tunelab.stages.train import stage as train_stage
 
     steps_wanted = study.config.training.max_steps
     timings = found.timings
     train_started = time.perf_counter()
     try:
-        train_run_mod.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
+        train_stage.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
     finally:
         timings["train_s"] = round(time.perf_counter() - train_started, 3)
         rows = read_jsonl(run.path("metrics.jsonl")) if run.path("metrics.jsonl").exists() else []

@@ -7,7 +7,7 @@
   heartbeat, progress, signals
 - `save_checkpoint` / `load_checkpoint` / `check_checkpoint_files` (`checkpoint`): atomic,
   safetensors + JSON, no pickle, every strategy
-- `train_run`, `resume_run`, `load_run_model` (`run`)
+- `run` (the entry point of `tunelab train`), `resume_run`, `load_run_model` (`stage`)
 
 The loss of an optimizer step is the summed cross-entropy of its micro-batches divided by the
 total number of loss tokens across them (counted before the forwards; an encoder example is one
@@ -30,12 +30,11 @@ _HOMES = {
     "TrainState": "loop",
     "train_loop": "loop",
     "validation_loss": "loop",
-    "RunFailed": "run",
+    "RunFailed": "stage",
     "RunInterrupted": "callbacks",
-    "load_run_model": "run",
-    "read_metrics": "run",
-    "resume_run": "run",
-    "train_run": "run",
+    "load_run_model": "stage",
+    "read_metrics": "stage",
+    "resume_run": "stage",
     "SingleProcess": "strategy",
     "Strategy": "strategy",
 }

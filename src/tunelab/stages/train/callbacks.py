@@ -2,7 +2,7 @@
 
 `train_loop` calls a list of callbacks `(state, row) -> None` in order after every step; `row` is
 the step's metrics line, which a callback may extend before the next one sees it. A run's list
-(`tunelab.stages.train.run`) is, in this order:
+(`tunelab.stages.train.stage`) is, in this order:
 
     StepFigures     memory and elapsed time on the row
     UpdateCheck     after `update_check_steps`: the trained tensors moved, the frozen ones did not
@@ -21,7 +21,7 @@ these callbacks consult (`Heartbeat`, `SignalStop`) live here too.
 A run's step callbacks, in order: `StepFigures` (memory_bytes, elapsed_s), `UpdateCheck`,
 `Validation`, `MetricsLog`, `tunelab.track.live.LiveLogger` (`training.log_to`), `Checkpoints`,
 `kill_point`, `HeartbeatStep`, `ProgressReport`, `StopOnSignal`. The list is built in
-`tunelab.stages.train.run`; a new job is one more entry. `Heartbeat`, `SignalStop` and
+`tunelab.stages.train.stage`; a new job is one more entry. `Heartbeat`, `SignalStop` and
 `RunInterrupted` live here too. Test hook: `TUNELAB_TEST_KILL_AT=step:K | save:K | term:K`
 (SIGKILL after step K, SIGKILL in the middle of writing checkpoint K, SIGTERM after step K);
 tests only.

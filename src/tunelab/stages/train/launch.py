@@ -171,7 +171,7 @@ def run_torchrun(launch: Launch, command: list[str], study_root: Path) -> Launch
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:
-        return settle(study_root, launch_dir, rc)
+        return settle(study_root, launch_dir, rc, several_nodes=launch.nnodes > 1)
     finally:
         shutil.rmtree(launch_dir, ignore_errors=True)
 
@@ -188,7 +188,7 @@ _PEER_GONE = (
 
 def root_causes(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failures that are not just a rank losing its peer (all of them if none is)."""
-    causes = [f for f in failures if not any(m in f["error"].lower() for m in _PEER_GONE)]
+    causes = [f for f in failures if not _peer_gone(f)]
     return causes or failures
 
 
@@ -205,8 +205,18 @@ def failure_reason(failures: list[dict[str, Any]], returncode: int) -> str:
     )
 
 
-def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
-    """After torchrun: copy rank records into the run, and set a failed status when due."""
+def _peer_gone(failure: dict[str, Any]) -> bool:
+    return any(m in failure["error"].lower() for m in _PEER_GONE)
+
+
+def settle(
+    study_root: Path, launch_dir: Path, returncode: int, *, several_nodes: bool = False
+) -> LaunchResult:
+    """After torchrun: copy rank records into the run, and set a failed status when due.
+
+    With several nodes, a node whose ranks only lost their peers (a rank of another node was
+    killed or its node preempted) leaves the run `interrupted`, to be resumed: nothing on this
+    node failed."""
     records = read_rank_records(launch_dir)
     failures = [r for r in records if r.get("kind", "failed") == "failed"]
     info = announced_run(launch_dir)
@@ -216,25 +226,47 @@ def settle(study_root: Path, launch_dir: Path, returncode: int) -> LaunchResult:
     run_dir = Path(info["run_dir"])
     for r in records:
         write_json_atomic(run_dir / "ranks" / f"rank-{r['rank']}.json", r, overwrite=True)
-    from tunelab.core.study import Run, Study
-
     status = RunStatus.read(run_dir / "status.json")
     current = status.status
     if returncode != 0 and current != "completed" and (current == "running" or failures):
-        if not (current == "interrupted" and not failures):
-            study = Study.open(study_root, RunConfig.read(run_dir / "config.json").overrides)
-            run = Run(study, info["run_id"], run_dir)
-            run.set_status(
-                "failed",
-                failure_reason(failures, returncode),
-                error="RankFailure",
-                ranks=[{k: f.get(k) for k in ("rank", "host", "error")} for f in failures],
-                torchrun_exit_code=returncode,
-                previous_status=current,
-                previous_reason=status.reason,
+        if several_nodes and failures and all(_peer_gone(f) for f in failures):
+            current = _set_status(
+                study_root, run_dir, info, "interrupted", status, failures, returncode
             )
-            current = "failed"
+        elif not (current == "interrupted" and not failures):
+            current = _set_status(study_root, run_dir, info, "failed", status, failures, returncode)
     return LaunchResult(returncode, info["run_id"], run_dir, current, failures)
+
+
+def _set_status(
+    study_root: Path,
+    run_dir: Path,
+    info: dict[str, Any],
+    new: str,
+    status: RunStatus,
+    failures: list[dict[str, Any]],
+    returncode: int,
+) -> str:
+    """Set the run's status `new` (failed, or interrupted by another node) from the launcher."""
+    from tunelab.core.study import Run, Study
+
+    reason = failure_reason(failures, returncode)
+    if new == "interrupted":
+        reason = (
+            "another node's rank stopped (killed or preempted); this node's ranks lost their "
+            f"peers: {reason}"
+        )[:2000]
+    study = Study.open(study_root, RunConfig.read(run_dir / "config.json").overrides)
+    Run(study, info["run_id"], run_dir).set_status(
+        new,
+        reason,
+        error="RankFailure" if new == "failed" else "PeerLost",
+        ranks=[{k: f.get(k) for k in ("rank", "host", "error")} for f in failures],
+        torchrun_exit_code=returncode,
+        previous_status=status.status,
+        previous_reason=status.reason,
+    )
+    return new
 
 
 def raise_for_result(result: LaunchResult) -> None:

@@ -194,7 +194,7 @@ def validation_loss(
 
 @dataclass
 class Loop:
-    """Everything the loop needs; built by `tunelab.stages.train.run` or directly in tests."""
+    """Everything the loop needs; built by `tunelab.stages.train.stage` or directly in tests."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer

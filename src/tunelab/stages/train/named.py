@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from tunelab.core.study import Run, Study
-from tunelab.stages.train.run import RUN_KIND, resume_run, train_run
+from tunelab.stages.train import stage as train_stage
+from tunelab.stages.train.stage import RUN_KIND, resume_run
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 
 
@@ -43,11 +44,11 @@ def train_or_resume(
     **train_options: Any,
 ) -> tuple[Run, str]:
     """The run `name`, trained to its end: started, resumed or already completed (see the
-    module). `train_options` go to `train_run` (parent, why, progress, platform_why); a resume
+    module). `train_options` go to `train_stage.run` (parent, why, progress, platform_why); a resume
     takes `progress` and `platform_why` of them."""
     found = named_run(study, name, strategy)
     if found is None:
-        return train_run(study, name=name, strategy=strategy, **train_options), "started"
+        return train_stage.run(study, name=name, strategy=strategy, **train_options), "started"
     run_id, status = found
     if status == "completed":
         return Run(study, run_id, study.runs_dir / run_id), "completed"

@@ -15,7 +15,7 @@ What is checked, in order:
 Each verification is recorded as `records/runs/<run>/verify-<n>.json` (never overwritten).
 `tunelab smoke` uses the same fresh process (`fresh_evaluate`) and adds a logit probe.
 
-`verify_run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
+`run(study, run_id, *, atol=None) -> record`: `passed`, `reason`, `model_run`,
 `evaluation_run`, `checkpoint {path, files_checked, changed, missing, ok, damaged?}` (None for a
 baseline), `predictions {n, matched, mismatched, missing, max_score_diff, atol, mismatches, ok}`,
 `environment {same, differences, message}` (the fresh process's environment against the run's
@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.env import platform_of
 from tunelab.core.errors import CheckpointError, EvaluationError, ModelError, RunError
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic
 from tunelab.core.worker import Worker, serve
@@ -290,7 +291,9 @@ def load_for_evaluation(study: Study, run: Run, labels: list[str] | None):
     if run.row.kind == "baseline":
         from tunelab.stages.evaluate.stage import load_base_model
 
-        torch.manual_seed(study.config.evaluation.seed)  # as run_baseline seeds a new head
+        torch.manual_seed(
+            study.config.evaluation.seed
+        )  # as the baseline's evaluation seeds a new head
         return load_base_model(study, labels)
     from tunelab.stages.train import load_run_model
 
@@ -532,7 +535,7 @@ def _used_precision(requested: str, compute_json: Path) -> str:
     return resolve_precision(requested, device_kind())
 
 
-def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
+def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
     """`tunelab verify RUN`: the checks of this module's docstring, recorded.
 
     Returns the record (with `passed` and `reason`, and `path`). Raises RunError or
@@ -620,6 +623,7 @@ def verify_run(study: Study, run_id: str, *, atol: float | None = None) -> dict[
         "torch": current_env["torch"],
         "backend": current_env["backend"],
         "devices": _devices(current_env),
+        "platform": platform_of(current_env),  # the dossier's platforms section
     }
     if not record["passed"] and differences:
         record["reason"] += "; the environment differs from the run's (see environment)"

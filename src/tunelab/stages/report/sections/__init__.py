@@ -23,6 +23,7 @@ from tunelab.stages.report.sections.inspection import inspection_section
 from tunelab.stages.report.sections.limitations import limitations_section
 from tunelab.stages.report.sections.paths import path_section
 from tunelab.stages.report.sections.plan import plan_section
+from tunelab.stages.report.sections.platforms import platforms_section
 from tunelab.stages.report.sections.results import results_section
 from tunelab.stages.report.sections.runs import runs_section
 from tunelab.stages.report.sections.sizing import sizing_section
@@ -45,6 +46,7 @@ BUILDERS: tuple[Callable[[Dossier], Section | None], ...] = (
     runs_section,
     comparisons_section,
     environments_section,
+    platforms_section,
     plan_section,
     exports_section,
     limitations_section,

@@ -16,7 +16,7 @@ from tunelab.stages.report.document import render_html, render_markdown
 from tunelab.stages.report.sections import build_sections
 
 
-def build_report(study: Study) -> dict[str, Path]:
+def run(study: Study) -> dict[str, Path]:
     """Write report/dossier.md, report/dossier.html and the plots; returns their paths."""
     data = collect(study)
     out_dir = study.root / "report"

@@ -142,10 +142,10 @@ def _truncation(
 
 def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str | None]:
     """The run against the latest baseline on validation (compare's record row), or why not."""
-    from tunelab.stages.compare.stage import compare_study
+    from tunelab.stages.compare import stage as compare_stage
 
     try:
-        record = compare_study(study, [run_id])
+        record = compare_stage.run(study, [run_id])
     except (EvaluationError, HypothesisError, RunError) as exc:
         return None, exc.message
     entry = next((e for e in record["runs"] if e["run_id"] == run_id), None)
@@ -469,7 +469,7 @@ def _build_manifest(
     }
 
 
-def export_run(
+def run(
     study: Study,
     run_id: str,
     *,

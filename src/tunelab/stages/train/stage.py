@@ -1,6 +1,6 @@
 """A training run from a study: the record, the statuses, signals, checkpoints and resume.
 
-`train_run(study)` starts a run with a new id; `resume_run(study, run_id)` continues a stopped
+`run(study)` starts a run with a new id; `resume_run(study, run_id)` continues a stopped
 one in the same folder. Statuses (status.json and the ledger):
 
 - running: with a heartbeat (ledger and status.json) every few seconds
@@ -10,7 +10,7 @@ one in the same folder. Statuses (status.json and the ledger):
 - interrupted: SIGINT / SIGTERM (a checkpoint is saved first), or a SIGKILL found later by a
   stale heartbeat (`Study.reconcile`)
 
-`train_run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
+`run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
 and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress("train", step,
 total_steps, "loss ... | rate")` on rank 0 after every step (core.progress). Resume keeps the run id
 and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
@@ -65,7 +65,7 @@ from tunelab.core.records import (
 )
 from tunelab.core.study import Run, Study
 from tunelab.stages.hypothesis.stage import diff_dicts, require_hypothesis
-from tunelab.stages.smoke.platform import require_smoke_platform
+from tunelab.stages.smoke.platform import check_platform
 from tunelab.stages.train import callbacks as cb
 from tunelab.stages.train import checkpoint as ckpt
 from tunelab.stages.train import compute, rank_run
@@ -164,7 +164,7 @@ def _encode(prep: Prepared) -> None:
 # ------------------------------------------------------------------ public API
 
 
-def train_run(
+def run(
     study: Study,
     *,
     name: str | None = None,
@@ -183,9 +183,11 @@ def train_run(
     exists (no hypothesis, no snapshot, no model).
     """
     if resume_from is not None:
-        return resume_run(study, resume_from, progress=progress, strategy=strategy)
+        return resume_run(
+            study, resume_from, progress=progress, strategy=strategy, platform_why=platform_why
+        )
     prep = prepare_run(study)
-    override = require_smoke_platform(study, "train", platform_why)
+    gate = check_platform(study, "train", platform_why)
     run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -201,7 +203,7 @@ def train_run(
             "labels": prep.labels,
             "base_model": prep.base.identity,
             "hypothesis_evaluation_spec_sha256": prep.hypothesis["evaluation_spec_sha256"],
-            **({"platform_override": override} if override else {}),
+            "platform_gate": gate,
         },
     )
     execute_run(study, run, prep, resume=None, progress=progress, strategy=strategy)
@@ -276,7 +278,7 @@ def resume_run(
                 f"{latest_ckpt} was written for another config or snapshot",
                 hint="the run folder was edited; start a new run",
             )
-    override = require_smoke_platform(study, "resume", platform_why)
+    gate = check_platform(study, "resume", platform_why)
     skipped = incomplete_checkpoints(root, latest_ckpt)
     run = rank_run.follow(strategy, run)
     run.set_status(
@@ -286,9 +288,10 @@ def resume_run(
     )
     if skipped and (strategy or SingleProcess()).is_main:
         study.ledger.add_event(run.id, "checkpoint_skipped", [p.name for p in skipped])
-    if override and (strategy or SingleProcess()).is_main:
-        append_jsonl(run.path("platform-overrides.jsonl"), {"at": utc_now(), **override})
-        study.ledger.add_event(run.id, "platform_override", override)
+    if (strategy or SingleProcess()).is_main:
+        append_jsonl(run.path("platforms.jsonl"), {"at": utc_now(), "command": "resume", **gate})
+        if "override" in gate:
+            study.ledger.add_event(run.id, "platform_override", gate["override"])
     execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
     return run
 
@@ -619,5 +622,5 @@ __all__ = [
     "prepare_run",
     "read_metrics",
     "resume_run",
-    "train_run",
+    "run",
 ]
