@@ -17,7 +17,8 @@ from helpers.slurm import free_port
 from helpers.train_run import assert_same_result
 
 pytestmark = pytest.mark.skypilot
-SKY_PYTHON = Path(__file__).resolve().parents[3] / ".cache" / "sky-venv" / "bin" / "python"
+SKY_VENV = Path(__file__).resolve().parents[3] / ".cache" / "sky-venv"
+SKY_PYTHON = SKY_VENV / "bin" / "python"
 
 # SkyPilot's parse of a task file, as JSON (runs in the sky venv)
 READ_TASK = """
@@ -49,8 +50,8 @@ def launch(study: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="module")
 def parsed(launch_study) -> dict[str, dict]:
-    if not SKY_PYTHON.exists():
-        pytest.skip(f"no SkyPilot venv at {SKY_PYTHON} (`make setup` creates it)")
+    if not (SKY_VENV / ".installed").exists():
+        pytest.skip(f"no SkyPilot venv at {SKY_VENV} (`make setup` creates it)")
     files = {
         "one": launch(launch_study, "--name", "sky-job", "--port", str(free_port())),
         "two": launch(launch_study, "--name", "big", "--nodes", "2", "--gpus-per-node", "4",
