@@ -76,7 +76,7 @@ test: setup lint
 	$(PY) -m pytest -m "not stress and not gpu" --durations=25
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not stress and not distributed and not gpu"
+	$(PY) -m pytest -m "not slow and not stress and not distributed and not gpu and not matrix"
 
 stress: setup
 	$(PY) -m pytest -m stress

@@ -104,6 +104,21 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture
+def make_study(tmp_path):
+    """The study factory (`tests/helpers/study.py`, `build_study`) under this test's temporary
+    folder: `make_study(kind, rows=..., model_dir=..., register=True, training={...})` writes a
+    new study folder at each call and returns it."""
+    from helpers.study import build_study
+
+    made = iter(range(1_000))
+
+    def make(kind: str = "classification", **options):  # noqa: ANN202
+        return build_study(tmp_path / f"study-{next(made)}", kind, **options)
+
+    return make
+
+
+@pytest.fixture
 def one_thread():
     """One torch thread: the tiny models' ops are too small to split, and a second thread only
     makes them slower and their timings noisier."""
@@ -113,3 +128,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+REAL_MODEL_FIXTURES = ("minilm_dir", "smollm2_dir")
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
+    """A test that asks for a real model must be marked `slow`, so `make test-fast` stays a
+    fast tier: a missing mark stops the run naming the test."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if set(REAL_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "mark these tests @pytest.mark.slow (they load a real model): " + ", ".join(unmarked)
+        )

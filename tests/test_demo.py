@@ -9,11 +9,10 @@ import random
 from pathlib import Path
 
 import pytest
-import yaml
 
-from helpers import filled_hypothesis
+from helpers.study import build_study
 from tunelab.core.ledger import RunRow
-from tunelab.core.record_types import Evaluation
+from tunelab.core.record_types import Compare, Evaluation
 from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
 from tunelab.stages.report.collect import RunEvidence
@@ -29,8 +28,6 @@ WORDS = {
 def write_separable_study(root: Path, model_dir: Path) -> Path:
     """Three topics told apart by their words (16 train, 10 validation, 5 test each, the
     user's own split): a trained head separates them, the untrained one does not."""
-    from tunelab.stages.hypothesis.template import render_study_yaml
-
     rng = random.Random(0)
     rows = []
     for label, words in WORDS.items():
@@ -39,27 +36,25 @@ def write_separable_study(root: Path, model_dir: Path) -> Path:
             text = " ".join(rng.choice(words) for _ in range(8))
             rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
     root.mkdir(parents=True)
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "demo-tiny"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["task"]["labels"] = list(WORDS)
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"].update(path=str(model_dir), architecture="encoder")
-    raw["adaptation"]["target_modules"] = ["query", "value"]
-    raw["preprocess"]["max_seq_len"] = 32
-    raw["training"].update(
-        micro_batch_size=8,
-        max_steps=40,
-        lr=2e-2,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
+    return build_study(
+        root,
+        "classification",
+        name="demo-tiny",
+        model_dir=model_dir,
+        rows=rows,
+        set={"task.labels": list(WORDS), "model.architecture": "encoder"},
+        adaptation={"target_modules": ["query", "value"]},
+        preprocess={"max_seq_len": 32},
+        training={
+            "micro_batch_size": 8,
+            "max_steps": 40,
+            "lr": 2e-2,
+            "warmup_steps": 0,
+            "eval_every_steps": None,
+            "checkpoint_every_steps": None,
+        },
+        evaluation={"batch_size": 16, "bootstrap_samples": 200},
     )
-    raw["evaluation"].update(batch_size=16, bootstrap_samples=200)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
 
 
 def _row(name, delta, guardrail_pass=True, significant=True):
@@ -81,13 +76,14 @@ def _row(name, delta, guardrail_pass=True, significant=True):
 
 
 def test_the_decision_rule_and_its_test_figure():
-    compare = {
+    record = {
         "primary_metric": "macro_f1",
         "min_improvement": 0.05,
         "runs": [_row("v1", 0.3), _row("v2", 0.5, guardrail_pass=False), _row("v3", 0.4)],
     }
+    compare = Compare.of("compare.json", record)
     chosen, reasons = choose_variant(compare)
-    assert chosen["name"] == "v3" and reasons == [
+    assert chosen.name == "v3" and reasons == [
         "v2: 1 guardrail(s) fail, e.g. f1 >= baseline on sport"
     ]
     assert decide(compare).startswith("Adopt v3 (run train-v3): macro_f1 0.2000 -> 0.6000")
@@ -111,7 +107,7 @@ def test_the_decision_rule_and_its_test_figure():
     )
     twice = final_test(compare, [test_eval], [opening, {"run_id": "eval-2"}])
     assert "opened 2 times in all: no longer an untouched control" in twice
-    keep = {**compare, "runs": [_row("v1", 0.01)]}
+    keep = Compare.of("compare.json", {**record, "runs": [_row("v1", 0.01)]})
     assert choose_variant(keep)[0] is None and final_test(keep, [test_eval], [opening]) is None
 
 

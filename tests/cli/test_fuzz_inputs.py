@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import run_cli, tree_hashes, write_topic_study
+from helpers import MINIMAL_HYPOTHESIS, run_cli, tree_hashes, write_topic_study
 
 FUZZ = settings(
     max_examples=40,
@@ -160,12 +160,7 @@ def _study_config(data):
     return validate_config(
         {
             "name": "fuzz",
-            "hypothesis": {
-                "behaviour": "b",
-                "rationale": "r",
-                "expected_effect": "e",
-                "primary_metric": "macro_f1",
-            },
+            "hypothesis": MINIMAL_HYPOTHESIS,
             "guardrails": [],
             "data": data.model_dump(mode="json"),
             "model": {"path": "nowhere"},

@@ -424,6 +424,7 @@ def test_models_lists_the_cache_and_hub_cache_fills_it(hub_cache, tmp_path, tiny
     assert code == 2 and "40 hex" in err
 
 
+@pytest.mark.slow  # hashes and resolves the real MiniLM's files
 def test_the_hub_example_resolves_from_a_cache_of_the_packaged_asset(
     tmp_path, monkeypatch, minilm_dir, capsys
 ):

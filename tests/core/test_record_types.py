@@ -93,3 +93,60 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
             assert kind.read(path).path == path
     smoke = Smoke.read(next(records.glob("runs/*/smoke.json")))
     assert smoke.passed is True and smoke.step_s > 0 and smoke.checks
+
+
+def test_a_comparison_reads_typed_to_its_guardrail_verdicts_and_locates_a_damaged_piece():
+    import re
+
+    from tunelab.core.record_types import Compare
+
+    record = {
+        "id": "c1",
+        "baseline": {"run_id": "baseline-1"},
+        "runs": [
+            {
+                "run_id": "train-1",
+                "compared": True,
+                "primary": {"delta": 0.1},
+                "guardrails": [{"rule": "f1 >= baseline - 0.02", "pass": True}],
+                "per_category": {"sport": {"f1": {"delta": -0.01, "ci_low": -0.03}}},
+            }
+        ],
+    }
+    compare = Compare.of("compare/c1.json", record)
+    (entry,) = compare.runs
+    assert entry.primary.delta == 0.1 and entry.guardrails[0].passed
+    assert entry.guardrails[0].outcome == "pass"
+    assert entry.per_category["sport"]["f1"].ci_low == -0.03
+    assert compare.lists("baseline-1") and compare.lists("train-1") and not compare.lists("x")
+    damaged = [
+        ({"guardrails": [{"rule": "r"}]}, "runs[0].guardrails[0]: field 'pass' is missing"),
+        ({"per_category": {"sport": {"f1": {"delta": "x"}}}}, "runs[0].per_category.sport.f1"),
+        ({"primary": 3}, "runs[0].primary: a int, not a JSON object"),
+    ]
+    for change, where in damaged:
+        bad = {**record, "runs": [{**record["runs"][0], **change}]}
+        with pytest.raises(StudyError, match=re.escape(f"compare/c1.json: {where}")):
+            Compare.of("compare/c1.json", bad)
+
+
+def test_a_sizing_row_and_an_evaluation_table_read_typed_with_their_place_named():
+    import re
+
+    from tunelab.core.record_types import Evaluation, Sizing
+
+    sizing = {"id": "size-1", "device": "cpu", "configurations": [{"label": "lora", "seq_len": 64}]}
+    (row,) = Sizing.of("sizing/size-1.json", sizing).rows
+    assert row.title == "lora" and row.seq_len == 64 and row.measured_peak_mb is None
+    bad = {**sizing, "configurations": [{"label": "lora", "seq_len": "64"}]}
+    where = "sizing/size-1.json: configurations[0]: field 'seq_len' is '64'"
+    with pytest.raises(StudyError, match=re.escape(where)):
+        _ = Sizing.of("sizing/size-1.json", bad).rows
+    metrics = {"per_category": {"sport": {"f1": 0.5, "support": 3}}, "confusion": {"labels": []}}
+    with pytest.raises(StudyError, match=re.escape("metrics.confusion: field 'predicted'")):
+        Evaluation.of(
+            "metrics-validation.json", {"split": "validation", "n": 3, "metrics": metrics}
+        )
+    ok = {**metrics, "confusion": {"labels": ["sport"], "predicted": ["sport"], "matrix": [[3]]}}
+    ev = Evaluation.of("metrics-validation.json", {"split": "validation", "n": 3, "metrics": ok})
+    assert ev.per_category["sport"].support == 3 and ev.confusion.matrix == [[3]]

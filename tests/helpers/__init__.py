@@ -33,6 +33,14 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return out
 
 
+# the least a hypothesis needs, for tests of what is not the hypothesis
+MINIMAL_HYPOTHESIS = {
+    "behaviour": "b",
+    "rationale": "r",
+    "expected_effect": "e",
+    "primary_metric": "macro_f1",
+}
+
 FILLED_HYPOTHESIS = {
     "behaviour": "route BBC articles to their topic",
     "rationale": "the encoder was not trained on these five topics",
@@ -84,25 +92,23 @@ def write_extraction_study(
 ) -> Path:
     """A registered extraction study (sender, subject) on the tiny Llama with its data snapshot:
     rows as mail.jsonl, LoRA on q_proj and v_proj, sequences of 128 tokens."""
-    import yaml
+    from helpers.study import build_study
 
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    return build_study(
+        root,
+        "extraction",
+        name=name,
+        model_dir=model_dir,
+        rows=rows,
+        data_file="mail.jsonl",
+        set={"data.fields": EXTRACTION_FIELDS, "data.cleaning": [], "preprocess.max_seq_len": 128},
+        adaptation={"target_modules": ["q_proj", "v_proj"], **(adaptation or {})},
+        training=training,
+        register=True,
+    )
 
-    root.mkdir(parents=True)
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("extraction", name))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = str(model_dir)
-    raw["adaptation"].update(target_modules=["q_proj", "v_proj"], **(adaptation or {}))
-    raw["preprocess"]["max_seq_len"] = 128
-    raw["training"].update(training)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    register_study(root)
-    return root
+
+EXTRACTION_FIELDS = {"id": "id", "text": "text", "label": None, "target": "target"}
 
 
 def write_email_study(
@@ -192,43 +198,35 @@ def write_topic_study(
     """A classification study (business, sport, tech) on the tiny BERT with its data as JSONL in
     the user's own split: 8 train, 3 validation, 1 test per label. Not registered; `sections`
     update the config's sections last."""
-    import yaml
+    from helpers.study import build_study
 
-    from tunelab.stages.hypothesis.template import render_study_yaml
-
-    root.mkdir(parents=True, exist_ok=True)
     rows = []
     for label, texts in TOPIC_TEXTS.items():
         variants = texts + [f"{t} today" for t in texts]
         for i, text in enumerate(variants[:12]):
             split = "train" if i < 8 else "validation" if i < 11 else "test"
             rows.append({"id": f"{label[:3]}{i}", "text": text, "label": label, "split": split})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", name))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["task"]["labels"] = TOPIC_LABELS
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"]["path"] = str(model_path)
-    raw["model"]["architecture"] = "encoder"
-    raw["adaptation"]["method"] = method
-    raw["adaptation"]["target_modules"] = ["query", "value"]
-    raw["preprocess"]["max_seq_len"] = 32
-    raw["training"].update(
-        micro_batch_size=4,
-        max_steps=max_steps,
-        lr=5e-3,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
+    fixed = {
+        "task.labels": TOPIC_LABELS,
+        "model.architecture": "encoder",
+        "adaptation.method": method,
+        "adaptation.target_modules": ["query", "value"],
+        "preprocess.max_seq_len": 32,
+        "evaluation.batch_size": 4,
+        "evaluation.bootstrap_samples": 50,
+    }
+    training = {
+        "micro_batch_size": 4,
+        "max_steps": max_steps,
+        "lr": 5e-3,
+        "warmup_steps": 0,
+        "eval_every_steps": None,
+        "checkpoint_every_steps": None,
+    }
+    fixed |= {f"training.{k}": v for k, v in training.items()}
+    return build_study(
+        root, "classification", name=name, model_dir=model_path, rows=rows, set=fixed, **sections
     )
-    raw["evaluation"]["batch_size"] = 4
-    raw["evaluation"]["bootstrap_samples"] = 50
-    for key, value in sections.items():
-        raw.setdefault(key, {}).update(value)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
 
 
 def write_config_only_study(
@@ -237,9 +235,7 @@ def write_config_only_study(
     """An extraction study whose base is only a config.json (no weights), 200 emails of
     varied length, micro-batch 4 x 4, 3 epochs, sequences of 1,024: registered, with its data
     snapshot (no model is needed for either). `model` updates the model section."""
-    import yaml
-
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    from helpers.study import build_study
 
     (root / "model").mkdir(parents=True)
     (root / "model" / "config.json").write_text(json.dumps(model_config))
@@ -251,16 +247,18 @@ def write_config_only_study(
         }
         for i in range(200)
     ]
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("extraction", root.name))
-    raw["hypothesis"] = {**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"}
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"].update(path="model", **model)
-    raw["preprocess"]["max_seq_len"] = 1024
-    raw["training"].update(micro_batch_size=4, grad_accum_steps=4, max_steps=None, num_epochs=3)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    build_study(
+        root,
+        "extraction",
+        name=root.name,
+        model_dir="model",
+        rows=rows,
+        data_file="mail.jsonl",
+        hypothesis={**FILLED_HYPOTHESIS, "primary_metric": "field_micro_f1"},
+        set={"data.fields": EXTRACTION_FIELDS, "preprocess.max_seq_len": 1024},
+        model=model,
+        training={"micro_batch_size": 4, "grad_accum_steps": 4, "max_steps": None, "num_epochs": 3},
+    )
     for command in ("register", "data"):
         code, _, err = run_cli(capsys, command, "-s", root)
         assert code == 0, err

@@ -13,23 +13,18 @@ def _cls_rows(golds, preds):
 
 
 def _study(tmp_path):
-    import yaml
-
-    from helpers import filled_hypothesis
+    from helpers.study import build_study
     from tunelab.core.study import Study
-    from tunelab.stages.hypothesis import stage as hyp
-    from tunelab.stages.hypothesis.template import render_study_yaml
 
-    raw = yaml.safe_load(render_study_yaml("classification", "cmp"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["task"]["labels"] = ["a", "b"]
-    raw["evaluation"]["bootstrap_samples"] = 200
-    root = tmp_path / "study"
-    root.mkdir()
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.run(study.root, study.config)
-    return study
+    root = build_study(
+        tmp_path / "study",
+        "classification",
+        name="cmp",
+        set={"task.labels": ["a", "b"], "evaluation.bootstrap_samples": 200},
+        register=True,
+        snapshot=False,
+    )
+    return Study.open(root)
 
 
 def _record(study, run, golds, preds, spec="spec-1"):

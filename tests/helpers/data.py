@@ -6,8 +6,6 @@ import json
 import random
 from pathlib import Path
 
-import yaml
-
 from tunelab.core.study import Study
 
 LABELS = ["billing", "outage", "sales"]
@@ -36,23 +34,27 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+TICKETS_HYPOTHESIS = {
+    "behaviour": "route tickets",
+    "rationale": "r",
+    "expected_effect": "e",
+    "primary_metric": "macro_f1",
+}
+
+
 def make_study(root: Path, data: dict, task: dict | None = None) -> Study:
-    root.mkdir(parents=True, exist_ok=True)
-    cfg = {
-        "name": "data-test",
-        "hypothesis": {
-            "behaviour": "route tickets",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
-        "guardrails": [],
-        "data": data,
-        "model": {"path": "unused"},
-    }
-    if task:
-        cfg["task"] = task
-    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    """A study of only a data section (and a task): what the data stage reads."""
+    from helpers.study import build_study
+
+    sections = {"guardrails": [], "data": data, "model": {"path": "unused"}}
+    build_study(
+        root,
+        template=False,
+        name="data-test",
+        hypothesis=TICKETS_HYPOTHESIS,
+        **sections,
+        **({"task": task} if task else {}),
+    )
     return Study.open(root)
 
 

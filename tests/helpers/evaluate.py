@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
-from helpers import filled_hypothesis
+from helpers.study import build_study
 from tunelab.core.study import Study
-from tunelab.stages.hypothesis import stage as hyp
-from tunelab.stages.hypothesis.template import render_study_yaml
 
 TEXTS = [
     "Markets rallied as the central bank held interest rates steady.",
@@ -27,20 +23,32 @@ LABELS = ["business", "sport", "tech"]
 
 
 def make_study(root: Path, kind: str, model_dir: Path, **sections) -> Study:
-    raw = yaml.safe_load(render_study_yaml(kind, "t"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["model"]["path"] = str(model_dir)
-    raw["model"]["architecture"] = "encoder" if kind == "classification" else "causal_lm"
-    raw["preprocess"]["max_seq_len"] = 96
-    raw["evaluation"]["batch_size"] = 3
-    raw["evaluation"]["max_new_tokens"] = 8
-    for key, value in sections.items():
-        raw.setdefault(key, {}).update(value)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.run(study.root, study.config)
-    return study
+    """A registered study of `kind` on a tiny model (no data snapshot)."""
+    architecture = "encoder" if kind == "classification" else "causal_lm"
+    fixed = {
+        "model.architecture": architecture,
+        "preprocess.max_seq_len": 96,
+        "evaluation.batch_size": 3,
+        "evaluation.max_new_tokens": 8,
+    }
+    build_study(
+        root, kind, name="t", model_dir=model_dir, set=fixed, register=True, snapshot=False,
+        **sections,
+    )  # fmt: skip
+    return Study.open(root)
+
+
+def causal_classifier(root: Path, model_dir: Path, **sections) -> Study:
+    """A registered classification study (LABELS) on a causal LM, which scores each label by
+    its likelihood."""
+    return make_study(
+        root,
+        "classification",
+        model_dir,
+        task={"labels": LABELS},
+        model={"architecture": "causal_lm"},
+        **sections,
+    )
 
 
 def cls_examples():

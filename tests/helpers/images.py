@@ -6,7 +6,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import yaml
 from PIL import Image
 
 COLOURS = {"red": 0, "green": 1, "blue": 2}
@@ -35,31 +34,38 @@ def write_colour_folder(data: Path, per_label: int = 12) -> Path:
 
 
 def write_image_study(root: Path, model_dir: Path, source: dict, **sections) -> Path:
-    raw = {
-        "name": "colours",
+    """An image-classification study over `source` on a tiny ViT; `sections` replace the
+    sections of the same name."""
+    from helpers.study import build_study
+
+    fixed = {
         "task": {"kind": "image_classification"},
-        "hypothesis": {
-            "behaviour": "tell the dominant colour",
-            "rationale": "the head is new",
-            "expected_effect": "macro_f1 +0.3",
-            "primary_metric": "macro_f1",
-        },
-        "guardrails": [
-            {
-                "metric": "f1",
-                "scope": "every_category",
-                "op": ">=",
-                "value": -0.5,
-                "relative_to": "baseline",
-            }
-        ],
+        "guardrails": [COLOUR_GUARDRAIL],
         "data": {"source": source, "dedup": {"threshold": 0.95}},
-        "model": {"path": str(model_dir)},
         "adaptation": {"method": "lora", "target_modules": ["q_proj", "v_proj"]},
         "training": {"max_steps": 3, "micro_batch_size": 8, "lr": 0.01},
         "evaluation": {"batch_size": 16, "bootstrap_samples": 100},
-        **sections,
     }
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
+    return build_study(
+        root,
+        template=False,
+        name="colours",
+        hypothesis=COLOURS_HYPOTHESIS,
+        model_dir=model_dir,
+        **(fixed | sections),
+    )
+
+
+COLOURS_HYPOTHESIS = {
+    "behaviour": "tell the dominant colour",
+    "rationale": "the head is new",
+    "expected_effect": "macro_f1 +0.3",
+    "primary_metric": "macro_f1",
+}
+COLOUR_GUARDRAIL = {
+    "metric": "f1",
+    "scope": "every_category",
+    "op": ">=",
+    "value": -0.5,
+    "relative_to": "baseline",
+}

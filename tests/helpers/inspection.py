@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-import yaml
+from helpers import MINIMAL_HYPOTHESIS
+from helpers.study import build_study
 
 
 def write_study(root, model_dir, rows, task, preprocess=None, data=None):
-    import json
-
-    root.mkdir(parents=True)
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = {
-        "name": "inspect-test",
-        "task": task,
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
-        "guardrails": [],
-        "data": {
-            "source": {"format": "jsonl", "path": "data.jsonl"},
-            "fields": {
-                "text": "text",
-                "label": "label",
-                "target": "target" if task["kind"] != "classification" else None,
-            },
-            "dedup": {"near": False},
-            **(data or {}),
-        },
-        "model": {"path": str(model_dir)},
-        "preprocess": preprocess or {},
+    fields = {
+        "text": "text",
+        "label": "label",
+        "target": "target" if task["kind"] != "classification" else None,
     }
-    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return root
+    return build_study(
+        root,
+        template=False,
+        name="inspect-test",
+        hypothesis=MINIMAL_HYPOTHESIS,
+        rows=rows,
+        model_dir=model_dir,
+        task=task,
+        guardrails=[],
+        set={"data.fields": fields, "data.dedup": {"near": False}},
+        data=data or {},
+        preprocess=preprocess or {},
+    )

@@ -5,30 +5,31 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import yaml
-
-from helpers import filled_hypothesis
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 
 
 def _study(root: Path, model_dir: Path) -> Study:
-    from tunelab.stages.hypothesis import stage as hyp
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    from helpers.study import build_study
 
-    root.mkdir(parents=True)
-    raw = yaml.safe_load(render_study_yaml("extraction", "plan-test"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
-    raw["model"]["path"] = str(model_dir)
-    raw["training"].update(
-        micro_batch_size=4, grad_accum_steps=1, max_steps=20, eval_every_steps=10
+    training = {
+        "micro_batch_size": 4,
+        "grad_accum_steps": 1,
+        "max_steps": 20,
+        "eval_every_steps": 10,
+        "checkpoint_every_steps": 10,
+    }
+    build_study(
+        root,
+        "extraction",
+        name="plan-test",
+        model_dir=model_dir,
+        set={"data.source": {"format": "jsonl", "path": "mail.jsonl"}},
+        training=training,
+        register=True,
+        snapshot=False,
     )
-    raw["training"]["checkpoint_every_steps"] = 10
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    study = Study.open(root)
-    hyp.run(study.root, study.config)
-    return study
+    return Study.open(root)
 
 
 def _sizing_record(study: Study, step_s: float = 0.5) -> dict:

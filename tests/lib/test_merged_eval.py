@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.evaluate import LABELS, cls_examples, extraction_examples, load, make_study
+from helpers.evaluate import (
+    LABELS,
+    causal_classifier,
+    cls_examples,
+    extraction_examples,
+    load,
+    make_study,
+)
 
 TRAILING = " and then some more words after the answer"
 
@@ -184,20 +191,21 @@ def test_the_teacher_forced_check_finds_an_output_that_is_not_greedy(tmp_path, t
     assert not same and detail.startswith("1 of 3 outputs not greedy")
 
 
+def _all_linear_lora_classifier(root, model_dir):
+    """(study, model, tokenizer, base): a causal-LM classifier with LoRA on every linear layer
+    and no module saved whole, its adapter moved off zero (`lora`)."""
+    study = causal_classifier(
+        root, model_dir, adaptation={"target_modules": "all-linear", "modules_to_save": []}
+    )
+    model, tok, base = load(study)
+    return study, lora(study, model, base), tok, base
+
+
 def test_label_scores_merged_stay_within_the_tolerance(tmp_path, tiny_llama_dir):
     from tunelab.stages.evaluate.stage import evaluate_model
     from tunelab.stages.verify.stage import SCORE_ATOL
 
-    study = make_study(
-        tmp_path / "s",
-        "classification",
-        tiny_llama_dir,
-        task={"labels": LABELS},
-        model={"architecture": "causal_lm"},
-        adaptation={"target_modules": "all-linear", "modules_to_save": []},
-    )
-    model, tok, base = load(study)
-    model = lora(study, model, base)
+    study, model, tok, base = _all_linear_lora_classifier(tmp_path / "s", tiny_llama_dir)
     record, preds = evaluate_model(model, tok, base, study, cls_examples(), "validation")
     _, unmerged = evaluate_model(model, tok, base, study, cls_examples(), "validation", merge=False)
     merge = record["merge"]
@@ -216,16 +224,7 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     from tunelab.lib.tasks import get_task
     from tunelab.stages.evaluate.stage import _Ticker, merge_atol, predict_rows
 
-    study = make_study(
-        tmp_path / "s",
-        "classification",
-        tiny_llama_dir,
-        task={"labels": LABELS},
-        model={"architecture": "causal_lm"},
-        adaptation={"target_modules": "all-linear", "modules_to_save": []},
-    )
-    model, tok, base = load(study)
-    model = lora(study, model, base)
+    study, model, tok, base = _all_linear_lora_classifier(tmp_path / "s", tiny_llama_dir)
     task = get_task(study.config, LABELS)
     pre = Preprocessor(tok, study.config, task, "causal_lm")
     rows = cls_examples()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import MINIMAL_HYPOTHESIS
 from tunelab.core.config import AdaptationConfig, ModelConfig, validate_config
 from tunelab.core.errors import CheckpointError, ModelError
 from tunelab.lib.models import (
@@ -36,12 +37,7 @@ LABELS = ["business", "sport", "tech"]
 def make_cfg(model_path: Path, **adaptation):
     raw = {
         "name": "t",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
+        "hypothesis": MINIMAL_HYPOTHESIS,
         "guardrails": [],
         "data": {"source": {"format": "jsonl", "path": "d.jsonl"}},
         "model": {"path": str(model_path)},

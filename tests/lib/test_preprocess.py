@@ -363,6 +363,7 @@ def test_encoder_classification_tiny_bert(bert_tok):
         make_pre(bert_tok, "extraction", arch="encoder")
 
 
+@pytest.mark.slow  # the real MiniLM's tokenizer
 def test_encoder_classification_minilm(minilm_dir):
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     text = "Markets rallied as the central bank held interest rates steady " * 10

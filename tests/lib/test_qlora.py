@@ -381,20 +381,12 @@ def test_4bit_estimate_terms(tiny_llama_dir):
     assert est.optimizer_states == 2 * facts.trainable_bytes
 
 
-@pytest.mark.parametrize(
-    "targets,precision",
-    [(["q_proj", "v_proj"], "fp32"), ("all-linear", "fp32"), ("all-linear", "bf16")],
-)
-def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets, precision):
-    """What autograd keeps over 4-bit layers (their packed weight, no activation) is what the
-    walk predicts."""
-    from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+def _adapted_with_a_batch(cfg):
+    """The study's adapted tiny model in train mode, seeded, and a collated batch of 4
+    synthetic examples of 48 tokens (half of them scored)."""
     from tunelab.stages.sizing.measure import synthetic_examples
-    from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes
     from tunelab.stages.train.batches import collate
-    from tunelab.stages.train.loop import autocast, loss_sum
 
-    cfg = qlora_config(tiny_llama_dir, targets)
     base = resolve_model(cfg.model)
     torch.manual_seed(0)
     model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
@@ -402,8 +394,15 @@ def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets
     encoded = synthetic_examples(
         4, 48, "causal_lm", vocab=model.config.vocab_size, loss_fraction=0.5
     )
-    data = collate(encoded, 0, "causal_lm", False)
-    facts = model_facts(model, "causal_lm", lora_rank=4)
+    return model, collate(encoded, 0, "causal_lm", False)
+
+
+def _saved_and_predicted(model, data, facts, precision):
+    """(the bytes autograd saves in one forward, the activations and kept logits predicted)."""
+    from tunelab.stages.sizing.facts import count_saved_bytes
+    from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes
+    from tunelab.stages.train.loop import autocast, loss_sum
+
     case = Case(seq_len=48, micro_batch=4, precision=precision, loss_fraction=0.5)
 
     def forward():
@@ -411,7 +410,22 @@ def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets
             return loss_sum(model, data, "causal_lm")
 
     real = count_saved_bytes(model, forward)
-    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["kept"]
+    return real, estimate_memory(facts, case).activations + logits_bytes(facts, case)["kept"]
+
+
+@pytest.mark.parametrize(
+    "targets,precision",
+    [(["q_proj", "v_proj"], "fp32"), ("all-linear", "fp32"), ("all-linear", "bf16")],
+)
+def test_activation_walk_matches_autograd_on_a_4bit_base(tiny_llama_dir, targets, precision):
+    """What autograd keeps over 4-bit layers (their packed weight, no activation) is what the
+    walk predicts."""
+    from tunelab.stages.sizing.facts import model_facts
+
+    cfg = qlora_config(tiny_llama_dir, targets)
+    model, data = _adapted_with_a_batch(cfg)
+    facts = model_facts(model, "causal_lm", lora_rank=4)
+    real, predicted = _saved_and_predicted(model, data, facts, precision)
     assert abs(predicted - real) / real < 0.05, (real, predicted)
 
 
@@ -459,11 +473,7 @@ def test_size_measures_qlora_beside_lora_and_full(tmp_path, tiny_llama_dir, caps
 def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
     """Weights kept in bf16 under bf16 autocast (the 7-8B table's setting): no weight copy is
     saved, and peft's lift of x to the fp32 adapter makes each adapter's own bf16 input copy."""
-    from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
-    from tunelab.stages.sizing.measure import synthetic_examples
-    from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes
-    from tunelab.stages.train.batches import collate
-    from tunelab.stages.train.loop import autocast, loss_sum
+    from tunelab.stages.sizing.facts import model_facts
 
     cfg = qlora_config(tiny_llama_dir, "all-linear")
     cfg = cfg.model_copy(
@@ -472,14 +482,7 @@ def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
             "adaptation": cfg.adaptation.model_copy(update={"method": method}),
         }
     )
-    base = resolve_model(cfg.model)
-    torch.manual_seed(0)
-    model, _ = adapt(load_model(base, cfg), cfg.adaptation, base.architecture)
-    model.train()
-    encoded = synthetic_examples(
-        4, 48, "causal_lm", vocab=model.config.vocab_size, loss_fraction=0.5
-    )
-    data = collate(encoded, 0, "causal_lm", False)
+    model, data = _adapted_with_a_batch(cfg)
     facts = model_facts(model, "causal_lm", lora_rank=0 if method == "full" else 4)
     # peft's prepare_model_for_kbit_training lifts a 4-bit model's other weights to fp32
     assert facts.param_dtype == ("float32" if method == "qlora" else "bfloat16")
@@ -491,12 +494,5 @@ def test_activation_walk_with_bf16_weights(tiny_llama_dir, method):
         config = json.loads((tiny_llama_dir / "config.json").read_text())
         mine = facts_from_config(config, cfg.adaptation, architecture="causal_lm", dtype="bfloat16")
         assert mine == facts and facts.quant_dtype == "bfloat16"
-    case = Case(seq_len=48, micro_batch=4, precision="bf16", loss_fraction=0.5)
-
-    def forward():
-        with autocast("bf16", torch.device("cpu")):
-            return loss_sum(model, data, "causal_lm")
-
-    real = count_saved_bytes(model, forward)
-    predicted = estimate_memory(facts, case).activations + logits_bytes(facts, case)["kept"]
+    real, predicted = _saved_and_predicted(model, data, facts, "bf16")
     assert abs(predicted - real) / real < 0.05, (real, predicted)

@@ -149,6 +149,7 @@ def test_flatten_params_points_and_keys():
 def test_tags_name_a_hub_base_by_its_commit():
     from types import SimpleNamespace
 
+    from tunelab.core.record_types import RunConfig
     from tunelab.track.flatten import run_tags
 
     row = SimpleNamespace(
@@ -168,7 +169,8 @@ def test_tags_name_a_hub_base_by_its_commit():
         "sha256": "ab" * 32,
         "source": {"hub": {"repo_id": "org/model", "revision": "main", "commit": "c0ffee"}},
     }
-    tags = run_tags({"base_model": base, "overrides": []}, row, None)
+    record = {"run_id": "train-x", "kind": "train", "config": {}, "config_sha256": "cd" * 32}
+    tags = run_tags(RunConfig.of("config.json", record | {"base_model": base}), row, None)
     assert tags["tunelab.base.commit"] == "c0ffee" and tags["tunelab.base.repo_id"] == "org/model"
     assert tags["tunelab.reason"] == "out of memory" and "tunelab.why" not in tags
     assert "**Status:** failed: out of memory" in tags["mlflow.note.content"]

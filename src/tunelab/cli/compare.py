@@ -19,66 +19,65 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.core.record_parts import CompareEntry, ConfigDiff, Delta, GuardrailVerdict
+from tunelab.core.record_types import Compare
 
 
-def _delta(entry: dict[str, Any] | None) -> str:
-    if not entry or entry.get("delta") is None:
+def _delta(entry: Delta | None) -> str:
+    if entry is None or entry.delta is None:
         return "-"
-    text = f"{entry['delta']:+.4f}"
-    if entry.get("ci_low") is not None:
-        text += f" [{entry['ci_low']:+.4f}, {entry['ci_high']:+.4f}]"
+    text = f"{entry.delta:+.4f}"
+    if entry.ci_low is not None:
+        text += f" [{entry.ci_low:+.4f}, {entry.ci_high:+.4f}]"
     return text
 
 
-def _ids(count: int, what: str, ids: list[Any], shown: int = 8) -> str:
+def _ids(count: int | None, what: str, ids: list[Any] | None, shown: int = 8) -> str:
     """`69 improved: a, b, ... (61 more)`: the first ids of a flip list, comma-separated."""
     if not count:
         return f"0 {what}"
     more = f" ({count - shown} more)" if count > shown else ""
-    return f"{count} {what}: " + ", ".join(map(str, ids[:shown])) + more
+    return f"{count} {what}: " + ", ".join(map(str, (ids or [])[:shown])) + more
 
 
-def _print_run(run: dict[str, Any]) -> None:
-    name = f"{run['name']}  " if run.get("name") else ""
-    console.print(f"\n[bold]{name}{run['run_id']}[/]")
-    rows = [
-        [
-            m,
-            fmt(v["baseline"]),
-            fmt(v["variant"]),
-            _delta(v),
-        ]
-        for m, v in run["metrics"].items()
-    ]
+def _print_run(run: CompareEntry) -> None:
+    name = f"{run.name}  " if run.name else ""
+    console.print(f"\n[bold]{name}{run.run_id}[/]")
+    rows = [[m, fmt(v.baseline), fmt(v.variant), _delta(v)] for m, v in run.metrics.items()]
     console.print(table("vs baseline", ["metric", "baseline", "run", "delta [95% CI]"], rows))
-    mc = run["mcnemar"]
+    if (mc := run.mcnemar) is not None:
+        console.print(
+            f"McNemar ({mc.method}): {mc.c} examples improved, {mc.b} regressed, "
+            f"p = {mc.p_value:.4g}"
+        )
+    for items, what in ((run.per_category, "category"), (run.per_field, "field")):
+        if items:
+            console.print(_per_item_table(f"per {what} delta [95% CI]", what, items))
+    console.print(_guardrail_table(run.guardrails))
+    fl = run.flips
     console.print(
-        f"McNemar ({mc['method']}): {mc['c']} examples improved, {mc['b']} regressed, "
-        f"p = {mc['p_value']:.4g}"
+        f"flips: {_ids(fl.num_improved, 'improved', fl.improved)}; "
+        f"{_ids(fl.num_regressed, 'regressed', fl.regressed)}"
     )
-    for key, what in (("per_category", "category"), ("per_field", "field")):
-        if run.get(key):
-            console.print(_per_item_table(f"per {what} delta [95% CI]", what, run[key]))
-    console.print(_guardrail_table(run["guardrails"]))
-    fl = run["flips"]
-    console.print(
-        f"flips: {_ids(fl['num_improved'], 'improved', fl['improved'])}; "
-        f"{_ids(fl['num_regressed'], 'regressed', fl['regressed'])}"
-    )
-    diff = run["config_diff"]
+    _print_diff(run.config_diff)
+    if run.why:
+        console.print(f"why: {run.why}")
+    for flag in run.flags or []:
+        console.print(f"[bold yellow]flag:[/] {flag}")
+    for note in run.notes or []:
+        console.print(f"note: {note}")
+
+
+def _print_diff(diff: ConfigDiff | None) -> None:
+    if diff is None:
+        return
     shown = lambda v: "null" if v is None else v  # noqa: E731
-    changes = [[c["group"], c["path"], shown(c["old"]), shown(c["new"])] for c in diff["changes"]]
+    changes = [[c.group, c.key, shown(c.old), shown(c.new)] for c in diff.changes]
     if changes:
-        console.print(f"config diff against {diff['against']}:")
+        console.print(f"config diff against {diff.against}:")
         console.print(table(None, ["group", "path", "was", "now"], changes))
     else:
-        console.print(f"config diff against {diff['against']}: no difference")
-    if run.get("why"):
-        console.print(f"why: {run['why']}")
-    for flag in run["flags"]:
-        console.print(f"[bold yellow]flag:[/] {flag}")
-    for note in run.get("notes") or []:
-        console.print(f"note: {note}")
+        console.print(f"config diff against {diff.against}: no difference")
 
 
 _VERDICT = {
@@ -88,34 +87,20 @@ _VERDICT = {
 }
 
 
-def _verdict(g: dict[str, Any]) -> str:
-    return _VERDICT[g.get("verdict") or ("pass" if g.get("pass") else "fail")]
-
-
-def _guardrail_table(guards: list[dict[str, Any]]) -> Table:
+def _guardrail_table(guards: list[GuardrailVerdict]) -> Table:
     """Each check with the interval it was judged on (the delta's for a rule relative to the
     baseline, else the value's), the bound the verdict rests on and the fail side's adjusted
     level; an inconclusive check names the split size that would likely settle it."""
     rows = []
     for g in guards:
-        interval = "-" if g.get("ci_low") is None else f"[{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]"
-        judged = "-" if g.get("judged_bound") is None else f"{g['judged_bound']:+.4f}"
-        level = "-" if g.get("adjusted_level") is None else f"{g['adjusted_level']:.3g}"
-        note = g.get("note") or ""
-        if g.get("settle_n"):
-            note = f"about {g['settle_n']} examples would likely settle it"
-        rows.append(
-            [
-                g["rule"],
-                g["item"] or "",
-                fmt(g["value"]),
-                interval,
-                judged,
-                level,
-                _verdict(g),
-                note,
-            ]
-        )
+        interval = "-" if g.ci_low is None else f"[{g.ci_low:+.4f}, {g.ci_high:+.4f}]"
+        judged = "-" if g.judged_bound is None else f"{g.judged_bound:+.4f}"
+        level = "-" if g.adjusted_level is None else f"{g.adjusted_level:.3g}"
+        note = g.note or ""
+        if g.settle_n:
+            note = f"about {g.settle_n} examples would likely settle it"
+        verdict = _VERDICT[g.outcome]
+        rows.append([g.rule, g.item or "", fmt(g.value), interval, judged, level, verdict, note])
     columns = ["rule", "item", "value", "interval", "bound", "adj. level"]
     columns += ["verdict", "note"]
     if not any(r[-1] for r in rows):  # no notes: the rule keeps the column's width
@@ -123,7 +108,7 @@ def _guardrail_table(guards: list[dict[str, Any]]) -> Table:
     return table("guardrails", columns, rows)
 
 
-def _per_item_table(title: str, what: str, items: dict[str, dict[str, Any]]) -> Table:
+def _per_item_table(title: str, what: str, items: dict[str, dict[str, Delta]]) -> Table:
     """One row per category or field path, its metrics stacked in the row: the deltas keep
     their width and the item's column takes the rest, folding a long path, never cutting it."""
     t = Table(title=title, title_justify="left", show_lines=True)
@@ -139,21 +124,21 @@ def _per_item_table(title: str, what: str, items: dict[str, dict[str, Any]]) -> 
     return t
 
 
-def _run_label(run: dict[str, Any]) -> str:
+def _run_label(run: CompareEntry) -> str:
     """The name the user gave (if any) above the full run id: ids are never cut."""
-    return f"{run['name']}\n{run['run_id']}" if run.get("name") else run["run_id"]
+    return f"{run.name}\n{run.run_id}" if run.name else run.run_id
 
 
-def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
+def _summary_table(record: Compare) -> tuple[Table, list[str]]:
     """One row per run (fits 80 columns); the reasons and flags as lines beneath it."""
     from tunelab.stages.compare.stage import interval_verdict
 
-    primary = record["primary_metric"]
     t = Table(
-        title=f"runs vs baseline: {primary} (min improvement {record['min_improvement']:g})",
+        title=f"runs vs baseline: {record.primary_metric} "
+        f"(min improvement {record.min_improvement or 0.0:g})",
         title_justify="left",
     )
-    ids = [len(r["run_id"]) for r in record["runs"]] or [3]
+    ids = [len(r.run_id) for r in record.runs] or [3]
     t.add_column("run", no_wrap=True, min_width=max(ids))
     t.add_column("delta [95% CI]", min_width=18)
     t.add_column("CI vs 0", no_wrap=True)
@@ -161,54 +146,51 @@ def _summary_table(record: dict[str, Any]) -> tuple[Table, list[str]]:
     t.add_column("guards", no_wrap=True)
     t.add_column("decision", no_wrap=True)
     notes = []
-    for run in record["runs"]:
-        who = run.get("name") or run["run_id"]
-        if not run["compared"]:
-            t.add_row(_run_label(run), f"not compared ({run['status']})", "-", "-", "-", "-")
-            notes.append(f"{who}: {run['not_compared_reason']}")
+    for run in record.runs:
+        if not run.compared:
+            t.add_row(_run_label(run), f"not compared ({run.status})", "-", "-", "-", "-")
+            notes.append(f"{run.label}: {run.not_compared_reason}")
             continue
-        p = run["primary"]
-        meets = p.get("meets_min_improvement")
+        p = run.primary
+        meets = p.meets_min_improvement
         t.add_row(
             _run_label(run),
             _delta(p).replace(" [", "\n[", 1),
-            interval_verdict(p),
+            interval_verdict(p.raw),
             "yes" if meets else ("no" if meets is not None else "-"),
-            _verdict({"verdict": run.get("guardrails_verdict"), "pass": run["guardrails_pass"]}),
-            run.get("decision") or "-",
+            _VERDICT[run.guardrails_outcome],
+            run.decision or "-",
         )
-        notes.extend(
-            f"{who}: {run.get('decision')}: {r}" for r in run.get("decision_reasons") or []
-        )
-        notes.extend(f"{who}: flag: {flag}" for flag in run["flags"])
+        notes.extend(f"{run.label}: {run.decision}: {r}" for r in run.decision_reasons or [])
+        notes.extend(f"{run.label}: flag: {flag}" for flag in run.flags or [])
     return t, notes
 
 
-def print_compare(record: dict[str, Any]) -> None:
-    base = record["baseline"]
-    primary = record["primary_metric"]
-    console.print(
-        f"baseline {base['run_id']} on {record['split']} ({base['n']} examples), "
-        f"primary metric {primary} = {fmt(base['metrics'].get(primary))}"
-    )
+def print_compare(record: Compare) -> None:
+    base, primary = record.baseline, record.primary_metric
+    if base is not None:
+        console.print(
+            f"baseline {base.run_id} on {record.split} ({base.n} examples), "
+            f"primary metric {primary} = {fmt((base.metrics or {}).get(primary))}"
+        )
     summary, notes = _summary_table(record)
     console.print(summary)
-    tests = record.get("tests") or {}
+    tests = record.tests
     console.print(
         "CI vs 0: where the delta's 95% interval lies (only above 0 is a significant gain); "
         "≥ min: the delta reaches the registered minimum improvement"
     )
-    if tests:
+    if tests.raw:
         console.print(
-            f"tests: {tests['confidence']:.0%} paired intervals, each one-sided test at "
-            f"{tests['alpha']:.3g}; a guardrail passes on its interval's bound at that level "
-            f"and fails at the {tests['multiplicity']}-adjusted level shown; goal "
-            f"{tests['goal']}; decision: {record.get('decision')}"
+            f"tests: {tests.level:.0%} paired intervals, each one-sided test at "
+            f"{tests.one_sided:.3g}; a guardrail passes on its interval's bound at that level "
+            f"and fails at the {tests.multiplicity}-adjusted level shown; goal "
+            f"{tests.goal}; decision: {record.decision}"
         )
     for note in notes:
         console.print(f"  {note}")
-    for run in record["runs"]:
-        if run["compared"]:
+    for run in record.runs:
+        if run.compared:
             _print_run(run)
 
 
@@ -231,10 +213,11 @@ def compare(
     s = open_study(study, None)
     record = compare_stage.run(s, run_ids or None, split=split, baseline=baseline)
     path = save_compare(s, record)
-    for w in record["warnings"]:
+    typed = Compare.of(path, record)
+    for w in typed.warnings or []:
         console_err.print(f"[bold red on white] WARNING [/] [bold red]{w}[/]")
     if json_out:
         emit_json({"record": str(path), **record})
         return
-    print_compare(record)
+    print_compare(typed)
     console.print(f"record: {path}")

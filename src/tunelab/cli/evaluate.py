@@ -22,6 +22,7 @@ from tunelab.cli.common import (
 )
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.env import BUSY_CPU_SHARE
+from tunelab.core.record_parts import Confusion, FieldMetrics
 from tunelab.core.record_types import Evaluation
 from tunelab.lib.inference.eval_copy import describe_copy, ran_on_copy
 from tunelab.lib.metrics import OVERALL_METRICS, failure_kind
@@ -38,45 +39,45 @@ def print_evaluation(ev: Evaluation, title: str) -> None:
     ]
     if ev.cpu_share is not None:
         rows.insert(-1, ["CPU share of its threads", fmt(ev.cpu_share, 2)])
-    gen = ev.generation
-    if gen:
+    gen = ev.decoding
+    if gen is not None and gen.raw:
         rows.insert(
             -1,
             [
                 "decoding steps",  # a batch steps until its last row ends: not a token count
-                f"{gen['steps']} in {len(gen['batches'])} batches (the gold answers would "
-                f"take {gen['answer_steps']})",
+                f"{gen.steps} in {len(gen.batches or [])} batches (the gold answers would "
+                f"take {gen.answer_steps})",
             ],
         )
-        rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.get("s_per_step") or 0), 1)])
+        rows.insert(-1, ["ms a decoding step", fmt(1000 * (gen.s_per_step or 0), 1)])
     merge = ev.merge or {}
     if ran_on_copy(merge) or "check_s" in merge:  # a copy was made: used, or why not
         rows.insert(-1, ["evaluated on", describe_copy(merge)])
     if ev.torch_threads:
         rows.insert(-1, ["threads", ev.torch_threads])
     console.print(table(title, ["metric", "value"], rows))
-    if m.get("per_category"):
+    if ev.per_category:
         cats = [
-            [c, fmt(v["precision"]), fmt(v["recall"]), fmt(v["f1"]), v["support"]]
-            for c, v in m["per_category"].items()
+            [c, fmt(v.precision), fmt(v.recall), fmt(v.f1), v.support]
+            for c, v in ev.per_category.items()
         ]
         console.print(table("per category", ["category", "precision", "recall", "F1", "n"], cats))
-        for part in confusion_tables(m["confusion"], console.width):
-            console.print(part)
-    if m.get("per_field"):
+        if ev.confusion is not None:
+            for part in confusion_tables(ev.confusion, console.width):
+                console.print(part)
+    if ev.per_field:
         # short heads leave the path room at 80 columns (`quantities[].unit`)
-        cols = ["presence_rate", "exact_match", "normalized_match", "precision", "recall", "f1"]
         heads = ["pres", "exact", "match", "P", "R", "F1", "slots"]
         fields = [
-            [f, *(fmt(v[c], 3) for c in cols), v.get("slots", "")]
-            for f, v in m["per_field"].items()
+            [f, *(fmt(x, 3) for x in _field_rates(v)), "" if v.slots is None else v.slots]
+            for f, v in ev.per_field.items()
         ]
         console.print(table("per field", ["field", *heads], fields))
-    if m.get("failure_counts"):
+    if ev.failure_counts:
         console.print(
-            table("failures", ["kind", "count"], [[k, v] for k, v in m["failure_counts"].items()])
+            table("failures", ["kind", "count"], [[k, v] for k, v in ev.failure_counts.items()])
         )
-    over = (gen or {}).get("answers_over_budget")
+    over = gen.answers_over_budget if gen is not None else None
     if over:
         console_err.print(
             f"[yellow]warning:[/] {over} of {ev.n} gold answers are longer than "
@@ -93,11 +94,15 @@ def print_evaluation(ev: Evaluation, title: str) -> None:
         )
 
 
-def confusion_tables(conf: dict[str, Any], width: int) -> list[Table]:
+def _field_rates(v: FieldMetrics) -> list[float | None]:
+    return [v.presence_rate, v.exact_match, v.normalized_match, v.precision, v.recall, v.f1]
+
+
+def confusion_tables(conf: Confusion, width: int) -> list[Table]:
     """The confusion matrix in tables that fit `width` columns: full label names as headers when
     they fit; otherwise each column is numbered as its row ("3 nouvelles-sport"), and a matrix
     too wide still is paged into several tables of consecutive columns."""
-    labels, columns, matrix = conf["labels"], conf["predicted"], conf["matrix"]
+    labels, columns, matrix = conf.labels or [], conf.predicted or [], conf.matrix or []
     digits = max((len(str(v)) for row in matrix for v in row), default=1)
     names = [str(label) for label in labels]
     label_w = min(max(len("gold"), *map(len, names)), 32)

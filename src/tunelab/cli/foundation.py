@@ -10,6 +10,7 @@ import typer
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.config import config_warnings
 from tunelab.core.env import capture_env
+from tunelab.core.record_parts import RunEnv
 from tunelab.stages.hypothesis.pins import drift
 from tunelab.stages.hypothesis.validate import validate_study
 
@@ -139,26 +140,28 @@ def env(
     if json_out:
         emit_json(e)
         return
+    env = RunEnv.of("environment", e)
+    git = env.git_commit
     rows = [
-        ["python", e["python"]],
-        ["os", e["os"]["platform"]],
-        ["cpu", f"{e['cpu']['name']} ({e['cpu']['logical_cores']} cores)"],
-        ["torch", e["torch"]],
-        ["backend", e["backend"]],
-        ["cuda", e["cuda"]],
-        ["rocm", e["rocm"]],
-        ["cudnn", e["cudnn"]],
-        ["nccl", e["nccl"]],
-        ["driver", e["driver"]],
+        ["python", env.python],
+        ["os", (env.os or {}).get("platform")],
+        ["cpu", env.cpu_text],
+        ["torch", env.torch],
+        ["backend", env.backend],
+        ["cuda", env.cuda],
+        ["rocm", env.rocm],
+        ["cudnn", env.cudnn],
+        ["nccl", env.nccl],
+        ["driver", env.driver],
         [
             "gpus",
-            ", ".join(f"{g['name']} {g['memory_bytes'] / 2**30:.0f} GiB" for g in e["gpus"])
+            ", ".join(f"{g.name} {(g.memory_bytes or 0) / 2**30:.0f} GiB" for g in env.devices)
             or "none",
         ],
-        ["bf16", e["bf16_supported"]],
-        ["attention", ", ".join(k for k, v in e["attention"].items() if v)],
-        *[[k, v] for k, v in e["packages"].items()],
-        ["git", e["tunelab_git"] and e["tunelab_git"]["commit"][:12]],
+        ["bf16", env.bf16_supported],
+        ["attention", ", ".join(k for k, v in (env.attention or {}).items() if v)],
+        *[[k, v] for k, v in (env.packages or {}).items()],
+        ["git", git and git[:12]],
     ]
     console.print(table("environment", ["what", "value"], rows))
 

@@ -18,6 +18,7 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.core.record_parts import CheckpointCheck
 from tunelab.core.record_types import Verify
 
 
@@ -41,51 +42,42 @@ def verify(
 
     s = open_study(study, sets)
     record = verify_stage.run(s, run_id, atol=atol)
-    v = Verify.of(record["path"], record)
+    v = Verify.read(record["path"])
     if json_out:
         emit_json(record)
     else:
-        ck = v.checkpoint
-        pred = v.predictions or {}
-        timings = v.timings or {}
-        env = v.environment or {}
+        ck, pred = v.checkpoint_check, v.reproduced
+        timings, env = v.fresh_timings, v.environment_check
         rows = [
             ["run", f"{v.run_id} (model of {v.model_run}, {v.model_kind})"],
             ["recorded predictions", f"{v.evaluation_run} ({v.split})"],
-            [
-                "checkpoint files",
-                "-"
-                if ck is None
-                else (
-                    f"{ck['files_checked']} match their sha256"
-                    if ck["ok"]
-                    else "[red]changed: " + ", ".join(ck["changed"] + ck["missing"]) + "[/]"
-                ),
-            ],
+            ["checkpoint files", _checkpoint_text(ck)],
             [
                 "predictions",
                 "not run"
-                if not pred
-                else f"{pred['matched']} of {pred['n']} reproduced, max score diff "
-                f"{fmt(pred.get('max_score_diff'), 6)} (atol {pred['atol']:g})",
+                if pred is None or not pred.raw
+                else f"{pred.matched} of {pred.n} reproduced, max score diff "
+                f"{fmt(pred.max_score_diff, 6)} (atol {pred.atol:g})",
             ],
-            ["environment", "same as the run's" if env.get("same") else "[yellow]differs[/]"],
+            [
+                "environment",
+                "same as the run's" if env and env.same else "[yellow]differs[/]",
+            ],
             [
                 "fresh process",
-                f"load {fmt(timings.get('load_s'), 2)} s, eval {fmt(timings.get('eval_s'), 2)} s"
-                if timings
+                f"load {fmt(timings.load_s, 2)} s, eval {fmt(timings.eval_s, 2)} s"
+                if timings and timings.raw
                 else "-",
             ],
         ]
         console.print(table("verify", ["", ""], rows, show_header=False))
-        for m in pred.get("mismatches") or []:
+        for m in pred.mismatches if pred else []:
             console.print(
-                f"  [red]mismatch[/] {m['id']} {m['field']}: recorded {m['recorded']!r}, "
-                f"fresh {m['fresh']!r}",
+                f"  [red]mismatch[/] {m.id} {m.what}: recorded {m.recorded!r}, fresh {m.fresh!r}",
                 highlight=False,
             )
-        if env.get("message"):
-            console.print(f"[yellow]{env['message']}[/]", highlight=False)
+        if env and env.message:
+            console.print(f"[yellow]{env.message}[/]", highlight=False)
         verdict = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
         console.print(f"verify {verdict}: {v.reason}", highlight=False)
         console.print(f"record: {v.path}", soft_wrap=True, highlight=False)  # whole
@@ -93,3 +85,11 @@ def verify(
         raise VerifyFailed(
             f"run {v.model_run} not verified: {v.reason}", hint=f"the record is {v.path}"
         )
+
+
+def _checkpoint_text(ck: CheckpointCheck | None) -> str:
+    if ck is None:
+        return "-"
+    if ck.ok:
+        return f"{ck.files_checked} match their sha256"
+    return "[red]changed: " + ", ".join((ck.changed or []) + (ck.missing or [])) + "[/]"

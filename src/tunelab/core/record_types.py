@@ -28,11 +28,30 @@ class here is what every other stage reads it back as.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tunelab.core.errors import StudyError
-from tunelab.core.records import read_json
+from tunelab.core.record_base import OPT_DICT as _OPT_DICT
+from tunelab.core.record_base import OPT_INT as _OPT_INT
+from tunelab.core.record_base import OPT_LIST as _OPT_LIST
+from tunelab.core.record_base import OPT_NUM as _OPT_NUM
+from tunelab.core.record_base import OPT_STR as _OPT_STR
+from tunelab.core.record_base import Record, damaged, mapping_of
+from tunelab.core.record_parts import (
+    AdaptationSettings,
+    CategoryMetrics,
+    CheckpointCheck,
+    CompareBaseline,
+    CompareEntry,
+    Confusion,
+    Decoding,
+    EnvironmentCheck,
+    FieldMetrics,
+    FreshTimings,
+    LockedTests,
+    ModelIdentity,
+    Reproduced,
+    SizingRow,
+)
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -50,68 +69,6 @@ __all__ = [
     "Verify",
     "damaged",
 ]
-
-R = TypeVar("R", bound="Record")
-_ABSENT = object()
-
-
-def damaged(path: Path | str, what: str) -> StudyError:
-    """The one error for a record that reads as JSON but not as its kind."""
-    return StudyError(
-        f"{path}: {what}: the record is damaged",
-        hint="restore it from a copy; records are never rewritten by tunelab",
-    )
-
-
-def _type_name(types: tuple[type, ...]) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "true/false"}
-    return " or ".join(names.get(t, t.__name__) for t in types if t is not type(None))
-
-
-@dataclass(frozen=True)
-class Record:
-    """A record read back: its path, its whole JSON object, and its kind's typed fields."""
-
-    FIELDS: ClassVar[dict[str, tuple[type, ...]]] = {}
-    # fields a record of this kind may lack (older tunelab versions, optional parts): None then
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
-
-    path: Path
-    raw: dict[str, Any] = field(repr=False)
-
-    @classmethod
-    def read(cls: type[R], path: Path | str) -> R:
-        """Read and check the record at `path` (see the module docstring for the errors)."""
-        return cls.of(path, read_json(Path(path)))
-
-    @classmethod
-    def of(cls: type[R], path: Path | str, raw: Any) -> R:
-        """Check an already parsed record `raw` read from `path`."""
-        if not isinstance(raw, dict):
-            raise damaged(path, f"a {type(raw).__name__}, not a JSON object")
-        values = {}
-        for name, types in cls.FIELDS.items():
-            value = raw.get(name, _ABSENT)
-            if value is _ABSENT or value is None:
-                if name not in cls.OPTIONAL and type(None) not in types:
-                    raise damaged(path, f"field {name!r} is missing")
-                value = None
-            elif not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise damaged(path, f"field {name!r} is {value!r}, not {_type_name(types)}")
-            values[name] = value
-        return cls(Path(path), raw, **values)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """A field no class names yet, read as written."""
-        return self.raw.get(key, default)
-
-
-_NUM = (int, float)
-_OPT_STR = (str, type(None))
-_OPT_INT = (int, type(None))
-_OPT_NUM = (int, float, type(None))
-_OPT_DICT = (dict, type(None))
-_OPT_LIST = (list, type(None))
 
 
 @dataclass(frozen=True)
@@ -132,8 +89,13 @@ class RunConfig(Record):
         "hypothesis_sha256": _OPT_STR,
         "base_model": _OPT_DICT,
         "labels": _OPT_LIST,
+        "why": _OPT_STR,
+        "split": _OPT_STR,
+        "evaluates": _OPT_STR,
+        "evaluation_spec_sha256": _OPT_STR,
+        "hypothesis_evaluation_spec_sha256": _OPT_STR,
     }
-    OPTIONAL: ClassVar = frozenset({"overrides", "base_model", "labels"})
+    OPTIONAL: ClassVar = frozenset({"overrides", "base_model", "labels", "why"})
 
     run_id: str = ""
     kind: str = ""
@@ -147,12 +109,31 @@ class RunConfig(Record):
     hypothesis_sha256: str | None = None
     base_model: dict[str, Any] | None = None
     labels: list[str] | None = None
+    why: str | None = None
+    split: str | None = None  # an evaluation run's split
+    evaluates: str | None = None  # an eval run: the run it evaluates
+    evaluation_spec_sha256: str | None = None  # an evaluation run: the locked spec it used
+    hypothesis_evaluation_spec_sha256: str | None = None  # a smoke or training run's
+
+    @property
+    def base(self) -> ModelIdentity:
+        """The base model's identity as recorded (empty when the run names none)."""
+        return self.part(ModelIdentity, "base_model") or ModelIdentity(
+            self.path, {}, where="base_model"
+        )
 
     def study_config(self) -> StudyConfig:
         """The saved study config, validated (a ConfigError names this file)."""
         from tunelab.core.config import validate_config
 
         return validate_config(self.config, source=str(self.path))
+
+    @property
+    def adaptation(self) -> AdaptationSettings:
+        """The saved `adaptation` section (no validation: cheap, for display)."""
+        return AdaptationSettings.of(
+            self.path, self.config.get("adaptation") or {}, "config.adaptation"
+        )
 
     @property
     def training(self) -> dict[str, Any]:
@@ -252,6 +233,40 @@ class Evaluation(Record):
     data_snapshot: str | None = None
     hypothesis_version: int | None = None
 
+    @property
+    def per_category(self) -> dict[str, CategoryMetrics]:
+        return mapping_of(
+            CategoryMetrics, self.path, self.metrics.get("per_category"), "metrics.per_category"
+        )
+
+    @property
+    def per_field(self) -> dict[str, FieldMetrics]:
+        return mapping_of(
+            FieldMetrics, self.path, self.metrics.get("per_field"), "metrics.per_field"
+        )
+
+    @property
+    def confusion(self) -> Confusion | None:
+        raw = self.metrics.get("confusion")
+        return None if raw is None else Confusion.of(self.path, raw, "metrics.confusion")
+
+    @property
+    def failure_counts(self) -> dict[str, int]:
+        return dict(self.metrics.get("failure_counts") or {})
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The generation budget it ran with (None for a classifier's)."""
+        return (self.evaluation or {}).get("max_new_tokens")
+
+    @property
+    def decoding(self) -> Decoding | None:
+        """The decoding of a generative evaluation (None for a classifier's)."""
+        return self.part(Decoding, "generation")
+
+    def check_parts(self) -> None:
+        _ = self.per_category, self.per_field, self.confusion, self.decoding
+
 
 @dataclass(frozen=True)
 class Smoke(Record):
@@ -294,6 +309,14 @@ class Smoke(Record):
     adapter_timing: dict[str, Any] | None = None
     adapter_time_ratio: float | None = None
 
+    def numbers(self) -> dict[str, float]:
+        """Every number at the record's top (its timings and counts), by name."""
+        return {
+            k: v
+            for k, v in self.raw.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+
 
 @dataclass(frozen=True)
 class Verify(Record):
@@ -330,6 +353,27 @@ class Verify(Record):
     predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
     timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
 
+    @property
+    def checkpoint_check(self) -> CheckpointCheck | None:
+        return self.part(CheckpointCheck, "checkpoint")
+
+    @property
+    def reproduced(self) -> Reproduced | None:
+        return self.part(Reproduced, "predictions")
+
+    @property
+    def environment_check(self) -> EnvironmentCheck | None:
+        return self.part(EnvironmentCheck, "environment")
+
+    @property
+    def fresh_timings(self) -> FreshTimings | None:
+        return self.part(FreshTimings, "timings")
+
+    def check_parts(self) -> None:
+        _ = self.checkpoint_check, self.environment_check, self.fresh_timings
+        if (reproduced := self.reproduced) is not None:
+            _ = reproduced.mismatches
+
 
 @dataclass(frozen=True)
 class Sizing(Record):
@@ -344,6 +388,9 @@ class Sizing(Record):
         "facts": _OPT_DICT,
         "throughput": _OPT_DICT,
         "configurations": _OPT_LIST,
+        "model": _OPT_DICT,
+        "recommendation": _OPT_DICT,
+        "hypothesis_version": _OPT_INT,
     }
     OPTIONAL: ClassVar = frozenset({"seconds", "lengths", "env"})
 
@@ -355,6 +402,24 @@ class Sizing(Record):
     facts: dict[str, Any] | None = None  # the adapted model's (ModelFacts.to_dict)
     throughput: dict[str, Any] | None = None  # the study's own configuration: {row, step_s, ...}
     configurations: list[dict[str, Any]] | None = None  # one row per configuration measured
+    model: dict[str, Any] | None = None  # {architecture, ...} of the model sized
+    recommendation: dict[str, Any] | None = None  # micro-batch, accumulation, predicted peak
+    hypothesis_version: int | None = None
+
+    @property
+    def rows(self) -> list[SizingRow]:
+        """The configurations measured (`rows` in records before that name)."""
+        name = "configurations" if "configurations" in self.raw else "rows"
+        return self.parts(SizingRow, name)
+
+    @property
+    def length_unit(self) -> str | None:
+        """tokens, or an image model's unit (image side, patch tokens)."""
+        return (self.lengths or {}).get("length_unit")
+
+    @property
+    def architecture(self) -> str | None:
+        return (self.model or {}).get("architecture")
 
 
 @dataclass(frozen=True)
@@ -371,14 +436,58 @@ class Plan(Record):
 
 @dataclass(frozen=True)
 class Compare(Record):
-    """compare/<id>.json: variants set against the baseline on one split."""
+    """compare/<id>.json: variants set against the baseline on one split (`baseline`, and one
+    `CompareEntry` per run in `runs`: see core/record_parts)."""
 
-    FIELDS: ClassVar = {"id": _OPT_STR, "split": _OPT_STR, "baseline": _OPT_DICT, "runs": _OPT_LIST}
+    FIELDS: ClassVar = {
+        "id": _OPT_STR,
+        "split": _OPT_STR,
+        "created_at": _OPT_STR,
+        "task_kind": _OPT_STR,
+        "primary_metric": _OPT_STR,
+        "min_improvement": _OPT_NUM,
+        "decision": _OPT_STR,
+        "test_openings": _OPT_INT,
+        "warnings": _OPT_LIST,
+        "bootstrap": _OPT_DICT,
+        "hypothesis_version": _OPT_INT,
+    }
 
     id: str | None = None
     split: str | None = None
-    baseline: dict[str, Any] | None = None
-    runs: list[dict[str, Any]] | None = None
+    created_at: str | None = None
+    task_kind: str | None = None
+    primary_metric: str | None = None
+    min_improvement: float | None = None
+    decision: str | None = None  # adopt | reject | inconclusive: the study's
+    test_openings: int | None = None
+    warnings: list[str] | None = None
+    bootstrap: dict[str, Any] | None = None  # {samples, seed, confidence}
+    hypothesis_version: int | None = None
+
+    @property
+    def baseline(self) -> CompareBaseline | None:
+        return self.part(CompareBaseline, "baseline")
+
+    @property
+    def tests(self) -> LockedTests:
+        return self.part(LockedTests, "tests") or LockedTests(self.path, {}, where="tests")
+
+    @property
+    def runs(self) -> list[CompareEntry]:
+        return self.parts(CompareEntry, "runs")
+
+    def check_parts(self) -> None:
+        _ = self.baseline, self.tests
+        for entry in self.runs:
+            entry.check_parts()
+
+    def lists(self, run_id: str) -> bool:
+        """Whether this comparison holds `run_id`, as its baseline or as one of its rows."""
+        base = self.baseline
+        return (base is not None and base.run_id == run_id) or any(
+            r.run_id == run_id for r in self.runs
+        )
 
 
 @dataclass(frozen=True)
@@ -396,6 +505,7 @@ class ExportManifest(Record):
         "config_sha256": _OPT_STR,
         "files": _OPT_DICT,
         "limitations": _OPT_LIST,
+        "hypothesis": _OPT_DICT,
     }
 
     run_id: str | None = None
@@ -408,3 +518,13 @@ class ExportManifest(Record):
     config_sha256: str | None = None
     files: dict[str, Any] | None = None
     limitations: list[Any] | None = None
+    hypothesis: dict[str, Any] | None = None  # the exported run's {version, sha256}
+
+    @property
+    def identity(self) -> ModelIdentity:
+        """The base model the export is bound to."""
+        return self.part(ModelIdentity, "base") or ModelIdentity(self.path, {}, where="base")
+
+    @property
+    def hypothesis_version(self) -> int | None:
+        return (self.hypothesis or {}).get("version")

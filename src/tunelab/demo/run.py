@@ -67,13 +67,14 @@ StageFn = Callable[[dict[str, Any]], Stage]
 def adopted_variant(study: Path, results: dict[str, Any]) -> dict[str, Any]:
     """The variant the latest comparison adopts, by the dossier's rule; when none is, variant 1
     (verified and exported all the same, `adopted` False, with the reasons)."""
+    from tunelab.core.record_types import Compare
     from tunelab.stages.report.decision import choose_variant
 
     latest = sorted((study / "records" / "compare").glob("*.json"))[-1]
-    row, reasons = choose_variant(json.loads(latest.read_text(encoding="utf-8")))
+    row, reasons = choose_variant(Compare.read(latest))
     if row is None:
         return {"run_id": results["v1"]["run_id"], "name": "v1", "adopted": False, "why": reasons}
-    return {"run_id": row["run_id"], "name": row.get("name") or row["run_id"], "adopted": True}
+    return {"run_id": row.run_id, "name": row.label, "adopted": True}
 
 
 def _final_test(r: dict[str, Any]) -> Stage:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.hashing import sha256_file, sha256_json
-from tunelab.core.records import read_json
+from tunelab.core.record_parts import RunEnv
+from tunelab.core.record_types import Compare, Evaluation, RunConfig, Smoke
 
 if TYPE_CHECKING:
     from tunelab.core.study import Study
@@ -150,34 +151,33 @@ def numeric_leaves(tree: dict[str, Any], *prefix: str) -> list[tuple[str, float]
     return out
 
 
-def evaluation_points(record: dict[str, Any], step: int, timestamp_ms: int) -> list[Point]:
+def evaluation_points(record: Evaluation, step: int, timestamp_ms: int) -> list[Point]:
     """A metrics-<split>.json record as `<split>/<metric>` points (per category and per field
     included, the confusion matrix left out), with its size and speed."""
-    split = record.get("split") or "evaluation"
-    metrics = {k: v for k, v in (record.get("metrics") or {}).items() if k != "confusion"}
+    split = record.split or "evaluation"
+    metrics = {k: v for k, v in record.metrics.items() if k != "confusion"}
     leaves = numeric_leaves(metrics, split)
-    for name in ("seconds", "examples_per_s"):
-        if (number := _number(record.get(name))) is not None:
+    for name, value in (("seconds", record.seconds), ("examples_per_s", record.examples_per_s)):
+        if (number := _number(value)) is not None:
             leaves.append((metric_key(split, name), number))
     return [Point(k, v, step, timestamp_ms, curve=False) for k, v in leaves]
 
 
-def env_summary(env: dict[str, Any]) -> str:
+def env_summary(env: RunEnv) -> str:
     """One line: python, torch, the device (GPU names or CPU cores) and the key libraries."""
-    gpus = env.get("gpus") or []
-    if gpus:
+    if env.devices:
         names: dict[str, int] = {}
-        for g in gpus:
-            names[g.get("name", "?")] = names.get(g.get("name", "?"), 0) + 1
+        for name in (g.name or "?" for g in env.devices):
+            names[name] = names.get(name, 0) + 1
         device = ", ".join(f"{n}x {name}" for name, n in names.items())
     else:
-        cores = (env.get("cpu") or {}).get("logical_cores")
+        cores = env.logical_cores
         device = f"cpu ({cores} cores)" if cores else "cpu"
-    packages = env.get("packages") or {}
+    packages = env.packages or {}
     libs = ", ".join(f"{p} {packages[p]}" for p in ("transformers", "peft") if packages.get(p))
-    parts = [f"python {env.get('python', '?')}", f"torch {env.get('torch', '?')}", device, libs]
-    if env.get("cuda"):
-        parts.append(f"cuda {env['cuda']}")
+    parts = [f"python {env.python or '?'}", f"torch {env.torch or '?'}", device, libs]
+    if env.cuda:
+        parts.append(f"cuda {env.cuda}")
     return ", ".join(p for p in parts if p)
 
 
@@ -187,10 +187,9 @@ def _ms(stamp: str | None) -> int | None:
     return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> dict[str, str]:
+def run_tags(record: RunConfig, row: Any, env: RunEnv | None) -> dict[str, str]:
     """Tags of a run from its config.json, its ledger row and env.json (absent values left out)."""
-    base = record.get("base_model") or {}
-    hub = (base.get("source") or {}).get("hub") or {}  # a base pinned to a hub commit
+    base = record.base
     tags = {
         "tunelab.run_id": row.id,
         "tunelab.kind": row.kind,
@@ -201,32 +200,31 @@ def run_tags(record: dict[str, Any], row: Any, env: dict[str, Any] | None) -> di
         "tunelab.reason": row.reason,
         "tunelab.created_at": row.created_at,
         "tunelab.finished_at": row.finished_at,
-        "tunelab.config_sha256": record.get("config_sha256"),
-        "tunelab.overrides": _text(record["overrides"]) if record.get("overrides") else None,
-        "tunelab.hypothesis_version": record.get("hypothesis_version"),
-        "tunelab.hypothesis_sha256": record.get("hypothesis_sha256"),
-        "tunelab.data_snapshot": record.get("data_snapshot"),
-        "tunelab.eval_spec_sha256": record.get("evaluation_spec_sha256")
-        or record.get("hypothesis_evaluation_spec_sha256"),
-        "tunelab.split": record.get("split"),
-        "tunelab.evaluates": record.get("evaluates"),
-        "tunelab.base.name": base.get("name"),
-        "tunelab.base.revision": base.get("revision"),
-        "tunelab.base.repo_id": hub.get("repo_id"),
-        "tunelab.base.commit": hub.get("commit"),
-        "tunelab.base.sha256": base.get("sha256"),
-        "tunelab.base.architecture": base.get("architecture"),
+        "tunelab.config_sha256": record.config_sha256,
+        "tunelab.overrides": _text(record.overrides) if record.overrides else None,
+        "tunelab.hypothesis_version": record.hypothesis_version,
+        "tunelab.hypothesis_sha256": record.hypothesis_sha256,
+        "tunelab.data_snapshot": record.data_snapshot,
+        "tunelab.eval_spec_sha256": record.evaluation_spec_sha256
+        or record.hypothesis_evaluation_spec_sha256,
+        "tunelab.split": record.split,
+        "tunelab.evaluates": record.evaluates,
+        "tunelab.base.name": base.name,
+        "tunelab.base.revision": base.revision,
+        "tunelab.base.repo_id": base.hub.get("repo_id"),  # a base pinned to a hub commit
+        "tunelab.base.commit": base.hub.get("commit"),
+        "tunelab.base.sha256": base.sha256,
+        "tunelab.base.architecture": base.architecture,
     }
     if env:
-        git = env.get("tunelab_git") or {}
         tags.update(
             {
                 "tunelab.core.env": env_summary(env),
-                "tunelab.core.env.torch": env.get("torch"),
-                "tunelab.core.env.device": env.get("compute_device") or env.get("backend"),
-                "tunelab.core.env.cuda": env.get("cuda"),
-                "tunelab.core.env.driver": env.get("driver"),
-                "tunelab.git_commit": git.get("commit"),
+                "tunelab.core.env.torch": env.torch,
+                "tunelab.core.env.device": env.compute_device or env.backend,
+                "tunelab.core.env.cuda": env.cuda,
+                "tunelab.core.env.driver": env.driver,
+                "tunelab.git_commit": env.git_commit,
             }
         )
     tags["mlflow.note.content"] = describe_run(row)
@@ -278,34 +276,45 @@ def step_rows(path: Path, running: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _evaluations(study: Study, row: Any, rows: list[Any]) -> list[tuple[dict[str, Any], Any]]:
+def _evaluations(study: Study, row: Any, rows: list[Any]) -> list[tuple[Evaluation, Any]]:
     """(record, created_at) of each evaluation of `row`: its own metrics-<split>.json files,
     then those of its completed `eval` runs, oldest first."""
     found = []
     for path in sorted((study.runs_dir / row.id).glob("metrics-*.json")):
-        found.append((read_json(path), row.created_at))
+        found.append((Evaluation.read(path), row.created_at))
     for other in rows:
         if other.kind == "eval" and other.parent == row.id and other.status == "completed":
             for path in sorted((study.runs_dir / other.id).glob("metrics-*.json")):
-                found.append((read_json(path), other.created_at))
+                found.append((Evaluation.read(path), other.created_at))
     return found
 
 
-def _compares(study: Study) -> list[dict[str, Any]]:
-    folder = study.records / "compare"
-    return [read_json(p) | {"_path": p} for p in sorted(folder.glob("*.json"))]
+def _compares(study: Study) -> list[Compare]:
+    return [Compare.read(p) for p in sorted((study.records / "compare").glob("*.json"))]
+
+
+def _compare_tags(row: Any, compares: list[Compare]) -> dict[str, str]:
+    """The guardrail verdict and decision of the run's last comparison."""
+    entries = [e for c in compares for e in c.runs if e.run_id == row.id and e.compared]
+    if not entries:
+        return {}
+    last = entries[-1]
+    tags = {"tunelab.stages.compare.guardrails": last.guardrails_outcome}
+    if last.decision:
+        tags["tunelab.stages.compare.decision"] = last.decision
+    return tags
 
 
 def mirror_run(
-    study: Study, row: Any, rows: list[Any], compares: list[dict[str, Any]], points: bool = True
+    study: Study, row: Any, rows: list[Any], compares: list[Compare], points: bool = True
 ) -> RunMirror:
     """The mirror of one run from its folder, its ledger row, its evaluations and the
     comparisons that list it; `points=False` leaves out its metrics (a live logger reads no
     metrics.jsonl that the run is appending to)."""
     run_dir = study.runs_dir / row.id
-    record = read_json(run_dir / "config.json")
+    record = RunConfig.read(run_dir / "config.json")
     env_path = run_dir / "env.json"
-    env = read_json(env_path) if env_path.exists() else None
+    env = RunEnv.read(env_path) if env_path.exists() else None
     start = _ms(row.created_at) or 0
     mirror = RunMirror(
         run_id=row.id,
@@ -316,7 +325,7 @@ def mirror_run(
         start_ms=start,
         end_ms=_ms(row.finished_at),
         nest_under=row.parent if row.kind == "eval" else None,
-        params=flatten_params(record.get("config") or {}),
+        params=flatten_params(record.config),
         tags=run_tags(record, row, env),
         files=_run_files(run_dir),
     )
@@ -325,32 +334,19 @@ def mirror_run(
         mirror.points += step_points(r, start + int(1000 * (r.get("elapsed_s") or 0)))
     per_split: dict[str, int] = {}
     for rec, created in _evaluations(study, row, rows):
-        split = rec.get("split") or "evaluation"
+        split = rec.split or "evaluation"
         step = per_split[split] = per_split.get(split, -1) + 1
         mirror.points += evaluation_points(rec, step, _ms(created) or start)
     smoke = run_dir / "smoke.json"
     if smoke.exists():
-        record = read_json(smoke)
+        record = Smoke.read(smoke)
         mirror.points += [
             Point(metric_key("smoke", k), v, 0, start, curve=False)
-            for k, v in numeric_leaves({k: x for k, x in record.items() if not isinstance(x, dict)})
+            for k, v in numeric_leaves(record.numbers())
         ]
-        mirror.tags["tunelab.smoke_passed"] = str(record.get("passed"))
-    listed = [
-        c
-        for c in compares
-        if c["baseline"]["run_id"] == row.id or any(r["run_id"] == row.id for r in c["runs"])
-    ]
-    for c in listed:
-        mirror.files.append((c["_path"], "compare"))
-    entries = [r for c in listed for r in c["runs"] if r["run_id"] == row.id and r.get("compared")]
-    if entries:
-        last = entries[-1]
-        mirror.tags["tunelab.stages.compare.guardrails"] = last.get("guardrails_verdict") or (
-            "pass" if last["guardrails_pass"] else "fail"
-        )
-        if last.get("decision"):
-            mirror.tags["tunelab.stages.compare.decision"] = last["decision"]
+        mirror.tags["tunelab.smoke_passed"] = str(record.passed)
+    mirror.files += [(c.path, "compare") for c in compares if c.lists(row.id)]
+    mirror.tags.update(_compare_tags(row, compares))
     return mirror
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.progress import Progress
-from tunelab.track.flatten import RunMirror, action_counts, collect_study, run_result
+from tunelab.track.flatten import RunMirror, action_counts, collect_study
 from tunelab.track.optional import TrackingError, import_optional
 from tunelab.track.wandb_mirror import (
     EXIT_CODE,
@@ -22,6 +22,9 @@ from tunelab.track.wandb_mirror import (
     curve_rows,
     groups,
     quiet,
+    sent,
+    sync_each,
+    unchanged,
     wandb_run_id,
 )
 
@@ -52,11 +55,10 @@ def sync_run(
     group: str | None,
     held: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    fingerprint = mirror.fingerprint()
     result = {"trackio_run": name, "action": "unchanged", "params": 0, "metrics": 0, "files": 0}
-    if held is not None and held.get("sha256") == fingerprint:
+    fingerprint, after, same = unchanged(mirror, held)
+    if same:
         return {**result, "state": held}
-    after = held.get("step", -1) if held else -1
     values = {**config(mirror), "tunelab.reason": mirror.reason or ""}
     trackio.init(
         project=project,
@@ -79,13 +81,8 @@ def sync_run(
             trackio.log({p.key: p.value}, step=p.step)
     finally:
         trackio.finish()
-    return {
-        **result,
-        "action": "updated" if held else "created",
-        "params": len(mirror.params),
-        "metrics": sum(len(r) for _, r in rows) + len(finals) + (held is None),
-        "state": {"sha256": fingerprint, "step": rows[-1][0] if rows else after},
-    }
+    metrics = sum(len(r) for _, r in rows) + len(finals) + (held is None)
+    return {**result, **sent(mirror, held, fingerprint, rows[-1][0] if rows else after, metrics)}
 
 
 def sync_trackio(
@@ -107,20 +104,15 @@ def sync_trackio(
     state = SyncState(store)
     mirrors = collect_study(study)
     family = groups(mirrors)
-    results = []
+
+    def sync_one(mirror: RunMirror, sent_before: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        run_name = wandb_run_id(study.config.name, mirror.run_id)
+        key = f"{name}/{run_name}"
+        return key, sync_run(
+            trackio, name, mirror, run_name, family[mirror.run_id], sent_before.get(key)
+        )
+
     with quiet():
-        for i, mirror in enumerate(mirrors):
-            if progress is not None:
-                progress("track", i, len(mirrors), mirror.run_id)
-            run_name = wandb_run_id(study.config.name, mirror.run_id)
-            key = f"{name}/{run_name}"
-            result = sync_run(
-                trackio, name, mirror, run_name, family[mirror.run_id], state.runs.get(key)
-            )
-            state.runs[key] = result.pop("state")
-            state.save()
-            results.append(run_result(mirror, result))
-        if progress is not None:
-            progress("track", len(mirrors), len(mirrors))
+        results = sync_each(mirrors, state, progress, sync_one)
     counts = action_counts(results)
     return {"project": name, "dir": str(store), "runs": results, "counts": counts}

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,52 @@ class SyncState:
         tmp.replace(self.path)
 
 
+def unchanged(mirror: RunMirror, held: dict[str, Any] | None) -> tuple[str, int, bool]:
+    """(the mirror's fingerprint, the last step sent before, whether nothing changed since)."""
+    fingerprint = mirror.fingerprint()
+    if held is not None and held.get("sha256") == fingerprint:
+        return fingerprint, held.get("step", -1), True
+    return fingerprint, held.get("step", -1) if held else -1, False
+
+
+def sent(
+    mirror: RunMirror,
+    held: dict[str, Any] | None,
+    fingerprint: str,
+    last_step: int,
+    metrics: int,
+) -> dict[str, Any]:
+    """What a sync of a changed run reports, and the state it leaves for the next sync."""
+    return {
+        "action": "updated" if held else "created",
+        "params": len(mirror.params),
+        "metrics": metrics,
+        "state": {"sha256": fingerprint, "step": last_step},
+    }
+
+
+def sync_each(
+    mirrors: list[RunMirror],
+    state: SyncState,
+    progress: Progress | None,
+    sync_one: Callable[[RunMirror, dict[str, Any]], tuple[str, dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Sync every mirror in order with `sync_one(mirror, sent_before) -> (state key, result)`
+    (`sent_before`: the state of every run, by key), saving
+    the state after each run (a killed sync resends at most the run it was on)."""
+    results = []
+    for i, mirror in enumerate(mirrors):
+        if progress is not None:
+            progress("track", i, len(mirrors), mirror.run_id)
+        key, result = sync_one(mirror, state.runs)
+        state.runs[key] = result.pop("state")
+        state.save()
+        results.append(run_result(mirror, result))
+    if progress is not None:
+        progress("track", len(mirrors), len(mirrors))
+    return results
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """wandb prints to stdout; tunelab's stdout holds only its own result (--json)."""
@@ -123,11 +169,10 @@ def sync_run(
     held: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Write one tunelab run into its W&B run; returns its result and new state."""
-    fingerprint = mirror.fingerprint()
     result = {"wandb_run_id": wid, "action": "unchanged", "params": 0, "metrics": 0, "files": 0}
-    if held is not None and held.get("sha256") == fingerprint:
+    fingerprint, after, same = unchanged(mirror, held)
+    if same:
         return {**result, "state": held}
-    after = held.get("step", -1) if held else -1
     tags = [mirror.kind, mirror.status]
     run = wandb.init(
         id=wid,
@@ -151,14 +196,8 @@ def sync_run(
     finally:
         run.finish(exit_code=EXIT_CODE.get(mirror.status, 1))
     last = rows[-1][0] if rows else after
-    return {
-        **result,
-        "action": "updated" if held else "created",
-        "params": len(mirror.params),
-        "metrics": sum(len(v) for _, v in rows),
-        "files": len(mirror.files),
-        "state": {"sha256": fingerprint, "step": last},
-    }
+    metrics = sum(len(v) for _, v in rows)
+    return {**result, **sent(mirror, held, fingerprint, last, metrics), "files": len(mirror.files)}
 
 
 def sync_wandb(
@@ -192,19 +231,14 @@ def sync_wandb(
     }
     mirrors = collect_study(study)
     family = groups(mirrors)
-    results = []
+
+    def sync_one(mirror: RunMirror, sent_before: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        wid = wandb_run_id(study.config.name, mirror.run_id)
+        key = f"{name}/{wid}"
+        return key, sync_run(wandb, opts, mirror, wid, family[mirror.run_id], sent_before.get(key))
+
     with quiet(), _as_tracking_error(name):
-        for i, mirror in enumerate(mirrors):
-            if progress is not None:
-                progress("track", i, len(mirrors), mirror.run_id)
-            wid = wandb_run_id(study.config.name, mirror.run_id)
-            key = f"{name}/{wid}"
-            result = sync_run(wandb, opts, mirror, wid, family[mirror.run_id], state.runs.get(key))
-            state.runs[key] = result.pop("state")
-            state.save()
-            results.append(run_result(mirror, result))
-        if progress is not None:
-            progress("track", len(mirrors), len(mirrors))
+        results = sync_each(mirrors, state, progress, sync_one)
     counts = action_counts(results)
     return {
         "project": name,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from helpers import MINIMAL_HYPOTHESIS
 from helpers.compare import BASE_P, GOLDS, _cls_rows, _populate, _record, _study
 from tunelab.core.config import StudyConfig
 from tunelab.lib import metrics as M
@@ -144,12 +145,7 @@ def test_flips_lists_ids():
 def _config(**sections):
     raw = {
         "name": "s",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
+        "hypothesis": MINIMAL_HYPOTHESIS,
         "guardrails": [{"metric": "f1", "scope": "every_category"}],
         "data": {"source": {"format": "jsonl", "path": "x.jsonl"}},
         "model": {"path": "m"},
@@ -400,26 +396,18 @@ def test_compare_cli_json_and_tables(tmp_path, capsys):
     assert code == 2 and "not found" in err
 
 
-def test_compare_rescores_extraction_records_of_an_earlier_scorer(tmp_path):
+def test_compare_rescores_extraction_records_of_an_earlier_scorer(make_study):
     """Rows recorded by a scorer that read `{...}` + a stray fence as not JSON are judged again
     from their raw outputs, so the baseline and the variant are scored by the same rules."""
-    import yaml
-
-    from helpers import filled_hypothesis
     from tunelab.core.study import Study
     from tunelab.stages.compare import stage as compare_stage
     from tunelab.stages.evaluate.stage import record_evaluation
-    from tunelab.stages.hypothesis import stage as hyp
-    from tunelab.stages.hypothesis.template import render_study_yaml
 
-    raw = yaml.safe_load(render_study_yaml("extraction", "old"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["evaluation"]["bootstrap_samples"] = 100
-    root = tmp_path / "study"
-    root.mkdir()
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    root = make_study(
+        "extraction", name="old", evaluation={"bootstrap_samples": 100}, register=True,
+        snapshot=False,
+    )  # fmt: skip
     study = Study.open(root)
-    hyp.run(study.root, study.config)
     gold = {"sender": "a@x.org", "subject": "Hi"}
     answer = json.dumps(gold)
 

@@ -8,7 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from helpers import MINIMAL_HYPOTHESIS
 from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
+from tunelab.core.record_types import Compare
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
@@ -87,8 +89,9 @@ def test_a_small_split_is_inconclusive_and_says_what_would_settle_it():
     assert open_items and all(g["settle_n"] > 60 for g in open_items if g["settle_n"])
     record = {"primary_metric": "macro_f1", "decision": study_decision([{"compared": True, **out}])}
     record["runs"] = [{"compared": True, "run_id": "r1", "name": "v1", **out}]
-    assert choose_variant(record)[0] is None
-    sentence = decide(record)
+    compare = Compare.of("compare.json", record)
+    assert choose_variant(compare)[0] is None
+    sentence = decide(compare)
     assert sentence.startswith("Inconclusive") and "--final" in sentence
 
 
@@ -185,13 +188,7 @@ def test_power_warnings_name_the_split_size_needed():
 def _config(min_improvement, rules):
     raw = {
         "name": "s",
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-            "min_improvement": min_improvement,
-        },
+        "hypothesis": {**MINIMAL_HYPOTHESIS, "min_improvement": min_improvement},
         "guardrails": rules,
         "data": {"source": {"format": "jsonl", "path": "d.jsonl"}},
         "model": {"path": "m"},

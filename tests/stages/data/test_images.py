@@ -497,6 +497,8 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
     assert thumbs[0][0] in (root / "report" / "dossier.md").read_text()
 
     # the other direction, on the same records: the baseline as the variant, flips swapped
+    from tunelab.core.record_parts import CompareEntry
+    from tunelab.core.record_types import Compare
     from tunelab.core.study import Study
     from tunelab.stages.report.collect import collect
     from tunelab.stages.report.document import Gallery
@@ -505,12 +507,17 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
 
     study = Study.open(root)
     dossier = Dossier(study, collect(study), tmp_path / "plots")
-    swapped = {
-        "name": "swapped",
-        "eval_run": compare["baseline"]["eval_run"],
-        "flips": {"improved": flips["regressed"], "regressed": flips["improved"]},
-    }
-    back = {**compare, "baseline": {"eval_run": compare["runs"][0]["eval_run"]}}
+    swapped = CompareEntry.of(
+        "compare.json",
+        {
+            "run_id": "swapped",
+            "name": "swapped",
+            "eval_run": compare["baseline"]["eval_run"],
+            "flips": {"improved": flips["regressed"], "regressed": flips["improved"]},
+        },
+    )
+    baseline = {"run_id": "v1", "eval_run": compare["runs"][0]["eval_run"]}
+    back = Compare.of("compare.json", {**compare, "baseline": baseline})
     galleries = [g for g in flipped_galleries(dossier, back, swapped) if isinstance(g, Gallery)]
     regressed = next(g for g in galleries if "right -> wrong" in (g.caption or ""))
     per_gold = Counter(preds[i]["gold"] for i in flips["improved"])

@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import filled_hypothesis, register_study, run_cli
-from helpers.evaluate import LABELS, TEXTS, cls_examples, extraction_examples, load, make_study
+from helpers import run_cli
+from helpers.evaluate import (
+    LABELS,
+    TEXTS,
+    causal_classifier,
+    cls_examples,
+    extraction_examples,
+    load,
+    make_study,
+)
+from helpers.study import build_study
 from tunelab.core.study import Study
 from tunelab.lib import metrics as M
 from tunelab.stages.data import load_snapshot
@@ -99,13 +108,7 @@ def test_causal_label_scores_equal_unpadded_log_likelihood(tmp_path, tiny_llama_
     from tunelab.lib.tasks import get_task
     from tunelab.stages.evaluate.stage import evaluate_model
 
-    study = make_study(
-        tmp_path / "s",
-        "classification",
-        tiny_llama_dir,
-        task={"labels": LABELS},
-        model={"architecture": "causal_lm"},
-    )
+    study = causal_classifier(tmp_path / "s", tiny_llama_dir)
     model, tok, base = load(study)
     record, preds = evaluate_model(model, tok, base, study, cls_examples(), "validation")
     pre = Preprocessor(tok, study.config, get_task(study.config, LABELS), "causal_lm")
@@ -342,30 +345,34 @@ def stage_study(tmp_path_factory, tiny_bert_dir):
         }
         for i in range(60)
     ]
-    (root / "news.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "stage"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["data"]["source"] = {"format": "jsonl", "path": "news.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label"}
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["data"]["splits"] = {"train": 0.6, "validation": 0.2, "test": 0.2, "seed": 0}
-    raw["model"]["path"] = str(tiny_bert_dir)
-    raw["adaptation"] = {"method": "full"}
-    raw["preprocess"]["max_seq_len"] = 48
-    raw["training"].update(
-        micro_batch_size=4,
-        max_steps=3,
-        lr=1e-2,
-        warmup_steps=0,
-        eval_every_steps=None,
-        checkpoint_every_steps=None,
-        num_threads=1,
+    fixed = {
+        "data.fields": {"id": "id", "text": "text", "label": "label"},
+        "data.cleaning": [],
+        "data.splits": {"train": 0.6, "validation": 0.2, "test": 0.2, "seed": 0},
+        "adaptation": {"method": "full"},
+        "preprocess.max_seq_len": 48,
+    }
+    training = {
+        "micro_batch_size": 4,
+        "max_steps": 3,
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "eval_every_steps": None,
+        "checkpoint_every_steps": None,
+        "num_threads": 1,
+    }
+    return build_study(
+        root,
+        "classification",
+        name="stage",
+        model_dir=tiny_bert_dir,
+        rows=rows,
+        data_file="news.jsonl",
+        set=fixed,
+        training=training,
+        evaluation={"batch_size": 8, "bootstrap_samples": 200},
+        register=True,
     )
-    raw["evaluation"].update(batch_size=8, bootstrap_samples=200)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    register_study(root)
-    return root
 
 
 def test_baseline_eval_compare_commands(stage_study, capsys):

@@ -127,33 +127,26 @@ _CATEGORIES = [
 def _many_category_study(root, model_dir):
     """A classification study of 40 categories with long names sharing a prefix, run through
     the real stages: register, data, baseline, a 2-step LoRA, its evaluation, compare."""
-    from helpers import filled_hypothesis
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    from helpers.study import build_study
 
-    root.mkdir(parents=True)
     rows = []
     for k, label in enumerate(_CATEGORIES):
         for i in range(5):
             split = "train" if i < 3 else "validation" if i < 4 else "test"
             text = f"ticket {i} of queue {k}: {label.replace('-', ' ')} question number {i}"
             rows.append({"id": f"q{k:02d}-{i}", "text": text, "label": label, "split": split})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = yaml.safe_load(render_study_yaml("classification", "forty-queues"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["task"]["labels"] = _CATEGORIES
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": "label", "split": "split"}
-    raw["data"]["dedup"]["near"] = False
-    raw["model"].update(path=str(model_dir), architecture="encoder")
-    raw["adaptation"].update(method="lora", target_modules=["query", "value"])
-    raw["preprocess"]["max_seq_len"] = 32
-    raw["training"].update(
-        micro_batch_size=8, max_steps=2, lr=5e-3, warmup_steps=0, eval_every_steps=None,
-        checkpoint_every_steps=None, num_threads=1,
+    root.mkdir(parents=True)
+    return build_study(
+        root, "classification", name="forty-queues", model_dir=model_dir, rows=rows,
+        set={"task.labels": _CATEGORIES, "model.architecture": "encoder"},
+        adaptation={"method": "lora", "target_modules": ["query", "value"]},
+        preprocess={"max_seq_len": 32},
+        training={
+            "micro_batch_size": 8, "max_steps": 2, "lr": 5e-3, "warmup_steps": 0,
+            "eval_every_steps": None, "checkpoint_every_steps": None, "num_threads": 1,
+        },
+        evaluation={"batch_size": 16, "bootstrap_samples": 50},
     )  # fmt: skip
-    raw["evaluation"].update(batch_size=16, bootstrap_samples=50)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
 
 
 @pytest.mark.slow
@@ -195,6 +188,20 @@ def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_b
     assert any("confusion matrix" in c for c in layout["scrolling"]), layout
 
 
+def _decision_data(compare: dict, n: int, metrics: dict, why: str) -> dict:
+    """The collected records a decision section reads: the comparison `compare`, and the eval
+    run of its variant train-a that opened the test split (`n` examples, `metrics`)."""
+    from tunelab.core.record_types import Compare
+
+    test_run = RunEvidence(
+        row=RunRow("eval-t", "eval", parent="train-a"),
+        evaluations={"test": evaluation_on_test(n, metrics)},
+    )
+    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": why}]
+    compares = [Compare.of("compare/compare-1.json", compare)]
+    return {"runs": [test_run], "compares": compares, "test_openings": openings}
+
+
 def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_test_figure():
     from tunelab.stages.report.document import cell_text
     from tunelab.stages.report.sections.context import Dossier
@@ -217,12 +224,7 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
              "guardrails": [{"rule": "f1", "pass": False, "item": "sport"}]},
         ],
     }  # fmt: skip
-    test_run = RunEvidence(
-        row=RunRow("eval-t", "eval", parent="train-a"),
-        evaluations={"test": evaluation_on_test(120, {"macro_f1": 0.7912})},
-    )
-    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "y"}]
-    data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
+    data = _decision_data(compare, 120, {"macro_f1": 0.7912}, why="y")
     sec = decision_section(Dossier(None, data, None))
     rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
     assert rows["adopted variant"] == "v1 (run train-a)"  # v2 gains more but fails a guardrail
@@ -252,12 +254,7 @@ def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opene
              "guardrails": [{"rule": "f1", "pass": False, "item": "tech"}]},
         ],
     }  # fmt: skip
-    test_run = RunEvidence(
-        row=RunRow("eval-t", "eval", parent="train-a"),
-        evaluations={"test": evaluation_on_test(305, {"macro_f1": 0.28})},
-    )
-    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": "final decision"}]
-    data = {"runs": [test_run], "compares": [compare], "test_openings": openings}
+    data = _decision_data(compare, 305, {"macro_f1": 0.28}, why="final decision")
     rows = {
         r[0]: cell_text(r[1]) for r in decision_section(Dossier(None, data, None)).blocks[0].rows
     }

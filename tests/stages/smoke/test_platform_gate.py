@@ -21,15 +21,13 @@ from tunelab.stages.report.sections.context import Dossier
 from tunelab.stages.report.sections.platforms import platforms_section
 from tunelab.stages.smoke.platform import WHY_ENV, check_platform, platforms_of
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(autouse=True)
 def gated(monkeypatch):
-    """One thread, and the gate on (the suite's conftest lets other tests past it)."""
+    """The gate on (the suite's conftest lets other tests past it)."""
     monkeypatch.delenv(WHY_ENV, raising=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def stage(root: Path, capsys, command: str, *args: str) -> str:

@@ -20,13 +20,7 @@ from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.train import resume_run
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 They are genuine transformers models (Llama, BERT) with a trained byte-level BPE / WordPiece
 tokenizer, only small: every code path that runs on SmolLM2 or MiniLM runs on them in seconds.
 
-`save_tiny_llama(dir)`, `save_tiny_bert(dir)`, `save_tiny_vit(dir)`. Tests use them through the
+`save_tiny_llama(dir)`, `save_tiny_bert(dir)`, `save_tiny_vit(dir)`; the family matrix's models
+(one table row per family) are built by `tunelab.lib.models.tiny_families`. Tests use them through the
 session fixtures `tiny_llama_dir`, `tiny_bert_dir`, `tiny_vit_dir` of tests/conftest.py (beside
 `minilm_dir`, `smollm2_dir`, `bbc_dir`, `spam_dir`; `tests/helpers.py` has `run_cli(capsys,
 *args)`, `tree_hashes`, `fill_hypothesis`).
@@ -35,22 +36,39 @@ _CORPUS = [
 ]
 
 
+def train_tiny_tokenizer(model: str, specials: list[str], vocab_size: int = 512):
+    """A `tokenizers.Tokenizer` trained on the tiny corpus: "bpe" (byte level, as SmolLM2's and
+    Llama 3's) or "wordpiece" (lower-cased, as BERT's), `specials` first in the vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if model == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    else:
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=specials, show_progress=False
+        )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    return tok
+
+
 def build_tiny_causal_tokenizer(vocab_size: int = 512):
     """A byte-level BPE tokenizer with ChatML specials, like SmolLM2's (pad = eos = <|im_end|>)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok = train_tiny_tokenizer("bpe", specials, vocab_size)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
@@ -64,26 +82,12 @@ def build_tiny_causal_tokenizer(vocab_size: int = 512):
 
 def build_tiny_encoder_tokenizer(vocab_size: int = 512):
     """A WordPiece tokenizer with [CLS] ... [SEP] like MiniLM's."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=specials, show_progress=False
+    tok = train_tiny_tokenizer(
+        "wordpiece", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size
     )
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

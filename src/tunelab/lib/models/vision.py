@@ -94,3 +94,45 @@ def patch_tokens(config: dict[str, Any]) -> int | None:
     if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
         return None
     return (size // patch) ** 2 + 1
+
+
+def refused_input_size(model_dir: Any, height: int, width: int) -> dict[str, Any] | None:
+    """The model's own input check on `[1, 3, height, width]` pixel values: the image model of
+    `model_dir`'s config.json built on the meta device (no weights, no memory) and run forward.
+
+    Returns None when the model takes that size, else `{"message": what the model raised,
+    "model_size": [h, w] of its config (None when it names none)}`. A model that interpolates
+    its position embeddings (DINOv2) or pools convolutions (ConvNeXt) takes any size, so it is
+    never refused; a model that refuses its own config's size too (or cannot run on the meta
+    device) is not judged here: None."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(model_dir)
+        classes = [
+            auto._model_mapping[type(config)]
+            for auto in (AutoModelForImageClassification, AutoModel)
+            if type(config) in auto._model_mapping
+        ]
+        cls = classes[0][0] if isinstance(classes[0], tuple) else classes[0]
+        with torch.device("meta"), quiet_transformers():
+            model = cls(config)
+    except Exception:  # noqa: BLE001 - a model that cannot be built here is not judged
+        return None
+    size = getattr(config, "image_size", None)
+    own = [size, size] if isinstance(size, int) else list(size) if size else None
+
+    def error_at(h: int, w: int) -> str | None:
+        try:
+            with torch.no_grad():
+                model(pixel_values=torch.empty(1, 3, h, w, device="meta"))
+        except Exception as exc:  # noqa: BLE001 - the model's refusal is the finding
+            return f"{type(model).__name__}: {type(exc).__name__}: {exc}"
+        return None
+
+    message = error_at(height, width)
+    if message is None or error_at(*(own or [224, 224])) is not None:
+        return None
+    return {"message": message, "model_size": own}

@@ -373,3 +373,84 @@ def processor_gap(processor: Any, chain: Chain, example_image: Any | None) -> di
         gap = max(gap, float(np.abs(theirs - ours).max()))
     matches = error is None and gap <= PROCESSOR_ATOL
     return {"matches": matches, "max_abs_diff": None if error else gap, "error": error}
+
+
+# ---------------------------------------------------------------- the size the model takes
+
+
+def chain_output_size(chain: Chain) -> tuple[int, int]:
+    """(height, width) of the chain's pixel values for a square image (the chain itself run)."""
+    from PIL import Image
+
+    pixels = apply_chain(Image.new("RGB", (97, 97)), chain)
+    return int(pixels.shape[1]), int(pixels.shape[2])
+
+
+def _size_source(chain: Chain, own: Any, model_dir: Any) -> str:
+    """Which setting made the chain's output size: the study's override or the processor."""
+    if own is not None and (own.resize or own.crop):
+        set_ = [f"{k} {getattr(own, k)}" for k in ("resize", "crop") if getattr(own, k)]
+        return "preprocess.image " + ", ".join(set_)
+    steps = [s for s in chain.steps() if s["step"] in ("resize", "center_crop")]
+    said = "; ".join(
+        s["step"] + " " + ", ".join(f"{k} {v}" for k, v in s.items() if k in _SIZE_KEYS)
+        for s in steps
+    )
+    return f"the image processor of {model_dir} (preprocessor_config.json: {said})"
+
+
+_SIZE_KEYS = ("height", "width", "shortest_edge")
+
+
+def input_size_problem(
+    chain: Chain, own: Any, model_dir: Any, size: tuple[int, int] | None = None
+) -> tuple[str, str] | None:
+    """(why, fix) when the model of `model_dir` cannot take the chain's pixel values (`size`: [H, W] of a
+    transformed image; the chain's output for a square image when not given), naming both
+    sizes and the setting to change; None when it takes them (the model's own input check,
+    `tunelab.lib.models.vision.refused_input_size`)."""
+    from tunelab.lib.models.vision import refused_input_size
+
+    height, width = size or chain_output_size(chain)
+    refused = refused_input_size(model_dir, height, width)
+    if refused is None:
+        return None
+    model_size = refused["model_size"]
+    takes = f"{model_size[0]}x{model_size[1]}" if model_size else "another size"
+    fix = (
+        f"set preprocess.image.resize: {model_size[0]} and preprocess.image.crop: {model_size[0]}"
+        if model_size and model_size[0] == model_size[1]
+        else "set preprocess.image.resize and preprocess.image.crop to the model's image_size"
+    )
+    return (
+        f"the image transforms give {height}x{width} pixel values (from "
+        f"{_size_source(chain, own, model_dir)}), the model takes {takes} "
+        f"({refused['message']})",
+        f"{fix} in study.yaml, or save the model's own image processor into {model_dir}",
+    )
+
+
+def study_input_size_problems(cfg: StudyConfig, root: Any) -> list[str]:
+    """`tunelab validate`'s image-size check: `field: why` when the base is a local image
+    model folder whose model cannot take what the chain gives. Anything that stops the check
+    earlier (no folder, no processor, a hub base) is reported by the stage that loads it."""
+    import json
+    from pathlib import Path
+
+    from tunelab.core.config import resolve_path
+    from tunelab.lib.models.vision import is_image_config
+
+    if cfg.task.kind != "image_classification" or not cfg.model.path or cfg.model.hub_id:
+        return []
+    try:
+        folder = resolve_path(cfg.model.path, Path(root))
+        config = json.loads((folder / "config.json").read_text())
+        if not is_image_config(config) or not (folder / "preprocessor_config.json").is_file():
+            return []
+        from transformers import AutoImageProcessor
+
+        chain = resolve_chain(AutoImageProcessor.from_pretrained(folder), cfg)
+    except Exception:  # noqa: BLE001 - the stages that load the folder say what is wrong
+        return []
+    problem = input_size_problem(chain, cfg.preprocess.image, folder)
+    return [f"preprocess.image: {problem[0]}; {problem[1]}"] if problem else []

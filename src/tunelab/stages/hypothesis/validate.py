@@ -4,7 +4,7 @@
 ConfigError that lists every problem, the checks each part of tunelab owns: the config's
 contradictions (core.config), the task's (lib.tasks), the metrics' (lib.metrics), QLoRA's
 (lib.models.quantize), the optimizer's (stages.train.loop), the hub cache's pins
-(stages.hypothesis.pins) and the data source's columns without reading it
+(stages.hypothesis.pins), the image size the model takes (lib.preprocess.images) and the data source's columns without reading it
 (stages.data.readers). It lives in a stage, not in core, because it gathers checks from the
 layers above core.
 
@@ -49,6 +49,9 @@ def validate_study(study_dir: Path, overrides: list[str] | None = None) -> Study
         + optimizer_problems(cfg.training)
         + cache_problems(cfg)
     )
+    from tunelab.lib.preprocess.images import study_input_size_problems
+
+    problems += study_input_size_problems(cfg, Path(study_dir))
     if cfg.data.source.format != "hub":  # a hub data set is checked when register fetches it
         problems += source_problems(resolve_path(cfg.data.source.path, Path(study_dir)), cfg.data)
     if problems:

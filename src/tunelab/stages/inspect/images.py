@@ -36,7 +36,12 @@ import numpy as np
 from tunelab.core.errors import DataError, PreprocessError
 from tunelab.core.progress import Progress
 from tunelab.lib.preprocess.decode import ACCEPTED_MODES, ORIENTED, model_rgb
-from tunelab.lib.preprocess.images import apply_chain, example_rng, open_example_image
+from tunelab.lib.preprocess.images import (
+    apply_chain,
+    example_rng,
+    input_size_problem,
+    open_example_image,
+)
 from tunelab.lib.preprocess.problems import Problem
 
 THUMB_PX = 96
@@ -234,6 +239,19 @@ def _evaluation_problems(pre: Any, rows: list[dict[str, Any]]) -> list[dict[str,
     return out
 
 
+def _size_problems(pre: Any, rows: list[dict[str, Any]], model_dir: Any) -> list[dict[str, str]]:
+    """One transformed example through the model's own input check (both sizes named)."""
+    if model_dir is None or not rows:
+        return []
+    pixels = pre.encode(rows[0])["pixel_values"]  # [3, H, W]
+    size = (int(pixels.shape[1]), int(pixels.shape[2]))
+    why = input_size_problem(pre.chain, pre.cfg.image, model_dir, size)
+    if why is None:
+        return []
+    message, fix = why
+    return [_problem(rows[0]["id"], "image_size", message, fix)]
+
+
 def inspect_images(
     pre: Any,
     rows: list[dict[str, Any]],
@@ -241,8 +259,10 @@ def inspect_images(
     split: str,
     per_category: int,
     progress: Progress | None = None,
+    model_dir: Any = None,
 ) -> dict[str, Any]:
-    """The body of an image inspect record for the rows of one split."""
+    """The body of an image inspect record for the rows of one split; with `model_dir`, the
+    first shown example's pixel values also go through that model's input check."""
     problems: list[dict[str, str]] = []
     facts, shown_rows = [], []
     picked: Counter[str] = Counter()
@@ -281,6 +301,7 @@ def inspect_images(
     examples.sort(key=lambda e: e["category"])
     try:
         problems += _evaluation_problems(pre, shown_rows)
+        problems += _size_problems(pre, shown_rows[:1], model_dir)
     except PreprocessError as exc:
         problems.append(_problem("-", "preprocess_error", exc.message, exc.hint or ""))
     return {

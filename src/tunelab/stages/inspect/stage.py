@@ -416,9 +416,17 @@ def run(
     task = get_task(study.config, snapshot.labels)
     pre = Preprocessor(tokenizer, study.config, task, architecture)
     if architecture == "image":
+        from tunelab.lib.models import resolve_base
         from tunelab.stages.inspect.images import inspect_images, render_images_html
 
-        body = inspect_images(pre, rows, split=split, per_category=per_category, progress=progress)
+        body = inspect_images(
+            pre,
+            rows,
+            split=split,
+            per_category=per_category,
+            progress=progress,
+            model_dir=resolve_base(study).path,
+        )
         render = render_images_html
     else:
         body = inspect_rows(

@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
-from tunelab.core.record_types import Evaluation, Record, RunConfig, RunStatus
+from tunelab.core.record_types import (
+    Compare,
+    Evaluation,
+    ExportManifest,
+    Record,
+    RunConfig,
+    RunStatus,
+    Sizing,
+)
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
@@ -76,6 +84,12 @@ class _Reader:
                     rec.setdefault("_path", str(p))
                     out.append(rec)
         return out
+
+    def typed_in(self, kind: type[R], folder: Path, pattern: str = "*.json") -> list[R]:
+        """The records of `folder` matching `pattern` read as `kind`, by name; damaged ones
+        left out and listed."""
+        found = sorted(folder.glob(pattern)) if folder.is_dir() else []
+        return [r for r in (self.typed(kind, p) for p in found) if r is not None]
 
     def typed(self, kind: type[R], path: Path) -> R | None:
         """The record at `path` read as `kind`; None when absent or damaged (listed)."""
@@ -152,9 +166,10 @@ def collect(study: Study) -> dict[str, Any]:
     exports = []
     if (rec / "exports").is_dir():
         for d in sorted((rec / "exports").iterdir()):
-            m = read.object(d / "tunelab-manifest.json") or read.object(d / "manifest.json")
+            m = read.typed(ExportManifest, d / "tunelab-manifest.json") or read.typed(
+                ExportManifest, d / "manifest.json"
+            )
             if m is not None:
-                m["_path"] = str(d)
                 exports.append(m)
     return {
         "study": study.config.name,
@@ -163,9 +178,9 @@ def collect(study: Study) -> dict[str, Any]:
         "hypotheses": all_hypotheses(rec),
         "data": data,
         "inspections": read.records_in(rec / "inspect"),
-        "sizing": read.records_in(rec / "sizing"),
+        "sizing": read.typed_in(Sizing, rec / "sizing"),
         "runs": runs,
-        "compares": read.records_in(rec / "compare"),
+        "compares": read.typed_in(Compare, rec / "compare"),
         "plans": plans_in_order(study, on_damaged=read.damaged),
         "exports": exports,
         "test_openings": study.ledger.test_openings(),

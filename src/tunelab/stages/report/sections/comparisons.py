@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunelab.core.record_parts import CompareEntry, GuardrailVerdict
 from tunelab.stages.report.decision import format_ci
 from tunelab.stages.report.document import Section, cell_text
 from tunelab.stages.report.sections.context import Dossier
@@ -13,97 +14,86 @@ from tunelab.stages.report.sections.flipped_images import flipped_galleries
 from tunelab.stages.report.units import p_value
 
 
-def _per_item(sec: Section, name: str, v: dict[str, Any]) -> None:
-    for key, label in (("per_category", "category"), ("per_field", "field")):
-        per = v.get(key) or {}
+def _per_item(sec: Section, name: str, v: CompareEntry) -> None:
+    for per, label, stat in (
+        (v.per_category, "category", "f1"),
+        (v.per_field, "field", "exact_match"),
+    ):
         if not per:
             continue
-        stat = "f1" if key == "per_category" else "exact_match"
+        cells = {item: m.get(stat) for item, m in per.items()}
         sec.table(
             [label, f"baseline {stat}", f"variant {stat}", "delta", "95% CI"],
             [
-                [
-                    item,
-                    (m.get(stat) or {}).get("baseline"),
-                    (m.get(stat) or {}).get("variant"),
-                    (m.get(stat) or {}).get("delta"),
-                    format_ci(m.get(stat) or {}),
-                ]
-                for item, m in per.items()
+                [item, *((c.baseline, c.variant, c.delta) if c else (None,) * 3), format_ci(c)]
+                for item, c in cells.items()
             ],
             caption=f"{name}: {stat} per {label}",
         )
 
 
-def _guardrail_table(guards: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def _guardrail_table(guards: list[GuardrailVerdict]) -> tuple[list[str], list[list[Any]]]:
     """Columns and rows of the guardrail checks; a record with verdicts adds the interval
     judged, the bound the verdict rests on and the fail side's adjusted level."""
-    judged = any("verdict" in g for g in guards)
+    judged = any(g.verdict is not None for g in guards)
     columns = ["rule", "item", "value", "bound"]
     columns += ["interval", "judged bound", "adjusted level", "verdict"] if judged else ["verdict"]
     rows = []
     for g in guards:
-        row = [g.get("rule"), g.get("item") or "overall", g.get("value"), g.get("bound")]
+        row = [g.rule, g.item or "overall", g.value, g.bound]
         if judged:
             row += [
                 format_ci(g),
-                "-" if g.get("judged_bound") is None else f"{g['judged_bound']:+.4f}",
-                "-" if g.get("adjusted_level") is None else f"{g['adjusted_level']:.3g}",
+                "-" if g.judged_bound is None else f"{g.judged_bound:+.4f}",
+                "-" if g.adjusted_level is None else f"{g.adjusted_level:.3g}",
             ]
-        rows.append(row + [g.get("verdict") or ("pass" if g.get("pass") else "fail")])
+        rows.append(row + [g.outcome])
     return columns, rows
 
 
-def _guardrails_and_flips(sec: Section, name: str, v: dict[str, Any], flipped: list) -> None:
-    guards = v.get("guardrails") or []
-    if guards:
-        sec.table(*_guardrail_table(guards), caption=f"{name} guardrails")
-    fl = v.get("flips") or {}
-    if fl:
+def _guardrails_and_flips(sec: Section, name: str, v: CompareEntry, flipped: list) -> None:
+    if v.guardrails:
+        sec.table(*_guardrail_table(v.guardrails), caption=f"{name} guardrails")
+    if v.flips.raw:
+        ids = {"improved": v.flips.improved or [], "regressed": v.flips.regressed or []}
         sec.table(
             ["direction", "count", "example ids (first 10)"],
-            [
-                [k, len(fl.get(k) or []), ", ".join(map(str, (fl.get(k) or [])[:10]))]
-                for k in ("improved", "regressed")
-            ],
+            [[k, len(ids[k]), ", ".join(map(str, ids[k][:10]))] for k in ids],
             caption=f"{name} flipped examples",
         )
     sec.blocks.extend(flipped)  # an image study's thumbnails of them
 
 
-def _variant(sec: Section, v: dict[str, Any], flipped: list) -> None:
-    name = v.get("name") or v.get("run_id")
-    if not v.get("compared"):
+def _variant(sec: Section, v: CompareEntry, flipped: list) -> None:
+    name = v.label
+    if not v.compared:
         sec.text(
-            f"{name} ({v.get('run_id')}): not compared - {v.get('not_compared_reason') or v.get('reason') or v.get('status')}"
+            f"{name} ({v.run_id}): not compared - {v.not_compared_reason or v.reason or v.status}"
         )
         return
-    rows = [
-        [k, m.get("baseline"), m.get("variant"), m.get("delta"), format_ci(m)]
-        for k, m in (v.get("metrics") or {}).items()
-        if isinstance(m, dict)
-    ]
+    rows = [[k, m.baseline, m.variant, m.delta, format_ci(m)] for k, m in v.metrics.items()]
     sec.table(
         ["metric", "baseline", "variant", "delta", "95% CI"],
         rows,
-        caption=f"{name} ({v.get('run_id')}) against the baseline",
+        caption=f"{name} ({v.run_id}) against the baseline",
     )
     _per_item(sec, name, v)
-    mc = v.get("mcnemar") or {}
-    if mc:
+    if (mc := v.mcnemar) is not None and mc.raw:
+        b = mc.b if mc.b is not None else mc.improved
+        c = mc.c if mc.c is not None else mc.regressed
         sec.text(
-            f"{name}: McNemar ({mc.get('method', '')}) p = {cell_text(p_value(mc.get('p_value')))}, "
-            f"{mc.get('b', mc.get('improved', '-'))}/{mc.get('c', mc.get('regressed', '-'))} discordant."
+            f"{name}: McNemar ({mc.method or ''}) p = {cell_text(p_value(mc.p_value))}, "
+            f"{'-' if b is None else b}/{'-' if c is None else c} discordant."
         )
     _guardrails_and_flips(sec, name, v, flipped)
-    diff = (v.get("config_diff") or {}).get("changes") or []
-    if diff:
+    diff = v.config_diff
+    if diff is not None and diff.changes:
         sec.table(
             ["group", "field", "parent", "variant"],
-            [[c.get("group"), c.get("path"), c.get("old"), c.get("new")] for c in diff],
-            caption=f"{name}: config against {(v.get('config_diff') or {}).get('against')}",
+            [[c.group, c.key, c.old, c.new] for c in diff.changes],
+            caption=f"{name}: config against {diff.against}",
         )
-    for flag in v.get("flags") or []:
+    for flag in v.flags or []:
         sec.text(f"warning ({name}): {flag}")
 
 
@@ -112,18 +102,19 @@ def comparisons_section(d: Dossier) -> Section:
     if not d.data["compares"]:
         sec.text("No comparison recorded.")
     for cmp in d.data["compares"][-1:]:
-        base = cmp.get("baseline") or {}
+        base = cmp.baseline
         sec.text(
-            f"Baseline {base.get('run_id')} ({base.get('n')} examples); paired bootstrap "
-            f"{(cmp.get('bootstrap') or {}).get('samples')} samples, 95 % intervals."
+            f"Baseline {base.run_id if base else None} ({base.n if base else None} examples); "
+            f"paired bootstrap {(cmp.bootstrap or {}).get('samples')} samples, "
+            "95 % intervals."
         )
-        if stale := d.made_under(cmp):
+        if stale := d.made_under(cmp.raw):
             sec.text(
                 f"This comparison was {stale} (`tunelab compare` applies the current guardrails "
                 "and decision rule)."
             )
-        for w in cmp.get("warnings") or []:
+        for w in cmp.warnings or []:
             sec.text(f"warning: {w}")
-        for v in cmp.get("runs", []):
-            _variant(sec, v, flipped_galleries(d, cmp, v) if v.get("compared") else [])
+        for v in cmp.runs:
+            _variant(sec, v, flipped_galleries(d, cmp, v) if v.compared else [])
     return sec

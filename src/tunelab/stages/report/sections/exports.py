@@ -11,12 +11,12 @@ def exports_section(d: Dossier) -> Section:
     if not d.data["exports"]:
         sec.text("No export recorded.")
     for ex in d.data["exports"]:
-        base = ex.get("base") or {}
+        base = ex.identity
         sec.text(
-            f"{ex.get('_path')}: run {ex.get('run_id')}, base {base.get('name')} "
-            f"(identity sha256 {short(base.get('sha256'))})."
+            f"{ex.path.parent}: run {ex.run_id}, base {base.name} "
+            f"(identity sha256 {short(base.sha256)})."
         )
-        made = {"hypothesis_version": (ex.get("hypothesis") or {}).get("version")}
+        made = {"hypothesis_version": ex.hypothesis_version}
         if stale := d.made_under(made):  # the version of the exported run
             sec.text(f"Its run was {stale}.")
     return sec

@@ -17,6 +17,8 @@ from typing import Any
 
 from tunelab.core.errors import DataError
 from tunelab.core.hashing import sha256_bytes
+from tunelab.core.record_parts import CompareEntry
+from tunelab.core.record_types import Compare
 from tunelab.stages.report.document import Gallery, Thumb
 from tunelab.stages.report.sections.context import Dossier
 
@@ -70,22 +72,21 @@ def _thumbnail(folder: Path, name: Any) -> bytes | None:
         return None
 
 
-def flipped_galleries(d: Dossier, cmp: dict[str, Any], v: dict[str, Any]) -> list[Any]:
+def flipped_galleries(d: Dossier, cmp: Compare, v: CompareEntry) -> list[Any]:
     """The galleries of variant `v` of comparison `cmp`, and a line for flips without an image;
     [] unless the evaluations are of an image model."""
-    split = str(cmp.get("split") or "validation")
-    eval_run = v.get("eval_run")
-    flips = v.get("flips") or {}
-    folder = _snapshot_dir(d, str(eval_run), split)
-    variant = _predictions(d, eval_run, split)
+    split = cmp.split or "validation"
+    folder = _snapshot_dir(d, str(v.eval_run), split)
+    variant = _predictions(d, v.eval_run, split)
     if folder is None or not any("image" in p for p in variant.values()):
         return []
-    baseline = _predictions(d, (cmp.get("baseline") or {}).get("eval_run"), split)
-    name = v.get("name") or v.get("run_id")
+    baseline = _predictions(d, cmp.baseline.eval_run if cmp.baseline else None, split)
+    name = v.label
+    flipped = {"improved": v.flips.improved, "regressed": v.flips.regressed}
     out: list[Any] = []
     missing = 0
     for key, direction in DIRECTIONS:
-        ids = [str(i) for i in flips.get(key) or []]
+        ids = [str(i) for i in flipped[key] or []]
         shown: dict[str, int] = {}
         thumbs = []
         for example_id in ids:

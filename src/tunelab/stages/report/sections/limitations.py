@@ -15,9 +15,9 @@ def _over_budget(sec: Section, runs: list[RunEvidence]) -> None:
     over: dict[str, tuple[int, int, Any]] = {}
     for r in runs:
         for split, ev in r.evaluations.items():
-            count = (ev.generation or {}).get("answers_over_budget")
+            count = ev.decoding.answers_over_budget if ev.decoding else None
             if count:
-                over[split] = (count, ev.n, (ev.evaluation or {}).get("max_new_tokens"))
+                over[split] = (count, ev.n, ev.max_new_tokens)
     for split, (count, n, budget) in sorted(over.items()):
         # the test split is sealed: inspect does not open it
         names = f" (`tunelab inspect --split {split}` names them)" if split != "test" else ""
@@ -51,7 +51,7 @@ def limitations_section(d: Dossier) -> Section:
             f"{len(failed)} run(s) did not complete; they are listed above with their reasons."
         )
     for ex in d.data["exports"]:
-        for lim in ex.get("limitations") or []:
+        for lim in ex.limitations or []:
             sec.text(str(lim))
     unreadable = d.data.get("unreadable") or []
     if unreadable:

@@ -20,8 +20,8 @@ def _paths(records: Sequence[tuple[str, Evaluation]]) -> dict[str, str]:
     """path -> kind, in the order the records list them."""
     out: dict[str, str] = {}
     for _, rec in records:
-        for path, row in (rec.metrics.get("per_field") or {}).items():
-            out.setdefault(path, (row or {}).get("kind") or "value")
+        for path, row in rec.per_field.items():
+            out.setdefault(path, row.kind or "value")
     return out
 
 
@@ -47,11 +47,10 @@ def path_section(runs: Sequence[tuple[str, Evaluation]], plot_dir: Path) -> Sect
     ):
         series: dict[str, list[float | None]] = {}
         for name, rec in records:
-            per = rec.metrics.get("per_field") or {}
-            series[name] = [(per.get(p) or {}).get(stat) for p in paths]
-        slots = [
-            (records[-1][1].metrics.get("per_field") or {}).get(p, {}).get("slots") for p in paths
-        ]
+            per = rec.per_field
+            series[name] = [getattr(per[p], stat) if p in per else None for p in paths]
+        last = records[-1][1].per_field
+        slots = [last[p].slots if p in last else None for p in paths]
         sec.table(
             ["path", "kind", *names, f"slots ({names[-1]})"],
             [
@@ -63,10 +62,10 @@ def path_section(runs: Sequence[tuple[str, Evaluation]], plot_dir: Path) -> Sect
         sec.image(plot_grouped_bars(list(paths), series, title, stat, plot_dir / file), title)
     for idx in sorted({0, len(records) - 1}):
         name, rec = records[idx]
-        per = rec.metrics.get("per_field") or {}
+        per = rec.per_field
         rows = []
         for p in paths:
-            failures = (per.get(p) or {}).get("failures") or {}
+            failures = (per[p].failures if p in per else None) or {}
             rows.append([p, *(failures.get(k, 0) for k in _FAILURES)])
         sec.table(["path", *_FAILURES], rows, caption=f"{name}: failed slots by kind")
     return sec

@@ -8,8 +8,7 @@ dozens of categories, and a page has room for few columns.
 
 from __future__ import annotations
 
-from typing import Any
-
+from tunelab.core.record_parts import Confusion
 from tunelab.core.record_types import Evaluation
 from tunelab.stages.report.document import Section, Value
 from tunelab.stages.report.plots import plot_grouped_bars
@@ -60,10 +59,12 @@ def _per_group(d: Dossier, sec: Section, key: str, unit: str) -> None:
     sec.image(img, title)
 
 
-def _confusion(sec: Section, name: str, conf: dict[str, Any]) -> None:
+def _confusion(sec: Section, name: str, conf: Confusion | None) -> None:
     """Gold categories as rows, predictions as columns numbered as the rows (the full name on
     hover), so that 40 categories need 40 narrow columns, not 40 names across."""
-    labels, predicted, matrix = conf.get("labels"), conf.get("predicted"), conf.get("matrix")
+    if conf is None:
+        return
+    labels, predicted, matrix = conf.labels, conf.predicted, conf.matrix
     if not labels or not predicted or not matrix:
         return
     number = {label: str(i + 1) for i, label in enumerate(labels)}
@@ -120,5 +121,5 @@ def results_section(d: Dossier) -> Section:
     _per_group(d, sec, "per_category", "category")
     _per_group(d, sec, "per_field", "field")
     for i in d.order:
-        _confusion(sec, d.label(i), metrics[i].get("confusion") or {})
+        _confusion(sec, d.label(i), d.evaluated[i].confusion)
     return sec

@@ -67,16 +67,16 @@ def adaptation_of(run: RunEvidence, by_id: dict[str, RunEvidence]) -> str:
     config: an evaluation's is its parent's, a baseline's the base (4-bit under QLoRA)."""
     if run.row.kind == "eval" and run.row.parent in by_id:
         run = by_id[run.row.parent]
-    adaptation = (run.config.config.get("adaptation") if run.config else None) or {}
-    method = adaptation.get("method")
+    adaptation = run.config.adaptation if run.config else None
+    method = adaptation.method if adaptation else None
     if not method:
         return "-"
     if run.row.kind == "baseline":
         return "base, 4-bit" if method == "qlora" else "base"
     if method not in ("lora", "qlora"):
         return method
-    quant = (adaptation.get("quantization") or {}).get("quant_type", "nf4")
-    return f"{method} r{adaptation.get('rank')}" + (f" {quant}" if method == "qlora" else "")
+    quant = adaptation.quant_type
+    return f"{method} r{adaptation.rank}" + (f" {quant}" if method == "qlora" else "")
 
 
 def runs_section(d: Dossier) -> Section:

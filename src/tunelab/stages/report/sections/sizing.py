@@ -28,27 +28,26 @@ def sizing_section(d: Dossier) -> Section:
     if not d.data["sizing"]:
         sec.text("No sizing recorded.")
     for s in d.data["sizing"][-1:]:
-        if stale := d.made_under(s):
+        if stale := d.made_under(s.raw):
             sec.text(f"This sizing was {stale}.")
-        cuda = s.get("device") == "cuda"
-        images = (s.get("model") or {}).get("architecture") == "image"
+        cuda = s.device == "cuda"
+        images = s.architecture == "image"
         length = {"image side": "px a side", "patch tokens": "patch tokens"}.get(
-            (s.get("lengths") or {}).get("length_unit"), "tokens"
+            s.length_unit, "tokens"
         )
-        rows = []
-        for c in s.get("configurations", s.get("rows", [])):
-            rows.append(
-                [
-                    c.get("label") or c.get("name") or c.get("options"),
-                    c.get("seq_len"),
-                    c.get("micro_batch"),
-                    mib(c.get("predicted_mb") or (c.get("predicted") or {}).get("total_mb")),
-                    mib(c.get("measured_mb") or (c.get("measured") or {}).get("peak_mb")),
-                    percent(c.get("error_pct"), signed=True),
-                    seconds(c.get("step_s") or (c.get("measured") or {}).get("step_s")),
-                    c.get("status", ""),
-                ]
-            )
+        rows = [
+            [
+                c.title,
+                c.seq_len,
+                c.micro_batch,
+                mib(c.predicted_peak_mb),
+                mib(c.measured_peak_mb),
+                percent(c.error_pct, signed=True),
+                seconds(c.measured_step_s),
+                c.status or "",
+            ]
+            for c in s.rows
+        ]
         what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
         sec.table(
             ["configuration", f"seq len ({length})", "micro-batch", "predicted", "measured"]
@@ -56,7 +55,7 @@ def sizing_section(d: Dossier) -> Section:
             rows,
             caption=f"predicted vs measured: {what}",
         )
-        rec = s.get("recommendation")
+        rec = s.recommendation
         if rec:
             sec.table(
                 ["recommendation", "value"],
