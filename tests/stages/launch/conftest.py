@@ -21,7 +21,7 @@ def launch_study(tmp_path_factory, tiny_llama_dir) -> Path:
     reads)."""
     from helpers import write_email_study
     from tunelab.core.study import Study
-    from tunelab.stages.plan import make_plan
+    from tunelab.stages.plan.stage import run as make_plan
 
     root = write_email_study(
         tmp_path_factory.mktemp("launch") / "study",
