@@ -70,13 +70,10 @@ def _why(row: dict[str, Any], new: dict[str, Any], field: str) -> str:
 
 
 def rescore_run(study: Any, run_id: str) -> dict[str, Any] | None:
+    from tunelab.core.evidence import find_evaluation
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import (
-        compute_metrics,
-        find_evaluation,
-        load_predictions,
-        rescore_predictions,
-    )
+    from tunelab.stages.evaluate.predict import rescore_predictions
+    from tunelab.stages.evaluate.stage import compute_metrics, load_predictions
 
     found = find_evaluation(study, run_id, "validation")
     if found is None or found["record"].get("task_kind") != "extraction":

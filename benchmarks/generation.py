@@ -128,7 +128,8 @@ def main() -> int:
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
     from tunelab.stages.data import load_snapshot
-    from tunelab.stages.evaluate.stage import evaluate_model, judge_output, load_base_model
+    from tunelab.stages.evaluate.predict import judge_output
+    from tunelab.stages.evaluate.stage import evaluate_model, load_base_model
     from tunelab.stages.train import load_run_model
 
     cache = Path(os.environ.get("TUNELAB_CACHE") or Path.home() / ".cache" / "tunelab")

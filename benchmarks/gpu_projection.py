@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from sizing_accuracy import SHAPES
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.stages.plan.catalog import default_utilization, find_gpu
 from tunelab.stages.plan.figures import SplitCounts
 from tunelab.stages.plan.project import Fit, StudyShape, step_time

@@ -19,7 +19,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.stages.plan.shapes import facts_from_config
 from tunelab.stages.sizing.memory import Case, estimate_memory
 

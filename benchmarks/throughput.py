@@ -470,7 +470,7 @@ class Steps:
 def side_tunelab(root: Path, w: dict, s: Setup) -> dict:
     import torch
 
-    from tunelab.core.config import AdaptationConfig, TrainingConfig
+    from tunelab.core.config_training import AdaptationConfig, TrainingConfig
     from tunelab.lib.models import adapt
     from tunelab.stages.train.batches import DataOrder, StepSource
     from tunelab.stages.train.compute import describe_compute

@@ -1,8 +1,9 @@
-"""No function of the package runs over MAX_LINES lines (outside `report/`, whose section
+"""No function of the package runs over MAX_LINES lines (outside `stages/report/`, whose section
 builders are page templates): a longer one is split into named steps.
 
 Read from the source with `ast`: a function's lines run from its `def` to its last statement,
-its docstring and nested functions included.
+its docstring and nested functions included. `EXCEPTIONS` names the few functions still longer,
+each with its reason; one that gets short enough must leave the list.
 """
 
 from __future__ import annotations
@@ -11,8 +12,21 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tunelab"
-MAX_LINES = 120
-EXEMPT = ("report",)
+MAX_LINES = 80
+EXEMPT = ("stages/report",)
+# "path:function" -> why it is still longer than MAX_LINES
+PENDING = "owned by a concurrent change; split pending"
+EXCEPTIONS = {
+    "cli/plan.py:plan": PENDING,
+    "stages/plan/estimate.py:build_plan": PENDING,
+    "stages/plan/shapes.py:facts_from_config": PENDING,
+    "stages/plan/stage.py:run": PENDING,
+    "stages/sizing/facts.py:model_facts": PENDING,
+    "stages/sizing/memory.py:estimate_memory": PENDING,
+    "stages/sizing/stage.py:run": PENDING,
+    "stages/train/stage.py:resume_run": PENDING,
+    "stages/train/stage.py:_train": PENDING,
+}
 
 
 def long_functions(
@@ -22,7 +36,7 @@ def long_functions(
     found = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if rel.parts[0] in exempt:
+        if any(rel.as_posix().startswith(f"{folder}/") for folder in exempt):
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -40,16 +54,29 @@ def test_the_check_counts_nested_and_skips_the_exempt(tmp_path):
         + "        def inner():\n"
         + lines.replace("        ", "            ")
     )
-    (tmp_path / "report").mkdir()
-    (tmp_path / "report" / "b.py").write_text("def page():\n" + lines.replace("        ", "    "))
+    (tmp_path / "stages" / "report").mkdir(parents=True)
+    (tmp_path / "stages" / "report" / "b.py").write_text(
+        "def page():\n" + lines.replace("        ", "    ")
+    )
     assert long_functions(tmp_path, limit=4) == [
         "a.py:6 method (12 lines)",
         "a.py:12 inner (6 lines)",
     ]
-    assert long_functions(tmp_path, limit=4, exempt=())[-1] == "report/b.py:1 page (6 lines)"
+    assert long_functions(tmp_path, limit=4, exempt=())[-1] == "stages/report/b.py:1 page (6 lines)"
     assert long_functions(tmp_path, limit=12) == []
+
+
+def _key(found: str) -> str:
+    """'path:line name (N lines)' -> 'path:name'."""
+    where, name = found.split(" ")[:2]
+    return f"{where.rsplit(':', 1)[0]}:{name}"
 
 
 def test_no_function_over_the_limit():
     assert len(list(SRC.rglob("*.py"))) > 50
-    assert long_functions() == [], f"split these into named steps (at most {MAX_LINES} lines)"
+    found = long_functions()
+    over = [f for f in found if _key(f) not in EXCEPTIONS]
+    assert over == [], f"split these into named steps (at most {MAX_LINES} lines)"
+    still_long = {_key(f) for f in found}
+    short_now = sorted(k for k in EXCEPTIONS if k not in still_long)
+    assert short_now == [], f"no longer over {MAX_LINES} lines: remove from EXCEPTIONS"

@@ -134,7 +134,7 @@ def _check_located(exc: Exception, *names: str) -> None:
 
 
 def _read(root: Path, **source) -> None:
-    from tunelab.core.config import DataConfig
+    from tunelab.core.config_sections import DataConfig
     from tunelab.core.errors import TunelabError
     from tunelab.stages.data.checks import RowsRead, run_checks
     from tunelab.stages.data.readers import read_source

@@ -393,7 +393,8 @@ def _long_path_comparison(tmp_path) -> tuple[Path, list]:
     from helpers import filled_hypothesis
     from tunelab.core.study import Study
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import compute_metrics, judge_output, record_evaluation
+    from tunelab.stages.evaluate.predict import judge_output
+    from tunelab.stages.evaluate.stage import compute_metrics, record_evaluation
     from tunelab.stages.hypothesis import stage as hyp
     from tunelab.stages.hypothesis.template import render_study_yaml
 

@@ -75,8 +75,9 @@ def test_the_data_readers_report_rows_read_through_the_one_protocol(tmp_path):
     """`read_source` reports `progress("reading", rows so far, None)`: the board's own update."""
     import json
 
-    from tunelab.core.config import DataConfig
-    from tunelab.stages.data.readers import PROGRESS_EVERY, read_source
+    from tunelab.core.config_sections import DataConfig
+    from tunelab.stages.data.readers import read_source
+    from tunelab.stages.data.source_files import PROGRESS_EVERY
 
     with open(tmp_path / "rows.jsonl", "w") as f:
         for i in range(2 * PROGRESS_EVERY + 5):

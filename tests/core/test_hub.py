@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from helpers import filled_hypothesis, run_cli
-from tunelab.core.config import ConfigError, ModelConfig
+from tunelab.core.config import ConfigError
+from tunelab.core.config_training import ModelConfig
 from tunelab.core.errors import HypothesisError, ModelError
 from tunelab.core.hub_cache import cached_repos, write_snapshot
 

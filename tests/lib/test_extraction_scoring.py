@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from tunelab.core.config import SplitConfig
+from tunelab.core.config_sections import SplitConfig
 from tunelab.core.errors import ConfigError, DataError
 from tunelab.lib import metrics as M
 from tunelab.lib.tasks import ExtractionTask, find_json_object

@@ -222,16 +222,15 @@ def test_a_first_batch_that_differs_falls_back_to_the_unmerged_model(tmp_path, t
     from tunelab.lib.inference.eval_copy import EvalModels
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import _Ticker, merge_atol, predict_rows
+    from tunelab.stages.evaluate.predict import Ticker, predict_rows
+    from tunelab.stages.evaluate.stage import merge_atol
 
     study, model, tok, base = _all_linear_lora_classifier(tmp_path / "s", tiny_llama_dir)
     task = get_task(study.config, LABELS)
     pre = Preprocessor(tok, study.config, task, "causal_lm")
     rows = cls_examples()
     models = EvalModels.prepare(model, None, -1.0, 4)
-    got = predict_rows(
-        models, tok, pre, task, study.config, rows, "causal_lm", _Ticker(None, 7, "")
-    )
+    got = predict_rows(models, tok, pre, task, study.config, rows, "causal_lm", Ticker(None, 7, ""))
     assert models.record["merged"] is False
     assert models.record["reason"].startswith(
         "first batch differed on the copy: max score difference"

@@ -13,7 +13,7 @@ from sklearn.metrics import (
     precision_recall_fscore_support,
 )
 
-from tunelab.core.config import GuardrailRule
+from tunelab.core.config_sections import GuardrailRule
 from tunelab.lib import metrics as M
 from tunelab.stages.compare.guardrails import all_pass, check_guardrails
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from helpers import MINIMAL_HYPOTHESIS
-from tunelab.core.config import AdaptationConfig, ModelConfig, validate_config
+from tunelab.core.config import validate_config
+from tunelab.core.config_training import AdaptationConfig, ModelConfig
 from tunelab.core.errors import CheckpointError, ModelError
 from tunelab.lib.models import (
     adapt,

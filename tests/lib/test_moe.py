@@ -144,7 +144,7 @@ def test_qwen3_30b_a3b_counts():
 
 
 def test_full_fine_tuning_flops_follow_the_active_parameters():
-    from tunelab.core.config import AdaptationConfig
+    from tunelab.core.config_training import AdaptationConfig
     from tunelab.stages.plan.flops import MicroBatch, micro_step_flops
     from tunelab.stages.plan.shapes import facts_from_config
 
@@ -198,7 +198,7 @@ def test_a_qwen3_30b_a3b_study_is_planned_with_its_experts_resident(tmp_path, ca
 
 
 def test_the_audit_groups_experts_and_router_and_says_lora_does_not_reach_them():
-    from tunelab.core.config import AdaptationConfig
+    from tunelab.core.config_training import AdaptationConfig
     from tunelab.lib.models.adapt import adapt
 
     _, model = tiny_moe("qwen3_moe")

@@ -12,13 +12,8 @@ from transformers import AutoTokenizer
 
 from tunelab.core.config import validate_config
 from tunelab.core.errors import PreprocessError
-from tunelab.lib.preprocess.text import (
-    IGNORE_INDEX,
-    Preprocessor,
-    check_collated,
-    check_template_match,
-    length_stats,
-)
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated, check_template_match
+from tunelab.lib.preprocess.text import Preprocessor, length_stats
 from tunelab.lib.tasks import get_task
 from tunelab.stages.hypothesis.template import render_study_yaml
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from helpers import register_study, run_cli, write_email_study, write_topic_study
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.core.errors import ConfigError
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study

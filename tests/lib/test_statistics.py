@@ -51,6 +51,7 @@ def test_wilson_bounds_and_score_p_values_agree():
         assert (est.upper(alpha) < margin) == (est.p_below(margin) < alpha)
 
 
+@pytest.mark.slow  # many random families against statsmodels (about 25 s)
 def test_holm_matches_statsmodels():
     rng = np.random.default_rng(4)
     for _ in range(50):

@@ -293,7 +293,7 @@ def test_extraction_target_as_object_is_serialized(ext):
 @pytest.mark.parametrize("kind", ["classification", "format", "extraction"])
 def test_template_lists_every_text_field_mapping(kind):
     # a user with an id column finds data.fields.id in the study.yaml init writes
-    from tunelab.core.config import FieldsConfig
+    from tunelab.core.config_sections import FieldsConfig
 
     raw = yaml.safe_load(render_study_yaml(kind, "t"))
     assert set(raw["data"]["fields"]) == set(FieldsConfig.model_fields) - {"image"}

@@ -18,8 +18,8 @@ CRASH_DIR = "crashes"
 
 
 def crash_summary(exc: BaseException) -> str:
-    """'RecursionError: maximum recursion depth exceeded (at tunelab/stages/data/readers.py:222 in
-    _read_jsonl)': the innermost frame of tunelab's own code, else the innermost frame."""
+    """'RecursionError: maximum recursion depth exceeded (at tunelab/stages/data/formats.py:72 in
+    read_jsonl)': the innermost frame of tunelab's own code, else the innermost frame."""
     frames = traceback.extract_tb(exc.__traceback__)
     dispatch = os.path.join("tunelab", "cli", "__init__.py")
     ours = [

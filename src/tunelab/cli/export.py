@@ -71,35 +71,8 @@ def export(
         emit_json({"path": str(path), "manifest": manifest})
         return
     m = ExportManifest.of(path / MANIFEST, manifest)
-    primary = (m.results or {}).get("primary") or {}
-    passed = (m.guardrails or {}).get("pass")
     base = m.base or {}
-    rows = [
-        ["export", str(path)],
-        ["run", m.run_id],
-        ["artifact", artifact_text(m.artifact or {})],
-        ["base", f"{base.get('name')} sha256 {str(base.get('sha256'))[:16]}..."],
-        [
-            "primary metric",
-            f"{primary.get('metric')} {fmt(primary.get('baseline'))} -> "
-            f"{fmt(primary.get('variant'))} ({fmt(primary.get('delta'))})"
-            if primary
-            else "not compared",
-        ],
-        ["guardrails", "-" if passed is None else ("pass" if passed else "[red]FAIL[/]")],
-        ["files", f"{len(m.files or {})} with sha256 in tunelab-manifest.json"],
-    ]
-    merged = m.merge
-    if merged:
-        rows.append(
-            [
-                "merge check",
-                f"{merged['examples']} examples: logits max diff "
-                f"{fmt(merged['logits_max_abs_diff'], 4)} (<= "
-                f"{merged['tolerance']['logits_max_abs_diff']}), greedy "
-                f"{merged['greedy_agreement']:.1%}, predictions {merged['prediction_agreement']:.1%}",
-            ]
-        )
+    rows = _summary_rows(path, m)
     console.print(table("export", ["", ""], rows, show_header=False))
     for line in m.limitations or []:
         console.print(f"  limitation: {line}", highlight=False)
@@ -194,3 +167,37 @@ def check_export_cmd(
             hint="on another platform small differences are possible; on the same one the "
             "export does not reproduce its run",
         )
+
+
+def _summary_rows(path: Path, m: ExportManifest) -> list[list[str]]:
+    """The summary table: the export, its base, its results and the merge check."""
+    primary = (m.results or {}).get("primary") or {}
+    passed = (m.guardrails or {}).get("pass")
+    base = m.base or {}
+    rows = [
+        ["export", str(path)],
+        ["run", m.run_id],
+        ["artifact", artifact_text(m.artifact or {})],
+        ["base", f"{base.get('name')} sha256 {str(base.get('sha256'))[:16]}..."],
+        [
+            "primary metric",
+            f"{primary.get('metric')} {fmt(primary.get('baseline'))} -> "
+            f"{fmt(primary.get('variant'))} ({fmt(primary.get('delta'))})"
+            if primary
+            else "not compared",
+        ],
+        ["guardrails", "-" if passed is None else ("pass" if passed else "[red]FAIL[/]")],
+        ["files", f"{len(m.files or {})} with sha256 in tunelab-manifest.json"],
+    ]
+    merged = m.merge
+    if merged:
+        rows.append(
+            [
+                "merge check",
+                f"{merged['examples']} examples: logits max diff "
+                f"{fmt(merged['logits_max_abs_diff'], 4)} (<= "
+                f"{merged['tolerance']['logits_max_abs_diff']}), greedy "
+                f"{merged['greedy_agreement']:.1%}, predictions {merged['prediction_agreement']:.1%}",
+            ]
+        )
+    return rows

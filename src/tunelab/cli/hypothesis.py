@@ -9,6 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.evidence import pins_of
+from tunelab.core.record_types import Hypothesis
 from tunelab.stages.hypothesis import stage as hyp
 from tunelab.stages.hypothesis.pins import resolve_pins
 from tunelab.stages.hypothesis.power import registration_power
@@ -49,11 +50,10 @@ def register(
     pins, notes = resolve_pins(s.config, pins_of(s.root), repin=repin)
     power = registration_power(s, s.config)
     record, created = hyp.run(s.root, s.config, pins, power)
+    h = Hypothesis.of(s.records / f"hypothesis-v{record.get('version')}.json", record)
     if created:
         s.ledger.add_event(
-            None,
-            "hypothesis:registered",
-            {"version": record["version"], "sha256": record["sha256"]},
+            None, "hypothesis:registered", {"version": h.version, "sha256": h.sha256}
         )
     if json_out:
         emit_json({"created": created, "notes": notes, "power": power, **record})
@@ -63,14 +63,14 @@ def register(
         console.print(line, soft_wrap=True)  # a commit is copied whole, not cut at the margin
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
-    v, sha = record["version"], record["sha256"]
+    v, sha = h.version, h.sha256
     if not created:
         console.print(f"hypothesis v{v} already registered, unchanged (sha256 {sha[:12]})")
         print_power(power)
         return
     console.print(f"[green]registered[/] records/hypothesis-v{v}.json  sha256 {sha[:12]}")
-    if record["diff"]:
-        rows = [[d["path"], d["old"], d["new"]] for d in record["diff"]]
+    if h.changes:
+        rows = [[d.key, d.old, d.new] for d in h.changes]
         console.print(table(f"amendment of v{v - 1}", ["field", "was", "now"], rows))
     for g in s.config.guardrails:
         console.print(f"  guardrail: {g.describe()}")

@@ -80,7 +80,7 @@ def hub_cache(
 ) -> None:
     """Put a local folder into the hub cache as repo_id at a commit, as huggingface_hub lays it
     out, for machines that cannot reach the hub (studies then name it by repo id)."""
-    from tunelab.core.config import HUB_ID
+    from tunelab.core.config_sections import HUB_ID
     from tunelab.core.errors import ConfigError
     from tunelab.core.hub_cache import write_snapshot
 

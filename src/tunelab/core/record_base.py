@@ -40,6 +40,11 @@ OPT_LIST = (list, type(None))
 OPT_BOOL = (bool, type(None))
 
 
+def as_written(name: str) -> property:
+    """A field whose value may be any JSON (a prediction, a config value): read as written."""
+    return property(lambda self: self.raw.get(name), doc=f"the record's {name!r}, as written")
+
+
 def damaged(path: Path | str, what: str) -> StudyError:
     """The one error for a record that reads as JSON but not as its kind."""
     return StudyError(

@@ -42,13 +42,16 @@ from tunelab.core.record_parts import (
     CheckpointCheck,
     CompareBaseline,
     CompareEntry,
+    ConfigChange,
     Confusion,
     Decoding,
     EnvironmentCheck,
     FieldMetrics,
     FreshTimings,
+    GuardrailRule,
     LockedTests,
     ModelIdentity,
+    Pin,
     Reproduced,
     SizingRow,
 )
@@ -60,6 +63,7 @@ __all__ = [
     "Compare",
     "Evaluation",
     "ExportManifest",
+    "Hypothesis",
     "Plan",
     "Record",
     "RunConfig",
@@ -528,3 +532,49 @@ class ExportManifest(Record):
     @property
     def hypothesis_version(self) -> int | None:
         return (self.hypothesis or {}).get("version")
+
+
+@dataclass(frozen=True)
+class Hypothesis(Record):
+    """records/hypothesis-v<N>.json: a locked hypothesis (`content`, hashed by `sha256`) and
+    what it amends (`diff`: [{path, old, new}]). Read by `core.evidence.read_hypothesis`, which
+    also checks the hash."""
+
+    FIELDS: ClassVar = {
+        "version": (int,),
+        "sha256": (str,),
+        "registered_at": _OPT_STR,
+        "content": (dict,),
+        "diff": _OPT_LIST,
+    }
+
+    version: int = 0
+    sha256: str = ""
+    registered_at: str | None = None
+    content: dict[str, Any] = field(default_factory=dict, repr=False)
+    diff: list[dict[str, Any]] | None = None
+
+    @property
+    def statement(self) -> dict[str, Any]:
+        """The `hypothesis` section as locked: behaviour, metric, minimum improvement, ..."""
+        return dict(self.content.get("hypothesis") or {})
+
+    @property
+    def guardrails(self) -> list[GuardrailRule]:
+        rules = self.content.get("guardrails") or []
+        return [
+            GuardrailRule.of(self.path, rule, f"content.guardrails[{i}]")
+            for i, rule in enumerate(rules)
+        ]
+
+    @property
+    def pins(self) -> dict[str, Pin]:
+        return mapping_of(Pin, self.path, self.content.get("pins"), "content.pins")
+
+    @property
+    def changes(self) -> list[ConfigChange]:
+        """What this version changed against the one before ([] for the first)."""
+        return self.parts(ConfigChange, "diff")
+
+    def check_parts(self) -> None:
+        _ = self.guardrails, self.pins, self.changes

@@ -15,7 +15,7 @@ timeout_s=, offline=True, env=None, poll=None)` -> `Outcome(returncode (None at 
 result, error, stderr, seconds)` with `timed_out`, `killed` and `value(failure_kind, what, hint)`;
 `poll()` is called about every half second while the child runs. Child:
 `sys.exit(serve(body))`; `write_result(out, result)` for a child that answers early. Used by
-`tunelab.lib.models.reload`, `tunelab.stages.verify.stage` and `tunelab.stages.sizing.measure`.
+`tunelab.lib.models.reload`, `tunelab.stages.verify.fresh` and `tunelab.stages.sizing.measure`.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Outcome:
 
 
 class Worker:
-    """`with Worker("tunelab.stages.verify.stage") as w: ...; outcome = w.run(spec, timeout_s=600)`; the
+    """`with Worker("tunelab.stages.verify.fresh") as w: ...; outcome = w.run(spec, timeout_s=600)`; the
     folder `w.dir` (inputs, and what the child writes) is removed on leaving."""
 
     def __init__(self, module: str):

@@ -89,27 +89,32 @@ def classification_study(root: Path) -> dict[str, Any]:
     }
 
 
+def _extraction_task() -> dict[str, Any]:
+    """The extraction demo's task: four header fields as one JSON object."""
+    return {
+        "kind": "extraction",
+        "instruction": "Extract from the email a JSON object with: sender (the From address), subject, "
+        "date (YYYY-MM-DD) and list (the List-Id, or null). Answer with the JSON only.",
+        "json_schema": {
+            "type": "object",
+            "required": ["sender", "subject", "date", "list"],
+            "properties": {
+                "sender": {"type": "string"},
+                "subject": {"type": "string"},
+                "date": {"type": "string"},
+                "list": {"type": ["string", "null"]},
+            },
+        },
+    }
+
+
 def extraction_study(root: Path) -> dict[str, Any]:
     data_file = write_spam_extraction(
         assets.spamassassin_path(), root / "data" / "emails.jsonl", 400
     )
     return {
         "name": "demo-email-fields",
-        "task": {
-            "kind": "extraction",
-            "instruction": "Extract from the email a JSON object with: sender (the From address), subject, "
-            "date (YYYY-MM-DD) and list (the List-Id, or null). Answer with the JSON only.",
-            "json_schema": {
-                "type": "object",
-                "required": ["sender", "subject", "date", "list"],
-                "properties": {
-                    "sender": {"type": "string"},
-                    "subject": {"type": "string"},
-                    "date": {"type": "string"},
-                    "list": {"type": ["string", "null"]},
-                },
-            },
-        },
+        "task": _extraction_task(),
         "hypothesis": {
             "behaviour": "turn an email into a JSON record of its sender, subject, date and list",
             "rationale": "the base model rarely answers with the exact JSON; a LoRA adapter trained on "

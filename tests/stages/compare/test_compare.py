@@ -15,13 +15,8 @@ from helpers.compare import BASE_P, GOLDS, _cls_rows, _populate, _record, _study
 from tunelab.core.config import StudyConfig
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import f1_stats, mcnemar, mean_stat, paired_bootstrap
-from tunelab.stages.compare.stage import (
-    compare_evaluations,
-    config_diff,
-    example_stats,
-    flips,
-    group_of,
-)
+from tunelab.stages.compare.diffs import config_diff, flips, group_of
+from tunelab.stages.compare.evaluations import compare_evaluations, example_stats
 
 # ---------------------------------------------------------------- bootstrap
 

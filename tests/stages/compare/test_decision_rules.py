@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from helpers import MINIMAL_HYPOTHESIS
-from tunelab.core.config import GuardrailRule, HypothesisConfig, StudyConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import GuardrailRule, HypothesisConfig
 from tunelab.core.record_types import Compare
 from tunelab.lib import metrics as M
 from tunelab.lib.statistics import Estimate
+from tunelab.stages.compare.evaluations import compare_evaluations
 from tunelab.stages.compare.guardrails import check_guardrails, judge_guardrails
-from tunelab.stages.compare.stage import compare_evaluations, study_decision
+from tunelab.stages.compare.stage import study_decision
 from tunelab.stages.compare.verdicts import DecisionTests
 from tunelab.stages.hypothesis.power import power_warnings
 from tunelab.stages.report.decision import choose_variant, decide
@@ -204,7 +206,7 @@ def test_register_on_the_demo_study_states_and_records_the_detectable_effect(tmp
     import yaml
 
     from helpers import run_cli
-    from tunelab.core.config import sha256_json
+    from tunelab.core.hashing import sha256_json
     from tunelab.demo.studies import classification_study
 
     root = tmp_path / "demo"

@@ -105,6 +105,7 @@ def _rates(bad_accuracy, seed):
     return {k: v / SPLITS for k, v in counts.items()}
 
 
+@pytest.mark.slow  # thousands of simulated splits (about 25 s)
 def test_interval_rule_against_the_point_rule_over_simulated_splits():
     bad_accuracy = _bad_accuracy()
     bad_truth, good_truth = _true_delta(bad_accuracy), _true_delta(ACCURACY)

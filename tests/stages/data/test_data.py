@@ -10,7 +10,7 @@ import pytest
 
 from helpers import run_cli
 from helpers.data import LABELS, jsonl_study, make_rows, make_study, ticket, write_jsonl
-from tunelab.core.config import CleaningRule, SplitConfig
+from tunelab.core.config_sections import CleaningRule, SplitConfig
 from tunelab.core.errors import ConfigError, DataError, EvaluationError, SnapshotError
 from tunelab.core.study import Study
 from tunelab.stages.data import latest_snapshot_id, load_snapshot, open_test_split

@@ -15,6 +15,7 @@ import yaml
 from tunelab.core.study import Study
 from tunelab.stages.data import dedup as d
 from tunelab.stages.data import load_snapshot, open_test_split
+from tunelab.stages.data import minhash as mh
 from tunelab.stages.data import stage as data_stage
 
 
@@ -69,7 +70,7 @@ def test_shingle_sets_and_exact_jaccard_match_a_plain_python_reference():
     texts += [mutate(t, random.Random(i), 2) for i, t in enumerate(texts[:40])]
     norm = d.normalize_texts(texts)
     for k in (1, 3, 5):
-        sh = d.shingle_texts(norm, k)
+        sh = mh.shingle_texts(norm, k)
         counts = sh.counts
         for i, t in enumerate(texts):
             words = t.split()
@@ -78,20 +79,20 @@ def test_shingle_sets_and_exact_jaccard_match_a_plain_python_reference():
         pairs = np.array(
             list(combinations(range(0, len(texts), 7), 2)) + [(i, 123 + i) for i in range(40)]
         )
-        got = d.jaccard(sh, pairs)
+        got = mh.jaccard(sh, pairs)
         ref = [true_jaccard(texts[i], texts[j], k) for i, j in pairs]
         np.testing.assert_allclose(got, ref, atol=1e-12)
 
 
 def test_lsh_layout_puts_threshold_pairs_in_candidates():
     for threshold in (0.5, 0.7, 0.8, 0.9):
-        bands, rows = d.lsh_params(threshold, 128)
+        bands, rows = mh.lsh_params(threshold, 128)
         assert bands * rows <= 128
-        assert d.candidate_probability(threshold, bands, rows) >= d.TARGET_CANDIDATE_PROBABILITY
+        assert mh.candidate_probability(threshold, bands, rows) >= mh.TARGET_CANDIDATE_PROBABILITY
         # the most selective layout that still meets the target
         assert (
-            d.candidate_probability(threshold, 128 // (rows + 1), rows + 1)
-            < d.TARGET_CANDIDATE_PROBABILITY
+            mh.candidate_probability(threshold, 128 // (rows + 1), rows + 1)
+            < mh.TARGET_CANDIDATE_PROBABILITY
         )
 
 
@@ -99,9 +100,9 @@ def test_minhash_estimates_jaccard_and_is_deterministic():
     base = corpus(300, seed=1)
     rnd = random.Random(5)
     texts = base + [mutate(t, rnd, 3) for t in base]
-    sh = d.shingle_texts(d.normalize_texts(texts), 5)
-    sig = d.minhash_signatures(sh, 256, seed=1, num_threads=2)
-    again = d.minhash_signatures(sh, 256, seed=1, num_threads=1)
+    sh = mh.shingle_texts(d.normalize_texts(texts), 5)
+    sig = mh.minhash_signatures(sh, 256, seed=1, num_threads=2)
+    again = mh.minhash_signatures(sh, 256, seed=1, num_threads=1)
     assert np.array_equal(sig, again)
     est = (sig[:300] == sig[300:]).mean(axis=1)
     truth = np.array([true_jaccard(a, b, 5) for a, b in zip(base, texts[300:], strict=True)])

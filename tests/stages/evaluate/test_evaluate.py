@@ -253,7 +253,7 @@ GOLD_ROW = {
     ],
 )
 def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid, correct, failure):
-    from tunelab.stages.evaluate.stage import judge_output
+    from tunelab.stages.evaluate.predict import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, raw)
     v = row["verdicts"]
@@ -273,7 +273,7 @@ def test_judge_extraction_outputs(extraction_task, raw, json_valid, schema_valid
 
 
 def test_judge_schema_error_still_scores_present_fields(extraction_task):
-    from tunelab.stages.evaluate.stage import judge_output
+    from tunelab.stages.evaluate.predict import judge_output
 
     row = judge_output(extraction_task, GOLD_ROW, '{"sender": "a@x.org"}')
     paths = row["verdicts"]["paths"]
@@ -285,7 +285,8 @@ def test_judge_schema_error_still_scores_present_fields(extraction_task):
 
 def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
     """Rescoring is a function of the recorded gold and raw output alone."""
-    from tunelab.stages.evaluate.stage import compute_metrics, judge_output, rescore_predictions
+    from tunelab.stages.evaluate.predict import judge_output, rescore_predictions
+    from tunelab.stages.evaluate.stage import compute_metrics
 
     raws = ['{"sender": "a@x.org", "subject": "Hello"}\n```', "no", '{"sender": "b"}']
     rows = [
@@ -299,7 +300,8 @@ def test_rescoring_recorded_rows_reproduces_the_record(extraction_task):
 def test_judge_format_outputs():
     from tunelab.core.config import validate_config
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import compute_metrics, judge_output
+    from tunelab.stages.evaluate.predict import judge_output
+    from tunelab.stages.evaluate.stage import compute_metrics
 
     task = get_task(validate_config(yaml.safe_load(render_study_yaml("format", "t"))))
     row = {"id": "f", "text": "q", "target": '{"answer": "yes"}'}

@@ -9,7 +9,8 @@ from transformers import AutoTokenizer
 
 from helpers.inspection import write_study
 from tunelab.core.config import validate_config
-from tunelab.lib.preprocess.text import IGNORE_INDEX, Preprocessor, length_stats
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX
+from tunelab.lib.preprocess.text import Preprocessor, length_stats
 from tunelab.lib.tasks import get_task
 from tunelab.stages.hypothesis.template import render_study_yaml
 from tunelab.stages.inspect.stage import categorize, inspect_rows, render_html, select_examples

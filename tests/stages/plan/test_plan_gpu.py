@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from helpers import FILLED_HYPOTHESIS, run_cli, write_config_only_study
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.stages.plan.catalog import find_gpu, gpu_of_device, gpus
 from tunelab.stages.plan.flops import MicroBatch, micro_step_flops
 from tunelab.stages.plan.shapes import facts_from_config

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers import FILLED_HYPOTHESIS, run_cli
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.stages.plan.shapes import facts_from_config
 from tunelab.stages.sizing.load import load_peak, load_problem, load_table, strategy_refusal
 

@@ -375,11 +375,12 @@ def test_each_interruption_is_paired_with_the_resume_that_followed_it():
 
 
 def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registrations():
+    from tunelab.core.record_types import Hypothesis
     from tunelab.stages.report.sections.context import Dossier
 
     hypotheses = [
-        {"version": 1, "registered_at": "2026-12-01T10:00:00.000Z"},
-        {"version": 2, "registered_at": "2026-12-01T12:00:00.500Z"},
+        Hypothesis(Path(f"hypothesis-v{v}.json"), {}, version=v, registered_at=at)
+        for v, at in ((1, "2026-12-01T10:00:00.000Z"), (2, "2026-12-01T12:00:00.500Z"))
     ]
     d = Dossier(None, {"runs": [], "hypotheses": hypotheses}, None)
     assert d.made_under({"hypothesis_version": 2}) is None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import run_cli, write_email_study
-from tunelab.core.config import TrainingConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError
 from tunelab.core.records import read_json
 from tunelab.core.study import Study

@@ -83,6 +83,7 @@ def test_two_trains_at_once(study_dir, launcher):
     assert harness.curve(study.runs_dir / ids[0]) == harness.curve(study.runs_dir / ids[1])
 
 
+@pytest.mark.slow  # three data builds in fresh processes (about 15 s)
 def test_three_data_builds_at_once_agree(study_dir, launcher):
     from tunelab.core.study import Study
     from tunelab.stages.data import load_snapshot

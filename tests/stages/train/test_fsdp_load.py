@@ -149,6 +149,7 @@ def test_skeleton_holds_no_weights_and_the_adapter_of_a_whole_load(
         assert torch.equal(b, w), n  # rotary frequencies computed, not loaded
 
 
+@pytest.mark.slow  # about 13 s
 def test_validate_refuses_qlora_under_fsdp(study_root):  # noqa: F811
     out = tunelab("validate", "-s", study_root, "--strategy", "fsdp", "--nproc", 2,
                   "--set", "adaptation.method=qlora")  # fmt: skip

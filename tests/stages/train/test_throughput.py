@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.throughput import VOCAB, examples, lora, tiny_llama
-from tunelab.core.config import TrainingConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.stages.train import attention, losses
 from tunelab.stages.train.batches import DataOrder, StepSource, collate, count_loss_tokens
 from tunelab.stages.train.loop import (

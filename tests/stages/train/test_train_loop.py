@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import run_cli, write_topic_study
-from tunelab.core.config import TrainingConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError
 from tunelab.stages.train import checkpoint as ckpt
 from tunelab.stages.train.batches import DataOrder, Position, StepSource, collate, count_loss_tokens
@@ -403,7 +403,7 @@ def test_checking_a_checkpoint_imports_no_torch():
 
 def test_lora_with_activation_checkpointing_trains_every_adapter_tensor(tiny_llama_dir):
     """With checkpointing on a frozen base, every LoRA tensor still gets a gradient."""
-    from tunelab.core.config import AdaptationConfig
+    from tunelab.core.config_training import AdaptationConfig
     from tunelab.lib.models import adapt, enable_activation_checkpointing
 
     model, _ = adapt(llama(tiny_llama_dir), AdaptationConfig(method="lora"), "causal_lm")

@@ -265,6 +265,7 @@ def test_sigkill_then_resume_is_bit_exact(study_dir, straight, killed, capsys):
     assert events.count("status:running") == 1 and "status:interrupted" in events
 
 
+@pytest.mark.slow  # the killed runs' fixture starts and kills fresh processes (about 30 s)
 def test_kill_during_checkpoint_save_keeps_previous_usable(study_dir, straight, killed):
     code, _, run_dir = killed["kill-in-save6"]
     assert code == -signal.SIGKILL
@@ -280,6 +281,7 @@ def test_kill_during_checkpoint_save_keeps_previous_usable(study_dir, straight, 
     assert_same_result(run.dir, straight.dir)
 
 
+@pytest.mark.slow  # the killed runs' fixture starts and kills fresh processes (about 30 s)
 def test_sigterm_saves_a_checkpoint_then_resume_is_bit_exact(study_dir, straight, killed):
     code, err, run_dir = killed["term-step5"]
     assert code == 128 + signal.SIGTERM, err
@@ -293,6 +295,7 @@ def test_sigterm_saves_a_checkpoint_then_resume_is_bit_exact(study_dir, straight
     assert_same_result(run.dir, straight.dir)
 
 
+@pytest.mark.slow  # the killed runs' fixture starts and kills fresh processes (about 30 s)
 def test_kill_before_the_first_checkpoint_resumes_from_the_start(study_dir, straight, killed):
     code, _, run_dir = killed["kill-step2"]
     assert code == -signal.SIGKILL

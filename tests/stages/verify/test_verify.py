@@ -11,7 +11,7 @@ import yaml
 
 from helpers import run_cli, tree_hashes
 from helpers.verify import trained_study
-from tunelab.stages.verify.stage import compare_env, compare_predictions, env_message
+from tunelab.stages.verify.checks import compare_env, compare_predictions, env_message
 
 # ---------------------------------------------------------------- a small trained study
 

@@ -259,6 +259,59 @@ class _Row:
             self.end = "budget"
 
 
+def _chunks(
+    rows: list[_Row], lookup: Sequence[int], draft_tokens: int, max_new_tokens: int
+) -> list[list[int]]:
+    """Each unfinished row's next input: its last token and a prompt-lookup draft ([] when
+    the row has ended)."""
+    chunks = []
+    for r in rows:
+        if r.end is not None:
+            chunks.append([])
+            continue
+        room = max_new_tokens - len(r.tokens) - 1
+        source = [*lookup, SEPARATOR, *r.prompt, *r.tokens] if lookup else r.prompt + r.tokens
+        draft = lookup_draft(source, min(draft_tokens, room)) if draft_tokens else []
+        chunks.append([r.tokens[-1], *draft])
+    return chunks
+
+
+def _step_inputs(rows: list[_Row], chunks: list[list[int]], width: int, pad_id: int) -> Any:
+    """The step's input ids, attention mask and positions, each [rows, width] (right padded)."""
+    import torch
+
+    step_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    step_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, c) in enumerate(zip(rows, chunks, strict=True)):
+        if c:
+            step_ids[i, : len(c)] = torch.tensor(c)
+            step_mask[i, : len(c)] = 1
+            positions[i, : len(c)] = torch.arange(r.valid, r.valid + len(c))
+    return step_ids, step_mask, positions
+
+
+def _accept(
+    r: _Row,
+    draft: list[int],
+    pick: list[int],
+    eos_id: int | None,
+    max_new_tokens: int,
+    answered: Callable[[list[int]], bool],
+) -> int:
+    """Emit the drafted tokens the model agreed with and its own next pick; returns how many
+    drafted tokens were kept."""
+    agree = 0
+    while agree < len(draft) and pick[agree] == draft[agree]:
+        agree += 1
+    for token in [*draft[:agree], pick[agree]]:
+        r.emit(token, eos_id, max_new_tokens, answered)
+        if r.end is not None:
+            break
+    r.valid += 1 + agree
+    return agree
+
+
 def decode(
     model: Any,
     cache: Any,
@@ -293,26 +346,9 @@ def decode(
             row.emit(token, eos_id, max_new_tokens, answered)
         forwards, proposed, kept = 0, 0, 0
         while any(r.end is None for r in rows):
-            chunks = []
-            for r in rows:
-                if r.end is not None:
-                    chunks.append([])
-                    continue
-                room = max_new_tokens - len(r.tokens) - 1
-                source = (
-                    [*lookup, SEPARATOR, *r.prompt, *r.tokens] if lookup else r.prompt + r.tokens
-                )
-                draft = lookup_draft(source, min(draft_tokens, room)) if draft_tokens else []
-                chunks.append([r.tokens[-1], *draft])
+            chunks = _chunks(rows, lookup, draft_tokens, max_new_tokens)
             width = max(len(c) for c in chunks)
-            step_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            step_mask = torch.zeros((len(rows), width), dtype=torch.long)
-            positions = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, (r, c) in enumerate(zip(rows, chunks, strict=True)):
-                if c:
-                    step_ids[i, : len(c)] = torch.tensor(c)
-                    step_mask[i, : len(c)] = 1
-                    positions[i, : len(c)] = torch.arange(r.valid, r.valid + len(c))
+            step_ids, step_mask, positions = _step_inputs(rows, chunks, width, pad_id)
             mask = torch.cat([mask, step_mask.to(device)], dim=1)
             picks = (
                 model(
@@ -331,16 +367,8 @@ def decode(
             for i, (r, c) in enumerate(zip(rows, chunks, strict=True)):
                 if not c:
                     continue
-                draft, pick = c[1:], picks[i]
-                agree = 0
-                while agree < len(draft) and pick[agree] == draft[agree]:
-                    agree += 1
-                proposed, kept = proposed + len(draft), kept + agree
-                for token in [*draft[:agree], pick[agree]]:
-                    r.emit(token, eos_id, max_new_tokens, answered)
-                    if r.end is not None:
-                        break
-                r.valid += 1 + agree
+                agree = _accept(r, c[1:], picks[i], eos_id, max_new_tokens, answered)
+                proposed, kept = proposed + len(c) - 1, kept + agree
                 mask[i, at + 1 + agree : at + width] = 0  # the proposals not kept
     steps = max(len(r.tokens) + (r.end == "eos") for r in rows)
     stats = {

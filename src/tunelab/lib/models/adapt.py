@@ -15,7 +15,7 @@ from tunelab.lib.models._quiet import quiet_transformers
 from tunelab.lib.models.audit import parameter_audit
 
 if TYPE_CHECKING:
-    from tunelab.core.config import AdaptationConfig
+    from tunelab.core.config_training import AdaptationConfig
 
 
 LORA_FIELDS = {"target_modules", "rank", "alpha", "dropout", "modules_to_save"}

@@ -14,7 +14,7 @@ from tunelab.core.hub import COMMIT_RE, HubSnapshot, download, listed_files
 from tunelab.lib.models.identity import CONFIG_FILES, TOKENIZER_FILES
 
 if TYPE_CHECKING:
-    from tunelab.core.config import ModelConfig
+    from tunelab.core.config_training import ModelConfig
 
 MODEL_PATTERNS = [*CONFIG_FILES, *TOKENIZER_FILES, "*.safetensors", "*.safetensors.index.json"]
 PICKLE_PATTERNS = ["*.bin", "*.bin.index.json", "*.pt", "*.pth"]

@@ -22,7 +22,8 @@ from tunelab.lib.models.identity import (
 )
 
 if TYPE_CHECKING:
-    from tunelab.core.config import ModelConfig, StudyConfig
+    from tunelab.core.config import StudyConfig
+    from tunelab.core.config_training import ModelConfig
     from tunelab.core.study import Study
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.errors import ModelError
 
 if TYPE_CHECKING:
-    from tunelab.core.config import QuantizationConfig, StudyConfig
+    from tunelab.core.config import StudyConfig
+    from tunelab.core.config_training import QuantizationConfig
 
 BNB_RANGE = (">=0.50", "<0.51")
 INSTALL_HINT = "pip install 'tunelab[qlora]'"

@@ -14,7 +14,7 @@ be cut is encoded cut and flagged, and `check` refuses it). Labels follow the tr
 convention (aligned with input_ids, -100 where no loss) and are built from positions, never by
 masking token values, so the target's EOS keeps its loss even when pad == EOS.
 
-`template_sha256` hashes the rendering recipe; `check_template_match` refuses an evaluation whose
+`template_sha256` hashes the rendering recipe; `mask_checks.check_template_match` refuses an evaluation whose
 recipe differs from training's.
 
 `Preprocessor(tokenizer, cfg, task, architecture)`, architecture "encoder" or "causal_lm" ("image"
@@ -33,7 +33,8 @@ gives a `tunelab.lib.preprocess.images.ImagePreprocessor`):
   `encode_with_target(example, text)`, `render_prompt(example)` (text, special tokens visible),
   `describe()` (preprocess.json: template_sha256, prefix/suffix text, notes), `eos_id`, `pad_id`.
 - `find_problems(encoded) -> [Problem]` (no raise; `Problem`: example_id, kind, message, fix),
-  `check(encoded)` raises PreprocessError; `check_collated(encoded, labels_rows, pad_id,
+  `check(encoded)` raises PreprocessError (each example judged by
+  `tunelab.lib.preprocess.mask_checks.example_problems`); `mask_checks.check_collated(encoded, labels_rows, pad_id,
   eos_id) -> [Problem]` finds a collator that masks labels by value (`eos_masked_by_pad`);
   `raise_problems(problems)`; `length_stats(encoded)` -> n, p50, p95, max, share_truncated
   (image encodings: `{n, shape}`).
@@ -49,92 +50,13 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.errors import PreprocessError
 from tunelab.core.hashing import sha256_json
 from tunelab.lib.preprocess.chat import ChatRendering, render_chat
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, example_problems
 from tunelab.lib.preprocess.problems import FIXES as FIXES  # re-exported
-from tunelab.lib.preprocess.problems import Problem, _problem, raise_problems
+from tunelab.lib.preprocess.problems import Problem, raise_problems
 from tunelab.lib.tasks import ClassificationTask, Task
 
-IGNORE_INDEX = -100
 RECIPE_VERSION = 1
 ARCHITECTURES = ("encoder", "causal_lm")
-
-
-def check_template_match(train_sha: str | None, eval_sha: str | None) -> None:
-    """Refuse an evaluation whose prompt recipe differs from the one the model was trained with."""
-    if train_sha and eval_sha and train_sha != eval_sha:
-        raise PreprocessError(
-            f"prompt template mismatch: training used template sha256 {train_sha[:12]}, "
-            f"evaluation renders with {eval_sha[:12]}",
-            hint="evaluate with the same preprocess settings, instruction and tokenizer as "
-            "training (compare the run's preprocess.json with study.yaml, then "
-            "`tunelab inspect`); a changed template is a new variant: train it",
-        )
-
-
-def _as_list(row: Any) -> list[int]:
-    return [int(x) for x in (row.tolist() if hasattr(row, "tolist") else row)]
-
-
-def _count_diff(a: list[int], b: list[int]) -> int:
-    return sum(x != y for x, y in zip(a, b, strict=True))
-
-
-def check_collated(
-    encoded: Sequence[dict[str, Any]],
-    labels_rows: Sequence[Any],
-    pad_id: int | None,
-    eos_id: int | None,
-) -> list[Problem]:
-    """Problems where a collator changed the loss positions of encoded examples.
-
-    `labels_rows[i]` is the labels row the collator produced for `encoded[i]` (padded on either
-    side, or the example's slice of a packed row). A collator that masks by value (`labels[input
-    == pad_id] = -100`) removes the EOS loss when pad == EOS; this names it.
-    """
-    problems = []
-    for ex, row in zip(encoded, labels_rows, strict=True):
-        want = list(ex["labels"])
-        got = _as_list(row)
-        n = len(want)
-        if n:  # position 0 never carries loss (nothing before it): a collator may drop it
-            want[0] = IGNORE_INDEX
-        if len(got) < n:
-            problems.append(
-                _problem(
-                    ex["id"], "loss_span_mismatch", f"collated row has {len(got)} < {n} tokens"
-                )
-            )
-            continue
-        # Right padding first, then left padding: keep the alignment with fewer differences.
-        right, left = got[:n], got[len(got) - n :]
-        for g in (right, left):
-            if g:
-                g[0] = IGNORE_INDEX
-        best = min((right, left), key=lambda g: _count_diff(g, want))
-        if best == want:
-            continue
-        lost = [
-            i
-            for i, (a, b) in enumerate(zip(best, want, strict=True))
-            if b != IGNORE_INDEX and a != b
-        ]
-        lost_eos = [i for i in lost if want[i] == eos_id]
-        if lost_eos and pad_id is not None and pad_id == eos_id:
-            problems.append(
-                _problem(
-                    ex["id"],
-                    "eos_masked_by_pad",
-                    f"EOS (id {eos_id}) lost its loss at position {lost_eos[0]} after collation",
-                )
-            )
-        else:
-            problems.append(
-                _problem(
-                    ex["id"],
-                    "loss_span_mismatch",
-                    f"collation changed {_count_diff(best, want)} label(s)",
-                )
-            )
-    return problems
 
 
 def _find_sublist(haystack: list[int], needle: list[int]) -> int:
@@ -527,106 +449,12 @@ class Preprocessor:
 
     # ------------------------------------------------------------ checks
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
     def find_problems(self, encoded: Sequence[dict[str, Any]]) -> list[Problem]:
         """Every broken example among `encoded` (empty list when all are sound)."""
         problems: list[Problem] = []
         for ex in encoded:
-            problems.extend(self._example_problems(ex))
+            problems.extend(example_problems(self, ex))
         return problems
-
-    def _example_problems(self, ex: dict[str, Any]) -> list[Problem]:
-        eid = ex.get("id")
-        if self.architecture == "encoder":
-            n = len(getattr(self.task, "labels", None) or [])
-            label = ex.get("label")
-            if not isinstance(label, int) or not 0 <= label < n:
-                return [_problem(eid, "no_label", f"label index {label!r} not in [0, {n})")]
-            if len(ex["input_ids"]) > self.cfg.max_seq_len:
-                return [_problem(eid, "too_long", f"{len(ex['input_ids'])} tokens")]
-            return []
-        ids, labels = list(ex["input_ids"]), list(ex["labels"])
-        out: list[Problem] = []
-        if len(ids) != len(labels):
-            return [
-                _problem(
-                    eid, "loss_span_mismatch", f"{len(ids)} input ids but {len(labels)} labels"
-                )
-            ]
-        positions = [i for i, lab in enumerate(labels) if lab != IGNORE_INDEX]
-        if len(ids) > self.cfg.max_seq_len:
-            out.append(_problem(eid, "too_long", f"{len(ids)} > {self.cfg.max_seq_len} tokens"))
-        if ex.get("target_truncated") and not self.cfg.allow_target_truncation:
-            needed = ex.get("min_seq_len_needed", "?")
-            kept = len(ids) - ex.get("prompt_len", 0)
-            out.append(
-                _problem(
-                    eid,
-                    "target_truncated",
-                    f"truncation cut the target to {max(kept, 0)} of {ex.get('target_len')} "
-                    f"tokens (max_seq_len {self.cfg.max_seq_len})",
-                    needed=needed,
-                )
-            )
-            return out  # the cut explains the missing EOS and the shorter loss span
-        if not positions:
-            return out + [_problem(eid, "no_loss_positions", "no position carries loss")]
-        if ex.get("target_truncated"):
-            return out
-        if any(labels[i] != ids[i] for i in positions):
-            return out + [
-                _problem(
-                    eid,
-                    "loss_span_mismatch",
-                    "labels differ from input_ids at loss positions (labels must not be shifted; "
-                    "the model shifts them)",
-                )
-            ]
-        last = positions[-1]
-        if ids[-1] == self.eos_id and labels[-1] == IGNORE_INDEX:
-            if self.pad_id is not None and self.pad_id == self.eos_id:
-                kind, why = "eos_masked_by_pad", "the final EOS (== pad token) has no loss"
-            else:
-                kind, why = "eos_missing", "the final EOS has no loss"
-            return out + [_problem(eid, kind, why)]
-        if ids[last] != self.eos_id or last != len(ids) - 1:
-            return out + [
-                _problem(
-                    eid,
-                    "eos_missing",
-                    f"the last loss token is {self._decode([ids[last]])!r}, not EOS "
-                    f"{self.eos_token!r}",
-                )
-            ]
-        prompt_len = ex.get("prompt_len")
-        if self.cfg.train_on_prompt:
-            start = prompt_len or 0
-        else:
-            start = positions[0]
-            if positions != list(range(start, len(ids))) or (
-                prompt_len is not None and start != prompt_len
-            ):
-                return out + [
-                    _problem(
-                        eid,
-                        "loss_span_mismatch",
-                        f"loss covers positions {positions[0]}..{last}, the target is "
-                        f"{prompt_len}..{len(ids) - 1}",
-                    )
-                ]
-        decoded = self._decode(ids[start:last])
-        expected = ex.get("target_text")
-        if expected is not None and decoded != expected:
-            out.append(
-                _problem(
-                    eid,
-                    "loss_span_mismatch",
-                    f"loss span decodes to {decoded[:60]!r}, expected {expected[:60]!r}",
-                )
-            )
-        return out
 
     def check(self, encoded: Sequence[dict[str, Any]]) -> None:
         """Raise PreprocessError naming every broken example (the stop conditions)."""

@@ -26,7 +26,8 @@ Config: `task.scoring {ordered: [path], tolerance: {path: float}}`,
 
 from __future__ import annotations
 
-from tunelab.core.config import StudyConfig, TaskConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import TaskConfig
 from tunelab.core.errors import ConfigError, DataError
 from tunelab.lib.tasks.base import Task
 from tunelab.lib.tasks.classification import ClassificationTask

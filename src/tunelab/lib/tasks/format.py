@@ -13,7 +13,7 @@ from typing import Any
 
 from jsonschema import validators
 
-from tunelab.core.config import json_schema_problem, regex_problem
+from tunelab.core.config_sections import json_schema_problem, regex_problem
 from tunelab.core.errors import ConfigError, DataError, preview
 from tunelab.core.strict_load import ParseProblem, loads_json
 from tunelab.lib.tasks.base import Task, failure

@@ -15,7 +15,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tunelab.core.config import GuardrailRule
+from tunelab.core.config_sections import GuardrailRule
 from tunelab.lib.statistics import Estimate, examples_to_settle, step_down
 
 _OPS: dict[str, Callable[[float, float], bool]] = {

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import EvaluationConfig, HypothesisConfig
+from tunelab.core.config_sections import HypothesisConfig
+from tunelab.core.config_training import EvaluationConfig
 from tunelab.lib.statistics import Estimate, Stat, examples_to_settle, tost_p_value, tost_verdict
 
 # rates of examples: an absolute bound on one of them is judged on its Wilson interval

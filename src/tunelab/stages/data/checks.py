@@ -30,7 +30,7 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.errors import DataError, preview
 from tunelab.core.strict_load import ParseProblem, loads_json
 from tunelab.stages.data.cleaning import CONTROL
-from tunelab.stages.data.readers import SourceRow
+from tunelab.stages.data.source_files import SourceRow
 
 SHOWN_ROWS = 10  # rows named in a message; the count says how many in all
 SHOWN_PLACES = 3  # rows named per label spelling

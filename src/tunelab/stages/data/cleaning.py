@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunelab.core.config import CleaningRule
+from tunelab.core.config_sections import CleaningRule
 from tunelab.core.errors import ConfigError
 from tunelab.core.hashing import sha256_json
 

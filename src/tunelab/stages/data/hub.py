@@ -3,7 +3,7 @@
 `datasets.load_dataset("org/name")` offline does not read the hub cache: it falls back to its
 own prepared Arrow cache, "the latest cached version", whatever the revision. So the repo's
 files are fetched into the hub cache with `snapshot_download` at the commit registration pinned,
-and `data.readers.read_hub` reads that snapshot folder (its README's configs and split files)
+and `data.formats.read_hub` reads that snapshot folder (its README's configs and split files)
 as a local data set: offline, and exactly that commit.
 
 `fetch_dataset(source, commit=None) -> HubSnapshot`; `source_root(study)`: the folder the
@@ -20,7 +20,7 @@ from tunelab.core.evidence import pinned_commit
 from tunelab.core.hub import HubSnapshot, download
 
 if TYPE_CHECKING:
-    from tunelab.core.config import SourceConfig
+    from tunelab.core.config_sections import SourceConfig
     from tunelab.core.study import Study
 
 # data files `datasets` reads, and the card whose YAML names the configs and their splits

@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tunelab.core.config import DataConfig
+from tunelab.core.config_sections import DataConfig
 from tunelab.core.errors import DataError
+from tunelab.stages.data.formats import load_hf_disk, load_hub
 from tunelab.stages.data.images import (
     ImageSource,
     add_image_bytes,
@@ -26,16 +27,8 @@ from tunelab.stages.data.images import (
     finish,
     read_image_folder,
 )
-from tunelab.stages.data.readers import (
-    HF_SPLIT_COLUMN,
-    FieldMapper,
-    SourceData,
-    column_list,
-    load_hf_disk,
-    load_hub,
-    read_source,
-    require_text_names,
-)
+from tunelab.stages.data.readers import read_source, require_text_names
+from tunelab.stages.data.source_files import HF_SPLIT_COLUMN, FieldMapper, SourceData, column_list
 
 DATASET_FORMATS = ("hf_disk", "hub")  # `datasets` data sets: an Image column
 # the row's text (a place for people to read) under a name no data set column can take

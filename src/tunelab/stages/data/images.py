@@ -38,13 +38,19 @@ from typing import Any
 
 import numpy as np
 
-from tunelab.core.config import DataConfig
+from tunelab.core.config_sections import DataConfig
 from tunelab.core.errors import DataError
 from tunelab.core.hashing import sha256_bytes
 from tunelab.lib.preprocess.decode import _REPLACE, ACCEPTED_MODES, _pil, decode_image, model_rgb
 from tunelab.stages.data.dedup import DuplicatePair, exact_group_ids
 from tunelab.stages.data.leftovers import leftover_file, leftover_folder
-from tunelab.stages.data.readers import SourceData, SourceRow, _contained, _record_file, _rel
+from tunelab.stages.data.source_files import (
+    SourceData,
+    SourceRow,
+    contained_path,
+    record_file,
+    relative_name,
+)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 # files an operating system leaves in folders of pictures
@@ -167,10 +173,10 @@ def _label_files(
         kept = []
         for d in sorted(dirs):
             if d.startswith("."):
-                skipped.append((_rel(at / d, root) + "/", "hidden"))
+                skipped.append((relative_name(at / d, root) + "/", "hidden"))
             elif not follow and (at / d).is_symlink():
                 skipped.append(
-                    (_rel(at / d, root) + "/", "a link to a folder; follow_links reads it")
+                    (relative_name(at / d, root) + "/", "a link to a folder; follow_links reads it")
                 )
             else:
                 kept.append(d)
@@ -178,7 +184,7 @@ def _label_files(
         for name in sorted(names):
             why = _skip_reason(name)
             if why:
-                skipped.append((_rel(at / name, root), why))
+                skipped.append((relative_name(at / name, root), why))
             else:
                 files.append(at / name)
     return sorted(files)
@@ -193,7 +199,7 @@ def _label_folders(root: Path, follow: bool, src: SourceData, images: ImageSourc
             images.skipped.append((p.name + "/", "hidden"))
         elif why := leftover_folder(p.name):
             images.skipped.append((p.name + "/", why))
-        elif _contained(p, root, follow, src):
+        elif contained_path(p, root, follow, src):
             labels.append(p)
     return labels
 
@@ -222,8 +228,8 @@ def read_image_folder(src: SourceData, cfg: DataConfig) -> ImageSource:
                 hint="remove the empty folder, or put the category's images in it",
             )
         for path in files:
-            _contained(path, root, follow, src)
-            rel = _rel(path, root)
+            contained_path(path, root, follow, src)
+            rel = relative_name(path, root)
             _add_image(src, images, path, rel)
             src.rows.append(SourceRow(rel, folder.name, None, rel, None, rel, folder.name))
     return images
@@ -245,8 +251,8 @@ def attach_images(src: SourceData, cfg: DataConfig) -> ImageSource:
                 f"{where}: no image file {raw!r} (looked in {base})",
                 hint="image paths are relative to the data file's folder; fix the path",
             )
-        _contained(path, base, cfg.source.follow_links, src)
-        row.text = _rel(path, base)
+        contained_path(path, base, cfg.source.follow_links, src)
+        row.text = relative_name(path, base)
         _add_image(src, images, path, f"{row.where} (field {cfg.fields.image!r}: {raw})")
     return images
 
@@ -257,7 +263,7 @@ def _add_image(src: SourceData, images: ImageSource, path: Path, where: str) -> 
     except OSError as exc:  # a broken link, no permission
         _refuse(images, DataError(f"{where}: cannot be read ({exc.strerror})", hint=_REPLACE))
         return
-    _record_file(src, path, data)
+    record_file(src, path, data)
     add_image_bytes(images, data, where)
 
 

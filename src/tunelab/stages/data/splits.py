@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
-from tunelab.core.config import SplitConfig
+from tunelab.core.config_sections import SplitConfig
 from tunelab.core.errors import DataError
 from tunelab.core.hashing import sha256_text, stable_u64
 

@@ -18,14 +18,12 @@ the existing snapshot is reused), any change gives a new one. Reading a snapshot
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import DataConfig, DedupConfig
+from tunelab.core.config_sections import DataConfig, DedupConfig
 from tunelab.core.errors import DataError, StudyError
-from tunelab.core.hashing import sha256_bytes, sha256_json, sha256_text
-from tunelab.core.ledger import utc_now
+from tunelab.core.hashing import sha256_text
 from tunelab.core.progress import Progress
 from tunelab.core.records import (
     dumps_json,
@@ -36,13 +34,15 @@ from tunelab.core.records import (
 )
 from tunelab.stages.data import dedup
 from tunelab.stages.data.checks import RowsRead, control_notes, labels_changed, run_checks
-from tunelab.stages.data.cleaning import CleaningResult, clean_texts, compile_rules, rules_sha256
+from tunelab.stages.data.cleaning import CleaningResult, clean_texts, compile_rules
 from tunelab.stages.data.hub import source_root
-from tunelab.stages.data.readers import SourceData, SourceRow, read_source
+from tunelab.stages.data.manifest import Duplicates, Kept, Split, build_manifest
+from tunelab.stages.data.readers import read_source
+from tunelab.stages.data.snapshot import SPLIT_FILES, content_sha256, data_dir, load_snapshot
+from tunelab.stages.data.source_files import SourceRow
 from tunelab.stages.data.splits import (
     SPLITS,
     check_user_splits,
-    counts_by_category,
     counts_by_kinds,
     ensure_coverage,
     ensure_kind_coverage,
@@ -54,16 +54,6 @@ from tunelab.stages.data.splits import (
 if TYPE_CHECKING:
     from tunelab.core.study import Study
 
-from tunelab.stages.data.snapshot import (
-    SPLIT_FILES,
-    content_sha256,
-    data_dir,
-    load_snapshot,
-    snapshot_identity,
-)
-
-FORMAT_VERSION = 1
-NORMALIZATION = "NFKC, lower case, whitespace runs to one space"
 # Show progress bars from this many rows (or files) on.
 PROGRESS_FROM = 5000
 
@@ -143,32 +133,6 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
 
-@dataclass
-class _Kept:
-    """The rows that survive cleaning and sampling, in source order."""
-
-    index: list[int]  # into the source rows
-    texts: list[str]  # cleaned
-    keys: list[str]  # sha256 of the normalized text: the split key
-    normalized: Any  # the normalized texts (an Arrow array, as dedup takes them)
-    sampled_out: int
-
-
-@dataclass
-class _Split:
-    splits: list[str]  # one per kept row
-    method: str  # "column" | "hash"
-    moved: list[dict[str, Any]]  # rows moved so that small categories reach every split
-    notes: list[str]
-
-
-@dataclass
-class _Duplicates:
-    pairs: list[Any]  # dedup.Pair over kept rows
-    lsh: dict[str, Any]  # the LSH settings used (the manifest's dedup algorithm)
-    removed: dict[int, Any]  # kept row -> (the row it duplicates, its pair or None)
-
-
 def run(study: Study, progress: Progress | None = None) -> dict[str, Any]:
     """Build (or find unchanged) the data snapshot of the study's `data` config.
 
@@ -226,7 +190,7 @@ def run(study: Study, progress: Progress | None = None) -> dict[str, Any]:
         final_splits, final_kinds = [split.splits[k] for k in final], [kinds[k] for k in final]
         kind_counts = counts_by_kinds(final_splits, final_kinds)
         notes += kind_gaps(final_splits, final_kinds, cfg.splits)
-    manifest = _manifest(
+    manifest = build_manifest(
         read, src, cleaned, kept, split, dups, duplicates, examples, labels, ids, outputs, notes
     )
     manifest["counts"]["target_kinds"] = kind_counts  # not part of the id (see snapshot_identity)
@@ -268,16 +232,16 @@ def _clean(rows: list[SourceRow], cfg: DataConfig, source_path: Path) -> Cleanin
     return cleaned
 
 
-def _keep(cleaned: CleaningResult, cfg: DataConfig) -> _Kept:
+def _keep(cleaned: CleaningResult, cfg: DataConfig) -> Kept:
     """The cleaned rows with their split keys, sampled down to data.max_examples by hash."""
     kept, texts = cleaned.kept, cleaned.texts
     normalized = dedup.normalize_texts(texts)
     # the same keys as splits.content_keys(texts), without normalizing twice
     keys = [sha256_text(t) for t in normalized.to_pylist()]
     if cfg.max_examples is None or cfg.max_examples >= len(kept):
-        return _Kept(kept, texts, keys, normalized, 0)
+        return Kept(kept, texts, keys, normalized, 0)
     pick = sample_by_hash(keys, cfg.max_examples, cfg.splits.seed)
-    return _Kept(
+    return Kept(
         [kept[i] for i in pick],
         [texts[i] for i in pick],
         [keys[i] for i in pick],
@@ -287,19 +251,19 @@ def _keep(cleaned: CleaningResult, cfg: DataConfig) -> _Kept:
 
 
 def _split(
-    kept: _Kept,
+    kept: Kept,
     labels: list[str | None],
     rows: list[SourceRow],
     cfg: DataConfig,
     has_label: bool,
     source_path: Path,
     kinds: list[list[str]] | None = None,
-) -> _Split:
+) -> Split:
     """The user's split column, else seeded hash splits that cover every small category (and,
     with stratify: target_kind, every kind of extraction target)."""
     if cfg.fields.split:
         splits = [rows[i].split or "" for i in kept.index]
-        result = _Split(splits, "column", [], check_user_splits(splits))
+        result = Split(splits, "column", [], check_user_splits(splits))
     else:
         splits, moved, warnings = ensure_coverage(
             split_by_hash(kept.keys, cfg.splits),
@@ -311,7 +275,7 @@ def _split(
         if kinds is not None and cfg.splits.stratify == "target_kind":
             splits, kind_moves = ensure_kind_coverage(splits, kept.keys, kinds, cfg.splits)
             moved += kind_moves
-        result = _Split(splits, "hash", moved, warnings)
+        result = Split(splits, "hash", moved, warnings)
     if "train" not in result.splits:
         raise DataError(
             f"{source_path}: no row in the train split ({len(kept.index)} rows)",
@@ -321,8 +285,8 @@ def _split(
 
 
 def _find_duplicates(
-    kept: _Kept, splits: list[str], d: DedupConfig, progress: Progress
-) -> _Duplicates:
+    kept: Kept, splits: list[str], d: DedupConfig, progress: Progress
+) -> Duplicates:
     """Exact and near duplicates of the kept rows, and the rows the policy removes."""
     if d.exact or d.near:
         pairs, lsh = dedup.find_duplicates(
@@ -336,22 +300,22 @@ def _find_duplicates(
         )
     else:
         pairs, lsh = [], {}
-    return _Duplicates(pairs, lsh, dedup.apply_policy(pairs, splits, d.policy))
+    return Duplicates(pairs, lsh, dedup.apply_policy(pairs, splits, d.policy))
 
 
 def _find_image_duplicates(
-    kept: _Kept, images: Any, splits: list[str], d: DedupConfig
-) -> _Duplicates:
+    kept: Kept, images: Any, splits: list[str], d: DedupConfig
+) -> Duplicates:
     """Exact (decoded pixels) and near (dHash) duplicates of the kept images."""
     from tunelab.stages.data.images import find_image_duplicates
 
     facts = [images.facts[i] for i in kept.index]
     pairs, info = find_image_duplicates(facts, exact=d.exact, near=d.near, threshold=d.threshold)
-    return _Duplicates(pairs, info, dedup.apply_policy(pairs, splits, d.policy))
+    return Duplicates(pairs, info, dedup.apply_policy(pairs, splits, d.policy))
 
 
 def _add_images(
-    examples: dict[str, list[dict[str, Any]]], images: Any, kept: _Kept, row_ids: list[str]
+    examples: dict[str, list[dict[str, Any]]], images: Any, kept: Kept, row_ids: list[str]
 ) -> dict[str, bytes]:
     """Each image example gains its stored file name and sha256; returns the files to store
     (`images/<sha256>.<ext>`) and `images.jsonl`, the facts of the train and validation images."""
@@ -374,7 +338,7 @@ def _add_images(
 
 def _examples(
     rows: list[SourceRow],
-    kept: _Kept,
+    kept: Kept,
     row_ids: list[str],
     splits: list[str],
     removed: dict[int, Any],
@@ -409,7 +373,7 @@ def _emptied_categories(
 
 
 def _duplicates_record(
-    dups: _Duplicates,
+    dups: Duplicates,
     row_ids: list[str],
     splits: list[str],
     labels: list[str | None],
@@ -450,112 +414,6 @@ def _duplicates_record(
         "removed": removed_list,
         "pairs": pair_rows,
     }
-
-
-def _transforms(cfg: DataConfig, images: bool = False) -> dict[str, Any]:
-    """How ids, split keys and samples are made from the rows (hashed into the snapshot id)."""
-    return {
-        "id": "data.fields.id, else sha256(text, label, target)[:16]"
-        if cfg.source.format != "folder"
-        else "path of the file inside data.source.path",
-        "split_key": "sha256 of the decoded pixels" if images else "sha256 of the normalized text",
-        "normalization": NORMALIZATION,
-        "max_examples": cfg.max_examples,
-        "encoding_errors": cfg.source.encoding_errors,
-        "glob": cfg.source.glob if cfg.source.format == "folder" else None,
-    }
-
-
-def _manifest(
-    read: RowsRead,
-    src: SourceData,
-    cleaned: CleaningResult,
-    kept: _Kept,
-    split: _Split,
-    dups: _Duplicates,
-    duplicates: dict[str, Any],
-    examples: dict[str, list[dict[str, Any]]],
-    labels: list[str | None],
-    ids: list[str],
-    outputs: dict[str, bytes],
-    notes: list[str],
-) -> dict[str, Any]:
-    """manifest.json, its snapshot id included (without its content_sha256)."""
-    cfg = read.config.data
-    task_labels = read.task_labels
-    label_set = (
-        task_labels
-        if task_labels
-        else (sorted({lab for lab in labels if lab is not None}) if read.has_label else None)
-    )
-    images = read.config.task.kind == "image_classification"
-    transforms = _transforms(cfg, images)
-    dedup_config = cfg.dedup.model_dump(mode="json")
-    splits_config = cfg.splits.model_dump(mode="json")
-    manifest: dict[str, Any] = {
-        "snapshot_id": "",
-        "format_version": FORMAT_VERSION,
-        "created_at": utc_now(),
-        "source": {
-            "format": cfg.source.format,
-            "path": cfg.source.path,
-            "resolved_path": str(read.source_path),
-            "num_files": len(src.files),
-            "files": src.files,
-            "replaced_invalid_utf8_bytes": src.replaced_bytes,
-            **({"hub": src.hub} if src.hub else {}),
-            **({"links_followed": src.links} if src.links else {}),
-        },
-        "fields": cfg.fields.model_dump(mode="json"),
-        "task_labels": task_labels,
-        "cleaning": {
-            "rules": cleaned.effects,
-            "sha256": rules_sha256(cfg.cleaning),
-            "dropped": len(cleaned.dropped),
-        },
-        "transforms": {**transforms, "sha256": sha256_json(transforms)},
-        "splits": {
-            "config": splits_config,
-            "method": split.method,
-            "sha256": sha256_json({"config": splits_config, "m": split.method}),
-            "moved_to_cover_small_categories": [
-                {**mv, "row": ids[kept.index[mv["row"]]]} for mv in split.moved
-            ],
-        },
-        "dedup": {
-            "config": dedup_config,
-            "policy": cfg.dedup.policy,
-            "sha256": sha256_json(dedup_config),
-            "normalization": NORMALIZATION,
-            "shingle_normalization": dedup.SHINGLE_NORMALIZATION,
-            "algorithm": dups.lsh
-            if images
-            else {
-                "version": dedup.DEDUP_ALGORITHM_VERSION,
-                "minhash_seed": 1,
-                "verification": "exact Jaccard of word shingle sets",
-                **dups.lsh,
-            },
-        },
-        "counts": {
-            "rows_read": len(src.rows),
-            "dropped_by_cleaning": len(cleaned.dropped),
-            "sampled_out": kept.sampled_out,
-            "removed_as_duplicates": len(duplicates["removed"]),
-            "before_dedup": counts_by_category(split.splits, labels),
-            "final": {s: len(examples[s]) for s in SPLITS},
-            "per_category": counts_by_category(
-                [s for s in SPLITS for _ in examples[s]],
-                [e["label"] for s in SPLITS for e in examples[s]],
-            ),
-        },
-        "duplicates": duplicates["summary"],
-        "labels": label_set,
-        "files": {name: sha256_bytes(data) for name, data in sorted(outputs.items())},
-        "notes": notes,
-    }
-    manifest["snapshot_id"] = snapshot_identity(manifest)
-    return manifest
 
 
 def _publish(study: Study, manifest: dict[str, Any], outputs: dict[str, bytes]) -> dict[str, Any]:

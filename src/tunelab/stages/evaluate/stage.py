@@ -48,19 +48,19 @@ Records: `tunelab baseline` is a run of kind `baseline`; `tunelab eval RUN` is a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig, generation_room_problem
+from tunelab.core.config import StudyConfig, generation_room_problem
+from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.core.errors import EvaluationError, RunError
 from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
 from tunelab.lib import metrics as M
-from tunelab.lib.inference.decoding import left_padded_positions
-from tunelab.lib.inference.eval_copy import EvalModels, as_models, close_scores
+from tunelab.lib.inference.eval_copy import EvalModels
 from tunelab.lib.inference.generation import (  # noqa: F401  (pad helpers and generate_outputs: public here)
     batches_of,
     generate_outputs,
@@ -68,7 +68,7 @@ from tunelab.lib.inference.generation import (  # noqa: F401  (pad helpers and g
     pad_sequences,
 )
 from tunelab.lib.models.identity import hub_source
-from tunelab.lib.probes import generation_timing
+from tunelab.stages.evaluate.predict import Ticker, model_device, predict_rows
 from tunelab.stages.hypothesis.stage import evaluation_spec_sha, require_hypothesis
 
 if TYPE_CHECKING:
@@ -83,166 +83,6 @@ SCORE_ATOL = {"fp32": 2e-4, "bf16": 5e-2, "fp16": 5e-2}
 def spec_sha256(locked_spec_sha: str, template_sha: str) -> str:
     """The sha an evaluation is compared under: the locked spec and the exact prompt template."""
     return sha256_json({"evaluation_spec_sha256": locked_spec_sha, "template_sha256": template_sha})
-
-
-# ---------------------------------------------------------------- batching helpers
-
-
-def _device(model: Any):
-    return next(model.parameters()).device
-
-
-def _tensor_rows(compare: Any) -> Any:
-    """A comparison of score lists applied to [batch, labels] tensors."""
-    return lambda a, b: compare(a.tolist(), b.tolist())
-
-
-class _Ticker:
-    """Counts the examples done and tells the caller's progress callback (if any)."""
-
-    def __init__(self, progress: Progress | None, total: int, what: str):
-        self.progress, self.total, self.what = progress, total, what
-        self.done = 0
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        if self.progress is not None:
-            self.progress(self.what, self.done, self.total)
-
-
-# ---------------------------------------------------------------- inference
-
-
-def predict_encoder(
-    model: Any,
-    encoded: Sequence[dict[str, Any]],
-    labels: Sequence[str],
-    pad_id: int,
-    batch_size: int,
-    tick: Callable[[int], None] = lambda n: None,
-) -> list[dict[str, Any]]:
-    """Label and per-label probabilities of each encoded example ([CLS] head logits)."""
-    import torch
-
-    out: list[dict[str, Any] | None] = [None] * len(encoded)
-    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]["input_ids"]), i))
-    models = as_models(model)
-    device = models.device
-    for batch in batches_of(order, batch_size):
-        ids, mask = pad_sequences([encoded[i]["input_ids"] for i in batch], pad_id, left=False)
-
-        def forward(m: Any, ids: Any = ids, mask: Any = mask) -> Any:
-            logits = m(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
-
-        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
-        for row, i in enumerate(batch):
-            p = probs[row].tolist()
-            best = max(range(len(p)), key=lambda j: p[j])
-            out[i] = {
-                "label": labels[best],
-                "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
-            }
-        tick(len(batch))
-    return out  # type: ignore[return-value]
-
-
-def predict_images(
-    model: Any,
-    pre: Any,
-    rows: Sequence[dict[str, Any]],
-    labels: Sequence[str],
-    batch_size: int,
-    tick: Callable[[int], None] = lambda n: None,
-) -> list[dict[str, Any]]:
-    """Label and per-label probabilities of each image (the deterministic chain, in order)."""
-    import torch
-
-    from tunelab.lib.models.vision import pixels_for
-
-    out = []
-    models = as_models(model)
-    for start in range(0, len(rows), batch_size):
-        chunk = [pre.encode(r) for r in rows[start : start + batch_size]]
-        stacked = torch.stack([e["pixel_values"] for e in chunk])  # [b, 3, H, W]
-
-        def forward(m: Any, stacked: Any = stacked) -> Any:
-            logits = m(pixel_values=pixels_for(m, stacked)).logits
-            return torch.softmax(logits.float(), dim=-1).cpu()  # [batch, num_labels]
-
-        probs = models.run(forward, _tensor_rows(close_scores(models.atol)))
-        for p in probs.tolist():
-            best = max(range(len(p)), key=lambda j: p[j])
-            out.append(
-                {
-                    "label": labels[best],
-                    "scores": {label: round(p[j], 6) for j, label in enumerate(labels)},
-                }
-            )
-        tick(len(chunk))
-    return out
-
-
-def score_candidates(
-    model: Any,
-    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
-    pad_id: int,
-    batch_size: int,
-    tick: Callable[[int], None] = lambda n: None,
-) -> list[float]:
-    """Summed log-likelihood of the loss positions of each (input_ids, labels) sequence.
-
-    `labels` is -100 except on the target tokens (as in training). Sequences are left-padded so
-    the targets sit at the end of every row, and only the last positions' logits are computed
-    (`logits_to_keep`): the vocabulary projection of the prompt is never materialized.
-    """
-    import torch
-
-    scores: list[float] = [0.0] * len(sequences)
-    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i][0]), i))
-    models = as_models(model)
-    device = models.device
-    for batch in batches_of(order, batch_size):
-        ids, mask = pad_sequences([sequences[i][0] for i in batch], pad_id, left=True)
-        width = ids.shape[1]
-        # target positions (in padded coordinates) of each row
-        targets = []
-        for i in batch:
-            seq, lab = sequences[i]
-            offset = width - len(seq)
-            targets.append([(offset + t, seq[t]) for t, v in enumerate(lab) if v != -100 and t > 0])
-        first = min((t for row in targets for t, _ in row), default=width - 1)
-        keep = width - (first - 1)  # logits of positions first-1 .. width-1
-        position_ids = left_padded_positions(mask)
-        start = width - keep
-
-        def forward(
-            m: Any,
-            ids: Any = ids,
-            mask: Any = mask,
-            position_ids: Any = position_ids,
-            keep: int = keep,
-            start: int = start,
-            targets: list = targets,
-        ) -> list:
-            logits = m(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=position_ids.to(device),
-                logits_to_keep=keep,
-                use_cache=False,
-            ).logits  # [batch, keep, vocab]
-            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-            return [
-                [float(sum(logp[row, t - 1 - start, tok] for t, tok in targets[row]))]
-                for row in range(len(targets))
-            ]
-
-        found = models.run(forward, close_scores(models.atol))
-        for row, i in enumerate(batch):
-            scores[i] = found[row][0]
-        tick(len(batch))
-    return scores
 
 
 # ---------------------------------------------------------------- the evaluation
@@ -296,10 +136,8 @@ def evaluate_model(
         HypothesisError when no hypothesis is registered or study.yaml drifted from it;
         EvaluationError when there is nothing to evaluate.
     """
-    import torch
-
-    from tunelab.core.env import cpu_share
-    from tunelab.lib.preprocess.text import Preprocessor, check_template_match
+    from tunelab.lib.preprocess.mask_checks import check_template_match
+    from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
 
     cfg: StudyConfig = study.config
@@ -317,27 +155,11 @@ def evaluate_model(
     architecture = base.architecture
     pre = Preprocessor(tokenizer, cfg, task, architecture)
     check_template_match(expect_template_sha256, pre.template_sha256)
-    torch.manual_seed(ev.seed)
-    was_training = model.training
-    model.eval()
-    timing: dict[str, Any] = {}
-    started, cpu_started = time.perf_counter(), time.process_time()
-    what = f"evaluate {split} ({len(rows)} examples)"
-    tick = _Ticker(progress or None, len(rows), what)
+    tick = Ticker(progress or None, len(rows), f"evaluate {split} ({len(rows)} examples)")
     tick(0)  # a line at once in a pipe, before the first batch's minutes
-    try:
-        models = EvalModels.prepare(model, merge, merge_atol(cfg), ev.batch_size)
-        with torch.inference_mode():
-            predictions = predict_rows(
-                models, tokenizer, pre, task, cfg, rows, architecture, tick, timing
-            )
-        merge_record = models.record
-        del models  # the evaluation copy goes with it
-    finally:
-        model.train(was_training)
-    seconds = time.perf_counter() - started
-    cpu_s = time.process_time() - cpu_started
-    metric_values = compute_metrics(task, predictions)
+    predictions, merge_record, timing, measured = _predict_split(
+        model, tokenizer, pre, task, cfg, rows, merge, tick
+    )
     record = {
         "split": split,
         "spec_sha256": spec_sha256(hypothesis["evaluation_spec_sha256"], pre.template_sha256),
@@ -351,18 +173,59 @@ def evaluate_model(
         "labels": list(task.labels) if task.labels else None,
         "fields": list(getattr(task, "fields", []) or []) or None,
         "n": len(rows),
-        "seconds": round(seconds, 3),
-        "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
-        "device": str(_device(model)),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_s": round(cpu_s, 3),
-        "cpu_share": cpu_share(cpu_s, seconds, torch.get_num_threads(), _device(model)),
+        **measured,
         "evaluation": ev.model_dump(mode="json"),
-        "metrics": metric_values,
+        "metrics": compute_metrics(task, predictions),
         "generation": timing or None,
         "merge": merge_record,
     }
     return record, predictions
+
+
+def _predict_split(
+    model: Any,
+    tokenizer: Any,
+    pre: Any,
+    task: Any,
+    cfg: StudyConfig,
+    rows: list[dict[str, Any]],
+    merge: bool | None,
+    tick: Ticker,
+) -> tuple[list[dict[str, Any]], Any, dict[str, Any], dict[str, Any]]:
+    """The predictions on `rows` in eval mode (the model's mode restored after), through the
+    evaluation copy. Returns (predictions, the copy's record, generation timing, the
+    record's time and device fields)."""
+    import torch
+
+    from tunelab.core.env import cpu_share
+
+    torch.manual_seed(cfg.evaluation.seed)
+    was_training = model.training
+    model.eval()
+    timing: dict[str, Any] = {}
+    started, cpu_started = time.perf_counter(), time.process_time()
+    try:
+        models = EvalModels.prepare(model, merge, merge_atol(cfg), cfg.evaluation.batch_size)
+        with torch.inference_mode():
+            predictions = predict_rows(
+                models, tokenizer, pre, task, cfg, rows, pre.architecture, tick, timing
+            )
+        merge_record = models.record
+        del models  # the evaluation copy goes with it
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
+    threads, device = torch.get_num_threads(), model_device(model)
+    measured = {
+        "seconds": round(seconds, 3),
+        "examples_per_s": round(len(rows) / seconds, 3) if seconds > 0 else None,
+        "device": str(device),
+        "torch_threads": threads,
+        "cpu_s": round(cpu_s, 3),
+        "cpu_share": cpu_share(cpu_s, seconds, threads, device),
+    }
+    return predictions, merge_record, timing, measured
 
 
 def merge_atol(cfg: StudyConfig) -> float:
@@ -371,158 +234,6 @@ def merge_atol(cfg: StudyConfig) -> float:
     from tunelab.stages.train.precision import resolve_precision
 
     return SCORE_ATOL.get(resolve_precision(cfg.training.precision, device_kind()), 2e-4)
-
-
-def predict_rows(
-    model: Any,
-    tokenizer: Any,
-    pre: Any,
-    task: Any,
-    cfg: StudyConfig,
-    rows: list[dict[str, Any]],
-    architecture: str,
-    tick: Callable[[int], None],
-    timing: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Predict and judge `rows`: one prediction dict per row, in the order of `rows`.
-
-    Classification scores the labels (an encoder head, or a causal LM's label likelihoods);
-    other tasks generate with a causal LM and are judged by `judge_output`. `tick(n)` is called
-    as rows finish; a generating task fills `timing` (`generation_timing`). Raises
-    EvaluationError for a generative task on a non-causal model.
-    """
-    ev = cfg.evaluation
-    pad_id = pad_id_for(tokenizer)
-    if task.kind == "classification":
-        labels = list(task.labels)
-        if architecture == "encoder":
-            encoded = [pre.encode(r) for r in rows]
-            found = predict_encoder(model, encoded, labels, pad_id, ev.batch_size, tick)
-        elif architecture == "image":
-            found = predict_images(model, pre, rows, labels, ev.batch_size, tick)
-        else:
-            found = _score_labels(model, pre, rows, labels, pad_id, ev.batch_size, tick)
-        out = []
-        for r, f in zip(rows, found, strict=True):
-            gold = task.label_of(r)
-            out.append(
-                {
-                    "id": r["id"],
-                    "gold": gold,
-                    "raw_output": f["label"],
-                    "prediction": f["label"],
-                    "correct": f["label"] == gold,
-                    "verdicts": {"correct": f["label"] == gold},
-                    "scores": f["scores"],
-                    # the stored image (`images/<sha256>.<ext>` in the snapshot): the dossier's
-                    # thumbnails find it without opening the split files
-                    **({"image": r["image"]} if architecture == "image" else {}),
-                }
-            )
-        return out
-    if architecture != "causal_lm":
-        raise EvaluationError(
-            f"a {task.kind} task needs a causal LM, the base model is an {architecture}",
-            hint="set model.path to a causal LM (e.g. SmolLM2) in study.yaml",
-        )
-    # room for what generation may add, not for the gold answer (see Preprocessor.prompt_ids)
-    prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows]
-    batches: list[dict[str, Any]] = []
-    raw = generate_outputs(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=ev.max_new_tokens,
-        batch_size=ev.batch_size,
-        tick=tick,
-        stats=batches,
-        # the answer is the first JSON object: nothing after it is read
-        stop_at_answer=task.kind == "extraction",
-        draft_tokens=ev.draft_tokens,
-    )
-    if timing is not None:
-        answers = [pre.target_len(r) for r in rows]
-        timing.update(generation_timing(batches, answers, ev.max_new_tokens))
-    return [judge_output(task, r, text) for r, text in zip(rows, raw, strict=True)]
-
-
-def _score_labels(
-    model: Any,
-    pre: Any,
-    rows: list[dict[str, Any]],
-    labels: list[str],
-    pad_id: int,
-    batch_size: int,
-    tick: Callable[[int], None],
-) -> list[dict[str, Any]]:
-    """Causal-LM classification: every (example, label) pair scored, argmax per example."""
-    sequences = []
-    for r in rows:
-        candidates = pre.encode_candidates(r)  # one per label, in task.labels order
-        sequences += [(enc["input_ids"], enc["labels"]) for enc in candidates]
-    k = len(labels)
-    done = [0]
-
-    def per_pair(n: int) -> None:  # progress in examples, not pairs
-        done[0] += n
-        whole = done[0] // k
-        if whole:
-            tick(whole)
-            done[0] -= whole * k
-
-    scores = score_candidates(model, sequences, pad_id, max(1, batch_size), per_pair)
-    out = []
-    for e in range(len(rows)):
-        s = scores[e * k : (e + 1) * k]
-        best = max(range(k), key=lambda j: s[j])
-        out.append(
-            {"label": labels[best], "scores": {lab: round(s[j], 4) for j, lab in enumerate(labels)}}
-        )
-    return out
-
-
-def judge_output(task: Any, row: dict[str, Any], raw_output: str) -> dict[str, Any]:
-    """Parse one generated output and give its per-metric verdicts.
-
-    Pure: the returned prediction row (id, gold, raw_output, prediction, verdicts, ...) depends
-    only on the task, the gold row and the text.
-    """
-    parsed = task.parse(raw_output)
-    value = parsed.get("value")
-    if task.kind == "extraction":
-        gold = task.gold(row)
-        verdicts = task.verdicts(parsed, row)
-        correct = verdicts["correct"]
-    else:
-        task_verdicts = task.verdicts(parsed, row)
-        json_schema = getattr(task, "json_schema", None) is not None
-        gold = task.target_text(row)
-        correct = bool(parsed.get("valid"))
-        verdicts = {
-            "format_valid": correct,
-            "json_valid": bool(parsed.get("json_valid")) if json_schema else None,
-            "schema_valid": bool(parsed.get("valid")) if json_schema else None,
-            "exact_match": bool(task_verdicts.get("exact_match")),
-            "failure": parsed.get("failure"),
-        }
-    return {
-        "id": row["id"],
-        "gold": gold,
-        "raw_output": raw_output,
-        "prediction": value,
-        "correct": correct,
-        "verdicts": verdicts,
-        "parse_error": parsed.get("error"),
-    }
-
-
-def rescore_predictions(task: Any, predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Prediction rows judged again from their recorded gold and raw output by the current
-    rules (`judge_output` is pure): how records scored by an earlier scorer are compared."""
-    return [
-        judge_output(task, {"id": p["id"], "target": p["gold"]}, p.get("raw_output") or "")
-        for p in predictions
-    ]
 
 
 def compute_metrics(task: Any, predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -702,29 +413,7 @@ def _evaluate_run(
     hypothesis = require_hypothesis(study.root, cfg)
     target = study.get_run(run_id)
     row = target.row
-    if row.kind == EVAL_KIND:
-        raise RunError(
-            f"{row.id} is itself an evaluation (of {row.parent})",
-            hint=f"evaluate the run it evaluates: `tunelab eval {row.parent}`",
-        )
-    if row.status != "completed":
-        raise RunError(
-            f"run {row.id} is {row.status}" + (f" ({row.reason})" if row.reason else ""),
-            hint="only a completed run can be evaluated; `tunelab runs` lists them",
-        )
-    if split not in ("validation", "test"):
-        raise EvaluationError(
-            f"unknown split {split!r}", hint="use --split validation or --split test --final"
-        )
-    if split == "test" and not final:
-        raise EvaluationError(
-            "the test split is sealed",
-            hint="open it once, for the final decision: `tunelab eval RUN --split test --final`",
-        )
-    if split != "test" and final:
-        raise EvaluationError(
-            "--final is only for the test split", hint="add --split test, or drop --final"
-        )
+    _check_evaluable(row, split, final)
     threads = set_evaluation_threads(cfg)
     snapshot = load_snapshot(study, row.data_snapshot)
     labels = _task_labels_from(cfg, snapshot)
@@ -748,27 +437,14 @@ def _evaluate_run(
         else:
             examples = snapshot.rows(split)
         started = time.perf_counter()
-        if row.kind == BASELINE_KIND:
-            model, tokenizer, base = load_base_model(study, labels)
-        else:
-            from tunelab.stages.train import load_run_model
-
-            model, tokenizer, base = load_run_model(study, target)
+        model, tokenizer, base = _load_evaluated(study, target, labels)
         load_s = time.perf_counter() - started
         trained_with = target.path("preprocess.json")
+        template = read_json(trained_with).get("template_sha256") if trained_with.exists() else None
         record, predictions = evaluate_model(
-            model,
-            tokenizer,
-            base,
-            study,
-            examples,
-            split,
-            labels=labels,
-            progress=progress,
-            expect_template_sha256=read_json(trained_with).get("template_sha256")
-            if trained_with.exists()
-            else None,
-        )
+            model, tokenizer, base, study, examples, split, labels=labels, progress=progress,
+            expect_template_sha256=template,
+        )  # fmt: skip
         record["evaluates"] = row.id
         record["load_s"] = round(load_s, 3)
         record["threads_from"] = threads
@@ -787,6 +463,43 @@ def _evaluate_run(
         raise
     run.set_status("completed")
     return run, {"run_id": run.id, **record}
+
+
+def _check_evaluable(row: Any, split: str, final: bool) -> None:
+    """Refuse an evaluation of an evaluation, of a run that did not complete, of an unknown
+    split, of the sealed test split without `final`, and `final` on another split."""
+    if row.kind == EVAL_KIND:
+        raise RunError(
+            f"{row.id} is itself an evaluation (of {row.parent})",
+            hint=f"evaluate the run it evaluates: `tunelab eval {row.parent}`",
+        )
+    if row.status != "completed":
+        raise RunError(
+            f"run {row.id} is {row.status}" + (f" ({row.reason})" if row.reason else ""),
+            hint="only a completed run can be evaluated; `tunelab runs` lists them",
+        )
+    if split not in ("validation", "test"):
+        raise EvaluationError(
+            f"unknown split {split!r}", hint="use --split validation or --split test --final"
+        )
+    if split == "test" and not final:
+        raise EvaluationError(
+            "the test split is sealed",
+            hint="open it once, for the final decision: `tunelab eval RUN --split test --final`",
+        )
+    if split != "test" and final:
+        raise EvaluationError(
+            "--final is only for the test split", hint="add --split test, or drop --final"
+        )
+
+
+def _load_evaluated(study: Study, target: Run, labels: list[str] | None) -> tuple[Any, Any, Any]:
+    """The model a run evaluates: the untouched base for a baseline, else its checkpoint."""
+    if target.row.kind == BASELINE_KIND:
+        return load_base_model(study, labels)
+    from tunelab.stages.train import load_run_model
+
+    return load_run_model(study, target)
 
 
 # ---------------------------------------------------------------- finding evaluations

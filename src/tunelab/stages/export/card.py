@@ -75,7 +75,24 @@ def model_card(m: Mapping[str, Any]) -> str:
         "## Results on the validation split",
         "",
     ]
-    res = m.get("results")
+    lines += _results_lines(m.get("results"))
+    lines += ["", "## Guardrails", ""]
+    lines += _guardrail_lines(m.get("guardrails") or {})
+    lines += ["", "## Limitations", ""]
+    lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
+    lines += _loading_lines(m)
+    env = (m.get("environment") or {}).get("training") or {}
+    if env:
+        lines.append(
+            f"- Environment: torch {env.get('torch')}, backend {env.get('backend')}, "
+            f"devices {', '.join(env.get('gpus') or []) or env.get('cpu')}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _results_lines(res: Mapping[str, Any] | None) -> list[str]:
+    """The results against the baseline: each metric with its paired interval."""
+    lines: list[str] = []
     if not res:
         lines.append("Not compared with a baseline (see limitations).")
     else:
@@ -97,8 +114,11 @@ def model_card(m: Mapping[str, Any]) -> str:
                 f"{number_text(v.get('delta'))} | {ci} |"
             )
         lines += ["", primary_verdict(res.get("primary") or {})]
-    lines += ["", "## Guardrails", ""]
-    g = m.get("guardrails") or {}
+    return lines
+
+
+def _guardrail_lines(g: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
     if not g.get("verdicts"):
         lines.append("Not checked.")
     else:
@@ -110,8 +130,12 @@ def model_card(m: Mapping[str, Any]) -> str:
                 f"| {v['rule']} | {v.get('item') if v.get('item') is not None else '-'} | "
                 f"{number_text(v.get('value'))} | {number_text(v.get('bound'))} | {v['pass']} |"
             )
-    lines += ["", "## Limitations", ""]
-    lines += [f"- {line}" for line in m.get("limitations") or []] or ["- none recorded"]
+    return lines
+
+
+def _loading_lines(m: Mapping[str, Any]) -> list[str]:
+    """How to check the base and load the export (transformers, peft), then how it was trained."""
+    base, task = m["base"], m["task"]
     arch = base.get("architecture")
     auto = {
         "encoder": "AutoModelForSequenceClassification",
@@ -120,7 +144,7 @@ def model_card(m: Mapping[str, Any]) -> str:
     reader = "AutoImageProcessor" if arch == "image" else "AutoTokenizer"
     labelled = arch in ("encoder", "image") and task.get("labels")
     head = f", num_labels={len(task['labels'])}" if labelled else ""
-    lines += [
+    lines = [
         "",
         "## Loading",
         "",
@@ -146,13 +170,7 @@ def model_card(m: Mapping[str, Any]) -> str:
         f"- Data snapshot: `{m.get('data_snapshot')}`",
         f"- Config sha256: `{m.get('config_sha256')}`",
     ]
-    env = (m.get("environment") or {}).get("training") or {}
-    if env:
-        lines.append(
-            f"- Environment: torch {env.get('torch')}, backend {env.get('backend')}, "
-            f"devices {', '.join(env.get('gpus') or []) or env.get('cpu')}"
-        )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _load_lines(m: Mapping[str, Any], auto: str, head: str) -> list[str]:

@@ -155,7 +155,8 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
     through the hub cache (default revision: the commit the export was trained on). Refuses a
     hub base at another commit than the manifest's."""
-    from tunelab.core.config import HUB_ID, resolve_path
+    from tunelab.core.config import resolve_path
+    from tunelab.core.config_sections import HUB_ID
 
     text = str(spec)
     repo, _, rev = text.partition("@")
@@ -280,7 +281,7 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
     auto = AutoModelForSequenceClassification if arch == "encoder" else AutoModelForCausalLM
     quantized = art["kind"] == "adapter" and art.get("method") == "qlora"
     if quantized:
-        from tunelab.core.config import QuantizationConfig
+        from tunelab.core.config_training import QuantizationConfig
         from tunelab.lib.models.quantize import quantization_config
 
         q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
@@ -323,7 +324,7 @@ def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example
     from tunelab.core.config import validate_config
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import predict_rows
+    from tunelab.stages.evaluate.predict import predict_rows
 
     cfg = validate_config(manifest["config"], source=MANIFEST)
     arch = manifest["base"]["architecture"]
@@ -345,7 +346,7 @@ def check_export(
     summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
     matches_recorded}}.
     """
-    from tunelab.stages.verify.stage import compare_predictions
+    from tunelab.stages.verify.checks import compare_predictions
 
     export_dir = Path(export_dir).resolve()
     manifest = _read_manifest(export_dir)

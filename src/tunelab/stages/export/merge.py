@@ -165,7 +165,7 @@ def predict(
 
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
-    from tunelab.stages.evaluate.stage import predict_rows
+    from tunelab.stages.evaluate.predict import predict_rows
 
     task = get_task(cfg, labels)
     pre = Preprocessor(tokenizer, cfg, task, architecture)

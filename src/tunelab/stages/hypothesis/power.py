@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.lib.statistics import (
     bootstrap_se,
     detectable_effect,

@@ -24,14 +24,8 @@ from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
-from tunelab.lib.preprocess.text import (
-    IGNORE_INDEX,
-    Preprocessor,
-    Problem,
-    check_collated,
-    length_stats,
-    nearest_rank,
-)
+from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated
+from tunelab.lib.preprocess.text import Preprocessor, Problem, length_stats, nearest_rank
 from tunelab.lib.tasks import Task, get_task
 
 if TYPE_CHECKING:
@@ -294,6 +288,46 @@ def _token_html(t: dict[str, Any]) -> str:
     return f'<span class="{" ".join(classes)}" title="id {t["id"]}">{text}</span>'
 
 
+def _example_html(ex: dict[str, Any]) -> list[str]:
+    """One shown example: its heading, its tokens with the loss marked, what the loss decodes to."""
+    e = html.escape
+    parts = []
+    verdict = (
+        "<span class='ok'>loss span = target</span>"
+        if ex["check"] == "ok"
+        else f"<span class='bad'>{e(ex['check'])}</span>"
+    )
+    cut = (
+        f", input cut by {ex['input_tokens_cut']} of {ex['input_tokens']} tokens"
+        if ex["truncated"]
+        else ""
+    )
+    parts.append(
+        f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, "
+        f"{e(ex['why_shown'])}]</span></h2><p class='meta'>{ex['num_tokens']} tokens, "
+        + (
+            "the loss is on the label"
+            if "label_index" in ex
+            else f"{ex['num_loss_tokens']} under the loss"
+        )
+        + f"{e(cut)}; {verdict}</p>"
+    )
+    toks = []
+    for i, t in enumerate(ex["tokens"]):
+        if ex["truncation_at"] == i:
+            toks.append("<span class='cut' title='truncation point'>\u2702</span>")
+        toks.append(_token_html(t))
+    parts.append(f"<div class='tokens'>{''.join(toks)}</div>")
+    if ex.get("loss_decoded") is not None:
+        parts.append(
+            f"<p class='meta'>loss decodes to <code>{e(ex['loss_decoded'])}</code>, expected "
+            f"<code>{e(ex['expected_loss_text'])}</code></p>"
+        )
+    for p in ex["problems"]:
+        parts.append(f"<p class='problem'>{e(p['message'])} \u2014 fix: {e(p['fix'])}</p>")
+    return parts
+
+
 def render_html(record: dict[str, Any]) -> str:
     """A self-contained page of the inspect record; every user string is escaped."""
     e = html.escape
@@ -345,39 +379,7 @@ def render_html(record: dict[str, Any]) -> str:
         parts += [f"<li>{e(n)}</li>" for n in pre["notes"]]
         parts.append("</ul>")
     for ex in record["examples"]:
-        verdict = (
-            "<span class='ok'>loss span = target</span>"
-            if ex["check"] == "ok"
-            else f"<span class='bad'>{e(ex['check'])}</span>"
-        )
-        cut = (
-            f", input cut by {ex['input_tokens_cut']} of {ex['input_tokens']} tokens"
-            if ex["truncated"]
-            else ""
-        )
-        parts.append(
-            f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, "
-            f"{e(ex['why_shown'])}]</span></h2><p class='meta'>{ex['num_tokens']} tokens, "
-            + (
-                "the loss is on the label"
-                if "label_index" in ex
-                else f"{ex['num_loss_tokens']} under the loss"
-            )
-            + f"{e(cut)}; {verdict}</p>"
-        )
-        toks = []
-        for i, t in enumerate(ex["tokens"]):
-            if ex["truncation_at"] == i:
-                toks.append("<span class='cut' title='truncation point'>\u2702</span>")
-            toks.append(_token_html(t))
-        parts.append(f"<div class='tokens'>{''.join(toks)}</div>")
-        if ex.get("loss_decoded") is not None:
-            parts.append(
-                f"<p class='meta'>loss decodes to <code>{e(ex['loss_decoded'])}</code>, expected "
-                f"<code>{e(ex['expected_loss_text'])}</code></p>"
-            )
-        for p in ex["problems"]:
-            parts.append(f"<p class='problem'>{e(p['message'])} \u2014 fix: {e(p['fix'])}</p>")
+        parts += _example_html(ex)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.core.errors import StudyError
 from tunelab.lib.models.moe import MoeShape
 from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, StudyConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.core.errors import SnapshotError
 from tunelab.core.evidence import latest
 from tunelab.core.record_types import RunConfig, Sizing

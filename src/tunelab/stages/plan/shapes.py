@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import AdaptationConfig
+from tunelab.core.config_training import AdaptationConfig
 from tunelab.core.errors import StudyError
 from tunelab.lib.models.moe import moe_shape
 from tunelab.stages.plan.flops import linear_shapes

@@ -20,6 +20,7 @@ from tunelab.core.record_types import (
     Compare,
     Evaluation,
     ExportManifest,
+    Hypothesis,
     Record,
     RunConfig,
     RunStatus,
@@ -175,7 +176,10 @@ def collect(study: Study) -> dict[str, Any]:
         "study": study.config.name,
         "root": str(study.root),
         "config": study.config.to_dict(),
-        "hypotheses": all_hypotheses(rec),
+        "hypotheses": [
+            Hypothesis.of(rec / f"hypothesis-v{h.get('version')}.json", h)
+            for h in all_hypotheses(rec)
+        ],
         "data": data,
         "inspections": read.records_in(rec / "inspect"),
         "sizing": read.typed_in(Sizing, rec / "sizing"),

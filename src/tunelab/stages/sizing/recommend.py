@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, get_args
 
-from tunelab.core.config import TrainingConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError
 from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
 

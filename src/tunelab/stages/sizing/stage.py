@@ -54,7 +54,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.config import CLASSIFYING_KINDS, TrainingConfig
+from tunelab.core.config_sections import CLASSIFYING_KINDS
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import SnapshotError, StudyError, TunelabError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now

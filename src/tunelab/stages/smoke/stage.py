@@ -5,7 +5,7 @@ batch that fits 8 training examples, the validation loss at the last step) and a
 of the snapshot (8 training, 4 validation examples). It runs the real training code
 (`tunelab.stages.train.stage`: the loop, the update check, the atomic checkpoint), the real evaluation
 (`tunelab.stages.evaluate.stage.evaluate_model` on the model loaded back from the checkpoint, as `tunelab
-eval` does), then a new Python process (`tunelab.stages.verify.stage`) that reloads the checkpoint from disk
+eval` does), then a new Python process (`tunelab.stages.verify.fresh`) that reloads the checkpoint from disk
 and must give:
 
 - the same predictions and raw outputs, scores within the recorded rounding;
@@ -129,6 +129,48 @@ def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
     return {"check": name, "ok": ok, "detail": detail}
 
 
+def _run_settings(cfg: Any, prep: Prepared) -> dict[str, Any]:
+    """What the smoke's timings were measured under."""
+    import torch
+
+    from tunelab.core.env import device_kind
+
+    return {
+        "micro_batch_size": cfg.training.micro_batch_size,
+        "grad_accum_steps": cfg.training.grad_accum_steps,
+        "max_seq_len": cfg.preprocess.max_seq_len,
+        "precision": cfg.training.precision,
+        "method": cfg.adaptation.method,
+        "architecture": prep.base.architecture,
+        "device": device_kind(),  # the kind only: no CUDA context in this process for it
+        "torch_threads": torch.get_num_threads(),
+        # timings taken on a busy machine are slower than the hardware: say how busy it was
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "logical_cores": os.cpu_count(),
+    }
+
+
+def _record(study: Study, run: Run, record: dict[str, Any]) -> None:
+    """Judge the checks, write smoke.json, and fail the run when a check failed."""
+    record["passed"], record["reason"] = _verdict(record["checks"])
+    path = write_json_atomic(run.path("smoke.json"), record)
+    record["path"] = str(path)
+    if run.row.status == "completed" and not record["passed"]:
+        run.set_status("failed", f"smoke: {record['reason']}"[:500])
+    elif run.row.status == "running":
+        run.set_status("failed", f"smoke: {record['reason']}"[:500])
+    study.ledger.add_event(run.id, "smoke", {"passed": record["passed"], "path": str(path)})
+
+
+def _verdict(checks: list[dict[str, Any]]) -> tuple[bool, str]:
+    """(passed, reason): passed when there are checks and none failed."""
+    failed = [c for c in checks if c["ok"] is False]
+    passed = bool(checks) and not failed
+    if passed:
+        return True, "every check passed"
+    return False, "; ".join(f"{c['check']}: {c['detail']}" for c in failed)[:1000]
+
+
 def run(
     study: Study,
     *,
@@ -142,9 +184,8 @@ def run(
     Raises the usual TunelabErrors before the run exists (no hypothesis, no snapshot, no model)
     and RunInterrupted on a signal; a failure inside the run is a failed check in the record.
     """
-    import torch
 
-    from tunelab.core.env import capture_env, device_kind
+    from tunelab.core.env import capture_env
     from tunelab.core.study import Study
     from tunelab.stages.train import stage as train_stage
 
@@ -161,10 +202,11 @@ def run(
     own = {item.split("=", 1)[0] for item in overrides}
     kept = [item for item in study.overrides if item.split("=", 1)[0].strip() not in own]
     smoke_study = Study.open(study.root, kept + overrides)
-    cfg = smoke_study.config
     prep = train_stage.prepare_run(smoke_study)
     sample = SnapshotSample(
-        prep.snapshot, {"train": num_train, "validation": num_eval}, cfg.training.seed
+        prep.snapshot,
+        {"train": num_train, "validation": num_eval},
+        smoke_study.config.training.seed,
     )
     prep.snapshot = sample
     train_ids = [r["id"] for r in sample.rows("train")]
@@ -175,21 +217,11 @@ def run(
         "num_steps": num_steps,
         "num_eval": len(eval_ids),
         "overrides": overrides,
-        "micro_batch_size": cfg.training.micro_batch_size,
-        "grad_accum_steps": cfg.training.grad_accum_steps,
-        "max_seq_len": cfg.preprocess.max_seq_len,
-        "precision": cfg.training.precision,
-        "method": cfg.adaptation.method,
-        "architecture": prep.base.architecture,
-        "device": device_kind(),  # the kind only: no CUDA context in this process for it
-        "torch_threads": torch.get_num_threads(),
-        # timings taken on a busy machine are slower than the hardware: say how busy it was
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "logical_cores": os.cpu_count(),
+        **_run_settings(smoke_study.config, prep),
     }
     run = smoke_study.create_run(
         SMOKE_KIND,
-        config=cfg,
+        config=smoke_study.config,
         name="smoke",
         why="a few examples through training, evaluation and a fresh-process reload",
         data_snapshot=sample.id,
@@ -215,20 +247,7 @@ def run(
     record["checks"] = checks
     record.update(timings)
     record["total_s"] = round(time.perf_counter() - started, 3)
-    failed = [c for c in checks if c["ok"] is False]
-    record["passed"] = bool(checks) and not failed
-    record["reason"] = (
-        "every check passed"
-        if record["passed"]
-        else "; ".join(f"{c['check']}: {c['detail']}" for c in failed)[:1000]
-    )
-    path = write_json_atomic(run.path("smoke.json"), record)
-    record["path"] = str(path)
-    if run.row.status == "completed" and not record["passed"]:
-        run.set_status("failed", f"smoke: {record['reason']}"[:500])
-    elif run.row.status == "running":
-        run.set_status("failed", f"smoke: {record['reason']}"[:500])
-    study.ledger.add_event(run.id, "smoke", {"passed": record["passed"], "path": str(path)})
+    _record(study, run, record)
     return run, record
 
 
@@ -383,7 +402,7 @@ def _evaluation_pass(
     examples and the adapter's cost; returns (predictions, logits)."""
     from tunelab.stages.evaluate.stage import evaluate_model, record_evaluation
     from tunelab.stages.train import load_run_model
-    from tunelab.stages.verify.stage import probe_logits
+    from tunelab.stages.verify.fresh import probe_logits
 
     timings, labels = found.timings, prep.labels
     model, tokenizer, base = load_run_model(study, run)
@@ -428,13 +447,9 @@ def _fresh_process_checks(
 
     from tunelab.core.env import device_kind
     from tunelab.stages.train.precision import resolve_precision
-    from tunelab.stages.verify.stage import (
-        LOGIT_ATOL,
-        SCORE_ATOL,
-        compare_predictions,
-        fresh_evaluate,
-        recorded_copy,
-    )
+    from tunelab.stages.verify.checks import compare_predictions
+    from tunelab.stages.verify.fresh import fresh_evaluate
+    from tunelab.stages.verify.stage import LOGIT_ATOL, SCORE_ATOL, recorded_copy
 
     timings, record = found.timings, found.record
     fresh = fresh_evaluate(

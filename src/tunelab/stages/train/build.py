@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from tunelab.core.config import StudyConfig, TrainingConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.stages.train.batches import DataOrder, StepSource
 from tunelab.stages.train.compute import prepare_model
 from tunelab.stages.train.loop import Loop, build_optimizer, build_scheduler, make_grad_scaler

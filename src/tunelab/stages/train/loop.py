@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tunelab.core.config import TrainingConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError, RunError
 from tunelab.stages.train.batches import (
     Position,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from tunelab.core.config import StudyConfig, TrainingConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_training import TrainingConfig
 
 
 def total_steps(cfg: StudyConfig, num_train: int, world_size: int = 1) -> int:

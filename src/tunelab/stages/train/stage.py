@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tunelab.core.config import StudyConfig, TrainingConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import (
     CheckpointError,
     ModelError,

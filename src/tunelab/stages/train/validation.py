@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.config import StudyConfig, TrainingConfig
+from tunelab.core.config import StudyConfig
+from tunelab.core.config_training import TrainingConfig
 from tunelab.stages.train.batches import eval_batches
 from tunelab.stages.train.loop import validation_loss
 

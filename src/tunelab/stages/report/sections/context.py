@@ -69,7 +69,7 @@ class Dossier:
     @cached_property
     def current_version(self) -> int | None:
         """The latest registered hypothesis version (None when none is registered)."""
-        versions = [h["version"] for h in self.data.get("hypotheses") or []]
+        versions = [h.version for h in self.data.get("hypotheses") or []]
         return max(versions, default=None)
 
     def version_of(self, record: dict[str, Any]) -> tuple[int | None, bool]:
@@ -81,9 +81,9 @@ class Dossier:
         if made is None:
             return None, False
         before = [
-            h["version"]
+            h.version
             for h in self.data.get("hypotheses") or []
-            if (at := _instant(h.get("registered_at"))) is not None and at <= made
+            if (at := _instant(h.registered_at)) is not None and at <= made
         ]
         return max(before, default=None), True
 

@@ -11,30 +11,23 @@ def hypothesis_section(d: Dossier) -> Section:
     if not d.data["hypotheses"]:
         sec.text("No hypothesis registered.")
     for h in d.data["hypotheses"]:
-        c = h["content"]
-        sec.text(
-            f"Version {h['version']} registered {h['registered_at']} (sha256 {short(h['sha256'])})."
-        )
-        sec.table(["field", "value"], [[k, v] for k, v in c["hypothesis"].items()])
+        sec.text(f"Version {h.version} registered {h.registered_at} (sha256 {short(h.sha256)}).")
+        sec.table(["field", "value"], [[k, v] for k, v in h.statement.items()])
         sec.table(
             ["metric", "scope", "op", "value", "relative to"],
-            [
-                [g["metric"], g["scope"], g["op"], g["value"], g.get("relative_to") or "absolute"]
-                for g in c["guardrails"]
-            ],
+            [[g.metric, g.scope, g.op, g.value, g.relative_to or "absolute"] for g in h.guardrails],
             caption="guardrails",
         )
-        pins = c.get("pins") or {}
-        if pins:  # what "main" meant when this version was locked: every stage loads that
+        if h.pins:  # what "main" meant when this version was locked: every stage loads that
             sec.table(
                 ["what", "repo", "revision", "commit"],
-                [[k, p["repo_id"], p["revision"], p["commit"]] for k, p in pins.items()],
+                [[k, p.repo_id, p.revision, p.commit] for k, p in h.pins.items()],
                 caption="hub repos pinned",
             )
-        if h.get("diff"):
+        if h.changes:
             sec.table(
                 ["field", "was", "now"],
-                [[x["path"], x["old"], x["new"]] for x in h["diff"]],
-                caption=f"amendment of version {h['version'] - 1}",
+                [[x.key, x.old, x.new] for x in h.changes],
+                caption=f"amendment of version {h.version - 1}",
             )
     return sec

@@ -1,0 +1,391 @@
+"""The typed pieces nested in a run's records: its environment (env.json), an evaluation's
+per-category and per-field figures, confusion matrix and decoding, a verification's checks,
+a sizing's rows, the base model's identity, and a locked hypothesis's guardrail rules and
+pins. Each is a `Record` read at a place inside its record file (`where`), so a damaged piece
+raises the located `StudyError` (see core/record_base). `core/record_parts` re-exports them
+beside a comparison's pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tunelab.core.record_base import (
+    OPT_BOOL,
+    OPT_DICT,
+    OPT_INT,
+    OPT_LIST,
+    OPT_NUM,
+    OPT_STR,
+    Record,
+    as_written,
+)
+
+__all__ = [
+    "AdaptationSettings",
+    "CategoryMetrics",
+    "CheckpointCheck",
+    "Confusion",
+    "Decoding",
+    "EnvironmentCheck",
+    "FieldMetrics",
+    "FreshTimings",
+    "Gpu",
+    "GuardrailRule",
+    "Mismatch",
+    "ModelIdentity",
+    "Pin",
+    "Reproduced",
+    "RunEnv",
+    "SizingRow",
+]
+
+
+@dataclass(frozen=True)
+class Gpu(Record):
+    """One GPU an environment saw."""
+
+    FIELDS: ClassVar = {"name": OPT_STR, "memory_bytes": OPT_INT}
+
+    name: str | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RunEnv(Record):
+    """runs/<run>/env.json: where a run computed (core.env.environment)."""
+
+    FIELDS: ClassVar = {
+        "python": OPT_STR,
+        "torch": OPT_STR,
+        "cuda": OPT_STR,
+        "driver": OPT_STR,
+        "gpus": OPT_LIST,
+        "cpu": OPT_DICT,
+        "packages": OPT_DICT,
+        "compute_device": OPT_STR,
+        "backend": OPT_STR,
+        "tunelab_git": OPT_DICT,
+        "os": OPT_DICT,
+        "rocm": OPT_STR,
+        "cudnn": (str, int, type(None)),
+        "nccl": (str, int, list, type(None)),
+        "attention": OPT_DICT,
+        "bf16_supported": OPT_BOOL,
+    }
+
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    gpus: list[dict[str, Any]] | None = None
+    cpu: dict[str, Any] | None = None
+    packages: dict[str, str] | None = None
+    compute_device: str | None = None
+    backend: str | None = None
+    tunelab_git: dict[str, Any] | None = None
+    os: dict[str, Any] | None = None
+    rocm: str | None = None
+    cudnn: str | int | None = None
+    nccl: str | int | list[int] | None = None
+    attention: dict[str, bool] | None = None  # kernel -> available here
+    bf16_supported: bool | None = None
+
+    @property
+    def devices(self) -> list[Gpu]:
+        """The GPUs it saw ([] on a CPU)."""
+        return self.parts(Gpu, "gpus")
+
+    @property
+    def logical_cores(self) -> int | None:
+        return (self.cpu or {}).get("logical_cores")
+
+    @property
+    def git_commit(self) -> str | None:
+        """The commit of the tunelab checkout it ran (None for an installed package)."""
+        return (self.tunelab_git or {}).get("commit")
+
+    @property
+    def cpu_text(self) -> str:
+        """The CPU's name and its logical cores."""
+        cpu = self.cpu or {}
+        return f"{cpu.get('name')} ({cpu.get('logical_cores')} cores)"
+
+    def check_parts(self) -> None:
+        _ = self.devices
+
+
+@dataclass(frozen=True)
+class ModelIdentity(Record):
+    """A base model's identity as a record names it (lib.models.identity.model_identity)."""
+
+    FIELDS: ClassVar = {
+        "name": OPT_STR,
+        "revision": OPT_STR,
+        "path": OPT_STR,
+        "sha256": OPT_STR,
+        "architecture": OPT_STR,
+        "files": OPT_DICT,
+        "source": OPT_DICT,
+    }
+    RENAMED: ClassVar = {"path": "location"}
+
+    name: str | None = None
+    revision: str | None = None
+    location: str | None = None  # the folder it was read from
+    sha256: str | None = None
+    architecture: str | None = None
+    files: dict[str, str] | None = None  # file name -> sha256
+    source: dict[str, Any] | None = None  # {hub: {repo_id, revision, commit}} | {gguf_sha256}
+
+    @property
+    def hub(self) -> dict[str, Any]:
+        """The hub commit the base is pinned to ({} for a local base)."""
+        return (self.source or {}).get("hub") or {}
+
+
+@dataclass(frozen=True)
+class CategoryMetrics(Record):
+    """One category's figures in an evaluation (classification)."""
+
+    FIELDS: ClassVar = {
+        "precision": OPT_NUM,
+        "recall": OPT_NUM,
+        "f1": OPT_NUM,
+        "support": OPT_INT,
+    }
+
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    support: int | None = None
+
+
+@dataclass(frozen=True)
+class FieldMetrics(Record):
+    """One field path's figures in an evaluation (extraction): rates over its `slots`."""
+
+    FIELDS: ClassVar = {
+        "presence_rate": OPT_NUM,
+        "exact_match": OPT_NUM,
+        "normalized_match": OPT_NUM,
+        "precision": OPT_NUM,
+        "recall": OPT_NUM,
+        "f1": OPT_NUM,
+        "slots": OPT_INT,
+        "kind": OPT_STR,
+        "failures": OPT_DICT,
+    }
+
+    presence_rate: float | None = None
+    exact_match: float | None = None
+    normalized_match: float | None = None
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    slots: int | None = None
+    kind: str | None = None  # value | object | list: what the schema path holds
+    failures: dict[str, int] | None = None  # failed slots by kind (missing, wrong_type, ...)
+
+
+@dataclass(frozen=True)
+class Confusion(Record):
+    """A confusion matrix: rows the gold `labels`, columns the `predicted` labels (a label the
+    model answered outside the list included)."""
+
+    FIELDS: ClassVar = {"labels": (list,), "predicted": (list,), "matrix": (list,)}
+
+    labels: list[str] | None = None
+    predicted: list[str] | None = None
+    matrix: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Decoding(Record):
+    """How a generative evaluation decoded: batches, steps, and answers over the budget."""
+
+    FIELDS: ClassVar = {
+        "steps": OPT_INT,
+        "batches": OPT_LIST,
+        "answer_steps": OPT_INT,
+        "s_per_step": OPT_NUM,
+        "answers_over_budget": OPT_INT,
+    }
+
+    steps: int | None = None
+    batches: list[Any] | None = None
+    answer_steps: int | None = None
+    s_per_step: float | None = None
+    answers_over_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointCheck(Record):
+    """A checkpoint's files against the sha256 its run recorded."""
+
+    FIELDS: ClassVar = {
+        "ok": OPT_BOOL,
+        "files_checked": OPT_INT,
+        "changed": OPT_LIST,
+        "missing": OPT_LIST,
+    }
+
+    ok: bool | None = None
+    files_checked: int | None = None
+    changed: list[str] | None = None
+    missing: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Mismatch(Record):
+    """One recorded prediction a fresh process did not reproduce (`recorded`, `fresh`: the
+    values as written)."""
+
+    FIELDS: ClassVar = {"id": (str, int), "field": OPT_STR}
+    RENAMED: ClassVar = {"field": "what"}
+
+    id: str | int = ""
+    what: str | None = None  # the field of the prediction that differs
+
+    recorded = as_written("recorded")
+    fresh = as_written("fresh")
+
+
+@dataclass(frozen=True)
+class Reproduced(Record):
+    """How many recorded predictions a fresh process reproduced, within `atol`."""
+
+    FIELDS: ClassVar = {
+        "matched": OPT_INT,
+        "n": OPT_INT,
+        "atol": OPT_NUM,
+        "max_score_diff": OPT_NUM,
+    }
+
+    matched: int | None = None
+    n: int | None = None
+    atol: float | None = None
+    max_score_diff: float | None = None
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        return self.parts(Mismatch, "mismatches")
+
+
+@dataclass(frozen=True)
+class EnvironmentCheck(Record):
+    """This process's environment against the run's."""
+
+    FIELDS: ClassVar = {"same": OPT_BOOL, "message": OPT_STR}
+
+    same: bool | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class FreshTimings(Record):
+    """Seconds a fresh process took to load the checkpoint and to evaluate."""
+
+    FIELDS: ClassVar = {"load_s": OPT_NUM, "eval_s": OPT_NUM}
+
+    load_s: float | None = None
+    eval_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SizingRow(Record):
+    """One configuration a sizing measured: its options, the predicted and measured peak
+    (MiB) and step time (records before the flat figures hold them in `predicted` and
+    `measured`)."""
+
+    FIELDS: ClassVar = {
+        "label": OPT_STR,
+        "name": OPT_STR,
+        "seq_len": OPT_INT,
+        "micro_batch": OPT_INT,
+        "predicted_mb": OPT_NUM,
+        "measured_mb": OPT_NUM,
+        "error_pct": OPT_NUM,
+        "step_s": OPT_NUM,
+        "status": OPT_STR,
+        "reason": OPT_STR,
+        "predicted": OPT_DICT,
+        "measured": OPT_DICT,
+    }
+
+    label: str | None = None
+    name: str | None = None
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    predicted_mb: float | None = None
+    measured_mb: float | None = None
+    error_pct: float | None = None
+    step_s: float | None = None
+    status: str | None = None
+    reason: str | None = None
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+
+    @property
+    def title(self) -> Any:
+        """The row's label, else its name, else its options as written."""
+        return self.label or self.name or self.raw.get("options")
+
+    @property
+    def predicted_peak_mb(self) -> float | None:
+        return self.predicted_mb or (self.predicted or {}).get("total_mb")
+
+    @property
+    def measured_peak_mb(self) -> float | None:
+        return self.measured_mb or (self.measured or {}).get("peak_mb")
+
+    @property
+    def measured_step_s(self) -> float | None:
+        return self.step_s or (self.measured or {}).get("step_s")
+
+
+@dataclass(frozen=True)
+class AdaptationSettings(Record):
+    """The `adaptation` section of a run's saved config, as the dossier names the method."""
+
+    FIELDS: ClassVar = {"method": OPT_STR, "rank": OPT_INT, "quantization": OPT_DICT}
+
+    method: str | None = None
+    rank: int | None = None
+    quantization: dict[str, Any] | None = None
+
+    @property
+    def quant_type(self) -> str:
+        """QLoRA's 4-bit type (nf4 when the config names none)."""
+        return (self.quantization or {}).get("quant_type", "nf4")
+
+
+@dataclass(frozen=True)
+class GuardrailRule(Record):
+    """One guardrail as a hypothesis locked it: what must not get worse, and by how much."""
+
+    FIELDS: ClassVar = {
+        "metric": OPT_STR,
+        "scope": OPT_STR,
+        "op": OPT_STR,
+        "value": OPT_NUM,
+        "relative_to": OPT_STR,
+    }
+
+    metric: str | None = None
+    scope: str | None = None
+    op: str | None = None
+    value: float | None = None
+    relative_to: str | None = None  # "baseline", or None for an absolute bound
+
+
+@dataclass(frozen=True)
+class Pin(Record):
+    """A hub repository a hypothesis pinned: what a revision meant when it was locked."""
+
+    FIELDS: ClassVar = {"repo_id": OPT_STR, "revision": OPT_STR, "commit": OPT_STR}
+
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
