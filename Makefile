@@ -12,17 +12,31 @@ ASSETS := .cache/assets/package/data/spam-1
 TYPER_LOWEST := .cache/typer-lowest
 HUB_CACHE := .cache/hf-hub
 HUB_REF := $(HUB_CACHE)/models--sentence-transformers--all-MiniLM-L6-v2/refs/main
+# SkyPilot in a venv of its own (it pins many packages), for the tests that read task files;
+# it sees the main venv's packages behind its own, so pip installs only what SkyPilot lacks there
+SKY_VENV := .cache/sky-venv
+SKY_STAMP := $(SKY_VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser assets hub-cache test test-fast test-slow stress lint format demo bench clean
+.PHONY: setup browser slurm assets hub-cache test test-fast test-slow stress lint format demo bench clean
 
-setup: $(STAMP) $(ASSETS) $(HUB_REF) $(TYPER_LOWEST) browser
+setup: $(STAMP) $(ASSETS) $(HUB_REF) $(TYPER_LOWEST) browser slurm $(SKY_STAMP)
 
 # The dossier test renders the page in headless Chromium (Debian's package); CI runs as root.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo 'warning: chromium not installed; the dossier rendering test will be skipped'; }
+
+# The Slurm tests start a one-node Slurm (Debian's slurm-wlm and munge) as root.
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null)) || echo 'warning: slurm-wlm not installed; the Slurm tests will be skipped'; }
+
+$(SKY_STAMP): $(STAMP)
+	$(PYTHON) -m venv $(SKY_VENV)
+	$(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > $$($(SKY_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/main-venv.pth
+	$(SKY_VENV)/bin/pip install -q skypilot==0.14.1 && touch $@ || { rm -rf $(SKY_VENV); echo 'warning: skypilot not installed; the SkyPilot tests will be skipped'; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -37,6 +37,7 @@ PROTOCOL: list[tuple[str, list[tuple[str, str]]]] = [
         [
             ("train", "Train a run with a new id and atomic checkpoints"),
             ("resume", "Continue an interrupted run to the same result"),
+            ("launch", "A SkyPilot task or Slurm script that trains a run"),
         ],
     ),
     (
