@@ -34,10 +34,6 @@ pytestmark = pytest.mark.matrix
 # parameter (DINOv2's mask_token); size: routed experts (qwen3_moe), per-stage lists (swin).
 SMOKE_VERIFY = ("gemma2", "dinov2")
 SIZE = ("qwen3_moe", "swin")
-SWIN_SIZING = (
-    "sizing reads Swin's per-stage depths and heads (lists) as ints: TypeError in every "
-    "configuration; the fix belongs to stages/sizing (helper `peaks`)"
-)
 
 
 def _family_param(name: str):
@@ -200,15 +196,7 @@ def test_smoke_and_verify_in_fresh_processes(studies, name, capsys):
     _stage(capsys, "verify", studies.run_id(name, capsys), "-s", root)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=SWIN_SIZING, strict=True))
-        if n == "swin"
-        else _family_param(n)
-        for n in SIZE
-    ],
-)
+@pytest.mark.parametrize("name", [_family_param(n) for n in SIZE])
 def test_size(studies, name, capsys):
     out = _stage(capsys, "size", "-s", studies.study(name, capsys), "--micro-batch", "2", "--json")
     record = json.loads(out[out.find("{") :])
