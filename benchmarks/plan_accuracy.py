@@ -42,9 +42,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tunelab.core.evidence import latest
+from tunelab.core.record_types import Plan
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
-from tunelab.stages.plan import latest_plan, run_seconds
+from tunelab.stages.plan import run_seconds
 
 # the demo's evaluation phase: two evaluations and a verification, each its own process
 PHASE_PROCESSES = 3
@@ -90,7 +92,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     original = Study.open(args.study)
-    plan = latest_plan(original)
+    found = latest(original, "plan")
+    plan = None if found is None else Plan.read(found.path)
     trained = [r for r in original.list_runs("train") if r.status == "completed"]
     if plan is None or not trained:
         sys.exit(f"{args.study}: needs a plan and a completed training run (run `tunelab demo`)")
@@ -117,7 +120,7 @@ def main() -> None:
                 table.add_row(f"tunelab {kind}", part, *_stats(values))
     console.print(table)
     evals = [r["duration"] for r in units["eval"]]
-    planned = plan["evaluation_run_s"]
+    planned = plan.raw["evaluation_run_s"]
     within = sum(abs(planned - x) <= 0.1 * x for x in evals)
     # every run as the plan of every other: a plan that had measured one of these very runs
     pairs = [(a, x) for i, a in enumerate(evals) for j, x in enumerate(evals) if i != j]
@@ -125,7 +128,7 @@ def main() -> None:
     cv = 100 * statistics.stdev(evals) / statistics.fmean(evals)
     exact, from_one = _phase_floors(evals)
     console.print(
-        f"plan {plan['id']}: an evaluation run planned at {planned:.2f} s; "
+        f"plan {plan.id}: an evaluation run planned at {planned:.2f} s; "
         f"within 10 % of {within} of {len(evals)} evaluations"
     )
     print(
