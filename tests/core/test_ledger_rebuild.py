@@ -65,3 +65,29 @@ def test_truncated_ledger_is_detected_and_rebuilt(study_root, tmp_path, capsys, 
     s = Study.open(root)
     assert len(s.ledger.test_openings()) == 1
     assert s.ledger.rebuilt is None  # rebuilt once; sound from then on
+
+
+def _open_at_once(root: str, barrier) -> None:
+    barrier.wait()
+    s = Study.open(root)
+    s.create_run("train").set_status("completed")
+
+
+def test_processes_opening_a_new_ledger_at_once_do_not_take_it_for_damaged(tmp_path, capsys):
+    """A ledger another process is still creating has no tables yet: the other openers wait for
+    it instead of moving it aside as damaged (which lost runs and crashed the openers)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for trial in range(2):
+        root = tmp_path / f"s{trial}"
+        run_cli(capsys, "init", root)
+        barrier = ctx.Barrier(3)
+        procs = [ctx.Process(target=_open_at_once, args=(str(root), barrier)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert not list((root / "records").glob("ledger.sqlite.damaged*"))
+        assert len(Study.open(root).list_runs()) == 3

@@ -7,7 +7,9 @@ numbered migrations so that an older study opens with a newer tunelab.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import time
 import warnings
@@ -112,21 +114,34 @@ class LedgerRebuilt(UserWarning):
     """The ledger was damaged: moved aside and rebuilt from the records."""
 
 
+@contextmanager
+def _opening_lock(folder: Path) -> Iterator[None]:
+    """One process at a time checks, moves aside or creates the ledger: a ledger another process
+    is still creating has no tables yet and would otherwise be taken for a damaged one."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rebuilt: str | None = None  # what was wrong, when this opening rebuilt the ledger
-        damage = ledger_damage(path)
-        aside = move_aside(path) if damage else None
-        with self._connect() as db:
-            self._migrate(db)
-            if aside is not None:
-                n = refill(db, path.parent / "runs")
-                self.rebuilt = (
-                    f"{path} was damaged ({damage}); rebuilt from {path.parent}/runs "
-                    f"({n} run(s)); the damaged file is kept as {aside.name}"
-                )
+        with _opening_lock(path.parent):
+            damage = ledger_damage(path)
+            aside = move_aside(path) if damage else None
+            with self._connect() as db:
+                self._migrate(db)
+                if aside is not None:
+                    n = refill(db, path.parent / "runs")
+                    self.rebuilt = (
+                        f"{path} was damaged ({damage}); rebuilt from {path.parent}/runs "
+                        f"({n} run(s)); the damaged file is kept as {aside.name}"
+                    )
         if self.rebuilt:
             warnings.warn(self.rebuilt, LedgerRebuilt, stacklevel=2)
 
