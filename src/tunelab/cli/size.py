@@ -219,10 +219,14 @@ def _peak_legend(record: dict[str, Any]) -> None:
             if worst
             else ""
         )
+        batch = (
+            "fwd: a forward of the classifier at its batch"
+            if _images(record)
+            else "rows of the longest prompt + new tokens generated, or fwd: a classifier's forward"
+        )
         console.print(
             f"worst: the largest micro-batch the run meets in its seeded order{step}; eval: "
-            "`tunelab eval`'s largest batch (rows of the longest prompt + new tokens "
-            "generated, or fwd: a classifier's forward), over the model alone, no optimizer."
+            f"`tunelab eval`'s largest batch ({batch}), over the model alone, no optimizer."
         )
 
 
