@@ -108,7 +108,6 @@ def save_tiny_llama(
     out: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0
 ) -> Path:
     """A 2-layer Llama (hidden 32) with the tiny ChatML tokenizer, saved as a transformers folder."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = build_tiny_causal_tokenizer()
@@ -125,12 +124,7 @@ def save_tiny_llama(
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _save_seeded(LlamaForCausalLM, cfg, tok, out, seed)
 
 
 def save_tiny_bert(
@@ -202,7 +196,6 @@ def save_tiny_moe(
 ) -> Path:
     """A Qwen3-MoE (every block routed to `top_k` of `experts` fused experts) with the tiny
     ChatML tokenizer, saved as a transformers folder."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tok = build_tiny_causal_tokenizer()
@@ -224,8 +217,15 @@ def save_tiny_moe(
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
+    return _save_seeded(Qwen3MoeForCausalLM, cfg, tok, out, seed)
+
+
+def _save_seeded(model_class: type, cfg: object, tok: object, out: str | Path, seed: int) -> Path:
+    """Build `model_class(cfg)` under `seed` and save it with its tokenizer in `out`."""
+    import torch
+
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(cfg)
+    model = model_class(cfg)
     out = Path(out)
     model.save_pretrained(out)
     tok.save_pretrained(out)
