@@ -24,7 +24,6 @@ EXCEPTIONS = {
     "stages/sizing/facts.py:model_facts": PENDING,
     "stages/sizing/memory.py:estimate_memory": PENDING,
     "stages/sizing/stage.py:run": PENDING,
-    "stages/train/stage.py:resume_run": PENDING,
     "stages/train/stage.py:_train": PENDING,
 }
 
