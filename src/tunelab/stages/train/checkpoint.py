@@ -303,10 +303,14 @@ def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
 def kill_for_test(point: str, step: int) -> None:
     """Only for the test suite: signal this process at a named point, from
     TUNELAB_TEST_KILL_AT="step:5" (SIGKILL after step 5), "save:6" (SIGKILL in the middle of
-    writing checkpoint 6) or "term:5" (SIGTERM after step 5)."""
+    writing checkpoint 6), "term:5" (SIGTERM after step 5) or "hold:5" (stop after step 5
+    until the test kills the process)."""
     wanted = os.environ.get("TUNELAB_TEST_KILL_AT")
     if not wanted:
         return
+    if point == "step" and wanted == f"hold:{step}":
+        while True:
+            signal.pause()
     if wanted == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
     if point == "step" and wanted == f"term:{step}":

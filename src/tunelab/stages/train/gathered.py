@@ -104,7 +104,10 @@ def load_gathered(
 ) -> None:
     """Rank 0 reads the gathered checkpoint in `folder`; every rank gets its shards of the
     weights and optimizer state. A collective."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     weights: dict[str, torch.Tensor] = {}
     optim_sd: dict[str, Any] = {}
@@ -112,16 +115,11 @@ def load_gathered(
         weights = read_trainable(folder, model, method)
         if optimizer is not None:
             optim_sd = by_name(read_optimizer(folder), parameter_names(model, optimizer))
-    if optimizer is None:
-        set_model_state_dict(model, weights, options=_options(load=True))
-        return
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=weights,
-        optim_state_dict=optim_sd,
-        options=_options(load=True),
-    )
+    # two calls, not set_state_dict: it takes the other ranks' empty model state dict for
+    # "optimizer only" and skips the model's broadcast there, while rank 0 enters it
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, optim_sd, options=_options(load=True))
+    set_model_state_dict(model, weights, options=_options(load=True))
 
 
 def read_optimizer(folder: Path) -> dict[str, Any]:
