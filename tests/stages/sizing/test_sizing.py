@@ -21,8 +21,9 @@ from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
 from helpers.sizing import write_study
 from tunelab.core.errors import ConfigError
 from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
+from tunelab.stages.sizing.loss_memory import logits_bytes
 from tunelab.stages.sizing.measure import synthetic_examples
-from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes, project_per_rank
+from tunelab.stages.sizing.memory import estimate_memory, project_per_rank
 from tunelab.stages.sizing.processes import measure_in_subprocess
 from tunelab.stages.sizing.recommend import (
     configurations,
@@ -30,6 +31,7 @@ from tunelab.stages.sizing.recommend import (
     parse_int_list,
     recommend,
 )
+from tunelab.stages.sizing.terms import Case
 from tunelab.stages.train.batches import collate
 from tunelab.stages.train.loop import autocast, loss_sum
 
@@ -431,7 +433,7 @@ def test_measured_step_in_child_matches_estimate(tiny_llama_dir):
     assert len(m["memory_step_s"]) == 1 and m["step_s"] == statistics.median(m["step_s_all"])
     # the timed steps' share of their thread's CPU time (one thread here), which the plan reads
     assert 0 < m["cpu_share"] <= 1.05
-    from tunelab.stages.sizing.memory import ModelFacts
+    from tunelab.stages.sizing.terms import ModelFacts
 
     facts = ModelFacts.from_dict(result["facts"])
     est = estimate_memory(facts, Case(seq_len=128, micro_batch=8))
@@ -600,7 +602,7 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
     from tunelab.lib.models.tiny import save_tiny_llama
-    from tunelab.stages.sizing.memory import ModelFacts
+    from tunelab.stages.sizing.terms import ModelFacts
 
     model_dir = save_tiny_llama(tmp_path / "llama", hidden=512, layers=4, heads=8)
     cfg = _config(model_dir)

@@ -21,7 +21,8 @@ from tunelab.lib.models.moe import moe_shape
 from tunelab.stages.plan.flops import linear_shapes
 from tunelab.stages.plan.moe_shapes import moe_facts
 from tunelab.stages.sizing.facts import _BERT_TYPES, _LLAMA_TYPES
-from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts, quant_constants_of
+from tunelab.stages.sizing.memory import quant_constants_of
+from tunelab.stages.sizing.terms import DTYPE_BYTES, ModelFacts
 
 # target module names as peft matches them, per block family
 _TARGETS = {

@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tunelab.stages.sizing.memory import ModelFacts
 from tunelab.stages.sizing.stage_walk import stages_of
+from tunelab.stages.sizing.terms import ModelFacts
 
 _LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "granite"}
 _BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}

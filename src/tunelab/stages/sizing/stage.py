@@ -69,7 +69,7 @@ from tunelab.core.record_types import Sizing, Smoke
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.sizing.load import load_table
-from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory, project_per_rank
+from tunelab.stages.sizing.memory import estimate_memory, project_per_rank
 from tunelab.stages.sizing.peaks import peak_options, peak_records, refuse_unmeasured
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
 from tunelab.stages.sizing.processes import measure_configurations
@@ -80,6 +80,7 @@ from tunelab.stages.sizing.recommend import (
     own_label,
     recommend,
 )
+from tunelab.stages.sizing.terms import Case, ModelFacts
 
 # Timed steps of the study's own configuration, whose step time the planner multiplies by every
 # step of every variant: the first steps after the heap is released still run slower, so it
@@ -280,7 +281,7 @@ def _image_lengths(base: Any, snapshot: Any, task: Any, cfg: Any) -> dict[str, A
     image side as the image chain feeds it (one size for all)."""
     from tunelab.core.errors import ModelError
     from tunelab.lib.models.vision import patch_tokens
-    from tunelab.stages.sizing.memory import CONV_FAMILIES
+    from tunelab.stages.sizing.terms import CONV_FAMILIES
 
     model_type = str(base.config.get("model_type", "")).lower()
     tokens, image_size = patch_tokens(base.config), base.config.get("image_size")
