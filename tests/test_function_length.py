@@ -22,7 +22,6 @@ EXCEPTIONS = {
     "stages/plan/shapes.py:facts_from_config": PENDING,
     "stages/plan/stage.py:run": PENDING,
     "stages/sizing/facts.py:model_facts": PENDING,
-    "stages/sizing/stage.py:run": PENDING,
     "stages/train/stage.py:resume_run": PENDING,
     "stages/train/stage.py:_train": PENDING,
 }

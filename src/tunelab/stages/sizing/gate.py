@@ -49,7 +49,7 @@ def _worst_total(
     study: Study, sizing: Sizing, peak: dict[str, Any], snapshot: Any
 ) -> tuple[int | None, str]:
     """(whole-process bytes of the run's worst batch, where the figure comes from)."""
-    from tunelab.stages.sizing.stage import representative_lengths
+    from tunelab.stages.sizing.lengths import representative_lengths
     from tunelab.stages.train.precision import resolve_precision
     from tunelab.stages.train.schedule import total_steps
 
