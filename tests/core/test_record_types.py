@@ -150,3 +150,30 @@ def test_a_sizing_row_and_an_evaluation_table_read_typed_with_their_place_named(
     ok = {**metrics, "confusion": {"labels": ["sport"], "predicted": ["sport"], "matrix": [[3]]}}
     ev = Evaluation.of("metrics-validation.json", {"split": "validation", "n": 3, "metrics": ok})
     assert ev.per_category["sport"].support == 3 and ev.confusion.matrix == [[3]]
+
+
+def test_a_kind_declares_each_field_once_and_its_annotation_is_the_check(tmp_path):
+    from dataclasses import dataclass
+
+    from tunelab.core.record_base import Record, field_types
+
+    @dataclass(frozen=True)
+    class Piece(Record):
+        name: str = ""
+        size: float | None = None
+        tags: list[str] | None = None
+
+    assert field_types(Piece) == {
+        "name": (str,),
+        "size": (int, float, type(None)),
+        "tags": (list, type(None)),
+    }
+    assert Piece.of(tmp_path, {"name": "a", "size": 3}).size == 3  # an int is a float too
+    with pytest.raises(StudyError, match=r"field 'name' is missing"):
+        Piece.of(tmp_path, {"size": 1.5})
+    with pytest.raises(StudyError, match=r"field 'size' is True, not int or float"):
+        Piece.of(tmp_path, {"name": "a", "size": True})
+    with pytest.raises(TypeError, match="declare each field once"):
+
+        class Twice(Record):
+            FIELDS = {"name": (str,)}
