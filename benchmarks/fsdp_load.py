@@ -11,8 +11,10 @@ length 128, micro batch 1 per rank, 4 optimizer steps. Sides, each in fresh proc
   its rows of the safetensors files (tunelab's default under FSDP).
 
 Each rank resets its peak resident memory (Linux `/proc/self/clear_refs`) just before the model
-is built and reads it (`VmHWM`) after the first optimizer step: the peak from the start of
-loading to the first step. The fixed overhead is each process's resident memory at that start
+is built and reads it (`VmHWM`) after loading (load peak) and after the first optimizer step:
+the peak from the start of loading to the first step. At 2 ranks a peer side runs the sharded
+load with glibc's own malloc policy (`TUNELAB_RANK_MALLOC=default`), which every rank otherwise
+replaces with a fixed mmap threshold. The fixed overhead is each process's resident memory at that start
 (torch, transformers, the tokenizer and the encoded data), printed per side. The losses of the
 4 steps of the sharded side must equal the whole-load side's at the same N, exactly.
 
@@ -140,6 +142,7 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
                       pad_id=prep.tokenizer.pad_token_id or 0, total_steps=STEPS,
                       strategy=strategy)  # fmt: skip
     load_s = time.perf_counter() - t0
+    load_peak_kb = vm_kb("VmHWM")
     losses: list[float] = []
     peak: dict[str, int] = {}
 
@@ -150,6 +153,7 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
 
     train_loop(loop, TrainState(), [on_step])
     figures = {"rank": rank, "world": world, "start_kb": start_kb, "peak_kb": peak["kb"],
+               "load_peak_kb": load_peak_kb,
                "load_s": load_s, "losses": losses,
                "bytes_read": getattr(strategy, "bytes_read", None)}  # fmt: skip
     if strategy is not None and strategy_name == "fsdp":
@@ -197,9 +201,11 @@ def time_shard_reads(folder: Path, strategy) -> dict[str, float]:
     return {"own_reads_s": own, "scatter_s": time.perf_counter() - t0}
 
 
-def run_side(study: Path, nproc: int, load: str) -> list[dict]:
+def run_side(study: Path, nproc: int, load: str, malloc: str = "tunelab") -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="fsdp-load-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TUNELAB_FSDP_LOAD": load}
+    if malloc == "default":  # the peer: glibc's own mmap threshold in the ranks
+        env["TUNELAB_RANK_MALLOC"] = "default"
     me = [str(Path(__file__).resolve()), "--worker", str(study), str(out)]
     if nproc == 1:
         cmd = [sys.executable, *me, "single"]
@@ -226,9 +232,11 @@ def main() -> None:
         (study / "study.yaml").read_text())["model"]["path"]).glob("*.safetensors")) / MB  # fmt: skip
     print(f"weights {weights_mb:.0f} MB (fp32); fixed overhead = resident memory at the start of "
           f"loading (libraries, tokenizer, data)")  # fmt: skip
-    print("| side | ranks | per-rank peak MB (max) | overhead MB | peak - overhead MB | "
-          "weights/N MB | load s | read s (own rows / rank-0 scatter) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| side | ranks | per-rank peak MB (max) | overhead MB | load peak - overhead MB | "
+        "weights/N MB | step peak - load peak MB | load s | read s (own rows / scatter) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     row(single, [single], "one process", weights_mb)
     equal_at_2, ratio_at_2 = True, None
     for n in args.nproc:
@@ -236,6 +244,9 @@ def main() -> None:
         sharded = run_side(study, n, "sharded")
         row(whole[0], whole, "FSDP, whole load", weights_mb)
         row(sharded[0], sharded, "FSDP, sharded load", weights_mb)
+        if n == 2:
+            peer = run_side(study, n, "sharded", malloc="default")
+            row(peer[0], peer, "FSDP, sharded load, glibc's own malloc policy", weights_mb)
         same = all(w["losses"] == s["losses"] for w, s in zip(whole, sharded, strict=True))
         print(f"N={n}: losses of {STEPS} steps equal (sharded vs whole load): {same}; "
               f"sharded {sharded[0]['losses']}")  # fmt: skip
@@ -253,8 +264,10 @@ def row(first: dict, ranks: list[dict], side: str, weights_mb: float) -> None:
              if "own_reads_s" in first else "")  # fmt: skip
     print(
         f"| {side} | {len(ranks)} | {worst['peak_kb'] / 1024:.0f} | "
-        f"{worst['start_kb'] / 1024:.0f} | {(worst['peak_kb'] - worst['start_kb']) / 1024:.0f} | "
-        f"{weights_mb / len(ranks):.0f} | {max(r['load_s'] for r in ranks):.1f} | {reads} |"
+        f"{worst['start_kb'] / 1024:.0f} | "
+        f"{(worst['load_peak_kb'] - worst['start_kb']) / 1024:.0f} | "
+        f"{weights_mb / len(ranks):.0f} | {(worst['peak_kb'] - worst['load_peak_kb']) / 1024:.0f} | "
+        f"{max(r['load_s'] for r in ranks):.1f} | {reads} |"
     )
 
 

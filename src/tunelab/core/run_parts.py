@@ -8,16 +8,10 @@ beside a comparison's pieces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
-    OPT_BOOL,
-    OPT_DICT,
-    OPT_INT,
-    OPT_LIST,
-    OPT_NUM,
-    OPT_STR,
     Record,
     as_written,
 )
@@ -46,8 +40,6 @@ __all__ = [
 class Gpu(Record):
     """One GPU an environment saw."""
 
-    FIELDS: ClassVar = {"name": OPT_STR, "memory_bytes": OPT_INT}
-
     name: str | None = None
     memory_bytes: int | None = None
 
@@ -55,25 +47,6 @@ class Gpu(Record):
 @dataclass(frozen=True)
 class RunEnv(Record):
     """runs/<run>/env.json: where a run computed (core.env.environment)."""
-
-    FIELDS: ClassVar = {
-        "python": OPT_STR,
-        "torch": OPT_STR,
-        "cuda": OPT_STR,
-        "driver": OPT_STR,
-        "gpus": OPT_LIST,
-        "cpu": OPT_DICT,
-        "packages": OPT_DICT,
-        "compute_device": OPT_STR,
-        "backend": OPT_STR,
-        "tunelab_git": OPT_DICT,
-        "os": OPT_DICT,
-        "rocm": OPT_STR,
-        "cudnn": (str, int, type(None)),
-        "nccl": (str, int, list, type(None)),
-        "attention": OPT_DICT,
-        "bf16_supported": OPT_BOOL,
-    }
 
     python: str | None = None
     torch: str | None = None
@@ -120,15 +93,6 @@ class RunEnv(Record):
 class ModelIdentity(Record):
     """A base model's identity as a record names it (lib.models.identity.model_identity)."""
 
-    FIELDS: ClassVar = {
-        "name": OPT_STR,
-        "revision": OPT_STR,
-        "path": OPT_STR,
-        "sha256": OPT_STR,
-        "architecture": OPT_STR,
-        "files": OPT_DICT,
-        "source": OPT_DICT,
-    }
     RENAMED: ClassVar = {"path": "location"}
 
     name: str | None = None
@@ -149,13 +113,6 @@ class ModelIdentity(Record):
 class CategoryMetrics(Record):
     """One category's figures in an evaluation (classification)."""
 
-    FIELDS: ClassVar = {
-        "precision": OPT_NUM,
-        "recall": OPT_NUM,
-        "f1": OPT_NUM,
-        "support": OPT_INT,
-    }
-
     precision: float | None = None
     recall: float | None = None
     f1: float | None = None
@@ -165,18 +122,6 @@ class CategoryMetrics(Record):
 @dataclass(frozen=True)
 class FieldMetrics(Record):
     """One field path's figures in an evaluation (extraction): rates over its `slots`."""
-
-    FIELDS: ClassVar = {
-        "presence_rate": OPT_NUM,
-        "exact_match": OPT_NUM,
-        "normalized_match": OPT_NUM,
-        "precision": OPT_NUM,
-        "recall": OPT_NUM,
-        "f1": OPT_NUM,
-        "slots": OPT_INT,
-        "kind": OPT_STR,
-        "failures": OPT_DICT,
-    }
 
     presence_rate: float | None = None
     exact_match: float | None = None
@@ -194,24 +139,14 @@ class Confusion(Record):
     """A confusion matrix: rows the gold `labels`, columns the `predicted` labels (a label the
     model answered outside the list included)."""
 
-    FIELDS: ClassVar = {"labels": (list,), "predicted": (list,), "matrix": (list,)}
-
-    labels: list[str] | None = None
-    predicted: list[str] | None = None
-    matrix: list[list[int]] | None = None
+    labels: list[str] = field(default_factory=list)
+    predicted: list[str] = field(default_factory=list)
+    matrix: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Decoding(Record):
     """How a generative evaluation decoded: batches, steps, and answers over the budget."""
-
-    FIELDS: ClassVar = {
-        "steps": OPT_INT,
-        "batches": OPT_LIST,
-        "answer_steps": OPT_INT,
-        "s_per_step": OPT_NUM,
-        "answers_over_budget": OPT_INT,
-    }
 
     steps: int | None = None
     batches: list[Any] | None = None
@@ -224,13 +159,6 @@ class Decoding(Record):
 class CheckpointCheck(Record):
     """A checkpoint's files against the sha256 its run recorded."""
 
-    FIELDS: ClassVar = {
-        "ok": OPT_BOOL,
-        "files_checked": OPT_INT,
-        "changed": OPT_LIST,
-        "missing": OPT_LIST,
-    }
-
     ok: bool | None = None
     files_checked: int | None = None
     changed: list[str] | None = None
@@ -242,7 +170,6 @@ class Mismatch(Record):
     """One recorded prediction a fresh process did not reproduce (`recorded`, `fresh`: the
     values as written)."""
 
-    FIELDS: ClassVar = {"id": (str, int), "field": OPT_STR}
     RENAMED: ClassVar = {"field": "what"}
 
     id: str | int = ""
@@ -255,13 +182,6 @@ class Mismatch(Record):
 @dataclass(frozen=True)
 class Reproduced(Record):
     """How many recorded predictions a fresh process reproduced, within `atol`."""
-
-    FIELDS: ClassVar = {
-        "matched": OPT_INT,
-        "n": OPT_INT,
-        "atol": OPT_NUM,
-        "max_score_diff": OPT_NUM,
-    }
 
     matched: int | None = None
     n: int | None = None
@@ -277,8 +197,6 @@ class Reproduced(Record):
 class EnvironmentCheck(Record):
     """This process's environment against the run's."""
 
-    FIELDS: ClassVar = {"same": OPT_BOOL, "message": OPT_STR}
-
     same: bool | None = None
     message: str | None = None
 
@@ -286,8 +204,6 @@ class EnvironmentCheck(Record):
 @dataclass(frozen=True)
 class FreshTimings(Record):
     """Seconds a fresh process took to load the checkpoint and to evaluate."""
-
-    FIELDS: ClassVar = {"load_s": OPT_NUM, "eval_s": OPT_NUM}
 
     load_s: float | None = None
     eval_s: float | None = None
@@ -298,21 +214,6 @@ class SizingRow(Record):
     """One configuration a sizing measured: its options, the predicted and measured peak
     (MiB) and step time (records before the flat figures hold them in `predicted` and
     `measured`)."""
-
-    FIELDS: ClassVar = {
-        "label": OPT_STR,
-        "name": OPT_STR,
-        "seq_len": OPT_INT,
-        "micro_batch": OPT_INT,
-        "predicted_mb": OPT_NUM,
-        "measured_mb": OPT_NUM,
-        "error_pct": OPT_NUM,
-        "step_s": OPT_NUM,
-        "status": OPT_STR,
-        "reason": OPT_STR,
-        "predicted": OPT_DICT,
-        "measured": OPT_DICT,
-    }
 
     label: str | None = None
     name: str | None = None
@@ -349,8 +250,6 @@ class SizingRow(Record):
 class AdaptationSettings(Record):
     """The `adaptation` section of a run's saved config, as the dossier names the method."""
 
-    FIELDS: ClassVar = {"method": OPT_STR, "rank": OPT_INT, "quantization": OPT_DICT}
-
     method: str | None = None
     rank: int | None = None
     quantization: dict[str, Any] | None = None
@@ -365,14 +264,6 @@ class AdaptationSettings(Record):
 class GuardrailRule(Record):
     """One guardrail as a hypothesis locked it: what must not get worse, and by how much."""
 
-    FIELDS: ClassVar = {
-        "metric": OPT_STR,
-        "scope": OPT_STR,
-        "op": OPT_STR,
-        "value": OPT_NUM,
-        "relative_to": OPT_STR,
-    }
-
     metric: str | None = None
     scope: str | None = None
     op: str | None = None
@@ -383,8 +274,6 @@ class GuardrailRule(Record):
 @dataclass(frozen=True)
 class Pin(Record):
     """A hub repository a hypothesis pinned: what a revision meant when it was locked."""
-
-    FIELDS: ClassVar = {"repo_id": OPT_STR, "revision": OPT_STR, "commit": OPT_STR}
 
     repo_id: str | None = None
     revision: str | None = None

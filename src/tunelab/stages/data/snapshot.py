@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.errors import EvaluationError, SnapshotError
 from tunelab.core.evidence import latest_snapshot_id
 from tunelab.core.hashing import sha256_bytes, sha256_json
+from tunelab.core.record_data import DataManifest
 from tunelab.stages.data.splits import SPLITS
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ class Snapshot:
     id: str
     dir: Path
     manifest: dict[str, Any]
+
+    @property
+    def record(self) -> DataManifest:
+        """The manifest read typed (a damaged one raises the located `StudyError`)."""
+        return DataManifest.of(self.dir / "manifest.json", self.manifest)
 
     @property
     def labels(self) -> list[str] | None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
+from tunelab.core.record_inspect import AnswerBudget
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
 from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated
 from tunelab.lib.preprocess.text import Preprocessor, Problem, length_stats, nearest_rank
@@ -183,16 +184,8 @@ def answer_budget(
 
 def describe_answer_budget(budget: dict[str, Any] | None) -> str | None:
     """The warning `tunelab inspect` prints (and its page shows) when answers exceed the
-    generation budget; None when they all fit."""
-    if not budget or not budget["over"]:
-        return None
-    return (
-        f"{budget['over']} of {budget['n']} answers (tokens and EOS) are longer than "
-        f"evaluation.max_new_tokens ({budget['max_new_tokens']}), the longest "
-        f"{budget['longest']}: generation stops before their end, so they can never be judged "
-        f"right. Set evaluation.max_new_tokens to at least {budget['longest']} (p95 "
-        f"{budget['p95']}) and keep preprocess.max_seq_len above the prompt plus it."
-    )
+    generation budget (`AnswerBudget.warning`); None when they all fit."""
+    return AnswerBudget.of("answer_budget", budget).warning if budget else None
 
 
 def inspect_rows(
