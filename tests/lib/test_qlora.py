@@ -384,7 +384,7 @@ def test_4bit_estimate_terms(tiny_llama_dir):
 def _adapted_with_a_batch(cfg):
     """The study's adapted tiny model in train mode, seeded, and a collated batch of 4
     synthetic examples of 48 tokens (half of them scored)."""
-    from tunelab.stages.sizing.measure import synthetic_examples
+    from tunelab.stages.sizing.child_model import synthetic_examples
     from tunelab.stages.train.batches import collate
 
     base = resolve_model(cfg.model)

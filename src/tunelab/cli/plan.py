@@ -80,56 +80,49 @@ def plan(
 
     s = open_study(study, sets)
     if review:
-        given = {
-            "--days": days is not None,
-            "--gpu-hour-price": gpu_hour_price is not None,
-            "--speedup": speedup != 1.0,
-            "--step-time-s": step_time_s is not None,
-            "--gpu": gpu is not None,
-            "--gpus": gpus is not None,
-            "--strategy": strategy is not None,
-            "--utilization": utilization is not None,
-            "--compare-gpus": compare_gpus,
-        }
-        if flags := [flag for flag, set_ in given.items() if set_]:
-            raise ConfigError(
-                f"--review sets the latest plan against the runs: {', '.join(flags)} would be "
-                "ignored",
-                hint="make the plan with them first (`tunelab plan " + " ".join(flags) + " ...`), "
-                "then `tunelab plan --review`",
-            )
+        _refuse_with_review(
+            days=days, gpu_hour_price=gpu_hour_price, speedup=speedup if speedup != 1.0 else None,
+            step_time_s=step_time_s, gpu=gpu, gpus=gpus, strategy=strategy,
+            utilization=utilization, compare_gpus=compare_gpus or None,
+        )  # fmt: skip
+        result = review_plan(s)
+        _show(result, json_out, print_review)
+        return
     if compare_gpus:
         from tunelab.stages.plan.stage import compare_gpus as compare
 
         result = compare(s, days=days, gpus=gpus, strategy=strategy, utilization=utilization)
-        if json_out:
-            emit_json(result)
-            return
-        print_comparison(result)
-        return
-    if review:
-        result = review_plan(s)
-        if json_out:
-            emit_json(result)
-            return
-        print_review(result)
+        _show(result, json_out, print_comparison)
         return
     record, path, png = plan_stage.run(
-        s,
-        days=days,
-        gpu_hour_price=gpu_hour_price,
-        speedup=speedup,
-        step_time_s=step_time_s,
-        gpu=gpu,
-        gpus=gpus or 1,
-        strategy=strategy or "ddp",
-        utilization=utilization,
-    )
+        s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s,
+        gpu=gpu, gpus=gpus or 1, strategy=strategy or "ddp", utilization=utilization,
+    )  # fmt: skip
     if json_out:
         emit_json({**record, "path": str(path), "chart_path": str(png)})
         return
     print_plan(record)
     console.print(f"record: {path}\nchart:  {png}")
+
+
+def _refuse_with_review(**given: Any) -> None:
+    """`--review` reads the latest plan: a flag that makes a plan (one not None) would be
+    ignored."""
+    flags = ["--" + name.replace("_", "-") for name, value in given.items() if value is not None]
+    if flags:
+        raise ConfigError(
+            f"--review sets the latest plan against the runs: {', '.join(flags)} would be ignored",
+            hint="make the plan with them first (`tunelab plan " + " ".join(flags) + " ...`), "
+            "then `tunelab plan --review`",
+        )
+
+
+def _show(result: dict[str, Any], json_out: bool, printer: Any) -> None:
+    """`result` as JSON, or printed by `printer`."""
+    if json_out:
+        emit_json(result)
+    else:
+        printer(result)
 
 
 def print_review(result: dict[str, Any]) -> None:

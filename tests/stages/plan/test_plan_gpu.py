@@ -193,8 +193,9 @@ def test_the_largest_micro_batch_that_fits_by_the_sizing_model():
     the margin and the CUDA context; the next larger one that keeps the effective batch does
     not; a GPU too small for any falls back to checkpointing, then says it does not fit."""
     from tunelab.stages.plan.project import CUDA_CONTEXT_BYTES, choose_fit
-    from tunelab.stages.sizing.memory import Case, estimate_memory
+    from tunelab.stages.sizing.memory import estimate_memory
     from tunelab.stages.sizing.recommend import SAFETY_MARGIN
+    from tunelab.stages.sizing.terms import Case
 
     cfg = _config(micro_batch_size=4, grad_accum_steps=8, max_steps=10)
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")

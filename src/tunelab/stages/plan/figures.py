@@ -192,7 +192,7 @@ def _smoke_figures(smoke: Smoke | None, row: Any, load_s: Figure) -> dict[str, F
 
 def gather_figures(study: Study) -> Figures:
     """The measured inputs of a plan, each with its source. Needs a sizing record."""
-    from tunelab.stages.sizing.stage import require_sizing
+    from tunelab.stages.sizing.record import require_sizing
 
     cfg = study.config
     sizing = require_sizing(study)

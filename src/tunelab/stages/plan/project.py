@@ -33,7 +33,7 @@ from tunelab.stages.plan.catalog import Gpu, UtilizationRange, default_utilizati
 from tunelab.stages.plan.catalog import host_cost as catalog_host
 from tunelab.stages.plan.figures import SplitCounts, expected_max
 from tunelab.stages.plan.flops import MicroBatch, forward_flops, kv_cache_bytes, micro_step_flops
-from tunelab.stages.sizing.memory import DTYPE_BYTES, Case, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CUDA_CONTEXT_BYTES = 1 << 30  # the CUDA context and allocator slack the memory model leaves out
 MEMORY_BANDWIDTH_SHARE = 0.7  # of the datasheet bandwidth, for streaming reads and writes

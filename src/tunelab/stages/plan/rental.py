@@ -30,7 +30,7 @@ from tunelab.stages.plan.figures import (
 )
 from tunelab.stages.plan.project import Projection, StudyShape
 from tunelab.stages.plan.shapes import facts_from_config, read_model_config
-from tunelab.stages.sizing.memory import ModelFacts
+from tunelab.stages.sizing.terms import ModelFacts
 
 DISK_BYTES_PER_S = 1e9  # reading or writing model files on the rental (assumed)
 TOKENIZE_S_PER_EXAMPLE = 1e-3  # tokenizing one example (assumed, without a sizing record)

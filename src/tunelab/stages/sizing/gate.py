@@ -20,7 +20,7 @@ from tunelab.core.errors import RunError
 from tunelab.core.evidence import latest
 from tunelab.core.record_types import Sizing
 from tunelab.core.study import Study
-from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
+from tunelab.stages.sizing.memory import estimate_memory
 from tunelab.stages.sizing.peaks import (
     evaluation_increase,
     evaluation_settings,
@@ -29,6 +29,7 @@ from tunelab.stages.sizing.peaks import (
     worst_case,
     worst_settings,
 )
+from tunelab.stages.sizing.terms import Case, ModelFacts
 
 FIXES = {
     "worst batch": "lower training.micro_batch_size (and raise training.grad_accum_steps to keep "
@@ -48,7 +49,7 @@ def _worst_total(
     study: Study, sizing: Sizing, peak: dict[str, Any], snapshot: Any
 ) -> tuple[int | None, str]:
     """(whole-process bytes of the run's worst batch, where the figure comes from)."""
-    from tunelab.stages.sizing.stage import representative_lengths
+    from tunelab.stages.sizing.lengths import representative_lengths
     from tunelab.stages.train.precision import resolve_precision
     from tunelab.stages.train.schedule import total_steps
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, ModelFacts
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from tunelab.core.errors import TunelabError
-from tunelab.stages.sizing.memory import DTYPE_BYTES, Case, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CLASSIFYING = ("classification", "image_classification")
 
