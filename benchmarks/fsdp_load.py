@@ -150,10 +150,12 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
         losses.append(row["loss"])
         if state.step == 1:
             peak["kb"] = vm_kb("VmHWM")
+            peak["anon_kb"], peak["file_kb"] = vm_kb("RssAnon"), vm_kb("RssFile")
 
     train_loop(loop, TrainState(), [on_step])
     figures = {"rank": rank, "world": world, "start_kb": start_kb, "peak_kb": peak["kb"],
                "load_peak_kb": load_peak_kb,
+               "anon_kb": peak["anon_kb"], "file_kb": peak["file_kb"],
                "load_s": load_s, "losses": losses,
                "bytes_read": getattr(strategy, "bytes_read", None)}  # fmt: skip
     if strategy is not None and strategy_name == "fsdp":
@@ -201,17 +203,26 @@ def time_shard_reads(folder: Path, strategy) -> dict[str, float]:
     return {"own_reads_s": own, "scatter_s": time.perf_counter() - t0}
 
 
-def run_side(study: Path, nproc: int, load: str, malloc: str = "tunelab") -> list[dict]:
+def run_side(
+    study: Path,
+    nproc: int,
+    load: str,
+    malloc: str = "tunelab",
+    strategy: str = "fsdp",
+    ddp_start: str = "tunelab",
+) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="fsdp-load-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TUNELAB_FSDP_LOAD": load}
     if malloc == "default":  # the peer: glibc's own mmap threshold in the ranks
         env["TUNELAB_RANK_MALLOC"] = "default"
+    if ddp_start == "broadcast-all":  # the peer: DDP's own start-up broadcast of every weight
+        env["TUNELAB_DDP_START"] = "broadcast-all"
     me = [str(Path(__file__).resolve()), "--worker", str(study), str(out)]
     if nproc == 1:
         cmd = [sys.executable, *me, "single"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(nproc), *me, "fsdp"]  # fmt: skip
+               "--nproc_per_node", str(nproc), *me, strategy]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
@@ -221,6 +232,7 @@ def run_side(study: Path, nproc: int, load: str, malloc: str = "tunelab") -> lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--ddp", action="store_true", help="DDP's ranks' memory, file-backed or own")
     ap.add_argument("--worker", nargs=3, metavar=("STUDY", "OUT", "STRATEGY"))
     args = ap.parse_args()
     if args.worker:
@@ -228,6 +240,8 @@ def main() -> None:
         return
     study = make_study(Path(tempfile.mkdtemp(prefix="fsdp-load-study-")) / "s")
     single = run_side(study, 1, "sharded")[0]
+    if args.ddp:
+        return ddp_sides(study, single)
     weights_mb = sum(p.stat().st_size for p in Path(yaml.safe_load(
         (study / "study.yaml").read_text())["model"]["path"]).glob("*.safetensors")) / MB  # fmt: skip
     print(f"weights {weights_mb:.0f} MB (fp32); fixed overhead = resident memory at the start of "
@@ -256,6 +270,28 @@ def main() -> None:
     if ratio_at_2 is None:
         raise SystemExit("--nproc must include 2 for the last line")
     print(f"per_rank_peak_over_single={ratio_at_2:.3f} losses_equal={str(equal_at_2).lower()}")
+
+
+def ddp_sides(study: Path, single: dict) -> None:
+    """Under DDP every rank loads the whole base: how much of a rank's memory after its first
+    step is the safetensors files mapped (one copy in the page cache, shared by the node's
+    ranks) and how much is its own."""
+    ddp = run_side(study, 2, "sharded", strategy="ddp")
+    peer = run_side(study, 2, "sharded", strategy="ddp", ddp_start="broadcast-all")
+    print("| side | rank | resident MB | own (anonymous) MB | file-backed MB |")
+    print("|---|---|---|---|---|")
+    sides = [("one process", single)] + [("DDP, trainable tensors broadcast", r) for r in ddp]
+    sides += [("DDP's own start-up broadcast of every weight", r) for r in peer]
+    same = [r["losses"] for r in ddp] == [r["losses"] for r in peer]
+    for side, r in sides:
+        rss = r["anon_kb"] + r["file_kb"]
+        print(f"| {side} | {r['rank']} | {rss / 1024:.0f} | {r['anon_kb'] / 1024:.0f} | "
+              f"{r['file_kb'] / 1024:.0f} |")  # fmt: skip
+    own = sum(r["anon_kb"] for r in ddp) / 1024
+    shared = max(r["file_kb"] for r in ddp) / 1024
+    peer_own = sum(r["anon_kb"] for r in peer) / 1024
+    print(f"ddp_node_own_mb={own:.0f} peer_node_own_mb={peer_own:.0f} "
+          f"ddp_node_file_backed_mb={shared:.0f} losses_equal={str(same).lower()}")  # fmt: skip
 
 
 def row(first: dict, ranks: list[dict], side: str, weights_mb: float) -> None:

@@ -32,7 +32,7 @@ class LengthStats(Record):
     """Token counts of a split or a category (lib.preprocess.text.length_stats); an image
     split's are its size and tensor shape."""
 
-    n: int = 0
+    n: int | None = None
     p50: int | None = None
     p95: int | None = None
     max: int | None = None

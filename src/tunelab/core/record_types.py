@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tunelab.core.record_base import Record, damaged, mapping_of
+from tunelab.core.record_export import ExportArtifact, ExportBase, ExportGuardrails, MergeCheck
 from tunelab.core.record_parts import (
     AdaptationSettings,
     CategoryMetrics,
@@ -386,6 +387,35 @@ class ExportManifest(Record):
     def identity(self) -> ModelIdentity:
         """The base model the export is bound to."""
         return self.part(ModelIdentity, "base") or ModelIdentity(self.path, {}, where="base")
+
+    @property
+    def bound_base(self) -> ExportBase:
+        """The base as the export names it (its hub commit, its folder at export)."""
+        return self.part(ExportBase, "base") or ExportBase(self.path, {}, where="base")
+
+    @property
+    def contents(self) -> ExportArtifact | None:
+        """What the folder holds (the manifest's `artifact`)."""
+        return self.part(ExportArtifact, "artifact")
+
+    @property
+    def comparison(self) -> CompareEntry | None:
+        """The exported run against the baseline (the manifest's `results`)."""
+        return self.part(CompareEntry, "results")
+
+    @property
+    def guardrail_check(self) -> ExportGuardrails | None:
+        return self.part(ExportGuardrails, "guardrails")
+
+    @property
+    def merge_check(self) -> MergeCheck | None:
+        return self.part(MergeCheck, "merge")
+
+    def check_parts(self) -> None:
+        _ = self.identity, self.bound_base, self.contents, self.guardrail_check
+        _ = self.merge_check
+        if (entry := self.comparison) is not None:
+            entry.check_parts()
 
     @property
     def hypothesis_version(self) -> int | None:

@@ -80,6 +80,11 @@ class RunEnv(Record):
         return (self.tunelab_git or {}).get("commit")
 
     @property
+    def device_text(self) -> str | None:
+        """Its GPUs' names, else its CPU's name."""
+        return ", ".join(g.name or "" for g in self.devices) or (self.cpu or {}).get("name")
+
+    @property
     def cpu_text(self) -> str:
         """The CPU's name and its logical cores."""
         cpu = self.cpu or {}
@@ -199,6 +204,7 @@ class EnvironmentCheck(Record):
 
     same: bool | None = None
     message: str | None = None
+    platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ def _plan_row(ph: dict[str, Any], review: dict[str, dict[str, Any]]) -> list[Any
 
 def plan_section(d: Dossier) -> Section:
     sec = Section("Rental plan and actual durations")
-    if not d.data["plans"]:
+    if not d.data.plans:
         sec.text("No plan recorded.")
-    for p in d.data["plans"][-1:]:
+    for p in d.data.plans[-1:]:
         cost = p.get("cost") or {}
         price = p.get("gpu_hour_price")
         at = f" at {price:g} per GPU-hour" if isinstance(price, int | float) else ""

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from tunelab.core.env import platform_of
+from tunelab.core.record_types import Verify
 from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section, Value
 from tunelab.stages.report.sections.context import Dossier
@@ -53,12 +54,14 @@ def _resumes(d: Dossier, run: RunEvidence) -> list[dict[str, Any]]:
     return out
 
 
-def _verify_platform(v: dict[str, Any], run: RunEvidence) -> dict[str, Any] | None:
-    env = v.get("environment") or {}
-    if isinstance(env.get("platform"), dict):
-        return env["platform"]
-    if env.get("same") and run.env:
-        return platform_of(run.env)
+def _verify_platform(v: Verify, run: RunEvidence) -> dict[str, Any] | None:
+    env = v.environment_check
+    if env is None:
+        return None
+    if env.platform is not None:
+        return env.platform
+    if env.same and run.env and run.env.raw:
+        return platform_of(run.env.raw)
     return None
 
 
@@ -77,8 +80,8 @@ def stage_platforms(d: Dossier) -> tuple[list[dict[str, Any]], list[str]]:
             ids.append(run_id)
 
     for r in d.runs:
-        if r.row.kind in STAGES and r.env:
-            add(platform_of(r.env), r.row.kind, r.row.id)
+        if r.row.kind in STAGES and r.env and r.env.raw:
+            add(platform_of(r.env.raw), r.row.kind, r.row.id)
         gate = (r.config.get("platform_gate") if r.config else None) or {}
         for line in [gate, *_resumes(d, r)] if r.row.kind == "train" else []:
             if line.get("command") == "resume":
