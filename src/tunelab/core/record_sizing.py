@@ -163,6 +163,19 @@ class SizingPeak(Record):
         """The measured idle process (bytes; 0 when not measured)."""
         return int((self.measured or {}).get("idle") or 0)
 
+    @property
+    def idle_rss(self) -> int:
+        """The worst batch's idle process RSS (bytes; 0 when not measured)."""
+        return int((self.measured or {}).get("idle_rss") or 0)
+
+    @property
+    def scale(self) -> float:
+        """measured / predicted of the figures compared, at least 1 (a prediction is never
+        lowered by its measurement)."""
+        measured = (self.measured or {}).get("compared")
+        predicted = (self.predicted or {}).get("compared")
+        return max(1.0, measured / predicted) if measured and predicted else 1.0
+
 
 @dataclass(frozen=True)
 class SizingEnv(Record):

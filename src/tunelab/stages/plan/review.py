@@ -27,7 +27,7 @@ from typing import Any
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.record_sizing import PlanSchedule
-from tunelab.core.record_types import Evaluation, RunStatus, Sizing
+from tunelab.core.record_types import Evaluation, RunStatus, Sizing, Verify
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.stages.plan.figures import _parse_time, run_seconds
@@ -127,9 +127,10 @@ class ReviewRow:
 def verify_seconds(study: Study) -> list[float]:
     out = []
     for path in sorted(study.runs_dir.glob("*/verify*.json")) if study.runs_dir.is_dir() else []:
-        rec = read_json(path)
-        if isinstance(rec, dict) and rec.get("seconds") and rec.get("model_run"):
-            out.append(float(rec["seconds"]))
+        rec = Verify.read(path)
+        seconds = rec.get("seconds")  # a field the Verify class does not name yet
+        if isinstance(seconds, int | float) and seconds and rec.model_run:
+            out.append(float(seconds))
     return out
 
 

@@ -38,13 +38,6 @@ FIXES = {
 }
 
 
-def _scale(peak: SizingPeak) -> float:
-    """measured / predicted of the recorded peak, at least 1 (a prediction is never lowered)."""
-    measured = (peak.measured or {}).get("compared")
-    predicted = (peak.predicted or {}).get("compared")
-    return max(1.0, measured / predicted) if measured and predicted else 1.0
-
-
 def _worst_total(
     study: Study, sizing: Sizing, peak: SizingPeak, snapshot: Any
 ) -> tuple[int | None, str]:
@@ -71,8 +64,8 @@ def _worst_total(
     )  # fmt: skip
     est = estimate_memory(facts, worst_case(template, worst))
     cuda = sizing.device == "cuda"
-    step = (est.peak_total if cuda else est.peak_increase) * _scale(peak)
-    idle = 0 if cuda else (peak.measured or {}).get("idle_rss") or 0
+    step = (est.peak_total if cuda else est.peak_increase) * peak.scale
+    idle = 0 if cuda else peak.idle_rss
     where = f"predicted for step {worst['step']} from sizing {sizing.id}'s model facts"
     return int(idle + step), where
 
@@ -94,7 +87,7 @@ def _evaluation_total(
     cuda = sizing.device == "cuda"
     idle = facts.total_weight_bytes if cuda else peak.idle
     where = f"predicted at the study's evaluation settings from sizing {sizing.id}"
-    return int(idle + added["increase"] * _scale(peak)), where
+    return int(idle + added["increase"] * peak.scale), where
 
 
 def require_peaks_fit(study: Study, snapshot: Any, command: str = "train") -> None:
