@@ -604,3 +604,31 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     assert eval_speed_factor(study, "eval-gen", planned) == pytest.approx(0.15 / 0.125)
     assert eval_speed_factor(study, "eval-cls", planned) == pytest.approx(12.0 / 20 / 0.5)
     assert eval_speed_factor(study, "eval-none", planned) == 1.0
+
+
+def test_a_damaged_plan_or_sizing_piece_raises_the_located_error():
+    """A plan's phase, or a sizing's peak, read back with a field of the wrong type raises the
+    one located error of a damaged record: the file, the place in it and the field."""
+    from tunelab.core.errors import StudyError
+    from tunelab.core.record_sizing import PlanSchedule, peak_of
+    from tunelab.core.record_types import Sizing
+
+    phases = [dict(PLAN_RECORD["phases"][0], margin_pct="ten"), *PLAN_RECORD["phases"][1:]]
+    with pytest.raises(StudyError, match=r"plan-x.json: phases\[0\]: field 'margin_pct' is 'ten'"):
+        PlanSchedule.of("plan-x.json", {**PLAN_RECORD, "phases": phases})
+    with pytest.raises(StudyError, match=r"plan-x.json: field 'variant' is missing"):
+        PlanSchedule.of("plan-x.json", {k: v for k, v in PLAN_RECORD.items() if k != "variant"})
+    sizing = Sizing.of("size-x.json", {"id": "size-x", "device": "cpu"})
+    assert peak_of(sizing, "evaluation_peak") is None
+    damaged = Sizing.of("size-x.json", {"id": "size-x", "device": "cpu",
+                                        "evaluation_peak": {"status": 3}})  # fmt: skip
+    with pytest.raises(StudyError, match=r"size-x.json: evaluation_peak: field 'status' is 3"):
+        peak_of(damaged, "evaluation_peak")
+    peak = {
+        "status": "ok",
+        "measured": {"peak_total": 7, "compared": 4},
+        "predicted": {"compared": 2},
+    }
+    read = peak_of(Sizing.of("s.json", {"id": "s", "device": "cpu", "evaluation_peak": peak}),
+                   "evaluation_peak")  # fmt: skip
+    assert read is not None and read.total == 7 and read.scale == 2.0
