@@ -204,12 +204,19 @@ def time_shard_reads(folder: Path, strategy) -> dict[str, float]:
 
 
 def run_side(
-    study: Path, nproc: int, load: str, malloc: str = "tunelab", strategy: str = "fsdp"
+    study: Path,
+    nproc: int,
+    load: str,
+    malloc: str = "tunelab",
+    strategy: str = "fsdp",
+    ddp_start: str = "tunelab",
 ) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="fsdp-load-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TUNELAB_FSDP_LOAD": load}
     if malloc == "default":  # the peer: glibc's own mmap threshold in the ranks
         env["TUNELAB_RANK_MALLOC"] = "default"
+    if ddp_start == "broadcast-all":  # the peer: DDP's own start-up broadcast of every weight
+        env["TUNELAB_DDP_START"] = "broadcast-all"
     me = [str(Path(__file__).resolve()), "--worker", str(study), str(out)]
     if nproc == 1:
         cmd = [sys.executable, *me, "single"]
@@ -270,15 +277,21 @@ def ddp_sides(study: Path, single: dict) -> None:
     step is the safetensors files mapped (one copy in the page cache, shared by the node's
     ranks) and how much is its own."""
     ddp = run_side(study, 2, "sharded", strategy="ddp")
+    peer = run_side(study, 2, "sharded", strategy="ddp", ddp_start="broadcast-all")
     print("| side | rank | resident MB | own (anonymous) MB | file-backed MB |")
     print("|---|---|---|---|---|")
-    for side, r in [("one process", single)] + [("DDP", r) for r in ddp]:
+    sides = [("one process", single)] + [("DDP, trainable tensors broadcast", r) for r in ddp]
+    sides += [("DDP's own start-up broadcast of every weight", r) for r in peer]
+    same = [r["losses"] for r in ddp] == [r["losses"] for r in peer]
+    for side, r in sides:
         rss = r["anon_kb"] + r["file_kb"]
         print(f"| {side} | {r['rank']} | {rss / 1024:.0f} | {r['anon_kb'] / 1024:.0f} | "
               f"{r['file_kb'] / 1024:.0f} |")  # fmt: skip
     own = sum(r["anon_kb"] for r in ddp) / 1024
     shared = max(r["file_kb"] for r in ddp) / 1024
-    print(f"ddp_node_own_mb={own:.0f} ddp_node_file_backed_mb={shared:.0f}")
+    peer_own = sum(r["anon_kb"] for r in peer) / 1024
+    print(f"ddp_node_own_mb={own:.0f} peer_node_own_mb={peer_own:.0f} "
+          f"ddp_node_file_backed_mb={shared:.0f} losses_equal={str(same).lower()}")  # fmt: skip
 
 
 def row(first: dict, ranks: list[dict], side: str, weights_mb: float) -> None:

@@ -323,8 +323,11 @@ def _layout(r: dict[str, Any]) -> str:
 
 
 def _why_not(r: dict[str, Any]) -> str:
-    """A layout's reason, short: the load, the weights, or the step's peak."""
+    """A layout's reason, short: the load, the weights, the evaluation on one GPU, or the
+    step's peak."""
     why = r.get("why_not") or ""
+    if r.get("others"):  # a GPU's largest refusal: every strategy's reason, this one's last
+        why = why.rsplit(f"{r['strategy']}: ", 1)[-1]
     load = r.get("load") or {}
     if why.startswith("the load does not fit") and load:
         return (
@@ -334,6 +337,8 @@ def _why_not(r: dict[str, Any]) -> str:
         )
     if why.startswith(("weights", "tunelab train refuses")):
         return why
+    if why.startswith("the evaluation does not fit"):  # its figure, before the settings
+        return "evaluation " + why.removeprefix("the evaluation does not fit: ").split(" (")[0]
     return f"peak {r['peak_bytes'] / 1e9:.1f} GB over {r['memory_bytes'] / 1e9:.0f} GB"
 
 

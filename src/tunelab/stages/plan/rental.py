@@ -96,18 +96,31 @@ def layout_load_problem(
     nnodes: int = 1,
     device_bytes: int | None = None,
     host_bytes: int | None = None,
+    evaluation: bool = True,
 ) -> str | None:
     """Why `tunelab train --nproc N --strategy S` cannot load the study's base on GPUs of
     `device_bytes` (nodes of `host_bytes`), or None when it can (see tunelab.stages.sizing.load).
-    The facts come from the base's config.json; the precision is the rental's (bf16 unless
-    training.precision says fp16)."""
+    With `evaluation`, a layout that loads is still refused when the study's evaluation cannot
+    fit one of those GPUs (`tunelab eval` loads the whole model on one device), at the longest
+    sequence preprocess.max_seq_len allows (a generated answer's room cut from the prompt; no
+    tokenizer is read). The facts come from the
+    base's config.json; the precision is the rental's (bf16 unless training.precision says
+    fp16)."""
     from tunelab.stages.sizing.load import load_peak, load_problem, strategy_refusal
+    from tunelab.stages.sizing.peaks import evaluation_kind, plan_peak
 
     facts, _ = config_facts(cfg, root, len(cfg.task.labels or []))
     ranks = max(1, nproc) * max(1, nnodes)
     refusal = strategy_refusal(facts, strategy, cfg.training.precision)
     peak = load_peak(facts, strategy, ranks, max(1, nproc), "cuda")
-    return refusal or load_problem(peak, device_bytes, host_bytes)
+    problem = refusal or load_problem(peak, device_bytes, host_bytes)
+    if problem is not None or device_bytes is None or not evaluation:
+        return problem
+    precision = "fp16" if cfg.training.precision == "fp16" else "bf16"
+    tokens = cfg.preprocess.max_seq_len  # a generated answer's room is cut from the prompt
+    if evaluation_kind(cfg, facts.architecture) == "generation":
+        tokens = max(1, tokens - cfg.evaluation.max_new_tokens)
+    return plan_peak(0, facts, cfg, tokens, precision, device_bytes, gpus=ranks)[1]
 
 
 def character_lengths(

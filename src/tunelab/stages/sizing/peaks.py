@@ -179,6 +179,37 @@ def planning_peak_bytes(record: dict[str, Any]) -> tuple[int | None, str]:
     return known[which], which
 
 
+def evaluation_refusal(
+    evaluation_bytes: int,
+    budget_bytes: int,
+    settings: dict[str, Any],
+    weights_bytes: int,
+    fixed_bytes: int = 0,
+    device: str = "GPU",
+) -> str | None:
+    """Why a layout does not fit because its evaluation cannot (None when it can): `tunelab
+    eval` and `tunelab baseline` load the whole model on one device, whatever the training
+    layout, so its peak `evaluation_bytes` must fit one GPU of `budget_bytes` (`fixed_bytes`
+    of it taken by the runtime before the weights). The way out
+    names a `device` with more memory, and a smaller evaluation batch where the weights alone
+    fit."""
+    if evaluation_bytes <= budget_bytes:
+        return None
+    batch = f"evaluation.batch_size {settings['batch_size']} x {settings['tokens']} tokens"
+    if settings.get("kind") == "generation":
+        batch += f" + {settings['max_new_tokens']} new"
+    fix = f"a {device} with more memory"
+    if fixed_bytes + weights_bytes < budget_bytes:
+        fix += ", or a smaller evaluation.batch_size or evaluation.max_new_tokens"
+    else:
+        fix += f" (the weights alone are {weights_bytes / 1e9:.1f} GB)"
+    return (
+        f"the evaluation does not fit: {evaluation_bytes / 1e9:.1f} GB on one {device}, over its "
+        f"{budget_bytes / 1e9:.1f} GB (tunelab eval and baseline load the whole model on one "
+        f"device; {batch}): use {fix}"
+    )
+
+
 def plan_peak(
     training_bytes: int,
     facts: ModelFacts,
@@ -191,23 +222,19 @@ def plan_peak(
 ) -> tuple[int, str | None]:
     """For `tunelab plan` on a card: (the peak to provision, why it does not fit or None).
 
-    The larger of a training peak (`training_bytes`, `fixed_bytes` included) and the
-    evaluation's on one card: `fixed_bytes`, the whole weights and `evaluation_increase` at the
-    study's evaluation settings over `tokens`, the longest sequence. Over several `gpus` the
-    training peak alone (the evaluation is not yet planned across cards)."""
-    if gpus > 1:
-        return training_bytes, None
+    The evaluation runs on one card whatever the layout: `fixed_bytes`, the whole weights and
+    `evaluation_increase` at the study's evaluation settings over `tokens`, the longest
+    sequence (`evaluation_refusal` when that is over the card). On one card the peak is the
+    larger of the training peak (`training_bytes`, `fixed_bytes` included) and the
+    evaluation's; over several `gpus` it is the training peak of each rank."""
     settings = evaluation_settings(cfg, facts.architecture, tokens)
     added = evaluation_increase(facts, settings, precision)
     if added is None:
         return training_bytes, None
     evaluation = fixed_bytes + facts.total_weight_bytes + added["increase"]
-    peak = max(training_bytes, evaluation)
-    if peak <= budget_bytes:
-        return peak, None
-    return peak, (
-        f"the evaluation's peak {evaluation / 1e9:.1f} GB (evaluation.batch_size "
-        f"{settings['batch_size']} x {tokens} tokens + {settings['max_new_tokens']} new)"
+    peak = max(training_bytes, evaluation) if gpus == 1 else training_bytes
+    return peak, evaluation_refusal(
+        evaluation, budget_bytes, settings, facts.total_weight_bytes, fixed_bytes
     )
 
 

@@ -485,8 +485,8 @@ def run(
     assert facts is not None
     idle = 0 if device == "cuda" else max((r["measured"] or {}).get("idle_rss") or 0 for r in rows)
     record.update(peak_records(peaks, peak_rows, facts, template, device, idle))
-    # the load before the first step
-    record["load"] = load_table(facts, ranks, setup.budget, device)
+    # the load before the first step, and the evaluation on one device, for each layout
+    record["load"] = load_table(facts, ranks, setup.budget, device, record["evaluation_peak"])
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, save_sizing(study, record)

@@ -124,6 +124,11 @@ class Distributed:
         }
 
 
+# A diagnostic for the benchmark: "broadcast-all" keeps DDP's own start-up broadcast of every
+# weight (the losses are the same; only memory differs).
+DDP_START_ENV = "TUNELAB_DDP_START"
+
+
 def start_equal(model: torch.nn.Module) -> None:
     """Every replica starts from rank 0's values, broadcasting only what training changes.
 
@@ -162,8 +167,10 @@ class DDP(Distributed):
         fail_for_test(self.rank)
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        start_equal(model)
-        return DistributedDataParallel(model, device_ids=device_ids, init_sync=False)
+        own_sync = os.environ.get(DDP_START_ENV) == "broadcast-all"
+        if not own_sync:
+            start_equal(model)
+        return DistributedDataParallel(model, device_ids=device_ids, init_sync=own_sync)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
