@@ -51,6 +51,7 @@ from tunelab.core.record_parts import (
     Reproduced,
     SizingRow,
 )
+from tunelab.core.record_plan import PlanCost, PlanPhase
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -323,6 +324,25 @@ class Plan(Record):
     id: str = ""
     created_ns: int | None = None
     config_sha256: str | None = None
+    days: float | None = None  # the rental window
+    device: str | None = None  # the device the figures were measured on (older plans)
+    gpu: str | None = None  # the rented GPU, as its catalog names it
+    gpu_hour_price: float | None = None
+    num_variants: int | None = None  # the variants the study registers
+    variants_that_fit: int | None = None
+    warnings: list[str] | None = None
+    gantt_png: str | None = None  # the chart of the phases
+
+    @property
+    def cost(self) -> PlanCost:
+        return self.part(PlanCost, "cost") or PlanCost(self.path, {}, where="cost")
+
+    @property
+    def phases(self) -> list[PlanPhase]:
+        return self.parts(PlanPhase, "phases")
+
+    def check_parts(self) -> None:
+        _ = self.cost, self.phases
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import fill_hypothesis, run_cli, train_stopped_at
+from helpers import FILLED_HYPOTHESIS, run_cli, train_stopped_at
+from helpers.study import build_study
 from tunelab.core.ledger import RunRow
 from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
@@ -57,16 +58,14 @@ def render_dom(html_path, tmp_path, *extra: str) -> str:
 @pytest.fixture
 def hostile_study(tmp_path, capsys):
     """A registered study whose strings try to inject HTML."""
-    run_cli(capsys, "init", tmp_path / "s")
-    fill_hypothesis(tmp_path / "s" / "study.yaml")
-    raw = yaml.safe_load((tmp_path / "s" / "study.yaml").read_text())
-    raw["name"] = "evil<script>document.body.setAttribute('data-pwned', '1')</script>"
-    raw["hypothesis"]["behaviour"] = (
-        "<img src=x onerror=\"document.body.setAttribute('data-pwned', '2')\">route"
+    behaviour = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '2')\">route"
+    return build_study(
+        tmp_path / "s",
+        name="evil<script>document.body.setAttribute('data-pwned', '1')</script>",
+        hypothesis={**FILLED_HYPOTHESIS, "behaviour": behaviour},
+        register=True,
+        snapshot=False,
     )
-    (tmp_path / "s" / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    run_cli(capsys, "register", "-s", tmp_path / "s")
-    return tmp_path / "s"
 
 
 def test_report_from_records_escapes_everything(hostile_study, capsys):

@@ -23,6 +23,7 @@ from tunelab.core.record_types import (
     Evaluation,
     ExportManifest,
     Hypothesis,
+    Plan,
     Record,
     RunConfig,
     RunStatus,
@@ -149,7 +150,7 @@ class Collected:
     sizing: list[Sizing] = field(default_factory=list)
     runs: list[RunEvidence] = field(default_factory=list)
     compares: list[Compare] = field(default_factory=list)
-    plans: list[dict[str, Any]] = field(default_factory=list)  # stages.plan.stored.plans_in_order
+    plans: list[Plan] = field(default_factory=list)  # oldest first
     exports: list[ExportManifest] = field(default_factory=list)
     test_openings: list[SealedOpening] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
@@ -181,6 +182,18 @@ def _data_snapshots(root: Path, read: _Reader) -> list[DataManifest]:
     found = sorted(root.iterdir()) if root.is_dir() else []
     manifests = [m for m in (read.typed(DataManifest, d / "manifest.json") for d in found) if m]
     return sorted(manifests, key=lambda m: str(m.created_at or ""))
+
+
+def _plans(study: Study, read: _Reader) -> list[Plan]:
+    """Every plan, oldest first (stages.plan.stored.plans_in_order), read typed."""
+    out = []
+    for raw in plans_in_order(study, on_damaged=read.damaged):
+        path = Path(raw.pop("_path"))
+        try:
+            out.append(Plan.of(path, raw))
+        except StudyError as exc:
+            read.damaged(path, exc)
+    return out
 
 
 def _exports(root: Path, read: _Reader) -> list[ExportManifest]:
@@ -218,7 +231,7 @@ def collect(study: Study) -> Collected:
         sizing=read.typed_in(Sizing, rec / "sizing"),
         runs=runs,
         compares=read.typed_in(Compare, rec / "compare"),
-        plans=plans_in_order(study, on_damaged=read.damaged),
+        plans=_plans(study, read),
         exports=_exports(rec / "exports", read),
         test_openings=openings,
         unreadable=read.unreadable,
