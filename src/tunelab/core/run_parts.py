@@ -29,6 +29,9 @@ __all__ = [
     "GuardrailRule",
     "Mismatch",
     "ModelIdentity",
+    "ParamCount",
+    "ParamTotals",
+    "ParameterAudit",
     "Pin",
     "Reproduced",
     "RunEnv",
@@ -284,3 +287,52 @@ class Pin(Record):
     repo_id: str | None = None
     revision: str | None = None
     commit: str | None = None
+
+
+@dataclass(frozen=True)
+class ParamCount(Record):
+    """Parameters of a module group (or a dtype's bytes): trainable and frozen."""
+
+    trainable: int = 0
+    frozen: int = 0
+    tensors_trainable: int | None = None  # a group's trainable tensors
+
+
+@dataclass(frozen=True)
+class ParamTotals(Record):
+    """The model's parameters in all: trainable, frozen, their share and tensors."""
+
+    trainable: int = 0
+    frozen: int = 0
+    all: int | None = None
+    trainable_share: float = 0.0
+    trainable_tensors: int = 0
+
+
+@dataclass(frozen=True)
+class ParameterAudit(Record):
+    """runs/<run>/audit.json: which parameters train and what a checkpoint holds
+    (lib.models.audit.parameter_audit; written by stages.train)."""
+
+    method: str = ""
+    adapted_modules: list[str] | None = None
+    adapted_summary: str | None = None
+    modules_to_save: list[str] = field(default_factory=list)
+    saves: str = ""  # model | adapter: what a checkpoint holds
+    saved_params: int = 0
+    notes: list[str] | None = None
+
+    @property
+    def totals(self) -> ParamTotals:
+        return self.part(ParamTotals, "totals") or ParamTotals(self.path, {}, where="totals")
+
+    @property
+    def groups(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "groups")
+
+    @property
+    def bytes_by_dtype(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "bytes_by_dtype")
+
+    def check_parts(self) -> None:
+        _ = self.totals, self.groups, self.bytes_by_dtype
