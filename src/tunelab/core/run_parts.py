@@ -36,6 +36,7 @@ __all__ = [
     "Reproduced",
     "RunEnv",
     "SizingRow",
+    "TrainStep",
 ]
 
 
@@ -336,3 +337,16 @@ class ParameterAudit(Record):
 
     def check_parts(self) -> None:
         _ = self.totals, self.groups, self.bytes_by_dtype
+
+
+@dataclass(frozen=True)
+class TrainStep(Record):
+    """One line of runs/<run>/metrics.jsonl (stages.train): an optimizer step's loss and rate,
+    or a validation pass (`val_loss`) at that step."""
+
+    step: int = 0
+    epoch: float | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    lr: float | None = None
+    elapsed_s: float | None = None  # since the run's start
