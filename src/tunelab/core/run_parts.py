@@ -25,6 +25,7 @@ __all__ = [
     "EnvironmentCheck",
     "FieldMetrics",
     "FreshTimings",
+    "GateOverride",
     "Gpu",
     "GuardrailRule",
     "Mismatch",
@@ -33,6 +34,7 @@ __all__ = [
     "ParamTotals",
     "ParameterAudit",
     "Pin",
+    "PlatformGate",
     "Reproduced",
     "RunEnv",
     "SizingRow",
@@ -350,3 +352,28 @@ class TrainStep(Record):
     val_loss: float | None = None
     lr: float | None = None
     elapsed_s: float | None = None  # since the run's start
+
+
+@dataclass(frozen=True)
+class GateOverride(Record):
+    """A run that went past the platform gate: the checks it lacked there, and why."""
+
+    why: str | None = None
+    missing: dict[str, Any] | list[str] | None = None  # the checks, by kind
+
+
+@dataclass(frozen=True)
+class PlatformGate(Record):
+    """What the platform gate found for a training run (`platform_gate` in its config.json,
+    one line of platforms.jsonl per resume; stages.smoke.platform)."""
+
+    platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
+    command: str | None = None  # "resume" on a platforms.jsonl line
+    at: str | None = None
+
+    @property
+    def override(self) -> GateOverride | None:
+        return self.part(GateOverride, "override")
+
+    def check_parts(self) -> None:
+        _ = self.override
