@@ -66,6 +66,7 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
     """The typed classes read the records tunelab writes (the fixed study of the pinned plan)."""
     from pathlib import Path
 
+    from tunelab.core.record_data import DataManifest, Duplicates
     from tunelab.core.record_types import (
         Compare,
         ExportManifest,
@@ -73,6 +74,7 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
         Sizing,
         Smoke,
     )
+    from tunelab.core.run_parts import ParameterAudit, RunEnv
 
     records = Path(__file__).parents[1] / "fixtures" / "plan-study" / "records"
     kinds = {
@@ -85,6 +87,10 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
         "plans/plan-*.json": Plan,
         "compare/*.json": Compare,
         "exports/*/tunelab-manifest.json": ExportManifest,
+        "data/*/manifest.json": DataManifest,
+        "data/*/duplicates.json": Duplicates,
+        "runs/*/env.json": RunEnv,
+        "runs/train-*/audit.json": ParameterAudit,
     }
     for pattern, kind in kinds.items():
         paths = sorted(records.glob(pattern))

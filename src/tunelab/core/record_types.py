@@ -52,6 +52,7 @@ from tunelab.core.record_parts import (
     SizingRow,
 )
 from tunelab.core.record_plan import PlanCost, PlanPhase
+from tunelab.core.run_parts import PlatformGate
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -94,6 +95,16 @@ class RunConfig(Record):
     evaluates: str | None = None  # an eval run: the run it evaluates
     evaluation_spec_sha256: str | None = None  # an evaluation run: the locked spec it used
     hypothesis_evaluation_spec_sha256: str | None = None  # a smoke or training run's
+    platform_gate: dict[str, Any] | None = None  # a training run's: see `gate`
+
+    @property
+    def gate(self) -> PlatformGate | None:
+        """What the platform gate found when the run started (None: a run it does not gate)."""
+        return self.part(PlatformGate, "platform_gate")
+
+    def check_parts(self) -> None:
+        if (gate := self.gate) is not None:
+            gate.check_parts()
 
     @property
     def base(self) -> ModelIdentity:

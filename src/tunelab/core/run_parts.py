@@ -25,14 +25,20 @@ __all__ = [
     "EnvironmentCheck",
     "FieldMetrics",
     "FreshTimings",
+    "GateOverride",
     "Gpu",
     "GuardrailRule",
     "Mismatch",
     "ModelIdentity",
+    "ParamCount",
+    "ParamTotals",
+    "ParameterAudit",
     "Pin",
+    "PlatformGate",
     "Reproduced",
     "RunEnv",
     "SizingRow",
+    "TrainStep",
 ]
 
 
@@ -284,3 +290,90 @@ class Pin(Record):
     repo_id: str | None = None
     revision: str | None = None
     commit: str | None = None
+
+
+@dataclass(frozen=True)
+class ParamCount(Record):
+    """Parameters of a module group (or a dtype's bytes): trainable and frozen."""
+
+    trainable: int = 0
+    frozen: int = 0
+    tensors_trainable: int | None = None  # a group's trainable tensors
+
+
+@dataclass(frozen=True)
+class ParamTotals(Record):
+    """The model's parameters in all: trainable, frozen, their share and tensors."""
+
+    trainable: int = 0
+    frozen: int = 0
+    all: int | None = None
+    trainable_share: float = 0.0
+    trainable_tensors: int = 0
+
+
+@dataclass(frozen=True)
+class ParameterAudit(Record):
+    """runs/<run>/audit.json: which parameters train and what a checkpoint holds
+    (lib.models.audit.parameter_audit; written by stages.train)."""
+
+    method: str = ""
+    adapted_modules: list[str] | None = None
+    adapted_summary: str | None = None
+    modules_to_save: list[str] = field(default_factory=list)
+    saves: str = ""  # model | adapter: what a checkpoint holds
+    saved_params: int = 0
+    notes: list[str] | None = None
+
+    @property
+    def totals(self) -> ParamTotals:
+        return self.part(ParamTotals, "totals") or ParamTotals(self.path, {}, where="totals")
+
+    @property
+    def groups(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "groups")
+
+    @property
+    def bytes_by_dtype(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "bytes_by_dtype")
+
+    def check_parts(self) -> None:
+        _ = self.totals, self.groups, self.bytes_by_dtype
+
+
+@dataclass(frozen=True)
+class TrainStep(Record):
+    """One line of runs/<run>/metrics.jsonl (stages.train): an optimizer step's loss and rate,
+    or a validation pass (`val_loss`) at that step."""
+
+    step: int = 0
+    epoch: float | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    lr: float | None = None
+    elapsed_s: float | None = None  # since the run's start
+
+
+@dataclass(frozen=True)
+class GateOverride(Record):
+    """A run that went past the platform gate: the checks it lacked there, and why."""
+
+    why: str | None = None
+    missing: dict[str, Any] | list[str] | None = None  # the checks, by kind
+
+
+@dataclass(frozen=True)
+class PlatformGate(Record):
+    """What the platform gate found for a training run (`platform_gate` in its config.json,
+    one line of platforms.jsonl per resume; stages.smoke.platform)."""
+
+    platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
+    command: str | None = None  # "resume" on a platforms.jsonl line
+    at: str | None = None
+
+    @property
+    def override(self) -> GateOverride | None:
+        return self.part(GateOverride, "override")
+
+    def check_parts(self) -> None:
+        _ = self.override

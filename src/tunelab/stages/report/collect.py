@@ -31,7 +31,7 @@ from tunelab.core.record_types import (
     Verify,
 )
 from tunelab.core.records import read_json
-from tunelab.core.run_parts import RunEnv
+from tunelab.core.run_parts import RunEnv, TrainStep
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
 
@@ -57,8 +57,10 @@ class _Reader:
             self.damaged(path, exc)
             return None
 
-    def jsonl(self, path: Path) -> list[Any]:
-        rows = []
+    def jsonl(self, kind: type[R], path: Path) -> list[R]:
+        """The lines of a JSONL record, each read as `kind`; a line that is not JSON or not
+        its kind is left out and listed."""
+        rows: list[R] = []
         if not path.exists():
             return rows
         with open(path, encoding="utf-8") as f:
@@ -66,10 +68,12 @@ class _Reader:
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(kind.of(path, json.loads(line), f"line {number}"))
                 except json.JSONDecodeError:
                     error = f"{path}: line {number} is not valid JSON; the dossier leaves it out"
                     self.unreadable.append(Unreadable(str(path), error))
+                except StudyError as exc:
+                    self.damaged(path, exc)
         return rows
 
     def typed_in(self, kind: type[R], folder: Path, pattern: str = "*.json") -> list[R]:
@@ -125,7 +129,7 @@ class RunEvidence:
     config: RunConfig | None = None
     status: RunStatus | None = None
     env: RunEnv | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, oldest first
+    steps: list[TrainStep] = field(default_factory=list)  # metrics.jsonl, oldest first
     evaluations: dict[str, Evaluation] = field(default_factory=dict)  # by split
     verify: list[Verify] = field(default_factory=list)
     # the ledger's, oldest first: statuses (interruptions, resumes), checks
@@ -170,7 +174,7 @@ def _collect_run(
         config=read.typed(RunConfig, run_dir / "config.json"),
         status=read.typed(RunStatus, run_dir / "status.json"),
         env=read.typed(RunEnv, run_dir / "env.json"),
-        steps=read.jsonl(run_dir / "metrics.jsonl"),
+        steps=read.jsonl(TrainStep, run_dir / "metrics.jsonl"),
         evaluations=evaluations,
         verify=read.typed_in(Verify, run_dir, "verify*.json"),
         events=events,
