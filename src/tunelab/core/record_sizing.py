@@ -147,6 +147,9 @@ class SizingPeak(Record):
     predicted: dict[str, Any] | None = None
     measured: dict[str, Any] | None = None
     error_pct: float | None = None
+    # the worst batch's: {step, micro_batch_index, lengths, tokens, padded_tokens, packed,
+    # steps_scanned, seed}
+    batch: dict[str, Any] | None = None
 
     @property
     def total(self) -> int | None:
@@ -157,6 +160,16 @@ class SizingPeak(Record):
             return int(measured)
         predicted = (self.predicted or {}).get("total")
         return int(predicted) if predicted else None
+
+    @property
+    def predicted_compared(self) -> int | None:
+        """The predicted bytes set against the measurement."""
+        return (self.predicted or {}).get("compared")
+
+    @property
+    def measured_compared(self) -> int | None:
+        """The measured bytes the prediction is set against."""
+        return (self.measured or {}).get("compared")
 
     @property
     def idle(self) -> int:
@@ -172,8 +185,7 @@ class SizingPeak(Record):
     def scale(self) -> float:
         """measured / predicted of the figures compared, at least 1 (a prediction is never
         lowered by its measurement)."""
-        measured = (self.measured or {}).get("compared")
-        predicted = (self.predicted or {}).get("compared")
+        measured, predicted = self.measured_compared, self.predicted_compared
         return max(1.0, measured / predicted) if measured and predicted else 1.0
 
 
