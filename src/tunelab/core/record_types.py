@@ -23,6 +23,20 @@ class here is what every other stage reads it back as.
 | `Plan`         | plans/plan-<stamp>.json                | stages.plan                 |
 | `Compare`      | compare/<id>.json                      | stages.compare              |
 | `ExportManifest` | exports/<id>/tunelab-manifest.json   | stages.export               |
+
+Kinds with a module of their own (and the pieces nested in them):
+
+| kind              | file                                  | module            | written by       |
+|-------------------|---------------------------------------|-------------------|------------------|
+| `DataManifest`    | data/<snapshot>/manifest.json         | core.record_data  | stages.data      |
+| `Duplicates`      | data/<snapshot>/duplicates.json       | core.record_data  | stages.data      |
+| `Inspection`      | inspect/<id>.json                     | core.record_inspect | stages.inspect |
+| `RunEnv`          | runs/<run>/env.json                   | core.run_parts    | core.study       |
+| `ParameterAudit`  | runs/<run>/audit.json                 | core.run_parts    | stages.train     |
+| `TrainStep`       | runs/<run>/metrics.jsonl (one a line) | core.run_parts    | stages.train     |
+| `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
+
+The export manifest's and the plan's pieces are in core.record_export and core.record_plan.
 """
 
 from __future__ import annotations
