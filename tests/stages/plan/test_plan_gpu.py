@@ -338,6 +338,7 @@ def test_gpu_plan_refusals(config_only_study, capsys):
 
 
 def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
+    from tunelab.core.record_types import Sizing
     from tunelab.stages.plan.project import measured_utilization, resolve_utilization
 
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")
@@ -361,7 +362,7 @@ def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
             }
         ],
     }
-    measured = measured_utilization(sizing, shape)
+    measured = measured_utilization(Sizing.of("size-gpu.json", sizing), shape)
     assert measured is not None and measured[1].id == "H200"
     assert measured[0] == pytest.approx(0.30, abs=0.01)  # the H200 row of the catalog's default
     util, was_measured, _ = resolve_utilization(find_gpu("H100-SXM"), "full", None, measured)
@@ -370,7 +371,8 @@ def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
     assert not was and notes and "another architecture" in notes[0]
     given, _, _ = resolve_utilization(find_gpu("H100-SXM"), "full", 0.5, measured)
     assert given.value == given.low == given.high == 0.5
-    assert measured_utilization({**sizing, "device": "cpu"}, shape) is None
+    on_cpu = Sizing.of("size-cpu.json", {**sizing, "device": "cpu"})
+    assert measured_utilization(on_cpu, shape) is None
 
 
 def test_review_of_a_gpu_plan_against_the_runs_that_followed(pinned, capsys):  # noqa: F811

@@ -15,6 +15,7 @@ from typing import Any
 
 from tunelab.core.errors import ConfigError
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_types import Sizing
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.plan.catalog import Gpu, currency, find_gpu
@@ -202,7 +203,7 @@ def check_days(days: int) -> int:
 
 def _projected_plan(
     shape: StudyShape,
-    sizing: dict[str, Any] | None,
+    sizing: Sizing | None,
     local: Figures | None,
     cfg: Any,
     gpu: Gpu,

@@ -20,9 +20,12 @@ longest packed batch comes at one step of the seeded order, and the evaluation a
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import TunelabError
+from tunelab.core.record_sizing import SizingPeak, peak_of, recommendation_of
+from tunelab.core.record_types import Sizing
 from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CLASSIFYING = ("classification", "image_classification")
@@ -151,27 +154,22 @@ def evaluation_increase(
 
 
 def peak_total(peak: dict[str, Any] | None) -> int | None:
-    """The bytes of a recorded peak the budget holds: the measured whole-process figure
-    (CPU: peak RSS; CUDA: max allocated), else the prediction over the measured idle process
-    (or the predicted total); None when neither is known."""
+    """The bytes of a peak the budget holds (`core.record_sizing.SizingPeak.total`) for a peak
+    not read back from its record (the one `tunelab size` is writing); None when neither the
+    measured nor the predicted figure is known."""
     if not peak:
         return None
-    m = peak.get("measured") or {}
-    if peak.get("status") == "ok" and m.get("peak_total"):
-        return int(m["peak_total"])
-    p = peak.get("predicted") or {}
-    if p.get("total"):
-        return int(p["total"])
-    return None
+    return SizingPeak.of(Path("sizing record"), peak, "peak").total
 
 
-def planning_peak_bytes(record: dict[str, Any]) -> tuple[int | None, str]:
+def planning_peak_bytes(sizing: Sizing) -> tuple[int | None, str]:
     """The peak a plan must provision from a sizing record, and which it is: the larger of the
     training recommendation's, the worst batch's and the evaluation's."""
-    rec = record.get("recommendation") or {}
-    found = {"training": rec.get("predicted_peak_bytes") if rec.get("fits") else None}
-    found["worst batch"] = peak_total(record.get("worst_batch_peak"))
-    found["evaluation"] = peak_total(record.get("evaluation_peak"))
+    rec = recommendation_of(sizing)
+    found = {"training": rec.predicted_peak_bytes if rec.fits else None}
+    for name, key in (("worst batch", "worst_batch_peak"), ("evaluation", "evaluation_peak")):
+        peak = peak_of(sizing, key)
+        found[name] = peak.total if peak is not None else None
     known = {k: int(v) for k, v in found.items() if v}
     if not known:
         return None, "none"
