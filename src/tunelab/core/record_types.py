@@ -23,6 +23,21 @@ class here is what every other stage reads it back as.
 | `Plan`         | plans/plan-<stamp>.json                | stages.plan                 |
 | `Compare`      | compare/<id>.json                      | stages.compare              |
 | `ExportManifest` | exports/<id>/tunelab-manifest.json   | stages.export               |
+
+Kinds with a module of their own (and the pieces nested in them):
+
+| kind              | file                                  | module            | written by       |
+|-------------------|---------------------------------------|-------------------|------------------|
+| `DataManifest`    | data/<snapshot>/manifest.json         | core.record_data  | stages.data      |
+| `Duplicates`      | data/<snapshot>/duplicates.json       | core.record_data  | stages.data      |
+| `Inspection`      | inspect/<id>.json                     | core.record_inspect | stages.inspect |
+| `RunEnv`          | runs/<run>/env.json                   | core.run_parts    | core.study       |
+| `ParameterAudit`  | runs/<run>/audit.json                 | core.run_parts    | stages.train     |
+| `TrainStep`       | runs/<run>/metrics.jsonl (one a line) | core.run_parts    | stages.train     |
+| `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
+
+The export manifest's pieces are in core.record_export; the plan's durations and phases
+(`PlanSchedule`) and the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations
@@ -51,7 +66,6 @@ from tunelab.core.record_parts import (
     Reproduced,
     SizingRow,
 )
-from tunelab.core.record_plan import PlanCost, PlanPhase
 from tunelab.core.run_parts import PlatformGate
 
 if TYPE_CHECKING:
@@ -329,6 +343,16 @@ class Sizing(Record):
 
 
 @dataclass(frozen=True)
+class PlanCost(Record):
+    """A plan's busy and rented GPU-hours, and their cost in the price's currency."""
+
+    busy_hours: float | None = None
+    busy_cost: float | None = None
+    rental_hours: float | None = None
+    rental_cost: float | None = None
+
+
+@dataclass(frozen=True)
 class Plan(Record):
     """plans/plan-<stamp>.json: a rental plan and the figures it was built from."""
 
@@ -348,12 +372,8 @@ class Plan(Record):
     def cost(self) -> PlanCost:
         return self.part(PlanCost, "cost") or PlanCost(self.path, {}, where="cost")
 
-    @property
-    def phases(self) -> list[PlanPhase]:
-        return self.parts(PlanPhase, "phases")
-
     def check_parts(self) -> None:
-        _ = self.cost, self.phases
+        _ = self.cost
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ __all__ = [
     "ParameterAudit",
     "Pin",
     "PlatformGate",
+    "PowerEstimate",
     "Reproduced",
     "RunEnv",
     "SizingRow",
@@ -377,3 +378,19 @@ class PlatformGate(Record):
 
     def check_parts(self) -> None:
         _ = self.override
+
+
+@dataclass(frozen=True)
+class PowerEstimate(Record):
+    """The smallest effect the validation split can show (stages.hypothesis.power; kept in a
+    hypothesis record as `power`)."""
+
+    metric: str | None = None
+    level: float | None = None  # the one-sided test's
+    power: float | None = None
+    detectable_effect: float | None = None  # None: not known (`note` says why)
+    n: int | None = None
+    note: str | None = None
+    source: str | None = None  # the predictions it was estimated from
+    warnings: list[str] | None = None
+    per_category: dict[str, Any] | None = None

@@ -18,12 +18,12 @@ from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
 from tunelab.core.record_data import DataManifest
 from tunelab.core.record_inspect import Inspection
+from tunelab.core.record_sizing import PlanSchedule
 from tunelab.core.record_types import (
     Compare,
     Evaluation,
     ExportManifest,
     Hypothesis,
-    Plan,
     Record,
     RunConfig,
     RunStatus,
@@ -154,7 +154,7 @@ class Collected:
     sizing: list[Sizing] = field(default_factory=list)
     runs: list[RunEvidence] = field(default_factory=list)
     compares: list[Compare] = field(default_factory=list)
-    plans: list[Plan] = field(default_factory=list)  # oldest first
+    plans: list[PlanSchedule] = field(default_factory=list)  # oldest first
     exports: list[ExportManifest] = field(default_factory=list)
     test_openings: list[SealedOpening] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
@@ -188,13 +188,13 @@ def _data_snapshots(root: Path, read: _Reader) -> list[DataManifest]:
     return sorted(manifests, key=lambda m: str(m.created_at or ""))
 
 
-def _plans(study: Study, read: _Reader) -> list[Plan]:
+def _plans(study: Study, read: _Reader) -> list[PlanSchedule]:
     """Every plan, oldest first (stages.plan.stored.plans_in_order), read typed."""
     out = []
     for raw in plans_in_order(study, on_damaged=read.damaged):
         path = Path(raw.pop("_path"))
         try:
-            out.append(Plan.of(path, raw))
+            out.append(PlanSchedule.of(path, raw))
         except StudyError as exc:
             read.damaged(path, exc)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.record_plan import PlanPhase
+from tunelab.core.record_sizing import PlanPhase
 from tunelab.stages.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.context import Dossier
@@ -25,7 +25,7 @@ def _plan_row(ph: PlanPhase, review: dict[str, dict[str, Any]]) -> list[Any]:
             within += ", but far off"
 
     return [
-        ph.title,
+        ph.phase,
         seconds(r.get("planned_s", ph.total_s)),
         percent(ph.margin_pct),
         seconds(r.get("actual_s")),
