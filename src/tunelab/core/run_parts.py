@@ -36,6 +36,7 @@ __all__ = [
     "Pin",
     "PlatformGate",
     "PowerEstimate",
+    "Prediction",
     "Reproduced",
     "RunEnv",
     "SizingRow",
@@ -394,3 +395,16 @@ class PowerEstimate(Record):
     source: str | None = None  # the predictions it was estimated from
     warnings: list[str] | None = None
     per_category: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Prediction(Record):
+    """One line of runs/<run>/predictions-<split>.jsonl (stages.evaluate): an example's gold
+    and prediction, as written (a label, a JSON value, a verdict); an image example names its
+    stored file (images/<sha256>.<ext> in the snapshot)."""
+
+    id: str | int = ""
+    image: str | None = None
+
+    gold = as_written("gold")
+    prediction = as_written("prediction")
