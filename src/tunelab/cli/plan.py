@@ -9,6 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.errors import ConfigError
+from tunelab.core.record_sizing import PlanFigure, PlanSchedule
 
 
 def _pct(x: float | None) -> str:
@@ -195,10 +196,10 @@ FIGURE_WORDS = {
 }
 
 
-def _figure_line(key: str, fig: dict[str, Any]) -> str:
-    value = fig.get("value")
+def _figure_line(key: str, fig: PlanFigure | None) -> str:
+    value, source = (fig.value, fig.source or "") if fig is not None else (None, "")
     if value is None:
-        return f"  {key}: -  ({fig.get('source', '')})"
+        return f"  {key}: -  ({source})"
     if key == "answer_length_s_per_example":
         way = "shorter" if value < 0 else "longer"
         meaning = (
@@ -210,48 +211,49 @@ def _figure_line(key: str, fig: dict[str, Any]) -> str:
         meaning = f"+{value:.4g} s an example for the adapter's unmerged layers"
     else:
         meaning = f"{value:.4g} s {FIGURE_WORDS.get(key, '')}".rstrip()
-    return f"  {key}: {meaning}  ({fig.get('source', '')})"
+    return f"  {key}: {meaning}  ({source})"
 
 
 def print_plan(record: dict[str, Any]) -> None:
-    v = record["variant"]
+    """The plan `tunelab plan` recorded, read as its kind (`core.record_sizing.PlanSchedule`)."""
+    plan = PlanSchedule.of(Path("records/plans") / f"{record.get('id')}.json", record)
+    v = plan.variant
     rows = [
-        [p["phase"], _h(p["start_s"]), _h(p["planned_s"]), f"+{p['margin_pct']}%", _h(p["total_s"])]
-        for p in record["phases"]
+        [p.phase, _h(p.start_s), _h(p.planned_s), f"+{p.margin_pct}%", _h(p.total_s)]
+        for p in plan.phases
     ]
     console.print(
         table(
-            f"{record['days']}-day plan on {record.get('device') or record['gpu']} "
-            f"({record['num_variants']} variants)",
+            f"{plan.days}-day plan on {plan.device or plan.gpu} ({plan.num_variants} variants)",
             ["phase", "starts at", "planned", "margin", "with margin"],
             rows,
         )
     )
     console.print(
-        f"one variant: {v['steps']} steps x {record['step_time_s']:.3f} s + "
-        f"{v['validation_passes']} validation passes + {v['checkpoint_saves']} checkpoint saves "
-        f"+ {_h(v['startup_s'])} start = {_h(v['total_s'])}"
+        f"one variant: {v.steps} steps x {plan.step_time_s:.3f} s + "
+        f"{v.validation_passes} validation passes + {v.checkpoint_saves} checkpoint saves "
+        f"+ {_h(v.startup_s)} start = {_h(v.total_s)}"
     )
-    c = record["cost"]
-    money = (record.get("projection") or {}).get("currency")
+    c, projection = plan.cost, plan.projection
+    money = projection.currency if projection is not None else None
     unit = f" {money}" if money else ""
     console.print(
-        f"busy {_h(record['busy_s'])} of a {record['window_s'] / 3600:.0f} h window; "
-        f"{record['variants_that_fit']} variants fit; cost {c['busy_cost']:,.2f}{unit} busy, "
-        f"{c['rental_cost']:,.2f}{unit} for the whole rental ({c['rental_hours']} h x "
-        f"{record['gpu_hour_price']:g})"
+        f"busy {_h(plan.busy_s)} of a {(plan.window_s or 0) / 3600:.0f} h window; "
+        f"{plan.variants_that_fit} variants fit; cost {c.busy_cost or 0:,.2f}{unit} busy, "
+        f"{c.rental_cost or 0:,.2f}{unit} for the whole rental ({c.rental_hours} h x "
+        f"{plan.gpu_hour_price:g})"
     )
-    console.print(f"one evaluation of a variant: {_h(record['evaluation_run_s'])}")
-    sources = record["figures"]
+    console.print(f"one evaluation of a variant: {_h(plan.evaluation_run_s)}")
     # a variant's evaluation beside the baseline's: printed when the plan has them
     variant_keys = ("answer_length_s_per_example", "adapted_extra_s_per_example")
     for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s", *variant_keys):
-        if key in variant_keys and key not in sources:
+        fig = plan.input_figure(key)
+        if key in variant_keys and fig is None:
             continue
-        console.print(_figure_line(key, sources.get(key) or {}), style="dim")
-    if record.get("projection"):
-        print_projection(record["projection"])
-    for w in record["warnings"]:
+        console.print(_figure_line(key, fig), style="dim")
+    if projection is not None:
+        print_projection(record["projection"])  # the projection as `stages.plan.project` built it
+    for w in plan.warnings or []:
         console.print(f"[yellow]warning:[/] {w}")
 
 

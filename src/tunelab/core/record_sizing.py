@@ -262,7 +262,9 @@ class PlanVariant(Record):
     startup_s: float = 0.0
     steps: int = 0
     steps_s: float = 0.0
+    validation_passes: int | None = None
     validation_s: float = 0.0
+    checkpoint_saves: int | None = None
     checkpoints_s: float = 0.0
     total_s: float = 0.0
 
@@ -272,6 +274,8 @@ class PlanPhase(Record):
     """One phase of the plan: its name, seconds and margin."""
 
     phase: str = ""
+    start_s: float | None = None
+    planned_s: float | None = None
     total_s: float | None = None
     margin_pct: float | None = None
 
@@ -290,6 +294,7 @@ class PlanProjection(Record):
 
     gpu: str = ""
     gpu_name: str | None = None
+    currency: str | None = None  # the catalog's prices'
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,8 @@ class PlanSchedule(Plan):
     """A plan record with the durations the review reads back (`Plan` is its identity)."""
 
     step_time_s: float = 0.0
+    busy_s: float | None = None
+    window_s: float | None = None
     evaluation_run_s: float = 0.0
     verify_s: float = 0.0
     resume_each_s: float = 0.0
@@ -320,12 +327,17 @@ class PlanSchedule(Plan):
         return self.part(PlanProjection, "projection")
 
     def figure(self, name: str) -> float | None:
-        """The value of input figure `name` (None where the plan has none; `figures` also
+        """The value of input figure `name` (None where the plan has none)."""
+        found = self.input_figure(name)
+        return found.value if found is not None else None
+
+    def input_figure(self, name: str) -> PlanFigure | None:
+        """Input figure `name` with its source (None where the plan has none; `figures` also
         holds values that are not figures: the device, the counts, the method)."""
         figures = self.raw.get("figures") or {}
         if not isinstance(figures, dict) or figures.get(name) is None:
             return None
-        return PlanFigure.of(self.path, figures[name], f"figures.{name}").value
+        return PlanFigure.of(self.path, figures[name], f"figures.{name}")
 
     def _required(self, cls: type[R], name: str) -> R:
         found = self.part(cls, name)

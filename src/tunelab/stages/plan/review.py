@@ -366,16 +366,19 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
     ]
 
 
-def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+def review_plan(study: Study, plan: PlanSchedule | dict[str, Any] | None = None) -> dict[str, Any]:
     """Planned against actual, phase by phase, for the units the ledger holds: `{plan, rows,
     max_error_pct, max_error_at_run_speed_pct}` (the record `tunelab plan --review --json`
-    prints). `plan` is a plan record as written (its `_path` where it was read from, if any);
-    None: the latest. A damaged plan record raises the located StudyError."""
+    prints). `plan` is a plan record read back, or one as written (its `_path` where it was
+    read from, if any); None: the latest. A damaged plan record raises the located
+    StudyError."""
     if plan is None:
         found = latest(study, "plan")
         if found is None:
             raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
         schedule = PlanSchedule.read(found.path)
+    elif isinstance(plan, PlanSchedule):
+        schedule = plan
     else:
         where = plan.get("_path") or plans_dir(study) / f"{plan.get('id')}.json"
         schedule = PlanSchedule.of(where, plan)
