@@ -11,8 +11,10 @@ length 128, micro batch 1 per rank, 4 optimizer steps. Sides, each in fresh proc
   its rows of the safetensors files (tunelab's default under FSDP).
 
 Each rank resets its peak resident memory (Linux `/proc/self/clear_refs`) just before the model
-is built and reads it (`VmHWM`) after the first optimizer step: the peak from the start of
-loading to the first step. The fixed overhead is each process's resident memory at that start
+is built and reads it (`VmHWM`) after loading (load peak) and after the first optimizer step:
+the peak from the start of loading to the first step. At 2 ranks a peer side runs the sharded
+load with glibc's own malloc policy (`TUNELAB_RANK_MALLOC=default`), which every rank otherwise
+replaces with a fixed mmap threshold. The fixed overhead is each process's resident memory at that start
 (torch, transformers, the tokenizer and the encoded data), printed per side. The losses of the
 4 steps of the sharded side must equal the whole-load side's at the same N, exactly.
 
@@ -140,6 +142,7 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
                       pad_id=prep.tokenizer.pad_token_id or 0, total_steps=STEPS,
                       strategy=strategy)  # fmt: skip
     load_s = time.perf_counter() - t0
+    load_peak_kb = vm_kb("VmHWM")
     losses: list[float] = []
     peak: dict[str, int] = {}
 
@@ -147,9 +150,12 @@ def worker(study_dir: Path, out: Path, strategy_name: str) -> None:
         losses.append(row["loss"])
         if state.step == 1:
             peak["kb"] = vm_kb("VmHWM")
+            peak["anon_kb"], peak["file_kb"] = vm_kb("RssAnon"), vm_kb("RssFile")
 
     train_loop(loop, TrainState(), [on_step])
     figures = {"rank": rank, "world": world, "start_kb": start_kb, "peak_kb": peak["kb"],
+               "load_peak_kb": load_peak_kb,
+               "anon_kb": peak["anon_kb"], "file_kb": peak["file_kb"],
                "load_s": load_s, "losses": losses,
                "bytes_read": getattr(strategy, "bytes_read", None)}  # fmt: skip
     if strategy is not None and strategy_name == "fsdp":
@@ -197,15 +203,26 @@ def time_shard_reads(folder: Path, strategy) -> dict[str, float]:
     return {"own_reads_s": own, "scatter_s": time.perf_counter() - t0}
 
 
-def run_side(study: Path, nproc: int, load: str) -> list[dict]:
+def run_side(
+    study: Path,
+    nproc: int,
+    load: str,
+    malloc: str = "tunelab",
+    strategy: str = "fsdp",
+    ddp_start: str = "tunelab",
+) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="fsdp-load-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TUNELAB_FSDP_LOAD": load}
+    if malloc == "default":  # the peer: glibc's own mmap threshold in the ranks
+        env["TUNELAB_RANK_MALLOC"] = "default"
+    if ddp_start == "broadcast-all":  # the peer: DDP's own start-up broadcast of every weight
+        env["TUNELAB_DDP_START"] = "broadcast-all"
     me = [str(Path(__file__).resolve()), "--worker", str(study), str(out)]
     if nproc == 1:
         cmd = [sys.executable, *me, "single"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(nproc), *me, "fsdp"]  # fmt: skip
+               "--nproc_per_node", str(nproc), *me, strategy]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
@@ -215,6 +232,7 @@ def run_side(study: Path, nproc: int, load: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--ddp", action="store_true", help="DDP's ranks' memory, file-backed or own")
     ap.add_argument("--worker", nargs=3, metavar=("STUDY", "OUT", "STRATEGY"))
     args = ap.parse_args()
     if args.worker:
@@ -222,13 +240,17 @@ def main() -> None:
         return
     study = make_study(Path(tempfile.mkdtemp(prefix="fsdp-load-study-")) / "s")
     single = run_side(study, 1, "sharded")[0]
+    if args.ddp:
+        return ddp_sides(study, single)
     weights_mb = sum(p.stat().st_size for p in Path(yaml.safe_load(
         (study / "study.yaml").read_text())["model"]["path"]).glob("*.safetensors")) / MB  # fmt: skip
     print(f"weights {weights_mb:.0f} MB (fp32); fixed overhead = resident memory at the start of "
           f"loading (libraries, tokenizer, data)")  # fmt: skip
-    print("| side | ranks | per-rank peak MB (max) | overhead MB | peak - overhead MB | "
-          "weights/N MB | load s | read s (own rows / rank-0 scatter) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| side | ranks | per-rank peak MB (max) | overhead MB | load peak - overhead MB | "
+        "weights/N MB | step peak - load peak MB | load s | read s (own rows / scatter) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     row(single, [single], "one process", weights_mb)
     equal_at_2, ratio_at_2 = True, None
     for n in args.nproc:
@@ -236,6 +258,9 @@ def main() -> None:
         sharded = run_side(study, n, "sharded")
         row(whole[0], whole, "FSDP, whole load", weights_mb)
         row(sharded[0], sharded, "FSDP, sharded load", weights_mb)
+        if n == 2:
+            peer = run_side(study, n, "sharded", malloc="default")
+            row(peer[0], peer, "FSDP, sharded load, glibc's own malloc policy", weights_mb)
         same = all(w["losses"] == s["losses"] for w, s in zip(whole, sharded, strict=True))
         print(f"N={n}: losses of {STEPS} steps equal (sharded vs whole load): {same}; "
               f"sharded {sharded[0]['losses']}")  # fmt: skip
@@ -247,14 +272,38 @@ def main() -> None:
     print(f"per_rank_peak_over_single={ratio_at_2:.3f} losses_equal={str(equal_at_2).lower()}")
 
 
+def ddp_sides(study: Path, single: dict) -> None:
+    """Under DDP every rank loads the whole base: how much of a rank's memory after its first
+    step is the safetensors files mapped (one copy in the page cache, shared by the node's
+    ranks) and how much is its own."""
+    ddp = run_side(study, 2, "sharded", strategy="ddp")
+    peer = run_side(study, 2, "sharded", strategy="ddp", ddp_start="broadcast-all")
+    print("| side | rank | resident MB | own (anonymous) MB | file-backed MB |")
+    print("|---|---|---|---|---|")
+    sides = [("one process", single)] + [("DDP, trainable tensors broadcast", r) for r in ddp]
+    sides += [("DDP's own start-up broadcast of every weight", r) for r in peer]
+    same = [r["losses"] for r in ddp] == [r["losses"] for r in peer]
+    for side, r in sides:
+        rss = r["anon_kb"] + r["file_kb"]
+        print(f"| {side} | {r['rank']} | {rss / 1024:.0f} | {r['anon_kb'] / 1024:.0f} | "
+              f"{r['file_kb'] / 1024:.0f} |")  # fmt: skip
+    own = sum(r["anon_kb"] for r in ddp) / 1024
+    shared = max(r["file_kb"] for r in ddp) / 1024
+    peer_own = sum(r["anon_kb"] for r in peer) / 1024
+    print(f"ddp_node_own_mb={own:.0f} peer_node_own_mb={peer_own:.0f} "
+          f"ddp_node_file_backed_mb={shared:.0f} losses_equal={str(same).lower()}")  # fmt: skip
+
+
 def row(first: dict, ranks: list[dict], side: str, weights_mb: float) -> None:
     worst = max(ranks, key=lambda r: r["peak_kb"])
     reads = (f"{first['own_reads_s']:.2f} / {first['scatter_s']:.2f}"
              if "own_reads_s" in first else "")  # fmt: skip
     print(
         f"| {side} | {len(ranks)} | {worst['peak_kb'] / 1024:.0f} | "
-        f"{worst['start_kb'] / 1024:.0f} | {(worst['peak_kb'] - worst['start_kb']) / 1024:.0f} | "
-        f"{weights_mb / len(ranks):.0f} | {max(r['load_s'] for r in ranks):.1f} | {reads} |"
+        f"{worst['start_kb'] / 1024:.0f} | "
+        f"{(worst['load_peak_kb'] - worst['start_kb']) / 1024:.0f} | "
+        f"{weights_mb / len(ranks):.0f} | {(worst['peak_kb'] - worst['load_peak_kb']) / 1024:.0f} | "
+        f"{max(r['load_s'] for r in ranks):.1f} | {reads} |"
     )
 
 

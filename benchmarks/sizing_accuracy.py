@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tunelab.stages.sizing.memory import Case, ModelFacts
 from tunelab.stages.sizing.processes import measure_in_subprocess
-from tunelab.stages.sizing.stage import compare_row
+from tunelab.stages.sizing.record import compare_row
 
 MODELS = {
     # name: (architecture, LoRA targets, lengths, micro-batch)

@@ -15,7 +15,7 @@ from tunelab.core.ledger import RunRow
 from tunelab.core.record_types import Compare, Evaluation
 from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
-from tunelab.stages.report.collect import RunEvidence
+from tunelab.stages.report.collect import RunEvidence, SealedOpening
 from tunelab.stages.report.decision import choose_variant, decide, final_test
 
 WORDS = {
@@ -100,12 +100,12 @@ def test_the_decision_rule_and_its_test_figure():
         },
     )
     other = RunEvidence(row=RunRow("eval-0", "eval", parent="train-v1"))
-    opening = {"run_id": "eval-1"}
+    opening = SealedOpening("t", "x", "y", "eval-1")
     assert final_test(compare, [other, test_eval], [opening]) == (
         "On the sealed test split (15 examples, eval run eval-1, its only opening): "
         "v3 macro_f1 0.7500 (validation 0.6000)."
     )
-    twice = final_test(compare, [test_eval], [opening, {"run_id": "eval-2"}])
+    twice = final_test(compare, [test_eval], [opening, SealedOpening("t", "x", "y", "eval-2")])
     assert "opened 2 times in all: no longer an untouched control" in twice
     keep = Compare.of("compare.json", {**record, "runs": [_row("v1", 0.01)]})
     assert choose_variant(keep)[0] is None and final_test(keep, [test_eval], [opening]) is None

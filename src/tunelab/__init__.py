@@ -15,3 +15,16 @@ class _DropOptionalKernelNote(_logging.Filter):
 
 # before anything imports peft, which imports bitsandbytes
 _logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropOptionalKernelNote())
+
+
+def run() -> None:
+    """The `tunelab` command. A Ctrl-C while the command line's modules import (the first half
+    second) ends quietly with 130, like one during a command."""
+    import sys
+
+    try:
+        from tunelab.cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(130) from None
+    main()

@@ -1,3 +1,3 @@
-from tunelab.cli import main
+from tunelab import run
 
-main()
+run()

@@ -11,9 +11,11 @@ installed and under the lowest one pyproject allows (installed by `make setup` i
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,6 +107,22 @@ def test_interrupt_exits_130_and_says_so(capsys):
     with extra_command("interrupt-probe", probe):
         code, _, err = run_cli(capsys, "interrupt-probe")
     assert code == 130 and "interrupted" in err and "Traceback" not in err, (code, err)
+
+
+@pytest.mark.parametrize("after_s", [0.15, 0.3, 0.45, 0.6])
+def test_interrupt_while_starting_up_says_so_without_a_traceback(after_s):
+    """A Ctrl-C while `python -m tunelab` imports its command line, or later."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunelab", "--help"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
 
 
 def test_usage_errors_name_the_command_help(capsys):

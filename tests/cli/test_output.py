@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from helpers import run_cli
 from tunelab.core.record_types import Evaluation
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import filled_hypothesis, run_cli
+from helpers import run_cli
 from tunelab.core.config import ConfigError
 from tunelab.core.config_training import ModelConfig
 from tunelab.core.errors import HypothesisError, ModelError
@@ -233,29 +233,31 @@ def write_hub_study(
 ) -> Path:
     """An extraction study on the tiny Llama named by hub id: 12 emails in mail.jsonl, or the
     hub data set DATA_REPO with its own splits."""
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    from helpers.study import build_study
 
-    root.mkdir(parents=True)
-    (root / "mail.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mail_rows()))
-    raw = yaml.safe_load(render_study_yaml("extraction", "hub-study"))
-    raw["hypothesis"] = filled_hypothesis(raw)
-    raw["data"]["source"] = {"format": "jsonl", "path": "mail.jsonl"}
+    fields = {"id": "id", "text": "text", "label": None, "target": "target"}
+    hub = {"data.source": {"format": "hub", "name": DATA_REPO}} if hub_data else {}
     if hub_data:
-        raw["data"]["source"] = {"format": "hub", "name": DATA_REPO}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target"}
-    if hub_data:
-        raw["data"]["fields"]["split"] = "__split__"  # keep the data set's own splits
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"]["near"] = False
-    raw["model"] = {"name": REPO, **({"revision": revision} if revision else {})}
-    raw["adaptation"].update(target_modules=["q_proj", "v_proj"])
-    raw["preprocess"]["max_seq_len"] = 96
-    raw["training"].update(
-        max_steps=steps, warmup_steps=0, micro_batch_size=2, lr=1e-2, num_threads=1
+        fields["split"] = "__split__"  # keep the data set's own splits
+    training = {"max_steps": steps, "warmup_steps": 0, "micro_batch_size": 2, "lr": 1e-2}
+    return build_study(
+        root,
+        "extraction",
+        name="hub-study",
+        rows=mail_rows(),
+        data_file="mail.jsonl",
+        set={
+            "data.fields": fields,
+            "data.cleaning": [],
+            "model": {"name": REPO, **({"revision": revision} if revision else {})},
+            "adaptation.target_modules": ["q_proj", "v_proj"],
+            "preprocess.max_seq_len": 96,
+            "evaluation.max_new_tokens": 8,
+            "evaluation.batch_size": 4,
+            **hub,
+            **{f"training.{k}": v for k, v in (training | {"num_threads": 1}).items()},
+        },
     )
-    raw["evaluation"].update(max_new_tokens=8, batch_size=4)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
 
 
 def test_register_pins_and_moved_main_is_named(hub_cache, tmp_path, tiny_llama_dir, capsys):

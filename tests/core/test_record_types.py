@@ -66,6 +66,7 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
     """The typed classes read the records tunelab writes (the fixed study of the pinned plan)."""
     from pathlib import Path
 
+    from tunelab.core.record_data import DataManifest, Duplicates
     from tunelab.core.record_types import (
         Compare,
         ExportManifest,
@@ -73,6 +74,7 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
         Sizing,
         Smoke,
     )
+    from tunelab.core.run_parts import ParameterAudit, RunEnv
 
     records = Path(__file__).parents[1] / "fixtures" / "plan-study" / "records"
     kinds = {
@@ -85,6 +87,10 @@ def test_every_record_of_the_fixed_study_reads_as_its_kind():
         "plans/plan-*.json": Plan,
         "compare/*.json": Compare,
         "exports/*/tunelab-manifest.json": ExportManifest,
+        "data/*/manifest.json": DataManifest,
+        "data/*/duplicates.json": Duplicates,
+        "runs/*/env.json": RunEnv,
+        "runs/train-*/audit.json": ParameterAudit,
     }
     for pattern, kind in kinds.items():
         paths = sorted(records.glob(pattern))
@@ -150,3 +156,76 @@ def test_a_sizing_row_and_an_evaluation_table_read_typed_with_their_place_named(
     ok = {**metrics, "confusion": {"labels": ["sport"], "predicted": ["sport"], "matrix": [[3]]}}
     ev = Evaluation.of("metrics-validation.json", {"split": "validation", "n": 3, "metrics": ok})
     assert ev.per_category["sport"].support == 3 and ev.confusion.matrix == [[3]]
+
+
+def test_a_kind_declares_each_field_once_and_its_annotation_is_the_check(tmp_path):
+    from dataclasses import dataclass
+
+    from tunelab.core.record_base import Record, field_types
+
+    @dataclass(frozen=True)
+    class Piece(Record):
+        name: str = ""
+        size: float | None = None
+        tags: list[str] | None = None
+
+    assert field_types(Piece) == {
+        "name": (str,),
+        "size": (int, float, type(None)),
+        "tags": (list, type(None)),
+    }
+    assert Piece.of(tmp_path, {"name": "a", "size": 3}).size == 3  # an int is a float too
+    with pytest.raises(StudyError, match=r"field 'name' is missing"):
+        Piece.of(tmp_path, {"size": 1.5})
+    with pytest.raises(StudyError, match=r"field 'size' is True, not int or float"):
+        Piece.of(tmp_path, {"name": "a", "size": True})
+    with pytest.raises(TypeError, match="declare each field once"):
+
+        class Twice(Record):
+            FIELDS = {"name": (str,)}
+
+
+def test_a_data_manifest_reads_typed_and_a_damaged_piece_is_located(tmp_path):
+    from pathlib import Path
+
+    from tunelab.core.record_data import DataManifest
+
+    fixed = Path(__file__).parents[1] / "fixtures" / "plan-study" / "records" / "data"
+    manifest = DataManifest.read(next(fixed.glob("*/manifest.json")))
+    assert manifest.counts.final == {"train": 31, "validation": 5, "test": 4}
+    assert (manifest.source.location, manifest.splits.settings.seed) == ("mail.jsonl", 0)
+    assert (manifest.dedup.settings.threshold, manifest.dedup.images) == (0.8, False)
+    raw = json.loads(manifest.path.read_text())
+    raw["cleaning"]["rules"] = [{"rule": "drop_empty", "changed": "3"}]
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(StudyError, match=r"cleaning\.rules\[0\]: field 'changed' is '3'"):
+        DataManifest.read(path)
+    older = {"snapshot_id": "s", "files": {}}  # the pieces an older manifest lacks read empty
+    assert DataManifest.of(path, older).duplicates.figures() == []
+
+
+def test_an_inspection_reads_typed_and_a_damaged_token_is_located(tmp_path):
+    from tunelab.core.record_inspect import Inspection
+
+    token = {"id": 1, "text": "hi", "special": False, "loss": True}
+    example = {"id": "a", "category": "ham", "num_tokens": 1, "tokens": [token]}
+    raw = {
+        "inspect_id": "inspect-1",
+        "split": "train",
+        "n": 1,
+        "ok": True,
+        "problems": [],
+        "stats": {"n": 1, "p50": 1, "p95": 1, "max": 1, "share_truncated": 0.0},
+        "answer_budget": {"max_new_tokens": 4, "n": 1, "over": 1, "longest": 9, "p95": 9},
+        "collator": {"checked": False, "why": "encoder"},
+        "examples": [example],
+    }
+    path = tmp_path / "inspect-1.json"
+    ins = Inspection.of(path, raw)
+    assert [t.text for t in ins.examples[0].tokens] == ["hi"] and ins.stats.p95 == 1
+    assert "at least 9" in ins.answer_budget.warning and ins.collator_skipped == "encoder"
+    assert ins.html_path == tmp_path / "inspect-1.html"
+    example["tokens"][0]["loss"] = "yes"
+    with pytest.raises(StudyError, match=r"examples\[0\]\.tokens\[0\]: field 'loss' is 'yes'"):
+        Inspection.of(path, raw)

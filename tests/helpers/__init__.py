@@ -122,11 +122,12 @@ def write_email_study(
     max_steps: int,
     eval_every_steps: int,
     checkpoint_every_steps: int,
+    adaptation: dict[str, Any] | None = None,
     **training: Any,
 ) -> Path:
     """The study of the training and kill tests: 40 seeded emails (8 senders, 4 subjects),
     LoRA dropout 0.1 (so resuming must restore the RNG), micro-batch 2 x 2, cosine schedule,
-    one thread."""
+    one thread. `adaptation` updates the adaptation section (`{"method": "qlora", ...}`)."""
     rng = random.Random(0)
     names = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
     subjects = ["Meeting tomorrow", "Re: your account", "Budget", "Lunch on Friday"]
@@ -143,7 +144,7 @@ def write_email_study(
         model_dir,
         name,
         rows,
-        adaptation={"dropout": 0.1},
+        adaptation={"dropout": 0.1, **(adaptation or {})},
         training={
             "micro_batch_size": 2,
             "grad_accum_steps": 2,

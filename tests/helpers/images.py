@@ -33,26 +33,40 @@ def write_colour_folder(data: Path, per_label: int = 12) -> Path:
     return data
 
 
-def write_image_study(root: Path, model_dir: Path, source: dict, **sections) -> Path:
-    """An image-classification study over `source` on a tiny ViT; `sections` replace the
-    sections of the same name."""
+def write_image_study(
+    root: Path,
+    model_dir: Path,
+    source: dict,
+    set: dict | None = None,  # noqa: A002 - named for `tunelab --set`
+    **sections,
+) -> Path:
+    """An image-classification study over `source` on a tiny ViT; `set` sets dotted paths over
+    the fixed ones (`{"data.fields": {"image": "path"}}`); `sections` replace the sections of
+    the same name."""
     from helpers.study import build_study
 
     fixed = {
-        "task": {"kind": "image_classification"},
+        "task.kind": "image_classification",
         "guardrails": [COLOUR_GUARDRAIL],
-        "data": {"source": source, "dedup": {"threshold": 0.95}},
-        "adaptation": {"method": "lora", "target_modules": ["q_proj", "v_proj"]},
-        "training": {"max_steps": 3, "micro_batch_size": 8, "lr": 0.01},
-        "evaluation": {"batch_size": 16, "bootstrap_samples": 100},
+        "data.source": source,
+        "data.dedup.threshold": 0.95,
+        "adaptation.method": "lora",
+        "adaptation.target_modules": ["q_proj", "v_proj"],
+        "training.max_steps": 3,
+        "training.micro_batch_size": 8,
+        "training.lr": 0.01,
+        "evaluation.batch_size": 16,
+        "evaluation.bootstrap_samples": 100,
     }
+    fixed = {k: v for k, v in fixed.items() if k.split(".")[0] not in sections}
     return build_study(
         root,
         template=False,
         name="colours",
         hypothesis=COLOURS_HYPOTHESIS,
         model_dir=model_dir,
-        **(fixed | sections),
+        set=fixed | (set or {}),
+        **sections,
     )
 
 

@@ -1,7 +1,8 @@
 """The one study factory of the tests: a study folder with its data rows and study.yaml.
 
 `build_study(root, kind, ...)` starts from the study.yaml `tunelab init` writes for `kind`
-(`template=False`: from only the sections given), fills the hypothesis, writes `rows` as JSONL,
+(`template=False`: from only the sections given; `example="format-spam"`: from that example's
+study.yaml, its folder copied with `copy_example=True`), fills the hypothesis, writes `rows` as JSONL,
 points the model at `model_dir`, applies `set` (dotted paths, each value replacing what is there, as
 `--set` does) and then `sections` (each updating its section: `training={"max_steps": 4}`; a
 list or a value replaces it), writes study.yaml, and with `register=True` registers the
@@ -12,6 +13,7 @@ the test's temporary folder.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import yaml
 from helpers import filled_hypothesis, register_study
 
 JSONL_FIELDS = {"id": "id", "text": "text", "label": "label", "split": "split"}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -50,6 +53,8 @@ def build_study(
     set: dict[str, Any] | None = None,  # noqa: A002 - named for `tunelab --set`
     register: bool = False,
     snapshot: bool = True,
+    example: str | None = None,
+    copy_example: bool = False,
     **sections: Any,
 ) -> Path:
     """Write a study folder at `root` (see the module docstring); returns `root`.
@@ -60,7 +65,13 @@ def build_study(
     from tunelab.stages.hypothesis.template import render_study_yaml
 
     root.mkdir(parents=True, exist_ok=True)
-    if template:
+    if example is not None:
+        if copy_example:
+            shutil.copytree(EXAMPLES / example, root, dirs_exist_ok=True)
+        raw = yaml.safe_load((EXAMPLES / example / "study.yaml").read_text())
+        if hypothesis is not None:
+            raw["hypothesis"] = hypothesis
+    elif template:
         raw = yaml.safe_load(render_study_yaml(kind, name))
         raw["hypothesis"] = hypothesis or filled_hypothesis(raw)
     else:

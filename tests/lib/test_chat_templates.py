@@ -9,10 +9,10 @@ import json
 import shutil
 
 import pytest
-from test_preprocess import TARGET, ex, loss_text, make_pre
 from transformers import AutoTokenizer
 
 from helpers import run_cli, write_email_study
+from helpers.preprocess import TARGET, ex, loss_text, make_pre
 from tunelab.core.errors import PreprocessError
 
 # Mistral-Instruct's style: the user turn ends with the cue, the answer follows it directly

@@ -617,10 +617,7 @@ def _write_nested_study(root, model_dir):
     """Targets are lists of {value, unit}. Training rows and validation rows share their texts
     (the user's split column, no dedup), but each validation gold has its second item's value
     changed: a model that learned the training answers gets half the items right."""
-    import yaml
-
-    from helpers import register_study
-    from tunelab.stages.hypothesis.template import render_study_yaml
+    from helpers.study import build_study
 
     rows = [
         ("a", "Buy 2 kg of flour and 5 m of rope.", [_q(2, "kg"), _q(5, "m")], "train"),
@@ -631,48 +628,47 @@ def _write_nested_study(root, model_dir):
         ("c2", "Nothing to measure here.", [], "validation"),
         ("t", "Take 1 s.", [_q(1, "s")], "test"),
     ]
-    root.mkdir(parents=True)
-    (root / "data.jsonl").write_text(
-        "".join(
-            json.dumps({"id": i, "text": t, "target": json.dumps({"quantities": q}), "split": s})
-            + "\n"
+    fields = {"id": "id", "text": "text", "label": None, "target": "target", "split": "split"}
+    training = {
+        "max_steps": 120, "lr": 0.02, "micro_batch_size": 3, "warmup_steps": 0,
+        "schedule": "constant", "eval_every_steps": 1000, "checkpoint_every_steps": 1000,
+        "num_threads": 1,
+    }  # fmt: skip
+    guardrail = {
+        "metric": "normalized_match", "scope": "every_field", "op": ">=", "value": 0.9,
+        "test": "point",
+    }  # fmt: skip
+    return build_study(
+        root,
+        "extraction",
+        name="nested",
+        model_dir=model_dir,
+        rows=[
+            {"id": i, "text": t, "target": json.dumps({"quantities": q}), "split": s}
             for i, t, q, s in rows
-        )
-    )
-    raw = yaml.safe_load(render_study_yaml("extraction", "nested"))
-    raw["task"]["json_schema"] = QUANTITIES
-    raw["hypothesis"] = {
-        "behaviour": "list every amount of a sentence with its unit",
-        "rationale": "the base model does not answer in JSON",
-        "expected_effect": "field_micro_f1 +0.5",
-        "primary_metric": "field_micro_f1",
-        "min_improvement": 0.0,
-    }
-    raw["guardrails"] = [
-        {
-            "metric": "normalized_match",
-            "scope": "every_field",
-            "op": ">=",
-            "value": 0.9,
-            "test": "point",
+        ],
+        hypothesis={
+            "behaviour": "list every amount of a sentence with its unit",
+            "rationale": "the base model does not answer in JSON",
+            "expected_effect": "field_micro_f1 +0.5",
+            "primary_metric": "field_micro_f1",
+            "min_improvement": 0.0,
+        },
+        set={
+            "task.json_schema": QUANTITIES,
+            "data.fields": fields,
+            "data.cleaning": [],
+            "data.dedup": {"exact": False, "near": False, "policy": "report_only"},
+            "adaptation": {"method": "full"},
+            "preprocess.max_seq_len": 160,
+            "evaluation.max_new_tokens": 64,
+            "evaluation.batch_size": 3,
         }
-    ]
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["fields"] = {"id": "id", "text": "text", "label": None, "target": "target",
-                             "split": "split"}  # fmt: skip
-    raw["data"]["cleaning"] = []
-    raw["data"]["dedup"] = {"exact": False, "near": False, "policy": "report_only"}
-    raw["model"]["path"] = str(model_dir)
-    raw["adaptation"] = {"method": "full"}
-    raw["preprocess"]["max_seq_len"] = 160
-    raw["training"].update(
-        max_steps=120, lr=0.02, micro_batch_size=3, warmup_steps=0, schedule="constant",
-        eval_every_steps=1000, checkpoint_every_steps=1000, num_threads=1,
-    )  # fmt: skip
-    raw["evaluation"].update(max_new_tokens=64, batch_size=3)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    register_study(root, snapshot=False)
-    return root
+        | {f"training.{k}": v for k, v in training.items()},
+        guardrails=[guardrail],
+        register=True,
+        snapshot=False,
+    )
 
 
 @pytest.mark.slow
@@ -739,13 +735,15 @@ def test_stage_nested_lists_with_half_the_items_right(tmp_path, capsys, tiny_lla
     assert (root / "report" / "plots" / "paths_f1.png").exists()
 
 
+# the extraction template's fields: no id, label or split column
+TEXT_TARGET = {"id": None, "text": "text", "label": None, "target": "target", "split": None}
+
+
 def _kind_study(root, stratify):
     """40 sentences with amounts and 3 without (all three hashed into train)."""
-    import yaml
-
     from helpers import register_study
+    from helpers.study import build_study
     from tunelab.stages.data.splits import content_keys
-    from tunelab.stages.hypothesis.template import render_study_yaml
 
     empties, i = [], 0
     while len(empties) < 3:
@@ -755,19 +753,20 @@ def _kind_study(root, stratify):
         i += 1
     rows = [{"text": f"Take {i} kg of item {i}.", "target": {"quantities": [_q(i, "kg")]}}
             for i in range(40)] + [{"text": t, "target": {"quantities": []}} for t in empties]  # fmt: skip
-    root.mkdir(parents=True)
-    (root / "data.jsonl").write_text(
-        "".join(json.dumps({**r, "target": json.dumps(r["target"])}) + "\n" for r in rows)
+    splits = {"train": 0.8, "validation": 0.1, "test": 0.1, "seed": 0, "stratify": stratify}
+    build_study(
+        root,
+        "extraction",
+        name="kinds",
+        rows=[{**r, "target": json.dumps(r["target"])} for r in rows],
+        hypothesis={
+            "behaviour": "b",
+            "rationale": "r",
+            "expected_effect": "e",
+            "primary_metric": "field_micro_f1",
+        },  # fmt: skip
+        set={"task.json_schema": QUANTITIES, "data.splits": splits, "data.fields": TEXT_TARGET},
     )
-    raw = yaml.safe_load(render_study_yaml("extraction", "kinds"))
-    raw["task"]["json_schema"] = QUANTITIES
-    raw["hypothesis"] = {"behaviour": "b", "rationale": "r", "expected_effect": "e",
-                         "primary_metric": "field_micro_f1"}  # fmt: skip
-    raw["data"]["source"] = {"format": "jsonl", "path": "data.jsonl"}
-    raw["data"]["dedup"]["near"] = False
-    raw["data"]["splits"] = {"train": 0.8, "validation": 0.1, "test": 0.1, "seed": 0,
-                             "stratify": stratify}  # fmt: skip
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return register_study(root)
 
 

@@ -443,10 +443,11 @@ def test_audit_table_renders(tiny_bert_dir):
     from rich.console import Console
 
     from tunelab.cli.smoke import audit_table
+    from tunelab.core.run_parts import ParameterAudit
 
     _, _, _, audit = loaded(tiny_bert_dir, method="lora", target_modules=["query"])
     console = Console(width=120, record=True)
-    console.print(audit_table(audit))
+    console.print(audit_table(ParameterAudit.of("audit.json", audit)))  # as smoke reads it
     text = console.export_text()
     for fragment in ("lora_A", "head", "total", "adapter", "query x2", "classifier"):
         assert fragment in text, fragment

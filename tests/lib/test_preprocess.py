@@ -7,35 +7,14 @@ real MiniLM tokenizer, and (slow) the real SmolLM2 tokenizer from its GGUF.
 from __future__ import annotations
 
 import pytest
-import yaml
 from transformers import AutoTokenizer
 
-from tunelab.core.config import validate_config
+from helpers.preprocess import MAIL, TARGET, ex, loss_text, make_pre
 from tunelab.core.errors import PreprocessError
 from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated, check_template_match
-from tunelab.lib.preprocess.text import Preprocessor, length_stats
-from tunelab.lib.tasks import get_task
-from tunelab.stages.hypothesis.template import render_study_yaml
+from tunelab.lib.preprocess.text import length_stats
 
 LABELS = ["business", "sport", "tech"]
-TARGET = '{"sender": "bob@example.org", "subject": "Re: your account"}'
-MAIL = "From: bob@example.org Subject: Re: your account Date: Thu, 22 Aug 2002 12:00:00 +0000"
-
-
-def make_cfg(kind: str, preprocess: dict | None = None, **task):
-    raw = yaml.safe_load(render_study_yaml(kind, "t"))
-    raw["task"].update(task)
-    raw["preprocess"].update(preprocess or {})
-    return validate_config(raw)
-
-
-def make_pre(tok, kind="extraction", arch="causal_lm", labels=None, preprocess=None, **task):
-    cfg = make_cfg(kind, preprocess, **task)
-    return Preprocessor(tok, cfg, get_task(cfg, labels), arch)
-
-
-def ex(i=0, text=MAIL, target=TARGET, label=None):
-    return {"id": f"ex-{i}", "text": text, "label": label, "target": target}
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +25,6 @@ def tiny_tok(tiny_llama_dir):
 @pytest.fixture(scope="module")
 def bert_tok(tiny_bert_dir):
     return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
-
-def loss_text(tok, enc):
-    return tok.decode(
-        [t for t, lab in zip(enc["input_ids"], enc["labels"], strict=True) if lab != IGNORE_INDEX]
-    )
 
 
 # ---------------------------------------------------------------- causal LM: rendering and mask

@@ -32,19 +32,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def qlora_study(root: Path, model_dir: Path, quantization: dict, **training) -> Path:
-    root = write_email_study(
+    return write_email_study(
         root,
         model_dir,
         "qlora-test",
         max_steps=training.pop("max_steps", 6),
         eval_every_steps=3,
         checkpoint_every_steps=3,
+        adaptation={"method": "qlora", "quantization": quantization},
         **training,
     )
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["adaptation"].update(method="qlora", quantization=quantization)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +122,13 @@ def test_qlora_encoder_keeps_its_new_head_in_full_precision(tmp_path, tiny_bert_
     """bitsandbytes' default skips only an output embedding: an encoder's new classification
     head would load in 4 bits, and training it (modules_to_save) fails at its first forward."""
     root = write_topic_study(
-        tmp_path / "s", tiny_bert_dir, "qlora-bert", method="qlora", max_steps=2
+        tmp_path / "s",
+        tiny_bert_dir,
+        "qlora-bert",
+        method="qlora",
+        max_steps=2,
+        adaptation={"quantization": QUANT},
     )
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["adaptation"]["quantization"] = QUANT
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     study = register_study(root)
     cfg = study.config
     model = load_model(resolve_model(cfg.model), cfg, labels=cfg.task.labels)
@@ -155,10 +154,9 @@ def test_a_forward_leaves_the_frozen_biases_of_4bit_layers_as_loaded(tmp_path, t
     for f in tiny_bert_dir.iterdir():
         if not (base_dir / f.name).exists():
             (base_dir / f.name).write_bytes(f.read_bytes())
-    root = write_topic_study(tmp_path / "s", base_dir, "qlora-bias", method="qlora")
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["adaptation"]["quantization"] = QUANT
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    root = write_topic_study(
+        tmp_path / "s", base_dir, "qlora-bias", method="qlora", adaptation={"quantization": QUANT}
+    )
     cfg = Study.open(root).config
     base = resolve_model(cfg.model)
     model = load_model(base, cfg, labels=cfg.task.labels)
@@ -384,7 +382,7 @@ def test_4bit_estimate_terms(tiny_llama_dir):
 def _adapted_with_a_batch(cfg):
     """The study's adapted tiny model in train mode, seeded, and a collated batch of 4
     synthetic examples of 48 tokens (half of them scored)."""
-    from tunelab.stages.sizing.measure import synthetic_examples
+    from tunelab.stages.sizing.child_model import synthetic_examples
     from tunelab.stages.train.batches import collate
 
     base = resolve_model(cfg.model)

@@ -37,14 +37,11 @@ MIRRORS = 7  # baseline, lora, its evaluation, the failed, invalid and stopped r
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def quiet_mlflow(monkeypatch, one_thread):
+    """MLflow without its printed URL and without a tracking server from the environment."""
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_data import DataManifest, DuplicatePair, Duplicates
 from tunelab.stages.data import load_snapshot
 from tunelab.stages.data import stage as data_stage
 from tunelab.stages.data.splits import SPLITS
@@ -42,49 +43,57 @@ def data(
     s = open_study(study, sets)
     if verify:
         snap = load_snapshot(s, snapshot)
+        files = snap.record.files
         if json_out:
-            emit_json({"snapshot_id": snap.id, "verified": True, "files": snap.manifest["files"]})
+            emit_json({"snapshot_id": snap.id, "verified": True, "files": files})
             return
         console.print(
-            f"[green]verified[/] snapshot {snap.id}: {len(snap.manifest['files'])} files match "
-            "their sha256"
+            f"[green]verified[/] snapshot {snap.id}: {len(files)} files match their sha256"
         )
         return
     with ProgressBoard(enabled=progress and not json_out, transient=True) as board:
-        manifest = data_stage.run(s, progress=board.update)
-    sid = manifest["snapshot_id"]
-    path = s.records / "data" / sid
+        written = data_stage.run(s, progress=board.update)
+    manifest = DataManifest.of(s.records / "data", written)  # as the stage wrote it
+    path = s.records / "data" / manifest.snapshot_id
     if json_out:
-        emit_json({**manifest, "path": str(path)})
+        emit_json({**written, "path": str(path)})
         return
     _print_summary(manifest, path, pairs)
 
 
-def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
-    c = m["counts"]
-    if m.get("unchanged"):
-        console.print(f"snapshot [bold]{m['snapshot_id']}[/] unchanged (same inputs and rules)")
-    src = m["source"]
-    hub = src.get("hub")
-    where = f"{hub['repo_id']}@{hub['commit'][:12]}" if hub else src["path"]
+def _print_summary(m: DataManifest, path: Path, num_pairs: int) -> None:
+    c, src = m.counts, m.source
+    if m.unchanged:
+        console.print(f"snapshot [bold]{m.snapshot_id}[/] unchanged (same inputs and rules)")
     console.print(
-        f"read {c['rows_read']} rows from {src['num_files']} file(s) ({src['format']}: {where})"
+        f"read {c.rows_read} rows from {src.num_files} file(s) ({src.format}: {src.location})"
     )
-    if src.get("replaced_invalid_utf8_bytes"):
+    if src.replaced_invalid_utf8_bytes:
         console.print(
-            f"[yellow]replaced {src['replaced_invalid_utf8_bytes']} invalid UTF-8 byte(s)[/]"
+            f"[yellow]replaced {src.replaced_invalid_utf8_bytes} invalid UTF-8 byte(s)[/]"
         )
 
-    rules = m["cleaning"]["rules"]
-    if rules:
-        rows = [[r["rule"], _params(r), r["changed"], r["dropped"]] for r in m["cleaning"]["rules"]]
+    if rules := m.cleaning.rules:
+        rows = [[r.rule, _params(r.arguments), r.changed, r.dropped] for r in rules]
         console.print(
             table("cleaning rules (in order)", ["rule", "args", "changed", "dropped"], rows)
         )
-    if c["sampled_out"]:
-        console.print(f"max_examples: {c['sampled_out']} rows left out by the seeded sample")
+    if c.sampled_out:
+        console.print(f"max_examples: {c.sampled_out} rows left out by the seeded sample")
+    console.print(_split_table(m))
+    _print_duplicates(m, path, num_pairs)
+    for note in m.notes or []:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"snapshot [bold]{m.snapshot_id}[/] in")
+    console.print(f"  {path}", soft_wrap=True)  # kept whole for copying, however long
+    console.print("the test split is sealed; it opens only with (each opening logged):")
+    console.print("  tunelab eval RUN --split test --final")
 
-    before, final = c["before_dedup"], c["per_category"]
+
+def _split_table(m: DataManifest) -> Any:
+    """Examples per split and category, with what dedup removed from each."""
+    c, splits = m.counts, m.splits
+    before, final = c.before_dedup or {}, c.per_category or {}
     labels = sorted({lab for s in SPLITS for lab in before[s]})
     rows = []
     for lab in labels:
@@ -93,91 +102,78 @@ def _print_summary(m: dict[str, Any], path: Path, num_pairs: int) -> None:
             b, f = before[s].get(lab, 0), final[s].get(lab, 0)
             row.append(f"{f}" if b == f else f"{f} (-{b - f})")
         rows.append(row)
-    rows.append(["[bold]total[/]", *(str(c["final"][s]) for s in SPLITS)])
-    method = m["splits"]["method"]
-    cfg = m["splits"]["config"]
+    rows.append(["[bold]total[/]", *(str((c.final or {})[s]) for s in SPLITS)])
+    cfg = splits.settings
     title = (
-        f"examples per split and category (split by {'your column' if method == 'column' else 'hash'}"
+        "examples per split and category (split by "
+        f"{'your column' if splits.method == 'column' else 'hash'}"
         + (
-            f", {cfg['train']:g}/{cfg['validation']:g}/{cfg['test']:g} seed {cfg['seed']})"
-            if method == "hash"
+            f", {cfg.train:g}/{cfg.validation:g}/{cfg.test:g} seed {cfg.seed})"
+            if splits.method == "hash"
             else ")"
         )
     )
-    console.print(table(title, ["category", *SPLITS], rows))
-
-    _print_duplicates(m, path, num_pairs)
-    for note in m.get("notes", []):
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"snapshot [bold]{m['snapshot_id']}[/] in")
-    console.print(f"  {path}", soft_wrap=True)  # kept whole for copying, however long
-    console.print("the test split is sealed; it opens only with (each opening logged):")
-    console.print("  tunelab eval RUN --split test --final")
+    return table(title, ["category", *SPLITS], rows)
 
 
-def _print_duplicates(m: dict[str, Any], path: Path, num_pairs: int) -> None:
+def _print_duplicates(m: DataManifest, path: Path, num_pairs: int) -> None:
     """Pairs within a split apart from pairs across splits; the pairs and label conflicts."""
-    d = m["duplicates"]
-    by = d["pairs_by_split"]
-    within = [[f"  {k}", v] for k, v in by.items() if k.split("-")[0] == k.split("-")[1]]
-    across = [[f"  {k}", v] for k, v in by.items() if k.split("-")[0] != k.split("-")[1]]
-    removed = ", ".join(f"{s} {n}" for s, n in d["removed_by_split"].items())
-    cfg = m["dedup"]["config"]
-    algorithm = m["dedup"].get("algorithm") or {}
-    images = "image_hash" in algorithm
+    d, dedup = m.duplicates, m.dedup
+    within = [[f"  {k}", v] for k, v in d.by_split(within=True).items()]
+    across = [[f"  {k}", v] for k, v in d.by_split(within=False).items()]
+    removed = ", ".join(f"{s} {n}" for s, n in (d.removed_by_split or {}).items())
+    cfg = dedup.settings
     near = (
-        f"dHash similarity >= {cfg['threshold']:g}, at most "
-        f"{algorithm['max_hamming_distance']} of 64 bits apart"
-        if images
-        else f"Jaccard >= {cfg['threshold']:g} on word {cfg['shingle_size']}-shingles"
+        f"dHash similarity >= {cfg.threshold:g}, at most "
+        f"{dedup.max_hamming_distance} of 64 bits apart"
+        if dedup.images
+        else f"Jaccard >= {cfg.threshold:g} on word {cfg.shingle_size}-shingles"
     )
     console.print(
         table(
-            f"duplicates (policy {m['dedup']['policy']}, near = {near})",
+            f"duplicates (policy {dedup.policy}, near = {near})",
             ["", "pairs"],
             [
-                ["exact", d["exact_pairs"]],
-                ["near", d["near_pairs"]],
-                ["within a split", d["within_split_pairs"]],
+                ["exact", d.exact_pairs],
+                ["near", d.near_pairs],
+                ["within a split", d.within_split_pairs],
                 *within,
-                ["across splits", d["across_split_pairs"]],
+                ["across splits", d.across_split_pairs],
                 *across,
-                ["rows involved", d["rows_involved"]],
-                ["pairs with different labels", d["label_conflicts"]],
-                ["[bold]removed[/]", f"{d['removed']} ({removed})"],
+                ["rows involved", d.rows_involved],
+                ["pairs with different labels", d.label_conflicts],
+                ["[bold]removed[/]", f"{d.removed} ({removed})"],
             ],
         )
     )
-    if not (d["exact_pairs"] or d["near_pairs"]):
+    if not (d.exact_pairs or d.near_pairs):
         return
-    from tunelab.core.records import read_json
-
-    dup = read_json(path / "duplicates.json")
+    pairs = Duplicates.read(path / "duplicates.json").pairs
     if num_pairs > 0:
-        shown = sorted(
-            dup["pairs"], key=lambda p: (p["split_a"] == p["split_b"], -p["similarity"])
-        )[:num_pairs]
-        t = table(f"duplicate pairs (first {len(shown)}; all in duplicates.json)", [], [])
-        for name in ("a", "b"):
-            t.add_column(name, overflow="fold")  # ids wrap, never cut
-        for name in ("splits", "kind", "similarity" if images else "jaccard"):
-            t.add_column(name, no_wrap=True)
-        for p in shown:
-            splits = (
-                p["split_a"] if p["split_a"] == p["split_b"] else f"{p['split_a']}-{p['split_b']}"
-            )
-            t.add_row(p["a"], p["b"], splits, p["kind"], f"{p['similarity']:.3f}")
-        console.print(t)
-    if d["label_conflicts"]:
-        _print_label_conflicts(dup["pairs"], m["dedup"]["policy"], images)
+        _print_pairs(pairs, num_pairs, dedup.images)
+    if d.label_conflicts:
+        _print_label_conflicts(pairs, str(dedup.policy), dedup.images)
+
+
+def _print_pairs(pairs: list[DuplicatePair], num_pairs: int, images: bool) -> None:
+    """The first `num_pairs` pairs: across splits first, then the most alike."""
+    shown = sorted(pairs, key=lambda p: (p.split_a == p.split_b, -p.similarity))[:num_pairs]
+    t = table(f"duplicate pairs (first {len(shown)}; all in duplicates.json)", [], [])
+    for name in ("a", "b"):
+        t.add_column(name, overflow="fold")  # ids wrap, never cut
+    for name in ("splits", "kind", "similarity" if images else "jaccard"):
+        t.add_column(name, no_wrap=True)
+    for p in shown:
+        t.add_row(p.a, p.b, p.splits, p.kind, f"{p.similarity:.3f}")
+    console.print(t)
 
 
 def _print_label_conflicts(
-    pairs: list[dict[str, Any]], policy: str, images: bool, worst: int = 5
+    pairs: list[DuplicatePair], policy: str, images: bool, worst: int = 5
 ) -> None:
     from tunelab.stages.data.dedup import label_conflict_groups
 
-    groups = label_conflict_groups(pairs)
+    groups = label_conflict_groups([p.raw for p in pairs])
     console.print(
         f"[bold yellow]warning:[/] {len(groups)} group(s) of identical or near-identical "
         f"{'images' if images else 'texts'} carry different labels; the worst:"
@@ -208,7 +204,5 @@ def _print_label_conflicts(
     )
 
 
-def _params(rule: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{k}={v!r}" for k, v in rule.items() if k not in ("rule", "changed", "dropped")
-    )
+def _params(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())

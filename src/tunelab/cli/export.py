@@ -71,25 +71,12 @@ def export(
         emit_json({"path": str(path), "manifest": manifest})
         return
     m = ExportManifest.of(path / MANIFEST, manifest)
-    base = m.base or {}
     rows = _summary_rows(path, m)
     console.print(table("export", ["", ""], rows, show_header=False))
     for line in m.limitations or []:
         console.print(f"  limitation: {line}", highlight=False)
-    hub = base.get("hub")
-    base_arg = f"{hub['repo_id']}@{hub['commit']}" if hub else base.get("path_at_export")
+    base_arg = m.bound_base.argument
     console.print(f"next: `tunelab check-export {path} --base {base_arg}`", soft_wrap=True)
-
-
-def artifact_text(art: dict) -> str:
-    """What the export folder holds at its top (the manifest's `artifact`), and how it loads."""
-    if art["kind"] == "adapter":
-        where = "" if art["dir"] == "." else f" in {art['dir']}/"
-        four_bit = " for the 4-bit base" if art.get("method") == "qlora" else ""
-        return f"{art['method']} adapter{four_bit}{where} (PeftModel.from_pretrained)"
-    if art.get("merged"):
-        return f"{art['method']} merged into the base, {art['dtype']} (from_pretrained)"
-    return f"whole model, {art['format']} (from_pretrained)"
 
 
 def _processor_text(p: dict) -> str:
@@ -171,33 +158,32 @@ def check_export_cmd(
 
 def _summary_rows(path: Path, m: ExportManifest) -> list[list[str]]:
     """The summary table: the export, its base, its results and the merge check."""
-    primary = (m.results or {}).get("primary") or {}
-    passed = (m.guardrails or {}).get("pass")
-    base = m.base or {}
+    entry, base = m.comparison, m.bound_base
+    primary = entry.primary if entry is not None else None
+    guardrails = m.guardrail_check
+    passed = guardrails.passed if guardrails is not None else None
     rows = [
         ["export", str(path)],
         ["run", m.run_id],
-        ["artifact", artifact_text(m.artifact or {})],
-        ["base", f"{base.get('name')} sha256 {str(base.get('sha256'))[:16]}..."],
+        ["artifact", m.contents.text if m.contents else "-"],
+        ["base", f"{base.name} sha256 {str(base.sha256)[:16]}..."],
         [
             "primary metric",
-            f"{primary.get('metric')} {fmt(primary.get('baseline'))} -> "
-            f"{fmt(primary.get('variant'))} ({fmt(primary.get('delta'))})"
-            if primary
+            f"{primary.metric} {fmt(primary.baseline)} -> "
+            f"{fmt(primary.variant)} ({fmt(primary.delta)})"
+            if primary is not None and primary.raw
             else "not compared",
         ],
         ["guardrails", "-" if passed is None else ("pass" if passed else "[red]FAIL[/]")],
         ["files", f"{len(m.files or {})} with sha256 in tunelab-manifest.json"],
     ]
-    merged = m.merge
-    if merged:
+    if (merged := m.merge_check) is not None:
         rows.append(
             [
                 "merge check",
-                f"{merged['examples']} examples: logits max diff "
-                f"{fmt(merged['logits_max_abs_diff'], 4)} (<= "
-                f"{merged['tolerance']['logits_max_abs_diff']}), greedy "
-                f"{merged['greedy_agreement']:.1%}, predictions {merged['prediction_agreement']:.1%}",
+                f"{merged.examples} examples: logits max diff "
+                f"{fmt(merged.logits_max_abs_diff, 4)} (<= {merged.logits_bound}), greedy "
+                f"{merged.greedy_agreement:.1%}, predictions {merged.prediction_agreement:.1%}",
             ]
         )
     return rows

@@ -49,7 +49,10 @@ def validate(
         budget = parse_bytes(memory_budget) if memory_budget else None
         check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1, gpu=gpu,
                           device_bytes=budget)  # fmt: skip
-    warnings = config_warnings(cfg) + task_warnings(cfg.task)
+    from tunelab.stages.train.precision import refused_here
+
+    here = refused_here(cfg.training.precision)
+    warnings = config_warnings(cfg) + task_warnings(cfg.task) + ([here] if here else [])
     notes = drift(study, cfg) if cfg.hub_refs() else []
     if json_out:
         emit_json(

@@ -9,7 +9,9 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.evidence import pins_of
+from tunelab.core.record_base import mapping_of
 from tunelab.core.record_types import Hypothesis
+from tunelab.core.run_parts import Pin, PowerEstimate
 from tunelab.stages.hypothesis import stage as hyp
 from tunelab.stages.hypothesis.pins import resolve_pins
 from tunelab.stages.hypothesis.power import registration_power
@@ -58,8 +60,8 @@ def register(
     if json_out:
         emit_json({"created": created, "notes": notes, "power": power, **record})
         return
-    for key, pin in pins.items():
-        line = f"  {key}: {pin['repo_id']}@{pin['revision']} pinned to commit {pin['commit']}"
+    for key, pin in mapping_of(Pin, "pins", pins, "pins").items():
+        line = f"  {key}: {pin.repo_id}@{pin.revision} pinned to commit {pin.commit}"
         console.print(line, soft_wrap=True)  # a commit is copied whole, not cut at the margin
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
@@ -77,17 +79,18 @@ def register(
     print_power(power)
 
 
-def print_power(power: dict[str, Any]) -> None:
+def print_power(estimate: dict[str, Any]) -> None:
     """The detectable effect and the warnings it earns (register, validate, baseline)."""
-    effect = power.get("detectable_effect")
+    power = PowerEstimate.of("power", estimate)
+    effect = power.detectable_effect
     if effect is None:
-        console.print(f"detectable effect: not known ({power.get('note') or 'no estimate'})")
+        console.print(f"detectable effect: not known ({power.note or 'no estimate'})")
     else:
         console.print(
-            f"detectable effect: {power['metric']} {effect:+.4f} on {power['n']} validation "
-            f"examples (one-sided level {power['level']:.3g}, {power['power']:.0%} power; "
-            f"from {power['source']})",
+            f"detectable effect: {power.metric} {effect:+.4f} on {power.n} validation "
+            f"examples (one-sided level {power.level:.3g}, {power.power:.0%} power; "
+            f"from {power.source})",
             soft_wrap=True,
         )
-    for warning in power.get("warnings") or []:
+    for warning in power.warnings or []:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)

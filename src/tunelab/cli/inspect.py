@@ -23,45 +23,74 @@ from tunelab.cli.common import (
 )
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.errors import DataError
+from tunelab.core.record_inspect import InspectExample, Inspection, LengthStats
 from tunelab.lib.preprocess.text import Problem, raise_problems
-from tunelab.stages.inspect.stage import describe_answer_budget
 
 SPLITS = ("train", "validation")
 
 
-def loss_place(ex: dict) -> str:
+def loss_place(ex: InspectExample) -> str:
     """Where the loss is: on tokens for a generating model, on the label for a classifier."""
-    if "label_index" in ex:
+    if ex.classifier:
         return "the loss is on the label (a classifier: no token carries it)"
-    return f"{ex['num_loss_tokens']} under the loss"
+    return f"{ex.num_loss_tokens} under the loss"
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
 
-def token_text(ex: dict[str, Any]) -> Text:
+def token_text(ex: InspectExample) -> Text:
     """The example's tokens: loss positions on green, special tokens magenta, cut point red."""
     out = Text()
-    for i, t in enumerate(ex["tokens"]):
-        if ex["truncation_at"] == i:
+    for i, t in enumerate(ex.tokens):
+        if ex.truncation_at == i:
             out.append(" \u2702 ", style="bold white on red")
-        piece = t["text"].replace("\n", "\u21b5\n")
-        style = "bold magenta" if t["special"] else ""
-        if t["loss"]:
+        piece = t.text.replace("\n", "\u21b5\n")
+        style = "bold magenta" if t.special else ""
+        if t.loss:
             style = (style + " on dark_green").strip()
         out.append(piece, style=style or None)
     return out
 
 
-def print_record(record: dict[str, Any]) -> None:
-    pre = record["preprocess"]
+def _print_example(ex: InspectExample) -> None:
+    cut = f", input cut {ex.input_tokens_cut}/{ex.input_tokens} tokens" if ex.truncated else ""
+    console.print(Rule(Text(f"{ex.id}  {ex.category}"), align="left"))
     console.print(
-        f"[bold]{escape(str(record['study']))}[/] split {record['split']}, "
-        f"snapshot {record['snapshot_id']}, "
-        f"task {record['task']['kind']}, {pre['architecture']}, template {pre['template']} "
-        f"(sha256 {record['template_sha256'][:12]}), max_seq_len {pre['max_seq_len']}, "
-        f"cut side {pre['truncation_side']}"
+        Text(
+            f"shown for: {ex.why_shown}; {ex.num_tokens} tokens, {loss_place(ex)}{cut}",
+            style="dim",
+        )
+    )
+    console.print(token_text(ex))
+    if ex.loss_decoded is not None:
+        mark = "[green]\u2713[/]" if ex.check == "ok" else f"[red]\u2717 {escape(str(ex.check))}[/]"
+        console.print(Text("loss decodes to: ") + Text(repr(ex.loss_decoded), style="green"))
+        console.print(f"target check: {mark}")
+    elif ex.classifier:
+        console.print(Text(f"label: {ex.target_text} (index {ex.label_index})"))
+
+
+def _lengths_table(record: Inspection) -> Any:
+    def row(name: str, st: LengthStats) -> list[Any]:
+        return [name, st.n, st.p50, st.p95, st.max, _pct(st.share_truncated)]
+
+    stats = record.stats or LengthStats(record.path, {}, where="stats")
+    rows = [row("all", stats)]
+    per_category = record.category_stats if len(record.category_stats) > 1 else {}
+    rows += [row(name, c) for name, c in per_category.items()]
+    return table("lengths (tokens)", ["category", "n", "p50", "p95", "max", "truncated"], rows)
+
+
+def print_record(record: Inspection) -> None:
+    pre = record.preprocess
+    console.print(
+        f"[bold]{escape(str(record.study))}[/] split {record.split}, "
+        f"snapshot {record.snapshot_id}, "
+        f"task {record.task_kind}, {pre.architecture}, template {pre.template} "
+        f"(sha256 {str(record.template_sha256)[:12]}), max_seq_len {pre.max_seq_len}, "
+        f"cut side {pre.truncation_side}"
     )
     console.print(
         Text.assemble(
@@ -74,49 +103,18 @@ def print_record(record: dict[str, Any]) -> None:
             " truncation point",
         )
     )
-    for ex in record["examples"]:
-        cut = (
-            f", input cut {ex['input_tokens_cut']}/{ex['input_tokens']} tokens"
-            if ex["truncated"]
-            else ""
-        )
-        console.print(Rule(Text(f"{ex['id']}  {ex['category']}"), align="left"))
-        console.print(
-            Text(
-                f"shown for: {ex['why_shown']}; {ex['num_tokens']} tokens, {loss_place(ex)}{cut}",
-                style="dim",
-            )
-        )
-        console.print(token_text(ex))
-        if ex.get("loss_decoded") is not None:
-            mark = (
-                "[green]\u2713[/]"
-                if ex["check"] == "ok"
-                else f"[red]\u2717 {escape(ex['check'])}[/]"
-            )
-            console.print(Text("loss decodes to: ") + Text(repr(ex["loss_decoded"]), style="green"))
-            console.print(f"target check: {mark}")
-        elif "label_index" in ex:
-            console.print(Text(f"label: {ex['target_text']} (index {ex['label_index']})"))
-    s = record["stats"]
-    rows = [["all", s["n"], s["p50"], s["p95"], s["max"], _pct(s["share_truncated"])]]
-    per_category = record["category_stats"] if len(record["category_stats"]) > 1 else {}
-    for name, c in per_category.items():
-        rows.append([name, c["n"], c["p50"], c["p95"], c["max"], _pct(c["share_truncated"])])
-    console.print(
-        table("lengths (tokens)", ["category", "n", "p50", "p95", "max", "truncated"], rows)
-    )
-    budget = describe_answer_budget(record.get("answer_budget"))
-    if budget:
-        console.print(f"[yellow]warning:[/] {escape(budget)}")
-    for note in pre["notes"]:
+    for ex in record.examples:
+        _print_example(ex)
+    console.print(_lengths_table(record))
+    if record.answer_budget and (warning := record.answer_budget.warning):
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    for note in pre.notes or []:
         console.print(f"[yellow]note:[/] {escape(note)}")
-    if not record["collator"]["checked"]:
-        why = escape(str(record["collator"]["why"]))
-        console.print(f"[yellow]note:[/] collator check skipped: {why}")
-    console.print(Text(f"record: {record['json_path']}\npage:   {record['html_path']}"))
-    if record["ok"]:
-        console.print(f"[green]all checks pass[/] on {s['n']} examples")
+    if (why := record.collator_skipped) is not None:
+        console.print(f"[yellow]note:[/] collator check skipped: {escape(why)}")
+    console.print(Text(f"record: {record.path}\npage:   {record.html_path}"))
+    if record.ok:
+        console.print(f"[green]all checks pass[/] on {record.n} examples")
 
 
 @app.command("inspect")
@@ -146,12 +144,13 @@ def inspect_cmd(
         record = inspect_stage.run(
             s, split=split, per_category=per_category, snapshot_id=snapshot, progress=board.update
         )
+    inspection = Inspection.of(Path(record["json_path"]), record)
     if json_out:
         emit_json(record)
-    elif record.get("kind") == "image":
+    elif inspection.images:
         from tunelab.cli.inspect_images import print_image_record
 
-        print_image_record(record)
+        print_image_record(inspection)
     else:
-        print_record(record)
-    raise_problems([Problem(**p) for p in record["problems"]], what="inspect checks")
+        print_record(inspection)
+    raise_problems([Problem(**p) for p in inspection.problems or []], what="inspect checks")

@@ -9,9 +9,11 @@ from rich.rule import Rule
 from rich.text import Text
 
 from tunelab.cli.common import console, table
+from tunelab.core.record_inspect import ImageExample, Inspection
 
 
-def _spread(d: dict[str, Any]) -> str:
+def _spread(d: dict[str, float] | None) -> str:
+    d = d or {}
     return f"{d['min']:g}/{d['median']:g}/{d['max']:g}"
 
 
@@ -22,49 +24,48 @@ def _step_line(s: dict[str, Any]) -> str:
     return f"{s['step']}{size}" + (f" ({extra})" if extra else "")
 
 
-def print_image_record(record: dict[str, Any]) -> None:
+def _print_example(ex: ImageExample) -> None:
+    o, t = ex.original, ex.tensor
+    console.print(Rule(Text(f"{ex.id}  {ex.category}"), align="left"))
+    upright = (
+        f" (upright by its EXIF orientation {o.exif_orientation})" if o.exif_orientation else ""
+    )
+    width, height = o.size[:2] if len(o.size) >= 2 else (None, None)
+    console.print(
+        Text(
+            f"original {width}x{height} {o.mode} {o.format}{upright}; label index {ex.label_index}",
+            style="dim",
+        )
+    )
+    for s in ex.steps or []:
+        console.print(Text("  " + _step_line(s)))
+    console.print(
+        Text(f"  tensor {t.shape} {t.dtype} range [{t.min:g}, {t.max:g}] mean {t.mean:g}")
+    )
+    if ex.train_steps is not None:
+        steps = " | ".join(_step_line(s) for s in ex.train_steps)
+        console.print(Text(f"  training view: {steps}", style="dim"))
+
+
+def print_image_record(record: Inspection) -> None:
     """The terminal view of an image inspect record (the HTML page has the thumbnails)."""
     console.print(
-        f"[bold]{escape(str(record['study']))}[/] split {record['split']}, snapshot "
-        f"{record['snapshot_id']}, {record['n']} images, chain sha256 "
-        f"{record['template_sha256'][:12]}"
+        f"[bold]{escape(str(record.study))}[/] split {record.split}, snapshot "
+        f"{record.snapshot_id}, {record.n} images, chain sha256 "
+        f"{str(record.template_sha256)[:12]}"
     )
-    for ex in record["examples"]:
-        o, t = ex["original"], ex["tensor"]
-        console.print(Rule(Text(f"{ex['id']}  {ex['category']}"), align="left"))
-        console.print(
-            Text(
-                f"original {o['size'][0]}x{o['size'][1]} {o['mode']} {o['format']}"
-                + (
-                    f" (upright by its EXIF orientation {o['exif_orientation']})"
-                    if o.get("exif_orientation")
-                    else ""
-                )
-                + f"; label index {ex['label_index']}",
-                style="dim",
-            )
-        )
-        for s in ex["steps"]:
-            console.print(Text("  " + _step_line(s)))
-        console.print(
-            Text(
-                f"  tensor {t['shape']} {t['dtype']} range [{t['min']:g}, {t['max']:g}] "
-                f"mean {t['mean']:g}"
-            )
-        )
-        if "train_view" in ex:
-            steps = " | ".join(_step_line(s) for s in ex["train_view"]["steps"])
-            console.print(Text(f"  training view: {steps}", style="dim"))
+    for ex in record.image_examples:
+        _print_example(ex)
     rows = [
         [
             name,
-            d["n"],
-            _spread(d["width"]),
-            _spread(d["height"]),
-            _spread(d["aspect"]),
-            ", ".join(f"{m} {n}" for m, n in d["modes"].items()),
+            d.n,
+            _spread(d.width),
+            _spread(d.height),
+            _spread(d.aspect),
+            ", ".join(f"{m} {n}" for m, n in (d.modes or {}).items()),
         ]
-        for name, d in record["distributions"].items()
+        for name, d in record.distributions.items()
     ]
     console.print(
         table(
@@ -73,8 +74,8 @@ def print_image_record(record: dict[str, Any]) -> None:
             rows,
         )
     )
-    for w in record["warnings"]:
+    for w in record.warnings or []:
         console.print(f"[yellow]warning:[/] {escape(w)}")
-    console.print(Text(f"record: {record['json_path']}\npage:   {record['html_path']}"))
-    if record["ok"]:
-        console.print(f"[green]all checks pass[/] on {record['n']} images")
+    console.print(Text(f"record: {record.path}\npage:   {record.html_path}"))
+    if record.ok:
+        console.print(f"[green]all checks pass[/] on {record.n} images")

@@ -9,6 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.errors import ConfigError
+from tunelab.core.record_sizing import PlanFigure, PlanSchedule
 
 
 def _pct(x: float | None) -> str:
@@ -80,56 +81,49 @@ def plan(
 
     s = open_study(study, sets)
     if review:
-        given = {
-            "--days": days is not None,
-            "--gpu-hour-price": gpu_hour_price is not None,
-            "--speedup": speedup != 1.0,
-            "--step-time-s": step_time_s is not None,
-            "--gpu": gpu is not None,
-            "--gpus": gpus is not None,
-            "--strategy": strategy is not None,
-            "--utilization": utilization is not None,
-            "--compare-gpus": compare_gpus,
-        }
-        if flags := [flag for flag, set_ in given.items() if set_]:
-            raise ConfigError(
-                f"--review sets the latest plan against the runs: {', '.join(flags)} would be "
-                "ignored",
-                hint="make the plan with them first (`tunelab plan " + " ".join(flags) + " ...`), "
-                "then `tunelab plan --review`",
-            )
+        _refuse_with_review(
+            days=days, gpu_hour_price=gpu_hour_price, speedup=speedup if speedup != 1.0 else None,
+            step_time_s=step_time_s, gpu=gpu, gpus=gpus, strategy=strategy,
+            utilization=utilization, compare_gpus=compare_gpus or None,
+        )  # fmt: skip
+        result = review_plan(s)
+        _show(result, json_out, print_review)
+        return
     if compare_gpus:
         from tunelab.stages.plan.stage import compare_gpus as compare
 
         result = compare(s, days=days, gpus=gpus, strategy=strategy, utilization=utilization)
-        if json_out:
-            emit_json(result)
-            return
-        print_comparison(result)
-        return
-    if review:
-        result = review_plan(s)
-        if json_out:
-            emit_json(result)
-            return
-        print_review(result)
+        _show(result, json_out, print_comparison)
         return
     record, path, png = plan_stage.run(
-        s,
-        days=days,
-        gpu_hour_price=gpu_hour_price,
-        speedup=speedup,
-        step_time_s=step_time_s,
-        gpu=gpu,
-        gpus=gpus or 1,
-        strategy=strategy or "ddp",
-        utilization=utilization,
-    )
+        s, days=days, gpu_hour_price=gpu_hour_price, speedup=speedup, step_time_s=step_time_s,
+        gpu=gpu, gpus=gpus or 1, strategy=strategy or "ddp", utilization=utilization,
+    )  # fmt: skip
     if json_out:
         emit_json({**record, "path": str(path), "chart_path": str(png)})
         return
     print_plan(record)
     console.print(f"record: {path}\nchart:  {png}")
+
+
+def _refuse_with_review(**given: Any) -> None:
+    """`--review` reads the latest plan: a flag that makes a plan (one not None) would be
+    ignored."""
+    flags = ["--" + name.replace("_", "-") for name, value in given.items() if value is not None]
+    if flags:
+        raise ConfigError(
+            f"--review sets the latest plan against the runs: {', '.join(flags)} would be ignored",
+            hint="make the plan with them first (`tunelab plan " + " ".join(flags) + " ...`), "
+            "then `tunelab plan --review`",
+        )
+
+
+def _show(result: dict[str, Any], json_out: bool, printer: Any) -> None:
+    """`result` as JSON, or printed by `printer`."""
+    if json_out:
+        emit_json(result)
+    else:
+        printer(result)
 
 
 def print_review(result: dict[str, Any]) -> None:
@@ -202,10 +196,10 @@ FIGURE_WORDS = {
 }
 
 
-def _figure_line(key: str, fig: dict[str, Any]) -> str:
-    value = fig.get("value")
+def _figure_line(key: str, fig: PlanFigure | None) -> str:
+    value, source = (fig.value, fig.source or "") if fig is not None else (None, "")
     if value is None:
-        return f"  {key}: -  ({fig.get('source', '')})"
+        return f"  {key}: -  ({source})"
     if key == "answer_length_s_per_example":
         way = "shorter" if value < 0 else "longer"
         meaning = (
@@ -217,48 +211,49 @@ def _figure_line(key: str, fig: dict[str, Any]) -> str:
         meaning = f"+{value:.4g} s an example for the adapter's unmerged layers"
     else:
         meaning = f"{value:.4g} s {FIGURE_WORDS.get(key, '')}".rstrip()
-    return f"  {key}: {meaning}  ({fig.get('source', '')})"
+    return f"  {key}: {meaning}  ({source})"
 
 
 def print_plan(record: dict[str, Any]) -> None:
-    v = record["variant"]
+    """The plan `tunelab plan` recorded, read as its kind (`core.record_sizing.PlanSchedule`)."""
+    plan = PlanSchedule.of(Path("records/plans") / f"{record.get('id')}.json", record)
+    v = plan.variant
     rows = [
-        [p["phase"], _h(p["start_s"]), _h(p["planned_s"]), f"+{p['margin_pct']}%", _h(p["total_s"])]
-        for p in record["phases"]
+        [p.phase, _h(p.start_s), _h(p.planned_s), f"+{p.margin_pct}%", _h(p.total_s)]
+        for p in plan.phases
     ]
     console.print(
         table(
-            f"{record['days']}-day plan on {record.get('device') or record['gpu']} "
-            f"({record['num_variants']} variants)",
+            f"{plan.days}-day plan on {plan.device or plan.gpu} ({plan.num_variants} variants)",
             ["phase", "starts at", "planned", "margin", "with margin"],
             rows,
         )
     )
     console.print(
-        f"one variant: {v['steps']} steps x {record['step_time_s']:.3f} s + "
-        f"{v['validation_passes']} validation passes + {v['checkpoint_saves']} checkpoint saves "
-        f"+ {_h(v['startup_s'])} start = {_h(v['total_s'])}"
+        f"one variant: {v.steps} steps x {plan.step_time_s:.3f} s + "
+        f"{v.validation_passes} validation passes + {v.checkpoint_saves} checkpoint saves "
+        f"+ {_h(v.startup_s)} start = {_h(v.total_s)}"
     )
-    c = record["cost"]
-    money = (record.get("projection") or {}).get("currency")
+    c, projection = plan.cost, plan.projection
+    money = projection.currency if projection is not None else None
     unit = f" {money}" if money else ""
     console.print(
-        f"busy {_h(record['busy_s'])} of a {record['window_s'] / 3600:.0f} h window; "
-        f"{record['variants_that_fit']} variants fit; cost {c['busy_cost']:,.2f}{unit} busy, "
-        f"{c['rental_cost']:,.2f}{unit} for the whole rental ({c['rental_hours']} h x "
-        f"{record['gpu_hour_price']:g})"
+        f"busy {_h(plan.busy_s)} of a {(plan.window_s or 0) / 3600:.0f} h window; "
+        f"{plan.variants_that_fit} variants fit; cost {c.busy_cost or 0:,.2f}{unit} busy, "
+        f"{c.rental_cost or 0:,.2f}{unit} for the whole rental ({c.rental_hours} h x "
+        f"{plan.gpu_hour_price:g})"
     )
-    console.print(f"one evaluation of a variant: {_h(record['evaluation_run_s'])}")
-    sources = record["figures"]
+    console.print(f"one evaluation of a variant: {_h(plan.evaluation_run_s)}")
     # a variant's evaluation beside the baseline's: printed when the plan has them
     variant_keys = ("answer_length_s_per_example", "adapted_extra_s_per_example")
     for key in ("step_s", "eval_s_per_example", "checkpoint_save_s", "reload_s", *variant_keys):
-        if key in variant_keys and key not in sources:
+        fig = plan.input_figure(key)
+        if key in variant_keys and fig is None:
             continue
-        console.print(_figure_line(key, sources.get(key) or {}), style="dim")
-    if record.get("projection"):
-        print_projection(record["projection"])
-    for w in record["warnings"]:
+        console.print(_figure_line(key, fig), style="dim")
+    if projection is not None:
+        print_projection(record["projection"])  # the projection as `stages.plan.project` built it
+    for w in plan.warnings or []:
         console.print(f"[yellow]warning:[/] {w}")
 
 
@@ -330,8 +325,11 @@ def _layout(r: dict[str, Any]) -> str:
 
 
 def _why_not(r: dict[str, Any]) -> str:
-    """A layout's reason, short: the load, the weights, or the step's peak."""
+    """A layout's reason, short: the load, the weights, the evaluation on one GPU, or the
+    step's peak."""
     why = r.get("why_not") or ""
+    if r.get("others"):  # a GPU's largest refusal: every strategy's reason, this one's last
+        why = why.rsplit(f"{r['strategy']}: ", 1)[-1]
     load = r.get("load") or {}
     if why.startswith("the load does not fit") and load:
         return (
@@ -341,6 +339,8 @@ def _why_not(r: dict[str, Any]) -> str:
         )
     if why.startswith(("weights", "tunelab train refuses")):
         return why
+    if why.startswith("the evaluation does not fit"):  # its figure, before the settings
+        return "evaluation " + why.removeprefix("the evaluation does not fit: ").split(" (")[0]
     return f"peak {r['peak_bytes'] / 1e9:.1f} GB over {r['memory_bytes'] / 1e9:.0f} GB"
 
 

@@ -12,6 +12,8 @@ from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_jso
 from tunelab.cli.plan import print_load
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.errors import ConfigError
+from tunelab.core.record_sizing import SizingPeak, peak_of
+from tunelab.core.record_types import Sizing
 from tunelab.stages.sizing.recommend import (
     PRECISIONS,
     parse_bytes,
@@ -210,15 +212,18 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
     )
 
 
+def _as_sizing(record: dict[str, Any]) -> Sizing:
+    """The sizing record `tunelab size` wrote, read as its kind (`core.record_types.Sizing`)."""
+    return Sizing.of(Path("records/sizing") / f"{record.get('id')}.json", record)
+
+
 def _peak_legend(record: dict[str, Any]) -> None:
     """What the worst and eval rows of the table are."""
-    worst, ev = record.get("worst_batch_peak"), record.get("evaluation_peak")
+    sizing = _as_sizing(record)
+    worst, ev = peak_of(sizing, "worst_batch_peak"), peak_of(sizing, "evaluation_peak")
     if worst or ev:
-        step = (
-            f" (step {worst['batch']['step']} of {worst['batch']['steps_scanned']})"
-            if worst
-            else ""
-        )
+        b = (worst.batch if worst else None) or {}
+        step = f" (step {b['step']} of {b['steps_scanned']})" if b else ""
         batch = (
             "fwd: a forward of the classifier at its batch"
             if _images(record)
@@ -232,37 +237,35 @@ def _peak_legend(record: dict[str, Any]) -> None:
 
 def _peak_rows(record: dict[str, Any], suffix: str) -> list[list[Any]]:
     """The worst batch of the run and the evaluation's batch, beside the typical steps."""
-    rows = []
-    worst, ev = record.get("worst_batch_peak"), record.get("evaluation_peak")
-    if worst:
-        b = worst["batch"]
+    rows: list[tuple[str, str, SizingPeak]] = []
+    sizing = _as_sizing(record)
+    worst, ev = peak_of(sizing, "worst_batch_peak"), peak_of(sizing, "evaluation_peak")
+    if worst is not None:
+        b = worst.batch or {}  # as `sizing.peaks.find_worst_batch` wrote it
         how = f"{b['tokens']}{suffix} packed" if b["packed"] else ""
         how = how or f"{max(b['lengths'])}{suffix} {len(b['lengths'])}x1"
-        rows.append(["worst", how, worst])
-    if ev:
-        st = ev["settings"]
+        rows.append(("worst", how, worst))
+    if ev is not None:
+        st = ev.settings or {}  # as `sizing.peaks.evaluation_settings` wrote them
         shape = f"{st['tokens']}{suffix} {st['batch_size']}x"
         shape += f" +{st['max_new_tokens']}" if st["kind"] == "generation" else " fwd"
-        rows.append(["eval", shape, ev])
+        rows.append(("eval", shape, ev))
     out = []
     for label, shape, peak in rows:
-        measured = (peak.get("measured") or {}).get("compared")
-        status = peak["status"]
-        shown = _mib(measured) if status == "ok" else "[red]does not fit[/]"
-        if status == "error":
+        shown = _mib(peak.measured_compared) if peak.status == "ok" else "[red]does not fit[/]"
+        if peak.status == "error":
             shown = "error"
-        predicted = (peak.get("predicted") or {}).get("compared")
         out.append(
-            [label, shape, _mib(predicted), shown, _pct(peak.get("error_pct")), "-", "-", "-"]
+            [label, shape, _mib(peak.predicted_compared), shown, _pct(peak.error_pct)]
+            + ["-", "-", "-"]
         )
     return out
 
 
 def _peaks_note(record: dict[str, Any]) -> None:
     """The whole-process peaks against the budget, and a peak that does not fit with its fix."""
-    from tunelab.stages.sizing.peaks import peak_total
-
-    budget = record.get("memory_budget_bytes")
+    sizing = _as_sizing(record)
+    budget = sizing.memory_budget_bytes
     for key, name, fix in (
         ("worst_batch_peak", "the worst batch", "lower training.micro_batch_size"),
         (
@@ -271,11 +274,11 @@ def _peaks_note(record: dict[str, Any]) -> None:
             "lower evaluation.batch_size or evaluation.max_new_tokens",
         ),
     ):
-        peak = record.get(key)
-        total = peak_total(peak)
-        if not peak or total is None:
+        peak = peak_of(sizing, key)
+        total = peak.total if peak is not None else None
+        if peak is None or total is None:
             continue
-        over = budget and (peak["status"] == "does_not_fit" or total > budget)
+        over = budget and (peak.status == "does_not_fit" or total > budget)
         words = f"{name}: {_size(total)} for the whole process, of a {_size(budget)} budget"
         if over:
             console.print(f"[red]{words}: does not fit[/]; {fix}, or raise --memory-budget")

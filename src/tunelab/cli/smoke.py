@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -22,7 +22,7 @@ from tunelab.cli.common import (
 )
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.record_types import Smoke
-from tunelab.core.records import read_json
+from tunelab.core.run_parts import ParameterAudit
 
 _MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
 
@@ -35,36 +35,36 @@ def _bytes(b: float) -> str:
     return f"{b:.1f} GB"
 
 
-def audit_table(audit: dict[str, Any]) -> Table:
+def audit_table(audit: ParameterAudit) -> Table:
     """The parameter audit (`tunelab.lib.models.parameter_audit`): one row per module group, a
     total row, and a caption (adapted modules, what a checkpoint holds, bytes by dtype)."""
-    t = audit["totals"]
-    out = Table(title=f"Parameters ({audit['method']})")
+    t = audit.totals
+    out = Table(title=f"Parameters ({audit.method})")
     out.add_column("group")
     out.add_column("trainable", justify="right")
     out.add_column("frozen", justify="right")
     out.add_column("trainable tensors", justify="right")
-    for name, g in audit["groups"].items():
-        out.add_row(name, f"{g['trainable']:,}", f"{g['frozen']:,}", str(g["tensors_trainable"]))
+    for name, g in audit.groups.items():
+        out.add_row(name, f"{g.trainable:,}", f"{g.frozen:,}", str(g.tensors_trainable))
     out.add_section()
     out.add_row(
-        f"total ({100 * t['trainable_share']:.2f}% trainable)",
-        f"{t['trainable']:,}",
-        f"{t['frozen']:,}",
-        str(t["trainable_tensors"]),
+        f"total ({100 * t.trainable_share:.2f}% trainable)",
+        f"{t.trainable:,}",
+        f"{t.frozen:,}",
+        str(t.trainable_tensors),
         style="bold",
     )
     dtypes = "; ".join(
-        f"{k}: {_bytes(v['trainable'])} trainable, {_bytes(v['frozen'])} frozen"
-        for k, v in audit["bytes_by_dtype"].items()
+        f"{k}: {_bytes(v.trainable)} trainable, {_bytes(v.frozen)} frozen"
+        for k, v in audit.bytes_by_dtype.items()
     )
     lines = [
-        f"adapted: {audit['adapted_summary']}",
-        f"saved in full: {', '.join(audit['modules_to_save']) or 'none'}",
-        f"checkpoint holds: {audit['saves']} ({audit['saved_params']:,} parameters)",
+        f"adapted: {audit.adapted_summary}",
+        f"saved in full: {', '.join(audit.modules_to_save) or 'none'}",
+        f"checkpoint holds: {audit.saves} ({audit.saved_params:,} parameters)",
         f"bytes: {dtypes}",
     ]
-    lines += [f"note: {n}" for n in audit.get("notes", [])]
+    lines += [f"note: {n}" for n in audit.notes or []]
     out.caption = "\n".join(lines)
     out.caption_justify = "left"
     return out
@@ -100,7 +100,7 @@ def smoke(
         emit_json(record)
     else:
         if run.path("audit.json").exists():
-            console.print(audit_table(read_json(run.path("audit.json"))))
+            console.print(audit_table(ParameterAudit.read(run.path("audit.json"))))
         rows = [[c["check"], _MARK[c["ok"]], c["detail"]] for c in smoke.checks]
         console.print(table(f"smoke {run.id}", ["check", "result", "detail"], rows))
         timing_rows = [

@@ -4,10 +4,22 @@
 object already parsed: a whole record (`where` "") or a piece nested in one (`where` says where
 in the record, e.g. `runs[2].primary`). Every check raises the same located `StudyError`
 (`damaged`): the file, the place in it, the field and what was found.
+
+A kind declares each field once, as a dataclass attribute; its annotation is the check:
+
+- `str`, `int`, `bool`, `float` (an int is a float too), `list[...]`, `dict[...]` and unions of
+  them: the JSON value must be one of these (true/false is never a number);
+- a field whose annotation lacks `None` must be present; one with `| None` may be absent or
+  null (older records, optional parts) and reads as None then;
+- `RENAMED` maps a JSON name that is a Python keyword to its attribute (`{"pass": "passed"}`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,28 +28,11 @@ from typing import Any, ClassVar, TypeVar
 from tunelab.core.errors import StudyError
 from tunelab.core.records import read_json
 
-__all__ = [
-    "NUM",
-    "mapping_of",
-    "OPT_DICT",
-    "OPT_INT",
-    "OPT_LIST",
-    "OPT_NUM",
-    "OPT_STR",
-    "Record",
-    "damaged",
-]
+__all__ = ["Record", "as_written", "damaged", "field_types", "mapping_of"]
 
 R = TypeVar("R", bound="Record")
 _ABSENT = object()
-
-NUM = (int, float)
-OPT_STR = (str, type(None))
-OPT_INT = (int, type(None))
-OPT_NUM = (int, float, type(None))
-OPT_DICT = (dict, type(None))
-OPT_LIST = (list, type(None))
-OPT_BOOL = (bool, type(None))
+_BASE_FIELDS = ("path", "raw", "where")
 
 
 def as_written(name: str) -> property:
@@ -53,24 +48,56 @@ def damaged(path: Path | str, what: str) -> StudyError:
     )
 
 
-def _type_name(types: tuple[type, ...]) -> str:
+def _type_name(kinds: tuple[type, ...]) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "true/false"}
-    return " or ".join(names.get(t, t.__name__) for t in types if t is not type(None))
+    return " or ".join(names.get(t, t.__name__) for t in kinds if t is not type(None))
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON types an annotation admits, in its order (`float` admits an int first)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        found: list[type] = []
+        for arg in typing.get_args(hint):
+            found += [t for t in _json_types(arg) if t not in found]
+        return tuple(found)
+    if hint is float:
+        return (int, float)
+    kind = typing.get_origin(hint) or hint
+    if kind not in (str, int, bool, list, dict, type(None)):
+        raise TypeError(f"a record field's annotation must be a JSON type, not {hint!r}")
+    return (kind,)
+
+
+@functools.cache
+def field_types(cls: type[Record]) -> dict[str, tuple[type, ...]]:
+    """{JSON name: the types it admits} of a kind, from its dataclass fields' annotations."""
+    hints = typing.get_type_hints(cls)
+    json_name = {attr: name for name, attr in cls.RENAMED.items()}
+    return {
+        json_name.get(f.name, f.name): _json_types(hints[f.name])
+        for f in dataclasses.fields(cls)
+        if f.name not in _BASE_FIELDS
+    }
 
 
 @dataclass(frozen=True)
 class Record:
     """A record read back: its path, its whole JSON object, and its kind's typed fields."""
 
-    FIELDS: ClassVar[dict[str, tuple[type, ...]]] = {}
-    # fields a record of this kind may lack (older tunelab versions, optional parts): None then
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
     # a field whose JSON name is a Python keyword, read as this attribute ({"pass": "passed"})
     RENAMED: ClassVar[dict[str, str]] = {}
 
     path: Path
     raw: dict[str, Any] = field(repr=False)
     where: str = field(default="", kw_only=True)  # a nested piece: where in its record file
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FIELDS" in vars(cls) or "OPTIONAL" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__}: declare each field once, as an annotated dataclass attribute "
+                "(`| None` when it may be absent); FIELDS and OPTIONAL are derived from them"
+            )
 
     @classmethod
     def read(cls: type[R], path: Path | str) -> R:
@@ -84,14 +111,14 @@ class Record:
         if not isinstance(raw, dict):
             raise damaged(path, f"{at}a {type(raw).__name__}, not a JSON object")
         values = {}
-        for name, types in cls.FIELDS.items():
+        for name, kinds in field_types(cls).items():
             value = raw.get(name, _ABSENT)
             if value is _ABSENT or value is None:
-                if name not in cls.OPTIONAL and type(None) not in types:
+                if type(None) not in kinds:
                     raise damaged(path, f"{at}field {name!r} is missing")
                 value = None
-            elif not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise damaged(path, f"{at}field {name!r} is {value!r}, not {_type_name(types)}")
+            elif not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise damaged(path, f"{at}field {name!r} is {value!r}, not {_type_name(kinds)}")
             values[cls.RENAMED.get(name, name)] = value
         record = cls(Path(path), raw, where=where, **values)
         record.check_parts()

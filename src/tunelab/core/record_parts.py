@@ -14,12 +14,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tunelab.core.record_base import (
-    OPT_BOOL,
-    OPT_DICT,
-    OPT_INT,
-    OPT_LIST,
-    OPT_NUM,
-    OPT_STR,
     Record,
     as_written,
     damaged,
@@ -78,14 +72,6 @@ __all__ = [
 class Delta(Record):
     """One metric of a variant against the baseline, with its paired interval (None: none)."""
 
-    FIELDS: ClassVar = {
-        "baseline": OPT_NUM,
-        "variant": OPT_NUM,
-        "delta": OPT_NUM,
-        "ci_low": OPT_NUM,
-        "ci_high": OPT_NUM,
-    }
-
     baseline: float | None = None
     variant: float | None = None
     delta: float | None = None
@@ -96,17 +82,6 @@ class Delta(Record):
 @dataclass(frozen=True)
 class Primary(Delta):
     """The primary metric's row: its delta and interval, and the test judged on them."""
-
-    FIELDS: ClassVar = Delta.FIELDS | {
-        "metric": OPT_STR,
-        "min_improvement": OPT_NUM,
-        "meets_min_improvement": OPT_BOOL,
-        "significant": OPT_BOOL,
-        "verdict": OPT_STR,
-        "goal": OPT_STR,
-        "level": OPT_NUM,
-        "settle_n": OPT_INT,
-    }
 
     metric: str | None = None
     min_improvement: float | None = None
@@ -122,24 +97,6 @@ class Primary(Delta):
 class GuardrailVerdict(Record):
     """One guardrail rule judged on one item (a category, a field, or overall)."""
 
-    FIELDS: ClassVar = {
-        "rule": OPT_STR,
-        "metric": OPT_STR,
-        "scope": OPT_STR,
-        "item": OPT_STR,
-        "value": OPT_NUM,
-        "baseline": OPT_NUM,
-        "bound": OPT_NUM,
-        "test": OPT_STR,
-        "pass": (bool,),
-        "note": OPT_STR,
-        "verdict": OPT_STR,
-        "ci_low": OPT_NUM,
-        "ci_high": OPT_NUM,
-        "judged_bound": OPT_NUM,
-        "adjusted_level": OPT_NUM,
-        "settle_n": OPT_INT,
-    }
     RENAMED: ClassVar = {"pass": "passed"}
 
     rule: str | None = None
@@ -169,14 +126,6 @@ class GuardrailVerdict(Record):
 class Flips(Record):
     """The examples that changed between baseline and variant (ids), and how many."""
 
-    FIELDS: ClassVar = {
-        "improved": OPT_LIST,
-        "regressed": OPT_LIST,
-        "num_improved": OPT_INT,
-        "num_regressed": OPT_INT,
-        "by_category": OPT_DICT,
-    }
-
     improved: list[str] | None = None
     regressed: list[str] | None = None
     num_improved: int | None = None
@@ -188,15 +137,6 @@ class Flips(Record):
 class McNemar(Record):
     """McNemar's test on the paired right/wrong outcomes: `c` examples improved, `b`
     regressed (older records name the discordant counts `improved` and `regressed`)."""
-
-    FIELDS: ClassVar = {
-        "method": OPT_STR,
-        "b": OPT_INT,
-        "c": OPT_INT,
-        "improved": OPT_INT,
-        "regressed": OPT_INT,
-        "p_value": OPT_NUM,
-    }
 
     method: str | None = None
     b: int | None = None
@@ -211,7 +151,6 @@ class ConfigChange(Record):
     """One field a run changes against its parent: `key` its dotted path in the config (`path`
     in the record), `old` and `new` the values as written."""
 
-    FIELDS: ClassVar = {"path": (str,), "group": OPT_STR}
     RENAMED: ClassVar = {"path": "key"}
 
     key: str = ""
@@ -224,8 +163,6 @@ class ConfigChange(Record):
 @dataclass(frozen=True)
 class ConfigDiff(Record):
     """A run's config against its parent's (or the baseline's): the changes and their flags."""
-
-    FIELDS: ClassVar = {"against": OPT_STR, "groups": OPT_LIST, "flags": OPT_LIST, "why": OPT_STR}
 
     against: str | None = None
     groups: list[str] | None = None
@@ -240,26 +177,6 @@ class ConfigDiff(Record):
 @dataclass(frozen=True)
 class CompareEntry(Record):
     """One row of a comparison: a run against the baseline, or why it is not compared."""
-
-    FIELDS: ClassVar = {
-        "run_id": (str,),
-        "name": OPT_STR,
-        "kind": OPT_STR,
-        "parent": OPT_STR,
-        "status": OPT_STR,
-        "reason": OPT_STR,
-        "why": OPT_STR,
-        "compared": OPT_BOOL,
-        "not_compared_reason": OPT_STR,
-        "eval_run": OPT_STR,
-        "n_paired": OPT_INT,
-        "notes": OPT_LIST,
-        "flags": OPT_LIST,
-        "guardrails_pass": OPT_BOOL,
-        "guardrails_verdict": OPT_STR,
-        "decision": OPT_STR,
-        "decision_reasons": OPT_LIST,
-    }
 
     run_id: str = ""
     name: str | None = None
@@ -345,14 +262,6 @@ class LockedTests(Record):
     """The tests a comparison applied (stages.compare.verdicts.DecisionTests): a record made
     before them reads as the defaults: 95 % intervals, Holm, superiority."""
 
-    FIELDS: ClassVar = {
-        "confidence": OPT_NUM,
-        "alpha": OPT_NUM,
-        "multiplicity": OPT_STR,
-        "goal": OPT_STR,
-        "interval_method": OPT_STR,
-    }
-
     confidence: float | None = None
     alpha: float | None = None
     multiplicity: str | None = None
@@ -373,15 +282,6 @@ class LockedTests(Record):
 @dataclass(frozen=True)
 class CompareBaseline(Record):
     """The baseline a comparison sets every run against."""
-
-    FIELDS: ClassVar = {
-        "run_id": (str,),
-        "kind": OPT_STR,
-        "eval_run": OPT_STR,
-        "spec_sha256": OPT_STR,
-        "n": OPT_INT,
-        "metrics": OPT_DICT,
-    }
 
     run_id: str = ""
     kind: str | None = None

@@ -23,6 +23,21 @@ class here is what every other stage reads it back as.
 | `Plan`         | plans/plan-<stamp>.json                | stages.plan                 |
 | `Compare`      | compare/<id>.json                      | stages.compare              |
 | `ExportManifest` | exports/<id>/tunelab-manifest.json   | stages.export               |
+
+Kinds with a module of their own (and the pieces nested in them):
+
+| kind              | file                                  | module            | written by       |
+|-------------------|---------------------------------------|-------------------|------------------|
+| `DataManifest`    | data/<snapshot>/manifest.json         | core.record_data  | stages.data      |
+| `Duplicates`      | data/<snapshot>/duplicates.json       | core.record_data  | stages.data      |
+| `Inspection`      | inspect/<id>.json                     | core.record_inspect | stages.inspect |
+| `RunEnv`          | runs/<run>/env.json                   | core.run_parts    | core.study       |
+| `ParameterAudit`  | runs/<run>/audit.json                 | core.run_parts    | stages.train     |
+| `TrainStep`       | runs/<run>/metrics.jsonl (one a line) | core.run_parts    | stages.train     |
+| `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
+
+The export manifest's pieces are in core.record_export; the plan's durations and phases
+(`PlanSchedule`) and the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations
@@ -30,12 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tunelab.core.record_base import OPT_DICT as _OPT_DICT
-from tunelab.core.record_base import OPT_INT as _OPT_INT
-from tunelab.core.record_base import OPT_LIST as _OPT_LIST
-from tunelab.core.record_base import OPT_NUM as _OPT_NUM
-from tunelab.core.record_base import OPT_STR as _OPT_STR
 from tunelab.core.record_base import Record, damaged, mapping_of
+from tunelab.core.record_export import ExportArtifact, ExportBase, ExportGuardrails, MergeCheck
 from tunelab.core.record_parts import (
     AdaptationSettings,
     CategoryMetrics,
@@ -55,6 +66,7 @@ from tunelab.core.record_parts import (
     Reproduced,
     SizingRow,
 )
+from tunelab.core.run_parts import PlatformGate
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -80,27 +92,6 @@ class RunConfig(Record):
     """runs/<run>/config.json: what a run was started with (`Run.record`; `Run.config` is its
     study config validated once)."""
 
-    FIELDS: ClassVar = {
-        "run_id": (str,),
-        "kind": (str,),
-        "name": _OPT_STR,
-        "parent": _OPT_STR,
-        "overrides": _OPT_LIST,
-        "config": (dict,),
-        "config_sha256": (str,),
-        "data_snapshot": _OPT_STR,
-        "hypothesis_version": _OPT_INT,
-        "hypothesis_sha256": _OPT_STR,
-        "base_model": _OPT_DICT,
-        "labels": _OPT_LIST,
-        "why": _OPT_STR,
-        "split": _OPT_STR,
-        "evaluates": _OPT_STR,
-        "evaluation_spec_sha256": _OPT_STR,
-        "hypothesis_evaluation_spec_sha256": _OPT_STR,
-    }
-    OPTIONAL: ClassVar = frozenset({"overrides", "base_model", "labels", "why"})
-
     run_id: str = ""
     kind: str = ""
     name: str | None = None
@@ -118,6 +109,16 @@ class RunConfig(Record):
     evaluates: str | None = None  # an eval run: the run it evaluates
     evaluation_spec_sha256: str | None = None  # an evaluation run: the locked spec it used
     hypothesis_evaluation_spec_sha256: str | None = None  # a smoke or training run's
+    platform_gate: dict[str, Any] | None = None  # a training run's: see `gate`
+
+    @property
+    def gate(self) -> PlatformGate | None:
+        """What the platform gate found when the run started (None: a run it does not gate)."""
+        return self.part(PlatformGate, "platform_gate")
+
+    def check_parts(self) -> None:
+        if (gate := self.gate) is not None:
+            gate.check_parts()
 
     @property
     def base(self) -> ModelIdentity:
@@ -150,20 +151,6 @@ class RunStatus(Record):
     """runs/<run>/status.json: the run's last status, replaced at each change; a training run's
     final one adds its summary (steps, losses, seconds, rate, final checkpoint)."""
 
-    FIELDS: ClassVar = {
-        "run_id": (str,),
-        "status": (str,),
-        "reason": _OPT_STR,
-        "at": _OPT_STR,
-        "steps": _OPT_INT,
-        "final_loss": _OPT_NUM,
-        "val_loss_initial": _OPT_NUM,
-        "val_loss": _OPT_NUM,
-        "train_seconds": _OPT_NUM,
-        "tokens_per_s": _OPT_NUM,
-        "final_checkpoint": _OPT_STR,
-    }
-    OPTIONAL: ClassVar = frozenset({"at"})
     # the fields every status has; the others are a training run's summary
     COMMON: ClassVar = ("run_id", "status", "reason", "at")
 
@@ -187,34 +174,6 @@ class RunStatus(Record):
 @dataclass(frozen=True)
 class Evaluation(Record):
     """runs/<run>/metrics-<split>.json: one evaluation of a model on one split."""
-
-    FIELDS: ClassVar = {
-        "split": (str,),
-        "n": (int,),
-        "task_kind": _OPT_STR,
-        "metrics": (dict,),
-        "seconds": _OPT_NUM,
-        "labels": _OPT_LIST,
-        "fields": _OPT_LIST,
-        "spec_sha256": _OPT_STR,
-        "run_id": _OPT_STR,
-        "generation": _OPT_DICT,
-        "cpu_share": _OPT_NUM,
-        "examples_per_s": _OPT_NUM,
-        "torch_threads": _OPT_INT,
-        "evaluation": _OPT_DICT,
-        "merge": _OPT_DICT,
-        "evaluates": _OPT_STR,
-        "test_openings": _OPT_INT,
-        "warning": _OPT_STR,
-        "data_snapshot": _OPT_STR,
-        "hypothesis_version": _OPT_INT,
-    }
-    OPTIONAL: ClassVar = frozenset(
-        {"task_kind", "seconds", "labels", "fields", "spec_sha256", "run_id", "generation"}
-        | {"cpu_share", "examples_per_s", "torch_threads", "evaluation", "merge", "evaluates"}
-        | {"test_openings", "warning", "data_snapshot", "hypothesis_version"}
-    )
 
     split: str = ""
     n: int = 0
@@ -277,25 +236,6 @@ class Smoke(Record):
     """runs/<run>/smoke.json: the smoke test's checks (`{check, ok, detail}`), verdict and
     timings (seconds; None when the smoke stopped before measuring one)."""
 
-    FIELDS: ClassVar = {
-        "passed": (bool,),
-        "reason": _OPT_STR,
-        "hint": _OPT_STR,
-        "checks": (list,),
-        "step_s": _OPT_NUM,
-        "first_step_s": _OPT_NUM,
-        "tokens_per_step": _OPT_NUM,
-        "eval_s_per_example": _OPT_NUM,
-        "fresh_process_s": _OPT_NUM,
-        "fresh_eval_s": _OPT_NUM,
-        "fresh_checks_s": _OPT_NUM,
-        "checkpoint_save_s": _OPT_NUM,
-        "reload_s": _OPT_NUM,
-        "total_s": _OPT_NUM,
-        "adapter_timing": _OPT_DICT,
-        "adapter_time_ratio": _OPT_NUM,
-    }
-
     passed: bool = False
     reason: str | None = None
     hint: str | None = None
@@ -325,23 +265,6 @@ class Smoke(Record):
 @dataclass(frozen=True)
 class Verify(Record):
     """runs/<run>/verify-<n>.json: one verification of a run's checkpoint."""
-
-    FIELDS: ClassVar = {
-        "record": _OPT_STR,
-        "passed": (bool,),
-        "reason": _OPT_STR,
-        "finished_at": _OPT_STR,
-        "environment": _OPT_DICT,
-        "run_id": _OPT_STR,
-        "model_run": _OPT_STR,
-        "model_kind": _OPT_STR,
-        "evaluation_run": _OPT_STR,
-        "split": _OPT_STR,
-        "checkpoint": _OPT_DICT,
-        "predictions": _OPT_DICT,
-        "timings": _OPT_DICT,
-    }
-    OPTIONAL: ClassVar = frozenset({"finished_at", "environment"})
 
     record: str | None = None  # its own file name, as written
     passed: bool = False
@@ -383,34 +306,6 @@ class Verify(Record):
 class Sizing(Record):
     """sizing/size-<stamp>.json: the measured step, memory and lengths on one device."""
 
-    FIELDS: ClassVar = {
-        "id": (str,),
-        "device": (str,),
-        "seconds": _OPT_NUM,
-        "lengths": _OPT_DICT,
-        "env": _OPT_DICT,
-        "facts": _OPT_DICT,
-        "throughput": _OPT_DICT,
-        "configurations": _OPT_LIST,
-        "model": _OPT_DICT,
-        "recommendation": _OPT_DICT,
-        "hypothesis_version": _OPT_INT,
-        "memory_budget_bytes": _OPT_INT,
-        "worst_batch_peak": _OPT_DICT,
-        "evaluation_peak": _OPT_DICT,
-    }
-    OPTIONAL: ClassVar = frozenset(
-        {
-            "seconds",
-            "lengths",
-            "env",
-            "memory_budget_bytes",
-            "recommendation",
-            "worst_batch_peak",
-            "evaluation_peak",
-        }
-    )
-
     id: str = ""
     device: str = ""
     seconds: float | None = None
@@ -448,35 +343,43 @@ class Sizing(Record):
 
 
 @dataclass(frozen=True)
+class PlanCost(Record):
+    """A plan's busy and rented GPU-hours, and their cost in the price's currency."""
+
+    busy_hours: float | None = None
+    busy_cost: float | None = None
+    rental_hours: float | None = None
+    rental_cost: float | None = None
+
+
+@dataclass(frozen=True)
 class Plan(Record):
     """plans/plan-<stamp>.json: a rental plan and the figures it was built from."""
-
-    FIELDS: ClassVar = {"id": (str,), "created_ns": _OPT_INT, "config_sha256": _OPT_STR}
-    OPTIONAL: ClassVar = frozenset({"created_ns", "config_sha256"})
 
     id: str = ""
     created_ns: int | None = None
     config_sha256: str | None = None
+    days: float | None = None  # the rental window
+    device: str | None = None  # the device the figures were measured on (older plans)
+    gpu: str | None = None  # the rented GPU, as its catalog names it
+    gpu_hour_price: float | None = None
+    num_variants: int | None = None  # the variants the study registers
+    variants_that_fit: int | None = None
+    warnings: list[str] | None = None
+    gantt_png: str | None = None  # the chart of the phases
+
+    @property
+    def cost(self) -> PlanCost:
+        return self.part(PlanCost, "cost") or PlanCost(self.path, {}, where="cost")
+
+    def check_parts(self) -> None:
+        _ = self.cost
 
 
 @dataclass(frozen=True)
 class Compare(Record):
     """compare/<id>.json: variants set against the baseline on one split (`baseline`, and one
     `CompareEntry` per run in `runs`: see core/record_parts)."""
-
-    FIELDS: ClassVar = {
-        "id": _OPT_STR,
-        "split": _OPT_STR,
-        "created_at": _OPT_STR,
-        "task_kind": _OPT_STR,
-        "primary_metric": _OPT_STR,
-        "min_improvement": _OPT_NUM,
-        "decision": _OPT_STR,
-        "test_openings": _OPT_INT,
-        "warnings": _OPT_LIST,
-        "bootstrap": _OPT_DICT,
-        "hypothesis_version": _OPT_INT,
-    }
 
     id: str | None = None
     split: str | None = None
@@ -519,20 +422,6 @@ class Compare(Record):
 class ExportManifest(Record):
     """exports/<id>/tunelab-manifest.json: what an export holds and where it came from."""
 
-    FIELDS: ClassVar = {
-        "run_id": _OPT_STR,
-        "artifact": _OPT_DICT,
-        "base": _OPT_DICT,
-        "results": _OPT_DICT,
-        "guardrails": _OPT_DICT,
-        "merge": _OPT_DICT,
-        "config": _OPT_DICT,
-        "config_sha256": _OPT_STR,
-        "files": _OPT_DICT,
-        "limitations": _OPT_LIST,
-        "hypothesis": _OPT_DICT,
-    }
-
     run_id: str | None = None
     artifact: dict[str, Any] | None = None  # what the folder holds at its top: {kind, method, ...}
     base: dict[str, Any] | None = None  # the base model's identity (name, sha256, hub, path)
@@ -551,6 +440,35 @@ class ExportManifest(Record):
         return self.part(ModelIdentity, "base") or ModelIdentity(self.path, {}, where="base")
 
     @property
+    def bound_base(self) -> ExportBase:
+        """The base as the export names it (its hub commit, its folder at export)."""
+        return self.part(ExportBase, "base") or ExportBase(self.path, {}, where="base")
+
+    @property
+    def contents(self) -> ExportArtifact | None:
+        """What the folder holds (the manifest's `artifact`)."""
+        return self.part(ExportArtifact, "artifact")
+
+    @property
+    def comparison(self) -> CompareEntry | None:
+        """The exported run against the baseline (the manifest's `results`)."""
+        return self.part(CompareEntry, "results")
+
+    @property
+    def guardrail_check(self) -> ExportGuardrails | None:
+        return self.part(ExportGuardrails, "guardrails")
+
+    @property
+    def merge_check(self) -> MergeCheck | None:
+        return self.part(MergeCheck, "merge")
+
+    def check_parts(self) -> None:
+        _ = self.identity, self.bound_base, self.contents, self.guardrail_check
+        _ = self.merge_check
+        if (entry := self.comparison) is not None:
+            entry.check_parts()
+
+    @property
     def hypothesis_version(self) -> int | None:
         return (self.hypothesis or {}).get("version")
 
@@ -560,14 +478,6 @@ class Hypothesis(Record):
     """records/hypothesis-v<N>.json: a locked hypothesis (`content`, hashed by `sha256`) and
     what it amends (`diff`: [{path, old, new}]). Read by `core.evidence.read_hypothesis`, which
     also checks the hash."""
-
-    FIELDS: ClassVar = {
-        "version": (int,),
-        "sha256": (str,),
-        "registered_at": _OPT_STR,
-        "content": (dict,),
-        "diff": _OPT_LIST,
-    }
 
     version: int = 0
     sha256: str = ""

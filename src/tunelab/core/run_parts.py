@@ -8,16 +8,10 @@ beside a comparison's pieces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
-    OPT_BOOL,
-    OPT_DICT,
-    OPT_INT,
-    OPT_LIST,
-    OPT_NUM,
-    OPT_STR,
     Record,
     as_written,
 )
@@ -31,22 +25,28 @@ __all__ = [
     "EnvironmentCheck",
     "FieldMetrics",
     "FreshTimings",
+    "GateOverride",
     "Gpu",
     "GuardrailRule",
     "Mismatch",
     "ModelIdentity",
+    "ParamCount",
+    "ParamTotals",
+    "ParameterAudit",
     "Pin",
+    "PlatformGate",
+    "PowerEstimate",
+    "Prediction",
     "Reproduced",
     "RunEnv",
     "SizingRow",
+    "TrainStep",
 ]
 
 
 @dataclass(frozen=True)
 class Gpu(Record):
     """One GPU an environment saw."""
-
-    FIELDS: ClassVar = {"name": OPT_STR, "memory_bytes": OPT_INT}
 
     name: str | None = None
     memory_bytes: int | None = None
@@ -55,25 +55,6 @@ class Gpu(Record):
 @dataclass(frozen=True)
 class RunEnv(Record):
     """runs/<run>/env.json: where a run computed (core.env.environment)."""
-
-    FIELDS: ClassVar = {
-        "python": OPT_STR,
-        "torch": OPT_STR,
-        "cuda": OPT_STR,
-        "driver": OPT_STR,
-        "gpus": OPT_LIST,
-        "cpu": OPT_DICT,
-        "packages": OPT_DICT,
-        "compute_device": OPT_STR,
-        "backend": OPT_STR,
-        "tunelab_git": OPT_DICT,
-        "os": OPT_DICT,
-        "rocm": OPT_STR,
-        "cudnn": (str, int, type(None)),
-        "nccl": (str, int, list, type(None)),
-        "attention": OPT_DICT,
-        "bf16_supported": OPT_BOOL,
-    }
 
     python: str | None = None
     torch: str | None = None
@@ -107,6 +88,11 @@ class RunEnv(Record):
         return (self.tunelab_git or {}).get("commit")
 
     @property
+    def device_text(self) -> str | None:
+        """Its GPUs' names, else its CPU's name."""
+        return ", ".join(g.name or "" for g in self.devices) or (self.cpu or {}).get("name")
+
+    @property
     def cpu_text(self) -> str:
         """The CPU's name and its logical cores."""
         cpu = self.cpu or {}
@@ -120,15 +106,6 @@ class RunEnv(Record):
 class ModelIdentity(Record):
     """A base model's identity as a record names it (lib.models.identity.model_identity)."""
 
-    FIELDS: ClassVar = {
-        "name": OPT_STR,
-        "revision": OPT_STR,
-        "path": OPT_STR,
-        "sha256": OPT_STR,
-        "architecture": OPT_STR,
-        "files": OPT_DICT,
-        "source": OPT_DICT,
-    }
     RENAMED: ClassVar = {"path": "location"}
 
     name: str | None = None
@@ -149,13 +126,6 @@ class ModelIdentity(Record):
 class CategoryMetrics(Record):
     """One category's figures in an evaluation (classification)."""
 
-    FIELDS: ClassVar = {
-        "precision": OPT_NUM,
-        "recall": OPT_NUM,
-        "f1": OPT_NUM,
-        "support": OPT_INT,
-    }
-
     precision: float | None = None
     recall: float | None = None
     f1: float | None = None
@@ -165,18 +135,6 @@ class CategoryMetrics(Record):
 @dataclass(frozen=True)
 class FieldMetrics(Record):
     """One field path's figures in an evaluation (extraction): rates over its `slots`."""
-
-    FIELDS: ClassVar = {
-        "presence_rate": OPT_NUM,
-        "exact_match": OPT_NUM,
-        "normalized_match": OPT_NUM,
-        "precision": OPT_NUM,
-        "recall": OPT_NUM,
-        "f1": OPT_NUM,
-        "slots": OPT_INT,
-        "kind": OPT_STR,
-        "failures": OPT_DICT,
-    }
 
     presence_rate: float | None = None
     exact_match: float | None = None
@@ -194,24 +152,14 @@ class Confusion(Record):
     """A confusion matrix: rows the gold `labels`, columns the `predicted` labels (a label the
     model answered outside the list included)."""
 
-    FIELDS: ClassVar = {"labels": (list,), "predicted": (list,), "matrix": (list,)}
-
-    labels: list[str] | None = None
-    predicted: list[str] | None = None
-    matrix: list[list[int]] | None = None
+    labels: list[str] = field(default_factory=list)
+    predicted: list[str] = field(default_factory=list)
+    matrix: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Decoding(Record):
     """How a generative evaluation decoded: batches, steps, and answers over the budget."""
-
-    FIELDS: ClassVar = {
-        "steps": OPT_INT,
-        "batches": OPT_LIST,
-        "answer_steps": OPT_INT,
-        "s_per_step": OPT_NUM,
-        "answers_over_budget": OPT_INT,
-    }
 
     steps: int | None = None
     batches: list[Any] | None = None
@@ -224,13 +172,6 @@ class Decoding(Record):
 class CheckpointCheck(Record):
     """A checkpoint's files against the sha256 its run recorded."""
 
-    FIELDS: ClassVar = {
-        "ok": OPT_BOOL,
-        "files_checked": OPT_INT,
-        "changed": OPT_LIST,
-        "missing": OPT_LIST,
-    }
-
     ok: bool | None = None
     files_checked: int | None = None
     changed: list[str] | None = None
@@ -242,7 +183,6 @@ class Mismatch(Record):
     """One recorded prediction a fresh process did not reproduce (`recorded`, `fresh`: the
     values as written)."""
 
-    FIELDS: ClassVar = {"id": (str, int), "field": OPT_STR}
     RENAMED: ClassVar = {"field": "what"}
 
     id: str | int = ""
@@ -255,13 +195,6 @@ class Mismatch(Record):
 @dataclass(frozen=True)
 class Reproduced(Record):
     """How many recorded predictions a fresh process reproduced, within `atol`."""
-
-    FIELDS: ClassVar = {
-        "matched": OPT_INT,
-        "n": OPT_INT,
-        "atol": OPT_NUM,
-        "max_score_diff": OPT_NUM,
-    }
 
     matched: int | None = None
     n: int | None = None
@@ -277,17 +210,14 @@ class Reproduced(Record):
 class EnvironmentCheck(Record):
     """This process's environment against the run's."""
 
-    FIELDS: ClassVar = {"same": OPT_BOOL, "message": OPT_STR}
-
     same: bool | None = None
     message: str | None = None
+    platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
 
 
 @dataclass(frozen=True)
 class FreshTimings(Record):
     """Seconds a fresh process took to load the checkpoint and to evaluate."""
-
-    FIELDS: ClassVar = {"load_s": OPT_NUM, "eval_s": OPT_NUM}
 
     load_s: float | None = None
     eval_s: float | None = None
@@ -298,21 +228,6 @@ class SizingRow(Record):
     """One configuration a sizing measured: its options, the predicted and measured peak
     (MiB) and step time (records before the flat figures hold them in `predicted` and
     `measured`)."""
-
-    FIELDS: ClassVar = {
-        "label": OPT_STR,
-        "name": OPT_STR,
-        "seq_len": OPT_INT,
-        "micro_batch": OPT_INT,
-        "predicted_mb": OPT_NUM,
-        "measured_mb": OPT_NUM,
-        "error_pct": OPT_NUM,
-        "step_s": OPT_NUM,
-        "status": OPT_STR,
-        "reason": OPT_STR,
-        "predicted": OPT_DICT,
-        "measured": OPT_DICT,
-    }
 
     label: str | None = None
     name: str | None = None
@@ -349,8 +264,6 @@ class SizingRow(Record):
 class AdaptationSettings(Record):
     """The `adaptation` section of a run's saved config, as the dossier names the method."""
 
-    FIELDS: ClassVar = {"method": OPT_STR, "rank": OPT_INT, "quantization": OPT_DICT}
-
     method: str | None = None
     rank: int | None = None
     quantization: dict[str, Any] | None = None
@@ -365,14 +278,6 @@ class AdaptationSettings(Record):
 class GuardrailRule(Record):
     """One guardrail as a hypothesis locked it: what must not get worse, and by how much."""
 
-    FIELDS: ClassVar = {
-        "metric": OPT_STR,
-        "scope": OPT_STR,
-        "op": OPT_STR,
-        "value": OPT_NUM,
-        "relative_to": OPT_STR,
-    }
-
     metric: str | None = None
     scope: str | None = None
     op: str | None = None
@@ -384,8 +289,122 @@ class GuardrailRule(Record):
 class Pin(Record):
     """A hub repository a hypothesis pinned: what a revision meant when it was locked."""
 
-    FIELDS: ClassVar = {"repo_id": OPT_STR, "revision": OPT_STR, "commit": OPT_STR}
-
     repo_id: str | None = None
     revision: str | None = None
     commit: str | None = None
+
+
+@dataclass(frozen=True)
+class ParamCount(Record):
+    """Parameters of a module group (or a dtype's bytes): trainable and frozen."""
+
+    trainable: int = 0
+    frozen: int = 0
+    tensors_trainable: int | None = None  # a group's trainable tensors
+
+
+@dataclass(frozen=True)
+class ParamTotals(Record):
+    """The model's parameters in all: trainable, frozen, their share and tensors."""
+
+    trainable: int = 0
+    frozen: int = 0
+    all: int | None = None
+    trainable_share: float = 0.0
+    trainable_tensors: int = 0
+
+
+@dataclass(frozen=True)
+class ParameterAudit(Record):
+    """runs/<run>/audit.json: which parameters train and what a checkpoint holds
+    (lib.models.audit.parameter_audit; written by stages.train)."""
+
+    method: str = ""
+    adapted_modules: list[str] | None = None
+    adapted_summary: str | None = None
+    modules_to_save: list[str] = field(default_factory=list)
+    saves: str = ""  # model | adapter: what a checkpoint holds
+    saved_params: int = 0
+    notes: list[str] | None = None
+
+    @property
+    def totals(self) -> ParamTotals:
+        return self.part(ParamTotals, "totals") or ParamTotals(self.path, {}, where="totals")
+
+    @property
+    def groups(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "groups")
+
+    @property
+    def bytes_by_dtype(self) -> dict[str, ParamCount]:
+        return self.parts_by_key(ParamCount, "bytes_by_dtype")
+
+    def check_parts(self) -> None:
+        _ = self.totals, self.groups, self.bytes_by_dtype
+
+
+@dataclass(frozen=True)
+class TrainStep(Record):
+    """One line of runs/<run>/metrics.jsonl (stages.train): an optimizer step's loss and rate,
+    or a validation pass (`val_loss`) at that step."""
+
+    step: int = 0
+    epoch: float | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    lr: float | None = None
+    elapsed_s: float | None = None  # since the run's start
+
+
+@dataclass(frozen=True)
+class GateOverride(Record):
+    """A run that went past the platform gate: the checks it lacked there, and why."""
+
+    why: str | None = None
+    missing: dict[str, Any] | list[str] | None = None  # the checks, by kind
+
+
+@dataclass(frozen=True)
+class PlatformGate(Record):
+    """What the platform gate found for a training run (`platform_gate` in its config.json,
+    one line of platforms.jsonl per resume; stages.smoke.platform)."""
+
+    platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
+    command: str | None = None  # "resume" on a platforms.jsonl line
+    at: str | None = None
+
+    @property
+    def override(self) -> GateOverride | None:
+        return self.part(GateOverride, "override")
+
+    def check_parts(self) -> None:
+        _ = self.override
+
+
+@dataclass(frozen=True)
+class PowerEstimate(Record):
+    """The smallest effect the validation split can show (stages.hypothesis.power; kept in a
+    hypothesis record as `power`)."""
+
+    metric: str | None = None
+    level: float | None = None  # the one-sided test's
+    power: float | None = None
+    detectable_effect: float | None = None  # None: not known (`note` says why)
+    n: int | None = None
+    note: str | None = None
+    source: str | None = None  # the predictions it was estimated from
+    warnings: list[str] | None = None
+    per_category: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Prediction(Record):
+    """One line of runs/<run>/predictions-<split>.jsonl (stages.evaluate): an example's gold
+    and prediction, as written (a label, a JSON value, a verdict); an image example names its
+    stored file (images/<sha256>.<ext> in the snapshot)."""
+
+    id: str | int = ""
+    image: str | None = None
+
+    gold = as_written("gold")
+    prediction = as_written("prediction")

@@ -10,8 +10,9 @@ from itertools import combinations
 
 import numpy as np
 import pytest
-import yaml
 
+from helpers import MINIMAL_HYPOTHESIS
+from helpers.study import build_study
 from tunelab.core.study import Study
 from tunelab.stages.data import dedup as d
 from tunelab.stages.data import load_snapshot, open_test_split
@@ -177,25 +178,19 @@ def test_empty_and_tiny_inputs():
 
 @pytest.mark.slow
 def test_bbc_snapshot_finds_the_duplicates_it_really_contains(tmp_path, bbc_dir):
-    root = tmp_path / "bbc"
-    root.mkdir()
-    cfg = {
-        "name": "bbc",
-        "hypothesis": {
-            "behaviour": "route BBC articles",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "macro_f1",
-        },
-        "guardrails": [],
-        "data": {
+    root = build_study(
+        tmp_path / "bbc",
+        template=False,
+        name="bbc",
+        hypothesis={**MINIMAL_HYPOTHESIS, "behaviour": "route BBC articles"},
+        model_dir="unused",
+        guardrails=[],
+        data={
             # sports/199.txt holds one latin-1 byte: replace it rather than refuse the corpus
             "source": {"format": "folder", "path": str(bbc_dir), "encoding_errors": "replace"},
             "cleaning": [{"rule": "unicode_nfc"}, {"rule": "normalize_whitespace"}],
         },
-        "model": {"path": "unused"},
-    }
-    (root / "study.yaml").write_text(yaml.safe_dump(cfg))
+    )
     s = Study.open(root)
     m = data_stage.run(s)
     assert m["counts"]["rows_read"] == 2225

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from helpers import run_cli
 from helpers.images import COLOURS, colour_image, png_bytes, write_image_study
@@ -47,11 +46,8 @@ def colour_dataset(lo: int, n: int, label_feature=None) -> datasets.Dataset:
 
 
 def image_dataset_study(root: Path, model_dir: Path, source: dict, **fields) -> Path:
-    write_image_study(root, model_dir, source)
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["data"]["fields"] = {"image": "img", "label": "colour", **fields}
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
+    fields = {"image": "img", "label": "colour", **fields}
+    return write_image_study(root, model_dir, source, set={"data.fields": fields})
 
 
 def test_saved_dataset_dict_is_a_snapshot_of_its_image_bytes(tmp_path, tiny_vit_dir, capsys):

@@ -275,10 +275,8 @@ def test_a_path_column_names_the_line_and_the_file(tmp_path, tiny_vit_dir, capsy
         for p in sorted(data.rglob("*.png"))
     ]
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["data"]["fields"] = {"image": "path"}
-    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    source = {"format": "jsonl", "path": "data.jsonl"}
+    write_image_study(root, tiny_vit_dir, source, set={"data.fields": {"image": "path"}})
     run_cli(capsys, "register", "-s", root)
     code, out, err = run_cli(capsys, "data", "-s", root)
     line = 1 + [r["path"] for r in rows].index("pics/red/empty.png")

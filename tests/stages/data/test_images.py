@@ -26,6 +26,9 @@ from tunelab.stages.data.images import (
 
 # ---------------------------------------------------------------- hashes and duplicates
 
+# random crops and flips on training views
+AUGMENT = {"image": {"train_random_crop": 0.7, "train_flip": True}}
+
 
 def test_pixel_hash_sees_through_re_encoding_and_dhash_finds_near_copies():
     img = colour_image(0, 1, size=(32, 32))
@@ -96,15 +99,9 @@ def test_snapshot_of_jsonl_paths_stores_images_and_removes_pixel_duplicates(tmp_
     Image.open(pics / "red0.png").save(pics / "copy.bmp")
     rows.append({"path": "pics/copy.bmp", "y": "red"})
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    write_image_study(
-        root,
-        tiny_vit_dir,
-        {"format": "jsonl", "path": "data.jsonl"},
-    )
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["data"]["fields"] = {"image": "path", "label": "y"}
-    raw["data"]["dedup"]["policy"] = "drop_all_but_one"
-    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    fields = {"data.fields": {"image": "path", "label": "y"}}
+    set_ = fields | {"data.dedup.policy": "drop_all_but_one"}
+    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"}, set=set_)
     study = Study.open(root)
     manifest = data_stage.run(study)
     assert manifest["duplicates"]["exact_pairs"] >= 1
@@ -131,10 +128,8 @@ def test_missing_image_path_is_a_located_error(tmp_path, tiny_vit_dir):
     root = tmp_path / "s"
     root.mkdir()
     (root / "data.jsonl").write_text(json.dumps({"path": "nope.png", "label": "red"}) + "\n")
-    write_image_study(root, tiny_vit_dir, {"format": "jsonl", "path": "data.jsonl"})
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["data"]["fields"] = {"image": "path"}
-    (root / "study.yaml").write_text(yaml.safe_dump(raw))
+    source = {"format": "jsonl", "path": "data.jsonl"}
+    write_image_study(root, tiny_vit_dir, source, set={"data.fields": {"image": "path"}})
     with pytest.raises(DataError, match=r"data.jsonl line 1.*nope.png"):
         data_stage.run(Study.open(root))
 
@@ -457,11 +452,9 @@ def test_dossier_shows_thumbnails_of_the_flipped_images(tmp_path, tiny_vit_dir, 
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=20)
-    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["data"]["splits"] = {"train": 0.6, "validation": 0.3, "test": 0.1, "seed": 0}
-    raw["training"]["max_steps"] = 6
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    splits = {"train": 0.6, "validation": 0.3, "test": 0.1, "seed": 0}
+    set_ = {"data.splits": splits, "training.max_steps": 6}
+    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"}, set=set_)
     for args in (["register"], ["data"], ["baseline"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
     code, out, err = run_cli(capsys, "train", "-s", root, "--name", "v1", "--json")
@@ -624,13 +617,11 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
-    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
-    raw["training"].update(
-        max_steps=8, micro_batch_size=4, checkpoint_every_steps=2, eval_every_steps=4
+    training = {"max_steps": 8, "micro_batch_size": 4, "checkpoint_every_steps": 2}
+    set_ = {f"training.{k}": v for k, v in (training | {"eval_every_steps": 4}).items()}
+    write_image_study(
+        root, tiny_vit_dir, {"format": "folder", "path": "data"}, set=set_, preprocess=AUGMENT
     )
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     for args in (["register"], ["data"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
     study = Study.open(root)
@@ -660,11 +651,11 @@ def test_the_loop_reads_the_epoch_views(tmp_path, tiny_vit_dir, capsys, monkeypa
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)
-    write_image_study(root, tiny_vit_dir, {"format": "folder", "path": "data"})
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["preprocess"] = {"image": {"train_random_crop": 0.7, "train_flip": True}}
-    raw["training"].update(max_steps=6, micro_batch_size=4, eval_every_steps=0)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    training = {"max_steps": 6, "micro_batch_size": 4, "eval_every_steps": 0}
+    set_ = {f"training.{k}": v for k, v in training.items()}
+    write_image_study(
+        root, tiny_vit_dir, {"format": "folder", "path": "data"}, set=set_, preprocess=AUGMENT
+    )
     for args in (["register"], ["data"]):
         assert run_cli(capsys, *args, "-s", root)[0] == 0, args
     study = Study.open(root)

@@ -468,24 +468,13 @@ def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
 # ---------------------------------------------------------------- real models and data (slow)
 
 
-def _real_study(root: Path, example: str, **changes) -> Path:
-    """A copy of examples/<example>/study.yaml with explicit asset paths and smaller sizes."""
-    repo = Path(__file__).resolve().parents[3]
-    raw = yaml.safe_load((repo / "examples" / example / "study.yaml").read_text())
-    for section, values in changes.items():
-        raw[section] = {**(raw.get(section) or {}), **values}
-    root.mkdir(parents=True)
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return root
-
-
 @pytest.mark.slow
 def test_real_minilm_baseline_on_bbc(tmp_path, capsys, minilm_dir, bbc_dir):
     from tunelab.core.records import read_json
 
-    root = _real_study(
+    root = build_study(
         tmp_path / "bbc",
-        "classification-bbc",
+        example="classification-bbc",
         model={"path": str(minilm_dir)},
         data={
             "source": {
@@ -533,9 +522,9 @@ def test_real_smollm2_baseline_on_spamassassin_extraction(tmp_path, capsys):
     folder, gguf = smollm2_gguf()
     repo = Path(__file__).resolve().parents[3]
     emails = repo / "examples" / "extraction-email" / "data" / "emails.jsonl"
-    root = _real_study(
+    root = build_study(
         tmp_path / "mail",
-        "extraction-email",
+        example="extraction-email",
         model={"path": str(folder), "gguf_file": gguf},
         data={"source": {"format": "jsonl", "path": str(emails)}, "max_examples": 60},
         evaluation={"max_examples": 3, "max_new_tokens": 32, "batch_size": 3},

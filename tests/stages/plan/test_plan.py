@@ -425,6 +425,15 @@ def test_verify_start_is_the_smoke_fresh_process_less_its_measured_parts(tmp_pat
     assert plan["verify_s"] == pytest.approx(plan["evaluation_run_s"] + 3.0)
 
 
+def _evaluation(**fields):
+    """A validation metrics record (`core.record_types.Evaluation`) holding `fields`."""
+    from tunelab.core.record_types import Evaluation
+
+    return Evaluation.of(
+        "metrics-validation.json", {"split": "validation", "metrics": {}, **fields}
+    )
+
+
 def test_a_variants_evaluation_cost():
     """A variant's evaluation loads as the smoke's fresh process did (after the baseline, which
     reads the files first), faster or slower than the baseline; per example, LoRA adds what the
@@ -432,7 +441,7 @@ def test_a_variants_evaluation_cost():
     fine-tuning nothing: the smoke's one small batch is not a per-example figure."""
     from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
 
-    baseline = {"load_s": 6.6, "seconds": 4.3, "n": 127}
+    baseline = _evaluation(load_s=6.6, seconds=4.3, n=127)
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
     smoke = smoke_timings(reload_s=5.1, eval_s_per_example=0.055)
     lora = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
@@ -492,12 +501,12 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
             {"n": 1, "steps": 11, "answer_steps": 10, "prefill_s": 1.0, "decode_s": 1.0},
         ],
     }
-    baseline = {"load_s": 5.0, "seconds": 10.3, "n": 3, "generation": gen}
+    baseline = _evaluation(load_s=5.0, seconds=10.3, n=3, generation=gen)
     length = _answer_length_cost(baseline, "base-x")
     answered = (2.0 + 40 * 6.3 / 63) + (1.0 + 9 * 1.0 / 10)
     assert length.value == pytest.approx((answered - 10.3) / 3)
     assert length.value < 0 and "75 generated tokens" in length.source
-    assert _answer_length_cost({"seconds": 4.3, "n": 127}, "base-x") is None  # classification
+    assert _answer_length_cost(_evaluation(seconds=4.3, n=127), "base-x") is None  # classification
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
     costs = _adapted_costs(
         smoke_timings(reload_s=5.1, adapter_time_ratio=1.25),
@@ -531,17 +540,18 @@ def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
         "s_per_step": 0.1,
         "batches": [{"n": 3, "steps": 11, "answer_steps": 11, "prefill_s": 1.0, "decode_s": 1.0}],
     }
-    baseline = {"load_s": 5.0, "seconds": 2.0, "n": 3, "generation": gen}
+    baseline = _evaluation(load_s=5.0, seconds=2.0, n=3, generation=gen)
     smoke_eval = {
         "run_id": "smoke-x",
         "n": 4,
         "merge": {"merged": True, "reason": "first batch: 4 outputs greedy", "merge_s": 0.5,
                   "check_s": 0.25},
     }  # fmt: skip
-    merged = merged_evaluation(smoke_eval, batch_size=8)
+    merged = merged_evaluation(_evaluation(**smoke_eval), batch_size=8)
     assert merged.value == pytest.approx(0.5 + 0.25 * 2)
-    assert merged_evaluation({**smoke_eval, "merge": {"merged": False}}, 8) is None
-    assert merged_evaluation({}, 8) is None  # a smoke recorded before merging
+    assert merged_evaluation(_evaluation(**{**smoke_eval, "merge": {"merged": False}}), 8) is None
+    assert merged_evaluation(_evaluation(n=4), 8) is None  # a smoke recorded before merging
+    assert merged_evaluation(None, 8) is None  # no smoke
     facts = {"num_params": 1_010_000, "trainable_params": 10_000}
     smoke = smoke_timings(reload_s=5.1, adapter_time_ratio=1.25)
     costs = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora", merged=merged)
@@ -566,19 +576,59 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     from dataclasses import replace
     from types import SimpleNamespace
 
+    from tunelab.core.record_sizing import PlanSchedule
     from tunelab.stages.plan.review import PlannedUnits, eval_speed_factor
 
     planned = replace(
-        PlannedUnits.from_record(PLAN_RECORD), eval_s_per_example=0.5, variant_s_per_step=0.125
+        PlannedUnits.from_record(PlanSchedule.of("plan-x.json", PLAN_RECORD)),
+        eval_s_per_example=0.5,
+        variant_s_per_step=0.125,
     )
     gen = tmp_path / "eval-gen"
     write_json_atomic(
         gen / "metrics-validation.json",
-        {"seconds": 30.0, "n": 20, "generation": {"s_per_step": 0.15}},
+        {
+            "split": "validation",
+            "metrics": {},
+            "seconds": 30.0,
+            "n": 20,
+            "generation": {"s_per_step": 0.15},
+        },  # fmt: skip
     )
     cls = tmp_path / "eval-cls"
-    write_json_atomic(cls / "metrics-validation.json", {"seconds": 12.0, "n": 20})
+    write_json_atomic(
+        cls / "metrics-validation.json",
+        {"split": "validation", "metrics": {}, "seconds": 12.0, "n": 20},
+    )
     study = SimpleNamespace(runs_dir=tmp_path)
     assert eval_speed_factor(study, "eval-gen", planned) == pytest.approx(0.15 / 0.125)
     assert eval_speed_factor(study, "eval-cls", planned) == pytest.approx(12.0 / 20 / 0.5)
     assert eval_speed_factor(study, "eval-none", planned) == 1.0
+
+
+def test_a_damaged_plan_or_sizing_piece_raises_the_located_error():
+    """A plan's phase, or a sizing's peak, read back with a field of the wrong type raises the
+    one located error of a damaged record: the file, the place in it and the field."""
+    from tunelab.core.errors import StudyError
+    from tunelab.core.record_sizing import PlanSchedule, peak_of
+    from tunelab.core.record_types import Sizing
+
+    phases = [dict(PLAN_RECORD["phases"][0], margin_pct="ten"), *PLAN_RECORD["phases"][1:]]
+    with pytest.raises(StudyError, match=r"plan-x.json: phases\[0\]: field 'margin_pct' is 'ten'"):
+        PlanSchedule.of("plan-x.json", {**PLAN_RECORD, "phases": phases})
+    with pytest.raises(StudyError, match=r"plan-x.json: field 'variant' is missing"):
+        PlanSchedule.of("plan-x.json", {k: v for k, v in PLAN_RECORD.items() if k != "variant"})
+    sizing = Sizing.of("size-x.json", {"id": "size-x", "device": "cpu"})
+    assert peak_of(sizing, "evaluation_peak") is None
+    damaged = Sizing.of("size-x.json", {"id": "size-x", "device": "cpu",
+                                        "evaluation_peak": {"status": 3}})  # fmt: skip
+    with pytest.raises(StudyError, match=r"size-x.json: evaluation_peak: field 'status' is 3"):
+        peak_of(damaged, "evaluation_peak")
+    peak = {
+        "status": "ok",
+        "measured": {"peak_total": 7, "compared": 4},
+        "predicted": {"compared": 2},
+    }
+    read = peak_of(Sizing.of("s.json", {"id": "s", "device": "cpu", "evaluation_peak": peak}),
+                   "evaluation_peak")  # fmt: skip
+    assert read is not None and read.total == 7 and read.scale == 2.0

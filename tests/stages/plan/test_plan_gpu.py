@@ -193,8 +193,9 @@ def test_the_largest_micro_batch_that_fits_by_the_sizing_model():
     the margin and the CUDA context; the next larger one that keeps the effective batch does
     not; a GPU too small for any falls back to checkpointing, then says it does not fit."""
     from tunelab.stages.plan.project import CUDA_CONTEXT_BYTES, choose_fit
-    from tunelab.stages.sizing.memory import Case, estimate_memory
+    from tunelab.stages.sizing.memory import estimate_memory
     from tunelab.stages.sizing.recommend import SAFETY_MARGIN
+    from tunelab.stages.sizing.terms import Case
 
     cfg = _config(micro_batch_size=4, grad_accum_steps=8, max_steps=10)
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")
@@ -337,6 +338,7 @@ def test_gpu_plan_refusals(config_only_study, capsys):
 
 
 def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
+    from tunelab.core.record_types import Sizing
     from tunelab.stages.plan.project import measured_utilization, resolve_utilization
 
     facts = facts_from_config(LLAMA_1B, FULL, architecture="causal_lm")
@@ -360,7 +362,7 @@ def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
             }
         ],
     }
-    measured = measured_utilization(sizing, shape)
+    measured = measured_utilization(Sizing.of("size-gpu.json", sizing), shape)
     assert measured is not None and measured[1].id == "H200"
     assert measured[0] == pytest.approx(0.30, abs=0.01)  # the H200 row of the catalog's default
     util, was_measured, _ = resolve_utilization(find_gpu("H100-SXM"), "full", None, measured)
@@ -369,7 +371,8 @@ def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
     assert not was and notes and "another architecture" in notes[0]
     given, _, _ = resolve_utilization(find_gpu("H100-SXM"), "full", 0.5, measured)
     assert given.value == given.low == given.high == 0.5
-    assert measured_utilization({**sizing, "device": "cpu"}, shape) is None
+    on_cpu = Sizing.of("size-cpu.json", {**sizing, "device": "cpu"})
+    assert measured_utilization(on_cpu, shape) is None
 
 
 def test_review_of_a_gpu_plan_against_the_runs_that_followed(pinned, capsys):  # noqa: F811

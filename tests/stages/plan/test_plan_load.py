@@ -71,13 +71,17 @@ def test_size_records_the_load_of_each_rank_count():
     assert on_cpu[(4, "fsdp")]["problem"] is None
 
 
-@pytest.fixture
-def seventy_b_study(tmp_path, capsys) -> Path:
+# a Llama of about 1 B parameters: its whole model and its evaluation fit one 80 GB GPU
+LLAMA_1B = {**LLAMA_70B, "hidden_size": 2048, "intermediate_size": 8192,
+            "num_attention_heads": 32, "num_hidden_layers": 16}  # fmt: skip
+
+
+def _config_only_study(root: Path, config: dict, capsys) -> Path:
+    """A registered extraction study with data whose base is `config` alone (no weights)."""
     from tunelab.stages.hypothesis.template import render_study_yaml
 
-    root = tmp_path / "seventy-b"
     (root / "model").mkdir(parents=True)
-    (root / "model" / "config.json").write_text(json.dumps(LLAMA_70B))
+    (root / "model" / "config.json").write_text(json.dumps(config))
     rows = [
         {
             "id": f"m{i}",
@@ -104,7 +108,17 @@ def seventy_b_study(tmp_path, capsys) -> Path:
     return root
 
 
-def test_a_layout_whose_load_cannot_fit_does_not_fit_and_sharded_fits(seventy_b_study, capsys):
+@pytest.fixture
+def seventy_b_study(tmp_path, capsys) -> Path:
+    return _config_only_study(tmp_path / "seventy-b", LLAMA_70B, capsys)
+
+
+@pytest.fixture
+def one_b_study(tmp_path, capsys) -> Path:
+    return _config_only_study(tmp_path / "one-b", LLAMA_1B, capsys)
+
+
+def test_a_layout_whose_load_cannot_fit_does_not_fit_and_sharded_loads(seventy_b_study, capsys):
     args = ("plan", "-s", seventy_b_study, "--gpu", "H100-SXM", "--gpus", "4", "--json")
     code, out, err = run_cli(capsys, *args, "--strategy", "ddp")
     assert code == 0, err
@@ -115,8 +129,19 @@ def test_a_layout_whose_load_cannot_fit_does_not_fit_and_sharded_fits(seventy_b_
     code, out, err = run_cli(capsys, *args, "--strategy", "fsdp")
     assert code == 0, err
     fit = json.loads(out[out.index("{") :])["projection"]["fit"]
-    assert fit["fits"] is True, fit["reason"]
     assert fit["load"]["mode"] == "sharded" and fit["load"]["device_per_rank"] < 36e9
+    # training fits sharded, but `tunelab eval` loads the whole model on one GPU
+    assert fit["fits"] is False
+    assert fit["reason"].startswith(
+        "the evaluation does not fit: 143.8 GB on one GPU, over its 80.0"
+    )
+    assert "evaluation.batch_size 16 x" in fit["reason"]
+    assert "use a GPU with more memory (the weights alone are 141.9 GB)" in fit["reason"]
+    # on GPUs that hold the evaluation, the sharded layout fits
+    code, out, err = run_cli(capsys, *args[:4], "MI300X", *args[5:], "--strategy", "fsdp")
+    assert code == 0, err
+    fit = json.loads(out[out.index("{") :])["projection"]["fit"]
+    assert fit["fits"] is True, fit["reason"]
 
 
 def test_compare_gpus_tries_multi_gpu_layouts_and_recommends_only_what_loads(
@@ -133,14 +158,18 @@ def test_compare_gpus_tries_multi_gpu_layouts_and_recommends_only_what_loads(
         whole = h100[(n, "single" if n == 1 else "ddp")]
         assert not whole["fits"] and whole["why_not"].startswith("the load does not fit")
         assert whole["load"]["mode"] == "whole"
-    assert h100[(4, "fsdp")]["fits"] and h100[(4, "fsdp")]["load"]["mode"] == "sharded"
-    assert h100[(4, "fsdp")]["load"]["device_per_rank"] < 36e9
-    best = next(r for r in result["rows"] if r["gpu"] == "H100-SXM")
-    assert best["fits"] and best["strategy"] == "fsdp" and best["gpus"] in (2, 4, 8)
-    # every layout that fits loads: its load fits the GPU, and it is one train runs
+    # sharded, the load and the training step fit; the evaluation on one GPU does not
+    sharded = h100[(4, "fsdp")]
+    assert sharded["load"]["mode"] == "sharded" and sharded["load"]["device_per_rank"] < 36e9
+    assert not sharded["fits"] and sharded["why_not"].startswith("the evaluation does not fit")
+    assert not any(r["fits"] for r in result["rows"] if r["gpu"] == "H100-SXM")
+    best = next(r for r in result["rows"] if r["gpu"] == "MI300X")  # 192 GB hold it
+    assert best["fits"] and best["strategy"] in ("single", "ddp", "fsdp")
+    # every layout that fits loads and evaluates: its load and the evaluation fit the GPU
     for r in result["layouts"]:
         if r["fits"]:
             assert r["load"]["device_per_rank"] < r["memory_bytes"]
+            assert r["memory_bytes"] > 143.8e9
             assert r["strategy"] in ("single", "ddp", "fsdp")
     answer = result["answer"]
     picked = layouts[(answer["gpu"], answer["gpus"], answer["strategy"])]
@@ -148,6 +177,7 @@ def test_compare_gpus_tries_multi_gpu_layouts_and_recommends_only_what_loads(
     code, out, err = run_cli(capsys, "plan", "-s", seventy_b_study, "--compare-gpus")
     assert code == 0, err
     assert "RTX-4090: does not fit at 1/2/4/8 GPUs (ddp: load 141.9 GB a GPU over 24 GB" in out
+    assert "evaluation 143.8 GB on one GPU, over its 80.0 GB" in " ".join(out.split())
     assert f"answer: {answer['gpus']}x {answer['gpu']}" in out and " USD for the rental" in out
     assert "busy USD" in out
 
@@ -161,6 +191,43 @@ def test_validate_refuses_a_layout_whose_load_cannot_fit(seventy_b_study, capsys
     code, _, err = run_cli(capsys, *args, "--strategy", "fsdp", "--memory-budget", "30GB")
     assert code == 2 and "on GPUs of 30.0 GB (--memory-budget)" in err
     assert "GB on each GPU, over its 30.0 GB (sharded loading: each rank reads its 1/4" in err
+    # the sharded layout loads on 80 GB GPUs, but its evaluation needs one GPU of about 146 GB
+    # at the longest sequence max_seq_len allows
     code, out, err = run_cli(capsys, *args, "--strategy", "fsdp", "--memory-budget", "80GB")
+    assert code == 2
+    assert "on GPUs of 80.0 GB (--memory-budget): the evaluation does not fit: 146.0 GB" in err
+    assert "evaluation.batch_size 16 x 448 tokens + 64 new" in err
+    assert "use a GPU with more memory" in err
+    code, out, err = run_cli(capsys, *args, "--strategy", "fsdp", "--memory-budget", "160GB")
     assert code == 0, err
     assert "valid" in out
+
+
+def test_size_refuses_a_layout_whose_evaluation_cannot_fit_one_device():
+    facts = facts_from_config(LLAMA_70B, LORA_ALL, architecture="causal_lm", dtype="bfloat16")
+    settings = {"kind": "generation", "batch_size": 16, "tokens": 448, "max_new_tokens": 64}
+    evaluation = {"settings": settings, "status": "ok", "measured": {"peak_total": 146 * 10**9}}
+    rows = load_table(facts, (4,), 80 * 10**9, "cuda", evaluation)
+    fsdp = next(r for r in rows if r["strategy"] == "fsdp")
+    assert fsdp["mode"] == "sharded"  # it loads, but evaluates on one GPU
+    assert fsdp["problem"].startswith("the evaluation does not fit: 146.0 GB on one GPU")
+    assert "use a GPU with more memory (the weights alone are 141.9 GB)" in fsdp["problem"]
+    held = load_table(facts, (4,), 192 * 10**9, "cuda", evaluation)
+    assert all(r["problem"] is None for r in held if r["strategy"] != "ddp")
+    # a smaller evaluation batch is the way out where the weights alone fit
+    small = facts_from_config(LLAMA_1B, LORA_ALL, architecture="causal_lm", dtype="bfloat16")
+    over = {**evaluation, "measured": {"peak_total": 90 * 10**9}}
+    problem = load_table(small, (4,), 80 * 10**9, "cuda", over)[0]["problem"]
+    assert "a smaller evaluation.batch_size or evaluation.max_new_tokens" in problem
+
+
+def test_a_small_study_fits_its_training_and_evaluation_on_four_gpus(one_b_study, capsys):
+    args = ("plan", "-s", one_b_study, "--gpu", "H100-SXM", "--gpus", "4", "--json")
+    for strategy in ("ddp", "fsdp"):
+        code, out, err = run_cli(capsys, *args, "--strategy", strategy)
+        assert code == 0, err
+        fit = json.loads(out[out.index("{") :])["projection"]["fit"]
+        assert fit["fits"] is True, fit["reason"]
+    code, out, err = run_cli(capsys, "validate", "-s", one_b_study, "--nproc", "4",
+                             "--strategy", "fsdp", "--gpu", "H100-SXM")  # fmt: skip
+    assert code == 0, err

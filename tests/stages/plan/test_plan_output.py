@@ -136,7 +136,14 @@ def test_a_negative_seconds_per_example_says_what_it_means(tmp_path, tiny_llama_
     }  # fmt: skip
     write_json_atomic(
         study.runs_dir / base / "metrics-validation.json",
-        {"seconds": 7.3, "n": 4, "load_s": 3.0, "generation": gen},
+        {
+            "split": "validation",
+            "metrics": {},
+            "seconds": 7.3,
+            "n": 4,
+            "load_s": 3.0,
+            "generation": gen,
+        },  # fmt: skip
     )
     code, out, err = run_cli(capsys, "plan", "-s", study.root)
     assert code == 0, err

@@ -104,13 +104,19 @@ def test_the_dossier_names_each_record_it_could_not_read(pinned, capsys):
     metrics.write_text('{"split": "validation", ')
     plan = next((pinned / "records" / "plans").glob("plan-*.json"))
     plan.write_text("[")
+    manifest = next((pinned / "records" / "data").glob("*/manifest.json"))
+    raw = json.loads(manifest.read_text())
+    raw["counts"]["rows_read"] = "forty"
+    manifest.write_text(json.dumps(raw))
     code, _, err = run_cli(capsys, "report", "-s", pinned)
     assert code == 0, err
     md = (pinned / "report" / "dossier.md").read_text()
     limits = md[md.index("## Limitations") :]
-    assert "2 record(s) could not be read" in limits
+    assert "3 record(s) could not be read" in limits
     assert f"{metrics}: not valid JSON (line 1): the record is damaged" in limits
     assert f"{plan}: not valid JSON (line 1)" in limits
+    assert f"{manifest}: counts: field 'rows_read' is 'forty', not int" in limits
+    assert "No data snapshot recorded." in md
 
 
 @pytest.mark.parametrize(

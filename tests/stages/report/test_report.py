@@ -7,17 +7,19 @@ import html
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import fill_hypothesis, run_cli, train_stopped_at
+from helpers import FILLED_HYPOTHESIS, run_cli, train_stopped_at
+from helpers.study import build_study
 from tunelab.core.ledger import RunRow
 from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
 from tunelab.stages.report import stage as report_stage
-from tunelab.stages.report.collect import RunEvidence
+from tunelab.stages.report.collect import Collected, LedgerEvent, RunEvidence, SealedOpening
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -56,16 +58,14 @@ def render_dom(html_path, tmp_path, *extra: str) -> str:
 @pytest.fixture
 def hostile_study(tmp_path, capsys):
     """A registered study whose strings try to inject HTML."""
-    run_cli(capsys, "init", tmp_path / "s")
-    fill_hypothesis(tmp_path / "s" / "study.yaml")
-    raw = yaml.safe_load((tmp_path / "s" / "study.yaml").read_text())
-    raw["name"] = "evil<script>document.body.setAttribute('data-pwned', '1')</script>"
-    raw["hypothesis"]["behaviour"] = (
-        "<img src=x onerror=\"document.body.setAttribute('data-pwned', '2')\">route"
+    behaviour = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '2')\">route"
+    return build_study(
+        tmp_path / "s",
+        name="evil<script>document.body.setAttribute('data-pwned', '1')</script>",
+        hypothesis={**FILLED_HYPOTHESIS, "behaviour": behaviour},
+        register=True,
+        snapshot=False,
     )
-    (tmp_path / "s" / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    run_cli(capsys, "register", "-s", tmp_path / "s")
-    return tmp_path / "s"
 
 
 def test_report_from_records_escapes_everything(hostile_study, capsys):
@@ -188,7 +188,7 @@ def test_a_dossier_of_40_categories_stays_inside_a_1280_px_page(tmp_path, tiny_b
     assert any("confusion matrix" in c for c in layout["scrolling"]), layout
 
 
-def _decision_data(compare: dict, n: int, metrics: dict, why: str) -> dict:
+def _decision_data(compare: dict, n: int, metrics: dict, why: str) -> Collected:
     """The collected records a decision section reads: the comparison `compare`, and the eval
     run of its variant train-a that opened the test split (`n` examples, `metrics`)."""
     from tunelab.core.record_types import Compare
@@ -197,9 +197,9 @@ def _decision_data(compare: dict, n: int, metrics: dict, why: str) -> dict:
         row=RunRow("eval-t", "eval", parent="train-a"),
         evaluations={"test": evaluation_on_test(n, metrics)},
     )
-    openings = [{"run_id": "eval-t", "at": "t", "who": "x", "why": why}]
+    openings = [SealedOpening("t", "x", why, "eval-t")]
     compares = [Compare.of("compare/compare-1.json", compare)]
-    return {"runs": [test_run], "compares": compares, "test_openings": openings}
+    return Collected(runs=[test_run], compares=compares, test_openings=openings)
 
 
 def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_test_figure():
@@ -233,8 +233,7 @@ def test_the_decision_summary_names_the_adopted_variant_its_interval_and_its_tes
     )
     assert rows["guardrails"] == "2 of 2 checks pass"
     assert rows["sealed test split"] == "macro_f1 0.7912 on 120 examples (its only opening)"
-    data["test_openings"] = []
-    sec = decision_section(Dossier(None, {**data, "runs": []}, None))
+    sec = decision_section(Dossier(None, replace(data, test_openings=[], runs=[]), None))
     rows = {r[0]: cell_text(r[1]) for r in sec.blocks[0].rows}
     assert rows["sealed test split"].startswith("not opened yet: `tunelab eval train-a")
 
@@ -261,7 +260,7 @@ def test_the_decision_summary_never_says_not_opened_after_an_unadopted_run_opene
     assert rows["adopted variant"].startswith("none")
     assert "not opened" not in rows["sealed test split"]
     assert rows["sealed test split"].startswith("opened once")
-    data["test_openings"] = []
+    data = replace(data, test_openings=[])
     rows = {
         r[0]: cell_text(r[1]) for r in decision_section(Dossier(None, data, None)).blocks[0].rows
     }
@@ -356,14 +355,14 @@ def test_each_interruption_is_paired_with_the_resume_that_followed_it():
     from tunelab.stages.report.sections.runs import _history, resumed_steps, stops_and_resumes
 
     events = [
-        {"at": "t0", "kind": "created", "detail": "running"},
-        {"at": "t1", "kind": "status:interrupted", "detail": "killed before a checkpoint"},
-        {"at": "t2", "kind": "status:running", "detail": "resumed from the start (no checkpoint yet)"},
-        {"at": "t3", "kind": "update_check", "detail": "{}"},
-        {"at": "t4", "kind": "status:interrupted", "detail": "stopped by SIGINT after step 6"},
-        {"at": "t5", "kind": "status:running", "detail": "resumed from step-000006"},
-        {"at": "t6", "kind": "status:interrupted", "detail": "stopped by SIGTERM after step 9"},
-    ]  # fmt: skip
+        LedgerEvent("created", "t0", "running"),
+        LedgerEvent("status:interrupted", "t1", "killed before a checkpoint"),
+        LedgerEvent("status:running", "t2", "resumed from the start (no checkpoint yet)"),
+        LedgerEvent("update_check", "t3", "{}"),
+        LedgerEvent("status:interrupted", "t4", "stopped by SIGINT after step 6"),
+        LedgerEvent("status:running", "t5", "resumed from step-000006"),
+        LedgerEvent("status:interrupted", "t6", "stopped by SIGTERM after step 9"),
+    ]
     stops = stops_and_resumes(events)
     assert [(s["at"], s["resumed_at"]) for s in stops] == [("t1", "t2"), ("t4", "t5"), ("t6", None)]
     assert resumed_steps(stops) == [0, 6]
@@ -382,7 +381,7 @@ def test_a_record_naming_no_hypothesis_version_is_dated_against_the_registration
         Hypothesis(Path(f"hypothesis-v{v}.json"), {}, version=v, registered_at=at)
         for v, at in ((1, "2026-12-01T10:00:00.000Z"), (2, "2026-12-01T12:00:00.500Z"))
     ]
-    d = Dossier(None, {"runs": [], "hypotheses": hypotheses}, None)
+    d = Dossier(None, Collected(hypotheses=hypotheses), None)
     assert d.made_under({"hypothesis_version": 2}) is None
     assert d.made_under({"hypothesis_version": 1}) == "made under hypothesis v1; current is v2"
     # the same second as the amendment, before its milliseconds

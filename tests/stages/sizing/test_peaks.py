@@ -14,7 +14,7 @@ import torch
 from helpers import FILLED_HYPOTHESIS
 from tunelab.core.config import TrainingConfig
 from tunelab.core.errors import TunelabError
-from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
+from tunelab.stages.sizing.memory import estimate_memory
 from tunelab.stages.sizing.peaks import (
     SizingInternalError,
     evaluation_increase,
@@ -22,6 +22,7 @@ from tunelab.stages.sizing.peaks import (
     refuse_unmeasured,
     worst_case,
 )
+from tunelab.stages.sizing.terms import Case, ModelFacts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,9 +20,10 @@ import torch
 from helpers import FILLED_HYPOTHESIS, run_cli, tree_hashes
 from helpers.sizing import write_study
 from tunelab.core.errors import ConfigError
+from tunelab.stages.sizing.child_model import synthetic_examples
 from tunelab.stages.sizing.facts import count_saved_bytes, model_facts
-from tunelab.stages.sizing.measure import synthetic_examples
-from tunelab.stages.sizing.memory import Case, estimate_memory, logits_bytes, project_per_rank
+from tunelab.stages.sizing.loss_memory import logits_bytes
+from tunelab.stages.sizing.memory import estimate_memory, project_per_rank
 from tunelab.stages.sizing.processes import measure_in_subprocess
 from tunelab.stages.sizing.recommend import (
     configurations,
@@ -30,6 +31,7 @@ from tunelab.stages.sizing.recommend import (
     parse_int_list,
     recommend,
 )
+from tunelab.stages.sizing.terms import Case
 from tunelab.stages.train.batches import collate
 from tunelab.stages.train.loop import autocast, loss_sum
 
@@ -167,7 +169,8 @@ def test_the_prime_counts_what_a_separate_count_gives(
     backward: the bytes of a forward counted alone, the gradients of a plain backward, and
     nothing of the forward alive afterwards (the graph keeps detached aliases, no cycle)."""
 
-    from tunelab.stages.sizing.measure import _prime, _session
+    from tunelab.stages.sizing.measure import _prime
+    from tunelab.stages.sizing.session import build_session
     from tunelab.stages.train.batches import Position
 
     cfg = _config(tiny_llama_dir, activation_checkpointing=ckpt)
@@ -176,7 +179,7 @@ def test_the_prime_counts_what_a_separate_count_gives(
     spec = {"config": cfg, "seq_len": 48, "micro_batch": 4, "packing": packing}
     spec["checkpointing"] = ckpt
     cpu = torch.device("cpu")
-    session = _session(spec, cpu)
+    session = build_session(spec, cpu)
     model, source = session.model, session.loop.source
     model.train()
     batch = {k: v for k, v in source.next(Position())[0][0].items() if v.dim() > 0}
@@ -206,11 +209,12 @@ def test_the_prime_counts_what_a_separate_count_gives(
 
 _FIRST_STEP_PAGES = """
 import json, sys, torch
-from tunelab.stages.sizing.measure import _make_states, _prime, _session
+from tunelab.stages.sizing.measure import _make_states, _prime
+from tunelab.stages.sizing.session import build_session
 from tunelab.stages.sizing.process_memory import _status_kb
 spec = json.loads(sys.argv[1])
 cpu = torch.device("cpu")
-session = _session(spec, cpu)
+session = build_session(spec, cpu)
 model, loop = session.model, session.loop
 model.train()
 before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -424,14 +428,14 @@ def test_measured_step_in_child_matches_estimate(tiny_llama_dir):
     assert m["peak_rss"] > m["idle_rss"] > 0
     # the time comes from three further steps with glibc's own thresholds, not the pinned ones
     # (at most three: fewer once the last two agree within the tolerance)
-    from tunelab.stages.sizing.measure import stable_times
+    from tunelab.stages.sizing.step_time import stable_times
 
     assert m["step_s_allocator"] == "released" and 2 <= len(m["step_s_all"]) <= 3
     assert len(m["step_s_all"]) == 3 or stable_times(m["step_s_all"])
     assert len(m["memory_step_s"]) == 1 and m["step_s"] == statistics.median(m["step_s_all"])
     # the timed steps' share of their thread's CPU time (one thread here), which the plan reads
     assert 0 < m["cpu_share"] <= 1.05
-    from tunelab.stages.sizing.memory import ModelFacts
+    from tunelab.stages.sizing.terms import ModelFacts
 
     facts = ModelFacts.from_dict(result["facts"])
     est = estimate_memory(facts, Case(seq_len=128, micro_batch=8))
@@ -466,7 +470,7 @@ def test_representative_lengths_are_the_preprocessed_ones(tmp_path, tiny_llama_d
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
     from tunelab.stages.data import load_snapshot
-    from tunelab.stages.sizing.stage import representative_lengths
+    from tunelab.stages.sizing.lengths import representative_lengths
 
     study = Study.open(write_study(tmp_path / "s", tiny_llama_dir))
     lengths = representative_lengths(study)
@@ -514,8 +518,8 @@ def test_size_cli_records_and_refuses_without_lengths(
     assert saved["step_s"] > 0 and saved["tokens_per_s"] > 0
     # the step time the planner uses may take more timed steps than the other rows' 3; each
     # stops early only once its last two agree
-    from tunelab.stages.sizing.measure import stable_times
-    from tunelab.stages.sizing.stage import PLANNED_TIME_STEPS
+    from tunelab.stages.sizing.forecast import PLANNED_TIME_STEPS
+    from tunelab.stages.sizing.step_time import stable_times
 
     times = {c["label"]: c["measured"]["step_s_all"] for c in saved["configurations"]}
     for label, seconds in times.items():
@@ -600,7 +604,7 @@ def _check_printed_at_80_columns(record, capsys, monkeypatch):
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
     from tunelab.lib.models.tiny import save_tiny_llama
-    from tunelab.stages.sizing.memory import ModelFacts
+    from tunelab.stages.sizing.terms import ModelFacts
 
     model_dir = save_tiny_llama(tmp_path / "llama", hidden=512, layers=4, heads=8)
     cfg = _config(model_dir)
@@ -628,13 +632,13 @@ def test_cuda_peak_allocated_within_10_percent(tmp_path, method):
 
 
 def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
-    from tunelab.stages.sizing.measure import STABLE_TOLERANCE, stable_times
-    from tunelab.stages.sizing.recommend import Option
-    from tunelab.stages.sizing.stage import (
+    from tunelab.stages.sizing.forecast import (
         CONFIG_OVERHEAD_STEPS,
         PLANNED_TIME_STEPS,
         expected_seconds,
     )
+    from tunelab.stages.sizing.recommend import Option
+    from tunelab.stages.sizing.step_time import STABLE_TOLERANCE, stable_times
 
     assert not stable_times([10.0])
     assert stable_times([12.0, 10.0, 10.2])  # the last two within 5 %
@@ -652,7 +656,7 @@ def test_timed_steps_stop_once_the_last_two_agree_and_the_time_is_forecast():
     fresh = expected_seconds([own, ckpt], own.label, 2.0, 1024, 10.0, build_s=10.0)
     assert fresh == pytest.approx(10.0 + 10.0 + steps)
     # once every memory is measured, what is left of a shared process is the timed part
-    from tunelab.stages.sizing.stage import TIMING_OVERHEAD_STEPS, timing_seconds
+    from tunelab.stages.sizing.forecast import TIMING_OVERHEAD_STEPS, timing_seconds
 
     left = timing_seconds([ckpt], own.label, 2.0, 1024, 1.5)
     assert left == pytest.approx(1.5 + 2.0 * 4 * 1.3 * (TIMING_OVERHEAD_STEPS + 3))

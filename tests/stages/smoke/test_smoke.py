@@ -4,13 +4,13 @@ must give the same predictions, logits and validation loss; a broken run fails t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from helpers import run_cli
+from helpers.study import build_study
 from helpers.verify import write_study
 from tunelab.lib.probes import RATIO_DECODE_STEPS
 from tunelab.stages.smoke.stage import SnapshotSample, smoke_overrides
@@ -169,15 +169,12 @@ def test_smoke_fails_on_a_diverging_run(tmp_path, tiny_bert_dir, capsys):
 @pytest.mark.slow
 def test_smoke_real_minilm_bbc(tmp_path, minilm_dir, bbc_dir, capsys):
     """The BBC example study on all-MiniLM-L6-v2, a 150-article sample of the corpus."""
-    repo = Path(__file__).resolve().parents[3]
-    root = tmp_path / "bbc"
-    root.mkdir()
-    raw = yaml.safe_load((repo / "examples" / "classification-bbc" / "study.yaml").read_text())
-    raw["model"]["path"] = str(minilm_dir)
-    raw["data"]["source"]["path"] = str(bbc_dir)
-    raw["data"]["max_examples"] = 150
-    raw["data"]["dedup"]["near"] = False
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    root = build_study(
+        tmp_path / "bbc",
+        example="classification-bbc",
+        model_dir=minilm_dir,
+        set={"data.source.path": str(bbc_dir), "data.max_examples": 150, "data.dedup.near": False},
+    )
     prepare(root, capsys)
     code, record, err = smoke(root, capsys)
     assert code == 0, (record, err)
@@ -191,17 +188,14 @@ def test_smoke_real_minilm_bbc(tmp_path, minilm_dir, bbc_dir, capsys):
 @pytest.mark.slow
 def test_smoke_real_smollm2_lora(tmp_path, smollm2_dir, capsys):
     """SmolLM2-135M (converted once from its GGUF) with LoRA on the format example, on CPU."""
-    repo = Path(__file__).resolve().parents[3]
-    src = repo / "examples" / "format-spam"
-    root = tmp_path / "spam"
-    shutil.copytree(src, root)
-    raw = yaml.safe_load((root / "study.yaml").read_text())
-    raw["model"] = {**raw["model"], "path": str(smollm2_dir), "gguf_file": None}
-    raw["data"]["max_examples"] = 60
-    raw["data"]["dedup"]["near"] = False
-    raw["preprocess"]["max_seq_len"] = 192
-    raw["evaluation"]["max_new_tokens"] = 16
-    (root / "study.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    small = {"data.max_examples": 60, "data.dedup.near": False, "preprocess.max_seq_len": 192}
+    root = build_study(
+        tmp_path / "spam",
+        example="format-spam",
+        copy_example=True,
+        model_dir=smollm2_dir,
+        set={"model.gguf_file": None, "evaluation.max_new_tokens": 16, **small},
+    )
     prepare(root, capsys)
     code, record, err = smoke(root, capsys, "--train-examples", "4", "--eval-examples", "2")
     assert code == 0, (record, err)

@@ -204,6 +204,15 @@ def test_validate_refuses_an_unknown_optimizer(tmp_path, capsys):
     assert "training.optimizer: unknown optimizer 'Adamw'" in err and "AdamW" in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_validate_warns_that_this_machine_cannot_train_fp16(tmp_path, capsys):
+    root = write_topic_study(tmp_path / "s", tmp_path / "base", "fp16")
+    code, out, _ = run_cli(capsys, "validate", "-s", root, "--set", "training.precision=fp16")
+    assert code == 0 and "fp16 needs a CUDA device" in out and "on this machine" in out
+    code, out, _ = run_cli(capsys, "validate", "-s", root, "--set", "training.precision=bf16")
+    assert code == 0 and "CUDA" not in out
+
+
 def test_fp16_refused_on_cpu_and_bf16_autocast_trains(tiny_llama_dir):
     with pytest.raises(ConfigError, match="fp16 needs a CUDA"):
         make_grad_scaler("fp16", torch.device("cpu"))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import EvaluationError, SnapshotError
 from tunelab.core.evidence import latest_snapshot_id
 from tunelab.core.hashing import sha256_bytes, sha256_json
+from tunelab.core.record_data import DataManifest
 from tunelab.stages.data.splits import SPLITS
 
 if TYPE_CHECKING:
@@ -60,13 +62,19 @@ class Snapshot:
     dir: Path
     manifest: dict[str, Any]
 
+    @cached_property
+    def record(self) -> DataManifest:
+        """The manifest read typed (a damaged one raises the located `StudyError`)."""
+        return DataManifest.of(self.dir / "manifest.json", self.manifest)
+
     @property
     def labels(self) -> list[str] | None:
-        return self.manifest["labels"]
+        return self.record.labels
 
     @property
     def counts(self) -> dict[str, int]:
-        return self.manifest["counts"]["final"]
+        """Examples per split."""
+        return self.record.counts.final or {}
 
     def rows(self, split: str) -> list[dict[str, Any]]:
         """The examples of a split, re-checked against the manifest's sha256 as they are read."""
@@ -84,7 +92,7 @@ class Snapshot:
 
     def _read(self, split: str) -> list[dict[str, Any]]:
         name = SPLIT_FILES[split]
-        data = _verified_bytes(self.dir, name, self.manifest["files"].get(name), self.id)
+        data = _verified_bytes(self.dir, name, self.record.files.get(name), self.id)
         rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
         for row in rows:  # an image example: where its verified file lies
             if "image" in row:
@@ -166,14 +174,16 @@ def load_snapshot(study: Study, snapshot_id: str | None = None) -> Snapshot:
         raise _tampered(sid, "manifest.json lacks fields its id is made of") from None
     if identity != sid or manifest.get("snapshot_id") != sid:
         raise _tampered(sid, "the folder name, the manifest's snapshot_id and its content disagree")
-    listed = set(manifest["files"]) | {"manifest.json", "DONE"}
+    snapshot = Snapshot(sid, folder, manifest)
+    files = snapshot.record.files
+    listed = set(files) | {"manifest.json", "DONE"}
     present = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
     extra = sorted(name for name in present if name not in listed)
     if extra:
         raise _tampered(sid, f"unexpected file(s) {extra} in {folder}")
-    for name, sha in manifest["files"].items():
+    for name, sha in files.items():
         _verified_bytes(folder, name, sha, sid)
-    return Snapshot(sid, folder, manifest)
+    return snapshot
 
 
 def open_test_split(
@@ -192,6 +202,6 @@ def open_test_split(
         )
     snap = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(study, snapshot)
     name = SPLIT_FILES["test"]
-    _verified_bytes(snap.dir, name, snap.manifest["files"].get(name), snap.id)
+    _verified_bytes(snap.dir, name, snap.record.files.get(name), snap.id)
     study.ledger.log_test_opening(who, why, snap.id, run_id)
     return snap._read("test")

@@ -73,10 +73,12 @@ def check_layout_load(
     gpu: str | None = None,
     device_bytes: int | None = None,
     where: str | None = None,
+    evaluation: bool = True,
 ) -> None:
     """`validate --nproc N --strategy S` with `--gpu ID` (a catalog GPU) or `--memory-budget`
     (`device_bytes`), and `train` on CUDA: raise ConfigError when that layout cannot load the
-    base (tunelab.stages.sizing.load), naming the load."""
+    base (tunelab.stages.sizing.load), naming the load; with `evaluation` (validate), also when
+    the study's evaluation cannot fit one of those GPUs."""
     from tunelab.stages.plan.catalog import find_gpu
     from tunelab.stages.plan.project import CUDA_CONTEXT_BYTES
     from tunelab.stages.plan.rental import layout_load_problem
@@ -90,14 +92,16 @@ def check_layout_load(
         where = f"--gpu {gpu}" if gpu else budget
     problem = layout_load_problem(
         cfg, Path(study_dir), strategy=strategy, nproc=nproc, nnodes=nnodes,
-        device_bytes=device_bytes,
+        device_bytes=device_bytes, evaluation=evaluation,
     )  # fmt: skip
     if problem is not None:
-        raise ConfigError(
-            f"--nproc {nproc} --strategy {strategy} on {where}: {problem}",
-            hint="use more GPUs or --strategy fsdp (sharded loading), a GPU with more memory "
-            "(`tunelab plan --compare-gpus` lists the layouts that load), or a smaller base",
+        hint = (
+            "`tunelab plan --compare-gpus` lists the GPUs whose memory holds the evaluation"
+            if problem.startswith("the evaluation")
+            else "use more GPUs or --strategy fsdp (sharded loading), a GPU with more memory "
+            "(`tunelab plan --compare-gpus` lists the layouts that load), or a smaller base"
         )
+        raise ConfigError(f"--nproc {nproc} --strategy {strategy} on {where}: {problem}", hint=hint)
 
 
 def check_train_load(study_dir: Path, cfg: StudyConfig, launch: Any) -> None:
@@ -116,7 +120,7 @@ def check_train_load(study_dir: Path, cfg: StudyConfig, launch: Any) -> None:
     try:
         check_layout_load(
             study_dir, cfg, strategy=launch.strategy, nproc=launch.nproc, nnodes=launch.nnodes,
-            device_bytes=device_bytes, where=f"this machine's {props.name}",
+            device_bytes=device_bytes, where=f"this machine's {props.name}", evaluation=False,
         )  # fmt: skip
     except StudyError:
         return

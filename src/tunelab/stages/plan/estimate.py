@@ -238,6 +238,31 @@ def variants_in_window(window_s: float, busy_s: float, n_var: int, per_variant_s
     return max(0, int((window_s - fixed_s) // per_variant_s)) if per_variant_s > 0 else n_var
 
 
+def _export_seconds(figures: Figures) -> float:
+    """An export hashes the base (the check that it did not change since training), copies the
+    trained weights and hashes the copy (about one save); a freeze run loads its model to save
+    it whole."""
+    export_s = figures.base_hash_s.seconds + figures.checkpoint_save_s.seconds + EXPORT_FIXED_S
+    if figures.method == "freeze":
+        export_s += figures.load_s.seconds
+    return export_s
+
+
+def _initial_check(
+    figures: Figures, variant: VariantRun, ev: Evaluations, step_s: float, speedup: float
+) -> InitialCheck:
+    """The protocol's first day: environment, smoke, sizing and baseline, as recorded or, for
+    one not run yet, from the step and evaluation times."""
+    eval_per_ex = figures.eval_s_per_example.seconds / speedup
+    eval_val = min(figures.counts.validation, figures.eval_max_examples or 1 << 62)
+    return InitialCheck(
+        environment=ENV_CHECK_S,
+        smoke=figures.smoke_s.seconds or (variant.startup_s + 4 * step_s + ev.run_s),
+        sizing=figures.sizing_s.seconds,
+        baseline=figures.baseline_s.seconds or (figures.load_s.seconds + eval_val * eval_per_ex),
+    )
+
+
 def build_plan(
     figures: Figures,
     cfg: StudyConfig,
@@ -256,20 +281,8 @@ def build_plan(
     ev = evaluations(figures, speedup)
     interval = min(cfg.training.checkpoint_every_steps or variant.steps, variant.steps)
     resume_each = interval / 2 * step_s + variant.startup_s + figures.reload_s.seconds
-    # an export hashes the base (the check that it did not change since training), copies the
-    # trained weights and hashes the copy (about one save); a freeze run loads its model to save
-    # it whole
-    export_s = figures.base_hash_s.seconds + figures.checkpoint_save_s.seconds + EXPORT_FIXED_S
-    if figures.method == "freeze":
-        export_s += figures.load_s.seconds
-    eval_per_ex = figures.eval_s_per_example.seconds / speedup
-    eval_val = min(figures.counts.validation, figures.eval_max_examples or 1 << 62)
-    initial = InitialCheck(
-        environment=ENV_CHECK_S,
-        smoke=figures.smoke_s.seconds or (variant.startup_s + 4 * step_s + ev.run_s),
-        sizing=figures.sizing_s.seconds,
-        baseline=figures.baseline_s.seconds or (figures.load_s.seconds + eval_val * eval_per_ex),
-    )
+    export_s = _export_seconds(figures)
+    initial = _initial_check(figures, variant, ev, step_s, speedup)
     n_var = int(budget.num_variants)
     phases = _phases(
         {

@@ -23,12 +23,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, latest_baseline
-from tunelab.core.record_types import Sizing, Smoke
-from tunelab.core.records import read_json
+from tunelab.core.record_sizing import (
+    env_of,
+    lengths_of,
+    measured_of,
+    options_of,
+    throughput_of,
+)
+from tunelab.core.record_types import Evaluation, Sizing, Smoke
+from tunelab.core.run_parts import SizingRow
 from tunelab.core.study import Study
 from tunelab.lib import probes
 
@@ -154,12 +162,11 @@ def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:
     )
 
 
-def _own_row(sizing: Sizing) -> dict[str, Any]:
+def _own_row(sizing: Sizing) -> SizingRow:
     """The sizing row of the study's own configuration, which must have been measured."""
-    thr = sizing.throughput or {}
-    rows = sizing.configurations or []
-    own = next((r for r in rows if r["label"] == thr.get("row")), None)
-    if own is None or own["status"] != "ok" or not thr.get("step_s"):
+    thr = throughput_of(sizing)
+    own = next((r for r in sizing.rows if r.label == thr.row), None)
+    if own is None or own.status != "ok" or not thr.step_s:
         raise StudyError(
             f"sizing {sizing.id} has no measured step of the study's configuration",
             hint="run `tunelab size` again (its first configuration must fit)",
@@ -192,61 +199,63 @@ def _smoke_figures(smoke: Smoke | None, row: Any, load_s: Figure) -> dict[str, F
 
 def gather_figures(study: Study) -> Figures:
     """The measured inputs of a plan, each with its source. Needs a sizing record."""
-    from tunelab.stages.sizing.stage import require_sizing
+    from tunelab.stages.sizing.record import require_sizing
 
     cfg = study.config
     sizing = require_sizing(study)
     own = _own_row(sizing)  # refuses a sizing without the study's own step
-    thr = sizing.throughput or {}
+    thr = throughput_of(sizing)
     facts = sizing.facts or {}
-    m = own["measured"]
-    lengths = sizing.lengths or {}
-    quant = lengths.get("quantiles") or []
-    measured_len = own["options"]["seq_len"]
-    packing = bool(cfg.training.packing and facts.get("architecture") == "causal_lm")
+    m = measured_of(own)
+    lengths = lengths_of(sizing)
+    quant = lengths.quantiles or []
+    measured_len = options_of(own).seq_len
+    architecture = facts.get("architecture")  # ModelFacts.to_dict: local working values
+    packing = bool(cfg.training.packing and architecture == "causal_lm")
     micro = cfg.training.micro_batch_size
     conv = bool(facts.get("conv"))
-    image = facts.get("architecture") == "image"  # every image at one size
+    image = architecture == "image"  # every image at one size
     if conv:
         typical, how = measured_len, "every image at that side"
     elif image:
         typical, how = measured_len, "every image at that size"
     elif quant:
-        typical = lengths.get("mean") if packing else expected_max(quant, micro)
+        typical = lengths.mean if packing else expected_max(quant, micro)
         how = "mean length (packed)" if packing else f"expected longest of {micro} (padded)"
     else:
         typical, how = measured_len, "the measured length (--seq-len: no length distribution)"
     scale = (typical or measured_len) / measured_len
     per_example = "px a side" if conv else ("patch tokens/image" if image else "tokens/example")
     sid = f"sizing {sizing.id}"
-    load_s = Figure(m.get("load_s"), f"{sid}: model load and adaptation")
+    load_s = Figure(m.load_s, f"{sid}: model load and adaptation")
     found = latest(study, "smoke", "smoke.json")
     smoke, smoke_row = (Smoke.read(found.path), found.row) if found else (None, None)
-    env = sizing.env or {}
+    env = env_of(sizing)
+    step_s = thr.step_s or 0.0  # `_own_row` refuses a sizing without it
     f = Figures(
         device=sizing.device,
         sizing_id=sizing.id,
         step_s=Figure(
-            thr["step_s"] * scale,
-            f"{sid}: {thr['step_s']:.3f} s at {measured_len} {per_example} x {scale:.3f} ({how})",
+            step_s * scale,
+            f"{sid}: {step_s:.3f} s at {measured_len} {per_example} x {scale:.3f} ({how})",
         ),
         forward_s=Figure(
-            (m.get("forward_s") or 0.0) * scale, f"{sid}: one validation forward of a micro-batch"
+            (m.forward_s or 0.0) * scale, f"{sid}: one validation forward of a micro-batch"
         ),
         load_s=load_s,
-        encode_s=Figure(lengths.get("encode_train_s"), f"{sid}: tokenizing the training split"),
+        encode_s=Figure(lengths.encode_train_s, f"{sid}: tokenizing the training split"),
         sizing_s=Figure(sizing.seconds, f"{sid}: its own duration"),
-        tokens_per_s=Figure(thr.get("tokens_per_s"), sid),
-        counts=split_counts(study, lengths.get("split_counts") or {}),
-        lengths=Lengths(**{k: lengths.get(k) for k in ("p50", "p95", "max", "mean")}),
+        tokens_per_s=Figure(thr.tokens_per_s, sid),
+        counts=split_counts(study, lengths.split_counts or {}),
+        lengths=Lengths(lengths.p50, lengths.p95, lengths.max, lengths.mean),
         eval_s_per_example=Figure(None, ""),
         baseline_s=Figure(None, "no baseline yet: estimated"),
         base_hash_s=base_hash_seconds(study),
         method=cfg.adaptation.method,
         eval_max_examples=cfg.evaluation.max_examples,
-        step_cpu_share=m.get("cpu_share"),
-        load_avg_at_sizing=env.get("load_avg_1m"),
-        logical_cores=(env.get("cpu") or {}).get("logical_cores"),
+        step_cpu_share=m.cpu_share,
+        load_avg_at_sizing=env.load_avg_1m,
+        logical_cores=env.logical_cores,
         **_smoke_figures(smoke, smoke_row, load_s),
     )
     _baseline_figures(study, f, smoke, smoke_row, facts)
@@ -264,11 +273,15 @@ def gather_figures(study: Study) -> Figures:
     return f
 
 
-def baseline_record(study: Study) -> tuple[Any, dict[str, Any]]:
+def baseline_record(study: Study) -> tuple[Any, Evaluation | None]:
     """The latest baseline's ledger row and its validation metrics record
-    (`core.evidence.latest_baseline`), or (None, {})."""
+    (`core.evidence.latest_baseline`), or (None, None)."""
     found = latest_baseline(study, "validation")
-    return (found[0], found[1]["record"]) if found else (None, {})
+    if not found:
+        return None, None
+    row, evaluation = found
+    path = Path(evaluation["dir"]) / "metrics-validation.json"
+    return row, Evaluation.of(path, evaluation["record"])
 
 
 def _baseline_figures(
@@ -276,19 +289,19 @@ def _baseline_figures(
 ) -> None:
     """The baseline's evaluation, the very procedure every variant's evaluation repeats."""
     row, rec = baseline_record(study)
-    if row is None:
+    if row is None or rec is None:
         return
     f.baseline_s = Figure(run_seconds(row), f"baseline {row.id}: ledger")
-    f.baseline_cpu_share = rec.get("cpu_share")
-    if not (rec.get("seconds") and rec.get("n")):
+    f.baseline_cpu_share = rec.cpu_share
+    if not (rec.seconds and rec.n):
         return
     f.eval_s_per_example = Figure(
-        rec["seconds"] / rec["n"], f"baseline {row.id}: {rec['n']} examples evaluated"
+        rec.seconds / rec.n, f"baseline {row.id}: {rec.n} examples evaluated"
     )
-    smoke_eval = {}
+    smoke_eval = None
     if smoke_row is not None:
         path = study.runs_dir / smoke_row.id / "metrics-validation.json"
-        smoke_eval = read_json(path) if path.exists() else {}
+        smoke_eval = Evaluation.read(path) if path.exists() else None
     costs = adapted_costs(
         smoke,
         smoke_row.id if smoke_row is not None else None,
@@ -302,18 +315,18 @@ def _baseline_figures(
         setattr(f, name, figure)
 
 
-def merged_evaluation(smoke_eval: dict[str, Any], batch_size: int) -> Figure | None:
+def merged_evaluation(smoke_eval: Evaluation | None, batch_size: int) -> Figure | None:
     """The fixed cost of evaluating a variant merged, from the smoke's evaluation when it chose
     the merged copy (`tunelab.lib.inference.eval_copy`), else None: building the copy, plus the first batch's
     check, which the smoke ran on its few examples and a full batch repeats in proportion."""
-    merge = smoke_eval.get("merge") or {}
-    if not merge.get("merged") or merge.get("merge_s") is None:
+    merge = (smoke_eval.merge if smoke_eval is not None else None) or {}
+    if smoke_eval is None or not merge.get("merged") or merge.get("merge_s") is None:
         return None
-    n = max(1, int(smoke_eval.get("n") or 1))
+    n = max(1, smoke_eval.n)
     check = (merge.get("check_s") or 0.0) * max(1.0, batch_size / n)
     return Figure(
         merge["merge_s"] + check,
-        f"smoke {smoke_eval.get('run_id')}: evaluated merged ({merge.get('reason')}); the copy "
+        f"smoke {smoke_eval.run_id}: evaluated merged ({merge.get('reason')}); the copy "
         f"took {merge['merge_s']:.2f} s, its check {merge.get('check_s') or 0:.2f} s on {n} "
         f"examples, scaled to a batch of {batch_size}",
     )
@@ -322,7 +335,7 @@ def merged_evaluation(smoke_eval: dict[str, Any], batch_size: int) -> Figure | N
 def adapted_costs(
     smoke: Smoke | None,
     smoke_id: str | None,
-    rec: dict[str, Any],
+    rec: Evaluation,
     baseline_id: str,
     facts: dict[str, Any],
     method: str,
@@ -347,13 +360,14 @@ def adapted_costs(
       copy and its check once per evaluation (`eval_merge_s`).
     """
     out: dict[str, Figure] = {}
-    per_example = rec["seconds"] / rec["n"]
+    per_example = (rec.seconds or 0.0) / rec.n
     length = answer_length_cost(rec, baseline_id)
     if length is not None:
         out["answer_length_s_per_example"] = length
         per_example = max(0.0, per_example + length.seconds)
-    if rec.get("load_s") is not None:
-        out["baseline_load_s"] = Figure(rec["load_s"], f"baseline {baseline_id}: its model load")
+    load_s = rec.get("load_s")  # a field the Evaluation class does not name yet
+    if load_s is not None:
+        out["baseline_load_s"] = Figure(load_s, f"baseline {baseline_id}: its model load")
     reload = smoke.reload_s if smoke else None
     if reload is not None:
         out["eval_load_s"] = Figure(
@@ -363,7 +377,7 @@ def adapted_costs(
         )
     ratio = smoke.adapter_time_ratio if smoke else None
     trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
-    step = (rec.get("generation") or {}).get("s_per_step")
+    step = rec.decoding.s_per_step if rec.decoding is not None else None
     if merged is not None:
         out["eval_merge_s"] = merged
         if step:
@@ -396,7 +410,7 @@ def adapted_costs(
     return out
 
 
-def answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
+def answer_length_cost(rec: Evaluation, baseline_id: str) -> Figure | None:
     """Per example, what generating the gold answers' length takes beyond what the baseline
     generated (negative: less), at the baseline's own prefill and step times, batch by batch.
 
@@ -404,19 +418,19 @@ def answer_length_cost(rec: dict[str, Any], baseline_id: str) -> Figure | None:
     `max_new_tokens`, and a variant priced at the baseline's length would be priced too long.
     None for a task that does not generate (classification) or a record without generation
     timings."""
-    gen = rec.get("generation") or {}
-    batches = gen.get("batches") or []
-    if not batches or not rec.get("n"):
+    gen = rec.decoding
+    batches = (gen.batches if gen is not None else None) or []
+    if gen is None or not batches or not rec.n:
         return None
     answered = 0.0
-    for b in batches:
-        step = b["decode_s"] / (b["steps"] - 1) if b["steps"] > 1 else gen.get("s_per_step") or 0
+    for b in batches:  # each batch's timings as `tunelab eval` wrote them
+        step = b["decode_s"] / (b["steps"] - 1) if b["steps"] > 1 else gen.s_per_step or 0
         answered += b["prefill_s"] + max(0, b["answer_steps"] - 1) * step
     generated = sum(b["prefill_s"] + b["decode_s"] for b in batches)
     return Figure(
-        (answered - generated) / rec["n"],
-        f"baseline {baseline_id}: {gen['steps']} generated tokens in {len(batches)} batches; "
-        f"the validation answers (tokens and EOS) take {gen['answer_steps']}",
+        (answered - generated) / rec.n,
+        f"baseline {baseline_id}: {gen.steps} generated tokens in {len(batches)} batches; "
+        f"the validation answers (tokens and EOS) take {gen.answer_steps}",
     )
 
 

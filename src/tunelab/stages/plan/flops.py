@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunelab.stages.sizing.memory import ModelFacts, conv_flops
+from tunelab.stages.sizing.terms import ModelFacts
+from tunelab.stages.sizing.walk import conv_flops
 
 _LLAMA_ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 _BERT_ROLES = ("q", "k", "v", "o", "up", "down")

@@ -16,7 +16,7 @@ from typing import Any
 from tunelab.core.config_training import AdaptationConfig
 from tunelab.core.errors import StudyError
 from tunelab.lib.models.moe import MoeShape
-from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, ModelFacts
 
 _ATTENTION = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o"}
 _MLP = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}

@@ -29,11 +29,13 @@ from typing import Any
 
 from tunelab.core.config import StudyConfig
 from tunelab.core.errors import ConfigError, StudyError
+from tunelab.core.record_sizing import env_of, options_of, throughput_of
+from tunelab.core.record_types import Sizing
 from tunelab.stages.plan.catalog import Gpu, UtilizationRange, default_utilization, gpu_of_device
 from tunelab.stages.plan.catalog import host_cost as catalog_host
 from tunelab.stages.plan.figures import SplitCounts, expected_max
 from tunelab.stages.plan.flops import MicroBatch, forward_flops, kv_cache_bytes, micro_step_flops
-from tunelab.stages.sizing.memory import DTYPE_BYTES, Case, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CUDA_CONTEXT_BYTES = 1 << 30  # the CUDA context and allocator slack the memory model leaves out
 MEMORY_BANDWIDTH_SHARE = 0.7  # of the datasheet bandwidth, for streaming reads and writes
@@ -321,29 +323,27 @@ def _measured_step_flops(
     return accum * micro_step_flops(shape.facts, batch, checkpointing=ckpt).total
 
 
-def measured_utilization(
-    sizing: dict[str, Any] | None, shape: StudyShape
-) -> tuple[float, Gpu, str] | None:
+def measured_utilization(sizing: Sizing | None, shape: StudyShape) -> tuple[float, Gpu, str] | None:
     """The study's own step measured on a catalog GPU, as a share of its peak: (share, GPU,
     where it came from), or None when the study has no sizing measured on CUDA."""
-    if not sizing or sizing.get("device") != "cuda":
+    if sizing is None or sizing.device != "cuda":
         return None
-    names = [g.get("name") for g in (sizing.get("env") or {}).get("gpus") or []]
+    names = [g.get("name") for g in env_of(sizing).gpus or []]
     gpu = gpu_of_device(names[0] if names else None)
-    thr = sizing.get("throughput") or {}
-    row = next((r for r in sizing.get("configurations", []) if r["label"] == thr.get("row")), None)
-    if gpu is None or row is None or row.get("status") != "ok" or not thr.get("step_s"):
+    thr = throughput_of(sizing)
+    row = next((r for r in sizing.rows if r.label == thr.row), None)
+    if gpu is None or row is None or row.status != "ok" or not thr.step_s:
         return None
-    o = row["options"]
+    o = options_of(row)
     flops = _measured_step_flops(
         shape,
-        o["micro_batch"],
-        o.get("measured_accum") or o["grad_accum"],
-        o["seq_len"],
-        o["checkpointing"],
+        o.micro_batch,
+        o.measured_accum or o.grad_accum or 1,
+        o.seq_len,
+        bool(o.checkpointing),
     )
-    share = flops / (thr["step_s"] * gpu.peak_flops(o.get("precision") or shape.precision))
-    return share, gpu, f"sizing {sizing['id']} on {names[0]}: {thr['step_s']:.3f} s a step"
+    share = flops / (thr.step_s * gpu.peak_flops(o.precision or shape.precision))
+    return share, gpu, f"sizing {sizing.id} on {names[0]}: {thr.step_s:.3f} s a step"
 
 
 def resolve_utilization(

@@ -17,6 +17,7 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.core.errors import SnapshotError
 from tunelab.core.evidence import latest
+from tunelab.core.record_sizing import lengths_of
 from tunelab.core.record_types import RunConfig, Sizing
 from tunelab.core.study import Study
 from tunelab.stages.plan.estimate import PROCESS_START_S
@@ -30,7 +31,7 @@ from tunelab.stages.plan.figures import (
 )
 from tunelab.stages.plan.project import Projection, StudyShape
 from tunelab.stages.plan.shapes import facts_from_config, read_model_config
-from tunelab.stages.sizing.memory import ModelFacts
+from tunelab.stages.sizing.terms import ModelFacts
 
 DISK_BYTES_PER_S = 1e9  # reading or writing model files on the rental (assumed)
 TOKENIZE_S_PER_EXAMPLE = 1e-3  # tokenizing one example (assumed, without a sizing record)
@@ -59,11 +60,9 @@ def _labels(study: Study) -> list[str]:
         return list(study.config.task.labels or [])
 
 
-def _facts(
-    study: Study, sizing: dict[str, Any] | None, labels: list[str]
-) -> tuple[ModelFacts, str]:
-    if sizing and (sizing.get("facts") or {}).get("layer_training") is not None:
-        return ModelFacts.from_dict(sizing["facts"]), f"sizing {sizing['id']}: the adapted model"
+def _facts(study: Study, sizing: Sizing | None, labels: list[str]) -> tuple[ModelFacts, str]:
+    if sizing is not None and (sizing.facts or {}).get("layer_training") is not None:
+        return ModelFacts.from_dict(sizing.facts or {}), f"sizing {sizing.id}: the adapted model"
     return config_facts(study.config, study.root, len(labels))
 
 
@@ -96,18 +95,31 @@ def layout_load_problem(
     nnodes: int = 1,
     device_bytes: int | None = None,
     host_bytes: int | None = None,
+    evaluation: bool = True,
 ) -> str | None:
     """Why `tunelab train --nproc N --strategy S` cannot load the study's base on GPUs of
     `device_bytes` (nodes of `host_bytes`), or None when it can (see tunelab.stages.sizing.load).
-    The facts come from the base's config.json; the precision is the rental's (bf16 unless
-    training.precision says fp16)."""
+    With `evaluation`, a layout that loads is still refused when the study's evaluation cannot
+    fit one of those GPUs (`tunelab eval` loads the whole model on one device), at the longest
+    sequence preprocess.max_seq_len allows (a generated answer's room cut from the prompt; no
+    tokenizer is read). The facts come from the
+    base's config.json; the precision is the rental's (bf16 unless training.precision says
+    fp16)."""
     from tunelab.stages.sizing.load import load_peak, load_problem, strategy_refusal
+    from tunelab.stages.sizing.peaks import evaluation_kind, plan_peak
 
     facts, _ = config_facts(cfg, root, len(cfg.task.labels or []))
     ranks = max(1, nproc) * max(1, nnodes)
     refusal = strategy_refusal(facts, strategy, cfg.training.precision)
     peak = load_peak(facts, strategy, ranks, max(1, nproc), "cuda")
-    return refusal or load_problem(peak, device_bytes, host_bytes)
+    problem = refusal or load_problem(peak, device_bytes, host_bytes)
+    if problem is not None or device_bytes is None or not evaluation:
+        return problem
+    precision = "fp16" if cfg.training.precision == "fp16" else "bf16"
+    tokens = cfg.preprocess.max_seq_len  # a generated answer's room is cut from the prompt
+    if evaluation_kind(cfg, facts.architecture) == "generation":
+        tokens = max(1, tokens - cfg.evaluation.max_new_tokens)
+    return plan_peak(0, facts, cfg, tokens, precision, device_bytes, gpus=ranks)[1]
 
 
 def character_lengths(
@@ -135,22 +147,22 @@ def character_lengths(
     return quantiles, sum(sizes) / len(sizes), math.ceil(sizes[-1]), answers / sum(sizes)
 
 
-def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
+def gather_shape(study: Study) -> tuple[StudyShape, Sizing | None]:
     """The study's shape for a projection, and its latest sizing record (None without one)."""
     cfg = study.config
     found = latest(study, "sizing")
-    sizing = Sizing.read(found.path).raw if found else None
-    lengths = (sizing or {}).get("lengths") or {}
+    sizing = Sizing.read(found.path) if found else None
+    lengths = lengths_of(sizing) if sizing is not None else None
     labels = _labels(study)
     facts, facts_source = _facts(study, sizing, labels)
     causal = facts.architecture == "causal_lm"
-    quantiles = tuple(lengths.get("quantiles") or ())
-    if quantiles:
-        mean, longest = float(lengths["mean"]), int(lengths["max"])
+    quantiles = tuple((lengths and lengths.quantiles) or ())
+    if sizing is not None and lengths is not None and quantiles:
+        mean, longest = float(lengths.mean or 0.0), int(lengths.max or 0)
         fed = "fed its image chain" if facts.architecture == "image" else "tokenized"
-        lengths_source = f"sizing {sizing['id']}: the training split {fed}"  # type: ignore[index]
-        if causal and lengths.get("loss_fraction") is not None:
-            loss, loss_source = float(lengths["loss_fraction"]), lengths_source
+        lengths_source = f"sizing {sizing.id}: the training split {fed}"
+        if causal and lengths.loss_fraction is not None:
+            loss, loss_source = float(lengths.loss_fraction), lengths_source
         else:
             loss, loss_source = (1.0, "assumed: every position") if causal else (0.0, "the label")
     else:
@@ -184,7 +196,7 @@ def gather_shape(study: Study) -> tuple[StudyShape, dict[str, Any] | None]:
         loss_fraction=loss,
         loss_source=loss_source,
         packing=bool(cfg.training.packing and causal),
-        counts=split_counts(study, lengths.get("split_counts") or {}),
+        counts=split_counts(study, (lengths and lengths.split_counts) or {}),
         generating=generating,
         candidates=len(labels) if causal and not generating and labels else 1,
         eval_batch=ev.batch_size,
@@ -206,8 +218,9 @@ def _generation(
         steps = min(max_new_tokens, math.ceil(longest * loss))
         return mean * (1 - loss), steps, "given by the task: it scores each example, no decoding"
     row, rec = baseline_record(study)
-    batches = (rec.get("generation") or {}).get("batches") or []
-    if row is not None and batches:
+    decoding = rec.decoding if rec is not None else None
+    batches = (decoding.batches if decoding is not None else None) or []
+    if row is not None and batches:  # each batch as `tunelab eval` wrote it
         prompt = sum(b["prompt_tokens"] for b in batches) / len(batches)
         steps = sum(b["answer_steps"] for b in batches) / len(batches)
         return prompt, steps, f"baseline {row.id}: its prompts, and the answers' length a batch"
@@ -297,9 +310,9 @@ def projected_figures(
     )
 
 
-def sizing_configurations(sizing: dict[str, Any] | None) -> int:
+def sizing_configurations(sizing: Sizing | None) -> int:
     """How many configurations `tunelab size` measures for the study (4 without a record)."""
-    return len((sizing or {}).get("configurations") or []) or 4
+    return (len(sizing.rows) if sizing is not None else 0) or 4
 
 
 def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, Any, str] | None:

@@ -26,10 +26,12 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
-from tunelab.core.record_types import Sizing
+from tunelab.core.record_sizing import PlanSchedule
+from tunelab.core.record_types import Evaluation, RunStatus, Sizing, Verify
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study
 from tunelab.stages.plan.figures import _parse_time, run_seconds
+from tunelab.stages.plan.stored import plans_dir
 
 # A phase planned and measured under this many seconds is shown in the review but left out of
 # its largest error: a process's timing varies by tenths of a second on a shared machine, and
@@ -62,30 +64,25 @@ class PlannedUnits:
     variant_s_per_step: float | None
 
     @classmethod
-    def from_record(cls, plan: dict[str, Any]) -> PlannedUnits:
-        init, v = plan["initial"], plan["variant"]
-        figures = plan.get("figures") or {}
-
-        def figure(key: str) -> float | None:
-            return (figures.get(key) or {}).get("value")
-
+    def from_record(cls, plan: PlanSchedule) -> PlannedUnits:
+        init, v = plan.initial, plan.variant
         return cls(
-            plan_id=plan["id"],
-            smoke_s=init["smoke"],
-            sizing_s=init["sizing"],
-            baseline_s=init["baseline"],
-            variant_s=v["total_s"],
-            variant_compute_s=v["startup_s"] + v["steps_s"] + v["validation_s"],
-            checkpoints_s=v["checkpoints_s"],
-            step_time_s=plan["step_time_s"],
-            evaluation_run_s=plan["evaluation_run_s"],
-            verify_s=plan["verify_s"],
-            resume_each_s=plan["resume_each_s"],
-            export_s=plan["export_s"],
-            num_variants=plan["num_variants"],
-            margins_pct={ph["phase"]: ph.get("margin_pct") for ph in plan.get("phases") or []},
-            eval_s_per_example=figure("eval_s_per_example"),
-            variant_s_per_step=figure("variant_s_per_step"),
+            plan_id=plan.id,
+            smoke_s=init.smoke,
+            sizing_s=init.sizing,
+            baseline_s=init.baseline,
+            variant_s=v.total_s,
+            variant_compute_s=v.startup_s + v.steps_s + v.validation_s,
+            checkpoints_s=v.checkpoints_s,
+            step_time_s=plan.step_time_s,
+            evaluation_run_s=plan.evaluation_run_s,
+            verify_s=plan.verify_s,
+            resume_each_s=plan.resume_each_s,
+            export_s=plan.export_s,
+            num_variants=plan.num_variants,
+            margins_pct={ph.phase: ph.margin_pct for ph in plan.phases},
+            eval_s_per_example=plan.figure("eval_s_per_example"),
+            variant_s_per_step=plan.figure("variant_s_per_step"),
         )
 
 
@@ -130,9 +127,10 @@ class ReviewRow:
 def verify_seconds(study: Study) -> list[float]:
     out = []
     for path in sorted(study.runs_dir.glob("*/verify*.json")) if study.runs_dir.is_dir() else []:
-        rec = read_json(path)
-        if isinstance(rec, dict) and rec.get("seconds") and rec.get("model_run"):
-            out.append(float(rec["seconds"]))
+        rec = Verify.read(path)
+        seconds = rec.get("seconds")  # a field the Verify class does not name yet
+        if isinstance(seconds, int | float) and seconds and rec.model_run:
+            out.append(float(seconds))
     return out
 
 
@@ -174,22 +172,22 @@ def eval_speed_factor(study: Study, run_id: str, planned: PlannedUnits) -> float
     seconds per decoding step (how many steps it took is the plan's to get right), any other
     by its seconds per example. 1.0 when either side is missing."""
     for path in sorted((study.runs_dir / run_id).glob("metrics-*.json")):
-        rec = read_json(path)
-        if not (isinstance(rec, dict) and rec.get("seconds") and rec.get("n")):
+        rec = Evaluation.read(path)
+        if not (rec.seconds and rec.n):
             continue
-        step = (rec.get("generation") or {}).get("s_per_step")
+        step = rec.decoding.s_per_step if rec.decoding is not None else None
         if step and planned.variant_s_per_step:
             return step / planned.variant_s_per_step
         per_example = planned.eval_s_per_example
-        return rec["seconds"] / rec["n"] / per_example if per_example else 1.0
+        return rec.seconds / rec.n / per_example if per_example else 1.0
     return 1.0
 
 
-def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
+def device_notes(study: Study, plan: PlanSchedule) -> list[str]:
     """Whether the runs reviewed ran where the plan is for: a GPU plan against runs on the CPU
     (or on another GPU) measures the machines, not the plan."""
-    projection = plan.get("projection")
-    if not projection:
+    projection = plan.projection
+    if projection is None:
         return []
     from tunelab.stages.plan.catalog import gpu_of_device
 
@@ -202,27 +200,27 @@ def device_notes(study: Study, plan: dict[str, Any]) -> list[str]:
         names = [g.get("name") for g in env.get("gpus") or []]
         on_gpu = str(env.get("compute_device") or "").startswith("cuda") and names
         gpu = gpu_of_device(names[0]) if on_gpu else None
-        if gpu is None or gpu.id != projection["gpu"]:
+        if gpu is None or gpu.id != projection.gpu:
             where = names[0] if on_gpu else str(env.get("compute_device") or "cpu")
             elsewhere[where] = elsewhere.get(where, 0) + 1
     return [
-        f"{_n(count, 'run')} ran on {where}, not on {projection['gpu_name']}: their durations "
+        f"{_n(count, 'run')} ran on {where}, not on {projection.gpu_name}: their durations "
         "test the machine, not this plan"
         for where, count in elsewhere.items()
     ]
 
 
-def steps_notes(study: Study, plan: dict[str, Any]) -> list[str]:
+def steps_notes(study: Study, plan: PlanSchedule) -> list[str]:
     """Whether the completed training runs took the plan's steps: a run made with another
     training.max_steps (a --set) moves the experiments' error by the steps, not the plan."""
-    planned = (plan.get("variant") or {}).get("steps")
+    planned = plan.variant.steps
     taken: dict[int, int] = {}
     for r in study.list_runs():
         path = study.runs_dir / r.id / "status.json"
         if r.kind != "train" or r.status != "completed" or not path.exists():
             continue
-        steps = read_json(path).get("steps")
-        if isinstance(steps, int) and planned and steps != planned:
+        steps = RunStatus.read(path).steps
+        if steps is not None and planned and steps != planned:
             taken[steps] = taken.get(steps, 0) + 1
     return [
         f"{_n(count, 'training run')} took {steps} steps, the plan's variant {planned} "
@@ -368,16 +366,23 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
     ]
 
 
-def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+def review_plan(study: Study, plan: PlanSchedule | dict[str, Any] | None = None) -> dict[str, Any]:
     """Planned against actual, phase by phase, for the units the ledger holds: `{plan, rows,
     max_error_pct, max_error_at_run_speed_pct}` (the record `tunelab plan --review --json`
-    prints). `plan` is a plan record; None: the latest."""
+    prints). `plan` is a plan record read back, or one as written (its `_path` where it was
+    read from, if any); None: the latest. A damaged plan record raises the located
+    StudyError."""
     if plan is None:
         found = latest(study, "plan")
         if found is None:
             raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
-        plan = found.read()
-    planned = PlannedUnits.from_record(plan)
+        schedule = PlanSchedule.read(found.path)
+    elif isinstance(plan, PlanSchedule):
+        schedule = plan
+    else:
+        where = plan.get("_path") or plans_dir(study) / f"{plan.get('id')}.json"
+        schedule = PlanSchedule.of(where, plan)
+    planned = PlannedUnits.from_record(schedule)
     rows = _rows(study, planned)
     for r in rows:
         r.settle(planned.margins_pct.get(r.phase))
@@ -389,7 +394,7 @@ def review_plan(study: Study, plan: dict[str, Any] | None = None) -> dict[str, A
     at_speed = [r for r in rows if r.error_at_run_speed_pct is not None]
     return {
         "plan": planned.plan_id,
-        "notes": device_notes(study, plan) + steps_notes(study, plan),
+        "notes": device_notes(study, schedule) + steps_notes(study, schedule),
         "rows": [asdict(r) for r in rows],
         "largest_error": _largest(measured, "error_pct"),
         "largest_error_at_run_speed": _largest(at_speed, "error_at_run_speed_pct"),

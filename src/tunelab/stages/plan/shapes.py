@@ -21,7 +21,8 @@ from tunelab.lib.models.moe import moe_shape
 from tunelab.stages.plan.flops import linear_shapes
 from tunelab.stages.plan.moe_shapes import moe_facts
 from tunelab.stages.sizing.facts import _BERT_TYPES, _LLAMA_TYPES
-from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts, quant_constants_of
+from tunelab.stages.sizing.memory import quant_constants_of
+from tunelab.stages.sizing.terms import DTYPE_BYTES, ModelFacts
 
 # target module names as peft matches them, per block family
 _TARGETS = {
@@ -64,6 +65,50 @@ def _lora_roles(family: str, targets: list[str] | str) -> set[str]:
     return {known[t.split(".")[-1]] for t in targets}
 
 
+def _shape_facts(config: dict[str, Any], architecture: str, num_labels: int) -> ModelFacts:
+    """The model's shape from its config.json, nothing trained yet."""
+    family = "bert" if config.get("model_type", "") in _BERT_TYPES else "llama"
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    return ModelFacts(
+        family=family,
+        architecture=architecture,
+        hidden=hidden,
+        intermediate=int(config.get("intermediate_size", 4 * hidden)),
+        layers=int(config["num_hidden_layers"]),
+        heads=heads,
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        vocab=int(config["vocab_size"]),
+        num_labels=num_labels if architecture == "encoder" else 0,
+    )
+
+
+def _block_training(
+    config: dict[str, Any],
+    base: ModelFacts,
+    shapes: dict[str, tuple[int, int]],
+    roles: set[str],
+    *,
+    full: bool,
+    rank: int,
+    saved: int,
+    pb: int,
+) -> tuple[dict[str, str], int]:
+    """(what trains in each block by role, the largest trainable tensor's bytes, weights of `pb`
+    bytes each): every weight in full fine-tuning, else the LoRA adapters (float32, of `rank`)
+    of `roles` and the saved head copy of `saved` parameters."""
+    if full:
+        rows = max(
+            base.vocab,
+            int(config.get("max_position_embeddings", 0)) if base.family == "bert" else 0,
+        )
+        largest = max(rows * base.hidden, *(i * o for i, o in shapes.values())) * pb
+        return {role: "weight" for role in (*shapes, "norm1", "norm2")}, largest
+    adapters = [rank * max(i, o) * 4 for role, (i, o) in shapes.items() if role in roles]
+    return {role: "lora" for role in roles}, max([*adapters, saved * pb])
+
+
 def facts_from_config(
     config: dict[str, Any],
     adaptation: AdaptationConfig,
@@ -81,21 +126,8 @@ def facts_from_config(
             hint="run `tunelab size` (it records the trainable parameters), then plan",
         )
     model_type = config.get("model_type", "")
-    family = "bert" if model_type in _BERT_TYPES else "llama"
-    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
-    heads = int(config["num_attention_heads"])
-    base = ModelFacts(
-        family=family,
-        architecture=architecture,
-        hidden=hidden,
-        intermediate=int(config.get("intermediate_size", 4 * hidden)),
-        layers=layers,
-        heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        vocab=int(config["vocab_size"]),
-        num_labels=num_labels if architecture == "encoder" else 0,
-    )
+    base = _shape_facts(config, architecture, num_labels)
+    family, hidden, layers = base.family, base.hidden, base.layers
     moe = moe_shape(config)
     if moe is not None:
         return moe_facts(config, moe, base, adaptation, dtype)
@@ -118,16 +150,9 @@ def facts_from_config(
     weight_bytes = {dtype: (dense + saved) * pb}
     if lora:
         weight_bytes["float32"] = weight_bytes.get("float32", 0) + lora * 4
-    if full:
-        layer_roles = {role: "weight" for role in (*shapes, "norm1", "norm2")}
-        rows = max(
-            base.vocab, int(config.get("max_position_embeddings", 0)) if family == "bert" else 0
-        )
-        largest = max(rows * hidden, *(i * o for i, o in shapes.values())) * pb
-    else:
-        layer_roles = {role: "lora" for role in roles}
-        adapters = [r * max(i, o) * 4 for role, (i, o) in shapes.items() if role in roles]
-        largest = max([*adapters, saved * pb])
+    layer_roles, largest = _block_training(
+        config, base, shapes, roles, full=full, rank=r, saved=saved, pb=pb
+    )
     quant = _quantized(adaptation, shapes, layers, dtype, weight_bytes)
     dropout_key = "attention_probs_dropout_prob" if family == "bert" else "attention_dropout"
     return replace(

@@ -15,6 +15,7 @@ from typing import Any
 
 from tunelab.core.errors import ConfigError
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_types import Sizing
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
 from tunelab.stages.plan.catalog import Gpu, currency, find_gpu
@@ -62,16 +63,10 @@ def run(
     cfg = study.config
     days = check_days(cfg.budget.rental_days if days is None else days)
     check_price(gpu_hour_price)
-    for flag, value in (("--speedup", speedup), ("--step-time-s", step_time_s)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ConfigError(
-                f"{flag} {value:g}: --speedup and --step-time-s must be positive numbers",
-                hint="e.g. --speedup 20 or --step-time-s 0.4",
-            )
-    if gpu is None:
-        check_gpu_only(gpus=gpus, strategy=strategy, utilization=utilization)
+    _check_speed(speedup, step_time_s, gpu)
     projection = None
     if gpu is None:
+        check_gpu_only(gpus=gpus, strategy=strategy, utilization=utilization)
         figures = gather_figures(study)
         plan = build_plan(
             figures,
@@ -82,12 +77,6 @@ def run(
             step_time_s=step_time_s,
         )
     else:
-        if speedup != 1.0 or step_time_s is not None:
-            raise ConfigError(
-                "--gpu projects the step from the study's shapes: --speedup and --step-time-s "
-                "do not apply",
-                hint="drop --speedup / --step-time-s, or --utilization U to set the GPU's share",
-            )
         figures, plan, projection = gpu_plan(
             study,
             find_gpu(gpu),
@@ -97,6 +86,31 @@ def run(
             utilization=utilization,
             gpu_hour_price=gpu_hour_price,
         )
+    return _record_plan(study, figures, plan, projection)
+
+
+def _check_speed(speedup: float, step_time_s: float | None, gpu: str | None) -> None:
+    """A speed-up and a step time are positive, and neither goes with a GPU (its step is
+    projected from the study's shapes)."""
+    for flag, value in (("--speedup", speedup), ("--step-time-s", step_time_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{flag} {value:g}: --speedup and --step-time-s must be positive numbers",
+                hint="e.g. --speedup 20 or --step-time-s 0.4",
+            )
+    if gpu is not None and (speedup != 1.0 or step_time_s is not None):
+        raise ConfigError(
+            "--gpu projects the step from the study's shapes: --speedup and --step-time-s "
+            "do not apply",
+            hint="drop --speedup / --step-time-s, or --utilization U to set the GPU's share",
+        )
+
+
+def _record_plan(
+    study: Study, figures: Figures, plan: Plan, projection: dict[str, Any] | None
+) -> tuple[dict[str, Any], Path, Path]:
+    """records/plans/<id>.json with its chart <id>.png, set against what the ledger holds, and
+    its ledger event: (the record, its path, the chart's path)."""
     plan_id = f"plan-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     folder = plans_dir(study)
     record = {
@@ -104,7 +118,7 @@ def run(
         "kind": "plan",
         "created_at": utc_now(),
         "created_ns": creation_ns(),
-        "config_sha256": cfg.sha256(),
+        "config_sha256": study.config.sha256(),
         "figures": figures.to_dict(),
         **plan.to_dict(),
         "chart": f"{plan_id}.png",
@@ -189,7 +203,7 @@ def check_days(days: int) -> int:
 
 def _projected_plan(
     shape: StudyShape,
-    sizing: dict[str, Any] | None,
+    sizing: Sizing | None,
     local: Figures | None,
     cfg: Any,
     gpu: Gpu,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import StudyError
-from tunelab.core.records import read_json
+from tunelab.core.record_types import Plan
 from tunelab.core.study import Study
 
 
@@ -26,25 +26,23 @@ def creation_ns() -> int:
     return time.time_ns()
 
 
-def _creation_order(rec: dict[str, Any]) -> tuple[int, str]:
+def _creation_order(plan: Plan) -> tuple[int, str]:
     # a record without created_ns sorts by its id, before every record that has one
-    return (int(rec.get("created_ns") or 0), str(rec.get("id", "")))
+    return (plan.created_ns or 0, plan.id)
 
 
 def plans_in_order(
     study: Study, on_damaged: Callable[[Path, StudyError], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Every plan record, oldest first (each with `_path`, where it was read from). A damaged
-    record is not a plan to show or review: it is left out and passed to `on_damaged`."""
+    """Every plan record as written, oldest first (each with `_path`, where it was read from).
+    A damaged record (not JSON, or not a plan: `core.record_types.Plan`) is not a plan to show
+    or review: it is left out and passed to `on_damaged`."""
     folder = plans_dir(study)
-    records = []
+    plans = []
     for path in folder.glob("plan-*.json") if folder.is_dir() else []:
         try:
-            rec = read_json(path)
+            plans.append(Plan.read(path))
         except StudyError as exc:
             if on_damaged is not None:
                 on_damaged(path, exc)
-            continue
-        if isinstance(rec, dict):
-            records.append({**rec, "_path": str(path)})
-    return sorted(records, key=_creation_order)
+    return [{**p.raw, "_path": str(p.path)} for p in sorted(plans, key=_creation_order)]

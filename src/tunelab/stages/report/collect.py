@@ -16,6 +16,9 @@ from typing import Any, TypeVar
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
+from tunelab.core.record_data import DataManifest
+from tunelab.core.record_inspect import Inspection
+from tunelab.core.record_sizing import PlanSchedule
 from tunelab.core.record_types import (
     Compare,
     Evaluation,
@@ -25,8 +28,10 @@ from tunelab.core.record_types import (
     RunConfig,
     RunStatus,
     Sizing,
+    Verify,
 )
 from tunelab.core.records import read_json
+from tunelab.core.run_parts import RunEnv, TrainStep
 from tunelab.core.study import Study
 from tunelab.stages.plan.stored import plans_in_order
 
@@ -38,10 +43,10 @@ class _Reader:
     too, and is listed in `unreadable` (path and the located error) for the dossier to name."""
 
     def __init__(self) -> None:
-        self.unreadable: list[dict[str, str]] = []
+        self.unreadable: list[Unreadable] = []
 
     def damaged(self, path: Path, exc: StudyError) -> None:
-        self.unreadable.append({"path": str(path), "error": exc.message})
+        self.unreadable.append(Unreadable(str(path), exc.message))
 
     def json(self, path: Path) -> Any:
         if not path.exists():
@@ -52,17 +57,10 @@ class _Reader:
             self.damaged(path, exc)
             return None
 
-    def object(self, path: Path) -> dict[str, Any] | None:
-        rec = self.json(path)
-        if rec is not None and not isinstance(rec, dict):
-            self.unreadable.append(
-                {"path": str(path), "error": f"{path}: not a JSON object: the record is damaged"}
-            )
-            return None
-        return rec
-
-    def jsonl(self, path: Path) -> list[Any]:
-        rows = []
+    def jsonl(self, kind: type[R], path: Path) -> list[R]:
+        """The lines of a JSONL record, each read as `kind`; a line that is not JSON or not
+        its kind is left out and listed."""
+        rows: list[R] = []
         if not path.exists():
             return rows
         with open(path, encoding="utf-8") as f:
@@ -70,21 +68,13 @@ class _Reader:
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(kind.of(path, json.loads(line), f"line {number}"))
                 except json.JSONDecodeError:
                     error = f"{path}: line {number} is not valid JSON; the dossier leaves it out"
-                    self.unreadable.append({"path": str(path), "error": error})
+                    self.unreadable.append(Unreadable(str(path), error))
+                except StudyError as exc:
+                    self.damaged(path, exc)
         return rows
-
-    def records_in(self, folder: Path, pattern: str = "*.json") -> list[dict[str, Any]]:
-        out = []
-        if folder.is_dir():
-            for p in sorted(folder.glob(pattern)):
-                rec = self.object(p)
-                if rec is not None:
-                    rec.setdefault("_path", str(p))
-                    out.append(rec)
-        return out
 
     def typed_in(self, kind: type[R], folder: Path, pattern: str = "*.json") -> list[R]:
         """The records of `folder` matching `pattern` read as `kind`, by name; damaged ones
@@ -104,6 +94,33 @@ class _Reader:
             return None
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A record the dossier could not read: its path and the located error."""
+
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class LedgerEvent:
+    """One event the ledger logged for a run (a status change, a check)."""
+
+    kind: str
+    at: str
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class SealedOpening:
+    """One opening of the sealed test split, as the ledger logged it."""
+
+    at: str
+    who: str
+    why: str
+    run_id: str | None = None
+
+
 @dataclass
 class RunEvidence:
     """One run as the dossier reads it: its ledger row and the records in its folder."""
@@ -111,13 +128,12 @@ class RunEvidence:
     row: RunRow
     config: RunConfig | None = None
     status: RunStatus | None = None
-    env: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, oldest first
+    env: RunEnv | None = None
+    steps: list[TrainStep] = field(default_factory=list)  # metrics.jsonl, oldest first
     evaluations: dict[str, Evaluation] = field(default_factory=dict)  # by split
-    verify: list[dict[str, Any]] = field(default_factory=list)
+    verify: list[Verify] = field(default_factory=list)
     # the ledger's, oldest first: statuses (interruptions, resumes), checks
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[LedgerEvent] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -125,8 +141,27 @@ class RunEvidence:
         return self.row.name or self.row.id
 
 
+@dataclass
+class Collected:
+    """Everything the dossier shows, read from the records (`collect`)."""
+
+    study: str = ""
+    root: str = ""
+    config: dict[str, Any] = field(default_factory=dict)  # the study config, validated
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    data: list[DataManifest] = field(default_factory=list)  # oldest first
+    inspections: list[Inspection] = field(default_factory=list)
+    sizing: list[Sizing] = field(default_factory=list)
+    runs: list[RunEvidence] = field(default_factory=list)
+    compares: list[Compare] = field(default_factory=list)
+    plans: list[PlanSchedule] = field(default_factory=list)  # oldest first
+    exports: list[ExportManifest] = field(default_factory=list)
+    test_openings: list[SealedOpening] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
+
+
 def _collect_run(
-    study: Study, row: RunRow, events: list[dict[str, Any]], read: _Reader
+    study: Study, row: RunRow, events: list[LedgerEvent], read: _Reader
 ) -> RunEvidence:
     run_dir = study.runs_dir / row.id
     evaluations = {}
@@ -138,55 +173,70 @@ def _collect_run(
         row=row,
         config=read.typed(RunConfig, run_dir / "config.json"),
         status=read.typed(RunStatus, run_dir / "status.json"),
-        env=read.object(run_dir / "env.json"),
-        audit=read.object(run_dir / "audit.json"),
-        steps=read.jsonl(run_dir / "metrics.jsonl"),
+        env=read.typed(RunEnv, run_dir / "env.json"),
+        steps=read.jsonl(TrainStep, run_dir / "metrics.jsonl"),
         evaluations=evaluations,
-        verify=read.records_in(run_dir, "verify*.json"),
+        verify=read.typed_in(Verify, run_dir, "verify*.json"),
         events=events,
     )
 
 
-def collect(study: Study) -> dict[str, Any]:
+def _data_snapshots(root: Path, read: _Reader) -> list[DataManifest]:
+    """The manifest of every snapshot, oldest first."""
+    found = sorted(root.iterdir()) if root.is_dir() else []
+    manifests = [m for m in (read.typed(DataManifest, d / "manifest.json") for d in found) if m]
+    return sorted(manifests, key=lambda m: str(m.created_at or ""))
+
+
+def _plans(study: Study, read: _Reader) -> list[PlanSchedule]:
+    """Every plan, oldest first (stages.plan.stored.plans_in_order), read typed."""
+    out = []
+    for raw in plans_in_order(study, on_damaged=read.damaged):
+        path = Path(raw.pop("_path"))
+        try:
+            out.append(PlanSchedule.of(path, raw))
+        except StudyError as exc:
+            read.damaged(path, exc)
+    return out
+
+
+def _exports(root: Path, read: _Reader) -> list[ExportManifest]:
+    out = []
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        m = read.typed(ExportManifest, d / "tunelab-manifest.json") or read.typed(
+            ExportManifest, d / "manifest.json"
+        )
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def collect(study: Study) -> Collected:
     rec = study.records
     read = _Reader()
-    rows = study.list_runs()
-    events: dict[str, list[dict[str, Any]]] = {}
+    events: dict[str, list[LedgerEvent]] = {}
     for e in study.ledger.events():
-        events.setdefault(e["run_id"], []).append(e)
-    runs = [_collect_run(study, r, events.get(r.id, []), read) for r in rows]
-    data = []
-    data_root = rec / "data"
-    if data_root.is_dir():
-        for d in sorted(data_root.iterdir()):
-            m = read.object(d / "manifest.json")
-            if m is not None:
-                m["_duplicates"] = read.json(d / "duplicates.json")
-                data.append(m)
-    data.sort(key=lambda m: str(m.get("created_at", "")))
-    exports = []
-    if (rec / "exports").is_dir():
-        for d in sorted((rec / "exports").iterdir()):
-            m = read.typed(ExportManifest, d / "tunelab-manifest.json") or read.typed(
-                ExportManifest, d / "manifest.json"
-            )
-            if m is not None:
-                exports.append(m)
-    return {
-        "study": study.config.name,
-        "root": str(study.root),
-        "config": study.config.to_dict(),
-        "hypotheses": [
+        events.setdefault(e["run_id"], []).append(LedgerEvent(e["kind"], e["at"], e["detail"]))
+    runs = [_collect_run(study, r, events.get(r.id, []), read) for r in study.list_runs()]
+    openings = [
+        SealedOpening(o["at"], o["who"], o["why"], o["run_id"])
+        for o in study.ledger.test_openings()
+    ]
+    return Collected(
+        study=study.config.name,
+        root=str(study.root),
+        config=study.config.to_dict(),
+        hypotheses=[
             Hypothesis.of(rec / f"hypothesis-v{h.get('version')}.json", h)
             for h in all_hypotheses(rec)
         ],
-        "data": data,
-        "inspections": read.records_in(rec / "inspect"),
-        "sizing": read.typed_in(Sizing, rec / "sizing"),
-        "runs": runs,
-        "compares": read.typed_in(Compare, rec / "compare"),
-        "plans": plans_in_order(study, on_damaged=read.damaged),
-        "exports": exports,
-        "test_openings": study.ledger.test_openings(),
-        "unreadable": read.unreadable,
-    }
+        data=_data_snapshots(rec / "data", read),
+        inspections=read.typed_in(Inspection, rec / "inspect"),
+        sizing=read.typed_in(Sizing, rec / "sizing"),
+        runs=runs,
+        compares=read.typed_in(Compare, rec / "compare"),
+        plans=_plans(study, read),
+        exports=_exports(rec / "exports", read),
+        test_openings=openings,
+        unreadable=read.unreadable,
+    )

@@ -26,7 +26,7 @@ from tunelab.core.record_parts import CompareEntry
 from tunelab.core.record_types import Compare
 
 if TYPE_CHECKING:
-    from tunelab.stages.report.collect import RunEvidence
+    from tunelab.stages.report.collect import RunEvidence, SealedOpening
 
 
 def format_ci(d: Any) -> str:
@@ -155,7 +155,7 @@ class TestFigure:
 
 
 def test_figure(
-    compare: Compare, runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
+    compare: Compare, runs: Sequence[RunEvidence], openings: Sequence[SealedOpening]
 ) -> TestFigure | None:
     """The adopted variant on the sealed test split, from the evaluation that opened it first:
     `{name, run_id, metric, eval_run, n, value, openings, validation}` (`eval_run` None while
@@ -173,7 +173,7 @@ def test_figure(
         for r in runs
         if r.row.kind == "eval" and r.row.parent == run_id and "test" in r.evaluations
     }
-    first = next((o["run_id"] for o in openings if o.get("run_id") in tests), None)
+    first = next((o.run_id for o in openings if o.run_id in tests), None)
     test = tests[first].evaluations["test"] if first else None
     return TestFigure(
         name=chosen.label,
@@ -192,7 +192,7 @@ def _shown(value: Any) -> str:
 
 
 def final_test(
-    compare: Compare, runs: Sequence[RunEvidence], openings: list[dict[str, Any]]
+    compare: Compare, runs: Sequence[RunEvidence], openings: Sequence[SealedOpening]
 ) -> str | None:
     """The adopted variant's primary metric on the sealed test split as a sentence (None when
     no variant is adopted); see `test_figure`."""

@@ -24,11 +24,11 @@ def plot_loss_curves(
         return None
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, steps, resumes in series:
-        xs = [s["step"] for s in steps if "loss" in s and s.get("loss") is not None]
-        ys = [s["loss"] for s in steps if "loss" in s and s.get("loss") is not None]
+        xs = [s.step for s in steps if s.loss is not None]
+        ys = [s.loss for s in steps if s.loss is not None]
         (line,) = ax.plot(xs, ys, label=f"{label} train", linewidth=1.2)
-        vx = [s["step"] for s in steps if s.get("val_loss") is not None]
-        vy = [s["val_loss"] for s in steps if s.get("val_loss") is not None]
+        vx = [s.step for s in steps if s.val_loss is not None]
+        vy = [s.val_loss for s in steps if s.val_loss is not None]
         if vx:
             ax.plot(
                 vx, vy, "o--", color=line.get_color(), label=f"{label} validation", markersize=4

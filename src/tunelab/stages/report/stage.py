@@ -23,7 +23,7 @@ def run(study: Study) -> dict[str, Path]:
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     sections = build_sections(study, data, plot_dir)
-    title = f"tunelab dossier: {data['study']}"
+    title = f"tunelab dossier: {data.study}"
     stamp = f"Built {utc_now()} from the records in {study.records}."
     sections[0].blocks.insert(0, stamp)
     md = render_markdown(title, sections, out_dir)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from tunelab.stages.sizing.memory import ModelFacts
 from tunelab.stages.sizing.stage_walk import stages_of
+from tunelab.stages.sizing.terms import ModelFacts
 
 _LLAMA_TYPES = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "granite"}
 _BERT_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
@@ -120,6 +121,72 @@ def _role(name: str, roles: dict[str, str]) -> str | None:
     return roles.get(parts[-1]) if len(parts) == 3 else None
 
 
+@dataclass
+class _Counted:
+    """What walking a model's parameters finds: bytes by dtype, what trains and where."""
+
+    layer_training: list[dict[str, str]]
+    weight_bytes: dict[str, int] = field(default_factory=dict)
+    trainable: int = 0
+    trainable_bytes: int = 0
+    largest: int = 0
+    total: int = 0
+    top: dict[str, str | None] = field(
+        default_factory=lambda: {"embed": None, "final_norm": None, "pooler": None, "head": None}
+    )
+    quant: _QuantCount = field(default_factory=lambda: _QuantCount())
+
+
+def _count_parameters(
+    model: Any, roles: dict[str, str], stages: list[dict[str, int]] | None, layers: int
+) -> _Counted:
+    """Each parameter once (tied ones shared): its bytes, and if it trains, its block and role
+    ("weight" or "lora") or its place outside the blocks (embed, pooler, head, final norm)."""
+    out = _Counted([{} for _ in range(layers)])
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        dtype = str(p.dtype).removeprefix("torch.")
+        out.weight_bytes[dtype] = out.weight_bytes.get(dtype, 0) + p.numel() * p.element_size()
+        out.total += out.quant.add(p)
+        if not p.requires_grad:
+            continue
+        out.trainable += p.numel()
+        out.trainable_bytes += p.numel() * p.element_size()
+        out.largest = max(out.largest, p.numel() * p.element_size())
+        kind = "lora" if ".lora_" in name else "weight"
+        plain = _flat_blocks(_plain(name), stages)
+        m = _LAYER.search(plain)
+        if m:
+            role = _role(plain, roles)
+            if role is not None and int(m.group(1)) < layers:
+                current = out.layer_training[int(m.group(1))].get(role)
+                out.layer_training[int(m.group(1))][role] = (
+                    "weight" if current == "weight" else kind
+                )
+            continue
+        module = plain.rsplit(".", 1)[0]
+        if "embed" in module or module.startswith(("wte", "wpe")):
+            out.top["embed"] = "weight"
+        elif "pooler" in module:
+            out.top["pooler"] = kind
+        elif module.split(".")[0] in ("lm_head", "classifier", "score"):
+            out.top["head"] = kind
+        elif "norm" in module.lower():
+            out.top["final_norm"] = kind
+    return out
+
+
+def _dropouts(cfg: Any, family: str) -> tuple[float, float]:
+    """(attention, hidden) dropout of the model's config."""
+    if family == "llama":
+        return float(getattr(cfg, "attention_dropout", 0.0) or 0.0), 0.0
+    attention = float(getattr(cfg, "attention_probs_dropout_prob", None) or 0.0)
+    return attention, float(getattr(cfg, "hidden_dropout_prob", None) or 0.0)
+
+
 def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropout: float = 0.0):
     """ModelFacts of `model` as adapted (trainable flags read from requires_grad)."""
     cfg = model.config
@@ -136,50 +203,12 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
     heads = stages[-1]["heads"] if stages else int(getattr(cfg, "num_attention_heads", 1))
     hidden = int(cfg.hidden_size)
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
-    layer_training: list[dict[str, str]] = [{} for _ in range(layers)]
-    weight_bytes: dict[str, int] = {}
-    trainable = trainable_bytes = largest = total = 0
-    top: dict[str, str | None] = {"embed": None, "final_norm": None, "pooler": None, "head": None}
-    seen: set[int] = set()
-    quant = _QuantCount()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        dtype = str(p.dtype).removeprefix("torch.")
-        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + p.numel() * p.element_size()
-        total += quant.add(p)
-        if not p.requires_grad:
-            continue
-        trainable += p.numel()
-        trainable_bytes += p.numel() * p.element_size()
-        largest = max(largest, p.numel() * p.element_size())
-        kind = "lora" if ".lora_" in name else "weight"
-        plain = _flat_blocks(_plain(name), stages)
-        m = _LAYER.search(plain)
-        if m:
-            role = _role(plain, roles)
-            if role is not None and int(m.group(1)) < layers:
-                current = layer_training[int(m.group(1))].get(role)
-                layer_training[int(m.group(1))][role] = "weight" if current == "weight" else kind
-            continue
-        module = plain.rsplit(".", 1)[0]
-        if "embed" in module or module.startswith(("wte", "wpe")):
-            top["embed"] = "weight"
-        elif "pooler" in module:
-            top["pooler"] = kind
-        elif module.split(".")[0] in ("lm_head", "classifier", "score"):
-            top["head"] = kind
-        elif "norm" in module.lower():
-            top["final_norm"] = kind
+    counted = _count_parameters(model, roles, stages, layers)
+    top = counted.top
     tied = bool(getattr(cfg, "tie_word_embeddings", False)) and architecture == "causal_lm"
     if tied and top["embed"] and not top["head"]:
         top["head"] = top["embed"]
-    dropout_attn = float(getattr(cfg, "attention_probs_dropout_prob", None) or 0.0)
-    dropout_hidden = float(getattr(cfg, "hidden_dropout_prob", None) or 0.0)
-    if family == "llama":
-        dropout_attn = float(getattr(cfg, "attention_dropout", 0.0) or 0.0)
-        dropout_hidden = 0.0
+    dropout_attn, dropout_hidden = _dropouts(cfg, family)
     return ModelFacts(
         family=family,
         architecture=architecture,
@@ -196,19 +225,19 @@ def model_facts(model: Any, architecture: str, *, lora_rank: int = 0, lora_dropo
         tied_embeddings=tied,
         attention_dropout=dropout_attn,
         hidden_dropout=dropout_hidden,
-        param_dtype=_param_dtype(weight_bytes, quant),
-        weight_bytes=weight_bytes,
-        num_params=total,
-        trainable_params=trainable,
-        trainable_bytes=trainable_bytes,
-        largest_trainable_bytes=largest,
-        layer_training=tuple(layer_training),
+        param_dtype=_param_dtype(counted.weight_bytes, counted.quant),
+        weight_bytes=counted.weight_bytes,
+        num_params=counted.total,
+        trainable_params=counted.trainable,
+        trainable_bytes=counted.trainable_bytes,
+        largest_trainable_bytes=counted.largest,
+        layer_training=tuple(counted.layer_training),
         lora_rank=lora_rank,
         lora_dropout=lora_dropout,
         approximate=approximate,
         moe=_moe_of(cfg),
         stages=stages,
-        **quant.facts(model),
+        **counted.quant.facts(model),
         **top,
     )
 

@@ -18,17 +18,18 @@ from typing import Any
 
 from tunelab.core.errors import RunError
 from tunelab.core.evidence import latest
+from tunelab.core.record_sizing import SizingPeak, peak_of, recommendation_of
 from tunelab.core.record_types import Sizing
 from tunelab.core.study import Study
-from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
+from tunelab.stages.sizing.memory import estimate_memory
 from tunelab.stages.sizing.peaks import (
     evaluation_increase,
     evaluation_settings,
     find_worst_batch,
-    peak_total,
     worst_case,
     worst_settings,
 )
+from tunelab.stages.sizing.terms import Case, ModelFacts
 
 FIXES = {
     "worst batch": "lower training.micro_batch_size (and raise training.grad_accum_steps to keep "
@@ -37,26 +38,19 @@ FIXES = {
 }
 
 
-def _scale(peak: dict[str, Any]) -> float:
-    """measured / predicted of the recorded peak, at least 1 (a prediction is never lowered)."""
-    measured = (peak.get("measured") or {}).get("compared")
-    predicted = (peak.get("predicted") or {}).get("compared")
-    return max(1.0, measured / predicted) if measured and predicted else 1.0
-
-
 def _worst_total(
-    study: Study, sizing: Sizing, peak: dict[str, Any], snapshot: Any
+    study: Study, sizing: Sizing, peak: SizingPeak, snapshot: Any
 ) -> tuple[int | None, str]:
     """(whole-process bytes of the run's worst batch, where the figure comes from)."""
-    from tunelab.stages.sizing.stage import representative_lengths
+    from tunelab.stages.sizing.lengths import representative_lengths
     from tunelab.stages.train.precision import resolve_precision
     from tunelab.stages.train.schedule import total_steps
 
     cfg = study.config
     counts = snapshot.manifest.get("counts", {}).get("final", {})
     steps = total_steps(cfg, int(counts.get("train") or 1))
-    if peak.get("settings") == worst_settings(cfg, steps, snapshot.id):
-        return peak_total(peak), f"sizing {sizing.id}"
+    if peak.settings == worst_settings(cfg, steps, snapshot.id):
+        return peak.total, f"sizing {sizing.id}"
     lengths = representative_lengths(study)
     facts = ModelFacts.from_dict(sizing.facts or {})
     t = cfg.training
@@ -70,30 +64,30 @@ def _worst_total(
     )  # fmt: skip
     est = estimate_memory(facts, worst_case(template, worst))
     cuda = sizing.device == "cuda"
-    step = (est.peak_total if cuda else est.peak_increase) * _scale(peak)
-    idle = 0 if cuda else (peak.get("measured") or {}).get("idle_rss") or 0
+    step = (est.peak_total if cuda else est.peak_increase) * peak.scale
+    idle = 0 if cuda else peak.idle_rss
     where = f"predicted for step {worst['step']} from sizing {sizing.id}'s model facts"
     return int(idle + step), where
 
 
 def _evaluation_total(
-    study: Study, sizing: Sizing, peak: dict[str, Any], snapshot: Any
+    study: Study, sizing: Sizing, peak: SizingPeak, snapshot: Any
 ) -> tuple[int | None, str]:
     """(bytes of `tunelab eval`'s largest batch, where the figure comes from)."""
     cfg = study.config
     facts = ModelFacts.from_dict(sizing.facts or {})
-    recorded = peak.get("settings") or {}
+    recorded = peak.settings or {}
     settings = evaluation_settings(cfg, facts.architecture, int(recorded.get("tokens") or 1))
     if settings == recorded:
-        return peak_total(peak), f"sizing {sizing.id}"
-    precision = (sizing.recommendation or {}).get("precision") or "fp32"
+        return peak.total, f"sizing {sizing.id}"
+    precision = recommendation_of(sizing).precision or "fp32"
     added = evaluation_increase(facts, settings, precision)
     if added is None:
         return None, "not modelled"
     cuda = sizing.device == "cuda"
-    idle = facts.total_weight_bytes if cuda else (peak.get("measured") or {}).get("idle") or 0
+    idle = facts.total_weight_bytes if cuda else peak.idle
     where = f"predicted at the study's evaluation settings from sizing {sizing.id}"
-    return int(idle + added["increase"] * _scale(peak)), where
+    return int(idle + added["increase"] * peak.scale), where
 
 
 def require_peaks_fit(study: Study, snapshot: Any, command: str = "train") -> None:
@@ -108,13 +102,13 @@ def require_peaks_fit(study: Study, snapshot: Any, command: str = "train") -> No
         return
     over = []
     for name, peak, total_of in (
-        ("worst batch", sizing.worst_batch_peak, _worst_total),
-        ("evaluation", sizing.evaluation_peak, _evaluation_total),
+        ("worst batch", peak_of(sizing, "worst_batch_peak"), _worst_total),
+        ("evaluation", peak_of(sizing, "evaluation_peak"), _evaluation_total),
     ):
-        if not peak:
+        if peak is None:
             continue
         total, where = total_of(study, sizing, peak, snapshot)
-        failed = peak.get("status") == "does_not_fit" and where == f"sizing {sizing.id}"
+        failed = peak.status == "does_not_fit" and where == f"sizing {sizing.id}"
         if failed or (total is not None and total > budget):
             size = f"{total / 2**20:,.0f} MiB" if total else "more than the budget"
             over.append((name, f"the {name}'s peak {size} ({where})"))

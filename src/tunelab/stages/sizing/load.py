@@ -14,7 +14,9 @@ tunelab's trainer loads (tunelab.stages.train.build):
   "device" the shards themselves live in host memory too.
 
 `load_peak` is pure: facts in, bytes out. The plan, the sizing and `validate --nproc` compare
-it with the GPU's memory (device) and the machine's (host).
+it with the GPU's memory (device) and the machine's (host), and with it the evaluation's peak on
+one device (`peaks.evaluation_refusal`): whatever the training layout, `tunelab eval` loads the
+whole model on one device.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tunelab.stages.sizing.memory import DTYPE_BYTES, ModelFacts
+from tunelab.stages.sizing.terms import DTYPE_BYTES, ModelFacts
 
 
 @dataclass(frozen=True)
@@ -109,18 +111,34 @@ def load_problem(peak: LoadPeak, device_bytes: int | None, host_bytes: int | Non
 
 
 def load_table(
-    facts: ModelFacts, ranks: tuple[int, ...], budget_bytes: int | None, device: str
+    facts: ModelFacts,
+    ranks: tuple[int, ...],
+    budget_bytes: int | None,
+    device: str,
+    evaluation: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The load of one process and of each rank count in `ranks` under DDP and FSDP (all ranks
     on one node), each with its problem against `budget_bytes` (a GPU's memory on "cuda", the
-    node's memory on "cpu"; None: not checked). `tunelab size` records and prints it."""
+    node's memory on "cpu"; None: not checked). `tunelab size` records and prints it.
+
+    `evaluation` (the sizing's `evaluation_peak`): every layout evaluates on one device
+    (`tunelab eval` loads the whole model there), so a layout that loads is still refused when
+    that peak is over the budget (`peaks.evaluation_refusal`)."""
+    from tunelab.stages.sizing.peaks import evaluation_refusal, peak_total
+
+    on_gpu = device == "cuda"
+    evaluation_bytes = peak_total(evaluation)
     rows = []
     for n in (1, *sorted({r for r in ranks if r > 1})):
         for strategy in ("single",) if n == 1 else ("ddp", "fsdp"):
             peak = load_peak(facts, strategy, n, n, device)
-            on_gpu = device == "cuda"
             problem = load_problem(
                 peak, budget_bytes if on_gpu else None, None if on_gpu else budget_bytes
             )
+            if problem is None and evaluation_bytes and budget_bytes and evaluation:
+                problem = evaluation_refusal(
+                    evaluation_bytes, budget_bytes, evaluation["settings"],
+                    facts.total_weight_bytes, device="GPU" if on_gpu else "machine",
+                )  # fmt: skip
             rows.append({"ranks": n, "strategy": strategy, **peak.to_dict(), "problem": problem})
     return rows

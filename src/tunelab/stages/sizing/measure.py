@@ -45,7 +45,7 @@ median). The pinned threshold that keeps the RSS honest makes every large alloca
 page-faulting mmap (a CPU step about twice as slow as in a training run); the timed steps run
 with glibc's own thresholds, so the step time is that of a training run. Then one no-grad
 forward in eval mode is timed after an untimed one (`forward_s`, the validation forward).
-What a process's earlier timings leave (`_TimedBefore`) is not made again: a configuration
+What a process's earlier timings leave (`TimedBefore`) is not made again: a configuration
 whose peak is at most one timed before it runs its timed steps on the heap that one grew,
 without the untimed step (`heap_grown_before`); once one forward was timed the next is not
 warmed; a configuration whose forward is that of one timed before (the same spec but for
@@ -61,7 +61,9 @@ caller; the parent gives the configurations left to a new child.
 
 SPEC is `{"configurations": [spec, ...]}`; each result goes to `configuration-<i>.json`, a
 memory-phase verdict to `memory-<i>.json`, the phase to `phase.json`.
-`synthetic_examples(..., image_size=)` makes `pixel_values` for an image model. The child needs
+The model and loop each configuration runs on are `sizing.session`'s (synthetic examples from
+`sizing.child_model.synthetic_examples`, `pixel_values` for an image model); the timed part is
+`sizing.step_time`'s. The child needs
 `tunelab.stages.train.build` (`build_model`, `build_loop`), `tunelab.stages.train.loop`
 (`train_loop`, `loss_sum`, `validation_loss`, `autocast`, `to_device`) and
 `tunelab.stages.train.batches.Position`.
@@ -71,23 +73,17 @@ from __future__ import annotations
 
 import gc
 import inspect
-import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.records import write_json_atomic
 from tunelab.core.worker import serve
 from tunelab.stages.sizing.child_model import (
-    build_for,
     collect,
-    image_side,
     is_oom,
-    synthetic_examples,
 )
 from tunelab.stages.sizing.process_memory import (
     Watchdog,
@@ -98,10 +94,8 @@ from tunelab.stages.sizing.process_memory import (
     rss_bytes,
     trim_heap,
 )
-
-# the timed steps stop once the last STABLE_STEPS of them agree within STABLE_TOLERANCE
-STABLE_STEPS = 2
-STABLE_TOLERANCE = 0.05
+from tunelab.stages.sizing.session import Session, Steps, build_session, marker
+from tunelab.stages.sizing.step_time import TimedBefore, measure_time
 
 
 def _child_device(spec: dict[str, Any]) -> Any:
@@ -131,24 +125,7 @@ def _limit_memory(device: Any, budget: int | None) -> Watchdog | None:
     return None
 
 
-@dataclass
-class _Steps:
-    """The loop of the measurement and every step's metrics row so far."""
-
-    loop: Any
-    device: Any
-    state: Any = None
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-
-    def run_to(self, total_steps: int) -> None:
-        from tunelab.stages.train.loop import TrainState, train_loop
-
-        self.loop.total_steps = total_steps
-        state = self.state or TrainState()
-        self.state = train_loop(self.loop, state, [lambda _s, row: self.metrics.append(row)])
-
-
-def _memory_steps(steps: _Steps, warmup: int, measured: int, states: bool) -> dict[str, Any]:
+def _memory_steps(steps: Steps, warmup: int, measured: int, states: bool) -> dict[str, Any]:
     """The warm-up (optimizer states, lazy init): `warmup` steps, or with `states` the
     optimizer's states made by a step over zero gradients (`_make_states`); then the measured
     steps, with the memory before, between and after them (the module docstring says which)."""
@@ -196,64 +173,6 @@ def _make_states(optimizer: Any) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def stable_times(seconds: list[float]) -> bool:
-    """Whether the last `STABLE_STEPS` step times agree within `STABLE_TOLERANCE` of their
-    mean: more steps would not move the median the sizing reports."""
-    last = seconds[-STABLE_STEPS:]
-    if len(last) < STABLE_STEPS:
-        return False
-    mean = sum(last) / len(last)
-    return mean > 0 and (max(last) - min(last)) <= STABLE_TOLERANCE * mean
-
-
-def _timed_steps(
-    steps: _Steps, timed: int, grow: bool = True
-) -> tuple[list[float], str, float | None]:
-    """Further steps for the step time, at most `timed`, fewer once `stable_times` holds:
-    (their seconds, allocator, their CPU share).
-
-    The pinned mmap threshold that makes the RSS honest also makes every large allocation a
-    fresh mmap with its page faults (a CPU step about twice as slow as in a training run), so
-    these steps run with glibc's usual thresholds, after one step that lets the heap grow
-    (`grow`; without it the heap is the one the previous configuration's steps grew).
-    """
-    import torch
-
-    from tunelab.core.env import cpu_share
-
-    allocator = "as measured"
-    if steps.device.type == "cpu" and release_mmap_threshold():
-        allocator = "released"
-        if grow:
-            steps.run_to(len(steps.metrics) + 1)  # one step to let the heap grow, not timed
-    wall_started, cpu_started = time.perf_counter(), time.process_time()
-    first = len(steps.metrics)
-    while len(steps.metrics) - first < timed:
-        steps.run_to(len(steps.metrics) + 1)
-        if stable_times([r["seconds"] for r in steps.metrics[first:]]):
-            break
-    timed = len(steps.metrics) - first
-    share = cpu_share(
-        time.process_time() - cpu_started,
-        time.perf_counter() - wall_started,
-        torch.get_num_threads(),
-        steps.device,
-    )
-    return [r["seconds"] for r in steps.metrics[-timed:]], allocator, share
-
-
-def _marker(phases: dict[str, float]) -> Callable[[str], None]:
-    """`mark(name)`: the seconds since the previous mark (or the call) stored as `phases[name]`."""
-    last = [time.perf_counter()]
-
-    def mark(name: str) -> None:
-        now = time.perf_counter()
-        phases[name] = round(now - last[0], 3)
-        last[0] = now
-
-    return mark
-
-
 def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]:
     """Measure `specs` in this process: first the memory of each, one after another with the
     mmap threshold pinned (`memory-<i>.json` as soon as known), then, with glibc's usual
@@ -278,7 +197,7 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
     watchdog = _limit_memory(device, first.get("memory_budget_bytes"))
     pinned = first.get("allocator", "pinned") == "pinned"
     fitted: dict[int, dict[str, Any]] = {}
-    kept: _Session | None = None
+    kept: Session | None = None
     for i, spec in enumerate(specs):
         kept = None
         settle(device, pinned=pinned)
@@ -301,7 +220,7 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
         session = None
     if device.type == "cpu" and pinned and fitted:
         release_mmap_threshold()
-    before = _TimedBefore()
+    before = TimedBefore()
     # the largest first: the heap its steps grow holds the later ones' steps
     order = sorted(fitted, key=lambda i: -(fitted[i]["measured"].get("peak_total") or 0))
     for i in order:
@@ -361,62 +280,17 @@ def settle(device: Any, *, pinned: bool) -> None:
         trim_heap()
 
 
-@dataclass
-class _Session:
-    """A configuration's model and training loop, built as training builds them."""
-
-    model: Any
-    loop: Any
-    steps: _Steps
-    facts: Any
-    arch: str
-    training: Any
-    load_s: float
-
-
-def _session(spec: dict[str, Any], device: Any) -> _Session:
-    from tunelab.stages.train.build import build_loop
-
-    started = time.perf_counter()
-    cfg, base, model, facts = build_for(spec, device)
-    t, arch = cfg.training, base.architecture
-    per_step = t.micro_batch_size * t.grad_accum_steps
-
-    def examples(count: int, length: int, seed: int) -> list[dict[str, Any]]:
-        return synthetic_examples(
-            count,
-            length,
-            arch,
-            vocab=facts.vocab,
-            num_labels=max(2, facts.num_labels),
-            loss_fraction=float(spec.get("loss_fraction", 1.0)),
-            seed=seed,
-            image_size=image_side(spec, base, facts) if arch == "image" else None,
-        )
-
-    if spec.get("lengths"):  # the worst batch: one example of each length, one micro-batch
-        encoded = [examples(1, int(n), t.seed + j)[0] for j, n in enumerate(spec["lengths"])]
-    else:
-        encoded = examples(per_step, int(spec["seq_len"]), t.seed)
-    # the schedule leaves room for every step the measurement may take
-    total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))
-    total += 1 + int(spec.get("time_steps", 3))
-    loop = build_loop(model, t, encoded, architecture=arch, pad_id=0, total_steps=total)
-    load_s = time.perf_counter() - started
-    return _Session(model, loop, _Steps(loop, device), facts, arch, t, load_s)
-
-
 def measure_memory(
     spec: dict[str, Any], device: Any, result: dict[str, Any]
-) -> tuple[_Session | None, dict[str, Any]]:
+) -> tuple[Session | None, dict[str, Any]]:
     """The memory part of a configuration, in this process: (its session for the timed steps,
     `result` with status, the memory figures and the model's facts)."""
     import torch
 
     phases: dict[str, float] = {}
-    mark = _marker(phases)
+    mark = marker(phases)
     try:
-        session = _session(spec, device)
+        session = build_session(spec, device)
     except Exception as exc:  # noqa: BLE001 - the verdict travels back to the parent
         if is_oom(exc):
             return None, {**result, "status": "does_not_fit", "reason": f"loading: {exc}"[:500]}
@@ -458,85 +332,6 @@ def measure_memory(
     }
     budget = spec.get("memory_budget_bytes")
     return session, _verdict(result, measured, memory, peak, device, budget)
-
-
-@dataclass
-class _TimedBefore:
-    """What the configurations timed before in this process leave the next one: a heap their
-    released steps grew (the largest peak among them), a warmed no-grad forward, and its
-    seconds for each model and shape (`_forward_key`) with the label of the configuration that
-    measured them."""
-
-    heap_peak: int = 0
-    forwards: dict[str, tuple[float, Any]] = field(default_factory=dict)
-
-
-def _forward_key(spec: dict[str, Any]) -> str:
-    """What a no-grad forward in eval mode depends on: the whole spec but the label, the timed
-    steps' count and activation checkpointing (which acts only in training with gradients)."""
-    drop = ("label", "time_steps", "checkpointing")
-    return json.dumps({k: v for k, v in spec.items() if k not in drop}, sort_keys=True)
-
-
-def measure_time(
-    spec: dict[str, Any],
-    device: Any,
-    result: dict[str, Any],
-    session: _Session | None,
-    before: _TimedBefore | None = None,
-) -> dict[str, Any]:
-    """The step time of a configuration whose memory fitted (`result`), with glibc's usual
-    thresholds: on `session` where its model is still there, else on one built again. After
-    other configurations in this process (`before`), the heap they grew is not grown again, the
-    forward they warmed not warmed again, and a forward they timed not timed again (the
-    configurations are timed largest first, so that the heap is grown once)."""
-    before = before if before is not None else _TimedBefore()
-    started = time.perf_counter()
-    session = session or _session(spec, device)
-    measured = dict(result["measured"])
-    phases = measured["phase_s"] = dict(measured["phase_s"])
-    phases["timing_load"] = round(time.perf_counter() - started, 3)
-    mark = _marker(phases)
-    budget = spec.get("memory_budget_bytes")
-    timed = int(spec.get("time_steps", 3)) if measured["memory_step_s"] else 0
-    if budget and (measured.get("peak_rss") or 0) > 0.8 * budget:
-        timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
-    peak = measured.get("peak_total") or 0
-    grown = 0 < peak <= before.heap_peak
-    seconds, allocator, timed_cpu = (
-        _timed_steps(session.steps, timed, grow=not grown) if timed else ([], "as measured", None)
-    )
-    if allocator == "released":
-        before.heap_peak = max(before.heap_peak, peak)
-    mark("timed_steps")
-    seconds = seconds or measured["memory_step_s"]
-    key = _forward_key(spec)
-    if key not in before.forwards:
-        t, warmed = session.training, bool(before.forwards)
-        forward_s = _time_forward(
-            session.model, session.loop.source, session.arch, t.precision, device, not warmed
-        )
-        before.forwards[key] = (forward_s, spec.get("label"))
-    forward_s, forward_of = before.forwards[key]
-    mark("forward")
-    step_s = statistics.median(seconds) if seconds else measured["memory_wall_s"]
-    tokens, examples = measured["tokens_per_step"], measured["examples_per_step"]
-    measured.update(
-        step_s=step_s,
-        step_s_all=seconds,
-        step_s_allocator=allocator,
-        tokens_per_s=tokens / step_s if step_s else None,
-        examples_per_s=examples / step_s if step_s else None,
-        forward_s=forward_s,
-        # the configuration whose forward was timed (the same model and shape), and whether
-        # the timed steps ran on a heap a larger configuration's steps had grown
-        forward_of=forward_of,
-        heap_grown_before=grown,
-        # the timed steps' share of their threads' CPU time: low when another process shared
-        # the cores, and the step time with it (tunelab plan warns)
-        cpu_share=timed_cpu,
-    )
-    return {**result, "measured": measured}
 
 
 def _verdict(
@@ -642,29 +437,6 @@ def _warm_update(model: Any, optimizer: Any) -> None:
     cls = type(optimizer)
     accepted = inspect.signature(cls.__init__).parameters
     cls(stand_ins, **{k: v for k, v in optimizer.defaults.items() if k in accepted}).step()
-
-
-def _time_forward(model, source, arch, precision, device, warm: bool) -> float:  # noqa: ANN001
-    """Seconds of one no-grad forward of a micro-batch in eval mode (validation loss), after
-    an untimed one where `warm`."""
-    import torch
-
-    from tunelab.stages.train.batches import Position
-    from tunelab.stages.train.loop import validation_loss
-
-    batch = source.next(Position())[0][:1]
-    model.eval()
-    with torch.no_grad():
-        if warm:
-            validation_loss(model, batch, arch, precision)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        validation_loss(model, batch, arch, precision)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    model.train()
-    return time.perf_counter() - started
 
 
 def _measure(spec: dict[str, Any], out: Path) -> dict[str, Any]:

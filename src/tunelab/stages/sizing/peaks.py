@@ -20,10 +20,13 @@ longest packed batch comes at one step of the seeded order, and the evaluation a
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import TunelabError
-from tunelab.stages.sizing.memory import DTYPE_BYTES, Case, ModelFacts
+from tunelab.core.record_sizing import SizingPeak, peak_of, recommendation_of
+from tunelab.core.record_types import Sizing
+from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CLASSIFYING = ("classification", "image_classification")
 
@@ -151,32 +154,58 @@ def evaluation_increase(
 
 
 def peak_total(peak: dict[str, Any] | None) -> int | None:
-    """The bytes of a recorded peak the budget holds: the measured whole-process figure
-    (CPU: peak RSS; CUDA: max allocated), else the prediction over the measured idle process
-    (or the predicted total); None when neither is known."""
+    """The bytes of a peak the budget holds (`core.record_sizing.SizingPeak.total`) for a peak
+    not read back from its record (the one `tunelab size` is writing); None when neither the
+    measured nor the predicted figure is known."""
     if not peak:
         return None
-    m = peak.get("measured") or {}
-    if peak.get("status") == "ok" and m.get("peak_total"):
-        return int(m["peak_total"])
-    p = peak.get("predicted") or {}
-    if p.get("total"):
-        return int(p["total"])
-    return None
+    return SizingPeak.of(Path("sizing record"), peak, "peak").total
 
 
-def planning_peak_bytes(record: dict[str, Any]) -> tuple[int | None, str]:
+def planning_peak_bytes(sizing: Sizing) -> tuple[int | None, str]:
     """The peak a plan must provision from a sizing record, and which it is: the larger of the
     training recommendation's, the worst batch's and the evaluation's."""
-    rec = record.get("recommendation") or {}
-    found = {"training": rec.get("predicted_peak_bytes") if rec.get("fits") else None}
-    found["worst batch"] = peak_total(record.get("worst_batch_peak"))
-    found["evaluation"] = peak_total(record.get("evaluation_peak"))
+    rec = recommendation_of(sizing)
+    found = {"training": rec.predicted_peak_bytes if rec.fits else None}
+    for name, key in (("worst batch", "worst_batch_peak"), ("evaluation", "evaluation_peak")):
+        peak = peak_of(sizing, key)
+        found[name] = peak.total if peak is not None else None
     known = {k: int(v) for k, v in found.items() if v}
     if not known:
         return None, "none"
     which = max(known, key=lambda k: known[k])
     return known[which], which
+
+
+def evaluation_refusal(
+    evaluation_bytes: int,
+    budget_bytes: int,
+    settings: dict[str, Any],
+    weights_bytes: int,
+    fixed_bytes: int = 0,
+    device: str = "GPU",
+) -> str | None:
+    """Why a layout does not fit because its evaluation cannot (None when it can): `tunelab
+    eval` and `tunelab baseline` load the whole model on one device, whatever the training
+    layout, so its peak `evaluation_bytes` must fit one GPU of `budget_bytes` (`fixed_bytes`
+    of it taken by the runtime before the weights). The way out
+    names a `device` with more memory, and a smaller evaluation batch where the weights alone
+    fit."""
+    if evaluation_bytes <= budget_bytes:
+        return None
+    batch = f"evaluation.batch_size {settings['batch_size']} x {settings['tokens']} tokens"
+    if settings.get("kind") == "generation":
+        batch += f" + {settings['max_new_tokens']} new"
+    fix = f"a {device} with more memory"
+    if fixed_bytes + weights_bytes < budget_bytes:
+        fix += ", or a smaller evaluation.batch_size or evaluation.max_new_tokens"
+    else:
+        fix += f" (the weights alone are {weights_bytes / 1e9:.1f} GB)"
+    return (
+        f"the evaluation does not fit: {evaluation_bytes / 1e9:.1f} GB on one {device}, over its "
+        f"{budget_bytes / 1e9:.1f} GB (tunelab eval and baseline load the whole model on one "
+        f"device; {batch}): use {fix}"
+    )
 
 
 def plan_peak(
@@ -191,23 +220,19 @@ def plan_peak(
 ) -> tuple[int, str | None]:
     """For `tunelab plan` on a card: (the peak to provision, why it does not fit or None).
 
-    The larger of a training peak (`training_bytes`, `fixed_bytes` included) and the
-    evaluation's on one card: `fixed_bytes`, the whole weights and `evaluation_increase` at the
-    study's evaluation settings over `tokens`, the longest sequence. Over several `gpus` the
-    training peak alone (the evaluation is not yet planned across cards)."""
-    if gpus > 1:
-        return training_bytes, None
+    The evaluation runs on one card whatever the layout: `fixed_bytes`, the whole weights and
+    `evaluation_increase` at the study's evaluation settings over `tokens`, the longest
+    sequence (`evaluation_refusal` when that is over the card). On one card the peak is the
+    larger of the training peak (`training_bytes`, `fixed_bytes` included) and the
+    evaluation's; over several `gpus` it is the training peak of each rank."""
     settings = evaluation_settings(cfg, facts.architecture, tokens)
     added = evaluation_increase(facts, settings, precision)
     if added is None:
         return training_bytes, None
     evaluation = fixed_bytes + facts.total_weight_bytes + added["increase"]
-    peak = max(training_bytes, evaluation)
-    if peak <= budget_bytes:
-        return peak, None
-    return peak, (
-        f"the evaluation's peak {evaluation / 1e9:.1f} GB (evaluation.batch_size "
-        f"{settings['batch_size']} x {tokens} tokens + {settings['max_new_tokens']} new)"
+    peak = max(training_bytes, evaluation) if gpus == 1 else training_bytes
+    return peak, evaluation_refusal(
+        evaluation, budget_bytes, settings, facts.total_weight_bytes, fixed_bytes
     )
 
 

@@ -21,7 +21,8 @@ from typing import Any, get_args
 
 from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError
-from tunelab.stages.sizing.memory import Case, ModelFacts, estimate_memory
+from tunelab.stages.sizing.memory import estimate_memory
+from tunelab.stages.sizing.terms import Case, ModelFacts
 
 SAFETY_MARGIN = 0.10
 # training.precision's choices, as the config declares them

@@ -124,6 +124,38 @@ class Distributed:
         }
 
 
+# A diagnostic for the benchmark: "broadcast-all" keeps DDP's own start-up broadcast of every
+# weight (the losses are the same; only memory differs).
+DDP_START_ENV = "TUNELAB_DDP_START"
+
+
+def start_equal(model: torch.nn.Module) -> None:
+    """Every replica starts from rank 0's values, broadcasting only what training changes.
+
+    Frozen weights were read by every rank from the same files: DDP's own start-up broadcast
+    would rewrite each of them in place, turning the node's one mapped copy of the files into a
+    private copy per rank (benchmarks/fsdp_load.py --ddp). They are checked equal instead, by a
+    float64 sum per tensor; every rank raises the same error when one differs. A collective."""
+    with torch.no_grad():
+        for t in [p for p in model.parameters() if p.requires_grad] + list(model.buffers()):
+            dist.broadcast(t.data, src=0)
+        frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+        if not frozen:
+            return
+        sums = torch.stack([torch.sum(p.detach(), dtype=torch.float64) for _, p in frozen])
+        every = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, sums)
+    for rank, theirs in enumerate(every[1:], start=1):
+        differs = ~torch.isclose(theirs, every[0], rtol=1e-9, atol=0.0, equal_nan=True)
+        if bool(differs.any()):
+            raise RunError(
+                f"rank {rank}'s frozen weight {frozen[int(differs.nonzero()[0])][0]} differs "
+                "from rank 0's",
+                hint="every node must hold the same base model files (the same hub revision "
+                "or the same local copy); copy node 0's base to that node",
+            )
+
+
 class DDP(Distributed):
     """DistributedDataParallel: a full replica per rank, gradients all-reduced (averaged)."""
 
@@ -135,8 +167,10 @@ class DDP(Distributed):
         fail_for_test(self.rank)
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal.
-        return DistributedDataParallel(model, device_ids=device_ids)
+        own_sync = os.environ.get(DDP_START_ENV) == "broadcast-all"
+        if not own_sync:
+            start_equal(model)
+        return DistributedDataParallel(model, device_ids=device_ids, init_sync=own_sync)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)

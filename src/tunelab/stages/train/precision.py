@@ -5,7 +5,7 @@
 and fp16 mean what they say. Every reader of training.precision resolves it here.
 
 `resolve_precision(requested, device) -> "fp32" | "bf16" | "fp16"`; `precision_choice` adds the
-reason. Its readers: `loop.autocast`, `make_grad_scaler`, the strategies, the smoke's
+reason; `refused_here` is what `tunelab validate` warns of on a machine that cannot train it. Its readers: `loop.autocast`, `make_grad_scaler`, the strategies, the smoke's
 tolerances, the sizing's options; `tunelab verify` takes the precision a run used from its
 compute.json.
 """
@@ -33,3 +33,15 @@ def precision_choice(requested: str, device: torch.device) -> tuple[str, str]:
         "fp32",
         f"auto: {name} has no bf16; fp16 (with a grad scaler) is training.precision: fp16",
     )
+
+
+def refused_here(requested: str) -> str | None:
+    """Why `tunelab train` on this machine would refuse `training.precision`, or None."""
+    from tunelab.core.env import device_kind
+
+    if requested == "fp16" and device_kind() != "cuda":
+        return (
+            "training.precision: fp16 needs a CUDA device (it trains with a grad scaler); "
+            "`tunelab train` on this machine refuses it, a GPU node trains it"
+        )
+    return None

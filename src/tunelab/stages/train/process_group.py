@@ -8,8 +8,10 @@ nccl on CUDA (RCCL on ROCm answers to the same name), gloo on CPU; a collective 
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import sys
 from typing import Any
 
 import torch
@@ -21,6 +23,31 @@ from tunelab.core.errors import RunError
 # How long a collective waits for a missing rank before failing (torchrun usually stops the
 # other ranks first, when one exits with an error).
 TIMEOUT_S = float(os.environ.get("TUNELAB_DIST_TIMEOUT_S", "1800"))
+# glibc's mallopt parameters, and the size from which a rank's host blocks are mapped on their
+# own (and unmapped when freed). "default" in TUNELAB_RANK_MALLOC leaves glibc's own policy.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES = 256 * 1024
+MALLOC_ENV = "TUNELAB_RANK_MALLOC"
+
+
+def return_freed_blocks() -> bool:
+    """Make glibc hand freed blocks of 256 KiB and more back to the system at once, in this rank.
+
+    glibc raises its mmap threshold to the size of any mapped block freed (up to 32 MiB): after
+    FSDP frees its first all-gathered block, the next ones come from the heap arenas, which keep
+    what is freed. Over the forward and backward of a step a rank's resident memory grows by
+    several blocks' worth per step; a fixed threshold keeps it at what is live. Returns whether
+    the setting was applied (glibc only)."""
+    if not sys.platform.startswith("linux") or os.environ.get(MALLOC_ENV) == "default":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # musl and other C libraries: their own policy
+        return False
+    return bool(
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        and libc.mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    )
 
 
 def pick_backend(device: torch.device) -> str:
@@ -60,6 +87,7 @@ def init_process_group() -> tuple[int, int, int, torch.device, str]:
     else:
         device = torch.device("cpu")
     backend = pick_backend(device)
+    return_freed_blocks()
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=TIMEOUT_S)}
         if device.type == "cuda":

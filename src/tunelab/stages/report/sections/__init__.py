@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tunelab.core.study import Study
+from tunelab.stages.report.collect import Collected
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.comparisons import comparisons_section
 from tunelab.stages.report.sections.context import Dossier
@@ -53,7 +53,7 @@ BUILDERS: tuple[Callable[[Dossier], Section | None], ...] = (
 )
 
 
-def build_sections(study: Study, data: dict[str, Any], plot_dir: Path) -> list[Section]:
+def build_sections(study: Study, data: Collected, plot_dir: Path) -> list[Section]:
     """Every section of the dossier from the collected records (`report.collect.collect`)."""
     d = Dossier(study, data, plot_dir)
     return [sec for build in BUILDERS if (sec := build(d)) is not None]

@@ -99,9 +99,9 @@ def _variant(sec: Section, v: CompareEntry, flipped: list) -> None:
 
 def comparisons_section(d: Dossier) -> Section:
     sec = Section("Comparisons and guardrails")
-    if not d.data["compares"]:
+    if not d.data.compares:
         sec.text("No comparison recorded.")
-    for cmp in d.data["compares"][-1:]:
+    for cmp in d.data.compares[-1:]:
         base = cmp.baseline
         sec.text(
             f"Baseline {base.run_id if base else None} ({base.n if base else None} examples); "

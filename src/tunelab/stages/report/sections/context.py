@@ -8,9 +8,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.record_types import Evaluation
+from tunelab.core.record_types import Evaluation, Record
 from tunelab.core.study import Study
-from tunelab.stages.report.collect import RunEvidence
+from tunelab.stages.report.collect import Collected, RunEvidence
 
 
 def short(s: Any, n: int = 12) -> str:
@@ -29,12 +29,12 @@ class Dossier:
     """The study, its collected records (`tunelab.stages.report.collect.collect`) and the plot folder."""
 
     study: Study
-    data: dict[str, Any]
+    data: Collected
     plot_dir: Path
     runs: list[RunEvidence] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.runs = self.data["runs"]
+        self.runs = self.data.runs
 
     @cached_property
     def runs_by_id(self) -> dict[str, RunEvidence]:
@@ -69,25 +69,25 @@ class Dossier:
     @cached_property
     def current_version(self) -> int | None:
         """The latest registered hypothesis version (None when none is registered)."""
-        versions = [h.version for h in self.data.get("hypotheses") or []]
+        versions = [h.version for h in self.data.hypotheses]
         return max(versions, default=None)
 
-    def version_of(self, record: dict[str, Any]) -> tuple[int | None, bool]:
+    def version_of(self, record: Record | dict[str, Any]) -> tuple[int | None, bool]:
         """(the hypothesis version a record was made under, whether it is inferred): the
         version it names, else the latest registered before its `created_at`."""
-        if record.get("hypothesis_version") is not None:
-            return record["hypothesis_version"], False
+        if (version := record.get("hypothesis_version")) is not None:
+            return version, False
         made = _instant(record.get("created_at"))
         if made is None:
             return None, False
         before = [
             h.version
-            for h in self.data.get("hypotheses") or []
+            for h in self.data.hypotheses
             if (at := _instant(h.registered_at)) is not None and at <= made
         ]
         return max(before, default=None), True
 
-    def made_under(self, record: dict[str, Any]) -> str | None:
+    def made_under(self, record: Record | dict[str, Any]) -> str | None:
         """The note "made under hypothesis v1; current is v2" for a record of an earlier version
         than the current one (None for a current one, or one that says nothing of its time)."""
         current = self.current_version

@@ -8,23 +8,21 @@ from tunelab.stages.report.sections.context import Dossier
 
 def data_section(d: Dossier) -> Section:
     sec = Section("Data")
-    if not d.data["data"]:
+    if not d.data.data:
         sec.text("No data snapshot recorded.")
-    for m in d.data["data"][-1:]:
-        src = m.get("source") or {}
-        hub = src.get("hub")
+    for m in d.data.data[-1:]:
+        src, counts, dup = m.source, m.counts, m.duplicates
+        hub = src.hub
         where = (
-            f"hub data set {hub['repo_id']} at commit {hub['commit']}"
+            f"hub data set {hub.repo_id} at commit {hub.commit}"
             if hub
-            else f"{src.get('path')} ({src.get('format')})"
+            else f"{src.source_path} ({src.format})"
         )
         sec.text(
-            f"Snapshot {m.get('snapshot_id')} created {m.get('created_at')} from {where}, "
-            f"{src.get('num_files')} file(s)."
+            f"Snapshot {m.snapshot_id} created {m.created_at} from {where}, "
+            f"{src.num_files} file(s)."
         )
-        counts = m.get("counts") or {}
-        per = counts.get("per_category") or {}
-        if per:
+        if per := counts.per_category or {}:
             # one row per category: a study may have dozens, a page has room for few columns
             cats = sorted({c for split in per.values() for c in split})
             sec.table(
@@ -35,16 +33,11 @@ def data_section(d: Dossier) -> Section:
                     sum(sum(v.values()) for v in per.values())]],
                 caption="examples per category and split",
             )  # fmt: skip
-        dup = m.get("duplicates") or {}
         sec.text(
-            f"{counts.get('rows_read')} rows read, {counts.get('dropped_by_cleaning')} dropped by cleaning, "
-            f"{counts.get('sampled_out', 0)} sampled out, {counts.get('removed_as_duplicates')} removed as "
-            f"duplicates (policy {(m.get('dedup') or {}).get('policy')})."
+            f"{counts.rows_read} rows read, {counts.dropped_by_cleaning} dropped by cleaning, "
+            f"{counts.sampled_out or 0} sampled out, {counts.removed_as_duplicates} removed as "
+            f"duplicates (policy {m.dedup.policy})."
         )
-        if dup:
-            sec.table(
-                ["what", "value"],
-                [[k, v] for k, v in dup.items() if not isinstance(v, list | dict)],
-                caption="duplicates",
-            )
+        if dup.raw:
+            sec.table(["what", "value"], [list(f) for f in dup.figures()], caption="duplicates")
     return sec

@@ -116,10 +116,10 @@ _VERDICTS = ("pass", "fail", "inconclusive")
 
 def decision_section(d: Dossier) -> Section:
     sec = Section("Decision")
-    if not d.data["compares"]:
+    if not d.data.compares:
         return sec.text("No comparison has been recorded yet: no decision. Run `tunelab compare`.")
-    latest = d.data["compares"][-1]
-    openings = d.data["test_openings"]
+    latest = d.data.compares[-1]
+    openings = d.data.test_openings
     rows = _summary(latest, test_figure(latest, d.runs, openings), len(openings))
     stale = d.made_under(latest.raw)
     if stale:  # the rule and guardrails applied are the earlier version's

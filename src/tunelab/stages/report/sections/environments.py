@@ -10,16 +10,8 @@ def environments_section(d: Dossier) -> Section:
     sec = Section("Environments")
     envs: dict[tuple, list[str]] = {}
     for r in d.runs:
-        e = r.env
-        if e:
-            key = (
-                e.get("torch"),
-                e.get("backend"),
-                e.get("cuda"),
-                e.get("rocm"),
-                ", ".join(g.get("name", "") for g in e.get("gpus", []))
-                or (e.get("cpu") or {}).get("name"),
-            )
+        if (e := r.env) is not None and e.raw:
+            key = (e.torch, e.backend, e.cuda, e.rocm, e.device_text)
             envs.setdefault(key, []).append(r.row.id)
     return sec.table(
         ["torch", "backend", "cuda", "rocm", "device", "runs"],

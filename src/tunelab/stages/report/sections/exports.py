@@ -8,9 +8,9 @@ from tunelab.stages.report.sections.context import Dossier, short
 
 def exports_section(d: Dossier) -> Section:
     sec = Section("Exports")
-    if not d.data["exports"]:
+    if not d.data.exports:
         sec.text("No export recorded.")
-    for ex in d.data["exports"]:
+    for ex in d.data.exports:
         base = ex.identity
         sec.text(
             f"{ex.path.parent}: run {ex.run_id}, base {base.name} "

@@ -15,10 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.errors import DataError
+from tunelab.core.errors import DataError, StudyError
 from tunelab.core.hashing import sha256_bytes
 from tunelab.core.record_parts import CompareEntry
 from tunelab.core.record_types import Compare
+from tunelab.core.run_parts import Prediction
 from tunelab.stages.report.document import Gallery, Thumb
 from tunelab.stages.report.sections.context import Dossier
 
@@ -26,21 +27,20 @@ PER_CATEGORY = 3
 DIRECTIONS = (("regressed", "right -> wrong"), ("improved", "wrong -> right"))
 
 
-def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, dict[str, Any]]:
+def _predictions(d: Dossier, run_id: str | None, split: str) -> dict[str, Prediction]:
     """The prediction rows of an evaluation run, by example id ({} when absent)."""
     path = d.study.runs_dir / str(run_id) / f"predictions-{split}.jsonl"
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Prediction] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return out
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = Prediction.of(path, json.loads(line), f"line {number}")
+        except (json.JSONDecodeError, StudyError):
             continue
-        if isinstance(row, dict) and "id" in row:
-            out[str(row["id"])] = row
+        out[str(row.id)] = row
     return out
 
 
@@ -78,7 +78,7 @@ def flipped_galleries(d: Dossier, cmp: Compare, v: CompareEntry) -> list[Any]:
     split = cmp.split or "validation"
     folder = _snapshot_dir(d, str(v.eval_run), split)
     variant = _predictions(d, v.eval_run, split)
-    if folder is None or not any("image" in p for p in variant.values()):
+    if folder is None or not any(p.image is not None for p in variant.values()):
         return []
     baseline = _predictions(d, cmp.baseline.eval_run if cmp.baseline else None, split)
     name = v.label
@@ -90,18 +90,18 @@ def flipped_galleries(d: Dossier, cmp: Compare, v: CompareEntry) -> list[Any]:
         shown: dict[str, int] = {}
         thumbs = []
         for example_id in ids:
-            pred, base = variant.get(example_id) or {}, baseline.get(example_id) or {}
-            gold = str(pred.get("gold"))
+            pred, base = variant.get(example_id), baseline.get(example_id)
+            gold = str(pred.gold if pred else None)
             if shown.get(gold, 0) >= PER_CATEGORY:
                 continue
-            png = _thumbnail(folder, pred.get("image"))
+            png = _thumbnail(folder, pred.image if pred else None)
             if png is None:
                 missing += 1
                 continue
             shown[gold] = shown.get(gold, 0) + 1
             caption = (
-                f"{example_id}: gold {gold}; baseline {base.get('prediction')}, "
-                f"variant {pred.get('prediction')}"
+                f"{example_id}: gold {gold}; baseline {base.prediction if base else None}, "
+                f"variant {pred.prediction if pred else None}"
             )
             thumbs.append((gold, Thumb(png, caption)))
         if thumbs:

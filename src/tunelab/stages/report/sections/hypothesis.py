@@ -8,9 +8,9 @@ from tunelab.stages.report.sections.context import Dossier, short
 
 def hypothesis_section(d: Dossier) -> Section:
     sec = Section("Hypothesis and guardrails")
-    if not d.data["hypotheses"]:
+    if not d.data.hypotheses:
         sec.text("No hypothesis registered.")
-    for h in d.data["hypotheses"]:
+    for h in d.data.hypotheses:
         sec.text(f"Version {h.version} registered {h.registered_at} (sha256 {short(h.sha256)}).")
         sec.table(["field", "value"], [[k, v] for k, v in h.statement.items()])
         sec.table(

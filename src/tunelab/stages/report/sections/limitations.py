@@ -30,7 +30,7 @@ def _over_budget(sec: Section, runs: list[RunEvidence]) -> None:
 
 def limitations_section(d: Dossier) -> Section:
     sec = Section("Limitations")
-    openings = d.data["test_openings"]
+    openings = d.data.test_openings
     sec.text(
         f"The sealed test split was opened {len(openings)} time(s)."
         + (
@@ -42,7 +42,7 @@ def limitations_section(d: Dossier) -> Section:
     if openings:
         sec.table(
             ["at", "who", "why", "run"],
-            [[o["at"], o["who"], o["why"], o["run_id"]] for o in openings],
+            [[o.at, o.who, o.why, o.run_id] for o in openings],
         )
     _over_budget(sec, d.runs)
     failed = [r for r in d.runs if r.row.status in ("failed", "invalid", "interrupted")]
@@ -50,14 +50,14 @@ def limitations_section(d: Dossier) -> Section:
         sec.text(
             f"{len(failed)} run(s) did not complete; they are listed above with their reasons."
         )
-    for ex in d.data["exports"]:
+    for ex in d.data.exports:
         for lim in ex.limitations or []:
             sec.text(str(lim))
-    unreadable = d.data.get("unreadable") or []
+    unreadable = d.data.unreadable
     if unreadable:
         sec.text(
             f"{len(unreadable)} record(s) could not be read; the sections above leave them out "
             "(restore each from a copy and build the dossier again):"
         )
-        sec.table(["record", "problem"], [[u["path"], u["error"]] for u in unreadable])
+        sec.table(["record", "problem"], [[u.path, u.error] for u in unreadable])
     return sec

@@ -16,6 +16,9 @@ import json
 from typing import Any
 
 from tunelab.core.env import platform_of
+from tunelab.core.errors import StudyError
+from tunelab.core.record_types import Verify
+from tunelab.core.run_parts import PlatformGate
 from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section, Value
 from tunelab.stages.report.sections.context import Dossier
@@ -36,29 +39,32 @@ WIDTH = 80  # the Markdown table's widest line
 CELL = 24  # longer values are shortened (the HTML shows them whole on hover)
 
 
-def _resumes(d: Dossier, run: RunEvidence) -> list[dict[str, Any]]:
+def _resumes(d: Dossier, run: RunEvidence) -> list[PlatformGate]:
     """The resumes' gate lines of a train run (platforms.jsonl); unreadable lines are skipped
     (the run's own records say the rest)."""
     path = d.study.runs_dir / run.row.id / "platforms.jsonl"
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            gate = PlatformGate.of(path, json.loads(line), f"line {number}")
+        except (json.JSONDecodeError, StudyError):
             continue
-        if isinstance(row, dict) and isinstance(row.get("platform"), dict):
-            out.append(row)
+        if gate.platform is not None:
+            out.append(gate)
     return out
 
 
-def _verify_platform(v: dict[str, Any], run: RunEvidence) -> dict[str, Any] | None:
-    env = v.get("environment") or {}
-    if isinstance(env.get("platform"), dict):
-        return env["platform"]
-    if env.get("same") and run.env:
-        return platform_of(run.env)
+def _verify_platform(v: Verify, run: RunEvidence) -> dict[str, Any] | None:
+    env = v.environment_check
+    if env is None:
+        return None
+    if env.platform is not None:
+        return env.platform
+    if env.same and run.env and run.env.raw:
+        return platform_of(run.env.raw)
     return None
 
 
@@ -77,18 +83,18 @@ def stage_platforms(d: Dossier) -> tuple[list[dict[str, Any]], list[str]]:
             ids.append(run_id)
 
     for r in d.runs:
-        if r.row.kind in STAGES and r.env:
-            add(platform_of(r.env), r.row.kind, r.row.id)
-        gate = (r.config.get("platform_gate") if r.config else None) or {}
-        for line in [gate, *_resumes(d, r)] if r.row.kind == "train" else []:
-            if line.get("command") == "resume":
-                add(line["platform"], "train", r.row.id)
-            if isinstance(line.get("override"), dict):
-                how = line.get("command") or "train"
+        if r.row.kind in STAGES and r.env and r.env.raw:
+            add(platform_of(r.env.raw), r.row.kind, r.row.id)
+        gate = r.config.gate if r.config else None
+        lines = [gate, *_resumes(d, r)] if r.row.kind == "train" else []
+        for line in [g for g in lines if g is not None]:
+            if line.command == "resume" and line.platform is not None:
+                add(line.platform, "train", r.row.id)
+            if (override := line.override) is not None:
                 notes.append(
-                    f"{r.label} ({how}) went past the platform gate without "
-                    f"{' and '.join(line['override'].get('missing') or ['checks'])} on its "
-                    f"platform: {line['override'].get('why')}"
+                    f"{r.label} ({line.command or 'train'}) went past the platform gate without "
+                    f"{' and '.join(override.missing or ['checks'])} on its "
+                    f"platform: {override.why}"
                 )
         for v in r.verify:
             if (p := _verify_platform(v, r)) is not None:

@@ -7,24 +7,24 @@ import re
 from typing import Any
 
 from tunelab.core.ledger import RunRow
-from tunelab.stages.report.collect import RunEvidence
+from tunelab.stages.report.collect import LedgerEvent, RunEvidence
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.plots import plot_loss_curves
 from tunelab.stages.report.sections.context import Dossier, short
 
 
-def stops_and_resumes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stops_and_resumes(events: list[LedgerEvent]) -> list[dict[str, Any]]:
     """A run's interruptions from its ledger events, oldest first, each with the resume that
     followed it: `{at, reason, resumed_at, resumed}` (`resumed` as "from step-000002" or "from
     the start (no checkpoint yet)"; the last two None while it is not resumed)."""
     out: list[dict[str, Any]] = []
     for e in events:
-        if e["kind"] == "status:interrupted":
-            out.append({"at": e["at"], "reason": e["detail"], "resumed_at": None, "resumed": None})
-        elif e["kind"] == "status:running" and out and out[-1]["resumed_at"] is None:
+        if e.kind == "status:interrupted":
+            out.append({"at": e.at, "reason": e.detail, "resumed_at": None, "resumed": None})
+        elif e.kind == "status:running" and out and out[-1]["resumed_at"] is None:
             # a status "running" after the start is only ever set by a resume
-            detail = str(e["detail"] or "")
-            out[-1].update(resumed_at=e["at"], resumed=detail.removeprefix("resumed ") or None)
+            detail = str(e.detail or "")
+            out[-1].update(resumed_at=e.at, resumed=detail.removeprefix("resumed ") or None)
     return out
 
 

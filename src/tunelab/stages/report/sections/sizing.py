@@ -25,9 +25,9 @@ def _recommended(key: str, v: object, images: bool) -> list[object]:
 
 def sizing_section(d: Dossier) -> Section:
     sec = Section("Sizing of a training step")
-    if not d.data["sizing"]:
+    if not d.data.sizing:
         sec.text("No sizing recorded.")
-    for s in d.data["sizing"][-1:]:
+    for s in d.data.sizing[-1:]:
         if stale := d.made_under(s.raw):
             sec.text(f"This sizing was {stale}.")
         cuda = s.device == "cuda"

@@ -1,0 +1,349 @@
+"""Typed pieces of a sizing record (`records/sizing/<id>.json`, `core.record_types.Sizing`)
+and of a plan record (`records/plans/<id>.json`, `core.record_types.Plan`), read the way
+`core.record_base.Record` reads a record: each piece checks its fields and raises the located
+`StudyError` of a damaged record naming the file, the place and the field.
+
+A piece is read from its record with `Record.part` / `Record.parts`, or with the helpers here:
+
+| piece               | where in the sizing record               | written by                     |
+|---------------------|------------------------------------------|--------------------------------|
+| `SizingLengths`     | `lengths`                                | stages.sizing.lengths          |
+| `SizingOptions`     | `configurations[i].options`              | stages.sizing.stage            |
+| `SizingMeasured`    | `configurations[i].measured`             | stages.sizing.measure          |
+| `SizingThroughput`  | `throughput`                             | stages.sizing.record           |
+| `SizingRecommendation` | `recommendation`                      | stages.sizing.recommend        |
+| `SizingPeak`        | `worst_batch_peak`, `evaluation_peak`    | stages.sizing.peaks            |
+| `SizingEnv`         | `env`                                    | stages.sizing.record           |
+| `PlanSchedule`      | a plan record's durations (the whole record) | stages.plan.estimate       |
+| `PlanInitial`       | `initial`                                | stages.plan.estimate           |
+| `PlanVariant`       | `variant`                                | stages.plan.estimate           |
+| `PlanPhase`         | `phases[i]`                              | stages.plan.estimate           |
+| `PlanFigure`        | `figures.<name>`                         | stages.plan.figures            |
+| `PlanProjection`    | `projection` (a `--gpu` plan)            | stages.plan.stage              |
+
+`PlanSchedule` reads a whole plan record: `Plan`'s identity and the durations the review sets
+against the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tunelab.core.record_base import Record, damaged
+from tunelab.core.record_types import Plan, Sizing
+
+R = TypeVar("R", bound=Record)
+
+__all__ = [
+    "PlanFigure",
+    "PlanInitial",
+    "PlanPhase",
+    "PlanProjection",
+    "PlanSchedule",
+    "PlanVariant",
+    "SizingEnv",
+    "SizingLengths",
+    "SizingMeasured",
+    "SizingOptions",
+    "SizingPeak",
+    "SizingRecommendation",
+    "SizingThroughput",
+    "env_of",
+    "lengths_of",
+    "measured_of",
+    "options_of",
+    "peak_of",
+    "recommendation_of",
+    "throughput_of",
+]
+
+
+@dataclass(frozen=True)
+class SizingLengths(Record):
+    """The representative lengths a sizing measured at: the training split's token counts (or
+    an image model's patch tokens or side), their quantiles and the share carrying loss."""
+
+    source: str | None = None
+    snapshot: str | None = None
+    p50: float | None = None
+    p95: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    quantiles: list[Any] | None = None
+    loss_fraction: float | None = None
+    split_counts: dict[str, Any] | None = None
+    encode_train_s: float | None = None
+    length_unit: str | None = None  # an image model's: "patch tokens" | "image side"
+    evaluation_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class SizingOptions(Record):
+    """A configuration's options: its length, micro-batch, accumulation and settings."""
+
+    seq_len: int
+    micro_batch: int
+    grad_accum: int | None = None
+    measured_accum: int | None = None
+    precision: str | None = None
+    checkpointing: bool | None = None
+    packing: bool | None = None
+
+
+@dataclass(frozen=True)
+class SizingMeasured(Record):
+    """What the measuring process found for a configuration (seconds, bytes)."""
+
+    step_s: float | None = None
+    projected_step_s: float | None = None
+    micro_step_s: float | None = None
+    tokens_per_s: float | None = None
+    examples_per_s: float | None = None
+    forward_s: float | None = None
+    load_s: float | None = None
+    cpu_share: float | None = None
+    idle_rss: int | None = None
+    peak_total: int | None = None
+    cuda_major: int | None = None
+
+
+@dataclass(frozen=True)
+class SizingThroughput(Record):
+    """The step time and rate the planner uses: the study's own configuration's (`row`)."""
+
+    row: str | None = None
+    seq_len: int | None = None
+    step_s: float | None = None
+    micro_step_s: float | None = None
+    tokens_per_s: float | None = None
+    examples_per_s: float | None = None
+    recommended_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SizingRecommendation(Record):
+    """The largest micro-batch that fits the budget at the longest length, and its figures."""
+
+    fits: bool | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    checkpointing: bool | None = None
+    precision: str | None = None
+    predicted_peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    tokens_per_s: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SizingPeak(Record):
+    """A step that really peaks (the worst batch, the evaluation): the settings it was found
+    at, its status, and its predicted and measured bytes."""
+
+    settings: dict[str, Any] | None = None
+    status: str | None = None
+    reason: str | None = None
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    error_pct: float | None = None
+    # the worst batch's: {step, micro_batch_index, lengths, tokens, padded_tokens, packed,
+    # steps_scanned, seed}
+    batch: dict[str, Any] | None = None
+
+    @property
+    def total(self) -> int | None:
+        """The bytes the budget holds: the measured whole-process figure (CPU: peak RSS; CUDA:
+        max allocated), else the predicted total; None when neither is known."""
+        measured = (self.measured or {}).get("peak_total")
+        if self.status == "ok" and measured:
+            return int(measured)
+        predicted = (self.predicted or {}).get("total")
+        return int(predicted) if predicted else None
+
+    @property
+    def predicted_compared(self) -> int | None:
+        """The predicted bytes set against the measurement."""
+        return (self.predicted or {}).get("compared")
+
+    @property
+    def measured_compared(self) -> int | None:
+        """The measured bytes the prediction is set against."""
+        return (self.measured or {}).get("compared")
+
+    @property
+    def idle(self) -> int:
+        """The measured idle process (bytes; 0 when not measured)."""
+        return int((self.measured or {}).get("idle") or 0)
+
+    @property
+    def idle_rss(self) -> int:
+        """The worst batch's idle process RSS (bytes; 0 when not measured)."""
+        return int((self.measured or {}).get("idle_rss") or 0)
+
+    @property
+    def scale(self) -> float:
+        """measured / predicted of the figures compared, at least 1 (a prediction is never
+        lowered by its measurement)."""
+        measured, predicted = self.measured_compared, self.predicted_compared
+        return max(1.0, measured / predicted) if measured and predicted else 1.0
+
+
+@dataclass(frozen=True)
+class SizingEnv(Record):
+    """The machine the sizing ran on, in short."""
+
+    torch: str | None = None
+    backend: str | None = None
+    cpu: dict[str, Any] | None = None
+    gpus: list[Any] | None = None  # each {name, ...}
+    load_avg_1m: float | None = None
+
+    @property
+    def logical_cores(self) -> int | None:
+        return (self.cpu or {}).get("logical_cores")
+
+
+def lengths_of(sizing: Sizing) -> SizingLengths:
+    """The record's lengths (all None where it has none: `--seq-len`)."""
+    return sizing.part(SizingLengths, "lengths") or SizingLengths(sizing.path, {}, where="lengths")
+
+
+def throughput_of(sizing: Sizing) -> SizingThroughput:
+    return sizing.part(SizingThroughput, "throughput") or SizingThroughput(
+        sizing.path, {}, where="throughput"
+    )
+
+
+def recommendation_of(sizing: Sizing) -> SizingRecommendation:
+    return sizing.part(SizingRecommendation, "recommendation") or SizingRecommendation(
+        sizing.path, {}, where="recommendation"
+    )
+
+
+def env_of(sizing: Sizing) -> SizingEnv:
+    return sizing.part(SizingEnv, "env") or SizingEnv(sizing.path, {}, where="env")
+
+
+def peak_of(sizing: Sizing, name: str) -> SizingPeak | None:
+    """`worst_batch_peak` or `evaluation_peak` (None where the sizing measured none)."""
+    return sizing.part(SizingPeak, name)
+
+
+def options_of(row: Record) -> SizingOptions:
+    """A configuration row's options."""
+    found = row.part(SizingOptions, "options")
+    if found is None:
+        raise damaged(row.path, f"{row.where}: field 'options' is missing")
+    return found
+
+
+def measured_of(row: Record) -> SizingMeasured:
+    """A configuration row's measurement (all None where it has none: it did not fit)."""
+    return row.part(SizingMeasured, "measured") or SizingMeasured(
+        row.path, {}, where=f"{row.where}.measured"
+    )
+
+
+@dataclass(frozen=True)
+class PlanInitial(Record):
+    """The protocol's first day, in seconds: the smoke, the sizing and the baseline."""
+
+    environment: float | None = None
+    smoke: float = 0.0
+    sizing: float = 0.0
+    baseline: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanVariant(Record):
+    """One variant's training run as planned, in seconds (`steps`: its optimizer steps)."""
+
+    startup_s: float = 0.0
+    steps: int = 0
+    steps_s: float = 0.0
+    validation_passes: int | None = None
+    validation_s: float = 0.0
+    checkpoint_saves: int | None = None
+    checkpoints_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanPhase(Record):
+    """One phase of the plan: its name, seconds and margin."""
+
+    phase: str = ""
+    start_s: float | None = None
+    planned_s: float | None = None
+    total_s: float | None = None
+    margin_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanFigure(Record):
+    """One input figure of the plan, with its source."""
+
+    value: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanProjection(Record):
+    """How a `--gpu` plan was projected: the catalog GPU it is for."""
+
+    gpu: str = ""
+    gpu_name: str | None = None
+    currency: str | None = None  # the catalog's prices'
+
+
+@dataclass(frozen=True)
+class PlanSchedule(Plan):
+    """A plan record with the durations the review reads back (`Plan` is its identity)."""
+
+    step_time_s: float = 0.0
+    busy_s: float | None = None
+    window_s: float | None = None
+    evaluation_run_s: float = 0.0
+    verify_s: float = 0.0
+    resume_each_s: float = 0.0
+    export_s: float = 0.0
+    num_variants: int = 0
+
+    @property
+    def initial(self) -> PlanInitial:
+        return self._required(PlanInitial, "initial")
+
+    @property
+    def variant(self) -> PlanVariant:
+        return self._required(PlanVariant, "variant")
+
+    @property
+    def phases(self) -> list[PlanPhase]:
+        return self.parts(PlanPhase, "phases")
+
+    @property
+    def projection(self) -> PlanProjection | None:
+        return self.part(PlanProjection, "projection")
+
+    def figure(self, name: str) -> float | None:
+        """The value of input figure `name` (None where the plan has none)."""
+        found = self.input_figure(name)
+        return found.value if found is not None else None
+
+    def input_figure(self, name: str) -> PlanFigure | None:
+        """Input figure `name` with its source (None where the plan has none; `figures` also
+        holds values that are not figures: the device, the counts, the method)."""
+        figures = self.raw.get("figures") or {}
+        if not isinstance(figures, dict) or figures.get(name) is None:
+            return None
+        return PlanFigure.of(self.path, figures[name], f"figures.{name}")
+
+    def _required(self, cls: type[R], name: str) -> R:
+        found = self.part(cls, name)
+        if found is None:
+            raise damaged(self.path, f"field {name!r} is missing")
+        return found
+
+    def check_parts(self) -> None:
+        _ = self.initial, self.variant, self.phases, self.projection
