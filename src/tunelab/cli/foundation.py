@@ -47,8 +47,8 @@ def validate(
         from tunelab.stages.sizing.recommend import parse_bytes
 
         budget = parse_bytes(memory_budget) if memory_budget else None
-        check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1, gpu=gpu,
-                          device_bytes=budget)  # fmt: skip
+        check_layout_load(study, cfg, strategy=strategy or "single", nproc=nproc or 1,
+                          nnodes=nnodes, gpu=gpu, device_bytes=budget)  # fmt: skip
     from tunelab.stages.train.precision import refused_here
 
     here = refused_here(cfg.training.precision)
