@@ -184,16 +184,16 @@ def test_a_qwen3_30b_a3b_study_is_planned_with_its_experts_resident(tmp_path, ca
     assert code == 0, err
     for card in ("RTX-4090", "L4"):
         assert f"{card}: does not fit at 1 GPU (load {weights:.1f} GB a GPU over 24 GB" in out
-    # on 1/2/4/8 GPUs a node FSDP splits the experts: 32 of 128 on each of 4 RTX-4090
+    # on 1/2/4/8 GPUs a node FSDP splits the experts: 32 of 128 on each of 4 GPUs
     code, out, err = run_cli(capsys, "plan", "-s", root, "--compare-gpus", "--json")
     assert code == 0, err
     result = json.loads(out[out.index("{") :])
-    four = next(
-        r
-        for r in result["layouts"]
-        if (r["gpu"], r["gpus"], r["strategy"]) == ("RTX-4090", 4, "fsdp")
-    )
-    assert four["fits"] and four["experts"] == "32 of 128 experts a layer on each GPU (FSDP)"
+    four = {r["gpu"]: r for r in result["layouts"] if (r["gpus"], r["strategy"]) == (4, "fsdp")}
+    for card in ("RTX-4090", "H100-SXM"):
+        assert four[card]["experts"] == "32 of 128 experts a layer on each GPU (FSDP)"
+    # the training fits on 4 RTX-4090, but tunelab eval loads the whole model on one of them
+    assert not four["RTX-4090"]["fits"] and "evaluation" in four["RTX-4090"]["why_not"]
+    assert four["H100-SXM"]["fits"], four["H100-SXM"]["why_not"]
     assert "FSDP shards the experts' weights" in result["notes"][0]
 
 

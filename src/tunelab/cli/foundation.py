@@ -24,6 +24,7 @@ def validate(
         str | None, typer.Option(help="Also check the study trains under ddp or fsdp.")
     ] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Processes per node.")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes, with --strategy.")] = 1,
     gpu: Annotated[
         str | None, typer.Option(help="With --nproc/--strategy: check the load on this GPU.")
     ] = None,
@@ -40,7 +41,7 @@ def validate(
     if strategy or nproc:
         from tunelab.stages.train.launch import Launch
 
-        Launch(nproc or 1, strategy or "single").check(cfg)
+        Launch(nproc or 1, strategy or "single", nnodes).check(cfg, rendezvous=False)
     if gpu or memory_budget:
         from tunelab.stages.hypothesis.validate import check_layout_load
         from tunelab.stages.sizing.recommend import parse_bytes

@@ -147,9 +147,11 @@ def train(
 
     s = open_study(study, sets)
     _require_name(resume_if_exists, name)
-    # rank 0 alone checks the name (the others start while it creates the run)
+    # rank 0 alone checks the name (the others start while it creates the run); the launcher of
+    # a node other than 0 reads no record: node 0's hold the run
     first = not under_torchrun() or os.environ.get("RANK") == "0"
-    parent = s.check_new_run("train", name if first and not resume_if_exists else None, parent)
+    if first and not node_rank:
+        parent = s.check_new_run("train", None if resume_if_exists else name, parent)
     launch = Launch(nproc or 1, strategy or "single", nnodes, node_rank, rdzv_endpoint)
     launch.check(s.config)
     if first:  # the layout must load on this GPU (CUDA only)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictFloat, model_serializer, model_validator
+from pydantic import Field, StrictFloat, field_validator, model_serializer, model_validator
 
 from tunelab.core.config_sections import HUB_ID, Section, without_defaults, without_unset
 
@@ -165,6 +165,31 @@ class PreprocessConfig(Section):
 # ---------------------------------------------------------------- training
 
 
+# the URL schemes a shard store may use: a folder (file), a bucket of a cloud's object store
+# (fsspec's s3fs, gcsfs, adlfs), or fsspec's in-process memory (tests)
+SHARD_STORE_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "abfss", "memory")
+
+
+def shard_store_problem(value: str) -> str | None:
+    """Why `value` cannot be training.shard_store (None when it can): an absolute folder, or a
+    URL of SHARD_STORE_SCHEMES with a bucket or path after `://`."""
+    if "://" not in value:
+        if not value.startswith("/"):
+            return (
+                "a folder must be absolute (the same path on every node), e.g. /mnt/shared/ckpt; "
+                "or give a URL such as s3://bucket/prefix"
+            )
+        return None
+    scheme, rest = value.split("://", 1)
+    if scheme not in SHARD_STORE_SCHEMES:
+        return f"unknown scheme {scheme!r}: use one of {', '.join(SHARD_STORE_SCHEMES)}"
+    if scheme == "file" and not rest.startswith("/"):
+        return "a file:// URL names an absolute folder: file:///mnt/shared/ckpt"
+    if not rest.strip("/"):
+        return f"{scheme}:// names no bucket or folder"
+    return None
+
+
 class TrainingConfig(Section):
     seed: int = 0
     micro_batch_size: int = Field(8, ge=1)
@@ -204,6 +229,27 @@ class TrainingConfig(Section):
         "folder), mlflow (the server or store named by MLFLOW_TRACKING_URI), wandb (WANDB_* "
         "settings).",
     )
+
+    shard_store: str | None = Field(
+        None,
+        description="Where a full fine-tune under FSDP on several nodes writes its checkpoint "
+        "shards: a folder every node mounts (/mnt/shared/ckpt, file:///...) or an fsspec URL "
+        "(s3://bucket/prefix, gs://..., az://...); needed there, unused otherwise.",
+    )
+
+    @field_validator("shard_store")
+    @classmethod
+    def _check_shard_store(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problem = shard_store_problem(value)
+        if problem:
+            raise ValueError(f"training.shard_store {value!r}: {problem}")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return without_unset(self, handler, "shard_store")
 
     @model_validator(mode="after")
     def _check_log_to(self) -> TrainingConfig:

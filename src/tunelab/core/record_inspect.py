@@ -84,6 +84,7 @@ class AnswerBudget(Record):
 class TokenView(Record):
     """One token of a shown example: its text, whether it is special, whether it carries loss."""
 
+    id: int = 0
     text: str = ""
     special: bool = False
     loss: bool = False
@@ -104,8 +105,10 @@ class InspectExample(Record):
     truncation_at: int | None = None
     num_loss_tokens: int | None = None
     loss_decoded: str | None = None  # a generating model's loss tokens, decoded
+    expected_loss_text: str | None = None  # the target and EOS, as the loss should decode
     label_index: int | None = None  # a classifier's label
     check: str | None = None  # ok, or the kinds of problems found
+    problems: list[dict[str, Any]] | None = None  # lib.preprocess.problems.Problem, as dicts
 
     @property
     def classifier(self) -> bool:

@@ -613,7 +613,7 @@ def test_an_augmented_run_resumed_after_sigterm_equals_the_straight_run(
     from tunelab.core.study import Study
     from tunelab.stages.train import stage as train_stage
     from tunelab.stages.train.callbacks import RunInterrupted
-    from tunelab.stages.train.stage import resume_run
+    from tunelab.stages.train.resume import resume_run
 
     root = tmp_path / "s"
     write_colour_folder(root / "data", per_label=6)

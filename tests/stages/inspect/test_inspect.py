@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from helpers.inspection import write_study
 from tunelab.core.config import validate_config
+from tunelab.core.record_inspect import Inspection
 from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX
 from tunelab.lib.preprocess.text import Preprocessor, length_stats
 from tunelab.lib.tasks import get_task
@@ -128,7 +129,7 @@ def test_inspect_encoder_truncation_point(tiny_bert_dir):
         assert not any(t["loss"] for t in e["tokens"])
 
 
-def test_html_page_escapes_user_strings(tiny_tok):
+def test_html_page_escapes_user_strings(tiny_tok, tmp_path):
     pre, task = make(tiny_tok, "extraction")
     rows = [
         {
@@ -140,7 +141,7 @@ def test_html_page_escapes_user_strings(tiny_tok):
     ]
     rec = inspect_rows(pre, task, rows, per_category=1)
     rec.update(inspect_id="inspect-x", study="<study>", split="train", snapshot_id="s")
-    page = render_html(rec)
+    page = render_html(Inspection.of(tmp_path / "inspect-x.json", rec))
     assert "<script" not in page and "<img" not in page and "<b>cat" not in page
     assert "&lt;script&gt;" in page and "&lt;img src=x" in page
     assert page.count("class='tokens'") == 1

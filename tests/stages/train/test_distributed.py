@@ -8,15 +8,10 @@ give the loss curve (and gradient norm, which AdamW's scale invariance would oth
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -25,6 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from helpers.nodes import free_port, launch_nodes, node_options, said
 from tunelab.core.errors import ConfigError, RunError
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.stages.train.launch import (
@@ -273,8 +269,9 @@ def test_fsdp_lora_equals_single_process_and_evaluates(study_root, reference_lor
     # padded batches here, packed in the reference: the same loss positions either way
     assert_same_curve(run_dir, reference_lora)
     final = run_dir / "checkpoints" / "final"
-    assert (final / "dcp" / ".metadata").exists()  # sharded weights + optimizer
-    assert not (final / "optimizer.safetensors").exists()
+    # LoRA's small state is gathered to rank 0 and written as one process writes it
+    assert (final / "optimizer.safetensors").exists() and not (final / "dcp").exists()
+    assert read_json(final / "state.json")["gathered"] is True
     got, want = adapter_tensors(run_dir), adapter_tensors(reference_lora)
     assert got.keys() == want.keys()  # gathered adapter in peft's format, same keys
     assert max((got[k] - want[k]).abs().max().item() for k in got) < TOL
@@ -345,69 +342,15 @@ def test_a_failed_rank_is_named_in_the_status(study_root):
 # ------------------------------------------------------------------ two nodes on one machine
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_two_nodes(study_root: Path, timeout: float) -> tuple[list[int | None], list, bool]:
-    """Both nodes of a 2-node DDP run on this machine, their pipes read at once (a node blocked
-    on a full pipe would hold the other at torchrun's exit barrier). Returns (exit codes,
-    [(stdout, stderr)], hung); a hung pair is killed, process groups and all."""
+    """Both nodes of a 2-node DDP run on this machine (`helpers.nodes.launch_nodes`)."""
     endpoint = f"127.0.0.1:{free_port()}"
     # LOGLEVEL=INFO: torchrun's agents say where they wait (rendezvous, exit barrier)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "LOGLEVEL": "INFO"}
-    nodes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tunelab",
-                "train",
-                "-s",
-                str(study_root),
-                "--nproc",
-                "1",
-                "--strategy",
-                "ddp",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--rdzv-endpoint",
-                endpoint,
-                "--set",
-                BASE_SETS[0],
-                "--json",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,  # each node's torchrun and ranks in one killable group
-        )  # fmt: skip
-        for node in (0, 1)
-    ]
-    outs: list = [("", ""), ("", "")]
-
-    def read(k: int) -> None:
-        outs[k] = nodes[k].communicate()
-
-    readers = [threading.Thread(target=read, args=(k,), daemon=True) for k in (0, 1)]
-    for t in readers:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in readers:
-        t.join(max(0.0, deadline - time.monotonic()))
-    hung = any(t.is_alive() for t in readers)
-    if hung:
-        for p in nodes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-        for t in readers:
-            t.join()
-    return [p.returncode for p in nodes], outs, hung
+    command = [sys.executable, "-m", "tunelab", "train", "-s", str(study_root), "--nproc", "1",
+               "--strategy", "ddp", "--set", BASE_SETS[0], "--json"]  # fmt: skip
+    commands = [[*command, *node_options(node, 2, endpoint)] for node in (0, 1)]
+    return launch_nodes(commands, timeout, [env, env])
 
 
 @pytest.mark.distributed
@@ -424,11 +367,11 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
         codes, outs, hung = launch_two_nodes(study_root, timeout=150)
         if not hung:
             break
-        said = "\n----\n".join(f"node {k}: {o[1][-3000:]}" for k, o in enumerate(outs))
         if attempt == 2:
-            pytest.fail(f"the two nodes hung twice; the second time they said:\n{said}")
+            pytest.fail(f"the two nodes hung twice; the second time they said:\n{said(outs)}")
         warnings.warn(
-            f"two-node run hung (node 0 stdout: {outs[0][0][-300:]!r}):\n{said}", stacklevel=1
+            f"two-node run hung (node 0 stdout: {outs[0][0][-300:]!r}):\n{said(outs)}",
+            stacklevel=1,
         )
     assert codes == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     assert json.loads(outs[0][0])["status"] == "completed" and outs[1][0].strip() == ""

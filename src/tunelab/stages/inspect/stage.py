@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
-from tunelab.core.record_inspect import AnswerBudget
+from tunelab.core.record_inspect import (
+    AnswerBudget,
+    InspectExample,
+    Inspection,
+    LengthStats,
+    TokenView,
+)
 from tunelab.core.records import write_bytes_atomic, write_json_atomic
 from tunelab.lib.preprocess.mask_checks import IGNORE_INDEX, check_collated
 from tunelab.lib.preprocess.text import Preprocessor, Problem, length_stats, nearest_rank
@@ -274,72 +280,79 @@ th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}
 """
 
 
-def _token_html(t: dict[str, Any]) -> str:
-    text = html.escape(t["text"])
+def _token_html(t: TokenView) -> str:
+    text = html.escape(t.text)
     text = text.replace("\n", '<span class="nl">\u21b5</span>\n').replace("\t", "\u2192")
-    classes = ["t"] + (["loss"] if t["loss"] else []) + (["special"] if t["special"] else [])
-    return f'<span class="{" ".join(classes)}" title="id {t["id"]}">{text}</span>'
+    classes = ["t"] + (["loss"] if t.loss else []) + (["special"] if t.special else [])
+    return f'<span class="{" ".join(classes)}" title="id {t.id}">{text}</span>'
 
 
-def _example_html(ex: dict[str, Any]) -> list[str]:
+def _example_html(ex: InspectExample) -> list[str]:
     """One shown example: its heading, its tokens with the loss marked, what the loss decodes to."""
     e = html.escape
     parts = []
     verdict = (
         "<span class='ok'>loss span = target</span>"
-        if ex["check"] == "ok"
-        else f"<span class='bad'>{e(ex['check'])}</span>"
+        if ex.check == "ok"
+        else f"<span class='bad'>{e(str(ex.check))}</span>"
     )
     cut = (
-        f", input cut by {ex['input_tokens_cut']} of {ex['input_tokens']} tokens"
-        if ex["truncated"]
-        else ""
+        f", input cut by {ex.input_tokens_cut} of {ex.input_tokens} tokens" if ex.truncated else ""
     )
     parts.append(
-        f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, "
-        f"{e(ex['why_shown'])}]</span></h2><p class='meta'>{ex['num_tokens']} tokens, "
-        + (
-            "the loss is on the label"
-            if "label_index" in ex
-            else f"{ex['num_loss_tokens']} under the loss"
-        )
+        f"<h2>{e(str(ex.id))} <span class='meta'>[{e(ex.category)}, "
+        f"{e(str(ex.why_shown))}]</span></h2><p class='meta'>{ex.num_tokens} tokens, "
+        + ("the loss is on the label" if ex.classifier else f"{ex.num_loss_tokens} under the loss")
         + f"{e(cut)}; {verdict}</p>"
     )
     toks = []
-    for i, t in enumerate(ex["tokens"]):
-        if ex["truncation_at"] == i:
+    for i, t in enumerate(ex.tokens):
+        if ex.truncation_at == i:
             toks.append("<span class='cut' title='truncation point'>\u2702</span>")
         toks.append(_token_html(t))
     parts.append(f"<div class='tokens'>{''.join(toks)}</div>")
-    if ex.get("loss_decoded") is not None:
+    if ex.loss_decoded is not None:
         parts.append(
-            f"<p class='meta'>loss decodes to <code>{e(ex['loss_decoded'])}</code>, expected "
-            f"<code>{e(ex['expected_loss_text'])}</code></p>"
+            f"<p class='meta'>loss decodes to <code>{e(ex.loss_decoded)}</code>, expected "
+            f"<code>{e(str(ex.expected_loss_text))}</code></p>"
         )
-    for p in ex["problems"]:
-        parts.append(f"<p class='problem'>{e(p['message'])} \u2014 fix: {e(p['fix'])}</p>")
+    for p in [Problem(**p) for p in ex.problems or []]:
+        parts.append(f"<p class='problem'>{e(p.message)} \u2014 fix: {e(p.fix)}</p>")
     return parts
 
 
-def render_html(record: dict[str, Any]) -> str:
+def _lengths_rows(record: Inspection) -> list[str]:
+    e = html.escape
+    stats = record.stats or LengthStats(record.path, {}, where="stats")
+    rows = []
+    for name, s in [("all", stats), *record.category_stats.items()]:
+        share = "-" if s.share_truncated is None else f"{100 * s.share_truncated:.1f} %"
+        rows.append(
+            f"<tr><td>{e(str(name))}</td><td>{s.n}</td><td>{s.p50}</td><td>{s.p95}</td>"
+            f"<td>{s.max}</td><td>{share}</td></tr>"
+        )
+    return rows
+
+
+def render_html(record: Inspection) -> str:
     """A self-contained page of the inspect record; every user string is escaped."""
     e = html.escape
-    stats = record["stats"]
-    pre = record["preprocess"]
+    pre = record.preprocess
+    problems = [Problem(**p) for p in record.problems or []]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>tunelab inspect {e(record.get('inspect_id', ''))}</title>",
+        f"<title>tunelab inspect {e(record.inspect_id)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>tunelab inspect: {e(str(record.get('study', '')))} / {e(record.get('split', ''))}</h1>",
-        f"<p class='meta'>snapshot {e(str(record.get('snapshot_id')))}, task "
-        f"{e(record['task']['kind'])}, template {e(str(pre['template']))}, template sha256 "
-        f"<code>{e(record['template_sha256'][:16])}</code>, max_seq_len {pre['max_seq_len']}, "
-        f"truncation side {e(pre['truncation_side'])}</p>",
+        f"<h1>tunelab inspect: {e(str(record.study or ''))} / {e(record.split)}</h1>",
+        f"<p class='meta'>snapshot {e(str(record.snapshot_id))}, task "
+        f"{e(str(record.task_kind))}, template {e(str(pre.template))}, template sha256 "
+        f"<code>{e(str(record.template_sha256)[:16])}</code>, max_seq_len {pre.max_seq_len}, "
+        f"truncation side {e(str(pre.truncation_side))}</p>",
         "<p>"
         + (
             "<span class='ok'>all checks pass</span>"
-            if record["ok"]
-            else f"<span class='bad'>{len(record['problems'])} problem(s): training will refuse "
+            if record.ok
+            else f"<span class='bad'>{len(problems)} problem(s): training will refuse "
             "this data</span>"
         )
         + "</p>",
@@ -347,31 +360,25 @@ def render_html(record: dict[str, Any]) -> str:
         "\u21b5: newline. <span class='cut'>\u2702</span>: truncation point.</p>",
         "<h2>Lengths (tokens)</h2><table><tr><th>category</th><th>n</th><th>p50</th>"
         "<th>p95</th><th>max</th><th>truncated</th></tr>",
+        *_lengths_rows(record),
+        "</table>",
     ]
-    rows = [("all", stats), *record["category_stats"].items()]
-    for name, s in rows:
-        share = "-" if s["share_truncated"] is None else f"{100 * s['share_truncated']:.1f} %"
-        parts.append(
-            f"<tr><td>{e(str(name))}</td><td>{s['n']}</td><td>{s['p50']}</td><td>{s['p95']}</td>"
-            f"<td>{s['max']}</td><td>{share}</td></tr>"
-        )
-    parts.append("</table>")
-    if record["problems"]:
+    if problems:
         parts.append("<h2>Stop conditions</h2><ul>")
-        for p in record["problems"]:
+        for p in problems:
             parts.append(
-                f"<li class='problem'>example <b>{e(p['example_id'])}</b> [{e(p['kind'])}]: "
-                f"{e(p['message'])}<br><span class='meta'>fix: {e(p['fix'])}</span></li>"
+                f"<li class='problem'>example <b>{e(p.example_id)}</b> [{e(p.kind)}]: "
+                f"{e(p.message)}<br><span class='meta'>fix: {e(p.fix)}</span></li>"
             )
         parts.append("</ul>")
-    budget = describe_answer_budget(record.get("answer_budget"))
+    budget = record.answer_budget.warning if record.answer_budget else None
     if budget:
         parts.append(f"<h2>Generation budget</h2><p class='bad'>{e(budget)}</p>")
-    if pre.get("notes"):
+    if pre.notes:
         parts.append("<h2>Notes</h2><ul>")
-        parts += [f"<li>{e(n)}</li>" for n in pre["notes"]]
+        parts += [f"<li>{e(n)}</li>" for n in pre.notes]
         parts.append("</ul>")
-    for ex in record["examples"]:
+    for ex in record.examples:
         parts += _example_html(ex)
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -451,7 +458,7 @@ def run(
     }
     record["sha256"] = sha256_json(record)
     json_path = write_json_atomic(out_dir / f"{inspect_id}.json", record)
-    page = render(record)
+    page = render(record if architecture == "image" else Inspection.of(json_path, record))
     html_path = write_bytes_atomic(out_dir / f"{inspect_id}.html", page.encode("utf-8"))
     study.ledger.add_event(
         None,

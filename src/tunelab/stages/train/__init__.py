@@ -7,7 +7,8 @@
   heartbeat, progress, signals
 - `save_checkpoint` / `load_checkpoint` / `check_checkpoint_files` (`checkpoint`): atomic,
   safetensors + JSON, no pickle, every strategy
-- `run` (the entry point of `tunelab train`), `resume_run`, `load_run_model` (`stage`)
+- `run` (the entry point of `tunelab train`), `load_run_model` (`stage`); `resume_run`
+  (`resume`)
 
 The loss of an optimizer step is the summed cross-entropy of its micro-batches divided by the
 total number of loss tokens across them (counted before the forwards; an encoder example is one
@@ -34,7 +35,7 @@ _HOMES = {
     "RunInterrupted": "callbacks",
     "load_run_model": "stage",
     "read_metrics": "stage",
-    "resume_run": "stage",
+    "resume_run": "resume",
     "SingleProcess": "strategy",
     "Strategy": "strategy",
 }

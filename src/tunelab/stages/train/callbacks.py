@@ -34,6 +34,7 @@ import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +186,11 @@ class CheckpointSaver:
         identity: dict[str, Any],
         keep_last: int,
         clock: Clock,
+        shards_at: Callable[[int], str] | None = None,
     ):
         self.root, self.loop, self.method = root, loop, method
         self.identity, self.keep_last, self.clock = identity, keep_last, clock
+        self.shards_at = shards_at  # step -> the shard store's location (several nodes)
 
     def save(self, state: TrainState) -> Path:
         loop = self.loop
@@ -200,6 +203,7 @@ class CheckpointSaver:
             scaler=loop.scaler,
             method=self.method,
             strategy=loop.strategy,
+            shards_at=self.shards_at(state.step) if self.shards_at else None,
             state={
                 **self.identity,
                 "position": state.position.to_dict(),

@@ -303,10 +303,14 @@ def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
 def kill_for_test(point: str, step: int) -> None:
     """Only for the test suite: signal this process at a named point, from
     TUNELAB_TEST_KILL_AT="step:5" (SIGKILL after step 5), "save:6" (SIGKILL in the middle of
-    writing checkpoint 6) or "term:5" (SIGTERM after step 5)."""
+    writing checkpoint 6), "term:5" (SIGTERM after step 5) or "hold:5" (stop after step 5
+    until the test kills the process)."""
     wanted = os.environ.get("TUNELAB_TEST_KILL_AT")
     if not wanted:
         return
+    if point == "step" and wanted == f"hold:{step}":
+        while True:
+            signal.pause()
     if wanted == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
     if point == "step" and wanted == f"term:{step}":
@@ -324,34 +328,35 @@ def save_checkpoint(
     method: str,
     state: dict[str, Any],
     strategy: Strategy | None = None,
+    shards_at: str | None = None,
 ) -> Path:
     """Write checkpoints/step-XXXXXX atomically; `state` holds position, config sha, ...
 
     Under a distributed strategy every rank calls it and gets the same path: rank 0 writes the
-    folder, a sharded model's ranks each write their shards into it (`strategy.shard_writer`),
-    and every rank's generator states go into state.json.
+    folder; a sharded model's ranks hand their state to its `shard_writer` (a full fine-tune's
+    shards go to `shards_at` on several nodes), and every rank's generator states go into
+    state.json. The other ranks read and write nothing of `root`.
     """
     from safetensors.torch import save_file
 
     strategy = strategy or SingleProcess()
     final = root / step_dir_name(step)
-    if strategy.broadcast_object(final.exists()):
+    if strategy.broadcast_object(final.exists() if strategy.is_main else None):
         return final
     tmp = None
     if strategy.is_main:
         root.mkdir(parents=True, exist_ok=True)
         tmp = temp_dir_beside(final)
-    tmp = Path(strategy.broadcast_object(str(tmp) if tmp else None))
     # rank 0's generators go to rng.safetensors; every other rank's (its dropout masks differ)
     # to state.json, so that a resumed run draws what the uninterrupted one would have
     rank_rng = strategy.gather_objects(encode_rng())[1:]
     model = strategy.unwrap(model)
     writer = strategy.shard_writer
     if writer is not None:
-        fields = writer.save(tmp, model, optimizer, method)
+        fields = writer.save(tmp, model, optimizer, method, shards_at)
     else:
-        fields = _save_replica(tmp, model, optimizer, method) if strategy.is_main else {}
-    if strategy.is_main:
+        fields = _save_replica(tmp, model, optimizer, method) if tmp is not None else {}
+    if tmp is not None:
         kill_for_test("save", step)
         write_json_atomic(tmp / SCHEDULER, scheduler.state_dict())
         rng_tensors, rng_rest = capture_rng()
@@ -380,6 +385,30 @@ def save_checkpoint(
     return final
 
 
+def _read_for_resume(
+    path: Path, strategy: Strategy, optimizer: Any, scheduler: Any
+) -> dict[str, Any]:
+    """Rank 0: what every rank needs of checkpoint `path` (its state.json, the scheduler's
+    state, where a sharded model's shards are). Raises CheckpointError on a damaged
+    checkpoint or one written by another strategy or number of processes."""
+    state = read_checkpoint_state(path)
+    if optimizer is not None:
+        require_resume_state(path, state)
+    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
+    if saved != (strategy.name, strategy.world_size):
+        raise CheckpointError(
+            f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
+            f"{strategy.name} on {strategy.world_size}",
+            hint="resume with the strategy and --nproc the run was started with",
+        )
+    writer = strategy.shard_writer
+    return {
+        "state": state,
+        "scheduler": read_json(path / SCHEDULER) if scheduler is not None else None,
+        "shards": writer.shards_of(path, state) if writer is not None else None,
+    }
+
+
 def load_checkpoint(
     path: Path,
     *,
@@ -393,52 +422,100 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint into the given objects; returns its state.json.
 
-    Every rank of a distributed strategy calls it. Raises CheckpointError on a damaged
-    checkpoint or one written by another strategy or number of processes.
+    Every rank of a distributed strategy calls it; rank 0 reads the checkpoint and gives the
+    other ranks what they need (they read nothing of `path`). Raises CheckpointError on a
+    damaged checkpoint or one written by another strategy or number of processes.
     """
     from safetensors.torch import load_file
 
+    from tunelab.stages.train.nodes import from_main
+
     strategy = strategy or SingleProcess()
-    state = read_checkpoint_state(path)
-    if optimizer is not None:
-        require_resume_state(path, state)
-    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
-    if saved != (strategy.name, strategy.world_size):
-        raise CheckpointError(
-            f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
-            f"{strategy.name} on {strategy.world_size}",
-            hint="resume with the strategy and --nproc the run was started with",
-        )
+    found = from_main(strategy, lambda: _read_for_resume(path, strategy, optimizer, scheduler))
+    state = found["state"]
     model = strategy.unwrap(model)
     if strategy.shard_writer is not None:
-        strategy.shard_writer.load(path, model, optimizer, method)
+        folder = path if strategy.is_main else None
+        strategy.shard_writer.load(folder, model, optimizer, method, found["shards"])
     else:
-        _load_replica(path, model, optimizer, method)
+        if strategy.is_main:
+            _load_replica(path, model, optimizer, method)
+        share_replica(strategy, model, optimizer)
     if scheduler is not None:
-        scheduler.load_state_dict(read_json(path / SCHEDULER))
+        scheduler.load_state_dict(found["scheduler"])
     if scaler is not None and state.get("grad_scaler"):
         scaler.load_state_dict(state["grad_scaler"])
     if restore_rng_state:
-        restore_rng(load_file(str(path / RNG)), state["rng"])
-        if strategy.rank > 0:
+        if strategy.is_main:
+            restore_rng(load_file(str(path / RNG)), state["rng"])
+        else:
             decode_rng(state["rank_rng"][strategy.rank - 1])
     return state
 
 
+def share_replica(
+    strategy: Strategy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
+    """After rank 0 loaded a replica checkpoint (DDP): its trainable weights and optimizer
+    state on every rank, through the process group. A collective."""
+    if strategy.world_size == 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                dist.broadcast(p.data, src=0)
+    if optimizer is None:
+        return
+    tensors, rest = flatten_optimizer(optimizer.state_dict()) if strategy.is_main else ({}, None)
+    rest = strategy.broadcast_object(rest)
+    tensors = broadcast_tensors(strategy, tensors)
+    if not strategy.is_main:
+        optimizer.load_state_dict(unflatten_optimizer(tensors, rest))
+
+
+def broadcast_tensors(strategy: Strategy, tensors: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's named CPU tensors on every rank (names, shapes and dtypes first). A
+    collective."""
+    import torch
+    import torch.distributed as dist
+
+    shapes = {n: (list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
+    shapes = strategy.broadcast_object(shapes if strategy.is_main else None)
+    device = getattr(strategy, "comm_device", torch.device("cpu"))
+    out = {}
+    for name, (shape, dtype) in shapes.items():
+        if strategy.is_main:
+            t = tensors[name].to(device)
+        else:
+            t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        dist.broadcast(t, src=0)
+        out[name] = t.cpu()
+    return out
+
+
 def prune_checkpoints(root: Path, keep_last: int) -> list[Path]:
-    """Remove all but the newest `keep_last` checkpoints and the final one; stale temp folders too.
+    """Remove all but the newest `keep_last` checkpoints and the final one; stale temp folders too,
+    and the shards a removed checkpoint kept in the shard store.
 
     A checkpoint is first renamed to a hidden name, so a kill during removal never leaves a
     half-deleted folder that looks complete.
     """
+    from tunelab.stages.train import shard_store
+
     keep = {p for _, p in list_checkpoints(root)[-keep_last:]}
     final = final_checkpoint(root)
     removed = []
     for _, p in list_checkpoints(root):
         if p not in keep and p != final:
+            shards = read_json(p / STATE).get("shards") if (p / STATE).is_file() else None
             trash = root / f".trash-{p.name}-{uuid.uuid4().hex[:8]}"
             os.replace(p, trash)
             shutil.rmtree(trash, ignore_errors=True)
+            if shards:
+                shard_store.remove(shards)
             removed.append(p)
     return removed
 

@@ -50,6 +50,7 @@ from tunelab.stages.train.parallel import (
 )
 from tunelab.stages.train.process_group import destroy_process_group
 from tunelab.stages.train.rank_run import SINGLE, recorded_strategy
+from tunelab.stages.train.shard_store import store_problems
 
 
 @dataclass
@@ -66,13 +67,18 @@ class Launch:
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
-    def check(self, cfg: Any = None) -> None:
-        """Raise ConfigError on a contradiction between the options, or between the strategy
-        and the study's config `cfg` (when given)."""
-        problems = strategy_problems(cfg, self.strategy) if cfg is not None else []
+    def check(self, cfg: Any = None, rendezvous: bool = True) -> None:
+        """Raise ConfigError on a contradiction between the options, or between the layout
+        and the study's config `cfg` (when given); `rendezvous`: several nodes need
+        --node-rank and --rdzv-endpoint (`validate --nnodes` checks the layout alone)."""
+        problems = []
+        if cfg is not None:
+            problems = strategy_problems(cfg, self.strategy)
+            problems += store_problems(cfg, self.strategy, self.nnodes)
         if problems:
+            nodes = f" on {self.nnodes} nodes" if self.nnodes > 1 else ""
             raise ConfigError(
-                f"--strategy {self.strategy}: " + "; ".join(problems),
+                f"--strategy {self.strategy}{nodes}: " + "; ".join(problems),
                 hint="change the strategy or the study's config",
             )
         if self.strategy not in (SINGLE, *STRATEGIES):
@@ -87,7 +93,7 @@ class Launch:
                 f"--nproc {self.nproc} --nnodes {self.nnodes} needs a distributed strategy",
                 hint="add --strategy ddp (a replica per rank) or --strategy fsdp (sharded)",
             )
-        if self.nnodes > 1 and (self.node_rank is None or not self.rdzv_endpoint):
+        if rendezvous and self.nnodes > 1 and (self.node_rank is None or not self.rdzv_endpoint):
             raise ConfigError(
                 f"--nnodes {self.nnodes} needs --node-rank and --rdzv-endpoint",
                 hint="run the same command on every node with --node-rank 0..N-1 and "
@@ -221,8 +227,12 @@ def settle(
     failures = [r for r in records if r.get("kind", "failed") == "failed"]
     info = announced_run(launch_dir)
     if info is None:
-        # Failed before rank 0 created the run, or this node does not hold rank 0.
+        # Failed before rank 0 created the run (or before it told this node which run).
         return LaunchResult(returncode, None, None, None, failures)
+    if info["run_dir"] is None:
+        # A node without rank 0: the run's records are node 0's; this launcher writes nothing.
+        status = "completed" if returncode == 0 else None
+        return LaunchResult(returncode, info["run_id"], None, status, failures)
     run_dir = Path(info["run_dir"])
     for r in records:
         write_json_atomic(run_dir / "ranks" / f"rank-{r['rank']}.json", r, overwrite=True)
@@ -273,6 +283,14 @@ def raise_for_result(result: LaunchResult) -> None:
     """Raise RunError when the launch failed (the CLI prints it, exit 2)."""
     if result.returncode == 0:
         return
+    if result.run_id and result.run_dir is None:
+        # a node without rank 0: the run's status is in node 0's records
+        raise RunError(
+            f"this node's ranks of run {result.run_id} stopped: "
+            f"{failure_reason(root_causes(result.rank_failures), result.returncode)}",
+            hint="node 0's records hold the run's status (`tunelab runs` there); the same "
+            "command with --name NAME --resume-if-exists on every node resumes an interrupted run",
+        )
     where = f"run {result.run_id} {result.status}" if result.run_id else "no run was created"
     if result.run_dir and result.status == "interrupted":
         reason = RunStatus.read(result.run_dir / "status.json").reason

@@ -75,19 +75,23 @@ def report_rank_failure() -> Iterator[None]:
         raise
 
 
-def announce_run(run_id: str, run_dir: Path) -> None:
-    """Rank 0 tells the launcher which run this launch created (`run.json` in the launch dir)."""
+def announce_run(run_id: str, run_dir: Path | None) -> None:
+    """Tell the launcher which run this launch trains (`run.json` in the launch dir): rank 0
+    names the run's folder; a node without rank 0 names the run only (`run_dir` None: its
+    records are node 0's)."""
     folder = launch_dir()
     if folder is None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "run.json.tmp"
-    tmp.write_text(json.dumps({"run_id": run_id, "run_dir": str(run_dir)}))
+    where = str(run_dir) if run_dir is not None else None
+    tmp.write_text(json.dumps({"run_id": run_id, "run_dir": where}))
     os.replace(tmp, folder / "run.json")
 
 
 def announced_run(folder: Path) -> dict[str, Any] | None:
-    """`run.json` of a launch folder ({run_id, run_dir}), None when rank 0 left none."""
+    """`run.json` of a launch folder ({run_id, run_dir}; run_dir None on a node without rank 0),
+    None when no rank left one."""
     path = folder / "run.json"
     return json.loads(path.read_text()) if path.exists() else None
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from tunelab.core.study import Run, Study
 from tunelab.stages.train import stage as train_stage
-from tunelab.stages.train.stage import RUN_KIND, resume_run
+from tunelab.stages.train.resume import resume_run
+from tunelab.stages.train.stage import RUN_KIND
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 
 

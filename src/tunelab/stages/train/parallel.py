@@ -191,7 +191,7 @@ class FSDP(Distributed):
                 "training.precision: fp16 is not supported with --strategy fsdp",
                 hint="use --set training.precision=bf16 or fp32",
             )
-        self.shard_writer = ShardedCheckpoint(self.is_main)
+        self.shard_writer = ShardedCheckpoint(self)
         self.bytes_read: int | None = None  # from the weight files, when loaded sharded
 
     def loads_sharded(self, base: Any, cfg: Any) -> bool:

@@ -78,7 +78,8 @@ def require_resume_state(path: Path, state: dict[str, Any]) -> None:
 def resume_state_problems(path: Path, state: dict[str, Any]) -> list[str]:
     """Every problem of a checkpoint's optimizer, scheduler and generator states."""
     problems = []
-    sharded = (path / "dcp").is_dir()  # FSDP: the optimizer's shards are in dcp/
+    # FSDP's full fine-tune: the optimizer's shards are in dcp/, or in the shard store
+    sharded = (path / "dcp").is_dir() or bool(state.get("shards"))
     wanted = [SCHEDULER, RNG] + ([] if sharded else [OPTIMIZER_TENSORS, OPTIMIZER_REST])
     for name in wanted:
         if not (path / name).is_file():

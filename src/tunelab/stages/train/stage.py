@@ -1,7 +1,7 @@
 """A training run from a study: the record, the statuses, signals, checkpoints and resume.
 
-`run(study)` starts a run with a new id; `resume_run(study, run_id)` continues a stopped
-one in the same folder. Statuses (status.json and the ledger):
+`run(study)` starts a run with a new id; `tunelab.stages.train.resume.resume_run(study,
+run_id)` continues a stopped one in the same folder. Statuses (status.json and the ledger):
 
 - running: with a heartbeat (ledger and status.json) every few seconds
 - completed: the final checkpoint is written and `checkpoints/final` points at it
@@ -10,8 +10,8 @@ one in the same folder. Statuses (status.json and the ledger):
 - interrupted: SIGINT / SIGTERM (a checkpoint is saved first), or a SIGKILL found later by a
   stale heartbeat (`Study.reconcile`)
 
-`run(study, *, name, parent, why, resume_from=None, progress=None, strategy=None) -> Run`
-and `resume_run(study, run_id, progress=None, strategy=None) -> Run`: `progress("train", step,
+`run(study, *, name, parent, why, progress=None, strategy=None) -> Run` (and `resume_run(study,
+run_id, progress=None, strategy=None) -> Run`): `progress("train", step,
 total_steps, "loss ... | rate")` on rank 0 after every step (core.progress). Resume keeps the run id
 and refuses completed, invalid and running runs, a changed config sha (the recorded `--set`
 re-applied), a newer or tampered snapshot and a changed base. Both raise after recording the
@@ -56,7 +56,6 @@ from tunelab.core.errors import (
     RunError,
     TunelabError,
 )
-from tunelab.core.ledger import utc_now
 from tunelab.core.progress import Progress
 from tunelab.core.records import (
     append_jsonl,
@@ -65,7 +64,7 @@ from tunelab.core.records import (
     write_jsonl_atomic,
 )
 from tunelab.core.study import Run, Study
-from tunelab.stages.hypothesis.stage import diff_dicts, require_hypothesis
+from tunelab.stages.hypothesis.stage import require_hypothesis
 from tunelab.stages.sizing.gate import require_peaks_fit
 from tunelab.stages.smoke.platform import check_platform
 from tunelab.stages.train import callbacks as cb
@@ -74,9 +73,8 @@ from tunelab.stages.train import compute, rank_run
 from tunelab.stages.train.batches import Position
 from tunelab.stages.train.build import build_loop, build_model, seed_everything
 from tunelab.stages.train.callbacks import Heartbeat, RunInterrupted, SignalStop
-from tunelab.stages.train.layout import incomplete_checkpoints
 from tunelab.stages.train.loop import InvalidRun, Loop, StepCallback, TrainState, train_loop
-from tunelab.stages.train.resume_check import require_resume_state
+from tunelab.stages.train.nodes import copy_fingerprint, from_main, require_same_copies
 from tunelab.stages.train.schedule import total_steps
 from tunelab.stages.train.strategy import SingleProcess, Strategy
 from tunelab.stages.train.validation import validation_batches
@@ -98,7 +96,8 @@ class RunFailed(RunError):
 # ------------------------------------------------------------------ helpers
 
 
-def _ckpt_root(run: Run) -> Path:
+def checkpoints_root(run: Run) -> Path:
+    """The run's checkpoints folder (on rank 0; a follower's names its own study copy)."""
     return run.dir / "checkpoints"
 
 
@@ -172,25 +171,20 @@ def run(
     name: str | None = None,
     parent: str | None = None,
     why: str | None = None,
-    resume_from: str | None = None,
     progress: Progress | None = None,
     strategy: Strategy | None = None,
     platform_why: str | None = None,
 ) -> Run:
-    """Start a training run (or continue `resume_from`); returns the run once it completed.
+    """Start a training run; returns the run once it completed.
 
     `progress("train", step, total_steps, text)` is called on rank 0 after every step (the CLI
     draws the bar). Raises RunInterrupted (SIGINT/SIGTERM, checkpoint saved), InvalidRun / PreprocessError
     (status invalid), RunFailed (status failed) and the usual TunelabErrors before the run
     exists (no hypothesis, no snapshot, no model).
     """
-    if resume_from is not None:
-        return resume_run(
-            study, resume_from, progress=progress, strategy=strategy, platform_why=platform_why
-        )
     prep = prepare_run(study)
-    require_peaks_fit(study, prep.snapshot, "train")
-    gate = check_platform(study, "train", platform_why)
+    require_same_copies(strategy, copy_fingerprint(prep))
+    gate = from_main(strategy, lambda: _gate(study, prep, platform_why))
     run = rank_run.create_run(  # rank 0 writes the record; the other ranks follow it
         strategy,
         study,
@@ -213,91 +207,11 @@ def run(
     return run
 
 
-def resume_run(
-    study: Study,
-    run_id: str,
-    *,
-    progress: Progress | None = None,
-    strategy: Strategy | None = None,
-    platform_why: str | None = None,
-) -> Run:
-    """Continue a stopped run in its own folder from its latest complete checkpoint.
-
-    Refuses a completed, invalid or still-running run, a changed config (study.yaml plus the
-    run's recorded --set overrides), a changed data snapshot, or a changed base model.
-    """
-    study.reconcile()
-    run = study.get_run(run_id)
-    row = run.row
-    if row.kind != RUN_KIND:
-        raise RunError(f"run {run.id} is a {row.kind} run, not a training run")
-    if row.status in ("completed", "invalid", "running"):
-        why = {
-            "completed": "it already completed",
-            "invalid": f"it is invalid ({row.reason})",
-            "running": f"it is still running (pid {row.pid})",
-        }[row.status]
-        raise RunError(
-            f"run {run.id} cannot be resumed: {why}",
-            hint="start a new run with `tunelab train` (a run is never restarted over itself)",
-        )
-    record = run.record
-    resumed = Study.open(study.root, record.overrides or [])
-    cfg = resumed.config
-    if cfg.sha256() != record.config_sha256:
-        changes = diff_dicts(record.config, cfg.to_dict())
-        shown = "; ".join(f"{d['path']}: {d['old']!r} -> {d['new']!r}" for d in changes[:8])
-        raise RunError(
-            f"run {run.id} was started with another config: {shown}",
-            hint="undo the edit of study.yaml to resume, or start a new run with `tunelab train` "
-            f"(e.g. --parent {run.id})",
-        )
-    from tunelab.stages.data import load_snapshot
-
-    latest = load_snapshot(resumed)
-    if latest.id != record.data_snapshot:
-        raise RunError(
-            f"the data snapshot changed since run {run.id} started "
-            f"({(record.data_snapshot or '')[:12]} -> {latest.id[:12]})",
-            hint="a resumed run must see the same data; start a new run with `tunelab train`",
-        )
-    prep = prepare_run(resumed, record.data_snapshot)
-    if prep.base.identity["sha256"] != (record.base_model or {}).get("sha256"):
-        raise RunError(
-            f"the base model changed since run {run.id} started ({prep.base.path})",
-            hint="restore the original model folder, or start a new run",
-        )
-    root = _ckpt_root(run)
-    ckpt.remove_stale_temp(root)
-    latest_ckpt = ckpt.latest_checkpoint(root)
-    if latest_ckpt is not None:
-        state = ckpt.read_checkpoint_state(latest_ckpt)
-        require_resume_state(latest_ckpt, state)
-        if (state["config_sha256"], state["data_snapshot"]) != (
-            record.config_sha256,
-            record.data_snapshot,
-        ):
-            raise CheckpointError(
-                f"{latest_ckpt} was written for another config or snapshot",
-                hint="the run folder was edited; start a new run",
-            )
-    require_peaks_fit(resumed, prep.snapshot, "resume")
-    gate = check_platform(study, "resume", platform_why)
-    skipped = incomplete_checkpoints(root, latest_ckpt)
-    run = rank_run.follow(strategy, run)
-    run.set_status(
-        "running",
-        f"resumed from {latest_ckpt.name if latest_ckpt else 'the start (no checkpoint yet)'}"
-        + "".join(f"; {p.name} skipped: no DONE marker (cut by a kill)" for p in skipped),
-    )
-    if skipped and (strategy or SingleProcess()).is_main:
-        study.ledger.add_event(run.id, "checkpoint_skipped", [p.name for p in skipped])
-    if (strategy or SingleProcess()).is_main:
-        append_jsonl(run.path("platforms.jsonl"), {"at": utc_now(), "command": "resume", **gate})
-        if "override" in gate:
-            study.ledger.add_event(run.id, "platform_override", gate["override"])
-    execute_run(resumed, run, prep, resume=latest_ckpt, progress=progress, strategy=strategy)
-    return run
+def _gate(study: Study, prep: Prepared, platform_why: str | None) -> dict[str, Any]:
+    """Rank 0's checks of node 0's records before a run starts: the sizing's peaks, then the
+    platform gate (returned)."""
+    require_peaks_fit(study, prep.snapshot, "train")
+    return check_platform(study, "train", platform_why)
 
 
 # ------------------------------------------------------------------ the run
@@ -463,7 +377,7 @@ def _train(
         if prep.validation and t.eval_every_steps
         else []
     )
-    root = _ckpt_root(run)
+    root = checkpoints_root(run)
     state, elapsed_before = _restore(loop, resume, method)
     if strategy.is_main:
         # a resume without a checkpoint redoes step 0 (the initial validation loss) too
@@ -475,8 +389,9 @@ def _train(
     clock = cb.Clock(elapsed_before)
     identity = {"config_sha256": cfg.sha256(), "data_snapshot": prep.snapshot.id}
     saver = cb.CheckpointSaver(
-        root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints, clock=clock
-    )
+        root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints,
+        clock=clock, shards_at=_shards_at(cfg, run, strategy),
+    )  # fmt: skip
     checkpoints = cb.Checkpoints(saver, t.checkpoint_every_steps)
     live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
     if validation.initial is not None:
@@ -510,6 +425,25 @@ def _train(
     return summary
 
 
+def _shards_at(cfg: StudyConfig, run: Run, strategy: Strategy) -> Any:
+    """step -> where a full fine-tune's shards go on several nodes (the shard store; `launch`
+    refused the layout without one); None where they go into the checkpoint's folder."""
+    from tunelab.stages.train import shard_store
+    from tunelab.stages.train.nodes import several_nodes
+
+    if not (several_nodes(strategy) and shard_store.needs_store(cfg, strategy.name, 2)):
+        return None
+    store = cfg.training.shard_store
+    if not store:
+        raise RunError(
+            f"{shard_store.STORE_FIELD} is not set: a full fine-tune under FSDP on several nodes "
+            "writes its shards there",
+            hint=f"set {shard_store.STORE_FIELD} in study.yaml (a folder every node mounts, or "
+            "s3://bucket/prefix)",
+        )
+    return lambda step: shard_store.location(store, cfg.name, run.id, step)
+
+
 def _finish(
     run: Run,
     root: Path,
@@ -521,12 +455,14 @@ def _finish(
     strategy: Strategy,
     t: TrainingConfig,
 ) -> dict[str, Any]:
-    """Point `final` at the last checkpoint; the summary that status.json records."""
+    """Point `final` at the last checkpoint; the summary that status.json records (rank 0's:
+    the other ranks hold no record and return none)."""
+    if not strategy.is_main:
+        return {}
     final = ckpt.latest_checkpoint(root)
     assert final is not None and final.name == ckpt.step_dir_name(steps)
-    if strategy.is_main:
-        ckpt.mark_final(root, steps)
-        ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
+    ckpt.mark_final(root, steps)
+    ckpt.prune_checkpoints(root, t.keep_last_checkpoints)
     rows = [r for r in read_jsonl(run.path("metrics.jsonl")) if "loss" in r]
     elapsed = clock.elapsed()
     return {
@@ -574,7 +510,7 @@ def load_run_model(
 
     run = study.get_run(run) if isinstance(run, str) else run
     record, cfg = run.record, run.config
-    root = _ckpt_root(run)
+    root = checkpoints_root(run)
     if checkpoint is None:
         path = ckpt.final_checkpoint(root)
         if path is None:
@@ -625,6 +561,5 @@ __all__ = [
     "load_run_model",
     "prepare_run",
     "read_metrics",
-    "resume_run",
     "run",
 ]

@@ -10,8 +10,8 @@ is the identity.
 `Strategy`: `name` ("single" | "ddp" | "fsdp"), `rank`, `world_size`, `is_main`, `wrap_model`,
 `unwrap`, `shard_indices`, `all_reduce_sum`, `broadcast_object`, `gather_objects`, `barrier`,
 `describe()` (env.json's `distributed`, None for a single process), `accumulate(model, last)`,
-and `shard_writer` (`ShardWriter.save(folder, model, optimizer, method) -> state fields`,
-`load(...)`; collectives). `SingleProcess` is the identity.
+and `shard_writer` (`ShardWriter.save(folder, model, optimizer, method, shards_at) -> state
+fields`, `load(...)`, `shards_of(folder, state)`; collectives). `SingleProcess` is the identity.
 """
 
 from __future__ import annotations
@@ -26,18 +26,34 @@ if TYPE_CHECKING:  # torch stays unimported for the commands that only read chec
 
 
 class ShardWriter(Protocol):
-    """Writes and reads the weights and optimizer states of a sharded model; collectives."""
+    """Writes and reads the weights and optimizer states of a sharded model; collectives.
+    `folder` is the checkpoint's folder on rank 0 and None on the other ranks."""
 
     def save(
-        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+        self,
+        folder: Path | None,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        method: str,
+        shards_at: str | None = None,
     ) -> dict[str, Any]:
-        """Write this rank's shards (and, on rank 0, the gathered trainable weights in the
-        single-process format) into `folder`; returns fields for state.json."""
+        """Write the checkpoint's weights and optimizer states (each rank's shards to
+        `shards_at` or rank 0's folder, or gathered to rank 0); returns fields for
+        state.json."""
         ...
 
     def load(
-        self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, method: str
+        self,
+        folder: Path | None,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        method: str,
+        shards: str | None = None,
     ) -> None: ...
+
+    def shards_of(self, folder: Path, state: dict[str, Any]) -> str | None:
+        """Rank 0: where checkpoint `folder` keeps its shards (None: gathered in it)."""
+        ...
 
 
 class Strategy(Protocol):
