@@ -12,7 +12,13 @@ from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_jso
 from tunelab.cli.plan import print_load
 from tunelab.cli.progress import ProgressBoard
 from tunelab.core.errors import ConfigError
-from tunelab.core.record_sizing import SizingPeak, peak_of
+from tunelab.core.record_sizing import (
+    SizingPeak,
+    SizingRecommendation,
+    lengths_of,
+    peak_of,
+    recommendation_of,
+)
 from tunelab.core.record_types import Sizing
 from tunelab.stages.sizing.recommend import (
     PRECISIONS,
@@ -286,11 +292,11 @@ def _peaks_note(record: dict[str, Any]) -> None:
             console.print(words)
 
 
-def _recommendation(rec: dict[str, Any], cuda: bool, rate: str) -> None:
-    budget = _size(rec["budget_bytes"])
-    if not rec.get("fits"):
-        console.print(f"[red]nothing fits[/] the budget of {budget}: {rec['reason']}")
-        for other in rec.get("other_methods") or []:
+def _recommendation(rec: SizingRecommendation, cuda: bool, rate: str) -> None:
+    budget = _size(rec.budget_bytes)
+    if not rec.fits:
+        console.print(f"[red]nothing fits[/] the budget of {budget}: {rec.reason}")
+        for other in rec.other_methods or []:
             if other["fits"]:  # a method measured beside the study's (--methods)
                 console.print(
                     f"  adaptation.method {other['method']} fits: micro-batch "
@@ -299,49 +305,53 @@ def _recommendation(rec: dict[str, Any], cuda: bool, rate: str) -> None:
                     f"{_size(other['predicted_peak_bytes'])}"
                 )
         return
-    measured = f", {rec['tokens_per_s']:,.0f} {rate} measured" if rec.get("tokens_per_s") else ""
-    row = f' (row "{rec["row"]}")' if rec.get("row") else ""
+    measured = f", {rec.tokens_per_s:,.0f} {rate} measured" if rec.tokens_per_s else ""
+    row = f' (row "{rec.row}")' if rec.row else ""
     console.print(
-        f"[green]recommended[/]: micro-batch {rec['micro_batch']} x accumulation "
-        f"{rec['grad_accum']} (effective {rec['effective_batch']}), checkpointing "
-        f"{'on' if rec['checkpointing'] else 'off'}, {rec['precision']}{measured}{row}."
+        f"[green]recommended[/]: micro-batch {rec.micro_batch} x accumulation "
+        f"{rec.grad_accum} (effective {rec.effective_batch}), checkpointing "
+        f"{'on' if rec.checkpointing else 'off'}, {rec.precision}{measured}{row}."
     )
-    peak = _size(rec["predicted_peak_bytes"])
-    scale = rec.get("calibration") or 1.0
+    peak = _size(rec.predicted_peak_bytes)
+    scale = rec.calibration or 1.0
     # the table compares a step's increase (CPU) or its tensors (CUDA); the budget holds all
     calibrated = (
         f" (x {scale:.2f}: the largest measured / predicted ratio above)" if scale > 1 else ""
     )
-    if "fixed_bytes" not in rec:
+    margin = rec.margin or 0.0
+    if rec.fixed_bytes is None:
         what = "peak allocated" if cuda else "peak RSS of the whole process"
         console.print(f"predicted {what}: {peak} of a {budget} budget")
     elif cuda:
         console.print(
             f"predicted peak allocated: {peak}, the analytic peak{calibrated}, of a {budget} budget "
-            f"({rec['margin']:.0%} kept as margin)."
+            f"({margin:.0%} kept as margin)."
         )
     else:
         console.print(
             f"predicted peak RSS of the whole process: {peak} = the idle process "
-            f"{_size(rec['fixed_bytes'])} (largest measured) + {_size(rec['step_peak_bytes'])} "
-            f"a step adds{calibrated}, of a {budget} budget ({rec['margin']:.0%} kept as margin)."
+            f"{_size(rec.fixed_bytes)} (largest measured) + {_size(rec.step_peak_bytes)} "
+            f"a step adds{calibrated}, of a {budget} budget ({margin:.0%} kept as margin)."
         )
 
 
 def print_sizing(record: dict[str, Any]) -> None:
-    cuda = record["device"] == "cuda"
-    lengths = record["lengths"]
-    src = lengths.get("source")
-    if lengths.get("p95") is not None:
+    """The sizing `tunelab size` recorded, read as its kind (`core.record_types.Sizing`)."""
+    sizing = _as_sizing(record)
+    cuda = sizing.device == "cuda"
+    lengths = lengths_of(sizing)
+    src = lengths.source or ""
+    if lengths.p95 is not None:
         unit = _length_words(record)[0]
-        src += f" (p50 {lengths['p50']}, p95 {lengths['p95']}, max {lengths['max']} {unit})"
-    console.print(f"lengths from {src}; device {record['device']}")
+        src += f" (p50 {lengths.p50}, p95 {lengths.p95}, max {lengths.max} {unit})"
+    console.print(f"lengths from {src}; device {sizing.device}")
     _configurations(record, cuda)
     console.print(
         f"max error {_pct(record['max_error_pct'])} (the weights x 4 rule: "
         f"{_pct(record['rule_x4_max_error_pct'])}); allocator: {record['allocator']}"
     )
-    _recommendation(record["recommendation"], cuda, "images/s" if _images(record) else "tokens/s")
+    rate = "images/s" if _images(record) else "tokens/s"
+    _recommendation(recommendation_of(sizing), cuda, rate)
     _peaks_note(record)
     if record["projection"]:
         console.print(

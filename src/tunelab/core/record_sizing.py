@@ -128,12 +128,22 @@ class SizingRecommendation(Record):
     fits: bool | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
+    effective_batch: int | None = None
     checkpointing: bool | None = None
     precision: str | None = None
+    # predicted_peak_bytes = fixed_bytes (the idle process on CPU, 0 on CUDA) + step_peak_bytes
     predicted_peak_bytes: int | None = None
+    fixed_bytes: int | None = None
+    step_peak_bytes: int | None = None
     budget_bytes: int | None = None
+    margin: float | None = None  # the share of the budget kept free
+    calibration: float | None = None  # the largest measured / predicted ratio, at least 1
     tokens_per_s: float | None = None
-    reason: str | None = None
+    row: str | None = None  # the configuration that measured it
+    reason: str | None = None  # why nothing fits
+    # each method measured beside the study's (--methods): {method, fits, micro_batch,
+    # grad_accum, checkpointing, predicted_peak_bytes}
+    other_methods: list[Any] | None = None
 
 
 @dataclass(frozen=True)
