@@ -100,7 +100,7 @@ class SplitSettings(Record):
     validation: float | None = None
     test: float | None = None
     seed: int | None = None
-    stratify: bool | None = None
+    stratify: bool | str | None = None  # true, false or "target_kind"
 
 
 @dataclass(frozen=True)
