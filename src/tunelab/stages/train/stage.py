@@ -341,6 +341,57 @@ def _train(
     progress: Progress | None,
     strategy: Strategy,
 ) -> dict[str, Any]:
+    t = prep.cfg.training
+    built = _build(run, prep, strategy)
+    loop, steps = built.loop, built.steps
+    state, elapsed_before = _restore(loop, resume, prep.cfg.adaptation.method)
+    if strategy.is_main:
+        # a resume without a checkpoint redoes step 0 (the initial validation loss) too
+        _truncate_metrics(run, state.step if state.step > 0 else -1)
+    steps_cb = _callbacks(study, run, prep, built, state, elapsed_before, strategy)
+    callbacks: list[StepCallback] = [
+        cb.StepFigures(built.device, steps_cb.clock),
+        steps_cb.update_check,
+        steps_cb.validation,
+        cb.MetricsLog(run.path("metrics.jsonl"), enabled=strategy.is_main),
+        steps_cb.live,
+        steps_cb.checkpoints,
+        cb.kill_point,
+        cb.HeartbeatStep(beat, steps_cb.checkpoints),
+        *([cb.ProgressReport(progress, steps, steps_cb.images)] if progress and strategy.is_main
+          else []),
+        cb.StopOnSignal(stop, steps_cb.saver, run.id),
+    ]  # fmt: skip
+    beat.step, beat.total_steps = state.step, steps
+    try:
+        if state.step < steps:
+            train_loop(loop, state, callbacks)
+        else:
+            steps_cb.saver.save(state)  # killed after the last step but before the record
+    except BaseException as exc:
+        steps_cb.live.close(exc)
+        raise
+    steps_cb.live.close()
+    summary = _finish(run, checkpoints_root(run), state, steps, steps_cb.validation,
+                      steps_cb.update_check, steps_cb.clock, strategy, t)  # fmt: skip
+    if strategy.is_main and steps_cb.update_check.passed:
+        study.ledger.add_event(run.id, "update_check", steps_cb.update_check.record)
+    return summary
+
+
+@dataclass
+class _Built:
+    """The loop `_train` runs and what its callbacks need of the build."""
+
+    loop: Loop
+    device: torch.device
+    pad_id: int
+    steps: int
+
+
+def _build(run: Run, prep: Prepared, strategy: Strategy) -> _Built:
+    """Encode, build the model and its loop, and record preprocess.json, audit.json and
+    compute.json (rank 0). Collectives on every rank."""
     from tunelab.lib.models import compute_device
 
     cfg, t = prep.cfg, prep.cfg.training
@@ -353,76 +404,66 @@ def _train(
     model, audit = build_model(prep.base, cfg, prep.labels, device, strategy)
     if strategy.is_main:
         _write_once(run.path("audit.json"), audit)
-    method, arch = cfg.adaptation.method, prep.base.architecture
+    arch = prep.base.architecture
     pad_id = getattr(prep.tokenizer, "pad_token_id", None) or 0  # an image processor has none
     steps = total_steps(cfg, len(prep.train), strategy.world_size)
-    loop = build_loop(
-        model,
-        t,
-        prep.train,
-        architecture=arch,
-        pad_id=pad_id,
-        total_steps=steps,
-        strategy=strategy,
-        views=prep.train_views,
-    )
+    loop = build_loop(model, t, prep.train, architecture=arch, pad_id=pad_id, total_steps=steps,
+                      strategy=strategy, views=prep.train_views)  # fmt: skip
     first = prep.train[0]
     probe = torch.tensor([first["input_ids"]]) if "input_ids" in first else None  # images: none
     how = compute.describe_compute(loop.model, t, device, probe, arch)  # every rank: collective
     how.update(compute.describe_load(strategy))  # a collective too
     if strategy.is_main:
         _write_once(run.path("compute.json"), how)
+    return _Built(loop, device, pad_id, steps)
+
+
+@dataclass
+class _StepCallbacks:
+    """The callbacks `_train` reads again after the loop (or on a signal)."""
+
+    update_check: cb.UpdateCheck
+    validation: cb.Validation
+    clock: cb.Clock
+    saver: cb.CheckpointSaver
+    checkpoints: cb.Checkpoints
+    live: LiveLogger
+    images: bool  # an image study's batches count images
+
+
+def _callbacks(
+    study: Study,
+    run: Run,
+    prep: Prepared,
+    built: _Built,
+    state: TrainState,
+    elapsed_before: float,
+    strategy: Strategy,
+) -> _StepCallbacks:
+    """The update check, validation (its step-0 loss computed here), clock, checkpoints and
+    live logger of a run starting at `state`."""
+    cfg, t, loop = prep.cfg, prep.cfg.training, built.loop
+    arch, method = prep.base.architecture, cfg.adaptation.method
     val_batches = (
-        validation_batches(prep.validation, t, pad_id, arch)
+        validation_batches(prep.validation, t, built.pad_id, arch)
         if prep.validation and t.eval_every_steps
         else []
     )
-    root = checkpoints_root(run)
-    state, elapsed_before = _restore(loop, resume, method)
-    if strategy.is_main:
-        # a resume without a checkpoint redoes step 0 (the initial validation loss) too
-        _truncate_metrics(run, state.step if state.step > 0 else -1)
-
     update_check = cb.UpdateCheck(loop.model, method, t.update_check_steps, state.step)
     validation = cb.Validation(loop, val_batches, t.eval_every_steps)
     validation.before_training(state, run, strategy)
     clock = cb.Clock(elapsed_before)
     identity = {"config_sha256": cfg.sha256(), "data_snapshot": prep.snapshot.id}
     saver = cb.CheckpointSaver(
-        root, loop, method=method, identity=identity, keep_last=t.keep_last_checkpoints,
-        clock=clock, shards_at=_shards_at(cfg, run, strategy),
+        checkpoints_root(run), loop, method=method, identity=identity,
+        keep_last=t.keep_last_checkpoints, clock=clock, shards_at=_shards_at(cfg, run, strategy),
     )  # fmt: skip
-    checkpoints = cb.Checkpoints(saver, t.checkpoint_every_steps)
     live = LiveLogger.start(run, t.log_to, enabled=strategy.is_main)  # training.log_to mirrors
     if validation.initial is not None:
         live.log({"step": 0, "val_loss": validation.initial})
-    images = study.config.task.kind == "image_classification"  # its batches count images
-    callbacks: list[StepCallback] = [
-        cb.StepFigures(device, clock),
-        update_check,
-        validation,
-        cb.MetricsLog(run.path("metrics.jsonl"), enabled=strategy.is_main),
-        live,
-        checkpoints,
-        cb.kill_point,
-        cb.HeartbeatStep(beat, checkpoints),
-        *([cb.ProgressReport(progress, steps, images)] if progress and strategy.is_main else []),
-        cb.StopOnSignal(stop, saver, run.id),
-    ]
-    beat.step, beat.total_steps = state.step, steps
-    try:
-        if state.step < steps:
-            train_loop(loop, state, callbacks)
-        else:
-            saver.save(state)  # killed after the last step but before the record was finished
-    except BaseException as exc:
-        live.close(exc)
-        raise
-    live.close()
-    summary = _finish(run, root, state, steps, validation, update_check, clock, strategy, t)
-    if strategy.is_main and update_check.passed:
-        study.ledger.add_event(run.id, "update_check", update_check.record)
-    return summary
+    images = study.config.task.kind == "image_classification"
+    return _StepCallbacks(update_check, validation, clock, saver,
+                          cb.Checkpoints(saver, t.checkpoint_every_steps), live, images)  # fmt: skip
 
 
 def _shards_at(cfg: StudyConfig, run: Run, strategy: Strategy) -> Any:
