@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
+from helpers.distributed import BASE_SETS, only_run_since, runs, tunelab, write_distributed_study
 from helpers.nodes import free_port, launch_nodes, node_options, said
 from tunelab.core.errors import ConfigError, RunError
 from tunelab.core.records import read_json, read_jsonl
@@ -37,7 +37,6 @@ TOL = 1e-5
 # inside the model's forward. Both are exact and round differently, which full fine-tuning
 # carries into the gradient norm of the later steps (1.2e-5 relative seen after four steps).
 GRAD_NORM_RTOL = 3e-5
-BASE_SETS = ["training.micro_batch_size=2"]  # per rank; the single process takes 4
 
 
 # ------------------------------------------------------------------ pure pieces (no processes)
@@ -98,59 +97,9 @@ def test_forward_options_and_failure_reason():
 # ------------------------------------------------------------------ a tiny study
 
 
-def email_rows(n: int = 32) -> list[dict]:
-    rows = []
-    for i in range(n):
-        target = json.dumps({"sender": f"user{i}@example.com", "subject": f"Meeting {i}"})
-        text = f"From: user{i}@example.com Subject: Meeting {i} " + "word " * (i % 5 * 3)
-        rows.append({"text": text, "label": ["spam", "ham"][i % 2], "target": target})
-    return rows
-
-
 @pytest.fixture(scope="module")
 def study_root(tmp_path_factory, tiny_llama_dir) -> Path:
-    from tunelab.core.study import Study
-    from tunelab.stages.data import stage as data_stage
-    from tunelab.stages.hypothesis import stage as hypothesis_stage
-
-    root = tmp_path_factory.mktemp("dist-study")
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in email_rows()))
-    cfg = {
-        "name": "distributed",
-        "task": {
-            "kind": "extraction",
-            "instruction": "Extract the fields as a JSON object.",
-            "json_schema": {"type": "object", "required": ["sender", "subject"]},
-        },
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "field_micro_f1",
-        },  # fmt: skip
-        "guardrails": [{"metric": "json_valid_rate", "op": ">=", "value": 0.0}],
-        "data": {
-            "source": {"format": "jsonl", "path": "data.jsonl"},
-            "fields": {"text": "text", "label": "label", "target": "target"},
-            "dedup": {"near": False},
-        },
-        "model": {"path": str(tiny_llama_dir)},
-        "preprocess": {"max_seq_len": 128},
-        "training": {
-            "micro_batch_size": 4,
-            "grad_accum_steps": 2,
-            "max_steps": 4,
-            "lr": 0.01,
-            "eval_every_steps": 2,
-            "checkpoint_every_steps": 2,
-            "num_threads": 1,
-        },
-    }
-    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    study = Study.open(root)
-    data_stage.run(study)
-    hypothesis_stage.run(study.root, study.config)
-    return root
+    return write_distributed_study(tmp_path_factory.mktemp("dist-study"), tiny_llama_dir)
 
 
 def single_process_run(root: Path, sets: list[str]) -> Path:
@@ -173,29 +122,6 @@ def reference_lora(study_root) -> Path:
 @pytest.fixture(scope="module")
 def reference_full(study_root) -> Path:
     return single_process_run(study_root, ["adaptation.method=full"])
-
-
-def tunelab(*args: object, env: dict[str, str] | None = None, timeout: float = 240):
-    """`python -m tunelab ARGS` in a child process, as a user runs it."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "tunelab", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-    )
-
-
-def only_run_since(root: Path, before: set[str]) -> Path:
-    new = sorted(set(os.listdir(root / "records" / "runs")) - before)
-    assert len(new) == 1, new
-    return root / "records" / "runs" / new[0]
-
-
-def runs(root: Path) -> set[str]:
-    folder = root / "records" / "runs"
-    return set(os.listdir(folder)) if folder.exists() else set()
 
 
 def assert_same_curve(run_dir: Path, reference: Path) -> float:

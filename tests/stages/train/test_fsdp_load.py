@@ -1,7 +1,7 @@
 """FSDP's losses pinned, and sharded loading (the base read rank by rank, never whole).
 
 The pinned losses are those of two CPU ranks (gloo, fp32, one thread each) on the tiny Llama
-study of tests/test_distributed.py with a micro batch of 2 per rank, written down from the
+study of tests/helpers/distributed.py with a micro batch of 2 per rank, written down from the
 loading path that gave every rank the whole base and broadcast rank 0's weights. Sharded
 loading (the model built on the meta device, each rank reading only its rows of the base's
 safetensors) must give these same numbers exactly: tolerance 0. As in tests/test_pin_losses.py
@@ -13,9 +13,15 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_distributed import BASE_SETS, only_run_since, runs, study_root, tunelab  # noqa: F401
 
+from helpers.distributed import BASE_SETS, only_run_since, runs, tunelab, write_distributed_study
 from tunelab.core.records import read_json, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def study_root(tmp_path_factory, tiny_llama_dir):
+    return write_distributed_study(tmp_path_factory.mktemp("dist-study"), tiny_llama_dir)
+
 
 # step: (training loss, validation loss or None); step 0 holds the validation loss before training
 PINNED_FSDP: dict[str, list[dict[int, tuple]]] = {
