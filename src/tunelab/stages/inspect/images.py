@@ -16,7 +16,7 @@ pixels through the mean and std).
 
 `inspect_images(pre, rows, split=, per_category=, progress=)` -> the record body (`kind:
 "image"`, `distributions`, `warnings`, `examples` with `original`, `steps`, `tensor`,
-`thumbnails`, `train_view`); `render_images_html(record)`; `thumbnail_png(img, px)` (the dossier's
+`thumbnails`, `train_view`); `render_images_html(record)` (the record read as `Inspection`); `thumbnail_png(img, px)` (the dossier's
 galleries use it too). `tunelab.stages.inspect.stage.run` dispatches on the
 architecture; `tunelab.cli.inspect_images.print_image_record` prints it.
 """
@@ -35,6 +35,7 @@ import numpy as np
 
 from tunelab.core.errors import DataError, PreprocessError
 from tunelab.core.progress import Progress
+from tunelab.core.record_inspect import ChainStep, ImageExample, ImageSpread, Inspection
 from tunelab.lib.preprocess.decode import ACCEPTED_MODES, ORIENTED, model_rgb
 from tunelab.lib.preprocess.images import (
     apply_chain,
@@ -331,69 +332,81 @@ figure{display:inline-block;margin:.3em;text-align:center} figcaption{font-size:
 """
 
 
-def _steps_text(steps: list[dict[str, Any]]) -> str:
+def _steps_text(steps: list[ChainStep]) -> str:
     parts = []
     for s in steps:
-        size = f" -> {s['size'][0]}x{s['size'][1]} {s['mode']}" if "size" in s else ""
-        extra = {k: v for k, v in s.items() if k not in ("step", "size", "mode", "train_only")}
-        parts.append(f"{s['step']}{size}" + (f" {extra}" if extra else ""))
+        size = f" -> {s.size[0]}x{s.size[1]} {s.mode}" if s.size is not None else ""
+        extra = s.settings
+        parts.append(f"{s.step}{size}" + (f" {extra}" if extra else ""))
     return " | ".join(parts)
 
 
-def render_images_html(record: dict[str, Any]) -> str:
+def _spread_cells(name: str, d: ImageSpread) -> list[str]:
+    """A category's row of the page's table: n, the spreads, modes and formats."""
+    e = html.escape
+    return [
+        e(name),
+        str(d.n),
+        *(
+            f"{x.min:g} / {x.median:g} / {x.max:g}"
+            for x in (d.spread("width"), d.spread("height"), d.spread("aspect"))
+        ),
+        e(", ".join(f"{m} {n}" for m, n in (d.modes or {}).items())),
+        e(", ".join(f"{m} {n}" for m, n in (d.formats or {}).items())),
+    ]
+
+
+def _example_html(ex: ImageExample) -> list[str]:
+    """An example's heading, facts and thumbnails before and after (and its training view)."""
+    e = html.escape
+    o, t, thumbs = ex.original, ex.tensor, ex.thumbnails
+    parts = [
+        f"<h2>{e(str(ex.id))} <span class='meta'>[{e(ex.category)}, label index "
+        f"{ex.label_index}]</span></h2><p class='meta'>original {o.size[0]}x"
+        f"{o.size[1]} {e(str(o.mode))} {e(str(o.format))}; "
+        f"{e(_steps_text(ex.chain))}; tensor {t.shape} {e(str(t.dtype))} "
+        f"[{t.min:g}, {t.max:g}]</p>"
+        f"<figure><img src='{thumbs.before}' alt='before'><figcaption>before"
+        f"</figcaption></figure><figure><img src='{thumbs.after}' alt='after'>"
+        "<figcaption>after (what the model sees)</figcaption></figure>"
+    ]
+    if ex.train_view is not None:
+        parts.append(
+            f"<figure><img src='{ex.train_thumbnail}' alt='training view'>"
+            "<figcaption>training view (augmented)</figcaption></figure>"
+        )
+    return parts
+
+
+def render_images_html(record: Inspection) -> str:
     """A self-contained page: distributions, warnings, stop conditions, and per example the
     thumbnails before and after the transforms; every user string is escaped."""
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>inspect {e(record['inspect_id'])}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(str(record['study']))}: {e(record['split'])} images</h1>",
-        f"<p class='meta'>snapshot {e(record['snapshot_id'])}, {record['n']} examples, chain "
-        f"sha256 {e(record['template_sha256'][:12])}: "
-        f"{e(_steps_text(record['preprocess']['steps']))}</p>",
+        f"<title>inspect {e(record.inspect_id)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(str(record.study))}: {e(record.split)} images</h1>",
+        f"<p class='meta'>snapshot {e(str(record.snapshot_id))}, {record.n} examples, chain "
+        f"sha256 {e(str(record.template_sha256)[:12])}: "
+        f"{e(_steps_text(record.preprocess.chain))}</p>",
         "<h2>Per category</h2><table><tr><th>category</th><th>n</th><th>width</th>"
         "<th>height</th><th>aspect w/h</th><th>modes</th><th>formats</th></tr>",
     ]
-    for name, d in record["distributions"].items():
-        cells = [
-            e(name),
-            str(d["n"]),
-            *(
-                f"{d[k]['min']:g} / {d[k]['median']:g} / {d[k]['max']:g}"
-                for k in ("width", "height", "aspect")
-            ),
-            e(", ".join(f"{m} {n}" for m, n in d["modes"].items())),
-            e(", ".join(f"{m} {n}" for m, n in d["formats"].items())),
-        ]
+    for name, d in record.distributions.items():
+        cells = _spread_cells(name, d)
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table><p class='meta'>min / median / max</p>")
-    for w in record["warnings"]:
+    for w in record.warnings or []:
         parts.append(f"<p class='warn'>warning: {e(w)}</p>")
-    if record["problems"]:
+    if record.stop_conditions:
         parts.append("<h2>Stop conditions</h2><ul>")
-        for p in record["problems"]:
+        for p in record.stop_conditions:
             parts.append(
-                f"<li class='problem'>example <b>{e(p['example_id'])}</b> [{e(p['kind'])}]: "
-                f"{e(p['message'])}<br><span class='meta'>fix: {e(p['fix'])}</span></li>"
+                f"<li class='problem'>example <b>{e(p.example_id)}</b> [{e(p.kind)}]: "
+                f"{e(p.message)}<br><span class='meta'>fix: {e(p.fix)}</span></li>"
             )
         parts.append("</ul>")
-    for ex in record["examples"]:
-        o, t = ex["original"], ex["tensor"]
-        thumbs = ex["thumbnails"]
-        parts.append(
-            f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, label index "
-            f"{ex['label_index']}]</span></h2><p class='meta'>original {o['size'][0]}x"
-            f"{o['size'][1]} {e(str(o['mode']))} {e(str(o['format']))}; "
-            f"{e(_steps_text(ex['steps']))}; tensor {t['shape']} {e(t['dtype'])} "
-            f"[{t['min']:g}, {t['max']:g}]</p>"
-            f"<figure><img src='{thumbs['before']}' alt='before'><figcaption>before"
-            f"</figcaption></figure><figure><img src='{thumbs['after']}' alt='after'>"
-            "<figcaption>after (what the model sees)</figcaption></figure>"
-        )
-        if "train_view" in ex:
-            parts.append(
-                f"<figure><img src='{ex['train_view']['thumbnail']}' alt='training view'>"
-                "<figcaption>training view (augmented)</figcaption></figure>"
-            )
+    for ex in record.image_examples:
+        parts += _example_html(ex)
     parts.append("</body></html>\n")
     return "\n".join(parts)

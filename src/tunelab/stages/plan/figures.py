@@ -365,7 +365,7 @@ def adapted_costs(
     if length is not None:
         out["answer_length_s_per_example"] = length
         per_example = max(0.0, per_example + length.seconds)
-    load_s = rec.get("load_s")  # a field the Evaluation class does not name yet
+    load_s = rec.load_s
     if load_s is not None:
         out["baseline_load_s"] = Figure(load_s, f"baseline {baseline_id}: its model load")
     reload = smoke.reload_s if smoke else None
