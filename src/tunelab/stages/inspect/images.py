@@ -29,7 +29,7 @@ import io
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,12 +64,22 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def distributions(facts: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+class ImageFacts(NamedTuple):
+    """What the split's statistics need of one image as opened."""
+
+    label: str
+    width: int
+    height: int
+    mode: str
+    format: str
+
+
+def distributions(facts: Sequence[ImageFacts]) -> dict[str, dict[str, Any]]:
     """Per category (and "all"): n, width, height, aspect ratio (w / h) spreads, mode and
-    format counts. `facts`: rows with label, width, height, mode, format."""
-    groups: dict[str, list[dict[str, Any]]] = {"all": list(facts)}
+    format counts."""
+    groups: dict[str, list[ImageFacts]] = {"all": list(facts)}
     for f in facts:
-        groups.setdefault(str(f["label"]), []).append(f)
+        groups.setdefault(f.label, []).append(f)
     out = {}
     for name in ["all", *sorted(k for k in groups if k != "all")]:
         g = groups[name]
@@ -77,27 +87,27 @@ def distributions(facts: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         out[name] = {
             "n": len(g),
-            "width": _spread([f["width"] for f in g]),
-            "height": _spread([f["height"] for f in g]),
-            "aspect": _spread([f["width"] / f["height"] for f in g]),
-            "modes": dict(Counter(f["mode"] for f in g).most_common()),
-            "formats": dict(Counter(f["format"] for f in g).most_common()),
+            "width": _spread([f.width for f in g]),
+            "height": _spread([f.height for f in g]),
+            "aspect": _spread([f.width / f.height for f in g]),
+            "modes": dict(Counter(f.mode for f in g).most_common()),
+            "formats": dict(Counter(f.format for f in g).most_common()),
         }
     return out
 
 
-def systematic_differences(facts: Sequence[dict[str, Any]]) -> list[str]:
+def systematic_differences(facts: Sequence[ImageFacts]) -> list[str]:
     """Warnings for categories whose sizes or modes set them apart from the other categories."""
-    by_label: dict[str, list[dict[str, Any]]] = {}
+    by_label: dict[str, list[ImageFacts]] = {}
     for f in facts:
-        by_label.setdefault(str(f["label"]), []).append(f)
+        by_label.setdefault(f.label, []).append(f)
     if len(by_label) < 2:
         return []
     out = []
     for label, own in sorted(by_label.items()):
         others = [f for k, g in by_label.items() if k != label for f in g]
-        own_area = statistics.median(f["width"] * f["height"] for f in own)
-        other_area = statistics.median(f["width"] * f["height"] for f in others)
+        own_area = statistics.median(f.width * f.height for f in own)
+        other_area = statistics.median(f.width * f.height for f in others)
         ratio = own_area / other_area if other_area else float("inf")
         if ratio >= AREA_RATIO_WARN or ratio <= 1 / AREA_RATIO_WARN:
             out.append(
@@ -105,8 +115,8 @@ def systematic_differences(facts: Sequence[dict[str, Any]]) -> list[str]:
                 f"px for the other categories (x{ratio:.2f}): the model can learn the size "
                 "instead of the content; resize the sources alike or check how they were made"
             )
-        mode, count = Counter(f["mode"] for f in own).most_common(1)[0]
-        share_others = sum(1 for f in others if f["mode"] == mode) / len(others)
+        mode, count = Counter(f.mode for f in own).most_common(1)[0]
+        share_others = sum(1 for f in others if f.mode == mode) / len(others)
         if count / len(own) >= MODE_SHARE_WARN and share_others < MODE_OTHERS_MAX:
             out.append(
                 f"category {label!r}: {count} of {len(own)} images are mode {mode}, against "
@@ -276,13 +286,7 @@ def inspect_images(
             problems.append(problem)
             continue
         facts.append(
-            {
-                "label": str(row.get("label")),
-                "width": img.width,
-                "height": img.height,
-                "mode": img.mode,
-                "format": img.format or "",
-            }
+            ImageFacts(str(row.get("label")), img.width, img.height, img.mode, img.format or "")
         )
         if img.mode not in ACCEPTED_MODES:
             problems.append(
