@@ -9,7 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, SetOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.core.errors import ConfigError
-from tunelab.core.record_sizing import PlanFigure, PlanSchedule
+from tunelab.core.record_plan import PlanFigure, PlanSchedule
 
 
 def _pct(x: float | None) -> str:

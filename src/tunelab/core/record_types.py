@@ -37,7 +37,7 @@ Kinds with a module of their own (and the pieces nested in them):
 | `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
 
 The export manifest's pieces are in core.record_export; the plan's durations and phases
-(`PlanSchedule`) and the sizing record's pieces in core.record_sizing.
+(`PlanSchedule`) in core.record_plan; the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations

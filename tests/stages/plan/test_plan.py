@@ -576,7 +576,7 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from tunelab.core.record_sizing import PlanSchedule
+    from tunelab.core.record_plan import PlanSchedule
     from tunelab.stages.plan.review import PlannedUnits, eval_speed_factor
 
     planned = replace(
@@ -610,7 +610,8 @@ def test_a_damaged_plan_or_sizing_piece_raises_the_located_error():
     """A plan's phase, or a sizing's peak, read back with a field of the wrong type raises the
     one located error of a damaged record: the file, the place in it and the field."""
     from tunelab.core.errors import StudyError
-    from tunelab.core.record_sizing import PlanSchedule, peak_of
+    from tunelab.core.record_plan import PlanSchedule
+    from tunelab.core.record_sizing import peak_of
     from tunelab.core.record_types import Sizing
 
     phases = [dict(PLAN_RECORD["phases"][0], margin_pct="ten"), *PLAN_RECORD["phases"][1:]]

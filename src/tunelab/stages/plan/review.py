@@ -26,7 +26,7 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
-from tunelab.core.record_sizing import PlanSchedule
+from tunelab.core.record_plan import PlanSchedule
 from tunelab.core.record_types import Evaluation, RunStatus, Sizing, Verify
 from tunelab.core.records import read_json, read_jsonl
 from tunelab.core.study import Study

@@ -18,7 +18,7 @@ from tunelab.core.evidence import all_hypotheses
 from tunelab.core.ledger import RunRow
 from tunelab.core.record_data import DataManifest
 from tunelab.core.record_inspect import Inspection
-from tunelab.core.record_sizing import PlanSchedule
+from tunelab.core.record_plan import PlanSchedule
 from tunelab.core.record_types import (
     Compare,
     Evaluation,
