@@ -357,7 +357,13 @@ def test_review_measures_the_spread_of_repeated_evaluations():
 def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
     from tunelab.stages.plan import repeat_verdict
 
-    row = {"phase": "evaluation", "repeats_s": [50.8, 49.4], "repeat_spread_pct": 2.8}
+    row = {
+        "phase": "evaluation",
+        "what": "2 evaluations, 0 verifications",
+        "planned_s": 46.0,
+        "repeats_s": [50.8, 49.4],
+        "repeat_spread_pct": 2.8,
+    }
     outside = repeat_verdict({**row, "error_pct": -9.2, "within_repeat_spread": False})
     assert outside == (
         "evaluation: its 2 evaluations of one split took 50.8 and 49.4 s, a spread of 2.8 %; "
