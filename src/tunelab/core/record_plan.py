@@ -18,7 +18,7 @@ against the ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tunelab.core.record_base import Record, damaged
 from tunelab.core.record_types import Plan
@@ -36,12 +36,16 @@ def required(record: Record, cls: type[R], name: str) -> R:
 
 
 __all__ = [
+    "FitCandidate",
     "GpuComparison",
     "GpuLayout",
     "PlanError",
     "PlanFigure",
     "PlanInitial",
+    "DecodingBatch",
+    "EvaluationMerge",
     "PlanLoad",
+    "PlanModelFacts",
     "PlanPhase",
     "PlanProjection",
     "PlanReview",
@@ -404,3 +408,50 @@ class GpuComparison(Record):
 
     def check_parts(self) -> None:
         _ = self.answer, self.rows, self.layouts, self.inputs
+
+
+@dataclass(frozen=True)
+class PlanModelFacts(Record):
+    """What the plan reads of a sizing record's `facts` (the adapted model's,
+    `stages.sizing.terms.ModelFacts.to_dict`)."""
+
+    architecture: str | None = None
+    conv: dict[str, Any] | None = None  # a conv net's config (None: not one)
+    num_params: int | None = None
+    trainable_params: int | None = None
+    layer_training: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class EvaluationMerge(Record):
+    """An evaluation's `merge` (`lib.inference.eval_copy`): whether it ran on a merged copy,
+    why, and what building and checking the copy took (seconds)."""
+
+    merged: bool | None = None
+    reason: str | None = None
+    merge_s: float | None = None
+    check_s: float | None = None
+
+
+@dataclass(frozen=True)
+class DecodingBatch(Record):
+    """One generated batch of an evaluation's `decoding.batches` (`lib.probes`), in seconds
+    and decoding steps."""
+
+    prefill_s: float
+    decode_s: float
+    steps: int
+    answer_steps: int
+    prompt_tokens: float | None = None
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class FitCandidate(Record):
+    """A micro-batch the sizing's recommendation tried (`candidates`), per rank."""
+
+    micro_batch: int
+    grad_accum: int
+    checkpointing: bool
+    predicted_peak_bytes: float
+    fits: bool | None = None

@@ -186,6 +186,7 @@ class Evaluation(Record):
     run_id: str | None = None
     generation: dict[str, Any] | None = None
     cpu_share: float | None = None
+    load_s: float | None = None  # the model's load, before the first example
     examples_per_s: float | None = None
     torch_threads: int | None = None
     evaluation: dict[str, Any] | None = None  # the evaluation settings it ran with

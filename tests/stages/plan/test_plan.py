@@ -440,6 +440,13 @@ def _evaluation(**fields):
     )
 
 
+def _facts(**fields):
+    """A sizing record's `facts` holding `fields`, as the plan reads them."""
+    from tunelab.core.record_plan import PlanModelFacts
+
+    return PlanModelFacts.of("size-x.json", fields, "facts")
+
+
 def test_a_variants_evaluation_cost():
     """A variant's evaluation loads as the smoke's fresh process did (after the baseline, which
     reads the files first), faster or slower than the baseline; per example, LoRA adds what the
@@ -448,7 +455,7 @@ def test_a_variants_evaluation_cost():
     from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
 
     baseline = _evaluation(load_s=6.6, seconds=4.3, n=127)
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     smoke = smoke_timings(reload_s=5.1, eval_s_per_example=0.055)
     lora = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
     assert lora["eval_load_s"].value == pytest.approx(5.1)
@@ -513,7 +520,7 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     assert length.value == pytest.approx((answered - 10.3) / 3)
     assert length.value < 0 and "75 generated tokens" in length.source
     assert _answer_length_cost(_evaluation(seconds=4.3, n=127), "base-x") is None  # classification
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     costs = _adapted_costs(
         smoke_timings(reload_s=5.1, adapter_time_ratio=1.25),
         "smoke-x",
@@ -558,7 +565,7 @@ def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
     assert merged_evaluation(_evaluation(**{**smoke_eval, "merge": {"merged": False}}), 8) is None
     assert merged_evaluation(_evaluation(n=4), 8) is None  # a smoke recorded before merging
     assert merged_evaluation(None, 8) is None  # no smoke
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     smoke = smoke_timings(reload_s=5.1, adapter_time_ratio=1.25)
     costs = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora", merged=merged)
     assert "adapted_extra_s_per_example" not in costs
