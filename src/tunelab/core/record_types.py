@@ -37,8 +37,8 @@ Kinds with a module of their own (and the pieces nested in them):
 | `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
 
 The fresh process's messages, a run's compute.json and a tracker's sync are in
-core.record_checks; the export manifest's pieces are in core.record_export; the plan's durations and phases
-(`PlanSchedule`) and the sizing record's pieces in core.record_sizing.
+core.record_checks; the export manifest's pieces are in core.record_export; the plan's
+durations and phases (`PlanSchedule`) in core.record_plan; the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations
@@ -181,13 +181,13 @@ class Evaluation(Record):
     task_kind: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict, repr=False)
     seconds: float | None = None
-    load_s: float | None = None  # the model's load, before the evaluation's `seconds`
     labels: list[str] | None = None
     fields: list[str] | None = None
     spec_sha256: str | None = None
     run_id: str | None = None
     generation: dict[str, Any] | None = None
     cpu_share: float | None = None
+    load_s: float | None = None  # the model's load, before the first example
     examples_per_s: float | None = None
     torch_threads: int | None = None
     evaluation: dict[str, Any] | None = None  # the evaluation settings it ran with
@@ -286,7 +286,7 @@ class Verify(Record):
     checkpoint: dict[str, Any] | None = None  # {ok, files_checked, changed, missing}
     predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
     timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
-    seconds: float | None = None  # the whole verification
+    seconds: float | None = None  # how long the verification took
 
     @property
     def checkpoint_check(self) -> CheckpointCheck | None:
@@ -433,6 +433,7 @@ class ExportManifest(Record):
     """exports/<id>/tunelab-manifest.json: what an export holds and where it came from."""
 
     run_id: str | None = None
+    created_at: str | None = None
     artifact: dict[str, Any] | None = None  # what the folder holds at its top: {kind, method, ...}
     base: dict[str, Any] | None = None  # the base model's identity (name, sha256, hub, path)
     results: dict[str, Any] | None = None  # the comparison with the baseline: {primary, ...}
