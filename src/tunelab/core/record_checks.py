@@ -8,6 +8,7 @@ piece raises the located `StudyError` (core/record_base) instead of a KeyError.
 
 | kind             | what                                   | written by                      |
 |------------------|----------------------------------------|---------------------------------|
+| `ExampleVerdicts` | a prediction's `verdicts` (extraction) | lib.tasks.extraction           |
 | `FoundEvaluation` | runs/<run>/metrics-<split>.json, found | core.evidence.find_evaluation  |
 | `RunCompute`     | runs/<run>/compute.json                | stages.train                    |
 | `FreshSpec`      | the fresh process's spec               | stages.verify.fresh             |
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.record_base import Record
-from tunelab.core.record_types import Evaluation
+from tunelab.core.record_types import Evaluation, Hypothesis
 
 __all__ = [
+    "ExampleVerdicts",
     "FoundEvaluation",
     "FreshOutcome",
     "FreshSpec",
@@ -34,6 +36,7 @@ __all__ = [
     "SyncCounts",
     "SyncRow",
     "TrackerSync",
+    "locked_hypothesis",
 ]
 
 
@@ -84,6 +87,28 @@ class FoundEvaluation:
     @property
     def predictions_path(self) -> Path:
         return self.dir / f"predictions-{self.record.split}.jsonl"
+
+
+def locked_hypothesis(records: Path, raw: Mapping[str, Any]) -> Hypothesis:
+    """A hypothesis record as `core.evidence` reads it (checked against its sha256), typed and
+    named by its file."""
+    return Hypothesis.of(records / f"hypothesis-v{raw.get('version')}.json", raw)
+
+
+@dataclass(frozen=True)
+class ExampleVerdicts(Record):
+    """How a generative task judged one example: its output parsed, valid, matched; an
+    extraction's counts per schema path in `paths` ({path: {slots, present, exact, ...}})."""
+
+    json_valid: bool | None = None
+    schema_valid: bool | None = None
+    exact_match: bool | None = None
+    all_fields_match: bool | None = None
+    paths: dict[str, Any] | None = None
+
+    def path_count(self, path: str, key: str) -> Any:
+        """The count `key` of schema path `path` (0 when the example has none)."""
+        return ((self.paths or {}).get(path) or {}).get(key, 0)
 
 
 @dataclass(frozen=True)
