@@ -20,7 +20,6 @@ split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -138,14 +137,14 @@ def export_seconds(study: Study) -> list[float]:
     """Each export's duration: its ledger event's own seconds, else manifest -> event time."""
     done, seconds = {}, {}
     for e in study.ledger.events():
-        if e["kind"] == "export" and e["detail"]:
+        detail = e.detail_object() if e.kind == "export" else {}
+        if detail:
             try:
-                detail = json.loads(e["detail"])
-                done[detail.get("export_id")] = _parse_time(e["at"])
-                if isinstance(detail.get("seconds"), int | float):
-                    seconds[detail.get("export_id")] = float(detail["seconds"])
-            except (ValueError, AttributeError):
+                done[detail.get("export_id")] = _parse_time(e.at)
+            except ValueError:
                 continue
+            if isinstance(detail.get("seconds"), int | float):
+                seconds[detail.get("export_id")] = float(detail["seconds"])
     out = list(seconds.values())
     for export_id, end in done.items():
         if export_id in seconds:
@@ -327,7 +326,7 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
         same_unit.setdefault(r.name or "eval", []).append(run_seconds(r))
     repeated = max(same_unit.values(), key=len, default=[])
     # a run interrupted then resumed to the end counts too: its ledger keeps the interruption
-    stopped = {e["run_id"] for e in study.ledger.events() if e["kind"] == "status:interrupted"}
+    stopped = {e.run_id for e in study.ledger.events() if e.kind == "status:interrupted"}
     interrupted = [r for r in train if r.status == "interrupted" or r.id in stopped]
     resumed = sum(r.status != "interrupted" for r in interrupted)
     return [
