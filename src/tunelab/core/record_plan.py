@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from tunelab.core.record_base import Record, damaged
 from tunelab.core.record_types import Plan
+from tunelab.core.run_parts import EvalCopy as EvaluationMerge  # an evaluation's `merge`
 
 R = TypeVar("R", bound=Record)
 
@@ -436,17 +437,6 @@ class PlanModelFacts(Record):
     num_params: int | None = None
     trainable_params: int | None = None
     layer_training: list[Any] | None = None
-
-
-@dataclass(frozen=True)
-class EvaluationMerge(Record):
-    """An evaluation's `merge` (`lib.inference.eval_copy`): whether it ran on a merged copy,
-    why, and what building and checking the copy took (seconds)."""
-
-    merged: bool | None = None
-    reason: str | None = None
-    merge_s: float | None = None
-    check_s: float | None = None
 
 
 @dataclass(frozen=True)
