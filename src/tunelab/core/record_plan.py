@@ -25,8 +25,8 @@ file, the place and the field.
 | `RentalAnswer`      | its `answer`                                     | stages.plan.stage    |
 | `FitCandidate`      | a recommendation's `candidates[i]`               | stages.sizing.recommend |
 
-Pieces of other records that the plan reads: `PlanModelFacts` (a sizing record's `facts`),
-`EvaluationMerge` (an evaluation's `merge`), `DecodingBatch` (its `generation.batches[i]`).
+Pieces of other records that the plan reads: `PlanModelFacts` (a sizing record's `facts`) and
+`DecodingBatch` (an evaluation's `generation.batches[i]`).
 
 `PlanSchedule` reads a whole plan record: `Plan`'s identity and the durations the review sets
 against the ledger.
@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 
 from tunelab.core.record_base import Record, damaged
 from tunelab.core.record_types import Plan
-from tunelab.core.run_parts import EvalCopy as EvaluationMerge  # an evaluation's `merge`
 
 R = TypeVar("R", bound=Record)
 
@@ -61,7 +60,6 @@ __all__ = [
     "PlanFigure",
     "PlanInitial",
     "DecodingBatch",
-    "EvaluationMerge",
     "PlanLoad",
     "PlanModelFacts",
     "PlanPhase",
