@@ -376,6 +376,7 @@ class Plan(Record):
     created_ns: int | None = None
     config_sha256: str | None = None
     days: float | None = None  # the rental window
+    hours_per_day: float | None = None  # the rental's working hours a day
     device: str | None = None  # the device the figures were measured on (older plans)
     gpu: str | None = None  # the rented GPU, as its catalog names it
     gpu_hour_price: float | None = None
