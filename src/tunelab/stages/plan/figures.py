@@ -28,6 +28,7 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, latest_baseline
+from tunelab.core.record_checks import FoundEvaluation
 from tunelab.core.record_plan import DecodingBatch, PlanModelFacts
 from tunelab.core.record_sizing import (
     env_of,
@@ -281,8 +282,7 @@ def baseline_record(study: Study) -> tuple[Any, Evaluation | None]:
     if not found:
         return None, None
     row, evaluation = found
-    path = Path(evaluation["dir"]) / "metrics-validation.json"  # core.evidence's lookup
-    return row, Evaluation.of(path, evaluation["record"])
+    return row, FoundEvaluation.of(evaluation, "validation").record
 
 
 def _baseline_figures(
