@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
@@ -551,9 +552,12 @@ class Prediction(Record):
     scores = as_written("scores")  # a classifier's {label: probability}
 
     @classmethod
-    def rows(cls, rows: Sequence[Mapping[str, Any] | Prediction], what: str) -> list[Prediction]:
-        """Prediction rows typed (`what` names them in an error; typed rows are kept)."""
+    def rows(
+        cls, rows: Sequence[Mapping[str, Any] | Prediction], source: Path | str
+    ) -> list[Prediction]:
+        """The lines of a predictions file (`source`, named in an error with the line), typed;
+        rows already typed are kept."""
         return [
-            r if isinstance(r, Prediction) else cls.of(what, r, f"[{i}]")
+            r if isinstance(r, Prediction) else cls.of(source, r, f"line {i + 1}")
             for i, r in enumerate(rows)
         ]
