@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tunelab.core.run_parts import Prediction
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 # ---------------------------------------------------------------- flips
 
 
 def flips_by_category(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Prediction],
     baseline_correct: Sequence[bool],
     variant_correct: Sequence[bool],
     labels: Sequence[str],
@@ -22,8 +23,8 @@ def flips_by_category(
     """{category: {"improved": wrong -> right, "regressed": right -> wrong}} by gold label."""
     out = {label: {"improved": 0, "regressed": 0} for label in labels}
     for row, a, b in zip(rows, baseline_correct, variant_correct, strict=True):
-        if a != b and row.get("gold") in out:
-            out[row["gold"]]["improved" if b else "regressed"] += 1
+        if a != b and row.gold in out:
+            out[row.gold]["improved" if b else "regressed"] += 1
     return out
 
 
