@@ -200,6 +200,7 @@ def test_verify_refuses_what_it_cannot_verify(lora_study, capsys):
     assert code == 2 and "not found" in err
 
 
+@pytest.mark.processes
 def test_verify_records_a_model_that_cannot_be_reloaded(lora_study, capsys):
     """The fresh process cannot load the run's model (here: the recorded base identity no longer
     matches the base folder): a failed verification with the child's reason, not a crash."""
