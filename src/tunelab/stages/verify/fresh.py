@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.errors import CheckpointError, EvaluationError
 from tunelab.core.record_checks import FreshSpec
 from tunelab.core.records import read_jsonl
+from tunelab.core.run_parts import ModelIdentity
 from tunelab.core.worker import Worker, serve
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def _reevaluate(raw: dict[str, Any], out: Path) -> dict[str, Any]:
         "metrics": record.metrics,
         "spec_sha256": record.spec_sha256,
         "merge": record.merge,
-        "base_identity_sha256": base.identity.get("sha256"),
+        "base_identity_sha256": ModelIdentity.of("the base model", base.identity).sha256,
         "pid": os.getpid(),
         "env": capture_env(),
     }
