@@ -46,7 +46,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tunelab.core.record_base import Record, damaged, mapping_of
-from tunelab.core.record_export import ExportArtifact, ExportBase, ExportGuardrails, MergeCheck
+from tunelab.core.record_export import (
+    ExportArtifact,
+    ExportBase,
+    ExportEnvironment,
+    ExportGuardrails,
+    ExportHypothesis,
+    ExportResults,
+    ExportTask,
+    LimitationsDetail,
+    MergeCheck,
+)
 from tunelab.core.record_parts import (
     AdaptationSettings,
     CategoryMetrics,
@@ -195,6 +205,7 @@ class Evaluation(Record):
     warning: str | None = None
     data_snapshot: str | None = None
     hypothesis_version: int | None = None
+    template_sha256: str | None = None  # a generative evaluation's prompt template
 
     @property
     def per_category(self) -> dict[str, CategoryMetrics]:
@@ -433,6 +444,16 @@ class ExportManifest(Record):
     files: dict[str, Any] | None = None
     limitations: list[Any] | None = None
     hypothesis: dict[str, Any] | None = None  # the exported run's {version, sha256}
+    format: str | None = None
+    created_at: str | None = None
+    tunelab_version: str | None = None
+    study: str | None = None
+    tokenizer_dir: str | None = None
+    adaptation: dict[str, Any] | None = None  # the run's adaptation section, as the card says it
+    training: dict[str, Any] | None = None
+    data_snapshot: str | None = None
+    example: str | None = None  # example.json (None without a validation prediction)
+    manifest_sha256: str | None = None
 
     @property
     def identity(self) -> ModelIdentity:
@@ -450,9 +471,36 @@ class ExportManifest(Record):
         return self.part(ExportArtifact, "artifact")
 
     @property
-    def comparison(self) -> CompareEntry | None:
+    def comparison(self) -> ExportResults | None:
         """The exported run against the baseline (the manifest's `results`)."""
-        return self.part(CompareEntry, "results")
+        return self.part(ExportResults, "results")
+
+    @property
+    def adaptation_settings(self) -> AdaptationSettings:
+        """The `adaptation` section of the run's saved config (what its adapter must match)."""
+        section = (self.config or {}).get("adaptation") or {}
+        return AdaptationSettings.of(self.path, section, "config.adaptation")
+
+    @property
+    def task(self) -> ExportTask:
+        return self.part(ExportTask, "task") or ExportTask(self.path, {}, where="task")
+
+    @property
+    def tested(self) -> ExportHypothesis:
+        """The hypothesis the run tested (the manifest's `hypothesis`)."""
+        found = self.part(ExportHypothesis, "hypothesis")
+        return found or ExportHypothesis(self.path, {}, where="hypothesis")
+
+    @property
+    def environment(self) -> ExportEnvironment:
+        found = self.part(ExportEnvironment, "environment")
+        return found or ExportEnvironment(self.path, {}, where="environment")
+
+    @property
+    def detail(self) -> LimitationsDetail:
+        """The limitations as data (the manifest's `limitations_detail`)."""
+        found = self.part(LimitationsDetail, "limitations_detail")
+        return found or LimitationsDetail(self.path, {}, where="limitations_detail")
 
     @property
     def guardrail_check(self) -> ExportGuardrails | None:
@@ -464,9 +512,7 @@ class ExportManifest(Record):
 
     def check_parts(self) -> None:
         _ = self.identity, self.bound_base, self.contents, self.guardrail_check
-        _ = self.merge_check
-        if (entry := self.comparison) is not None:
-            entry.check_parts()
+        _ = self.merge_check, self.task, self.tested, self.environment, self.detail
 
     @property
     def hypothesis_version(self) -> int | None:

@@ -88,6 +88,10 @@ class RunEnv(Record):
         return (self.tunelab_git or {}).get("commit")
 
     @property
+    def cpu_name(self) -> str | None:
+        return (self.cpu or {}).get("name")
+
+    @property
     def device_text(self) -> str | None:
         """Its GPUs' names, else its CPU's name."""
         return ", ".join(g.name or "" for g in self.devices) or (self.cpu or {}).get("name")
@@ -200,6 +204,7 @@ class Reproduced(Record):
     n: int | None = None
     atol: float | None = None
     max_score_diff: float | None = None
+    ok: bool | None = None  # all matched (stages.verify.checks.compare_predictions)
 
     @property
     def mismatches(self) -> list[Mismatch]:
@@ -266,6 +271,8 @@ class AdaptationSettings(Record):
 
     method: str | None = None
     rank: int | None = None
+    alpha: float | None = None
+    target_modules: list[str] | str | None = None
     quantization: dict[str, Any] | None = None
 
     @property
@@ -408,3 +415,6 @@ class Prediction(Record):
 
     gold = as_written("gold")
     prediction = as_written("prediction")
+    raw_output = as_written("raw_output")
+    correct = as_written("correct")
+    verdicts = as_written("verdicts")  # the task's judgement: {correct, failure, ...}
