@@ -23,6 +23,7 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
 from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
+from tunelab.core.record_checks import FoundEvaluation
 from tunelab.core.record_export import ExportBase, ExportResults, PreprocessCounts
 from tunelab.core.record_parts import CompareEntry
 from tunelab.core.record_types import (
@@ -304,7 +305,7 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
         "failure_kinds": failure_kinds(predictions),
         "truncation": _truncation(study, src.run, src.cfg, src.base, snapshot, labels),
         "test_openings": len(openings),
-        "test_openings_log": openings,
+        "test_openings_log": [o.to_dict() for o in openings],
         "verify": _latest_verify(src.run),
         "notes": [n for n in notes if n and n.strip()],
         "quantization": quantization.raw if quantization is not None else None,
@@ -335,13 +336,13 @@ def _hypothesis(study: Study, record: RunConfig) -> dict[str, Any] | None:
 
 def _validation(study: Study, run_id: str) -> tuple[Evaluation | None, list[Prediction]]:
     """The run's evaluation on validation and its predictions (None, [] before any)."""
-    found = find_evaluation(study, run_id, "validation")  # {eval_run, dir, record}
+    found = find_evaluation(study, run_id, "validation")
     if found is None:
         return None, []
-    evaluation = Evaluation.of(Path(found["dir"]) / "metrics-validation.json", found["record"])
-    path = evaluation.path.parent / f"predictions-{evaluation.split}.jsonl"
-    rows = load_predictions(found)
-    return evaluation, [Prediction.of(path, p, f"line {i + 1}") for i, p in enumerate(rows)]
+    evaluation = FoundEvaluation.of(found, "validation")
+    path, rows = evaluation.predictions_path, load_predictions(found)
+    predictions = [Prediction.of(path, p, f"line {i + 1}") for i, p in enumerate(rows)]
+    return evaluation.record, predictions
 
 
 def _merge_rows(ev: _Evidence, first_id: str | None) -> list[dict[str, Any]]:
