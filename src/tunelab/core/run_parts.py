@@ -8,7 +8,9 @@ beside a comparison's pieces.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
@@ -31,6 +33,9 @@ __all__ = [
     "GateOverride",
     "Gpu",
     "GuardrailRule",
+    "HypothesisClaim",
+    "LockedEvaluation",
+    "LockedSpec",
     "Mismatch",
     "ModelIdentity",
     "ParamCount",
@@ -369,6 +374,58 @@ class GuardrailRule(Record):
     op: str | None = None
     value: float | None = None
     relative_to: str | None = None  # "baseline", or None for an absolute bound
+    test: str | None = None  # interval | point (None: locked before it, an interval)
+
+
+@dataclass(frozen=True)
+class HypothesisClaim(Record):
+    """The `hypothesis` section as locked: the primary metric, the smallest improvement that
+    counts, and the goal (superiority, or equivalence within a margin)."""
+
+    primary_metric: str = ""
+    min_improvement: float | None = None
+    goal: str | None = None
+    equivalence_margin: float | None = None
+
+
+@dataclass(frozen=True)
+class LockedEvaluation(Record):
+    """The decision's test settings in a locked evaluation spec (None: locked before they
+    existed, read as the documented defaults)."""
+
+    confidence: float | None = None
+    interval_method: str | None = None
+    multiplicity: str | None = None
+
+
+@dataclass(frozen=True)
+class LockedSpec(Record):
+    """A locked hypothesis's `content`: the claim, the guardrails (as written, for the
+    comparison), and the evaluation spec (its `task` validated by core.config_sections)."""
+
+    guardrails: list[dict[str, Any]] | None = None
+    evaluation_spec: dict[str, Any] | None = None
+
+    @property
+    def claim(self) -> HypothesisClaim:
+        return self.part(HypothesisClaim, "hypothesis") or HypothesisClaim.of(
+            self.path, {}, self._at("hypothesis")
+        )
+
+    @property
+    def tests(self) -> LockedEvaluation:
+        spec = self.evaluation_spec or {}
+        return LockedEvaluation.of(
+            self.path, spec.get("evaluation") or {}, self._at("evaluation_spec.evaluation")
+        )
+
+    @property
+    def task(self) -> Any:
+        """The evaluation spec's `task` section as locked."""
+        return (self.evaluation_spec or {}).get("task")
+
+    def check_parts(self) -> None:
+        _ = self.claim, self.tests
 
 
 @dataclass(frozen=True)
@@ -496,6 +553,17 @@ class Prediction(Record):
     gold = as_written("gold")
     prediction = as_written("prediction")
     raw_output = as_written("raw_output")  # the model's text, before parsing
+    verdicts = as_written("verdicts")  # a generative task's judgement of the example
     correct = as_written("correct")
     scores = as_written("scores")  # a classifier's {label: probability}
-    verdicts = as_written("verdicts")  # the task's judgement: {correct, failure, ...}
+
+    @classmethod
+    def rows(
+        cls, rows: Sequence[Mapping[str, Any] | Prediction], source: Path | str
+    ) -> list[Prediction]:
+        """The lines of a predictions file (`source`, named in an error with the line), typed;
+        rows already typed are kept."""
+        return [
+            r if isinstance(r, Prediction) else cls.of(source, r, f"line {i + 1}")
+            for i, r in enumerate(rows)
+        ]

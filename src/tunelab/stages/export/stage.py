@@ -340,9 +340,8 @@ def _validation(study: Study, run_id: str) -> tuple[Evaluation | None, list[Pred
     if found is None:
         return None, []
     evaluation = FoundEvaluation.of(found, "validation")
-    path, rows = evaluation.predictions_path, load_predictions(found)
-    predictions = [Prediction.of(path, p, f"line {i + 1}") for i, p in enumerate(rows)]
-    return evaluation.record, predictions
+    rows = load_predictions(found)
+    return evaluation.record, Prediction.rows(rows, evaluation.predictions_path)
 
 
 def _merge_rows(ev: _Evidence, first_id: str | None) -> list[dict[str, Any]]:
