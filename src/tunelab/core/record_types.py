@@ -325,6 +325,11 @@ class Sizing(Record):
     # `tunelab eval`'s worst batch: {settings {kind, batch_size, tokens, max_new_tokens},
     # status, predicted, measured, error_pct}
     evaluation_peak: dict[str, Any] | None = None
+    max_error_pct: float | None = None
+    rule_x4_max_error_pct: float | None = None
+    allocator: str | None = None
+    projection: list[Any] | None = None  # [{ranks, micro_batch, grad_accum, ddp, fsdp}]
+    load: list[Any] | None = None  # the load before the first step, each layout (sizing.load)
 
     @property
     def rows(self) -> list[SizingRow]:
