@@ -59,60 +59,28 @@ def reset_peak() -> None:
 
 def make_study(root: Path) -> Path:
     from tunelab.core.assets import smollm2_gguf
-    from tunelab.core.study import Study
+    from tunelab.demo.studies import write_synthetic_email_study
     from tunelab.lib.models import convert_gguf
-    from tunelab.stages.data import stage as data_stage
-    from tunelab.stages.hypothesis import stage as hypothesis_stage
 
     model = convert_gguf(*smollm2_gguf())
-    root.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i in range(32):
-        target = json.dumps({"sender": f"user{i}@example.com", "subject": f"Meeting {i}"})
-        text = f"From: user{i}@example.com Subject: Meeting {i} " + "word " * (i % 5 * 3)
-        rows.append({"text": text, "target": target})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = {
-        "name": "fsdp-load",
-        "task": {
-            "kind": "extraction",
-            "instruction": "Extract the fields as a JSON object.",
-            "json_schema": {"type": "object", "required": ["sender", "subject"]},
-        },
-        "hypothesis": {
-            "behaviour": "b",
-            "rationale": "r",
-            "expected_effect": "e",
-            "primary_metric": "field_micro_f1",
-        },  # fmt: skip
-        "guardrails": [{"metric": "json_valid_rate", "op": ">=", "value": 0.0}],
-        "data": {
-            "source": {"format": "jsonl", "path": "data.jsonl"},
-            "fields": {"text": "text", "label": None, "target": "target"},
-            "dedup": {"near": False},
-        },
-        "model": {"path": str(model), "dtype": "float32"},
-        "adaptation": {
-            "method": "lora",
-            "rank": 8,
-            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-            "dropout": 0.0,
-        },  # fmt: skip
-        "preprocess": {"max_seq_len": 128},
-        "training": {
-            "micro_batch_size": 1,
-            "grad_accum_steps": 1,
-            "max_steps": STEPS,
-            "packing": False,
-            "num_threads": 1,
-            "eval_every_steps": 0,
-        },  # fmt: skip
+    adaptation = {
+        "method": "lora",
+        "rank": 8,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "dropout": 0.0,
     }
-    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    study = Study.open(root)
-    data_stage.run(study)
-    hypothesis_stage.run(study.root, study.config)
-    return root
+    training = {
+        "micro_batch_size": 1,
+        "grad_accum_steps": 1,
+        "max_steps": STEPS,
+        "packing": False,
+        "num_threads": 1,
+        "eval_every_steps": 0,
+    }
+    model_section = {"path": str(model), "dtype": "float32"}
+    return write_synthetic_email_study(
+        root, "fsdp-load", model_section, adaptation=adaptation, training=training, labels=False
+    )
 
 
 def worker(study_dir: Path, out: Path, strategy_name: str) -> None:

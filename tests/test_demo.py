@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from helpers.study import build_study
-from tunelab.core.ledger import RunRow
+from tunelab.core.ledger import RunRow, SealedOpening
 from tunelab.core.record_types import Compare, Evaluation
 from tunelab.core.study import Study
 from tunelab.demo.run import FINAL_WHY, Stage, demo_stages, run_stages
-from tunelab.stages.report.collect import RunEvidence, SealedOpening
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.decision import choose_variant, decide, final_test
 
 WORDS = {
@@ -122,8 +122,8 @@ def test_demo_opens_the_test_split_once_for_the_adopted_variant(tmp_path, tiny_b
     study = Study.open(root)
     openings = study.ledger.test_openings()
     assert len(openings) == 1, openings
-    assert openings[0]["who"] == "tunelab eval --final" and openings[0]["why"] == FINAL_WHY
-    test_run = study.get_run(openings[0]["run_id"])
+    assert openings[0].who == "tunelab eval --final" and openings[0].why == FINAL_WHY
+    test_run = study.get_run(openings[0].run_id)
     assert test_run.row.kind == "eval" and test_run.row.parent == adopted["run_id"]
     record = json.loads(test_run.path("metrics-test.json").read_text())
     assert record["split"] == "test" and record["n"] == 15

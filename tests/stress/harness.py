@@ -291,7 +291,7 @@ def check_ledger_after_kills(study_dir: Path, report: KillReport) -> None:
     study = Study.open(study_dir)
     row = study.ledger.get_run(report.run_id)
     assert row.status == "completed" and row.finished_at
-    kinds = [e["kind"] for e in study.ledger.events(report.run_id)]
+    kinds = [e.kind for e in study.ledger.events(report.run_id)]
     assert kinds.count("status:interrupted") == len(report.kills), kinds
     assert kinds.count("status:running") == len(report.kills)  # one per resume
     assert kinds[-1] == "status:completed" or "status:completed" in kinds

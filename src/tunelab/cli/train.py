@@ -228,6 +228,6 @@ def resume(
         )
     if not json_out and (ranks is None or ranks.is_main):
         for e in s.ledger.events(run.id):
-            if e["kind"] == "checkpoint_skipped":
-                console.print(f"note: skipped {e['detail']}: no DONE marker (a save cut by a kill)")
+            if e.kind == "checkpoint_skipped":
+                console.print(f"note: skipped {e.detail}: no DONE marker (a save cut by a kill)")
     _report(run, ranks, json_out, "resumed run")

@@ -27,7 +27,6 @@ records were created, among those whose record file exists.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,8 +166,8 @@ def latest_snapshot_id(study: Study) -> str | None:
         else set()
     )
     for event in reversed(study.ledger.events()):
-        if event["kind"] == "data:snapshot" and event["detail"]:
-            sid = json.loads(event["detail"]).get("snapshot_id")
+        if event.kind == "data:snapshot":
+            sid = event.detail_object().get("snapshot_id")
             if sid in present:
                 return sid
     best: tuple[str, str] | None = None

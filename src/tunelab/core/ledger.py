@@ -110,6 +110,40 @@ class RunRow:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class LedgerEvent:
+    """One event the ledger logged (a status change, a check, a snapshot), oldest id first."""
+
+    kind: str
+    at: str
+    detail: Any = None  # text, or the JSON text of an object
+    run_id: str | None = None
+    id: int | None = None
+
+    def detail_object(self) -> dict[str, Any]:
+        """The detail as the JSON object it was logged as ({} for text or none)."""
+        try:
+            value = json.loads(self.detail) if isinstance(self.detail, str) else None
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class SealedOpening:
+    """One opening of the sealed test split, as the ledger logged it."""
+
+    at: str
+    who: str
+    why: str
+    run_id: str | None = None
+    snapshot: str | None = None
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("id", "at", "who", "why", "snapshot", "run_id")}
+
+
 class LedgerRebuilt(UserWarning):
     """The ledger was damaged: moved aside and rebuilt from the records."""
 
@@ -235,7 +269,7 @@ class Ledger:
                 (run_id, utc_now(), kind, text),
             )
 
-    def events(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def events(self, run_id: str | None = None) -> list[LedgerEvent]:
         sql = "SELECT id, run_id, at, kind, detail FROM events"
         args: tuple[Any, ...] = ()
         if run_id:
@@ -243,7 +277,7 @@ class Ledger:
             args = (run_id,)
         with self._connect() as db:
             rows = db.execute(sql + " ORDER BY id", args).fetchall()
-        return [dict(zip(("id", "run_id", "at", "kind", "detail"), r, strict=True)) for r in rows]
+        return [LedgerEvent(kind, at, detail, rid, i) for i, rid, at, kind, detail in rows]
 
     def log_test_opening(self, who: str, why: str, snapshot: str, run_id: str | None) -> int:
         """Record an opening of the sealed test split; returns how many openings there now are."""
@@ -254,12 +288,9 @@ class Ledger:
             )
             return db.execute("SELECT COUNT(*) FROM test_openings").fetchone()[0]
 
-    def test_openings(self) -> list[dict[str, Any]]:
+    def test_openings(self) -> list[SealedOpening]:
         with self._connect() as db:
             rows = db.execute(
                 "SELECT id, at, who, why, snapshot, run_id FROM test_openings ORDER BY id"
             ).fetchall()
-        return [
-            dict(zip(("id", "at", "who", "why", "snapshot", "run_id"), r, strict=True))
-            for r in rows
-        ]
+        return [SealedOpening(at, who, why, rid, snap, i) for i, at, who, why, snap, rid in rows]

@@ -37,7 +37,7 @@ Kinds with a module of their own (and the pieces nested in them):
 | `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
 
 The export manifest's pieces are in core.record_export; the plan's durations and phases
-(`PlanSchedule`) and the sizing record's pieces in core.record_sizing.
+(`PlanSchedule`) in core.record_plan; the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations
@@ -186,6 +186,7 @@ class Evaluation(Record):
     run_id: str | None = None
     generation: dict[str, Any] | None = None
     cpu_share: float | None = None
+    load_s: float | None = None  # the model's load, before the first example
     examples_per_s: float | None = None
     torch_threads: int | None = None
     evaluation: dict[str, Any] | None = None  # the evaluation settings it ran with
@@ -279,6 +280,7 @@ class Verify(Record):
     checkpoint: dict[str, Any] | None = None  # {ok, files_checked, changed, missing}
     predictions: dict[str, Any] | None = None  # {matched, n, atol, max_score_diff, mismatches}
     timings: dict[str, Any] | None = None  # {load_s, eval_s, ...}
+    seconds: float | None = None  # how long the verification took
 
     @property
     def checkpoint_check(self) -> CheckpointCheck | None:
@@ -428,6 +430,7 @@ class ExportManifest(Record):
     """exports/<id>/tunelab-manifest.json: what an export holds and where it came from."""
 
     run_id: str | None = None
+    created_at: str | None = None
     artifact: dict[str, Any] | None = None  # what the folder holds at its top: {kind, method, ...}
     base: dict[str, Any] | None = None  # the base model's identity (name, sha256, hub, path)
     results: dict[str, Any] | None = None  # the comparison with the baseline: {primary, ...}

@@ -354,6 +354,7 @@ class TrainStep(Record):
     val_loss: float | None = None
     lr: float | None = None
     elapsed_s: float | None = None  # since the run's start
+    seconds: float | None = None  # the step's own
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,19 @@
-"""The demo's two studies, on the packaged assets: each a study.yaml as a dict.
+"""The demo's studies, on the packaged assets: each a study.yaml as a dict.
 
 - classification: all-MiniLM-L6-v2 + a classification head, LoRA on query/value, BBC News topics.
 - extraction: SmolLM2-135M-Instruct + LoRA on all linear layers, SpamAssassin emails -> JSON
   {sender, subject, date, list} (the data file is written into the study folder).
+- image: digits on a ViT built from a config.
+- synthetic emails: a tiny extraction study, written and registered, for distributed checks.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tunelab.core import assets
 from tunelab.demo.data import write_spam_extraction
@@ -242,3 +247,60 @@ def image_study(root: Path) -> dict[str, Any]:
             "num_variants": 4,
         },
     }
+
+
+def synthetic_emails(n: int = 32, labels: bool = True) -> list[dict[str, Any]]:
+    """`n` made-up one-line emails with their JSON fields (and a spam/ham label): small enough
+    that a distributed run of a few steps takes seconds."""
+    rows = []
+    for i in range(n):
+        target = json.dumps({"sender": f"user{i}@example.com", "subject": f"Meeting {i}"})
+        text = f"From: user{i}@example.com Subject: Meeting {i} " + "word " * (i % 5 * 3)
+        row = {"text": text, "target": target}
+        rows.append({**row, "label": ["spam", "ham"][i % 2]} if labels else row)
+    return rows
+
+
+def write_synthetic_email_study(
+    root: Path, name: str, model: dict[str, Any], **sections: Any
+) -> Path:
+    """Write, snapshot and register an extraction study of `synthetic_emails` in `root`: the
+    distributed tests and benchmarks/fsdp_load.py train it. `sections` (training, adaptation,
+    ...) are added to the study.yaml as given; `labels=False` leaves the label column out."""
+    from tunelab.core.study import Study
+    from tunelab.stages.data import stage as data_stage
+    from tunelab.stages.hypothesis import stage as hypothesis_stage
+
+    labels = sections.pop("labels", True)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = synthetic_emails(labels=labels)
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {
+        "name": name,
+        "task": {
+            "kind": "extraction",
+            "instruction": "Extract the fields as a JSON object.",
+            "json_schema": {"type": "object", "required": ["sender", "subject"]},
+        },
+        "hypothesis": {
+            "behaviour": "b",
+            "rationale": "r",
+            "expected_effect": "e",
+            "primary_metric": "field_micro_f1",
+        },
+        "guardrails": [{"metric": "json_valid_rate", "op": ">=", "value": 0.0}],
+        "data": {
+            "source": {"format": "jsonl", "path": "data.jsonl"},
+            "fields": {"text": "text", "label": "label" if labels else None, "target": "target"},
+            "dedup": {"near": False},
+        },
+        "model": model,
+        **{k: v for k, v in sections.items() if k == "adaptation"},
+        "preprocess": {"max_seq_len": 128},
+        **{k: v for k, v in sections.items() if k != "adaptation"},
+    }
+    (root / "study.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    study = Study.open(root)
+    data_stage.run(study)
+    hypothesis_stage.run(study.root, study.config)
+    return root

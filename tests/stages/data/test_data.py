@@ -368,7 +368,7 @@ def test_no_partial_snapshot_when_writing_fails(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         data_stage.run(s)
     assert snapshot_dirs(s) == [], "the temporary folder is removed too"
-    assert not [e for e in s.ledger.events() if e["kind"] == "data:snapshot"]
+    assert not [e for e in s.ledger.events() if e.kind == "data:snapshot"]
 
 
 # ---------------------------------------------------------------- cleaning
@@ -552,8 +552,8 @@ def test_same_inputs_same_id_and_reuse(tmp_path, capsys):
     second = json.loads(out)["snapshot_id"]
     assert code == 0 and second != first and latest_snapshot_id(s) == second
     assert sorted(snapshot_dirs(s)) == sorted([first, second])
-    events = [e for e in s.ledger.events() if e["kind"] == "data:snapshot"]
-    assert [json.loads(e["detail"])["snapshot_id"] for e in events] == [first, first, second]
+    events = [e for e in s.ledger.events() if e.kind == "data:snapshot"]
+    assert [e.detail_object()["snapshot_id"] for e in events] == [first, first, second]
 
     # the id depends on the source content, not on where it lives
     other = jsonl_study(tmp_path / "moved", make_rows(90))
@@ -626,8 +626,8 @@ def test_test_split_is_sealed_and_openings_are_logged(tmp_path):
     assert len(rows) == snap.counts["test"] > 0
     assert set(rows[0]) == {"id", "text", "label", "target"}
     (opening,) = s.ledger.test_openings()
-    assert opening["who"] == "eval --final" and opening["why"] == "final check"
-    assert opening["snapshot"] == snap.id and opening["run_id"] == "run-1" and opening["at"]
+    assert opening.who == "eval --final" and opening.why == "final check"
+    assert opening.snapshot == snap.id and opening.run_id == "run-1" and opening.at
     open_test_split(s, snap.id, who="eval --final", why="again")
     assert len(s.ledger.test_openings()) == 2
 

@@ -454,7 +454,7 @@ def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
     assert first["split"] == "test" and first["test_openings"] == before + 1
     assert "WARNING" not in err and "warning" not in first
     openings = study.ledger.test_openings()
-    assert openings[-1]["why"] == "final numbers" and openings[-1]["run_id"] == first["run_id"]
+    assert openings[-1].why == "final numbers" and openings[-1].run_id == first["run_id"]
 
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err

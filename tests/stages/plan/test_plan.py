@@ -357,7 +357,13 @@ def test_review_measures_the_spread_of_repeated_evaluations():
 def test_review_says_whether_an_error_lies_inside_the_repeats_spread():
     from tunelab.stages.plan import repeat_verdict
 
-    row = {"phase": "evaluation", "repeats_s": [50.8, 49.4], "repeat_spread_pct": 2.8}
+    row = {
+        "phase": "evaluation",
+        "what": "2 evaluations, 0 verifications",
+        "planned_s": 46.0,
+        "repeats_s": [50.8, 49.4],
+        "repeat_spread_pct": 2.8,
+    }
     outside = repeat_verdict({**row, "error_pct": -9.2, "within_repeat_spread": False})
     assert outside == (
         "evaluation: its 2 evaluations of one split took 50.8 and 49.4 s, a spread of 2.8 %; "
@@ -434,6 +440,13 @@ def _evaluation(**fields):
     )
 
 
+def _facts(**fields):
+    """A sizing record's `facts` holding `fields`, as the plan reads them."""
+    from tunelab.core.record_plan import PlanModelFacts
+
+    return PlanModelFacts.of("size-x.json", fields, "facts")
+
+
 def test_a_variants_evaluation_cost():
     """A variant's evaluation loads as the smoke's fresh process did (after the baseline, which
     reads the files first), faster or slower than the baseline; per example, LoRA adds what the
@@ -442,7 +455,7 @@ def test_a_variants_evaluation_cost():
     from tunelab.stages.plan.figures import adapted_costs as _adapted_costs
 
     baseline = _evaluation(load_s=6.6, seconds=4.3, n=127)
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     smoke = smoke_timings(reload_s=5.1, eval_s_per_example=0.055)
     lora = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora")
     assert lora["eval_load_s"].value == pytest.approx(5.1)
@@ -507,7 +520,7 @@ def test_a_generating_variant_is_priced_at_its_answers_length():
     assert length.value == pytest.approx((answered - 10.3) / 3)
     assert length.value < 0 and "75 generated tokens" in length.source
     assert _answer_length_cost(_evaluation(seconds=4.3, n=127), "base-x") is None  # classification
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     costs = _adapted_costs(
         smoke_timings(reload_s=5.1, adapter_time_ratio=1.25),
         "smoke-x",
@@ -552,7 +565,7 @@ def test_a_variant_evaluated_merged_is_priced_at_the_base_speed_plus_its_copy():
     assert merged_evaluation(_evaluation(**{**smoke_eval, "merge": {"merged": False}}), 8) is None
     assert merged_evaluation(_evaluation(n=4), 8) is None  # a smoke recorded before merging
     assert merged_evaluation(None, 8) is None  # no smoke
-    facts = {"num_params": 1_010_000, "trainable_params": 10_000}
+    facts = _facts(num_params=1_010_000, trainable_params=10_000)
     smoke = smoke_timings(reload_s=5.1, adapter_time_ratio=1.25)
     costs = _adapted_costs(smoke, "smoke-x", baseline, "base-x", facts, "lora", merged=merged)
     assert "adapted_extra_s_per_example" not in costs
@@ -576,7 +589,7 @@ def test_review_times_a_generating_evaluation_by_its_steps(tmp_path):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from tunelab.core.record_sizing import PlanSchedule
+    from tunelab.core.record_plan import PlanSchedule
     from tunelab.stages.plan.review import PlannedUnits, eval_speed_factor
 
     planned = replace(
@@ -610,7 +623,8 @@ def test_a_damaged_plan_or_sizing_piece_raises_the_located_error():
     """A plan's phase, or a sizing's peak, read back with a field of the wrong type raises the
     one located error of a damaged record: the file, the place in it and the field."""
     from tunelab.core.errors import StudyError
-    from tunelab.core.record_sizing import PlanSchedule, peak_of
+    from tunelab.core.record_plan import PlanSchedule
+    from tunelab.core.record_sizing import peak_of
     from tunelab.core.record_types import Sizing
 
     phases = [dict(PLAN_RECORD["phases"][0], margin_pct="ten"), *PLAN_RECORD["phases"][1:]]

@@ -271,13 +271,16 @@ def test_compare_gpus_on_a_config_only_1b_study(config_only_study, capsys, narro
 
 
 def _row(gpu, fits, variants, rental_cost, busy_hours=1.0):
-    return {
+    from tunelab.core.record_plan import RentalOption
+
+    row = {
         "gpu": gpu,
         "fits": fits,
         "variants": dict(zip((3, 7, 30), variants, strict=True)),
         "rental_cost": rental_cost,
         "busy_hours": busy_hours,
     }
+    return RentalOption.of("layouts", row, gpu)
 
 
 def test_cheapest_rental_is_the_shortest_that_holds_the_variants_then_the_cheapest():

@@ -15,11 +15,11 @@ import yaml
 
 from helpers import FILLED_HYPOTHESIS, run_cli, train_stopped_at
 from helpers.study import build_study
-from tunelab.core.ledger import RunRow
+from tunelab.core.ledger import LedgerEvent, RunRow, SealedOpening
 from tunelab.core.record_types import Evaluation, RunConfig
 from tunelab.core.study import Study
 from tunelab.stages.report import stage as report_stage
-from tunelab.stages.report.collect import Collected, LedgerEvent, RunEvidence, SealedOpening
+from tunelab.stages.report.collect import Collected, RunEvidence
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

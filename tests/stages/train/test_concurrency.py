@@ -67,11 +67,11 @@ def test_two_trains_at_once(study_dir, launcher):
         assert read_json(run_dir / "config.json")["run_id"] == run_id
         assert (run_dir / "DONE").exists()
         assert harness.assert_no_half_checkpoint(run_dir / "checkpoints") == []
-        kinds = [e["kind"] for e in study.ledger.events(run_id)]
+        kinds = [e.kind for e in study.ledger.events(run_id)]
         assert kinds[0] == "created" and kinds.count("status:completed") == 1
         assert not [k for k in kinds if k in ("status:failed", "status:interrupted")]
     # every event belongs to a known run, and the database itself is sound
-    assert {e["run_id"] for e in study.ledger.events() if e["run_id"]} <= set(ids)
+    assert {e.run_id for e in study.ledger.events() if e.run_id} <= set(ids)
     db = sqlite3.connect(study.records / "ledger.sqlite")
     try:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -52,7 +52,7 @@ def test_the_same_command_starts_resumes_then_reports_completed(launcher, study_
     assert resumed["action"] == "resumed" and resumed["status"] == "completed"
     run_dir = Path(resumed["record"])
     harness.assert_bit_identical(run_dir, Path(summary(straight)["record"]))
-    kinds = [e["kind"] for e in Study.open(study_dir).ledger.events(run_dir.name)]
+    kinds = [e.kind for e in Study.open(study_dir).ledger.events(run_dir.name)]
     assert kinds.count("status:interrupted") == 1 and kinds[-1] == "status:completed"
 
     done_at = (run_dir / "DONE").stat().st_mtime_ns

@@ -137,9 +137,9 @@ def test_sound_checkpoint_resumes_and_names_an_incomplete_one(stopped, tmp_path)
     run = resume_run(study, stopped[1])
     assert run.status()["status"] == "completed"
     events = study.ledger.events(run.id)
-    resumed = [e for e in events if e["kind"] == "status:running"][-1]
-    assert "resumed from step-000003; step-000004 skipped: no DONE marker" in resumed["detail"]
-    assert any(e["kind"] == "checkpoint_skipped" for e in events)
+    resumed = [e for e in events if e.kind == "status:running"][-1]
+    assert "resumed from step-000003; step-000004 skipped: no DONE marker" in resumed.detail
+    assert any(e.kind == "checkpoint_skipped" for e in events)
 
 
 def test_load_checkpoint_checks_the_state_too(stopped, tmp_path):

@@ -261,7 +261,7 @@ def test_sigkill_then_resume_is_bit_exact(study_dir, straight, killed, capsys):
     assert_same_result(run_dir, straight.dir)
     replayed = read_jsonl(run_dir / "metrics-replayed.jsonl")
     assert [r["step"] for r in replayed] == [4, 5]  # after checkpoint 3, done again on resume
-    events = [e["kind"] for e in study.ledger.events(run_id)]
+    events = [e.kind for e in study.ledger.events(run_id)]
     assert events.count("status:running") == 1 and "status:interrupted" in events
 
 

@@ -296,7 +296,7 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
         "failure_kinds": failure_kinds(predictions),
         "truncation": _truncation(study, src.run, src.cfg, src.base, snapshot, labels),
         "test_openings": len(openings),
-        "test_openings_log": openings,
+        "test_openings_log": [o.to_dict() for o in openings],
         "verify": _latest_verify(src.run),
         "notes": [n for n in notes if n and n.strip()],
         "quantization": src.identity.get("quantization"),  # a QLoRA run's 4-bit base

@@ -28,6 +28,7 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, latest_baseline
+from tunelab.core.record_plan import DecodingBatch, EvaluationMerge, PlanModelFacts
 from tunelab.core.record_sizing import (
     env_of,
     lengths_of,
@@ -154,7 +155,7 @@ def split_counts(study: Study, recorded: dict[str, Any]) -> SplitCounts:
     from tunelab.stages.data import load_snapshot
 
     try:
-        final = load_snapshot(study).manifest.get("counts", {}).get("final", {})
+        final = load_snapshot(study).counts
     except SnapshotError:
         final = recorded
     return SplitCounts(
@@ -205,15 +206,15 @@ def gather_figures(study: Study) -> Figures:
     sizing = require_sizing(study)
     own = _own_row(sizing)  # refuses a sizing without the study's own step
     thr = throughput_of(sizing)
-    facts = sizing.facts or {}
+    facts = facts_of(sizing)
     m = measured_of(own)
     lengths = lengths_of(sizing)
     quant = lengths.quantiles or []
     measured_len = options_of(own).seq_len
-    architecture = facts.get("architecture")  # ModelFacts.to_dict: local working values
+    architecture = facts.architecture
     packing = bool(cfg.training.packing and architecture == "causal_lm")
     micro = cfg.training.micro_batch_size
-    conv = bool(facts.get("conv"))
+    conv = bool(facts.conv)
     image = architecture == "image"  # every image at one size
     if conv:
         typical, how = measured_len, "every image at that side"
@@ -280,12 +281,12 @@ def baseline_record(study: Study) -> tuple[Any, Evaluation | None]:
     if not found:
         return None, None
     row, evaluation = found
-    path = Path(evaluation["dir"]) / "metrics-validation.json"
+    path = Path(evaluation["dir"]) / "metrics-validation.json"  # core.evidence's lookup
     return row, Evaluation.of(path, evaluation["record"])
 
 
 def _baseline_figures(
-    study: Study, f: Figures, smoke: Smoke | None, smoke_row: Any, facts: dict[str, Any]
+    study: Study, f: Figures, smoke: Smoke | None, smoke_row: Any, facts: PlanModelFacts
 ) -> None:
     """The baseline's evaluation, the very procedure every variant's evaluation repeats."""
     row, rec = baseline_record(study)
@@ -319,15 +320,15 @@ def merged_evaluation(smoke_eval: Evaluation | None, batch_size: int) -> Figure 
     """The fixed cost of evaluating a variant merged, from the smoke's evaluation when it chose
     the merged copy (`tunelab.lib.inference.eval_copy`), else None: building the copy, plus the first batch's
     check, which the smoke ran on its few examples and a full batch repeats in proportion."""
-    merge = (smoke_eval.merge if smoke_eval is not None else None) or {}
-    if smoke_eval is None or not merge.get("merged") or merge.get("merge_s") is None:
+    merge = smoke_eval.part(EvaluationMerge, "merge") if smoke_eval is not None else None
+    if smoke_eval is None or merge is None or not merge.merged or merge.merge_s is None:
         return None
     n = max(1, smoke_eval.n)
-    check = (merge.get("check_s") or 0.0) * max(1.0, batch_size / n)
+    check = (merge.check_s or 0.0) * max(1.0, batch_size / n)
     return Figure(
-        merge["merge_s"] + check,
-        f"smoke {smoke_eval.run_id}: evaluated merged ({merge.get('reason')}); the copy "
-        f"took {merge['merge_s']:.2f} s, its check {merge.get('check_s') or 0:.2f} s on {n} "
+        merge.merge_s + check,
+        f"smoke {smoke_eval.run_id}: evaluated merged ({merge.reason}); the copy "
+        f"took {merge.merge_s:.2f} s, its check {merge.check_s or 0:.2f} s on {n} "
         f"examples, scaled to a batch of {batch_size}",
     )
 
@@ -337,7 +338,7 @@ def adapted_costs(
     smoke_id: str | None,
     rec: Evaluation,
     baseline_id: str,
-    facts: dict[str, Any],
+    facts: PlanModelFacts,
     method: str,
     merged: Figure | None = None,
 ) -> dict[str, Figure]:
@@ -365,9 +366,8 @@ def adapted_costs(
     if length is not None:
         out["answer_length_s_per_example"] = length
         per_example = max(0.0, per_example + length.seconds)
-    load_s = rec.get("load_s")  # a field the Evaluation class does not name yet
-    if load_s is not None:
-        out["baseline_load_s"] = Figure(load_s, f"baseline {baseline_id}: its model load")
+    if rec.load_s is not None:
+        out["baseline_load_s"] = Figure(rec.load_s, f"baseline {baseline_id}: its model load")
     reload = smoke.reload_s if smoke else None
     if reload is not None:
         out["eval_load_s"] = Figure(
@@ -376,7 +376,7 @@ def adapted_costs(
             "baseline",
         )
     ratio = smoke.adapter_time_ratio if smoke else None
-    trainable, total = facts.get("trainable_params") or 0, facts.get("num_params") or 0
+    trainable, total = facts.trainable_params or 0, facts.num_params or 0
     step = rec.decoding.s_per_step if rec.decoding is not None else None
     if merged is not None:
         out["eval_merge_s"] = merged
@@ -419,19 +419,31 @@ def answer_length_cost(rec: Evaluation, baseline_id: str) -> Figure | None:
     None for a task that does not generate (classification) or a record without generation
     timings."""
     gen = rec.decoding
-    batches = (gen.batches if gen is not None else None) or []
+    batches = decoding_batches(rec)
     if gen is None or not batches or not rec.n:
         return None
     answered = 0.0
     for b in batches:  # each batch's timings as `tunelab eval` wrote them
-        step = b["decode_s"] / (b["steps"] - 1) if b["steps"] > 1 else gen.s_per_step or 0
-        answered += b["prefill_s"] + max(0, b["answer_steps"] - 1) * step
-    generated = sum(b["prefill_s"] + b["decode_s"] for b in batches)
+        step = b.decode_s / (b.steps - 1) if b.steps > 1 else gen.s_per_step or 0
+        answered += b.prefill_s + max(0, b.answer_steps - 1) * step
+    generated = sum(b.prefill_s + b.decode_s for b in batches)
     return Figure(
         (answered - generated) / rec.n,
         f"baseline {baseline_id}: {gen.steps} generated tokens in {len(batches)} batches; "
         f"the validation answers (tokens and EOS) take {gen.answer_steps}",
     )
+
+
+def decoding_batches(rec: Evaluation) -> list[DecodingBatch]:
+    """The generated batches of an evaluation ([] for one that does not generate)."""
+    return rec.decoding.parts(DecodingBatch, "batches") if rec.decoding is not None else []
+
+
+def facts_of(sizing: Sizing | None) -> PlanModelFacts:
+    """The adapted model's facts a sizing recorded (all None without a sizing or facts)."""
+    if sizing is None:
+        return PlanModelFacts(Path("records/sizing"), {}, where="facts")
+    return sizing.part(PlanModelFacts, "facts") or PlanModelFacts(sizing.path, {}, where="facts")
 
 
 def base_hash_seconds(study: Study) -> Figure:

@@ -29,8 +29,15 @@ from typing import Any
 
 from tunelab.core.config import StudyConfig
 from tunelab.core.errors import ConfigError, StudyError
-from tunelab.core.record_sizing import env_of, options_of, throughput_of
+from tunelab.core.record_plan import FitCandidate
+from tunelab.core.record_sizing import (
+    SizingRecommendation,
+    env_of,
+    options_of,
+    throughput_of,
+)
 from tunelab.core.record_types import Sizing
+from tunelab.core.run_parts import Gpu as SeenGpu
 from tunelab.stages.plan.catalog import Gpu, UtilizationRange, default_utilization, gpu_of_device
 from tunelab.stages.plan.catalog import host_cost as catalog_host
 from tunelab.stages.plan.figures import SplitCounts, expected_max
@@ -41,6 +48,8 @@ CUDA_CONTEXT_BYTES = 1 << 30  # the CUDA context and allocator slack the memory 
 MEMORY_BANDWIDTH_SHARE = 0.7  # of the datasheet bandwidth, for streaming reads and writes
 MEASURED_SPREAD = 0.10  # the range around a measured utilization
 STRATEGIES = ("ddp", "fsdp")
+# where a projection's recommendation would be named if it were damaged: it is never written
+RECOMMENDED = "the projection's recommendation (stages.sizing.recommend)"
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,7 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         return Fit(False, 1, effective // gpus, t.activation_checkpointing,
                    load.device_per_rank + CUDA_CONTEXT_BYTES, gpu.memory_bytes, problem,
                    load.to_dict())  # fmt: skip
-    found = recommend(
+    found = SizingRecommendation.of(RECOMMENDED, recommend(
         shape.facts,
         template,
         effective_batch=effective // gpus,
@@ -197,30 +206,31 @@ def choose_fit(shape: StudyShape, cfg: StudyConfig, gpu: Gpu, gpus: int, strateg
         compare_total=True,
         strategy="single" if gpus == 1 else strategy,
         ranks=gpus,
-    )
-    if found["fits"]:  # one card: the larger of the training and evaluation peaks
-        peak, over = plan_peak(found["predicted_peak_bytes"], shape.facts, cfg, shape.max_len,
+    ), "recommendation")  # fmt: skip
+    if found.fits:  # one card: the larger of the training and evaluation peaks
+        peak, over = plan_peak(found.predicted_peak_bytes, shape.facts, cfg, shape.max_len,
                                shape.precision, gpu.memory_bytes, CUDA_CONTEXT_BYTES, gpus)  # fmt: skip
         return Fit(
             over is None,
-            found["micro_batch"],
-            found["grad_accum"],
-            found["checkpointing"],
+            found.micro_batch,
+            found.grad_accum,
+            found.checkpointing,
             peak,
             gpu.memory_bytes,
             over,
             load=load.to_dict(),
         )
-    smallest = min(found["candidates"], key=lambda c: c["predicted_peak_bytes"])
+    tried = found.parts(FitCandidate, "candidates")
+    smallest = min(tried, key=lambda c: c.predicted_peak_bytes)
     # the weights alone (every expert of an MoE model resident) over the card: say that first
     weights = shape.facts.total_weight_bytes / (gpus if gpus > 1 and strategy == "fsdp" else 1)
-    reason = f"weights {weights / 1e9:.1f} GB" if weights > gpu.memory_bytes else found["reason"]
+    reason = f"weights {weights / 1e9:.1f} GB" if weights > gpu.memory_bytes else found.reason
     return Fit(
         False,
-        smallest["micro_batch"],
-        smallest["grad_accum"],
-        smallest["checkpointing"],
-        smallest["predicted_peak_bytes"],
+        smallest.micro_batch,
+        smallest.grad_accum,
+        smallest.checkpointing,
+        smallest.predicted_peak_bytes,
         gpu.memory_bytes,
         reason,
         load.to_dict(),
@@ -328,7 +338,7 @@ def measured_utilization(sizing: Sizing | None, shape: StudyShape) -> tuple[floa
     where it came from), or None when the study has no sizing measured on CUDA."""
     if sizing is None or sizing.device != "cuda":
         return None
-    names = [g.get("name") for g in env_of(sizing).gpus or []]
+    names = [g.name for g in env_of(sizing).parts(SeenGpu, "gpus")]
     gpu = gpu_of_device(names[0] if names else None)
     thr = throughput_of(sizing)
     row = next((r for r in sizing.rows if r.label == thr.row), None)

@@ -19,6 +19,7 @@ from tunelab.core.errors import SnapshotError
 from tunelab.core.evidence import latest
 from tunelab.core.record_sizing import lengths_of
 from tunelab.core.record_types import RunConfig, Sizing
+from tunelab.core.run_parts import RunEnv
 from tunelab.core.study import Study
 from tunelab.stages.plan.estimate import PROCESS_START_S
 from tunelab.stages.plan.figures import (
@@ -26,6 +27,8 @@ from tunelab.stages.plan.figures import (
     Figures,
     Lengths,
     baseline_record,
+    decoding_batches,
+    facts_of,
     gather_figures,
     split_counts,
 )
@@ -61,7 +64,7 @@ def _labels(study: Study) -> list[str]:
 
 
 def _facts(study: Study, sizing: Sizing | None, labels: list[str]) -> tuple[ModelFacts, str]:
-    if sizing is not None and (sizing.facts or {}).get("layer_training") is not None:
+    if sizing is not None and facts_of(sizing).layer_training is not None:
         return ModelFacts.from_dict(sizing.facts or {}), f"sizing {sizing.id}: the adapted model"
     return config_facts(study.config, study.root, len(labels))
 
@@ -218,11 +221,10 @@ def _generation(
         steps = min(max_new_tokens, math.ceil(longest * loss))
         return mean * (1 - loss), steps, "given by the task: it scores each example, no decoding"
     row, rec = baseline_record(study)
-    decoding = rec.decoding if rec is not None else None
-    batches = (decoding.batches if decoding is not None else None) or []
+    batches = decoding_batches(rec) if rec is not None else []
     if row is not None and batches:  # each batch as `tunelab eval` wrote it
-        prompt = sum(b["prompt_tokens"] for b in batches) / len(batches)
-        steps = sum(b["answer_steps"] for b in batches) / len(batches)
+        prompt = sum(b.prompt_tokens or 0.0 for b in batches) / len(batches)
+        steps = sum(b.answer_steps for b in batches) / len(batches)
         return prompt, steps, f"baseline {row.id}: its prompts, and the answers' length a batch"
     prompt = mean * (1 - loss)
     steps = min(max_new_tokens, math.ceil(longest * loss))
@@ -318,7 +320,6 @@ def sizing_configurations(sizing: Sizing | None) -> int:
 def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, Any, str] | None:
     """The newest completed training run of the study on a catalog GPU, as a share of that
     GPU's peak: (share, GPU, where it came from), or None when no run trained on CUDA."""
-    from tunelab.core.records import read_json
     from tunelab.stages.plan.catalog import gpu_of_device
     from tunelab.stages.plan.flops import micro_step_flops
     from tunelab.stages.plan.project import micro_batch
@@ -328,13 +329,13 @@ def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, An
         folder = study.runs_dir / row.id
         if not (folder / "env.json").exists() or not (folder / "config.json").exists():
             continue
-        env = read_json(folder / "env.json")
-        names = [g.get("name") for g in env.get("gpus") or []]
+        env = RunEnv.read(folder / "env.json")
+        names = [g.name for g in env.devices]
         gpu = gpu_of_device(names[0]) if names else None
         step = mean_step_s(study, row.id)
-        if gpu is None or not step or not str(env.get("compute_device", "")).startswith("cuda"):
+        if gpu is None or not step or not str(env.compute_device or "").startswith("cuda"):
             continue
-        t = RunConfig.read(folder / "config.json").training
+        t = RunConfig.read(folder / "config.json").training  # the study config's section
         flops = (
             micro_step_flops(
                 shape.facts,

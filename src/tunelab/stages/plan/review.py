@@ -20,15 +20,15 @@ split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
-from tunelab.core.record_sizing import PlanSchedule
-from tunelab.core.record_types import Evaluation, RunStatus, Sizing, Verify
-from tunelab.core.records import read_json, read_jsonl
+from tunelab.core.record_plan import PlanReview, PlanReviewRow, PlanSchedule
+from tunelab.core.record_types import Evaluation, ExportManifest, RunStatus, Sizing, Verify
+from tunelab.core.records import read_jsonl
+from tunelab.core.run_parts import RunEnv, TrainStep
 from tunelab.core.study import Study
 from tunelab.stages.plan.figures import _parse_time, run_seconds
 from tunelab.stages.plan.stored import plans_dir
@@ -128,9 +128,8 @@ def verify_seconds(study: Study) -> list[float]:
     out = []
     for path in sorted(study.runs_dir.glob("*/verify*.json")) if study.runs_dir.is_dir() else []:
         rec = Verify.read(path)
-        seconds = rec.get("seconds")  # a field the Verify class does not name yet
-        if isinstance(seconds, int | float) and seconds and rec.model_run:
-            out.append(float(seconds))
+        if rec.seconds and rec.model_run:
+            out.append(float(rec.seconds))
     return out
 
 
@@ -138,21 +137,21 @@ def export_seconds(study: Study) -> list[float]:
     """Each export's duration: its ledger event's own seconds, else manifest -> event time."""
     done, seconds = {}, {}
     for e in study.ledger.events():
-        if e["kind"] == "export" and e["detail"]:
+        detail = e.detail_object() if e.kind == "export" else {}
+        if detail:
             try:
-                detail = json.loads(e["detail"])
-                done[detail.get("export_id")] = _parse_time(e["at"])
-                if isinstance(detail.get("seconds"), int | float):
-                    seconds[detail.get("export_id")] = float(detail["seconds"])
-            except (ValueError, AttributeError):
+                done[detail.get("export_id")] = _parse_time(e.at)
+            except ValueError:
                 continue
+            if isinstance(detail.get("seconds"), int | float):
+                seconds[detail.get("export_id")] = float(detail["seconds"])
     out = list(seconds.values())
     for export_id, end in done.items():
         if export_id in seconds:
             continue  # timed by the export itself
         manifest = study.records / "exports" / str(export_id) / "tunelab-manifest.json"
         if manifest.exists() and end is not None:
-            start = _parse_time(read_json(manifest).get("created_at"))
+            start = _parse_time(ExportManifest.read(manifest).created_at)
             if start is not None:
                 out.append(max(0.0, (end - start).total_seconds()))
     return out
@@ -163,7 +162,8 @@ def mean_step_s(study: Study, run_id: str) -> float | None:
     path = study.runs_dir / run_id / "metrics.jsonl"
     if not path.exists():
         return None
-    steps = [r["seconds"] for r in read_jsonl(path) if "loss" in r and r.get("seconds")]
+    lines = [TrainStep.of(path, r, f"line {i + 1}") for i, r in enumerate(read_jsonl(path))]
+    steps = [r.seconds for r in lines if r.loss is not None and r.seconds]
     return sum(steps) / len(steps) if steps else None
 
 
@@ -196,12 +196,12 @@ def device_notes(study: Study, plan: PlanSchedule) -> list[str]:
         if r.kind not in ("train", "eval", "baseline", "smoke") or r.status == "running":
             continue
         path = study.runs_dir / r.id / "env.json"
-        env = read_json(path) if path.exists() else {}
-        names = [g.get("name") for g in env.get("gpus") or []]
-        on_gpu = str(env.get("compute_device") or "").startswith("cuda") and names
+        env = RunEnv.read(path) if path.exists() else RunEnv(path, {})
+        names = [g.name for g in env.devices]
+        on_gpu = str(env.compute_device or "").startswith("cuda") and names
         gpu = gpu_of_device(names[0]) if on_gpu else None
         if gpu is None or gpu.id != projection.gpu:
-            where = names[0] if on_gpu else str(env.get("compute_device") or "cpu")
+            where = names[0] if on_gpu else str(env.compute_device or "cpu")
             elsewhere[where] = elsewhere.get(where, 0) + 1
     return [
         f"{_n(count, 'run')} ran on {where}, not on {projection.gpu_name}: their durations "
@@ -230,15 +230,21 @@ def steps_notes(study: Study, plan: PlanSchedule) -> list[str]:
     ]
 
 
-def far_off_remark(row: dict[str, Any]) -> str | None:
+def _row(row: PlanReviewRow | dict[str, Any]) -> PlanReviewRow:
+    """A review row as its kind (a dict: a row of a review as `review_plan` returns it)."""
+    return row if isinstance(row, PlanReviewRow) else PlanReviewRow.of("the review", row, "rows")
+
+
+def far_off_remark(row: PlanReviewRow | dict[str, Any]) -> str | None:
     """'experiments: planned 40.0 s, took 10.0 s (+300.0 %): the plan is far longer than the
     runs' for a review row off by more than FAR_OFF_PCT either way; None otherwise."""
-    if not row.get("far_off"):
+    r = _row(row)
+    if not r.far_off or r.error_pct is None:
         return None
-    way = "longer" if row["error_pct"] > 0 else "shorter"
+    way = "longer" if r.error_pct > 0 else "shorter"
     return (
-        f"{row['phase']}: planned {row['planned_s']:.1f} s, took {row['actual_s']:.1f} s "
-        f"({row['error_pct']:+.1f} %): the plan is far {way} than the runs, whatever its margin"
+        f"{r.phase}: planned {r.planned_s:.1f} s, took {r.actual_s or 0:.1f} s "
+        f"({r.error_pct:+.1f} %): the plan is far {way} than the runs, whatever its margin"
     )
 
 
@@ -271,22 +277,24 @@ def repeat_spread(seconds: list[float]) -> float | None:
     return round(100 * (max(seconds) - min(seconds)) / mean, 1) if mean > 0 else None
 
 
-def repeat_verdict(row: dict[str, Any]) -> str | None:
+def repeat_verdict(row: PlanReviewRow | dict[str, Any]) -> str | None:
     """'evaluation: its 2 evaluations of one split took 8.7 and 7.5 s, a spread of 15.0 %; the
     phase's error -11.2 % is inside it: ...' for a review row whose unit ran more than once,
     one sentence for the CLI and the dossier; None when it ran once or nothing was measured."""
-    if row.get("repeat_spread_pct") is None or row.get("error_pct") is None:
+    r = _row(row)
+    if r.repeat_spread_pct is None or r.error_pct is None:
         return None
-    times = " and ".join(f"{x:.1f}" for x in row["repeats_s"])
+    repeats = r.repeats_s or []
+    times = " and ".join(f"{x:.1f}" for x in repeats)
     verdict = (
         "inside it: the plan is as close as the runs are to each other"
-        if row["within_repeat_spread"]
+        if r.within_repeat_spread
         else "outside it"
     )
     return (
-        f"{row['phase']}: its {len(row['repeats_s'])} evaluations of one split took {times} s, "
-        f"a spread of {row['repeat_spread_pct']:.1f} %; the phase's error "
-        f"{row['error_pct']:+.1f} % is {verdict}"
+        f"{r.phase}: its {len(repeats)} evaluations of one split took {times} s, "
+        f"a spread of {r.repeat_spread_pct:.1f} %; the phase's error "
+        f"{r.error_pct:+.1f} % is {verdict}"
     )
 
 
@@ -318,7 +326,7 @@ def _rows(study: Study, planned: PlannedUnits) -> list[ReviewRow]:
         same_unit.setdefault(r.name or "eval", []).append(run_seconds(r))
     repeated = max(same_unit.values(), key=len, default=[])
     # a run interrupted then resumed to the end counts too: its ledger keeps the interruption
-    stopped = {e["run_id"] for e in study.ledger.events() if e["kind"] == "status:interrupted"}
+    stopped = {e.run_id for e in study.ledger.events() if e.kind == "status:interrupted"}
     interrupted = [r for r in train if r.status == "interrupted" or r.id in stopped]
     resumed = sum(r.status != "interrupted" for r in interrupted)
     return [
@@ -372,16 +380,30 @@ def review_plan(study: Study, plan: PlanSchedule | dict[str, Any] | None = None)
     prints). `plan` is a plan record read back, or one as written (its `_path` where it was
     read from, if any); None: the latest. A damaged plan record raises the located
     StudyError."""
+    return plan_review(study, plan).raw
+
+
+def plan_review(study: Study, plan: PlanSchedule | dict[str, Any] | None = None) -> PlanReview:
+    """`review_plan`'s review as its kind, read at the plan record's path."""
+    schedule = _schedule(study, plan)
+    return PlanReview.of(schedule.path, _review(study, schedule))
+
+
+def _schedule(study: Study, plan: PlanSchedule | dict[str, Any] | None) -> PlanSchedule:
+    """The plan to review as its kind: the latest, one read back, or one as written."""
     if plan is None:
         found = latest(study, "plan")
         if found is None:
             raise StudyError("no plan in records/plans/", hint="make one first: `tunelab plan`")
-        schedule = PlanSchedule.read(found.path)
-    elif isinstance(plan, PlanSchedule):
-        schedule = plan
-    else:
-        where = plan.get("_path") or plans_dir(study) / f"{plan.get('id')}.json"
-        schedule = PlanSchedule.of(where, plan)
+        return PlanSchedule.read(found.path)
+    if isinstance(plan, PlanSchedule):
+        return plan
+    where = plan.get("_path") or plans_dir(study) / f"{plan.get('id')}.json"
+    return PlanSchedule.of(where, plan)
+
+
+def _review(study: Study, schedule: PlanSchedule) -> dict[str, Any]:
+    """The review of `schedule` as `review_plan` returns it."""
     planned = PlannedUnits.from_record(schedule)
     rows = _rows(study, planned)
     for r in rows:

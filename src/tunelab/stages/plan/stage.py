@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import secrets
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import ConfigError
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_plan import GpuComparison, GpuLayout, RentalAnswer, RentalOption
 from tunelab.core.record_types import Sizing
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
@@ -24,6 +26,7 @@ from tunelab.stages.plan.chart import draw_gantt
 from tunelab.stages.plan.estimate import Plan, build_plan, variants_in_window
 from tunelab.stages.plan.figures import Figures, gather_figures
 from tunelab.stages.plan.project import (
+    Projection,
     StudyShape,
     check_layout,
     experts_placement,
@@ -37,7 +40,7 @@ from tunelab.stages.plan.rental import (
     projected_figures,
     sizing_configurations,
 )
-from tunelab.stages.plan.review import review_plan
+from tunelab.stages.plan.review import plan_review
 from tunelab.stages.plan.stored import creation_ns, plans_dir
 
 
@@ -127,14 +130,14 @@ def _record_plan(
     if projection is not None:
         record["projection"] = projection
     # what the ledger already holds, set against this plan (the report shows it)
-    record["review"] = review_plan(study, record)
-    actual = {r["phase"]: r["actual_s"] for r in record["review"]["rows"]}
-    for ph in record["phases"]:
-        ph["name"] = ph["phase"]
-        ph["planned_h"] = round(ph["total_s"] / 3600, 4)
-        ph["actual_h"] = (
-            None if not actual.get(ph["phase"]) else round(actual[ph["phase"]] / 3600, 4)
-        )
+    review = plan_review(study, record)
+    record["review"] = review.raw
+    actual = {r.phase: r.actual_s for r in review.rows}
+    for written, ph in zip(record["phases"], plan.phases, strict=True):
+        seconds = actual.get(ph.phase)
+        written["name"] = ph.phase
+        written["planned_h"] = round(ph.total_s / 3600, 4)
+        written["actual_h"] = round(seconds / 3600, 4) if seconds else None
     png = draw_gantt(plan, folder / f"{plan_id}.png")
     path = write_json_atomic(folder / f"{plan_id}.json", record)
     study.ledger.add_event(
@@ -173,25 +176,26 @@ def check_gpu_only(*, gpus: int, strategy: str, utilization: float | None) -> No
         )
 
 
-def cheapest_rental(rows: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
+def cheapest_rental(rows: list[RentalOption], num_variants: int, days: int) -> dict[str, Any]:
     """The rental that answers "which GPU, how many days, what cost": among the layouts the
     study fits, the shortest rental (3, 7 or 30 days) holding `num_variants` on each, then the
     cheapest of those. `{gpu, days, rental_cost, busy_hours}` (with the row's `gpus` and
     `strategy` when it has them), or `{gpu: None, why}`."""
-    fitting = [r for r in rows if r["fits"]]
+    fitting = [r for r in rows if r.fits]
     if not fitting:
         return {"gpu": None, "why": "the study fits no catalog GPU's memory"}
     options = []
     for r in fitting:
-        shortest = next((d for d in (3, 7, 30) if r["variants"][d] >= num_variants), None)
+        shortest = next((d for d in (3, 7, 30) if r.variants[d] >= num_variants), None)
         if shortest is not None:
             # the rental costs its days x 24 h x the price: linear in the days
-            cost = r["rental_cost"] * shortest / days
-            options.append((cost, r["busy_hours"], r["gpu"], shortest, r))
+            cost = r.rental_cost * shortest / days
+            options.append((cost, r.busy_hours, r.gpu, shortest, r))
     if not options:
         return {"gpu": None, "why": f"no catalog GPU runs {num_variants} variants within 30 days"}
     cost, busy, gpu, shortest, row = min(options, key=lambda o: o[:4])
-    layout = {k: row[k] for k in ("gpus", "strategy") if k in row}  # a multi-GPU layout's
+    # a layout's GPUs and strategy, where it names them
+    layout = {k: getattr(row, k) for k in ("gpus", "strategy") if k in row.raw}
     return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy, **layout}
 
 
@@ -214,7 +218,8 @@ def _projected_plan(
     utilization: float | None,
     gpu_hour_price: float | None,
     measured: tuple[float, Gpu, str] | None = None,
-) -> tuple[Figures, Plan, dict[str, Any]]:
+) -> tuple[Figures, Plan, Projection, float]:
+    """The plan on `gpus` x `gpu`: (figures, plan, the projection, the price of a GPU hour)."""
     proj = project(
         shape,
         cfg,
@@ -230,16 +235,7 @@ def _projected_plan(
     plan.gpu = f"{gpus}x {gpu.name}"
     plan.device = f"{plan.gpu} (projected)"
     plan.warnings = [*proj.notes, *plan.warnings]
-    projection = {
-        **proj.to_dict(),
-        "price_per_gpu_hour": price,
-        "price_source": "--gpu-hour-price"
-        if gpu_hour_price is not None
-        else "the catalog's default",
-        # the catalog's currency; a price given on the command line is in the user's own
-        "currency": currency() if gpu_hour_price is None else None,
-    }
-    return figures, plan, projection
+    return figures, plan, proj, price
 
 
 def gpu_plan(
@@ -254,7 +250,7 @@ def gpu_plan(
 ) -> tuple[Figures, Plan, dict[str, Any]]:
     """The plan of the study on `gpus` x `gpu`: (figures, plan, the projection's record)."""
     shape, sizing = gather_shape(study)
-    return _projected_plan(
+    figures, plan, proj, price = _projected_plan(
         shape,
         sizing,
         local_figures(study),
@@ -267,9 +263,21 @@ def gpu_plan(
         gpu_hour_price=gpu_hour_price,
         measured=measured_run_utilization(study, shape),
     )
+    projection = {
+        **proj.to_dict(),
+        "price_per_gpu_hour": price,
+        "price_source": "--gpu-hour-price"
+        if gpu_hour_price is not None
+        else "the catalog's default",
+        # the catalog's currency; a price given on the command line is in the user's own
+        "currency": currency() if gpu_hour_price is None else None,
+    }
+    return figures, plan, projection
 
 
 LAYOUT_GPUS = (1, 2, 4, 8)  # GPUs a node that `--compare-gpus` tries
+# where a comparison's damage is named: `--compare-gpus` records nothing
+COMPARED = Path("plan --compare-gpus")
 
 
 def compare_gpus(
@@ -279,7 +287,7 @@ def compare_gpus(
     gpus: int | None = None,
     strategy: str | None = None,
     utilization: float | None = None,
-) -> dict[str, Any]:
+) -> GpuComparison:
     """Every catalog GPU for the study, the cheapest that fits first. Each GPU is tried on
     `gpus` GPUs a node (default 1, 2, 4 and 8) under `strategy` (default: DDP and FSDP, the
     cheaper that fits). `{answer, days, rows, layouts, inputs, notes, sources, currency}`: `rows`
@@ -300,30 +308,32 @@ def compare_gpus(
     shape, sizing = gather_shape(study)
     local = local_figures(study)
     measured = measured_run_utilization(study, shape)
-    rows, layouts, inputs = [], [], []
+    rows: list[GpuLayout] = []
+    layouts: list[GpuLayout] = []
+    inputs: list[dict[str, Any]] = []
     for gpu in catalog_gpus():
         tried = []
         for n in counts:
             for way in [strategy] if strategy else ["ddp", "fsdp"] if n > 1 else ["ddp"]:
-                _, plan, proj = _projected_plan(
+                _, plan, proj, price = _projected_plan(
                     shape, sizing, local, cfg, gpu, days=days, gpus=n, strategy=way,
                     utilization=utilization, gpu_hour_price=None, measured=measured,
                 )  # fmt: skip
-                tried.append(_layout_row(gpu, plan, proj, cfg, shape))
-                inputs = [i for i in proj["inputs"] if i["name"] not in ("GPU", "utilization")]
+                tried.append(_layout_row(gpu, plan, proj, price, cfg, shape))
+                inputs = [asdict(i) for i in proj.inputs if i.name not in ("GPU", "utilization")]
         layouts += tried
         rows.append(_best_layout(tried, cfg.budget.num_variants, days))
-    rows.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
-    layouts.sort(key=lambda r: (not r["fits"], r["busy_cost"]))
-    return {
+    rows.sort(key=lambda r: (not r.fits, r.busy_cost))
+    layouts.sort(key=lambda r: (not r.fits, r.busy_cost))
+    return GpuComparison.of(COMPARED, {
         "answer": cheapest_rental(layouts, cfg.budget.num_variants, days),
         "days": days,
         "gpus": list(counts),
         "strategy": strategy,
         "num_variants": cfg.budget.num_variants,
         "utilization_given": utilization,
-        "rows": rows,
-        "layouts": layouts,
+        "rows": [r.raw for r in rows],
+        "layouts": [r.raw for r in layouts],
         "inputs": inputs,
         "notes": _layout_notes(shape, layouts)
         + [
@@ -334,38 +344,38 @@ def compare_gpus(
         ],
         "currency": currency(),
         "sources": {g.id: f"{g.source}: {g.url}" for g in catalog_gpus()},
-    }
+    })  # fmt: skip
 
 
 def _layout_row(
-    gpu: Gpu, plan: Plan, proj: dict[str, Any], cfg: Any, shape: StudyShape
-) -> dict[str, Any]:
+    gpu: Gpu, plan: Plan, proj: Projection, price: float, cfg: Any, shape: StudyShape
+) -> GpuLayout:
     """One layout of `--compare-gpus`: the projection's fit and time, and the variants that fit
     in a rental of 3, 7 and 30 days (the same figures, another window)."""
-    step, fit, n = proj["step"], proj["fit"], proj["gpus"]
+    step, fit, n = proj.step, proj.fit, proj.gpus
     hours = float(cfg.budget.hours_per_day)
     per_variant = plan.per_variant_with_margins_s
-    return {
+    return GpuLayout.of(COMPARED, {
         "gpu": gpu.id,
         "name": gpu.name,
         "arch": gpu.arch,
         "gpus": n,
-        "strategy": proj["strategy"],
-        "fits": fit["fits"],
-        "why_not": fit.get("reason"),
-        "micro_batch": fit["micro_batch"],
-        "grad_accum": fit["grad_accum"],
-        "checkpointing": fit["checkpointing"],
-        "peak_bytes": fit["peak_bytes"],
-        "memory_bytes": fit["budget_bytes"],
-        "load": fit.get("load"),
-        "experts": experts_placement(shape, n, proj["strategy"]),
-        "step_s": step["value"],
-        "step_low_s": step["low"],
-        "step_high_s": step["high"],
-        "bound": step["bound"],
-        "utilization": proj["utilization"]["value"],
-        "utilization_measured": proj["utilization_measured"],
+        "strategy": proj.strategy,
+        "fits": fit.fits,
+        "why_not": fit.reason,
+        "micro_batch": fit.micro_batch,
+        "grad_accum": fit.grad_accum,
+        "checkpointing": fit.checkpointing,
+        "peak_bytes": fit.peak_bytes,
+        "memory_bytes": fit.budget_bytes,
+        "load": fit.load,
+        "experts": experts_placement(shape, n, proj.strategy),
+        "step_s": step.value,
+        "step_low_s": step.low,
+        "step_high_s": step.high,
+        "bound": step.bound,
+        "utilization": proj.utilization.value,
+        "utilization_measured": proj.utilization_measured,
         "hours_per_variant": plan.per_variant_with_margins_s / 3600,
         "variants": {
             d: variants_in_window(d * hours * 3600, plan.busy_s, plan.num_variants, per_variant)
@@ -374,38 +384,37 @@ def _layout_row(
         "busy_hours": plan.cost.busy_hours,
         "busy_cost": plan.cost.busy_cost,
         "rental_cost": plan.cost.rental_cost,
-        "price_per_gpu_hour": proj["price_per_gpu_hour"],
-    }
+        "price_per_gpu_hour": price,
+    }, f"layouts.{gpu.id}.{n}.{proj.strategy}")  # fmt: skip
 
 
-def _best_layout(tried: list[dict[str, Any]], num_variants: int, days: int) -> dict[str, Any]:
+def _best_layout(tried: list[GpuLayout], num_variants: int, days: int) -> GpuLayout:
     """A GPU's layout for the table: the cheapest rental among those that fit, else the one
     that fits with the lowest busy cost, else the largest tried (its reason the most telling)."""
-    fitting = [r for r in tried if r["fits"]]
+    fitting = [r for r in tried if r.fits]
     if not fitting:
         return tried[-1] if len(tried) < 2 else _largest_refusal(tried)
-    pick = cheapest_rental(fitting, num_variants, days)
-    if pick["gpu"] is not None:
-        return next(
-            r for r in fitting if (r["gpus"], r["strategy"]) == (pick["gpus"], pick["strategy"])
-        )
-    return min(fitting, key=lambda r: r["busy_cost"])
+    pick = RentalAnswer.of(COMPARED, cheapest_rental(fitting, num_variants, days), "answer")
+    if pick.gpu is not None:
+        return next(r for r in fitting if (r.gpus, r.strategy) == (pick.gpus, pick.strategy))
+    return min(fitting, key=lambda r: r.busy_cost)
 
 
-def _largest_refusal(tried: list[dict[str, Any]]) -> dict[str, Any]:
+def _largest_refusal(tried: list[GpuLayout]) -> GpuLayout:
     """The largest layout tried, its reason naming every strategy's at that size."""
-    largest = max(r["gpus"] for r in tried)
-    last = [r for r in tried if r["gpus"] == largest]
+    largest = max(r.gpus or 1 for r in tried)
+    last = [r for r in tried if r.gpus == largest]
     if len(last) == 1:
         return last[0]
-    why = "; ".join(f"{r['strategy']}: {r['why_not']}" for r in last)
-    return {**last[-1], "why_not": why, "others": last[:-1]}
+    why = "; ".join(f"{r.strategy}: {r.why_not}" for r in last)
+    refusal = {**last[-1].raw, "why_not": why, "others": [r.raw for r in last[:-1]]}
+    return GpuLayout.of(COMPARED, refusal, last[-1].where)
 
 
-def _layout_notes(shape: StudyShape, layouts: list[dict[str, Any]]) -> list[str]:
+def _layout_notes(shape: StudyShape, layouts: list[GpuLayout]) -> list[str]:
     """What the table's layouts mean for this model (an MoE's experts under FSDP)."""
     moe = shape.facts.moe
-    if not moe or not any(r["strategy"] == "fsdp" for r in layouts):
+    if not moe or not any(r.strategy == "fsdp" for r in layouts):
         return []
     return [
         f"mixture of experts: FSDP shards the experts' weights over the GPUs: transformers "

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import all_hypotheses
-from tunelab.core.ledger import RunRow
+from tunelab.core.ledger import LedgerEvent, RunRow, SealedOpening
 from tunelab.core.record_data import DataManifest
 from tunelab.core.record_inspect import Inspection
-from tunelab.core.record_sizing import PlanSchedule
+from tunelab.core.record_plan import PlanSchedule
 from tunelab.core.record_types import (
     Compare,
     Evaluation,
@@ -100,25 +100,6 @@ class Unreadable:
 
     path: str
     error: str
-
-
-@dataclass(frozen=True)
-class LedgerEvent:
-    """One event the ledger logged for a run (a status change, a check)."""
-
-    kind: str
-    at: str
-    detail: Any = None
-
-
-@dataclass(frozen=True)
-class SealedOpening:
-    """One opening of the sealed test split, as the ledger logged it."""
-
-    at: str
-    who: str
-    why: str
-    run_id: str | None = None
 
 
 @dataclass
@@ -214,14 +195,11 @@ def _exports(root: Path, read: _Reader) -> list[ExportManifest]:
 def collect(study: Study) -> Collected:
     rec = study.records
     read = _Reader()
-    events: dict[str, list[LedgerEvent]] = {}
+    events: dict[str | None, list[LedgerEvent]] = {}
     for e in study.ledger.events():
-        events.setdefault(e["run_id"], []).append(LedgerEvent(e["kind"], e["at"], e["detail"]))
+        events.setdefault(e.run_id, []).append(e)
     runs = [_collect_run(study, r, events.get(r.id, []), read) for r in study.list_runs()]
-    openings = [
-        SealedOpening(o["at"], o["who"], o["why"], o["run_id"])
-        for o in study.ledger.test_openings()
-    ]
+    openings = study.ledger.test_openings()
     return Collected(
         study=study.config.name,
         root=str(study.root),

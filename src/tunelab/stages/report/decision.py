@@ -26,7 +26,8 @@ from tunelab.core.record_parts import CompareEntry
 from tunelab.core.record_types import Compare
 
 if TYPE_CHECKING:
-    from tunelab.stages.report.collect import RunEvidence, SealedOpening
+    from tunelab.core.ledger import SealedOpening
+    from tunelab.stages.report.collect import RunEvidence
 
 
 def format_ci(d: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.record_sizing import PlanPhase
+from tunelab.core.record_plan import PlanPhase
 from tunelab.stages.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.context import Dossier

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tunelab.core.ledger import RunRow
-from tunelab.stages.report.collect import LedgerEvent, RunEvidence
+from tunelab.core.ledger import LedgerEvent, RunRow
+from tunelab.stages.report.collect import RunEvidence
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.plots import plot_loss_curves
 from tunelab.stages.report.sections.context import Dossier, short
