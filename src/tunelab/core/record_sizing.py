@@ -22,6 +22,8 @@ A piece is read from its record with `Record.part` / `Record.parts`, or with the
 | `SizingEvaluationSettings` | `evaluation_peak.settings`        | stages.sizing.peaks            |
 | `SizingProjection`  | `projection[i]`                          | stages.sizing.stage            |
 | `SizingResult`      | the measuring child's `configuration-<i>.json` | stages.sizing.measure    |
+| `SizingSpec`        | the measuring child's spec, `configurations[i]` | stages.sizing.stage     |
+| `MeasurePhase`      | the measuring child's `phase.json`       | stages.sizing.measure          |
 
 The plan record's pieces are in `core.record_plan`.
 """
@@ -38,6 +40,7 @@ from tunelab.core.run_parts import SizingRow
 
 __all__ = [
     "WRITING",
+    "MeasurePhase",
     "SizingConfiguration",
     "SizingEnv",
     "SizingEvaluationSettings",
@@ -51,6 +54,7 @@ __all__ = [
     "SizingRecommendation",
     "SizingResult",
     "SizingRuleX4",
+    "SizingSpec",
     "SizingThroughput",
     "SizingWorstBatch",
     "configurations_of",
@@ -117,6 +121,12 @@ class SizingMeasured(Record):
     increase: int | None = None  # CPU: peak RSS less the idle RSS; CUDA: over the idle bytes
     compared: int | None = None  # what the prediction is set against (CPU increase, CUDA peak)
     cuda_major: int | None = None
+    peak_rss: int | None = None
+    memory_step_s: list[float] | None = None  # the memory steps' (pinned threshold)
+    memory_wall_s: float | None = None
+    tokens_per_step: float | None = None
+    examples_per_step: int | None = None
+    phase_s: dict[str, Any] | None = None  # seconds of each part: load, prime, memory_steps, ...
 
 
 @dataclass(frozen=True)
@@ -329,6 +339,66 @@ class SizingResult(Record):
 
     def check_parts(self) -> None:
         _ = self.measurement
+
+
+@dataclass(frozen=True)
+class SizingSpec(Record):
+    """What the measuring child measures of one configuration (`configurations[i]` of its
+    worker spec, written by `stages.sizing.stage`): the study's config, the shape, the budget
+    and how to measure. Absent settings read as the child's defaults (`warmup_steps_or`, ...)."""
+
+    config: dict[str, Any]  # the study's config (StudyConfig.to_dict), validated by the child
+    seq_len: int
+    micro_batch: int
+    label: str | None = None
+    root: str | None = None  # the study's folder
+    labels: list[Any] | None = None
+    grad_accum: int | None = None
+    precision: str | None = None
+    checkpointing: bool | None = None
+    packing: bool | None = None
+    loss_fraction: float | None = None
+    warmup_steps: int | None = None
+    measure_steps: int | None = None
+    time_steps: int | None = None
+    num_threads: int | None = None
+    device: str | None = None  # auto | cpu | cuda
+    memory_budget_bytes: int | None = None
+    allocator: str | None = None  # pinned | default
+    warmup: str | None = None  # "states" (one process for all) | "step"
+    count_saved: bool | None = None
+    peak: str | None = None  # a peak measured beside the configurations: worst_batch | evaluation
+    lengths: list[int] | None = None  # the worst batch's, one example each
+    evaluation: dict[str, Any] | None = None  # the evaluation's settings
+
+    def steps(self) -> tuple[int, int, int]:
+        """(warm-up, measured, timed) optimizer steps: the child's defaults (1, 1, 3) where
+        the spec names none."""
+        return (
+            1 if self.warmup_steps is None else self.warmup_steps,
+            1 if self.measure_steps is None else self.measure_steps,
+            3 if self.time_steps is None else self.time_steps,
+        )
+
+    @property
+    def pinned(self) -> bool:
+        """The mmap threshold pinned (the default) rather than glibc's own."""
+        return (self.allocator or "pinned") == "pinned"
+
+    @property
+    def evaluation_settings(self) -> SizingEvaluationSettings | None:
+        return self.part(SizingEvaluationSettings, "evaluation")
+
+    def check_parts(self) -> None:
+        _ = self.evaluation_settings
+
+
+@dataclass(frozen=True)
+class MeasurePhase(Record):
+    """`phase.json` of a measuring child: which configuration it is on, in which phase."""
+
+    phase: str
+    index: int
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ class RunStatus(Record):
     train_seconds: float | None = None
     tokens_per_s: float | None = None
     final_checkpoint: str | None = None
+    update_check: dict[str, Any] | None = None  # core.record_smoke.UpdateCheck
 
     def summary(self) -> dict[str, Any]:
         """What the status adds to the common fields, as written (the `--json` summary)."""
