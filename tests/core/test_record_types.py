@@ -29,7 +29,7 @@ def test_a_run_reads_back_its_config_typed_and_validated_once(run):
     assert record.config_sha256 == run.study.config.sha256()
     assert run.config.sha256() == record.config_sha256
     assert run.config is run.config  # validated once per Run
-    assert record.training["seed"] == run.config.training.seed
+    assert record.training.seed == run.config.training.seed
     status = run.last_status()
     assert isinstance(status, RunStatus) and status.status == "running"
 

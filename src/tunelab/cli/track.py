@@ -9,6 +9,7 @@ import typer
 
 from tunelab.cli.common import JsonOpt, StudyDir, app, console, emit_json, open_study, table
 from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_checks import TrackerSync
 
 MlflowOpt = Annotated[
     str | None,
@@ -49,40 +50,44 @@ TrackioOpt = Annotated[
 ]
 
 
-def _ui_command(result: dict[str, Any]) -> str:
-    if result["kind"] == "http":
-        return f"open {result['uri']}"
+def _ui_command(result: TrackerSync) -> str:
+    if result.kind == "http":
+        return f"open {result.uri}"
     # a folder store found in place: MLflow opens it only with this setting
-    env = "MLFLOW_ALLOW_FILE_STORE=true " if result["kind"] == "folder" else ""
-    return f"{env}mlflow ui --backend-store-uri {result['uri']}"
+    env = "MLFLOW_ALLOW_FILE_STORE=true " if result.kind == "folder" else ""
+    return f"{env}mlflow ui --backend-store-uri {result.uri}"
 
 
-def _print_sync(title: str, tracker: str, result: dict[str, Any], where: str) -> None:
+def _print_sync(title: str, tracker: str, result: TrackerSync, where: str) -> None:
     """A tracker's sync as a table of runs and a line counting what was done."""
-    rows = [
-        [r["run_id"], r["status"], r["action"], r["metrics"], r["files"]] for r in result["runs"]
-    ]
+    rows = [[r.run_id, r.status, r.action, r.metrics, r.files] for r in result.runs]
     t = table(title, ["run", "status", tracker, "values", "files"], rows)
     t.columns[0].no_wrap = True
     console.print(t)
-    c = result["counts"]
-    console.print(
-        f"{c['created']} created, {c['updated']} updated, {c['unchanged']} unchanged {where}"
-    )
+    c = result.counts
+    console.print(f"{c.created} created, {c.updated} updated, {c.unchanged} unchanged {where}")
 
 
-def _print(result: dict[str, Any]) -> None:
-    exp = result["experiment"]
-    title = f"MLflow experiment {exp['name']} ({exp['id']})"
-    _print_sync(title, "mlflow", result, f"at {result['uri']}")
+def _print(result: TrackerSync) -> None:
+    title = f"MLflow experiment {result.experiment_name} ({result.experiment_id})"
+    _print_sync(title, "mlflow", result, f"at {result.uri}")
     console.print(f"see it: `{_ui_command(result)}`", soft_wrap=True)
 
 
-def _print_wandb(result: dict[str, Any]) -> None:
-    title = f"W&B project {result['project']} ({result['mode']})"
-    _print_sync(title, "wandb", result, f"in {result['dir']}/wandb")
-    if result["mode"] == "offline":
-        console.print(f"upload it: `wandb sync {result['dir']}/wandb`", soft_wrap=True)
+def _print_wandb(result: TrackerSync) -> None:
+    title = f"W&B project {result.project} ({result.mode})"
+    _print_sync(title, "wandb", result, f"in {result.dir}/wandb")
+    if result.mode == "offline":
+        console.print(f"upload it: `wandb sync {result.dir}/wandb`", soft_wrap=True)
+
+
+def _print_trackio(result: TrackerSync) -> None:
+    c = result.counts
+    console.print(
+        f"Trackio project {result.project}: {c.created} created, {c.updated} updated, "
+        f"{c.unchanged} unchanged in {result.dir}"
+    )
+    console.print(f"see it: `TRACKIO_DIR={result.dir} trackio show`", soft_wrap=True)
 
 
 @app.command()
@@ -125,15 +130,8 @@ def track(
     if json_out:
         emit_json(results["mlflow"] if list(results) == ["mlflow"] else results)
         return
-    if "wandb" in results:
-        _print_wandb(results["wandb"])
-    if "trackio" in results:
-        t = results["trackio"]
-        c = t["counts"]
-        console.print(
-            f"Trackio project {t['project']}: {c['created']} created, {c['updated']} updated, "
-            f"{c['unchanged']} unchanged in {t['dir']}"
-        )
-        console.print(f"see it: `TRACKIO_DIR={t['dir']} trackio show`", soft_wrap=True)
-    if "mlflow" in results:
-        _print(results["mlflow"])
+    # each summary read as a TrackerSync, named by the tracker it came from
+    synced = {name: TrackerSync.of(name, raw) for name, raw in results.items()}
+    printers = {"wandb": _print_wandb, "trackio": _print_trackio, "mlflow": _print}
+    for name, summary in synced.items():
+        printers[name](summary)

@@ -15,16 +15,66 @@ from tunelab.core.record_base import Record
 
 __all__ = [
     "AnswerBudget",
+    "ChainStep",
     "ImageExample",
     "ImageOriginal",
     "ImageSpread",
     "InspectExample",
     "InspectPreprocess",
+    "InspectProblem",
     "Inspection",
     "LengthStats",
+    "Spread",
     "TensorSummary",
+    "Thumbnails",
     "TokenView",
 ]
+
+# a chain step's fields that are not its settings
+_STEP_FACTS = ("step", "size", "mode", "train_only")
+
+
+@dataclass(frozen=True)
+class ChainStep(Record):
+    """One step of an image transform chain: its name, the image's size and mode after it
+    (when it changes them), and its settings (the other fields, as written)."""
+
+    step: str = ""
+    size: list[int] | None = None  # [width, height]
+    mode: str | None = None
+    train_only: bool | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {k: v for k, v in self.raw.items() if k not in _STEP_FACTS}
+
+
+@dataclass(frozen=True)
+class InspectProblem(Record):
+    """A stop condition: the example, what is wrong (`kind`, `message`) and how to fix it
+    (lib.preprocess.problems.Problem)."""
+
+    example_id: str = ""
+    kind: str = ""
+    message: str = ""
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Spread(Record):
+    """The smallest, median and largest of a figure over a category's images."""
+
+    min: float = 0.0
+    median: float = 0.0
+    max: float = 0.0
+
+
+@dataclass(frozen=True)
+class Thumbnails(Record):
+    """An image shown before and after the transforms, as PNG data URIs."""
+
+    before: str = ""
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +102,12 @@ class InspectPreprocess(Record):
     max_seq_len: int | None = None
     truncation_side: str | None = None
     notes: list[str] | None = None
+    steps: list[dict[str, Any]] | None = None  # an image chain's steps, with their settings
+
+    @property
+    def chain(self) -> list[ChainStep]:
+        """An image chain's steps ([] for text)."""
+        return self.parts(ChainStep, "steps")
 
 
 @dataclass(frozen=True)
@@ -159,6 +215,21 @@ class ImageExample(Record):
         )
 
     @property
+    def chain(self) -> list[ChainStep]:
+        return self.parts(ChainStep, "steps")
+
+    @property
+    def thumbnails(self) -> Thumbnails:
+        return self.part(Thumbnails, "thumbnails") or Thumbnails(
+            self.path, {}, where=self._at("thumbnails")
+        )
+
+    @property
+    def train_thumbnail(self) -> str | None:
+        """The augmented training view's thumbnail (None without augmentation)."""
+        return None if self.train_view is None else self.train_view.get("thumbnail")
+
+    @property
     def train_steps(self) -> list[dict[str, Any]] | None:
         """The chain's steps on a training view (None without augmentation)."""
         return None if self.train_view is None else self.train_view.get("steps") or []
@@ -180,6 +251,13 @@ class ImageSpread(Record):
     aspect: dict[str, float] | None = None
     modes: dict[str, int] | None = None
     formats: dict[str, int] | None = None
+
+    def spread(self, name: str) -> Spread:
+        """The width, height or aspect spread."""
+        return self.part(Spread, name) or Spread(self.path, {}, where=self._at(name))
+
+    def check_parts(self) -> None:
+        _ = self.spread("width"), self.spread("height"), self.spread("aspect")
 
 
 @dataclass(frozen=True)
@@ -255,10 +333,15 @@ class Inspection(Record):
     def distributions(self) -> dict[str, ImageSpread]:
         return self.parts_by_key(ImageSpread, "distributions")
 
+    @property
+    def stop_conditions(self) -> list[InspectProblem]:
+        """The problems found, each typed."""
+        return self.parts(InspectProblem, "problems")
+
     def check_parts(self) -> None:
         _ = self.preprocess, self.stats, self.category_stats, self.answer_budget
-        _ = self.distributions
+        _ = self.distributions, self.stop_conditions, self.preprocess.chain
         for example in self.examples:
             _ = example.tokens
         for image in self.image_examples:
-            _ = image.tensor, image.original
+            _ = image.tensor, image.original, image.chain, image.thumbnails

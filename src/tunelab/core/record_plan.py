@@ -1,15 +1,32 @@
-"""Typed pieces of a plan record (`records/plans/<id>.json`, `core.record_types.Plan`), read
-the way `core.record_base.Record` reads a record: each piece checks its fields and raises the
-located `StudyError` of a damaged record naming the file, the place and the field.
+"""Typed pieces of a plan record (`records/plans/<id>.json`, `core.record_types.Plan`) and of
+what the plan stage hands the CLI, read the way `core.record_base.Record` reads a record: each
+piece checks its fields and raises the located `StudyError` of a damaged record naming the
+file, the place and the field.
 
-| piece               | where in the plan record                     | written by           |
-|---------------------|----------------------------------------------|----------------------|
-| `PlanSchedule`      | the whole record: its durations              | stages.plan.estimate |
-| `PlanInitial`       | `initial`                                    | stages.plan.estimate |
-| `PlanVariant`       | `variant`                                    | stages.plan.estimate |
-| `PlanPhase`         | `phases[i]`                                  | stages.plan.estimate |
-| `PlanFigure`        | `figures.<name>`                             | stages.plan.figures  |
-| `PlanProjection`    | `projection` (a `--gpu` plan)                | stages.plan.stage    |
+| piece               | where                                            | written by           |
+|---------------------|--------------------------------------------------|----------------------|
+| `PlanSchedule`      | a plan record, whole: its durations              | stages.plan.estimate |
+| `PlanInitial`       | `initial`                                        | stages.plan.estimate |
+| `PlanVariant`       | `variant`                                        | stages.plan.estimate |
+| `PlanPhase`         | `phases[i]`                                      | stages.plan.estimate |
+| `PlanFigure`        | `figures.<name>`                                 | stages.plan.figures  |
+| `PlanProjection`    | `projection` (a `--gpu` plan)                    | stages.plan.stage    |
+| `ProjectionFit`     | `projection.fit`                                 | stages.plan.project  |
+| `ProjectionStep`    | `projection.step`                                | stages.plan.project  |
+| `ProjectionShare`   | `projection.utilization`                         | stages.plan.catalog  |
+| `ProjectionInput`   | `projection.inputs[i]`, a comparison's `inputs`  | stages.plan.project  |
+| `PlanLoad`          | `projection.fit.load`, a sizing record's `load[i]` | stages.sizing.load |
+| `PlanReview`        | `review` (`tunelab plan --review`)               | stages.plan.review   |
+| `PlanReviewRow`     | `review.rows[i]`                                 | stages.plan.review   |
+| `PlanError`         | `review.largest_error*`                          | stages.plan.review   |
+| `GpuComparison`     | `tunelab plan --compare-gpus` (not recorded)     | stages.plan.stage    |
+| `GpuLayout`         | its `rows[i]`, `layouts[i]`                      | stages.plan.stage    |
+| `RentalOption`      | what `cheapest_rental` chooses from              | stages.plan.stage    |
+| `RentalAnswer`      | its `answer`                                     | stages.plan.stage    |
+| `FitCandidate`      | a recommendation's `candidates[i]`               | stages.sizing.recommend |
+
+Pieces of other records that the plan reads: `PlanModelFacts` (a sizing record's `facts`) and
+`DecodingBatch` (an evaluation's `generation.batches[i]`).
 
 `PlanSchedule` reads a whole plan record: `Plan`'s identity and the durations the review sets
 against the ledger.
@@ -43,7 +60,6 @@ __all__ = [
     "PlanFigure",
     "PlanInitial",
     "DecodingBatch",
-    "EvaluationMerge",
     "PlanLoad",
     "PlanModelFacts",
     "PlanPhase",
@@ -227,7 +243,6 @@ class PlanSchedule(Plan):
     resume_each_s: float = 0.0
     export_s: float = 0.0
     num_variants: int = 0
-    hours_per_day: float | None = None
 
     @property
     def initial(self) -> PlanInitial:
@@ -420,17 +435,6 @@ class PlanModelFacts(Record):
     num_params: int | None = None
     trainable_params: int | None = None
     layer_training: list[Any] | None = None
-
-
-@dataclass(frozen=True)
-class EvaluationMerge(Record):
-    """An evaluation's `merge` (`lib.inference.eval_copy`): whether it ran on a merged copy,
-    why, and what building and checking the copy took (seconds)."""
-
-    merged: bool | None = None
-    reason: str | None = None
-    merge_s: float | None = None
-    check_s: float | None = None
 
 
 @dataclass(frozen=True)

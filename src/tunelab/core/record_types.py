@@ -36,8 +36,9 @@ Kinds with a module of their own (and the pieces nested in them):
 | `TrainStep`       | runs/<run>/metrics.jsonl (one a line) | core.run_parts    | stages.train     |
 | `PlatformGate`    | runs/<run>/platforms.jsonl (a line)   | core.run_parts    | stages.train     |
 
-The export manifest's pieces are in core.record_export; the plan's durations and phases
-(`PlanSchedule`) in core.record_plan; the sizing record's pieces in core.record_sizing.
+The fresh process's messages, a run's compute.json and a tracker's sync are in
+core.record_checks; the export manifest's pieces are in core.record_export; the plan's
+durations and phases (`PlanSchedule`) in core.record_plan; the sizing record's pieces in core.record_sizing.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from tunelab.core.record_parts import (
     Reproduced,
     SizingRow,
 )
-from tunelab.core.run_parts import PlatformGate
+from tunelab.core.run_parts import EvalCopy, PlatformGate, TrainingSettings
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -141,9 +142,9 @@ class RunConfig(Record):
         )
 
     @property
-    def training(self) -> dict[str, Any]:
+    def training(self) -> TrainingSettings:
         """The saved `training` section as written (no validation: cheap, for display)."""
-        return self.config.get("training") or {}
+        return TrainingSettings.of(self.path, self.config.get("training") or {}, "config.training")
 
 
 @dataclass(frozen=True)
@@ -229,8 +230,13 @@ class Evaluation(Record):
         """The decoding of a generative evaluation (None for a classifier's)."""
         return self.part(Decoding, "generation")
 
+    @property
+    def eval_copy(self) -> EvalCopy | None:
+        """Whether it ran on its evaluation copy (None: a record before the copy existed)."""
+        return self.part(EvalCopy, "merge")
+
     def check_parts(self) -> None:
-        _ = self.per_category, self.per_field, self.confusion, self.decoding
+        _ = self.per_category, self.per_field, self.confusion, self.decoding, self.eval_copy
 
 
 @dataclass(frozen=True)
@@ -300,7 +306,9 @@ class Verify(Record):
         return self.part(FreshTimings, "timings")
 
     def check_parts(self) -> None:
-        _ = self.checkpoint_check, self.environment_check, self.fresh_timings
+        _ = self.checkpoint_check, self.fresh_timings
+        if (env := self.environment_check) is not None:
+            _ = env.differences
         if (reproduced := self.reproduced) is not None:
             _ = reproduced.mismatches
 
@@ -368,6 +376,7 @@ class Plan(Record):
     created_ns: int | None = None
     config_sha256: str | None = None
     days: float | None = None  # the rental window
+    hours_per_day: float | None = None  # the rental's working hours a day
     device: str | None = None  # the device the figures were measured on (older plans)
     gpu: str | None = None  # the rented GPU, as its catalog names it
     gpu_hour_price: float | None = None

@@ -18,6 +18,9 @@ from tunelab.core.record_base import (
 
 __all__ = [
     "AdaptationSettings",
+    "EnvDifference",
+    "EvalCopy",
+    "TrainingSettings",
     "CategoryMetrics",
     "CheckpointCheck",
     "Confusion",
@@ -72,6 +75,27 @@ class RunEnv(Record):
     nccl: str | int | list[int] | None = None
     attention: dict[str, bool] | None = None  # kernel -> available here
     bf16_supported: bool | None = None
+    implementation: str | None = None  # CPython, PyPy, ...
+    rccl: str | None = None
+    extensions: dict[str, str | None] | None = None  # optional kernels installed: version
+    distributed: dict[str, Any] | None = None  # {available, gloo, nccl}; a run's strategy
+
+    @property
+    def computed_on(self) -> str | None:
+        """Where it computed (a record without `compute_device` computed where its backend
+        was)."""
+        return self.raw.get("compute_device", self.backend)
+
+    def package(self, name: str) -> str | None:
+        """The version of package `name` it ran (None: not installed or not recorded)."""
+        return (self.packages or {}).get(name)
+
+    @property
+    def device_names(self) -> list[str]:
+        """Its GPUs' names, else its CPU's name: one string each."""
+        if self.gpus:
+            return [str(g.name) for g in self.devices]
+        return [str((self.cpu or {}).get("name"))]
 
     @property
     def devices(self) -> list[Gpu]:
@@ -170,12 +194,17 @@ class Decoding(Record):
 
 @dataclass(frozen=True)
 class CheckpointCheck(Record):
-    """A checkpoint's files against the sha256 its run recorded."""
+    """A checkpoint's files against the sha256 its run recorded (stages.train.checkpoint
+    .check_checkpoint_files): `damaged_files` maps a file to why it cannot be loaded."""
+
+    RENAMED: ClassVar = {"path": "location", "damaged": "damaged_files"}
 
     ok: bool | None = None
     files_checked: int | None = None
     changed: list[str] | None = None
     missing: list[str] | None = None
+    location: str | None = None  # the checkpoint's folder
+    damaged_files: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,10 +229,26 @@ class Reproduced(Record):
     n: int | None = None
     atol: float | None = None
     max_score_diff: float | None = None
+    mismatched: int | None = None  # examples not reproduced
+    missing: list[Any] | None = None  # ids the fresh process did not answer (the first few)
+    ok: bool | None = None
 
     @property
     def mismatches(self) -> list[Mismatch]:
         return self.parts(Mismatch, "mismatches")
+
+
+@dataclass(frozen=True)
+class EnvDifference(Record):
+    """One field of the environment that differs from the run's env.json (`recorded` and
+    `current`, as written)."""
+
+    RENAMED: ClassVar = {"field": "what"}
+
+    what: str = ""
+
+    recorded = as_written("recorded")
+    current = as_written("current")
 
 
 @dataclass(frozen=True)
@@ -213,6 +258,10 @@ class EnvironmentCheck(Record):
     same: bool | None = None
     message: str | None = None
     platform: dict[str, Any] | None = None  # core.env.platform_of this process's environment
+
+    @property
+    def differences(self) -> list[EnvDifference]:
+        return self.parts(EnvDifference, "differences")
 
 
 @dataclass(frozen=True)
@@ -258,6 +307,37 @@ class SizingRow(Record):
     @property
     def measured_step_s(self) -> float | None:
         return self.step_s or (self.measured or {}).get("step_s")
+
+
+@dataclass(frozen=True)
+class TrainingSettings(Record):
+    """The `training` section of a run's saved config, as written (no validation: a config
+    saved before a setting existed reads it as None)."""
+
+    seed: int | None = None
+    precision: str | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    activation_checkpointing: bool | None = None
+    num_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalCopy(Record):
+    """An evaluation's `merge`: whether it ran on its evaluation copy (merged, or with packed
+    linear layers), why, and what the copy and its check took (lib.inference.eval_copy)."""
+
+    merged: bool | None = None
+    copy: bool | None = None
+    reason: str | None = None
+    merge_s: float | None = None
+    check_s: float | None = None
+    packed: dict[str, Any] | None = None  # {linears, kernel} or {linears: 0, reason}
+
+    @property
+    def on_copy(self) -> bool:
+        """Whether it ran on the copy (a record without `copy` had one only when merged)."""
+        return bool(self.raw.get("copy", self.merged))
 
 
 @dataclass(frozen=True)
@@ -411,3 +491,6 @@ class Prediction(Record):
 
     gold = as_written("gold")
     prediction = as_written("prediction")
+    raw_output = as_written("raw_output")  # the model's text, before parsing
+    correct = as_written("correct")
+    scores = as_written("scores")  # a classifier's {label: probability}

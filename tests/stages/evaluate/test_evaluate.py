@@ -437,6 +437,8 @@ def test_baseline_eval_compare_commands(stage_study, capsys):
 
 
 def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
+    from tunelab.stages.train import stage as train_stage
+
     code, out, err = run_cli(capsys, "baseline", "-s", stage_study, "--json")
     base_id = json.loads(out)["run_id"]
     study = Study.open(stage_study)
@@ -461,6 +463,9 @@ def test_test_split_is_sealed_and_openings_are_counted(stage_study, capsys):
     second = json.loads(out)
     assert second["test_openings"] == before + 2
     assert "WARNING" in err and "opened" in second["warning"]
+    # compare counts the openings too; it needs an evaluated variant of its own
+    trained = train_stage.run(Study.open(stage_study), name="sealed", why="a variant to compare")
+    assert run_cli(capsys, "eval", trained.id, "-s", stage_study)[0] == 0
     code, out, err = run_cli(capsys, "compare", "-s", stage_study, "--json")
     assert json.loads(out)["test_openings"] == before + 2 and "WARNING" in err
 

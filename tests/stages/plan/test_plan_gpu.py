@@ -340,6 +340,20 @@ def test_gpu_plan_refusals(config_only_study, capsys):
         assert code == 2 and expect in err, (args, err)
 
 
+def test_a_damaged_projection_is_named_with_its_file_and_field(config_only_study, capsys):
+    """A GPU plan whose projection was edited by hand: the review refuses it at read time,
+    naming the record, the place in it and the field (exit 2), not a traceback."""
+    code, _, err = run_cli(capsys, "plan", "-s", config_only_study, "--gpu", "H100-SXM")
+    assert code == 0, err
+    (path,) = (config_only_study / "records" / "plans").glob("plan-*.json")
+    record = json.loads(path.read_text())
+    record["projection"]["fit"]["micro_batch"] = "four"
+    path.write_text(json.dumps(record))
+    code, _, err = run_cli(capsys, "plan", "-s", config_only_study, "--review")
+    assert code == 2
+    assert path.name in err and "projection.fit: field 'micro_batch' is 'four'" in err, err
+
+
 def test_a_step_measured_on_a_gpu_replaces_the_default_utilization():
     from tunelab.core.record_types import Sizing
     from tunelab.stages.plan.project import measured_utilization, resolve_utilization

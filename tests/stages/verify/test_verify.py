@@ -11,6 +11,7 @@ import yaml
 
 from helpers import run_cli, tree_hashes
 from helpers.verify import trained_study
+from tunelab.core.run_parts import RunEnv
 from tunelab.stages.verify.checks import compare_env, compare_predictions, env_message
 
 # ---------------------------------------------------------------- a small trained study
@@ -81,14 +82,14 @@ def test_generated_outputs_compared_exactly():
 def test_environment_differences_are_named():
     from tunelab.core.env import capture_env
 
-    env = capture_env()
+    env = RunEnv.of("env.json", capture_env())
     assert compare_env(env, env) == []
-    other = json.loads(json.dumps(env))
+    other = json.loads(json.dumps(env.raw))
     other["torch"] = "2.0.0"
     other["backend"] = "cuda"
     other["cuda"] = "12.1"
     other["gpus"] = [{"name": "NVIDIA H100 80GB HBM3"}]
-    diff = {d["field"]: d for d in compare_env(other, env)}
+    diff = {d["field"]: d for d in compare_env(RunEnv.of("env.json", other), env)}
     assert set(diff) == {"torch", "backend", "cuda", "devices"}
     assert diff["devices"]["recorded"] == ["NVIDIA H100 80GB HBM3"]
     msg = env_message("train-1", list(diff.values()))

@@ -16,7 +16,7 @@ pixels through the mean and std).
 
 `inspect_images(pre, rows, split=, per_category=, progress=)` -> the record body (`kind:
 "image"`, `distributions`, `warnings`, `examples` with `original`, `steps`, `tensor`,
-`thumbnails`, `train_view`); `render_images_html(record)`; `thumbnail_png(img, px)` (the dossier's
+`thumbnails`, `train_view`); `render_images_html(record)` (the record read as `Inspection`); `thumbnail_png(img, px)` (the dossier's
 galleries use it too). `tunelab.stages.inspect.stage.run` dispatches on the
 architecture; `tunelab.cli.inspect_images.print_image_record` prints it.
 """
@@ -29,12 +29,13 @@ import io
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tunelab.core.errors import DataError, PreprocessError
 from tunelab.core.progress import Progress
+from tunelab.core.record_inspect import ChainStep, ImageExample, ImageSpread, Inspection
 from tunelab.lib.preprocess.decode import ACCEPTED_MODES, ORIENTED, model_rgb
 from tunelab.lib.preprocess.images import (
     apply_chain,
@@ -63,12 +64,22 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def distributions(facts: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+class ImageFacts(NamedTuple):
+    """What the split's statistics need of one image as opened."""
+
+    label: str
+    width: int
+    height: int
+    mode: str
+    format: str
+
+
+def distributions(facts: Sequence[ImageFacts]) -> dict[str, dict[str, Any]]:
     """Per category (and "all"): n, width, height, aspect ratio (w / h) spreads, mode and
-    format counts. `facts`: rows with label, width, height, mode, format."""
-    groups: dict[str, list[dict[str, Any]]] = {"all": list(facts)}
+    format counts."""
+    groups: dict[str, list[ImageFacts]] = {"all": list(facts)}
     for f in facts:
-        groups.setdefault(str(f["label"]), []).append(f)
+        groups.setdefault(f.label, []).append(f)
     out = {}
     for name in ["all", *sorted(k for k in groups if k != "all")]:
         g = groups[name]
@@ -76,27 +87,27 @@ def distributions(facts: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         out[name] = {
             "n": len(g),
-            "width": _spread([f["width"] for f in g]),
-            "height": _spread([f["height"] for f in g]),
-            "aspect": _spread([f["width"] / f["height"] for f in g]),
-            "modes": dict(Counter(f["mode"] for f in g).most_common()),
-            "formats": dict(Counter(f["format"] for f in g).most_common()),
+            "width": _spread([f.width for f in g]),
+            "height": _spread([f.height for f in g]),
+            "aspect": _spread([f.width / f.height for f in g]),
+            "modes": dict(Counter(f.mode for f in g).most_common()),
+            "formats": dict(Counter(f.format for f in g).most_common()),
         }
     return out
 
 
-def systematic_differences(facts: Sequence[dict[str, Any]]) -> list[str]:
+def systematic_differences(facts: Sequence[ImageFacts]) -> list[str]:
     """Warnings for categories whose sizes or modes set them apart from the other categories."""
-    by_label: dict[str, list[dict[str, Any]]] = {}
+    by_label: dict[str, list[ImageFacts]] = {}
     for f in facts:
-        by_label.setdefault(str(f["label"]), []).append(f)
+        by_label.setdefault(f.label, []).append(f)
     if len(by_label) < 2:
         return []
     out = []
     for label, own in sorted(by_label.items()):
         others = [f for k, g in by_label.items() if k != label for f in g]
-        own_area = statistics.median(f["width"] * f["height"] for f in own)
-        other_area = statistics.median(f["width"] * f["height"] for f in others)
+        own_area = statistics.median(f.width * f.height for f in own)
+        other_area = statistics.median(f.width * f.height for f in others)
         ratio = own_area / other_area if other_area else float("inf")
         if ratio >= AREA_RATIO_WARN or ratio <= 1 / AREA_RATIO_WARN:
             out.append(
@@ -104,8 +115,8 @@ def systematic_differences(facts: Sequence[dict[str, Any]]) -> list[str]:
                 f"px for the other categories (x{ratio:.2f}): the model can learn the size "
                 "instead of the content; resize the sources alike or check how they were made"
             )
-        mode, count = Counter(f["mode"] for f in own).most_common(1)[0]
-        share_others = sum(1 for f in others if f["mode"] == mode) / len(others)
+        mode, count = Counter(f.mode for f in own).most_common(1)[0]
+        share_others = sum(1 for f in others if f.mode == mode) / len(others)
         if count / len(own) >= MODE_SHARE_WARN and share_others < MODE_OTHERS_MAX:
             out.append(
                 f"category {label!r}: {count} of {len(own)} images are mode {mode}, against "
@@ -275,13 +286,7 @@ def inspect_images(
             problems.append(problem)
             continue
         facts.append(
-            {
-                "label": str(row.get("label")),
-                "width": img.width,
-                "height": img.height,
-                "mode": img.mode,
-                "format": img.format or "",
-            }
+            ImageFacts(str(row.get("label")), img.width, img.height, img.mode, img.format or "")
         )
         if img.mode not in ACCEPTED_MODES:
             problems.append(
@@ -331,69 +336,81 @@ figure{display:inline-block;margin:.3em;text-align:center} figcaption{font-size:
 """
 
 
-def _steps_text(steps: list[dict[str, Any]]) -> str:
+def _steps_text(steps: list[ChainStep]) -> str:
     parts = []
     for s in steps:
-        size = f" -> {s['size'][0]}x{s['size'][1]} {s['mode']}" if "size" in s else ""
-        extra = {k: v for k, v in s.items() if k not in ("step", "size", "mode", "train_only")}
-        parts.append(f"{s['step']}{size}" + (f" {extra}" if extra else ""))
+        size = f" -> {s.size[0]}x{s.size[1]} {s.mode}" if s.size is not None else ""
+        extra = s.settings
+        parts.append(f"{s.step}{size}" + (f" {extra}" if extra else ""))
     return " | ".join(parts)
 
 
-def render_images_html(record: dict[str, Any]) -> str:
+def _spread_cells(name: str, d: ImageSpread) -> list[str]:
+    """A category's row of the page's table: n, the spreads, modes and formats."""
+    e = html.escape
+    return [
+        e(name),
+        str(d.n),
+        *(
+            f"{x.min:g} / {x.median:g} / {x.max:g}"
+            for x in (d.spread("width"), d.spread("height"), d.spread("aspect"))
+        ),
+        e(", ".join(f"{m} {n}" for m, n in (d.modes or {}).items())),
+        e(", ".join(f"{m} {n}" for m, n in (d.formats or {}).items())),
+    ]
+
+
+def _example_html(ex: ImageExample) -> list[str]:
+    """An example's heading, facts and thumbnails before and after (and its training view)."""
+    e = html.escape
+    o, t, thumbs = ex.original, ex.tensor, ex.thumbnails
+    parts = [
+        f"<h2>{e(str(ex.id))} <span class='meta'>[{e(ex.category)}, label index "
+        f"{ex.label_index}]</span></h2><p class='meta'>original {o.size[0]}x"
+        f"{o.size[1]} {e(str(o.mode))} {e(str(o.format))}; "
+        f"{e(_steps_text(ex.chain))}; tensor {t.shape} {e(str(t.dtype))} "
+        f"[{t.min:g}, {t.max:g}]</p>"
+        f"<figure><img src='{thumbs.before}' alt='before'><figcaption>before"
+        f"</figcaption></figure><figure><img src='{thumbs.after}' alt='after'>"
+        "<figcaption>after (what the model sees)</figcaption></figure>"
+    ]
+    if ex.train_view is not None:
+        parts.append(
+            f"<figure><img src='{ex.train_thumbnail}' alt='training view'>"
+            "<figcaption>training view (augmented)</figcaption></figure>"
+        )
+    return parts
+
+
+def render_images_html(record: Inspection) -> str:
     """A self-contained page: distributions, warnings, stop conditions, and per example the
     thumbnails before and after the transforms; every user string is escaped."""
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>inspect {e(record['inspect_id'])}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(str(record['study']))}: {e(record['split'])} images</h1>",
-        f"<p class='meta'>snapshot {e(record['snapshot_id'])}, {record['n']} examples, chain "
-        f"sha256 {e(record['template_sha256'][:12])}: "
-        f"{e(_steps_text(record['preprocess']['steps']))}</p>",
+        f"<title>inspect {e(record.inspect_id)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(str(record.study))}: {e(record.split)} images</h1>",
+        f"<p class='meta'>snapshot {e(str(record.snapshot_id))}, {record.n} examples, chain "
+        f"sha256 {e(str(record.template_sha256)[:12])}: "
+        f"{e(_steps_text(record.preprocess.chain))}</p>",
         "<h2>Per category</h2><table><tr><th>category</th><th>n</th><th>width</th>"
         "<th>height</th><th>aspect w/h</th><th>modes</th><th>formats</th></tr>",
     ]
-    for name, d in record["distributions"].items():
-        cells = [
-            e(name),
-            str(d["n"]),
-            *(
-                f"{d[k]['min']:g} / {d[k]['median']:g} / {d[k]['max']:g}"
-                for k in ("width", "height", "aspect")
-            ),
-            e(", ".join(f"{m} {n}" for m, n in d["modes"].items())),
-            e(", ".join(f"{m} {n}" for m, n in d["formats"].items())),
-        ]
+    for name, d in record.distributions.items():
+        cells = _spread_cells(name, d)
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table><p class='meta'>min / median / max</p>")
-    for w in record["warnings"]:
+    for w in record.warnings or []:
         parts.append(f"<p class='warn'>warning: {e(w)}</p>")
-    if record["problems"]:
+    if record.stop_conditions:
         parts.append("<h2>Stop conditions</h2><ul>")
-        for p in record["problems"]:
+        for p in record.stop_conditions:
             parts.append(
-                f"<li class='problem'>example <b>{e(p['example_id'])}</b> [{e(p['kind'])}]: "
-                f"{e(p['message'])}<br><span class='meta'>fix: {e(p['fix'])}</span></li>"
+                f"<li class='problem'>example <b>{e(p.example_id)}</b> [{e(p.kind)}]: "
+                f"{e(p.message)}<br><span class='meta'>fix: {e(p.fix)}</span></li>"
             )
         parts.append("</ul>")
-    for ex in record["examples"]:
-        o, t = ex["original"], ex["tensor"]
-        thumbs = ex["thumbnails"]
-        parts.append(
-            f"<h2>{e(str(ex['id']))} <span class='meta'>[{e(ex['category'])}, label index "
-            f"{ex['label_index']}]</span></h2><p class='meta'>original {o['size'][0]}x"
-            f"{o['size'][1]} {e(str(o['mode']))} {e(str(o['format']))}; "
-            f"{e(_steps_text(ex['steps']))}; tensor {t['shape']} {e(t['dtype'])} "
-            f"[{t['min']:g}, {t['max']:g}]</p>"
-            f"<figure><img src='{thumbs['before']}' alt='before'><figcaption>before"
-            f"</figcaption></figure><figure><img src='{thumbs['after']}' alt='after'>"
-            "<figcaption>after (what the model sees)</figcaption></figure>"
-        )
-        if "train_view" in ex:
-            parts.append(
-                f"<figure><img src='{ex['train_view']['thumbnail']}' alt='training view'>"
-                "<figcaption>training view (augmented)</figcaption></figure>"
-            )
+    for ex in record.image_examples:
+        parts += _example_html(ex)
     parts.append("</body></html>\n")
     return "\n".join(parts)

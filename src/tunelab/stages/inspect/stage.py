@@ -458,7 +458,7 @@ def run(
     }
     record["sha256"] = sha256_json(record)
     json_path = write_json_atomic(out_dir / f"{inspect_id}.json", record)
-    page = render(record if architecture == "image" else Inspection.of(json_path, record))
+    page = render(Inspection.of(json_path, record))
     html_path = write_bytes_atomic(out_dir / f"{inspect_id}.html", page.encode("utf-8"))
     study.ledger.add_event(
         None,

@@ -16,12 +16,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tunelab.core.errors import ConfigError
 from tunelab.core.evidence import latest
+from tunelab.core.record_plan import PlanProjection
 from tunelab.core.record_types import Plan
-from tunelab.core.records import read_json
+from tunelab.core.run_parts import RunEnv
 from tunelab.core.study import Study
 
 ENGINES = ("skypilot", "slurm")
@@ -127,13 +127,13 @@ def hand_off(study: Study, engine: str, options: LaunchOptions) -> HandOff:
         raise ConfigError(f"engine {engine!r}: unknown", hint=f"use one of: {', '.join(ENGINES)}")
     check_name(options.name)
     plan = latest_plan(study)
-    projection = plan.raw.get("projection") or {}
-    nodes = options.nodes if options.nodes is not None else int(projection.get("nodes") or 1)
+    projection = plan.part(PlanProjection, "projection") or PlanProjection(plan.path, {})
+    nodes = options.nodes if options.nodes is not None else int(projection.nodes or 1)
     if nodes < 1:
         raise ConfigError(f"--nodes {nodes}: a job needs at least one node", hint="--nodes 1")
     gpu, accelerator, gpus = _gpus(plan, projection, options)
     nproc = options.cpu_ranks if options.cpu_ranks is not None else gpus
-    strategy = _strategy(options.strategy or projection.get("strategy"), nodes * nproc)
+    strategy = _strategy(options.strategy or projection.strategy, nodes * nproc)
     return HandOff(
         engine=engine,
         name=options.name,
@@ -181,19 +181,19 @@ def latest_plan(study: Study) -> Plan:
 
 
 def _gpus(
-    plan: Plan, projection: dict[str, Any], options: LaunchOptions
+    plan: Plan, projection: PlanProjection, options: LaunchOptions
 ) -> tuple[str | None, str | None, int]:
     """(catalog id, SkyPilot name, GPUs a node); (None, None, 0) for CPU ranks."""
     from tunelab.stages.plan.catalog import find_gpu
 
-    gpus = options.gpus_per_node or int(projection.get("gpus") or 1)
+    gpus = options.gpus_per_node or int(projection.gpus or 1)
     if gpus < 1:
         raise ConfigError(f"--gpus-per-node {gpus}: at least 1", hint="e.g. --gpus-per-node 4")
     if options.cpu_ranks is not None:
         if options.cpu_ranks < 1:
             raise ConfigError(f"--cpu-ranks {options.cpu_ranks}: at least 1", hint="--cpu-ranks 2")
         return None, None, 0
-    wanted = options.gpu or projection.get("gpu")
+    wanted = options.gpu or projection.gpu
     if not wanted:
         raise ConfigError(
             f"{plan.path}: plan {plan.id} was made for this machine's device, not a GPU",
@@ -227,7 +227,7 @@ def _time_limit_s(plan: Plan, hours: float | None) -> int:
         if not (math.isfinite(hours) and hours > 0):
             raise ConfigError(f"--time-limit-h {hours:g}: a positive number", hint="e.g. 24")
         return max(60, int(round(hours * 3600)))
-    days, per_day = plan.raw.get("days"), plan.raw.get("hours_per_day")
+    days, per_day = plan.days, plan.hours_per_day
     if not days or not per_day:
         raise ConfigError(
             f"{plan.path}: the plan names no rental (days, hours_per_day)",
@@ -240,25 +240,26 @@ def recorded_torch(study: Study) -> TorchBuild:
     """The torch of the newest env.json under records/runs that names a GPU build, else of the
     newest one, else this process's."""
     envs = sorted(study.runs_dir.glob("*/env.json"), key=lambda p: p.stat().st_mtime_ns)
-    found: tuple[dict[str, Any], str] | None = None
+    found: tuple[RunEnv, str] | None = None
     for path in reversed(envs):
-        env = read_json(path)
-        if env.get("cuda") or env.get("rocm"):
+        env = RunEnv.read(path)
+        if env.cuda or env.rocm:
             found = (env, str(path))
             break
         found = found or (env, str(path))
     if found is None:
         import torch
 
-        found = ({"torch": torch.__version__, "cuda": torch.version.cuda}, "this environment")
+        here = {"torch": torch.__version__, "cuda": torch.version.cuda}
+        found = (RunEnv.of("this environment", here), "this environment")
     env, source = found
-    version = str(env.get("torch") or "").split("+")[0]
-    if env.get("cuda"):
-        tag = "cu" + str(env["cuda"]).replace(".", "")
-        return TorchBuild(version, f"cuda {env['cuda']}", f"{PYTORCH_INDEX}/{tag}", source)
-    if env.get("rocm"):
-        tag = "rocm" + ".".join(str(env["rocm"]).split(".")[:2])
-        return TorchBuild(version, f"rocm {env['rocm']}", f"{PYTORCH_INDEX}/{tag}", source)
+    version = str(env.torch or "").split("+")[0]
+    if env.cuda:
+        tag = "cu" + str(env.cuda).replace(".", "")
+        return TorchBuild(version, f"cuda {env.cuda}", f"{PYTORCH_INDEX}/{tag}", source)
+    if env.rocm:
+        tag = "rocm" + ".".join(str(env.rocm).split(".")[:2])
+        return TorchBuild(version, f"rocm {env.rocm}", f"{PYTORCH_INDEX}/{tag}", source)
     return TorchBuild(version, "cpu", None, source)
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, latest_baseline
-from tunelab.core.record_plan import DecodingBatch, EvaluationMerge, PlanModelFacts
+from tunelab.core.record_checks import FoundEvaluation
+from tunelab.core.record_plan import DecodingBatch, PlanModelFacts
 from tunelab.core.record_sizing import (
     env_of,
     lengths_of,
@@ -281,8 +282,7 @@ def baseline_record(study: Study) -> tuple[Any, Evaluation | None]:
     if not found:
         return None, None
     row, evaluation = found
-    path = Path(evaluation["dir"]) / "metrics-validation.json"  # core.evidence's lookup
-    return row, Evaluation.of(path, evaluation["record"])
+    return row, FoundEvaluation.of(evaluation, "validation").record
 
 
 def _baseline_figures(
@@ -320,7 +320,7 @@ def merged_evaluation(smoke_eval: Evaluation | None, batch_size: int) -> Figure 
     """The fixed cost of evaluating a variant merged, from the smoke's evaluation when it chose
     the merged copy (`tunelab.lib.inference.eval_copy`), else None: building the copy, plus the first batch's
     check, which the smoke ran on its few examples and a full batch repeats in proportion."""
-    merge = smoke_eval.part(EvaluationMerge, "merge") if smoke_eval is not None else None
+    merge = smoke_eval.eval_copy if smoke_eval is not None else None
     if smoke_eval is None or merge is None or not merge.merged or merge.merge_s is None:
         return None
     n = max(1, smoke_eval.n)

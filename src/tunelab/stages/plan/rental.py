@@ -339,12 +339,12 @@ def measured_run_utilization(study: Study, shape: StudyShape) -> tuple[float, An
         flops = (
             micro_step_flops(
                 shape.facts,
-                micro_batch(shape, t["micro_batch_size"]),
-                checkpointing=bool(t.get("activation_checkpointing")),
+                micro_batch(shape, t.micro_batch_size),
+                checkpointing=bool(t.activation_checkpointing),
             ).total
-            * t["grad_accum_steps"]
+            * t.grad_accum_steps
         )
-        precision = t.get("precision") if t.get("precision") in ("bf16", "fp16") else "fp32"
+        precision = t.precision if t.precision in ("bf16", "fp16") else "fp32"
         share = flops / (step * gpu.peak_flops(precision))
         return share, gpu, f"train run {row.id} on {names[0]}: {step:.3f} s a step"
     return None

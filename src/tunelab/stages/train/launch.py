@@ -375,7 +375,7 @@ def rank_strategy(launch: Launch, precision: str) -> Iterator[Distributed | None
 
 def recorded_precision(run_dir: Path) -> str:
     """training.precision of a run as it was started (study.yaml plus its --set overrides)."""
-    return RunConfig.read(run_dir / "config.json").training["precision"]
+    return RunConfig.read(run_dir / "config.json").training.precision
 
 
 def resume_launch(

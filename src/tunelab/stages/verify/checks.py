@@ -6,8 +6,10 @@ and the environment against the run's env.json (`compare_env`, `env_message`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from tunelab.core.run_parts import EnvDifference, Prediction, RunEnv
 
 # ---------------------------------------------------------------- pure comparisons
 
@@ -26,9 +28,16 @@ def _score_diff(recorded: Any, fresh: Any) -> float:
     return max(diffs, default=0.0)
 
 
+def _rows(rows: Sequence[Mapping[str, Any] | Prediction], what: str) -> list[Prediction]:
+    return [
+        r if isinstance(r, Prediction) else Prediction.of(what, r, f"[{i}]")
+        for i, r in enumerate(rows)
+    ]
+
+
 def compare_predictions(
-    recorded: Sequence[Mapping[str, Any]],
-    fresh: Sequence[Mapping[str, Any]],
+    recorded: Sequence[Mapping[str, Any] | Prediction],
+    fresh: Sequence[Mapping[str, Any] | Prediction],
     *,
     atol: float,
 ) -> dict[str, Any]:
@@ -38,39 +47,33 @@ def compare_predictions(
     Returns {n, matched, mismatched, missing, max_score_diff, atol, mismatches: [first few
     {id, field, recorded, fresh}], ok}.
     """
-    fresh_by_id = {r["id"]: r for r in fresh}
+    fresh_by_id = {r.id: r for r in _rows(fresh, "the fresh predictions")}
     mismatches: list[dict[str, Any]] = []
     missing = []
     max_diff = 0.0
     bad_ids: set[Any] = set()
-    for rec in recorded:
-        new = fresh_by_id.get(rec["id"])
+    for rec in _rows(recorded, "the recorded predictions"):
+        new = fresh_by_id.get(rec.id)
         if new is None:
-            missing.append(rec["id"])
-            bad_ids.add(rec["id"])
+            missing.append(rec.id)
+            bad_ids.add(rec.id)
             continue
         for field in ("prediction", "raw_output", "correct"):
-            if rec.get(field) != new.get(field):
-                bad_ids.add(rec["id"])
-                mismatches.append(
-                    {
-                        "id": rec["id"],
-                        "field": field,
-                        "recorded": rec.get(field),
-                        "fresh": new.get(field),
-                    }
-                )
-        if "scores" in rec or "scores" in new:
-            diff = _score_diff(rec.get("scores"), new.get("scores"))
+            was, now = getattr(rec, field), getattr(new, field)
+            if was != now:
+                bad_ids.add(rec.id)
+                mismatches.append({"id": rec.id, "field": field, "recorded": was, "fresh": now})
+        if "scores" in rec.raw or "scores" in new.raw:
+            diff = _score_diff(rec.scores, new.scores)
             max_diff = max(max_diff, diff)
             if diff > atol:
-                bad_ids.add(rec["id"])
+                bad_ids.add(rec.id)
                 mismatches.append(
                     {
-                        "id": rec["id"],
+                        "id": rec.id,
                         "field": "scores",
-                        "recorded": rec.get("scores"),
-                        "fresh": new.get("scores"),
+                        "recorded": rec.scores,
+                        "fresh": new.scores,
                         "max_abs_diff": diff,
                     }
                 )
@@ -87,35 +90,26 @@ def compare_predictions(
     }
 
 
-def env_devices(env: Mapping[str, Any]) -> list[str]:
-    gpus = env.get("gpus") or []
-    if gpus:
-        return [str(g.get("name")) for g in gpus]
-    return [str((env.get("cpu") or {}).get("name"))]
+# the fields of an environment that change numerics, as compare_env reads them
+_ENV_FIELDS: dict[str, Callable[[RunEnv], Any]] = {
+    "torch": lambda e: e.torch,
+    "backend": lambda e: e.backend,
+    "compute_device": lambda e: e.computed_on,
+    "cuda": lambda e: e.cuda,
+    "rocm": lambda e: e.rocm,
+    "devices": lambda e: e.device_names,
+    "transformers": lambda e: e.package("transformers"),
+    "peft": lambda e: e.package("peft"),
+}
 
 
-def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[dict]:
+def compare_env(recorded: RunEnv | None, current: RunEnv) -> list[dict]:
     """What differs between a run's env.json and this process's environment, among what changes
     numerics: torch, backend, the device computed on, CUDA/ROCm versions, device names, transformers and peft."""
-    if not recorded:
+    if recorded is None or not recorded.raw:
         return [{"field": "env.json", "recorded": None, "current": "present"}]
-
-    def pkg(env: Mapping[str, Any], name: str) -> Any:
-        return (env.get("packages") or {}).get(name)
-
-    fields = {
-        "torch": lambda e: e.get("torch"),
-        "backend": lambda e: e.get("backend"),
-        # a record without compute_device computed where its backend was
-        "compute_device": lambda e: e.get("compute_device", e.get("backend")),
-        "cuda": lambda e: e.get("cuda"),
-        "rocm": lambda e: e.get("rocm"),
-        "devices": env_devices,
-        "transformers": lambda e: pkg(e, "transformers"),
-        "peft": lambda e: pkg(e, "peft"),
-    }
     out = []
-    for name, get in fields.items():
+    for name, get in _ENV_FIELDS.items():
         a, b = get(recorded), get(current)
         if a != b:
             out.append({"field": name, "recorded": a, "current": b})
@@ -125,7 +119,8 @@ def compare_env(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) 
 def env_message(run_id: str, differences: Sequence[Mapping[str, Any]]) -> str | None:
     if not differences:
         return None
-    what = ", ".join(f"{d['field']} {d['recorded']} -> {d['current']}" for d in differences)
+    found = [EnvDifference.of("the environment", d, "differences") for d in differences]
+    what = ", ".join(f"{d.what} {d.recorded} -> {d.current}" for d in found)
     return (
         f"this environment differs from run {run_id}'s ({what}): outputs may legitimately "
         "differ on a new platform; re-run `tunelab smoke` and `tunelab baseline` here before "

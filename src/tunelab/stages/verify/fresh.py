@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import CheckpointError, EvaluationError
+from tunelab.core.record_checks import FreshSpec
 from tunelab.core.records import read_jsonl
 from tunelab.core.worker import Worker, serve
 
@@ -143,45 +144,49 @@ def load_for_evaluation(study: Study, run: Run, labels: list[str] | None):
     return load_run_model(study, run)
 
 
-def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+def _reevaluate(raw: dict[str, Any], out: Path) -> dict[str, Any]:
     """The fresh process's body: load, re-evaluate, write predictions (and probe logits);
     returns its timings, metrics and environment."""
     import torch
     from safetensors.torch import save_file
 
     from tunelab.core.env import capture_env
+    from tunelab.core.record_types import Evaluation
     from tunelab.core.records import write_jsonl_atomic
     from tunelab.core.study import Study
+    from tunelab.core.worker import SPEC
     from tunelab.stages.data import load_snapshot
     from tunelab.stages.evaluate.stage import evaluate_model
 
-    if spec.get("num_threads"):
-        torch.set_num_threads(int(spec["num_threads"]))
-    study = Study.open(spec["study"], spec.get("overrides") or [])
-    run = study.get_run(spec["run"])
-    snapshot = load_snapshot(study, spec["snapshot"])
-    rows = select_rows(snapshot, spec["split"], spec["ids"])
-    labels = spec.get("labels")
+    spec = FreshSpec.of(out / SPEC, raw)
+    if spec.num_threads:
+        torch.set_num_threads(int(spec.num_threads))
+    study = Study.open(spec.study, spec.overrides or [])
+    run = study.get_run(spec.run)
+    snapshot = load_snapshot(study, spec.snapshot)
+    rows = select_rows(snapshot, spec.split, spec.ids)
+    labels = spec.labels
     started = time.perf_counter()
     model, tokenizer, base = load_for_evaluation(study, run, labels)
     load_s = time.perf_counter() - started
     started = time.perf_counter()
-    record, predictions = evaluate_model(
-        model, tokenizer, base, study, rows, spec["split"], labels=labels, merge=spec.get("merge")
+    raw_record, predictions = evaluate_model(
+        model, tokenizer, base, study, rows, spec.split, labels=labels, merge=spec.merge
     )
     eval_s = time.perf_counter() - started
+    record = Evaluation.of(out / f"metrics-{spec.split}.json", raw_record)
     write_jsonl_atomic(out / "predictions.jsonl", predictions)
     started = time.perf_counter()  # the smoke's extra checks, apart from the evaluation
-    if spec.get("probe_ids"):
-        probe_rows = select_rows(snapshot, spec["split"], spec["probe_ids"])
+    if spec.probe_ids:
+        probe_rows = select_rows(snapshot, spec.split, spec.probe_ids)
         logits = probe_logits(model, tokenizer, base, study, probe_rows, labels)
         save_file({"logits": logits}, str(out / "probe.safetensors"))
     val_loss = None
-    if spec.get("val_loss_ids"):
+    if spec.val_loss_ids:
         from tunelab.stages.train.validation import validation_loss_of
 
         run_cfg = run.config
-        val_rows = select_rows(snapshot, spec["split"], spec["val_loss_ids"])
+        val_rows = select_rows(snapshot, spec.split, spec.val_loss_ids)
         val_loss = validation_loss_of(model, tokenizer, base, run_cfg, val_rows, labels)
     checks_s = time.perf_counter() - started
     return {
@@ -189,9 +194,9 @@ def _reevaluate(spec: dict[str, Any], out: Path) -> dict[str, Any]:
         "eval_s": round(eval_s, 3),
         "checks_s": round(checks_s, 3),
         "val_loss": val_loss,
-        "metrics": record["metrics"],
-        "spec_sha256": record["spec_sha256"],
-        "merge": record["merge"],
+        "metrics": record.metrics,
+        "spec_sha256": record.spec_sha256,
+        "merge": record.merge,
         "base_identity_sha256": base.identity.get("sha256"),
         "pid": os.getpid(),
         "env": capture_env(),

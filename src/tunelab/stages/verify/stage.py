@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.env import platform_of
 from tunelab.core.errors import CheckpointError, EvaluationError, ModelError, RunError
+from tunelab.core.record_checks import FoundEvaluation, FreshOutcome, RunCompute
+from tunelab.core.record_types import Evaluation
 from tunelab.core.records import read_json, write_json_atomic
-from tunelab.lib.inference.eval_copy import ran_on_copy
+from tunelab.core.run_parts import CheckpointCheck, Prediction, Reproduced, RunEnv
 from tunelab.stages.evaluate.stage import SCORE_ATOL
 from tunelab.stages.train.checkpoint import check_checkpoint_files
-from tunelab.stages.verify.checks import compare_env, compare_predictions, env_devices, env_message
+from tunelab.stages.verify.checks import compare_env, compare_predictions, env_message
 from tunelab.stages.verify.fresh import fresh_evaluate
 
 if TYPE_CHECKING:
@@ -59,7 +62,7 @@ VERIFIABLE_KINDS = ("train", "smoke", "eval", "baseline")
 # ---------------------------------------------------------------- the stage
 
 
-def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
+def _target_of(study: Study, run: Run) -> tuple[Run, FoundEvaluation | None]:
     """(the run whose model is reloaded, its recorded validation evaluation or None)."""
     from tunelab.core.evidence import find_evaluation
 
@@ -77,8 +80,10 @@ def _target_of(study: Study, run: Run) -> tuple[Run, dict[str, Any] | None]:
                 f"eval run {row.id} holds no validation predictions",
                 hint=f"verify the trained run instead: `tunelab verify {row.parent}`",
             )
-        return target, {"eval_run": row.id, "dir": run.dir, "record": read_json(own)}
-    return run, find_evaluation(study, row.id, "validation")
+        found = {"eval_run": row.id, "dir": run.dir, "record": read_json(own)}
+        return target, FoundEvaluation.of(found, "validation")
+    found = find_evaluation(study, row.id, "validation")
+    return run, None if found is None else FoundEvaluation.of(found, "validation")
 
 
 def _checkpoint_of(run: Run) -> Path | None:
@@ -108,62 +113,96 @@ def _write_record(run: Run, record: dict[str, Any]) -> Path:
     raise AssertionError("could not find a free verify-<n>.json name")
 
 
-def recorded_copy(eval_record: Mapping[str, Any]) -> bool:
-    """Whether the recorded evaluation ran on its evaluation copy (`tunelab.lib.inference.eval_copy`; a
-    record without `merge` ran on the model as loaded)."""
-    return ran_on_copy(eval_record.get("merge"))
+def recorded_copy(evaluation: Evaluation | Mapping[str, Any]) -> bool:
+    """Whether the recorded evaluation ran on its evaluation copy (`tunelab.lib.inference
+    .eval_copy`; a record without `merge` ran on the model as loaded). A record as written is
+    read as an `Evaluation` first."""
+    if not isinstance(evaluation, Evaluation):
+        evaluation = Evaluation.of("the recorded evaluation", evaluation)
+    copy = evaluation.eval_copy
+    return copy is not None and copy.on_copy
+
+
+@dataclass
+class _Outcome:
+    """What re-evaluating found: the verdict, and the record's fields that say why."""
+
+    passed: bool
+    reason: str
+    predictions: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # None: no fresh process answered
+    fresh_spec_sha256: str | None = None
+    fresh_env: dict[str, Any] | None = None  # the fresh process's capture_env
+
+    def fields(self, reason: str) -> dict[str, Any]:
+        """The record's fields, in the record's order, with `reason` as the reason."""
+        if self.timings is None:
+            return {"predictions": self.predictions, "passed": self.passed, "reason": reason}
+        return {
+            "predictions": self.predictions,
+            "timings": self.timings,
+            "fresh_spec_sha256": self.fresh_spec_sha256,
+            "passed": self.passed,
+            "reason": reason,
+        }
 
 
 def _reproduce(
     study: Study,
     model_run: str,
-    record: Mapping[str, Any],
+    snapshot: str,
+    evaluation: FoundEvaluation,
     recorded: list[dict[str, Any]],
-    eval_record: Mapping[str, Any],
     atol: float,
-) -> dict[str, Any]:
-    """Re-evaluate in a fresh process and compare: {predictions, timings, passed, reason}.
+    record_path: Path,
+) -> _Outcome:
+    """Re-evaluate in a fresh process and compare (`record_path`: the verify record's).
 
     A checkpoint or base model the new process cannot load is a failed verification; a study
     that cannot evaluate at all (hypothesis drifted, snapshot gone) raises.
     """
+    eval_record = evaluation.record
+    where = evaluation.predictions_path
     try:
-        fresh = fresh_evaluate(
+        raw = fresh_evaluate(
             study,
             model_run,
-            snapshot=record["data_snapshot"],
-            split=record["split"],
-            ids=[r["id"] for r in recorded],
-            labels=eval_record.get("labels"),
-            num_threads=eval_record.get("torch_threads"),
+            snapshot=snapshot,
+            split=eval_record.split,
+            ids=[Prediction.of(where, r, f"line {i + 1}").id for i, r in enumerate(recorded)],
+            labels=eval_record.labels,
+            num_threads=eval_record.torch_threads,
             merge=recorded_copy(eval_record),
         )
     except (CheckpointError, ModelError) as exc:
-        return {
-            "predictions": None,
-            "passed": False,
-            "reason": f"the checkpoint could not be reloaded: {exc.message}",
-        }
-    cmp = compare_predictions(recorded, fresh["predictions"], atol=atol)
-    out: dict[str, Any] = {
-        "predictions": cmp,
-        "timings": {k: fresh[k] for k in ("load_s", "eval_s", "process_s")},
-        "fresh_spec_sha256": fresh["spec_sha256"],
-        "fresh_env": fresh.get("env"),
-        "passed": cmp["ok"],
-    }
-    if cmp["ok"]:
-        out["reason"] = (
-            f"{cmp['n']} recorded predictions reproduced in a fresh process "
-            f"(max score difference {cmp['max_score_diff']:.2g}, atol {atol:g})"
+        return _Outcome(False, f"the checkpoint could not be reloaded: {exc.message}")
+    fresh = FreshOutcome.of(record_path, raw, "the fresh process")
+    raw_cmp = compare_predictions(recorded, fresh.predictions, atol=atol)
+    cmp = Reproduced.of(record_path, raw_cmp, "predictions")
+    if cmp.ok:
+        reason = (
+            f"{cmp.n} recorded predictions reproduced in a fresh process "
+            f"(max score difference {cmp.max_score_diff:.2g}, atol {atol:g})"
         )
     else:
-        first = cmp["mismatches"][0] if cmp["mismatches"] else {"id": cmp["missing"][:1]}
-        out["reason"] = (
-            f"{cmp['mismatched']} of {cmp['n']} recorded predictions not reproduced "
-            f"(first: example {first.get('id')!r}, {first.get('field', 'missing')})"
+        mismatches = cmp.mismatches
+        first_id, what = (
+            (mismatches[0].id, mismatches[0].what)
+            if mismatches
+            else ((cmp.missing or [])[:1], "missing")
         )
-    return out
+        reason = (
+            f"{cmp.mismatched} of {cmp.n} recorded predictions not reproduced "
+            f"(first: example {first_id!r}, {what})"
+        )
+    return _Outcome(
+        passed=bool(cmp.ok),
+        reason=reason,
+        predictions=raw_cmp,
+        timings={"load_s": fresh.load_s, "eval_s": fresh.eval_s, "process_s": fresh.process_s},
+        fresh_spec_sha256=fresh.spec_sha256,
+        fresh_env=fresh.env,
+    )
 
 
 def _used_precision(requested: str, compute_json: Path) -> str:
@@ -172,7 +211,7 @@ def _used_precision(requested: str, compute_json: Path) -> str:
     from tunelab.stages.train.precision import resolve_precision
 
     if compute_json.exists():
-        return read_json(compute_json)["precision"]["used"]
+        return RunCompute.read(compute_json).precision.used
     return resolve_precision(requested, device_kind())
 
 
@@ -180,46 +219,73 @@ def _score_atol(study: Study, target: Run) -> float:
     """The score tolerance of the precision the evaluated model computed in."""
     precision = study.config.training.precision
     if target.row.kind != "baseline":
-        precision = target.record.training.get("precision", precision)
+        precision = target.record.training.precision or precision
     precision = _used_precision(precision, target.dir / "compute.json")
     return SCORE_ATOL.get(precision, 2e-4)
 
 
-def _checked_files(target: Run) -> dict[str, Any]:
+def _checked_files(target: Run, record_path: Path) -> CheckpointCheck:
     ckpt = _checkpoint_of(target)
     if ckpt is None:
-        return {"path": None, "ok": False, "changed": [], "missing": ["all"]}
-    return check_checkpoint_files(ckpt)
+        raw = {"path": None, "ok": False, "changed": [], "missing": ["all"]}
+    else:
+        raw = check_checkpoint_files(ckpt)
+    return CheckpointCheck.of(record_path, raw, "checkpoint")
 
 
-def _refused_checkpoint(ck: dict[str, Any] | None) -> str | None:
+def _refused_checkpoint(ck: CheckpointCheck | None) -> str | None:
     """Why a checkpoint whose files failed their check is not loaded, or None to load it."""
-    if ck is None or ck["ok"]:
+    if ck is None or ck.ok:
         return None
-    if ck.get("damaged") and not ck["changed"] + ck["missing"]:
-        return f"checkpoint {ck['path']} cannot be loaded: " + "; ".join(
-            f"{n}: {why}" for n, why in ck["damaged"].items()
+    changed, missing = ck.changed or [], ck.missing or []
+    bad = changed + missing
+    if ck.damaged_files and not bad:
+        return f"checkpoint {ck.location} cannot be loaded: " + "; ".join(
+            f"{n}: {why}" for n, why in ck.damaged_files.items()
         )
-    bad = ck["changed"] + ck["missing"]
     return (
-        f"checkpoint {ck['path']} does not match the sha256 recorded when it was written: "
-        + ", ".join(f"{n} ({'changed' if n in ck['changed'] else 'missing'})" for n in bad)
+        f"checkpoint {ck.location} does not match the sha256 recorded when it was written: "
+        + ", ".join(f"{n} ({'changed' if n in changed else 'missing'})" for n in bad)
     )
 
 
-def _environment_of(target: Run, current_env: dict[str, Any]) -> dict[str, Any]:
-    """The record's `environment`: `current_env` against the run's env.json."""
+def _differences(target: Run, current: RunEnv) -> list[dict[str, Any]]:
+    """What of `current` differs from the run's env.json (`checks.compare_env`)."""
     env_path = target.dir / "env.json"
-    differences = compare_env(read_json(env_path) if env_path.exists() else None, current_env)
+    return compare_env(RunEnv.read(env_path) if env_path.exists() else None, current)
+
+
+def _environment_of(
+    run_id: str, current: RunEnv, differences: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The record's `environment`: `current` against run `run_id`'s env.json."""
     return {
         "same": not differences,
         "differences": differences,
-        "message": env_message(target.row.id, differences),
-        "torch": current_env["torch"],
-        "backend": current_env["backend"],
-        "devices": env_devices(current_env),
-        "platform": platform_of(current_env),  # the dossier's platforms section
+        "message": env_message(run_id, differences),
+        "torch": current.torch,
+        "backend": current.backend,
+        "devices": current.device_names,
+        "platform": platform_of(current.raw),  # the dossier's platforms section
     }
+
+
+def _evaluation_of(study: Study, run: Run) -> tuple[Run, FoundEvaluation]:
+    """The run whose model is reloaded and its recorded evaluation; refused when it cannot be
+    verified at all."""
+    target, evaluation = _target_of(study, run)
+    trow = target.row
+    if trow.status != "completed":
+        raise RunError(
+            f"run {trow.id} is {trow.status}" + (f" ({trow.reason})" if trow.reason else ""),
+            hint="only a completed run has a final checkpoint to verify",
+        )
+    if evaluation is None:
+        raise EvaluationError(
+            f"run {trow.id} has no recorded validation predictions to reproduce",
+            hint=f"evaluate it first: `tunelab eval {trow.id}`",
+        )
+    return target, evaluation
 
 
 def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, Any]:
@@ -236,47 +302,43 @@ def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, An
 
     require_hypothesis(study.root, study.config)  # the evaluation procedure must be the locked one
     run = study.get_run(run_id)
-    target, evaluation = _target_of(study, run)
+    target, evaluation = _evaluation_of(study, run)
     trow = target.row
-    if trow.status != "completed":
-        raise RunError(
-            f"run {trow.id} is {trow.status}" + (f" ({trow.reason})" if trow.reason else ""),
-            hint="only a completed run has a final checkpoint to verify",
-        )
-    if evaluation is None:
-        raise EvaluationError(
-            f"run {trow.id} has no recorded validation predictions to reproduce",
-            hint=f"evaluate it first: `tunelab eval {trow.id}`",
-        )
-    recorded = load_predictions(evaluation)
-    eval_record = evaluation["record"]
+    recorded = load_predictions(evaluation.found)
+    eval_record = evaluation.record
     atol = _score_atol(study, target) if atol is None else atol
     started = time.perf_counter()
+    snapshot = eval_record.data_snapshot or trow.data_snapshot
     record: dict[str, Any] = {
         "run_id": run.id,
         "model_run": trow.id,
         "model_kind": trow.kind,
-        "evaluation_run": evaluation["eval_run"],
-        "split": eval_record.get("split", "validation"),
-        "data_snapshot": eval_record.get("data_snapshot") or trow.data_snapshot,
-        "spec_sha256": eval_record.get("spec_sha256"),
+        "evaluation_run": evaluation.eval_run,
+        "split": eval_record.split,
+        "data_snapshot": snapshot,
+        "spec_sha256": eval_record.spec_sha256,
         "started_at": utc_now(),
     }
+    where = next_record_path(run.dir)  # where the record will be written, to name in errors
 
     # 1. checkpoint files
-    record["checkpoint"] = None if trow.kind == "baseline" else _checked_files(target)
+    checkpoint = None if trow.kind == "baseline" else _checked_files(target, where)
+    record["checkpoint"] = None if checkpoint is None else checkpoint.raw
     # 2. the fresh process, unless the files already failed
-    refused = _refused_checkpoint(record["checkpoint"])
+    refused = _refused_checkpoint(checkpoint)
     if refused:
-        record.update(predictions=None, passed=False, reason=refused)
+        outcome = _Outcome(False, refused)
     else:
-        record.update(_reproduce(study, trow.id, record, recorded, eval_record, atol))
+        outcome = _reproduce(study, trow.id, snapshot, evaluation, recorded, atol, where)
     # 3. environment (recorded whatever the outcome): the fresh process's own, which is the one
     # that re-evaluated; this process's where none ran (it then imports torch for it)
-    current_env = record.pop("fresh_env", None) or capture_env()
-    record["environment"] = _environment_of(target, current_env)
-    if not record["passed"] and record["environment"]["differences"]:
-        record["reason"] += "; the environment differs from the run's (see environment)"
+    current = RunEnv.of(where, outcome.fresh_env or capture_env(), "the environment")
+    differences = _differences(target, current)
+    reason = outcome.reason
+    if not outcome.passed and differences:
+        reason += "; the environment differs from the run's (see environment)"
+    record.update(outcome.fields(reason))
+    record["environment"] = _environment_of(trow.id, current, differences)
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["finished_at"] = utc_now()
     path = _write_record(run, record)
@@ -284,6 +346,6 @@ def run(study: Study, run_id: str, *, atol: float | None = None) -> dict[str, An
     study.ledger.add_event(
         run.id,
         "verify",
-        {"record": path.name, "passed": record["passed"], "reason": record["reason"][:300]},
+        {"record": path.name, "passed": outcome.passed, "reason": reason[:300]},
     )
     return record
