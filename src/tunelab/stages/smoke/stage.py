@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import RunError, TunelabError
+from tunelab.core.record_checks import FreshOutcome
 from tunelab.core.record_smoke import SmokeCheck, UpdateCheck, update_check_of
 from tunelab.core.record_types import Evaluation, RunStatus
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic
-from tunelab.core.run_parts import CheckpointCheck, Prediction, TrainStep
+from tunelab.core.run_parts import CheckpointCheck, Prediction, Reproduced, TrainStep
 from tunelab.lib.probes import AdapterPass, adapter_time_ratio
 
 if TYPE_CHECKING:
@@ -468,7 +469,8 @@ def _fresh_process_checks(
     from tunelab.stages.verify.stage import LOGIT_ATOL, SCORE_ATOL, recorded_copy
 
     timings, record = found.timings, found.record
-    fresh = fresh_evaluate(
+    recorded = run.path("metrics-validation.json")
+    raw = fresh_evaluate(
         study,
         run.id,
         snapshot=prep.snapshot.id,
@@ -478,22 +480,23 @@ def _fresh_process_checks(
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
-        merge=recorded_copy(read_json(run.path("metrics-validation.json"))),
+        merge=recorded_copy(Evaluation.read(recorded)),
     )
-    timings["reload_s"] = fresh["load_s"]
-    timings["fresh_eval_s"] = fresh["eval_s"]
-    timings["fresh_process_s"] = fresh["process_s"]
-    timings["fresh_checks_s"] = fresh.get("checks_s")
+    fresh = FreshOutcome.of(run.path("smoke.json"), raw, "the fresh process")
+    timings["reload_s"] = fresh.load_s
+    timings["fresh_eval_s"] = fresh.eval_s
+    timings["fresh_process_s"] = fresh.process_s
+    timings["fresh_checks_s"] = fresh.checks_s
     precision = resolve_precision(study.config.training.precision, device_kind())
-    cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
-    record["reload_predictions"] = cmp
+    raw_cmp = compare_predictions(predictions, fresh.predictions, atol=SCORE_ATOL[precision])
+    record["reload_predictions"] = raw_cmp
+    cmp = Reproduced.of(run.path("smoke.json"), raw_cmp, "reload_predictions")
     found.check(
         "fresh-process predictions",
-        cmp["ok"],
-        f"{cmp['matched']} of {cmp['n']} identical (max score diff "
-        f"{(cmp['max_score_diff'] or 0):.2g})",
+        cmp.ok,
+        f"{cmp.matched} of {cmp.n} identical (max score diff {(cmp.max_score_diff or 0):.2g})",
     )
-    fresh_logits = fresh["probe_logits"]
+    fresh_logits = raw["probe_logits"]  # a tensor (or None): no JSON field of FreshOutcome
     atol = LOGIT_ATOL[precision]
     diff = (
         float((live_logits - fresh_logits).abs().max())
@@ -506,7 +509,7 @@ def _fresh_process_checks(
         diff <= atol,
         f"max |diff| {diff:.2e} over {tuple(live_logits.shape)} (atol {atol:g})",
     )
-    live_val, fresh_val = status.val_loss, fresh.get("val_loss")
+    live_val, fresh_val = status.val_loss, fresh.val_loss
     rtol = VAL_LOSS_RTOL[precision]
     if live_val is None or fresh_val is None:
         found.check("fresh-process val loss", None, "no validation loss recorded")
