@@ -86,8 +86,10 @@ test: setup lint
 test-all: setup lint
 	$(PY) -m pytest -m "not stress and not gpu" --durations=25
 
+FAST_TIER := not slow and not distributed and not multinode and not processes and not matrix and not slurm and not skypilot and not stress and not gpu
+
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not stress and not distributed and not gpu and not matrix"
+	$(PY) -m pytest -m "$(FAST_TIER)"
 
 stress: setup
 	$(PY) -m pytest -m stress

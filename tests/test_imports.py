@@ -304,6 +304,7 @@ with open(out, "w") as f:
     [[], ["--review"], ["--gpu", "H100-SXM"], ["--compare-gpus"]],
     ids=["plan", "review", "gpu", "compare-gpus"],
 )
+@pytest.mark.processes
 def test_tunelab_plan_does_not_import_torch(pinned, args, tmp_path):  # noqa: F811
     out = tmp_path / "imported.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))

@@ -73,6 +73,7 @@ def _open_at_once(root: str, barrier) -> None:
     s.create_run("train").set_status("completed")
 
 
+@pytest.mark.processes
 def test_processes_opening_a_new_ledger_at_once_do_not_take_it_for_damaged(tmp_path, capsys):
     """A ledger another process is still creating has no tables yet: the other openers wait for
     it instead of moving it aside as damaged (which lost runs and crashed the openers)."""

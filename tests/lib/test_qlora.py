@@ -218,6 +218,7 @@ def test_validate_accepts_qlora_here_and_warns_quantization_unused(
     assert code == 0 and "adaptation.quantization" in out + err and "only qlora" in out + err
 
 
+@pytest.mark.processes
 def test_validate_refuses_qlora_without_bitsandbytes(tmp_path, tiny_llama_dir):
     """bitsandbytes made unimportable (a None entry in sys.modules, as for an absent package):
     validate exits 2 naming the extra to install, before any model is loaded."""

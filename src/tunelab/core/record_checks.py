@@ -8,10 +8,12 @@ piece raises the located `StudyError` (core/record_base) instead of a KeyError.
 
 | kind             | what                                   | written by                      |
 |------------------|----------------------------------------|---------------------------------|
+| `ExampleVerdicts` | a prediction's `verdicts` (extraction) | lib.tasks.extraction           |
 | `FoundEvaluation` | runs/<run>/metrics-<split>.json, found | core.evidence.find_evaluation  |
 | `RunCompute`     | runs/<run>/compute.json                | stages.train                    |
 | `FreshSpec`      | the fresh process's spec               | stages.verify.fresh             |
 | `FreshOutcome`   | what the fresh process returns         | stages.verify.fresh             |
+| `SentState`      | a run in a tracker's sync state file   | track.wandb_mirror, trackio_mirror |
 | `TrackerSync`    | `tunelab track`'s summary of one tracker | track.*_mirror                |
 """
 
@@ -23,17 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.record_base import Record
-from tunelab.core.record_types import Evaluation
+from tunelab.core.record_types import Evaluation, Hypothesis
 
 __all__ = [
+    "ExampleVerdicts",
     "FoundEvaluation",
     "FreshOutcome",
     "FreshSpec",
     "PrecisionChoice",
     "RunCompute",
+    "SentState",
     "SyncCounts",
     "SyncRow",
     "TrackerSync",
+    "locked_hypothesis",
 ]
 
 
@@ -86,6 +91,28 @@ class FoundEvaluation:
         return self.dir / f"predictions-{self.record.split}.jsonl"
 
 
+def locked_hypothesis(records: Path, raw: Mapping[str, Any]) -> Hypothesis:
+    """A hypothesis record as `core.evidence` reads it (checked against its sha256), typed and
+    named by its file."""
+    return Hypothesis.of(records / f"hypothesis-v{raw.get('version')}.json", raw)
+
+
+@dataclass(frozen=True)
+class ExampleVerdicts(Record):
+    """How a generative task judged one example: its output parsed, valid, matched; an
+    extraction's counts per schema path in `paths` ({path: {slots, present, exact, ...}})."""
+
+    json_valid: bool | None = None
+    schema_valid: bool | None = None
+    exact_match: bool | None = None
+    all_fields_match: bool | None = None
+    paths: dict[str, Any] | None = None
+
+    def path_count(self, path: str, key: str) -> Any:
+        """The count `key` of schema path `path` (0 when the example has none)."""
+        return ((self.paths or {}).get(path) or {}).get(key, 0)
+
+
 @dataclass(frozen=True)
 class FreshSpec(Record):
     """What the fresh process of verify and smoke re-evaluates (stages.verify.fresh): the study,
@@ -122,6 +149,15 @@ class FreshOutcome(Record):
     pid: int | None = None
     env: dict[str, Any] | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+@dataclass(frozen=True)
+class SentState(Record):
+    """What a tracker sync sent of one run (its entry in the sync state file): the mirror's
+    fingerprint and the last step sent (None: none yet)."""
+
+    sha256: str | None = None
+    step: int | None = None
 
 
 @dataclass(frozen=True)

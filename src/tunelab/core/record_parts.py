@@ -103,9 +103,12 @@ class GuardrailVerdict(Record):
     metric: str | None = None
     scope: str | None = None
     item: str | None = None
+    op: str | None = None
     value: float | None = None
     baseline: float | None = None
     bound: float | None = None
+    margin: float | None = None  # the rule's value: the bound, or its distance from the baseline
+    relative_to: str | None = None  # "baseline", or None for an absolute bound
     test: str | None = None  # point | interval
     passed: bool = False
     note: str | None = None

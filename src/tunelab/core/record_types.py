@@ -67,7 +67,7 @@ from tunelab.core.record_parts import (
     Reproduced,
     SizingRow,
 )
-from tunelab.core.run_parts import EvalCopy, PlatformGate, TrainingSettings
+from tunelab.core.run_parts import EvalCopy, LockedSpec, PlatformGate, TrainingSettings
 
 if TYPE_CHECKING:
     from tunelab.core.config import StudyConfig
@@ -185,6 +185,7 @@ class Evaluation(Record):
     labels: list[str] | None = None
     fields: list[str] | None = None
     spec_sha256: str | None = None
+    template_sha256: str | None = None  # the prompt template (or image chain) it encoded with
     run_id: str | None = None
     generation: dict[str, Any] | None = None
     cpu_share: float | None = None
@@ -229,6 +230,11 @@ class Evaluation(Record):
     def decoding(self) -> Decoding | None:
         """The decoding of a generative evaluation (None for a classifier's)."""
         return self.part(Decoding, "generation")
+
+    @property
+    def scoring(self) -> str | None:
+        """The scorer that judged an extraction's predictions (None: an earlier one)."""
+        return self.metrics.get("scoring")
 
     @property
     def eval_copy(self) -> EvalCopy | None:
@@ -524,6 +530,11 @@ class Hypothesis(Record):
     def changes(self) -> list[ConfigChange]:
         """What this version changed against the one before ([] for the first)."""
         return self.parts(ConfigChange, "diff")
+
+    @property
+    def locked(self) -> LockedSpec:
+        """The content as the comparison reads it: claim, guardrails, evaluation spec."""
+        return LockedSpec.of(self.path, self.content, "content")
 
     def check_parts(self) -> None:
         _ = self.guardrails, self.pins, self.changes

@@ -8,7 +8,9 @@ beside a comparison's pieces.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
@@ -31,6 +33,9 @@ __all__ = [
     "GateOverride",
     "Gpu",
     "GuardrailRule",
+    "HypothesisClaim",
+    "LockedEvaluation",
+    "LockedSpec",
     "Mismatch",
     "ModelIdentity",
     "ParamCount",
@@ -41,6 +46,7 @@ __all__ = [
     "PowerEstimate",
     "Prediction",
     "Reproduced",
+    "RunDistributed",
     "RunEnv",
     "SizingRow",
     "TrainStep",
@@ -53,6 +59,21 @@ class Gpu(Record):
 
     name: str | None = None
     memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RunDistributed(Record):
+    """env.json's `distributed`: what torch.distributed offers here, and for a run started
+    under a strategy (stages.train.parallel) its name, world size, backend and ranks."""
+
+    available: bool | None = None
+    gloo: bool | None = None
+    nccl: bool | None = None
+    strategy: str | None = None  # None: a single process
+    world_size: int | None = None
+    backend: str | None = None
+    backend_version: dict[str, Any] | None = None  # {library, version}
+    ranks: list[dict[str, Any]] | None = None  # {rank, local_rank, device, host, pid}
 
 
 @dataclass(frozen=True)
@@ -78,13 +99,20 @@ class RunEnv(Record):
     implementation: str | None = None  # CPython, PyPy, ...
     rccl: str | None = None
     extensions: dict[str, str | None] | None = None  # optional kernels installed: version
-    distributed: dict[str, Any] | None = None  # {available, gloo, nccl}; a run's strategy
+    distributed: dict[str, Any] | None = None  # see `parallel`
 
     @property
     def computed_on(self) -> str | None:
         """Where it computed (a record without `compute_device` computed where its backend
         was)."""
         return self.raw.get("compute_device", self.backend)
+
+    @property
+    def parallel(self) -> RunDistributed:
+        """torch.distributed here, and the strategy a run was started with."""
+        return self.part(RunDistributed, "distributed") or RunDistributed(
+            self.path, {}, where="distributed"
+        )
 
     def package(self, name: str) -> str | None:
         """The version of package `name` it ran (None: not installed or not recorded)."""
@@ -123,7 +151,7 @@ class RunEnv(Record):
         return f"{cpu.get('name')} ({cpu.get('logical_cores')} cores)"
 
     def check_parts(self) -> None:
-        _ = self.devices
+        _ = self.devices, self.parallel
 
 
 @dataclass(frozen=True)
@@ -144,6 +172,11 @@ class ModelIdentity(Record):
     def hub(self) -> dict[str, Any]:
         """The hub commit the base is pinned to ({} for a local base)."""
         return (self.source or {}).get("hub") or {}
+
+    @property
+    def hub_pin(self) -> Pin:
+        """The hub repository and commit the base is pinned to (empty for a local base)."""
+        return Pin.of(self.path, self.hub, self._at("source.hub"))
 
 
 @dataclass(frozen=True)
@@ -363,6 +396,58 @@ class GuardrailRule(Record):
     op: str | None = None
     value: float | None = None
     relative_to: str | None = None  # "baseline", or None for an absolute bound
+    test: str | None = None  # interval | point (None: locked before it, an interval)
+
+
+@dataclass(frozen=True)
+class HypothesisClaim(Record):
+    """The `hypothesis` section as locked: the primary metric, the smallest improvement that
+    counts, and the goal (superiority, or equivalence within a margin)."""
+
+    primary_metric: str = ""
+    min_improvement: float | None = None
+    goal: str | None = None
+    equivalence_margin: float | None = None
+
+
+@dataclass(frozen=True)
+class LockedEvaluation(Record):
+    """The decision's test settings in a locked evaluation spec (None: locked before they
+    existed, read as the documented defaults)."""
+
+    confidence: float | None = None
+    interval_method: str | None = None
+    multiplicity: str | None = None
+
+
+@dataclass(frozen=True)
+class LockedSpec(Record):
+    """A locked hypothesis's `content`: the claim, the guardrails (as written, for the
+    comparison), and the evaluation spec (its `task` validated by core.config_sections)."""
+
+    guardrails: list[dict[str, Any]] | None = None
+    evaluation_spec: dict[str, Any] | None = None
+
+    @property
+    def claim(self) -> HypothesisClaim:
+        return self.part(HypothesisClaim, "hypothesis") or HypothesisClaim.of(
+            self.path, {}, self._at("hypothesis")
+        )
+
+    @property
+    def tests(self) -> LockedEvaluation:
+        spec = self.evaluation_spec or {}
+        return LockedEvaluation.of(
+            self.path, spec.get("evaluation") or {}, self._at("evaluation_spec.evaluation")
+        )
+
+    @property
+    def task(self) -> Any:
+        """The evaluation spec's `task` section as locked."""
+        return (self.evaluation_spec or {}).get("task")
+
+    def check_parts(self) -> None:
+        _ = self.claim, self.tests
 
 
 @dataclass(frozen=True)
@@ -492,5 +577,17 @@ class Prediction(Record):
     gold = as_written("gold")
     prediction = as_written("prediction")
     raw_output = as_written("raw_output")  # the model's text, before parsing
+    verdicts = as_written("verdicts")  # a generative task's judgement of the example
     correct = as_written("correct")
     scores = as_written("scores")  # a classifier's {label: probability}
+
+    @classmethod
+    def rows(
+        cls, rows: Sequence[Mapping[str, Any] | Prediction], source: Path | str
+    ) -> list[Prediction]:
+        """The lines of a predictions file (`source`, named in an error with the line), typed;
+        rows already typed are kept."""
+        return [
+            r if isinstance(r, Prediction) else cls.of(source, r, f"line {i + 1}")
+            for i, r in enumerate(rows)
+        ]

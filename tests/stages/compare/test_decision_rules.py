@@ -89,7 +89,8 @@ def test_a_small_split_is_inconclusive_and_says_what_would_settle_it():
     assert out["decision"] == "inconclusive"
     open_items = [g for g in out["guardrails"] if g["verdict"] == "inconclusive"]
     assert open_items and all(g["settle_n"] > 60 for g in open_items if g["settle_n"])
-    record = {"primary_metric": "macro_f1", "decision": study_decision([{"compared": True, **out}])}
+    entry = {"compared": True, "run_id": "r1", **out}
+    record = {"primary_metric": "macro_f1", "decision": study_decision([entry])}
     record["runs"] = [{"compared": True, "run_id": "r1", "name": "v1", **out}]
     compare = Compare.of("compare.json", record)
     assert choose_variant(compare)[0] is None

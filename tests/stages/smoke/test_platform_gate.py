@@ -58,6 +58,7 @@ def refused(capsys, root: Path, *args: str) -> str:
     return " ".join(err.split())
 
 
+@pytest.mark.processes
 def test_train_and_resume_across_platforms(tmp_path, tiny_llama_dir, capsys, monkeypatch):
     root = write_email_study(tmp_path / "s", tiny_llama_dir, "platform", max_steps=4,
                              eval_every_steps=0, checkpoint_every_steps=2)  # fmt: skip

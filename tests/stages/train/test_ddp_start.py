@@ -37,6 +37,7 @@ def _rank(rank: int, store: str, perturb: bool, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("perturb", [False, True])
 def test_replicas_start_from_rank_0_and_frozen_weights_must_match(tmp_path, perturb):
     store, out = tempfile.mktemp(dir=tmp_path), str(tmp_path / "out")

@@ -306,6 +306,7 @@ def test_two_nodes_one_process_each_equal_single_process(study_root, reference_l
     assert read_json(run_dir / "env.json")["distributed"]["world_size"] == 2
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("args,code", [(["--help"], 0), (["validate", "-s", "/nonexistent"], 2)])
 def test_a_rank_leaves_without_the_interpreters_teardown(args, code):
     """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) the command leaves through os._exit

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from tunelab.core.config_sections import CLASSIFYING_KINDS
+from tunelab.core.record_checks import ExampleVerdicts
+from tunelab.core.record_parts import Delta, Primary
+from tunelab.core.run_parts import Prediction
 from tunelab.lib.statistics import (
     Stat,
     f1_stats,
@@ -23,6 +26,7 @@ from tunelab.lib.statistics import (
 )
 from tunelab.stages.compare.diffs import flips, flips_by_category
 from tunelab.stages.compare.guardrails import (
+    as_verdicts,
     check_guardrails,
     inner_metrics,
     judge_guardrails,
@@ -41,7 +45,7 @@ from tunelab.stages.compare.verdicts import (
 
 def example_stats(
     kind: str,
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any] | Prediction],
     labels: Sequence[str],
     fields: Sequence[str],
     paths: Sequence[str] = (),
@@ -54,16 +58,20 @@ def example_stats(
     overall: dict[str, Stat] = {}
     per_category: dict[str, Stat] = {}
     per_field: dict[str, Stat] = {}
-    correct = [bool(r.get("correct")) for r in rows]
+    rows = Prediction.rows(rows, "the predictions")
+    correct = [bool(r.correct) for r in rows]
     if kind == "classification":
-        f1 = f1_stats([r["gold"] for r in rows], [r["prediction"] for r in rows], labels)
+        f1 = f1_stats([r.gold for r in rows], [r.prediction for r in rows], labels)
         overall["accuracy"] = mean_stat(correct)
         overall["macro_f1"] = f1["macro_f1"]
         overall["weighted_f1"] = f1["weighted_f1"]
         for key in CATEGORY_KEYS:
             per_category[key] = f1[f"per_category_{key}"]
         return overall, per_category, per_field
-    verdicts = [r.get("verdicts") or {} for r in rows]
+    verdicts = [
+        ExampleVerdicts.of("the predictions", r.verdicts or {}, f"[{i}].verdicts")
+        for i, r in enumerate(rows)
+    ]
     if kind == "format":
         for key, metric in (
             ("format_valid", "format_valid_rate"),
@@ -71,15 +79,16 @@ def example_stats(
             ("schema_valid", "schema_valid_rate"),
             ("exact_match", "exact_match"),
         ):
-            if rows and all(v.get(key) is not None for v in verdicts):
-                overall[metric] = mean_stat([bool(v[key]) for v in verdicts])
+            # the format task's verdicts by name, as its scorer wrote them
+            if rows and all(v.raw.get(key) is not None for v in verdicts):
+                overall[metric] = mean_stat([bool(v.raw[key]) for v in verdicts])
         return overall, per_category, per_field
     overall |= _extraction_stats(verdicts, list(fields), list(paths or fields), per_field)
     return overall, per_category, per_field
 
 
 def _extraction_stats(
-    verdicts: list[Mapping[str, Any]],
+    verdicts: list[ExampleVerdicts],
     fields: list[str],
     paths: list[str],
     per_field: dict[str, Stat],
@@ -89,7 +98,7 @@ def _extraction_stats(
     keys = ("slots", "present", "empty_match", "exact", "match", "tp", "pred", "gold")
     counts = {  # key -> [n, P]
         key: np.array(
-            [[((v.get("paths") or {}).get(p) or {}).get(key, 0) for p in paths] for v in verdicts],
+            [[v.path_count(p, key) for p in paths] for v in verdicts],
             dtype=np.float64,
         ).reshape(len(verdicts), len(paths))
         for key in keys
@@ -102,8 +111,8 @@ def _extraction_stats(
     per_field["f1"] = ratio_stat(2 * counts["tp"], counts["pred"] + counts["gold"])
     top = [paths.index(f) for f in fields if f in paths]
     overall: dict[str, Stat] = {
-        "json_valid_rate": mean_stat([bool(v.get("json_valid")) for v in verdicts]),
-        "schema_valid_rate": mean_stat([bool(v.get("schema_valid")) for v in verdicts]),
+        "json_valid_rate": mean_stat([bool(v.json_valid) for v in verdicts]),
+        "schema_valid_rate": mean_stat([bool(v.schema_valid) for v in verdicts]),
     }
     for name in rates:
         stat = per_field[name]
@@ -112,10 +121,8 @@ def _extraction_stats(
         2 * counts["tp"][:, top].sum(axis=1),
         (counts["pred"] + counts["gold"])[:, top].sum(axis=1),
     )
-    overall["exact_match"] = mean_stat([bool(v.get("exact_match")) for v in verdicts])
-    overall["all_fields_match_rate"] = mean_stat(
-        [bool(v.get("all_fields_match")) for v in verdicts]
-    )
+    overall["exact_match"] = mean_stat([bool(v.exact_match) for v in verdicts])
+    overall["all_fields_match_rate"] = mean_stat([bool(v.all_fields_match) for v in verdicts])
     return overall
 
 
@@ -135,8 +142,10 @@ def compare_evaluations(
     samples: int = 1000,
     seed: int = 0,
     tests: DecisionTests | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
-    """Everything one comparison row holds, computed from two evaluations' records.
+    """Everything one comparison row holds, computed from two evaluations' records (`note`:
+    one more note for the row, after the pairing's).
 
     Examples are paired by id (those in both); the notes say how many were left unpaired.
     `paths`: an extraction schema's paths (default `fields`), each with paired intervals.
@@ -144,7 +153,11 @@ def compare_evaluations(
     documented defaults). The row's `decision` is adopt, reject or inconclusive (see
     `tunelab.stages.compare.verdicts`).
     """
-    ids, base, var, notes = _paired(baseline_rows, variant_rows)
+    ids, base, var, notes = _paired(
+        Prediction.rows(baseline_rows, "the baseline's predictions"),
+        Prediction.rows(variant_rows, "the variant's predictions"),
+    )
+    notes += [note] if note else []
     paths = list(paths or fields)
     b_overall, b_cat, b_field = example_stats(kind, base, labels, fields, paths)
     v_overall, v_cat, v_field = example_stats(kind, var, labels, fields, paths)
@@ -163,8 +176,8 @@ def compare_evaluations(
         metrics[primary_metric] = _unpaired_metric(primary_metric, b_inner, v_inner)
     per_category = _per_item(boot, "per_category", labels, b_inner, v_inner, CATEGORY_KEYS)
     per_field = _per_item(boot, "per_field", paths, b_inner, v_inner, FIELD_KEYS)
-    base_ok = [bool(r.get("correct")) for r in base]
-    var_ok = [bool(r.get("correct")) for r in var]
+    base_ok = [bool(r.correct) for r in base]
+    var_ok = [bool(r.correct) for r in var]
     estimate_of = estimates(point, draws, labels=labels, paths=paths, n=len(ids), tests=tests)
     primary = _primary(metrics, primary_metric, min_improvement, estimate_of, tests, len(ids))
     verdicts = judge_guardrails(
@@ -174,8 +187,11 @@ def compare_evaluations(
         confidence=tests.confidence,
         multiplicity=tests.multiplicity,
     )
-    guards = overall_verdict(verdicts)
-    decision, reasons = run_decision(primary, verdicts, guards)
+    judged = as_verdicts(verdicts)
+    guards = overall_verdict(judged)
+    decision, reasons = run_decision(
+        Primary.of("the comparison", primary, "primary"), judged, guards
+    )
     changed = flips(ids, base_ok, var_ok)
     if kind in CLASSIFYING_KINDS:
         changed["by_category"] = flips_by_category(base, base_ok, var_ok, labels)
@@ -188,7 +204,7 @@ def compare_evaluations(
         "per_category": per_category,
         "per_field": per_field,
         "guardrails": verdicts,
-        "guardrails_pass": all(v["pass"] for v in verdicts),
+        "guardrails_pass": all(v.passed for v in judged),
         "guardrails_verdict": guards,
         "decision": decision,
         "decision_reasons": reasons,
@@ -207,23 +223,23 @@ def _primary(
     """The primary metric's row: its interval, whether it meets the smallest improvement that
     counts, and its verdict under the locked tests."""
     primary = dict(metrics.get(name) or {})
-    delta = primary.get("delta")
+    row = Delta.of("the comparison", primary, "primary")
     primary.update(
         metric=name,
         min_improvement=min_improvement,
-        meets_min_improvement=None if delta is None else delta >= min_improvement,
-        significant=None if primary.get("ci_low") is None else primary["ci_low"] > 0,
+        meets_min_improvement=None if row.delta is None else row.delta >= min_improvement,
+        significant=None if row.ci_low is None else row.ci_low > 0,
     )
     estimate = estimate_of(name, "overall", None, True)
     return primary | primary_verdict(primary, estimate, tests, min_improvement, n)
 
 
 def _paired(
-    baseline_rows: Sequence[Mapping[str, Any]], variant_rows: Sequence[Mapping[str, Any]]
-) -> tuple[list[Any], list[Mapping[str, Any]], list[Mapping[str, Any]], list[str]]:
+    baseline_rows: Sequence[Prediction], variant_rows: Sequence[Prediction]
+) -> tuple[list[Any], list[Prediction], list[Prediction], list[str]]:
     """The ids in both, the two rows of each in that order, and a note of the unpaired."""
-    base_by_id = {r["id"]: r for r in baseline_rows}
-    var_by_id = {r["id"]: r for r in variant_rows}
+    base_by_id = {r.id: r for r in baseline_rows}
+    var_by_id = {r.id: r for r in variant_rows}
     ids = [i for i in base_by_id if i in var_by_id]
     notes = []
     only_base, only_var = len(base_by_id) - len(ids), len(var_by_id) - len(ids)

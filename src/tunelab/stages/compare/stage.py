@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from tunelab.core.record_checks import FoundEvaluation, locked_hypothesis
+from tunelab.core.record_parts import CompareEntry, ConfigDiff, Delta
+from tunelab.core.record_types import Compare, Evaluation, Hypothesis
+from tunelab.core.run_parts import Prediction
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
 from tunelab.stages.compare.diffs import config_diff
 from tunelab.stages.compare.evaluations import compare_evaluations
-from tunelab.stages.compare.guardrails import inner_metrics
 from tunelab.stages.compare.verdicts import DecisionTests
 
 if TYPE_CHECKING:
@@ -52,9 +55,9 @@ class _Baseline:
     """What every run of one comparison is set against."""
 
     row: Any
-    evaluation: dict[str, Any]
-    record: dict[str, Any]
-    predictions: list[dict[str, Any]]
+    evaluation: FoundEvaluation
+    record: Evaluation  # as scored for this comparison
+    predictions: list[Prediction]
     config: RunConfig | None
     kind: str
     labels: list[str]
@@ -62,88 +65,97 @@ class _Baseline:
     paths: list[str]
 
 
-def _locked_task(hyp: Mapping[str, Any], record: Mapping[str, Any], study: Any) -> Any:
+def _latest_hypothesis(study: Study) -> Hypothesis | None:
+    """The latest registered hypothesis (`core.evidence.latest_hypothesis`), typed."""
+    from tunelab.core.evidence import latest_hypothesis
+
+    raw = latest_hypothesis(study.records)
+    return None if raw is None else locked_hypothesis(study.records, raw)
+
+
+def _locked_task(hyp: Hypothesis, record: Evaluation, study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
     from tunelab.core.config_sections import TaskConfig
     from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
 
-    version = record.get("hypothesis_version")
-    found = next((h for h in all_hypotheses(study.records) if h["version"] == version), hyp)
-    spec = TaskConfig.model_validate(found["content"]["evaluation_spec"]["task"])
-    return task_for(spec, record.get("labels"))
+    versions = [locked_hypothesis(study.records, h) for h in all_hypotheses(study.records)]
+    found = next((h for h in versions if h.version == record.hypothesis_version), hyp)
+    spec = TaskConfig.model_validate(found.locked.task)
+    return task_for(spec, record.labels)
 
 
 def _scored(
-    study: Any, hyp: Mapping[str, Any], evaluation: dict[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
+    study: Any, hyp: Hypothesis, evaluation: FoundEvaluation
+) -> tuple[Evaluation, list[Prediction], str | None]:
     """An evaluation's record and prediction rows; extraction rows scored by an earlier
     scorer are judged again from their raw outputs, with a note saying so."""
     from tunelab.stages.evaluate.predict import rescore_predictions
     from tunelab.stages.evaluate.stage import compute_metrics, load_predictions
 
-    record, rows = evaluation["record"], load_predictions(evaluation)
-    scoring = inner_metrics(record).get("scoring")
-    if record.get("task_kind") != "extraction" or scoring == SCORING_VERSION:
-        return record, rows, None
+    record, rows = evaluation.record, load_predictions(evaluation.found)
+    source = evaluation.predictions_path
+    scoring = record.scoring
+    if record.task_kind != "extraction" or scoring == SCORING_VERSION:
+        return record, Prediction.rows(rows, source), None
     task = _locked_task(hyp, record, study)
     rows = rescore_predictions(task, rows)
-    record = {**record, "metrics": compute_metrics(task, rows)}
+    record = Evaluation.of(record.path, {**record.raw, "metrics": compute_metrics(task, rows)})
     note = (
-        f"{record.get('run_id') or evaluation['eval_run']} was scored by "
+        f"{record.run_id or evaluation.eval_run} was scored by "
         f"{scoring or 'an earlier scorer'}: its {len(rows)} recorded outputs were judged again "
         f"by {SCORING_VERSION}"
     )
-    return record, rows, note
+    return record, Prediction.rows(rows, source), note
 
 
-def _find_baseline(study: Any, hyp: Mapping[str, Any], baseline: str | None, split: str):
+def _find_baseline(study: Any, hyp: Hypothesis, baseline: str | None, split: str):
     from tunelab.core.errors import EvaluationError
     from tunelab.core.evidence import find_evaluation, latest_baseline
 
     if baseline:
         row = study.get_run(baseline).row
-        evaluation = find_evaluation(study, row.id, split)
+        found = find_evaluation(study, row.id, split)
     else:
-        row, evaluation = latest_baseline(study, split) or (None, None)
-    if evaluation is None:
+        row, found = latest_baseline(study, split) or (None, None)
+    if found is None:
         raise EvaluationError(
             f"no completed baseline evaluation on the {split} split",
             hint="run `tunelab baseline` first"
             if split == "validation"
             else "evaluate the baseline on it: `tunelab eval BASELINE --split test --final`",
         )
+    evaluation = FoundEvaluation.of(found, split)
     record, rows, note = _scored(study, hyp, evaluation)
-    per_field = inner_metrics(record).get("per_field") or {}
     base = _Baseline(
         row=row,
         evaluation=evaluation,
         record=record,
         predictions=rows,
         config=_run_config(study, row.id),
-        kind=record["task_kind"],
-        labels=record.get("labels") or [],
-        fields=record.get("fields") or [],
-        paths=list(per_field) or list(record.get("fields") or []),
+        kind=record.task_kind,
+        labels=record.labels or [],
+        fields=record.fields or [],
+        paths=list(record.per_field) or list(record.fields or []),
     )
     return base, note
 
 
-def _spec_mismatch(rec: Mapping[str, Any], base: Mapping[str, Any]) -> str | None:
-    if rec.get("spec_sha256") == base.get("spec_sha256"):
+def _spec_mismatch(rec: Evaluation, base: Evaluation) -> str | None:
+    if rec.spec_sha256 == base.spec_sha256:
         return None
     return (
-        f"evaluation spec differs from the baseline's (run {rec.get('spec_sha256', '')[:12]}"
-        f" vs baseline {base.get('spec_sha256', '')[:12]}; hypothesis "
-        f"v{rec.get('hypothesis_version')} vs v{base.get('hypothesis_version')}, "
-        f"template {rec.get('template_sha256', '')[:12]} vs "
-        f"{base.get('template_sha256', '')[:12]}): results measured differently "
+        f"evaluation spec differs from the baseline's (run {(rec.spec_sha256 or '')[:12]}"
+        f" vs baseline {(base.spec_sha256 or '')[:12]}; hypothesis "
+        f"v{rec.hypothesis_version} vs v{base.hypothesis_version}, "
+        f"template {(rec.template_sha256 or '')[:12]} vs "
+        f"{(base.template_sha256 or '')[:12]}): results measured differently "
         "cannot be compared"
     )
 
 
 def _compare_run(
-    study: Any, hyp: Mapping[str, Any], row: Any, base: _Baseline, split: str, explicit: bool
+    study: Any, hyp: Hypothesis, row: Any, base: _Baseline, split: str, explicit: bool
 ) -> dict[str, Any]:
     """One row of the comparison: the run against the baseline, or why it is not compared."""
     from tunelab.core.errors import EvaluationError
@@ -160,10 +172,11 @@ def _compare_run(
     }
     if row.status != "completed":
         return _not_compared(entry, f"{row.status}: {row.reason or 'no reason recorded'}")
-    found = find_evaluation(study, row.id, split)
-    if found is None:
+    raw_found = find_evaluation(study, row.id, split)
+    if raw_found is None:
         return _not_compared(entry, f"not evaluated on {split}: run `tunelab eval {row.id}`")
-    why_not = _spec_mismatch(found["record"], base.record)
+    found = FoundEvaluation.of(raw_found, split)
+    why_not = _spec_mismatch(found.record, base.record)
     if why_not is not None:
         if explicit:
             raise EvaluationError(
@@ -173,25 +186,38 @@ def _compare_run(
             )
         return _not_compared(entry, why_not)
     rec, rows, note = _scored(study, hyp, found)
-    content = hyp["content"]
+    locked = hyp.locked
     result = compare_evaluations(
         base.kind,
         base.predictions,
         rows,
-        baseline_metrics=base.record,
-        variant_metrics=rec,
-        guardrails=content["guardrails"],
-        primary_metric=content["hypothesis"]["primary_metric"],
-        min_improvement=float(content["hypothesis"].get("min_improvement") or 0.0),
+        baseline_metrics=base.record.raw,
+        variant_metrics=rec.raw,
+        guardrails=locked.guardrails or [],
+        primary_metric=locked.claim.primary_metric,
+        min_improvement=float(locked.claim.min_improvement or 0.0),
         labels=base.labels,
         fields=base.fields,
         paths=base.paths,
         samples=study.config.evaluation.bootstrap_samples,
         seed=study.config.evaluation.seed,
-        tests=DecisionTests.from_locked(content),
+        tests=DecisionTests.from_locked(locked),
+        note=note,
     )
-    if note:
-        result["notes"].append(note)
+    diff = _config_diff(study, row, base)
+    entry.update(
+        compared=True,
+        eval_run=found.eval_run,
+        spec_sha256=rec.spec_sha256,
+        config_diff=diff.raw,
+        flags=diff.flags,
+        **result,
+    )
+    return entry
+
+
+def _config_diff(study: Any, row: Any, base: _Baseline) -> ConfigDiff:
+    """The run's config against its parent's, or the baseline's for a run without one."""
     run_cfg = _run_config(study, row.id)
     parent_id = row.parent or base.row.id
     parent_cfg = _run_config(study, parent_id) if row.parent else base.config
@@ -203,15 +229,7 @@ def _compare_run(
         child_snapshot=run_cfg.data_snapshot if run_cfg else None,
     )
     diff["against"] = parent_id
-    entry.update(
-        compared=True,
-        eval_run=found["eval_run"],
-        spec_sha256=rec.get("spec_sha256"),
-        config_diff=diff,
-        flags=diff["flags"],
-        **result,
-    )
-    return entry
+    return ConfigDiff.of("the comparison", diff, f"runs[{row.id}].config_diff")
 
 
 def _rows_to_compare(study: Study, run_ids: Sequence[str] | None, base: _Baseline) -> list[Any]:
@@ -231,13 +249,13 @@ def _rows_to_compare(study: Study, run_ids: Sequence[str] | None, base: _Baselin
 
 def _baseline_entry(base: _Baseline) -> dict[str, Any]:
     """The record's `baseline`: which run and evaluation, and its numeric metrics."""
-    metrics = inner_metrics(base.record).items()
+    metrics = base.record.metrics.items()
     return {
         "run_id": base.row.id,
         "kind": base.row.kind,
-        "eval_run": base.evaluation["eval_run"],
-        "spec_sha256": base.record.get("spec_sha256"),
-        "n": base.record.get("n"),
+        "eval_run": base.evaluation.eval_run,
+        "spec_sha256": base.record.spec_sha256,
+        "n": base.record.n,
         "metrics": {k: v for k, v in metrics if isinstance(v, (int, float))},
     }
 
@@ -257,9 +275,9 @@ def run(
     Returns the compare record (not yet saved; see `save_compare`).
     """
     from tunelab.core.errors import HypothesisError
-    from tunelab.core.evidence import EVAL_KIND, latest_hypothesis
+    from tunelab.core.evidence import EVAL_KIND
 
-    hyp = latest_hypothesis(study.records)
+    hyp = _latest_hypothesis(study)
     if hyp is None:
         raise HypothesisError(
             "no hypothesis is registered for this study",
@@ -283,18 +301,18 @@ def run(
             "test results after the first opening are biased by that choice"
         )
     ev = study.config.evaluation
-    content = hyp["content"]
-    tests = DecisionTests.from_locked(content)
+    claim = hyp.locked.claim
+    tests = DecisionTests.from_locked(hyp.locked)
     return {
         "id": new_compare_id(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "study": study.config.name,
         "split": split,
         "task_kind": base.kind,
-        "hypothesis_version": hyp["version"],
-        "hypothesis_sha256": hyp["sha256"],
-        "primary_metric": content["hypothesis"]["primary_metric"],
-        "min_improvement": float(content["hypothesis"].get("min_improvement") or 0.0),
+        "hypothesis_version": hyp.version,
+        "hypothesis_sha256": hyp.sha256,
+        "primary_metric": claim.primary_metric,
+        "min_improvement": float(claim.min_improvement or 0.0),
         "bootstrap": {
             "samples": ev.bootstrap_samples,
             "seed": ev.seed,
@@ -313,22 +331,29 @@ def save_compare(study: Study, record: dict[str, Any]) -> Any:
     """Write records/compare/<id>.json (never overwritten) and note it in the ledger."""
     from tunelab.core.records import write_json_atomic
 
-    path = write_json_atomic(study.records / "compare" / f"{record['id']}.json", record)
-    study.ledger.add_event(None, "compare", {"id": record["id"], "path": str(path)})
+    compare_id = Compare.of("the comparison", record).id
+    path = write_json_atomic(study.records / "compare" / f"{compare_id}.json", record)
+    study.ledger.add_event(None, "compare", {"id": compare_id, "path": str(path)})
     return path
 
 
-def study_decision(entries: Sequence[Mapping[str, Any]]) -> str:
+def study_decision(entries: Sequence[Mapping[str, Any] | CompareEntry]) -> str:
     """adopt when some compared run is adopted, inconclusive when none is but one is
     inconclusive, else reject (keep the baseline)."""
-    found = {e.get("decision") for e in entries if e.get("compared")}
+    rows = [
+        e if isinstance(e, CompareEntry) else CompareEntry.of("the comparison", e, f"runs[{i}]")
+        for i, e in enumerate(entries)
+    ]
+    found = {e.decision for e in rows if e.compared}
     return next((d for d in ("adopt", "inconclusive") if d in found), "reject")
 
 
-def interval_verdict(primary: dict[str, Any]) -> str:
+def interval_verdict(primary: Mapping[str, Any] | Delta) -> str:
     """Where a delta's 95% interval lies: "above 0" (the record's `significant`), "below 0",
     "spans 0", or "-" without an interval."""
-    low, high = primary.get("ci_low"), primary.get("ci_high")
+    if not isinstance(primary, Delta):
+        primary = Delta.of("the primary metric", primary)
+    low, high = primary.ci_low, primary.ci_high
     if low is None or high is None:
         return "-"
     return "above 0" if low > 0 else ("below 0" if high < 0 else "spans 0")

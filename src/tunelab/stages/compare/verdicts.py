@@ -22,6 +22,9 @@ import numpy as np
 
 from tunelab.core.config_sections import HypothesisConfig
 from tunelab.core.config_training import EvaluationConfig
+from tunelab.core.record_parts import GuardrailVerdict, Primary
+from tunelab.core.run_parts import GuardrailRule as LockedRule
+from tunelab.core.run_parts import LockedSpec
 from tunelab.lib.statistics import Estimate, Stat, examples_to_settle, tost_p_value, tost_verdict
 
 # rates of examples: an absolute bound on one of them is judged on its Wilson interval
@@ -59,16 +62,18 @@ class DecisionTests:
         return (1 - self.confidence) / 2
 
     @classmethod
-    def from_locked(cls, content: Mapping[str, Any]) -> DecisionTests:
-        ev = (content.get("evaluation_spec") or {}).get("evaluation") or {}
-        hyp = content.get("hypothesis") or {}
+    def from_locked(cls, content: LockedSpec | Mapping[str, Any]) -> DecisionTests:
+        """The tests of a locked hypothesis's content (as written, or typed)."""
+        if not isinstance(content, LockedSpec):
+            content = LockedSpec.of("the locked hypothesis", content, "content")
+        ev, claim = content.tests, content.claim
         base = cls()
         return cls(
-            confidence=float(ev.get("confidence", base.confidence)),
-            interval_method=ev.get("interval_method", base.interval_method),
-            multiplicity=ev.get("multiplicity", base.multiplicity),
-            goal=hyp.get("goal", base.goal),
-            equivalence_margin=hyp.get("equivalence_margin"),
+            confidence=float(base.confidence if ev.confidence is None else ev.confidence),
+            interval_method=ev.interval_method or base.interval_method,
+            multiplicity=ev.multiplicity or base.multiplicity,
+            goal=claim.goal or base.goal,
+            equivalence_margin=claim.equivalence_margin,
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -89,11 +94,12 @@ def value_pairs(
     """The run's own statistics an absolute interval rule is judged on, as "value.<key>"
     pairs against 0 (their paired "delta" is the run's value)."""
     out = {}
-    for raw in guardrails:
-        rule = raw if isinstance(raw, Mapping) else raw.model_dump()
-        if rule.get("relative_to") or rule.get("test", "interval") != "interval":
+    for i, raw in enumerate(guardrails):
+        written = raw if isinstance(raw, Mapping) else raw.model_dump()
+        rule = LockedRule.of("the locked guardrails", written, f"guardrails[{i}]")
+        if rule.relative_to or (rule.test or "interval") != "interval":
             continue
-        key = stat_key(rule["metric"], rule.get("scope", "overall"))
+        key = stat_key(str(rule.metric), rule.scope or "overall")
         if key in pairs:
             run = pairs[key][1]
             out[f"value.{key}"] = (lambda w, s=run: np.zeros_like(s(w)), run)
@@ -168,20 +174,20 @@ def primary_verdict(
 
 
 def run_decision(
-    primary: Mapping[str, Any], guardrails: Sequence[Mapping[str, Any]], guardrails_verdict: str
+    primary: Primary, guardrails: Sequence[GuardrailVerdict], guardrails_verdict: str
 ) -> tuple[str, list[str]]:
     """adopt | reject | inconclusive, and the reasons (each with the bound behind it)."""
-    verdict = primary.get("verdict")
-    metric = primary.get("metric")
+    verdict = primary.verdict
+    metric = primary.metric
     reasons = []
     if verdict in ("not better", "not equivalent"):
         reasons.append(f"{metric}: {verdict} ({_bounds(primary)})")
-    failed = [g for g in guardrails if g.get("verdict") == "fail"]
+    failed = [g for g in guardrails if g.verdict == "fail"]
     for g in failed[:3]:
         reasons.append(f"guardrail fails: {_guard_text(g)}")
     if reasons:
         return "reject", reasons + _more(len(failed) - 3)
-    open_items = [g for g in guardrails if g.get("verdict") == "inconclusive"]
+    open_items = [g for g in guardrails if g.verdict == "inconclusive"]
     if verdict == "inconclusive":
         reasons.append(f"{metric}: inconclusive ({_bounds(primary)})")
     for g in open_items[:3]:
@@ -195,16 +201,16 @@ def _more(count: int) -> list[str]:
     return [f"and {count} more"] if count > 0 else []
 
 
-def _bounds(p: Mapping[str, Any]) -> str:
-    low, high = p.get("ci_low"), p.get("ci_high")
+def _bounds(p: Primary) -> str:
+    low, high = p.ci_low, p.ci_high
     if low is None or high is None:
         return "no interval"
-    delta = p.get("delta") or 0.0
+    delta = p.delta or 0.0
     return f"delta {delta:+.4f}, interval [{low:+.4f}, {high:+.4f}]"
 
 
-def _guard_text(g: Mapping[str, Any]) -> str:
-    item = f" on {g['item']}" if g.get("item") is not None else ""
-    bound = g.get("judged_bound")
-    judged = "" if bound is None else f", bound {bound:+.4f} vs margin {g.get('margin'):+g}"
-    return f"{g.get('rule')}{item}{judged}"
+def _guard_text(g: GuardrailVerdict) -> str:
+    item = f" on {g.item}" if g.item is not None else ""
+    bound = g.judged_bound
+    judged = "" if bound is None else f", bound {bound:+.4f} vs margin {g.margin:+g}"
+    return f"{g.rule}{item}{judged}"

@@ -4,7 +4,8 @@ review against the ledger and the Gantt chart (the probes the stages run for it 
 
 - `figures`: the measured inputs, typed, each with its source (`gather_figures`)
 - `estimate`: `build_plan(figures, cfg, days=...) -> Plan`, pure
-- `review`: `review_plan(study, plan)`, planned against actual from the ledger
+- `review`: `review_plan(study, plan)`, planned against actual from the ledger (`plan_review`:
+  the same as `core.record_plan.PlanReview`)
 - `chart`: `draw_gantt(plan, path)`
 - `stage`: `run(study, ...)`, what `tunelab plan` runs; `stored`: `plans_in_order` (the latest: `core.evidence.latest(study, "plan")`)
 
@@ -20,7 +21,8 @@ plan `projection {gpu, gpu_name, gpus, strategy, precision, fit {fits, micro_bat
 checkpointing, peak_bytes, budget_bytes, reason}, step {value, low, high, bound, flops, tokens,
 optimizer_s, communication_s}, utilization {low, value, high, source}, utilization_measured,
 eval_s_per_example, forward_s, inputs [{name, value, source, kind}], notes,
-price_per_gpu_hour, price_source}`.
+price_per_gpu_hour, price_source}`. Read back typed: `core.record_plan.PlanSchedule` and its
+pieces (`PlanProjection`, `ProjectionFit`, ...).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _HOMES = {
     "repeat_spread": "review",
     "repeat_verdict": "review",
     "review_plan": "review",
+    "plan_review": "review",
     "draw_gantt": "chart",
     "plans_in_order": "stored",
     "plans_dir": "stored",

@@ -15,7 +15,9 @@ what, planned_s, actual_s, error_pct, planned_at_run_speed_s, error_at_run_speed
 below_resolution, margin_pct, within_margin, far_off (|error| over `FAR_OFF_PCT` = 50 %, either
 way; `far_off_remark(row)` says it), repeats_s, repeat_spread_pct, within_repeat_spread}`:
 `repeats_s` holds the durations of a unit that ran more than once (the evaluations of one
-split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`).
+split), `repeat_spread_pct` their `(max - min) / mean` (`repeat_spread`). `plan_review(study,
+plan=None)` is the same review as its kind (`core.record_plan.PlanReview`), read at the plan
+record's path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `run(study, ..., gpu=ID, gpus=N, strategy=, utilization=) -> (record, path, png)` (the
 record's `projection` is absent for a plan of measured figures); `compare_gpus(study, days=,
-gpus=, strategy=, utilization=)` (`tunelab plan --compare-gpus`) records nothing.
+gpus=, strategy=, utilization=) -> core.record_plan.GpuComparison` (`tunelab plan
+--compare-gpus`) records nothing.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def cheapest_rental(rows: list[RentalOption], num_variants: int, days: int) -> d
         return {"gpu": None, "why": f"no catalog GPU runs {num_variants} variants within 30 days"}
     cost, busy, gpu, shortest, row = min(options, key=lambda o: o[:4])
     # a layout's GPUs and strategy, where it names them
-    layout = {k: getattr(row, k) for k in ("gpus", "strategy") if k in row.raw}
+    layout = {k: v for k, v in (("gpus", row.gpus), ("strategy", row.strategy)) if v is not None}
     return {"gpu": gpu, "days": shortest, "rental_cost": cost, "busy_hours": busy, **layout}
 
 
@@ -290,7 +291,8 @@ def compare_gpus(
 ) -> GpuComparison:
     """Every catalog GPU for the study, the cheapest that fits first. Each GPU is tried on
     `gpus` GPUs a node (default 1, 2, 4 and 8) under `strategy` (default: DDP and FSDP, the
-    cheaper that fits). `{answer, days, rows, layouts, inputs, notes, sources, currency}`: `rows`
+    cheaper that fits), as a `GpuComparison` whose `raw` is `{answer, days, rows, layouts,
+    inputs, notes, sources, currency}` (what `--json` prints): `rows`
     holds each GPU's best layout (its cheapest rental, else its largest layout, with why it does
     not fit), `layouts` every layout tried: `{gpu, name, gpus, strategy, fits, why_not,
     micro_batch, grad_accum, checkpointing, peak_bytes, memory_bytes, load, experts, step_s,

@@ -28,13 +28,6 @@ def _score_diff(recorded: Any, fresh: Any) -> float:
     return max(diffs, default=0.0)
 
 
-def _rows(rows: Sequence[Mapping[str, Any] | Prediction], what: str) -> list[Prediction]:
-    return [
-        r if isinstance(r, Prediction) else Prediction.of(what, r, f"[{i}]")
-        for i, r in enumerate(rows)
-    ]
-
-
 def compare_predictions(
     recorded: Sequence[Mapping[str, Any] | Prediction],
     fresh: Sequence[Mapping[str, Any] | Prediction],
@@ -47,12 +40,12 @@ def compare_predictions(
     Returns {n, matched, mismatched, missing, max_score_diff, atol, mismatches: [first few
     {id, field, recorded, fresh}], ok}.
     """
-    fresh_by_id = {r.id: r for r in _rows(fresh, "the fresh predictions")}
+    fresh_by_id = {r.id: r for r in Prediction.rows(fresh, "the fresh predictions")}
     mismatches: list[dict[str, Any]] = []
     missing = []
     max_diff = 0.0
     bad_ids: set[Any] = set()
-    for rec in _rows(recorded, "the recorded predictions"):
+    for rec in Prediction.rows(recorded, "the recorded predictions"):
         new = fresh_by_id.get(rec.id)
         if new is None:
             missing.append(rec.id)
