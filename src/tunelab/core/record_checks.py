@@ -13,6 +13,7 @@ piece raises the located `StudyError` (core/record_base) instead of a KeyError.
 | `RunCompute`     | runs/<run>/compute.json                | stages.train                    |
 | `FreshSpec`      | the fresh process's spec               | stages.verify.fresh             |
 | `FreshOutcome`   | what the fresh process returns         | stages.verify.fresh             |
+| `SentState`      | a run in a tracker's sync state file   | track.wandb_mirror, trackio_mirror |
 | `TrackerSync`    | `tunelab track`'s summary of one tracker | track.*_mirror                |
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "FreshSpec",
     "PrecisionChoice",
     "RunCompute",
+    "SentState",
     "SyncCounts",
     "SyncRow",
     "TrackerSync",
@@ -147,6 +149,15 @@ class FreshOutcome(Record):
     pid: int | None = None
     env: dict[str, Any] | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+@dataclass(frozen=True)
+class SentState(Record):
+    """What a tracker sync sent of one run (its entry in the sync state file): the mirror's
+    fingerprint and the last step sent (None: none yet)."""
+
+    sha256: str | None = None
+    step: int | None = None
 
 
 @dataclass(frozen=True)

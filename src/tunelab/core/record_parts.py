@@ -108,6 +108,7 @@ class GuardrailVerdict(Record):
     baseline: float | None = None
     bound: float | None = None
     margin: float | None = None  # the rule's value: the bound, or its distance from the baseline
+    relative_to: str | None = None  # "baseline", or None for an absolute bound
     test: str | None = None  # point | interval
     passed: bool = False
     note: str | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tunelab.core.record_base import (
@@ -45,6 +46,7 @@ __all__ = [
     "PowerEstimate",
     "Prediction",
     "Reproduced",
+    "RunDistributed",
     "RunEnv",
     "SizingRow",
     "TrainStep",
@@ -57,6 +59,21 @@ class Gpu(Record):
 
     name: str | None = None
     memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RunDistributed(Record):
+    """env.json's `distributed`: what torch.distributed offers here, and for a run started
+    under a strategy (stages.train.parallel) its name, world size, backend and ranks."""
+
+    available: bool | None = None
+    gloo: bool | None = None
+    nccl: bool | None = None
+    strategy: str | None = None  # None: a single process
+    world_size: int | None = None
+    backend: str | None = None
+    backend_version: dict[str, Any] | None = None  # {library, version}
+    ranks: list[dict[str, Any]] | None = None  # {rank, local_rank, device, host, pid}
 
 
 @dataclass(frozen=True)
@@ -82,13 +99,20 @@ class RunEnv(Record):
     implementation: str | None = None  # CPython, PyPy, ...
     rccl: str | None = None
     extensions: dict[str, str | None] | None = None  # optional kernels installed: version
-    distributed: dict[str, Any] | None = None  # {available, gloo, nccl}; a run's strategy
+    distributed: dict[str, Any] | None = None  # see `parallel`
 
     @property
     def computed_on(self) -> str | None:
         """Where it computed (a record without `compute_device` computed where its backend
         was)."""
         return self.raw.get("compute_device", self.backend)
+
+    @property
+    def parallel(self) -> RunDistributed:
+        """torch.distributed here, and the strategy a run was started with."""
+        return self.part(RunDistributed, "distributed") or RunDistributed(
+            self.path, {}, where="distributed"
+        )
 
     def package(self, name: str) -> str | None:
         """The version of package `name` it ran (None: not installed or not recorded)."""
@@ -127,7 +151,7 @@ class RunEnv(Record):
         return f"{cpu.get('name')} ({cpu.get('logical_cores')} cores)"
 
     def check_parts(self) -> None:
-        _ = self.devices
+        _ = self.devices, self.parallel
 
 
 @dataclass(frozen=True)
@@ -148,6 +172,11 @@ class ModelIdentity(Record):
     def hub(self) -> dict[str, Any]:
         """The hub commit the base is pinned to ({} for a local base)."""
         return (self.source or {}).get("hub") or {}
+
+    @property
+    def hub_pin(self) -> Pin:
+        """The hub repository and commit the base is pinned to (empty for a local base)."""
+        return Pin.of(self.path, self.hub, self._at("source.hub"))
 
 
 @dataclass(frozen=True)
@@ -551,9 +580,12 @@ class Prediction(Record):
     scores = as_written("scores")  # a classifier's {label: probability}
 
     @classmethod
-    def rows(cls, rows: Sequence[Mapping[str, Any] | Prediction], what: str) -> list[Prediction]:
-        """Prediction rows typed (`what` names them in an error; typed rows are kept)."""
+    def rows(
+        cls, rows: Sequence[Mapping[str, Any] | Prediction], source: Path | str
+    ) -> list[Prediction]:
+        """The lines of a predictions file (`source`, named in an error with the line), typed;
+        rows already typed are kept."""
         return [
-            r if isinstance(r, Prediction) else cls.of(what, r, f"[{i}]")
+            r if isinstance(r, Prediction) else cls.of(source, r, f"line {i + 1}")
             for i, r in enumerate(rows)
         ]

@@ -211,8 +211,8 @@ def run_tags(record: RunConfig, row: Any, env: RunEnv | None) -> dict[str, str]:
         "tunelab.evaluates": record.evaluates,
         "tunelab.base.name": base.name,
         "tunelab.base.revision": base.revision,
-        "tunelab.base.repo_id": base.hub.get("repo_id"),  # a base pinned to a hub commit
-        "tunelab.base.commit": base.hub.get("commit"),
+        "tunelab.base.repo_id": base.hub_pin.repo_id,  # a base pinned to a hub commit
+        "tunelab.base.commit": base.hub_pin.commit,
         "tunelab.base.sha256": base.sha256,
         "tunelab.base.architecture": base.architecture,
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.progress import Progress
+from tunelab.core.record_checks import SentState
 from tunelab.track.flatten import STUDY_RUN_ID, RunMirror, action_counts, collect_study, run_result
 from tunelab.track.optional import TrackingError, import_optional
 
@@ -88,9 +89,10 @@ class SyncState:
 def unchanged(mirror: RunMirror, held: dict[str, Any] | None) -> tuple[str, int, bool]:
     """(the mirror's fingerprint, the last step sent before, whether nothing changed since)."""
     fingerprint = mirror.fingerprint()
-    if held is not None and held.get("sha256") == fingerprint:
-        return fingerprint, held.get("step", -1), True
-    return fingerprint, held.get("step", -1) if held else -1, False
+    if held is None:
+        return fingerprint, -1, False
+    state = SentState.of(STATE_FILE, held, mirror.run_id)
+    return fingerprint, -1 if state.step is None else state.step, state.sha256 == fingerprint
 
 
 def sent(

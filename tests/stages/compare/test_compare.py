@@ -431,3 +431,30 @@ def test_compare_rescores_extraction_records_of_an_earlier_scorer(make_study):
     assert row["metrics"]["json_valid_rate"]["delta"] == 0.0
     assert row["metrics"]["field_micro_f1"]["delta"] == 0.0
     assert any("judged again" in n for n in row["notes"])
+
+
+def test_a_damaged_evaluation_or_prediction_line_stops_compare_naming_it(tmp_path, capsys):
+    """A variant's metrics record with a field of the wrong type, or a prediction line without
+    its id, stops `tunelab compare` with exit 2 naming the file, the line and the field (not a
+    TypeError or KeyError), and no comparison is written."""
+    import json
+
+    from helpers import run_cli
+
+    study = _study(tmp_path)
+    _, _, messy, _, other, _ = _populate(study)
+    metrics = other.dir / "metrics-validation.json"
+    record = json.loads(metrics.read_text())
+    metrics.write_text(json.dumps({**record, "spec_sha256": 7}))
+    code, out, err = run_cli(capsys, "compare", "-s", study.root)
+    assert code == 2, (out, err)
+    assert "metrics-validation.json" in err and "'spec_sha256' is 7, not a string" in err
+    metrics.write_text(json.dumps(record))
+    predictions = messy.dir / "predictions-validation.jsonl"
+    lines = predictions.read_text().splitlines()
+    lines[2] = json.dumps({k: v for k, v in json.loads(lines[2]).items() if k != "id"})
+    predictions.write_text("\n".join(lines) + "\n")
+    code, out, err = run_cli(capsys, "compare", "-s", study.root)
+    assert code == 2, (out, err)
+    assert "predictions-validation.jsonl: line 3: field 'id' is missing" in err
+    assert not (study.records / "compare").exists()

@@ -229,3 +229,30 @@ def test_verify_refuses_a_drifted_study(lora_study, capsys):
     code, out, err = run_cli(capsys, "verify", run_id, "-s", work)
     assert code == 2 and "evaluation.batch_size" in err
     assert tree_hashes(work / "records" / "runs") == before  # nothing recorded
+
+
+def test_a_damaged_record_stops_verify_naming_it(lora_study, capsys):
+    """A run's compute.json without the precision it used, or an evaluation whose `merge` is
+    not an object, stops verify with exit 2 naming the file and the field; nothing is
+    recorded."""
+    root, run_id = lora_study
+    work = root.parent / "damaged"
+    shutil.copytree(root, work)
+    run_dir = work / "records" / "runs" / run_id
+    before = tree_hashes(work / "records" / "runs")
+    compute = run_dir / "compute.json"
+    written = compute.read_bytes()
+    record = json.loads(written)
+    compute.write_text(json.dumps({**record, "precision": {"requested": "auto"}}))
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work)
+    assert code == 2, (out, err)
+    assert "compute.json: precision: field 'used' is missing" in err
+    compute.write_bytes(written)
+    (metrics,) = (work / "records" / "runs").glob("eval-*/metrics-validation.json")
+    written = metrics.read_bytes()
+    metrics.write_text(json.dumps({**json.loads(written), "merge": "yes"}))
+    code, out, err = run_cli(capsys, "verify", run_id, "-s", work)
+    assert code == 2, (out, err)
+    assert "metrics-validation.json: field 'merge' is 'yes', not an object" in err
+    metrics.write_bytes(written)
+    assert tree_hashes(work / "records" / "runs") == before  # nothing recorded

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunelab.core.run_parts import Prediction
+from tunelab.core.run_parts import Prediction, TrainingSettings
 from tunelab.stages.hypothesis.stage import diff_dicts
 
 # ---------------------------------------------------------------- flips
@@ -108,6 +108,12 @@ def group_of(path: str) -> str:
     return "other"
 
 
+def _effective_batch(config: Mapping[str, Any], whose: str) -> int:
+    """Micro-batch size times accumulation steps of a saved config (1 for each it lacks)."""
+    settings = TrainingSettings.of(f"{whose} config", config.get("training") or {}, "training")
+    return (settings.micro_batch_size or 1) * (settings.grad_accum_steps or 1)
+
+
 def config_diff(
     parent: Mapping[str, Any],
     child: Mapping[str, Any],
@@ -127,10 +133,7 @@ def config_diff(
     changes = diff_dicts(dict(parent), dict(child))
     if parent_snapshot != child_snapshot:
         changes.append({"path": "data_snapshot", "old": parent_snapshot, "new": child_snapshot})
-    tp, tc = parent.get("training", {}) or {}, child.get("training", {}) or {}
-    same_batch = tp.get("micro_batch_size", 1) * tp.get("grad_accum_steps", 1) == tc.get(
-        "micro_batch_size", 1
-    ) * tc.get("grad_accum_steps", 1)
+    same_batch = _effective_batch(parent, "the parent's") == _effective_batch(child, "the run's")
     for change in changes:
         group = group_of(change["path"])
         if same_batch and change["path"] in (

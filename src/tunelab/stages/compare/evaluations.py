@@ -13,7 +13,7 @@ import numpy as np
 
 from tunelab.core.config_sections import CLASSIFYING_KINDS
 from tunelab.core.record_checks import ExampleVerdicts
-from tunelab.core.record_parts import Delta, GuardrailVerdict, Primary
+from tunelab.core.record_parts import Delta, Primary
 from tunelab.core.run_parts import Prediction
 from tunelab.lib.statistics import (
     Stat,
@@ -26,6 +26,7 @@ from tunelab.lib.statistics import (
 )
 from tunelab.stages.compare.diffs import flips, flips_by_category
 from tunelab.stages.compare.guardrails import (
+    as_verdicts,
     check_guardrails,
     inner_metrics,
     judge_guardrails,
@@ -186,10 +187,8 @@ def compare_evaluations(
         confidence=tests.confidence,
         multiplicity=tests.multiplicity,
     )
-    guards = overall_verdict(verdicts)
-    judged = [
-        GuardrailVerdict.of("the comparison", v, f"guardrails[{i}]") for i, v in enumerate(verdicts)
-    ]
+    judged = as_verdicts(verdicts)
+    guards = overall_verdict(judged)
     decision, reasons = run_decision(
         Primary.of("the comparison", primary, "primary"), judged, guards
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tunelab.core.config_sections import GuardrailRule
+from tunelab.core.record_parts import GuardrailVerdict
 from tunelab.lib.statistics import Estimate, examples_to_settle, step_down
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -158,20 +159,21 @@ def judge_guardrails(
     side), `adjusted_level` (of the fail side) and `settle_n` (the split size that would likely
     settle an inconclusive item; None when it cannot be said)."""
     alpha = (1 - confidence) / 2
-    out = [{**it, "point_pass": it["pass"]} for it in items]
+    rules = as_verdicts(items)
+    out = [{**it, "point_pass": rule.passed} for it, rule in zip(items, rules, strict=True)]
     family: list[tuple[int, Estimate]] = []
-    for i, it in enumerate(out):
-        if it["test"] == "point" or it["note"] is not None:
-            it["verdict"] = "pass" if it["pass"] else "fail"
+    for i, (it, rule) in enumerate(zip(out, rules, strict=True)):
+        if rule.test == "point" or rule.note is not None:
+            it["verdict"] = "pass" if rule.passed else "fail"
             continue
-        est = estimate_of(it["metric"], it["scope"], it["item"], bool(it["relative_to"]))
+        est = estimate_of(str(rule.metric), str(rule.scope), rule.item, bool(rule.relative_to))
         if est is None:
             it.update(verdict="inconclusive", note=_NO_INTERVAL.format(**it))
             it["pass"] = False
             continue
         family.append((i, est))
-    higher = [out[i]["op"] in (">=", ">") for i, _ in family]
-    margins = [float(out[i]["margin"]) for i, _ in family]
+    higher = [rules[i].op in (">=", ">") for i, _ in family]
+    margins = [float(rules[i].margin or 0.0) for i, _ in family]
     p_fail = [
         est.p_below(m) if up else est.p_above(m)
         for (_, est), m, up in zip(family, margins, higher, strict=True)
@@ -223,13 +225,23 @@ def _judge_item(
     it["pass"] = verdict == "pass"
 
 
-def overall_verdict(verdicts: Sequence[Mapping[str, Any]]) -> str:
+def as_verdicts(items: Sequence[Mapping[str, Any] | GuardrailVerdict]) -> list[GuardrailVerdict]:
+    """Guardrail items as `check_guardrails` or `judge_guardrails` made them, typed."""
+    return [
+        it
+        if isinstance(it, GuardrailVerdict)
+        else GuardrailVerdict.of("the comparison", it, f"guardrails[{i}]")
+        for i, it in enumerate(items)
+    ]
+
+
+def overall_verdict(verdicts: Sequence[Mapping[str, Any] | GuardrailVerdict]) -> str:
     """fail when any item fails, pass when every item passes, else inconclusive."""
-    found = {v.get("verdict") or ("pass" if v.get("pass") else "fail") for v in verdicts}
+    found = {v.outcome for v in as_verdicts(verdicts)}
     if "fail" in found:
         return "fail"
     return "inconclusive" if "inconclusive" in found else "pass"
 
 
-def all_pass(verdicts: Sequence[Mapping[str, Any]]) -> bool:
-    return all(v["pass"] for v in verdicts)
+def all_pass(verdicts: Sequence[Mapping[str, Any] | GuardrailVerdict]) -> bool:
+    return all(v.passed for v in as_verdicts(verdicts))

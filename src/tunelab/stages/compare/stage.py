@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.record_checks import FoundEvaluation, locked_hypothesis
 from tunelab.core.record_parts import CompareEntry, ConfigDiff, Delta
 from tunelab.core.record_types import Compare, Evaluation, Hypothesis
+from tunelab.core.run_parts import Prediction
 from tunelab.lib.tasks.schema_scoring import SCORING_VERSION
 from tunelab.stages.compare.diffs import config_diff
 from tunelab.stages.compare.evaluations import compare_evaluations
@@ -56,7 +57,7 @@ class _Baseline:
     row: Any
     evaluation: FoundEvaluation
     record: Evaluation  # as scored for this comparison
-    predictions: list[dict[str, Any]]
+    predictions: list[Prediction]
     config: RunConfig | None
     kind: str
     labels: list[str]
@@ -86,16 +87,17 @@ def _locked_task(hyp: Hypothesis, record: Evaluation, study: Any) -> Any:
 
 def _scored(
     study: Any, hyp: Hypothesis, evaluation: FoundEvaluation
-) -> tuple[Evaluation, list[dict[str, Any]], str | None]:
+) -> tuple[Evaluation, list[Prediction], str | None]:
     """An evaluation's record and prediction rows; extraction rows scored by an earlier
     scorer are judged again from their raw outputs, with a note saying so."""
     from tunelab.stages.evaluate.predict import rescore_predictions
     from tunelab.stages.evaluate.stage import compute_metrics, load_predictions
 
     record, rows = evaluation.record, load_predictions(evaluation.found)
+    source = evaluation.predictions_path
     scoring = record.scoring
     if record.task_kind != "extraction" or scoring == SCORING_VERSION:
-        return record, rows, None
+        return record, Prediction.rows(rows, source), None
     task = _locked_task(hyp, record, study)
     rows = rescore_predictions(task, rows)
     record = Evaluation.of(record.path, {**record.raw, "metrics": compute_metrics(task, rows)})
@@ -104,7 +106,7 @@ def _scored(
         f"{scoring or 'an earlier scorer'}: its {len(rows)} recorded outputs were judged again "
         f"by {SCORING_VERSION}"
     )
-    return record, rows, note
+    return record, Prediction.rows(rows, source), note
 
 
 def _find_baseline(study: Any, hyp: Hypothesis, baseline: str | None, split: str):

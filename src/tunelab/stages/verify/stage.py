@@ -162,14 +162,14 @@ def _reproduce(
     that cannot evaluate at all (hypothesis drifted, snapshot gone) raises.
     """
     eval_record = evaluation.record
-    where = evaluation.predictions_path
+    rows = Prediction.rows(recorded, evaluation.predictions_path)
     try:
         raw = fresh_evaluate(
             study,
             model_run,
             snapshot=snapshot,
             split=eval_record.split,
-            ids=[Prediction.of(where, r, f"line {i + 1}").id for i, r in enumerate(recorded)],
+            ids=[r.id for r in rows],
             labels=eval_record.labels,
             num_threads=eval_record.torch_threads,
             merge=recorded_copy(eval_record),
@@ -177,7 +177,7 @@ def _reproduce(
     except (CheckpointError, ModelError) as exc:
         return _Outcome(False, f"the checkpoint could not be reloaded: {exc.message}")
     fresh = FreshOutcome.of(record_path, raw, "the fresh process")
-    raw_cmp = compare_predictions(recorded, fresh.predictions, atol=atol)
+    raw_cmp = compare_predictions(rows, fresh.predictions, atol=atol)
     cmp = Reproduced.of(record_path, raw_cmp, "predictions")
     if cmp.ok:
         reason = (
