@@ -144,8 +144,8 @@ def starting_point(study: Study, run_id: str, prep: Prepared, platform_why: str 
     latest = ckpt.latest_checkpoint(root)
     if latest is not None:
         state = ckpt.read_checkpoint_state(latest)
-        require_resume_state(latest, state)
-        if (state["config_sha256"], state["data_snapshot"]) != (
+        require_resume_state(latest, state.raw)
+        if (state.config_sha256, state.data_snapshot) != (
             record.config_sha256,
             record.data_snapshot,
         ):

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tunelab.core.record_train import CheckpointState
+
 if TYPE_CHECKING:  # torch stays unimported for the commands that only read checkpoints
     import torch
 
@@ -51,7 +53,7 @@ class ShardWriter(Protocol):
         shards: str | None = None,
     ) -> None: ...
 
-    def shards_of(self, folder: Path, state: dict[str, Any]) -> str | None:
+    def shards_of(self, folder: Path, state: CheckpointState) -> str | None:
         """Rank 0: where checkpoint `folder` keeps its shards (None: gathered in it)."""
         ...
 
