@@ -166,6 +166,7 @@ class RunStatus(Record):
     train_seconds: float | None = None
     tokens_per_s: float | None = None
     final_checkpoint: str | None = None
+    update_check: dict[str, Any] | None = None  # core.record_smoke.UpdateCheck
 
     def summary(self) -> dict[str, Any]:
         """What the status adds to the common fields, as written (the `--json` summary)."""
@@ -341,6 +342,11 @@ class Sizing(Record):
     # `tunelab eval`'s worst batch: {settings {kind, batch_size, tokens, max_new_tokens},
     # status, predicted, measured, error_pct}
     evaluation_peak: dict[str, Any] | None = None
+    max_error_pct: float | None = None
+    rule_x4_max_error_pct: float | None = None
+    allocator: str | None = None
+    projection: list[Any] | None = None  # [{ranks, micro_batch, grad_accum, ddp, fsdp}]
+    load: list[Any] | None = None  # the load before the first step, each layout (sizing.load)
 
     @property
     def rows(self) -> list[SizingRow]:

@@ -519,6 +519,8 @@ class TrainStep(Record):
     val_loss: float | None = None
     lr: float | None = None
     elapsed_s: float | None = None  # since the run's start
+    tokens: float | None = None  # the step's input tokens
+    memory_bytes: int | None = None  # the device's peak so far
     seconds: float | None = None  # the step's own
 
 
