@@ -71,6 +71,8 @@ def resume_run(
     strategy = strategy or SingleProcess()
     found = from_main(strategy, lambda: resumable(study, run_id))
     resumed = Study.open(study.root, found.overrides)
+    # a node other than 0 joined with its copy's precision; the run's own comes from node 0
+    strategy.use_precision(resumed.config.training.precision)
     prep = prepare_run(resumed, found.data_snapshot)
     require_same_copies(strategy, copy_fingerprint(prep))
     start = from_main(strategy, lambda: starting_point(resumed, found.run_id, prep, platform_why))

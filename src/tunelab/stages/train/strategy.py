@@ -87,6 +87,10 @@ class Strategy(Protocol):
 
     def barrier(self) -> None: ...
 
+    def use_precision(self, precision: str) -> None:
+        """Compute in `precision` from now on (a resume takes the run's own, before wrapping)."""
+        ...
+
     def describe(self) -> dict[str, Any] | None:
         """The `distributed` entry of env.json (None for a single process); a collective."""
         ...
@@ -128,6 +132,9 @@ class SingleProcess:
 
     def barrier(self) -> None:
         pass
+
+    def use_precision(self, precision: str) -> None:
+        pass  # one process reads training.precision where it computes
 
     def describe(self) -> dict[str, Any] | None:
         return None
