@@ -119,7 +119,7 @@ def assert_no_half_checkpoint(ckpt_root: Path) -> list[str]:
             continue
         assert ckpt._STEP_RE.match(p.name), f"unexpected entry {p}"
         state = ckpt.read_checkpoint_state(p, verify=True)  # raises on a missing/changed file
-        assert state["step"] == int(p.name.split("-")[1])
+        assert state.step == int(p.name.split("-")[1])
     return leftovers
 
 

@@ -20,6 +20,8 @@ from tunelab.cli.common import (
     open_study,
     table,
 )
+from tunelab.core.record_export import ProcessorGap
+from tunelab.core.record_export_check import ExportCheck
 from tunelab.core.record_types import ExportManifest
 
 
@@ -79,11 +81,11 @@ def export(
     console.print(f"next: `tunelab check-export {path} --base {base_arg}`", soft_wrap=True)
 
 
-def _processor_text(p: dict) -> str:
+def _processor_text(p: ProcessorGap) -> str:
     """The exported image processor against the study's transforms, in a cell."""
-    if p["matches"]:
-        return f"gives the training transforms' pixel values (max diff {p['max_abs_diff']:.1e})"
-    why = p["error"] or f"max diff {p['max_abs_diff']:.2e}"
+    if p.matches:
+        return f"gives the training transforms' pixel values (max diff {p.max_abs_diff:.1e})"
+    why = p.error or f"max diff {p.max_abs_diff:.2e}"
     return f"[yellow]not the training transforms[/] ({escape(why)}): see the card"
 
 
@@ -92,14 +94,14 @@ def _as_json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _base_text(result: dict[str, Any]) -> str:
+def _base_text(result: ExportCheck) -> str:
     """Which base was checked: what --base named, against the manifest's base and commit."""
-    base, hub = result["base"], result["base"].get("hub")
-    recorded = result["base_name"] + (f" at {hub['commit'][:12]}" if hub else "")
-    given = base.get("given") or base["path"]
-    text = f"{base['files_checked']} files of {recorded} match --base {given}"
+    base, hub = result.base, result.base.hub
+    recorded = result.base_name + (f" at {hub.commit[:12]}" if hub else "")
+    given = base.given or base.folder
+    text = f"{base.files_checked} files of {recorded} match --base {given}"
     repo = given.partition("@")[0]
-    if hub and "/" in repo and repo != hub["repo_id"] and not Path(given).exists():
+    if hub and "/" in repo and repo != hub.repo_id and not Path(given).exists():
         text += " (the same files under another repo id)"
     return text
 
@@ -124,33 +126,33 @@ def check_export_cmd(
     from tunelab.stages.export import ExampleMismatch, check_export
 
     result = check_export(directory, base)
-    ex = result["example"]
+    checked = ExportCheck.of(directory, result)
+    ex = checked.example
     if json_out:
         emit_json(result)
     else:
         rows = [
-            ["export", result["export"]],
-            ["files", f"{result['files']['files_checked']} match the manifest (and its sha256)"],
-            ["base", _base_text(result)],
-            ["loaded", f"{result['artifact']['kind']} in {fmt(result['load_s'], 2)} s"],
+            ["export", checked.export],
+            ["files", f"{checked.files.files_checked} match the manifest (and its sha256)"],
+            ["base", _base_text(checked)],
+            ["loaded", f"{checked.artifact.kind} in {fmt(checked.load_s, 2)} s"],
         ]
         if ex:
             rows += [
-                ["example", f"{ex['id']} (gold {_as_json(ex['gold'])})"],
-                ["output", repr(ex["raw_output"])],
+                ["example", f"{ex.id} (gold {_as_json(ex.gold)})"],
+                ["output", repr(ex.raw_output)],
                 [
                     "recorded",
-                    ("same" if ex["matches_recorded"] else f"[red]differs: {ex['recorded']!r}[/]")
-                    + f" (max score diff {fmt(ex['scores_max_diff'], 6)})",
+                    ("same" if ex.matches_recorded else f"[red]differs: {ex.recorded!r}[/]")
+                    + f" (max score diff {fmt(ex.scores_max_diff, 6)})",
                 ],
             ]
-        if result.get("processor"):
-            rows.append(["processor", _processor_text(result["processor"])])
+        if checked.processor is not None and checked.processor.raw:
+            rows.append(["processor", _processor_text(checked.processor)])
         console.print(table("check-export", ["", ""], rows, show_header=False))
-    if ex and not ex["matches_recorded"]:
+    if ex and not ex.matches_recorded:
         raise ExampleMismatch(
-            f"the exported model gave {ex['output']!r} on example {ex['id']}, "
-            f"recorded {ex['recorded']!r}",
+            f"the exported model gave {ex.output!r} on example {ex.id}, recorded {ex.recorded!r}",
             hint="on another platform small differences are possible; on the same one the "
             "export does not reproduce its run",
         )

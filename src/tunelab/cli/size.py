@@ -15,8 +15,10 @@ from tunelab.core.errors import ConfigError
 from tunelab.core.record_sizing import (
     SizingPeak,
     SizingRecommendation,
+    configurations_of,
     lengths_of,
     peak_of,
+    projection_of,
     recommendation_of,
 )
 from tunelab.core.record_types import Sizing
@@ -38,15 +40,15 @@ def _pct(x: Any) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def _images(record: dict[str, Any]) -> bool:
+def _images(sizing: Sizing) -> bool:
     """An image model's steps count images: its throughput is images a second."""
-    return (record.get("model") or {}).get("architecture") == "image"
+    return sizing.architecture == "image"
 
 
-def _length_words(record: dict[str, Any]) -> tuple[str, str, str]:
+def _length_words(sizing: Sizing) -> tuple[str, str, str]:
     """(the unit of a measured length, its suffix in a shape, what the shape's length is):
     tokens, a ViT's patch tokens, or a conv net's image side in pixels."""
-    unit = record["lengths"].get("length_unit")
+    unit = lengths_of(sizing).length_unit
     if unit == "image side":
         return "px a side", "px", "image side in pixels"
     if unit == "patch tokens":
@@ -146,49 +148,49 @@ def _compact(title: str, columns: list[str], rows: list[list[Any]], words: int =
     return t
 
 
-def _configurations(record: dict[str, Any], cuda: bool) -> None:
+def _configurations(sizing: Sizing, cuda: bool) -> None:
     rows, parts = [], []
-    _, suffix, length = _length_words(record)
-    for r in record["configurations"]:
-        o, p, m = r["options"], r["predicted"], r["measured"] or {}
-        if r["status"] == "ok" and (m.get("compared") or 0) <= 0:
+    _, suffix, length = _length_words(sizing)
+    for r in configurations_of(sizing):
+        o, p, m = r.options, r.prediction, r.measurement
+        if r.status == "ok" and (m.compared or 0) <= 0:
             measured = "noise"  # the RSS did not grow: nothing to compare the prediction with
-        elif r["status"] == "ok":
-            measured = _mib(m.get("compared"))
+        elif r.status == "ok":
+            measured = _mib(m.compared)
         else:
-            measured = "[red]does not fit[/]" if r["status"] == "does_not_fit" else r["status"]
-        shape = f"{o['seq_len']}{suffix} {o['micro_batch']}x{o['grad_accum']} {o['precision']}"
+            measured = "[red]does not fit[/]" if r.status == "does_not_fit" else r.status
+        shape = f"{o.seq_len}{suffix} {o.micro_batch}x{o.grad_accum} {o.precision}"
         rows.append(
             [
-                r["label"],
-                shape + (" ckpt" if o["checkpointing"] else ""),
-                _mib(p["compared"]),
+                r.label,
+                shape + (" ckpt" if o.checkpointing else ""),
+                _mib(p.compared),
                 measured,
-                "-" if measured == "noise" else _pct(r.get("error_pct")),
-                "-" if measured == "noise" else _pct(r["rule_x4"]["error_pct"]),
-                "-" if not m.get("projected_step_s") else f"{m['projected_step_s']:.2f}",
-                "-" if not m.get("tokens_per_s") else f"{m['tokens_per_s']:,.0f}",
+                "-" if measured == "noise" else _pct(r.error_pct),
+                "-" if measured == "noise" else _pct(r.rule.error_pct),
+                "-" if not m.projected_step_s else f"{m.projected_step_s:.2f}",
+                "-" if not m.tokens_per_s else f"{m.tokens_per_s:,.0f}",
             ]
         )
         parts.append(
             [
-                r["label"],
-                _mib(p["weights"]),
-                _mib(p["gradients"]),
-                _mib(p["optimizer_states"]),
-                _mib(p["activations"]),
-                _mib(p["logits_loss"]),
-                _mib(p["backward_temporaries"]),
-                p["peak_phase"].replace("_", " "),
+                r.label,
+                _mib(p.weights),
+                _mib(p.gradients),
+                _mib(p.optimizer_states),
+                _mib(p.activations),
+                _mib(p.logits_loss),
+                _mib(p.backward_temporaries),
+                (p.peak_phase or "").replace("_", " "),
             ]
         )
-    rows += _peak_rows(record, suffix)
+    rows += _peak_rows(sizing, suffix)
     what = "peak allocated" if cuda else "what a step adds to the idle process's RSS"
     console.print(
         _compact(
             f"predicted vs measured: {what} (MiB)",
             ["config", "shape", "predicted", "measured", "error"]
-            + ["x4 rule", "step s", "img/s" if _images(record) else "tok/s"],
+            + ["x4 rule", "step s", "img/s" if _images(sizing) else "tok/s"],
             rows,
             words=2,
         )
@@ -208,7 +210,7 @@ def _configurations(record: dict[str, Any], cuda: bool) -> None:
         f"shape: {length}, micro-batch x accumulation, precision; {compared}; x4 rule: the "
         "error of weights x 4."
     )
-    _peak_legend(record)
+    _peak_legend(sizing)
     console.print(
         _compact(
             "analytic breakdown (MiB)",
@@ -223,16 +225,15 @@ def _as_sizing(record: dict[str, Any]) -> Sizing:
     return Sizing.of(Path("records/sizing") / f"{record.get('id')}.json", record)
 
 
-def _peak_legend(record: dict[str, Any]) -> None:
+def _peak_legend(sizing: Sizing) -> None:
     """What the worst and eval rows of the table are."""
-    sizing = _as_sizing(record)
     worst, ev = peak_of(sizing, "worst_batch_peak"), peak_of(sizing, "evaluation_peak")
     if worst or ev:
-        b = (worst.batch if worst else None) or {}
-        step = f" (step {b['step']} of {b['steps_scanned']})" if b else ""
+        b = worst.worst_batch if worst else None
+        step = f" (step {b.step} of {b.steps_scanned})" if b else ""
         batch = (
             "fwd: a forward of the classifier at its batch"
-            if _images(record)
+            if _images(sizing)
             else "rows of the longest prompt + new tokens generated, or fwd: a classifier's forward"
         )
         console.print(
@@ -241,20 +242,19 @@ def _peak_legend(record: dict[str, Any]) -> None:
         )
 
 
-def _peak_rows(record: dict[str, Any], suffix: str) -> list[list[Any]]:
+def _peak_rows(sizing: Sizing, suffix: str) -> list[list[Any]]:
     """The worst batch of the run and the evaluation's batch, beside the typical steps."""
     rows: list[tuple[str, str, SizingPeak]] = []
-    sizing = _as_sizing(record)
     worst, ev = peak_of(sizing, "worst_batch_peak"), peak_of(sizing, "evaluation_peak")
-    if worst is not None:
-        b = worst.batch or {}  # as `sizing.peaks.find_worst_batch` wrote it
-        how = f"{b['tokens']}{suffix} packed" if b["packed"] else ""
-        how = how or f"{max(b['lengths'])}{suffix} {len(b['lengths'])}x1"
+    b = worst.worst_batch if worst is not None else None
+    if worst is not None and b is not None:
+        how = f"{b.tokens}{suffix} packed" if b.packed else ""
+        how = how or f"{max(b.lengths)}{suffix} {len(b.lengths)}x1"
         rows.append(("worst", how, worst))
-    if ev is not None:
-        st = ev.settings or {}  # as `sizing.peaks.evaluation_settings` wrote them
-        shape = f"{st['tokens']}{suffix} {st['batch_size']}x"
-        shape += f" +{st['max_new_tokens']}" if st["kind"] == "generation" else " fwd"
+    st = ev.evaluation_settings if ev is not None else None
+    if ev is not None and st is not None:
+        shape = f"{st.tokens}{suffix} {st.batch_size}x"
+        shape += f" +{st.max_new_tokens}" if st.kind == "generation" else " fwd"
         rows.append(("eval", shape, ev))
     out = []
     for label, shape, peak in rows:
@@ -268,9 +268,8 @@ def _peak_rows(record: dict[str, Any], suffix: str) -> list[list[Any]]:
     return out
 
 
-def _peaks_note(record: dict[str, Any]) -> None:
+def _peaks_note(sizing: Sizing) -> None:
     """The whole-process peaks against the budget, and a peak that does not fit with its fix."""
-    sizing = _as_sizing(record)
     budget = sizing.memory_budget_bytes
     for key, name, fix in (
         ("worst_batch_peak", "the worst batch", "lower training.micro_batch_size"),
@@ -296,13 +295,13 @@ def _recommendation(rec: SizingRecommendation, cuda: bool, rate: str) -> None:
     budget = _size(rec.budget_bytes)
     if not rec.fits:
         console.print(f"[red]nothing fits[/] the budget of {budget}: {rec.reason}")
-        for other in rec.other_methods or []:
-            if other["fits"]:  # a method measured beside the study's (--methods)
+        for other in rec.others:
+            if other.fits:  # a method measured beside the study's (--methods)
                 console.print(
-                    f"  adaptation.method {other['method']} fits: micro-batch "
-                    f"{other['micro_batch']} x {other['grad_accum']}, checkpointing "
-                    f"{'on' if other['checkpointing'] else 'off'}, predicted peak "
-                    f"{_size(other['predicted_peak_bytes'])}"
+                    f"  adaptation.method {other.method} fits: micro-batch "
+                    f"{other.micro_batch} x {other.grad_accum}, checkpointing "
+                    f"{'on' if other.checkpointing else 'off'}, predicted peak "
+                    f"{_size(other.predicted_peak_bytes)}"
                 )
         return
     measured = f", {rec.tokens_per_s:,.0f} {rate} measured" if rec.tokens_per_s else ""
@@ -342,34 +341,30 @@ def print_sizing(record: dict[str, Any]) -> None:
     lengths = lengths_of(sizing)
     src = lengths.source or ""
     if lengths.p95 is not None:
-        unit = _length_words(record)[0]
+        unit = _length_words(sizing)[0]
         src += f" (p50 {lengths.p50}, p95 {lengths.p95}, max {lengths.max} {unit})"
     console.print(f"lengths from {src}; device {sizing.device}")
-    _configurations(record, cuda)
+    _configurations(sizing, cuda)
     console.print(
-        f"max error {_pct(record['max_error_pct'])} (the weights x 4 rule: "
-        f"{_pct(record['rule_x4_max_error_pct'])}); allocator: {record['allocator']}"
+        f"max error {_pct(sizing.max_error_pct)} (the weights x 4 rule: "
+        f"{_pct(sizing.rule_x4_max_error_pct)}); allocator: {sizing.allocator}"
     )
-    rate = "images/s" if _images(record) else "tokens/s"
+    rate = "images/s" if _images(sizing) else "tokens/s"
     _recommendation(recommendation_of(sizing), cuda, rate)
-    _peaks_note(record)
-    if record["projection"]:
+    _peaks_note(sizing)
+    projection = projection_of(sizing)
+    if projection:
         console.print(
             _compact(
                 "per-rank peak over N ranks, same effective batch",
                 ["ranks", "micro x accum", "DDP", "FSDP"],
                 [
-                    [
-                        p["ranks"],
-                        f"{p['micro_batch']}x{p['grad_accum']}",
-                        _size(p["ddp"]),
-                        _size(p["fsdp"]),
-                    ]
-                    for p in record["projection"]
+                    [p.ranks, f"{p.micro_batch}x{p.grad_accum}", _size(p.ddp), _size(p.fsdp)]
+                    for p in projection
                 ],
             )
         )
         console.print(
             "DDP, FSDP: the analytic peak of one rank's tensors, without the process's own memory."
         )
-    print_load(record.get("load"))
+    print_load(sizing.load)

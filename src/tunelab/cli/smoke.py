@@ -21,6 +21,7 @@ from tunelab.cli.common import (
     table,
 )
 from tunelab.cli.progress import ProgressBoard
+from tunelab.core.record_smoke import adapter_timing_of, checks_of
 from tunelab.core.record_types import Smoke
 from tunelab.core.run_parts import ParameterAudit
 
@@ -101,7 +102,7 @@ def smoke(
     else:
         if run.path("audit.json").exists():
             console.print(audit_table(ParameterAudit.read(run.path("audit.json"))))
-        rows = [[c["check"], _MARK[c["ok"]], c["detail"]] for c in smoke.checks]
+        rows = [[c.check, _MARK[c.ok], c.detail] for c in checks_of(smoke)]
         console.print(table(f"smoke {run.id}", ["check", "result", "detail"], rows))
         timing_rows = [
             ["step", f"{fmt(smoke.step_s, 3)} s (first {fmt(smoke.first_step_s, 3)} s)"],
@@ -128,11 +129,11 @@ def smoke(
 
 def _adapter_row(smoke: Smoke) -> list[list[str]]:
     """'x 1.22 per decoding step (fastest of 3 passes on and off)', when it was timed."""
-    how = smoke.adapter_timing
-    if not how or smoke.adapter_time_ratio is None:
+    how = adapter_timing_of(smoke)
+    if not how or not how.raw or smoke.adapter_time_ratio is None:
         return []
     ratio = smoke.adapter_time_ratio
-    text = f"x {ratio:.2f} per {how['unit']} (fastest of {how['pairs']} passes on and off)"
+    text = f"x {ratio:.2f} per {how.unit} (fastest of {how.pairs} passes on and off)"
     if ratio < 1.0:  # an unmerged adapter only adds work: faster with it is timing noise
         text += "; under x 1 is timing noise: read it as no measurable cost"
     return [["unmerged adapter", text]]

@@ -25,6 +25,8 @@ from tunelab.core.record_types import RunStatus
 from tunelab.core.study import Run
 
 if TYPE_CHECKING:
+    from tunelab.core.study import Study
+    from tunelab.stages.train.launch import Launch
     from tunelab.stages.train.parallel import Distributed
 
 # Distributed training (tunelab.stages.train.launch): torchrun starts the same command once per rank.
@@ -78,6 +80,26 @@ def _print(run: Run, status: RunStatus, title: str, rate: str) -> None:
     ]
     console.print(table(title, ["", ""], rows, show_header=False))
     console.print(f"next: `tunelab eval {run.id}`")
+
+
+def _resume_launch(
+    s: Study, run_id: str, elsewhere: bool, strategy: str | None, nproc: int | None,
+    nnodes: int, node_rank: int | None, rdzv: str | None,
+) -> tuple[Launch, str, str]:  # fmt: skip
+    """(the launch, the run as the ranks name it, the precision they join with) of a resume:
+    node 0 reads the run's record; another node's copy holds none, so it takes the options
+    given and the study's precision, and its ranks take the run's own from node 0."""
+    from tunelab.stages.train.launch import other_node_launch, recorded_precision, resume_launch
+
+    if elsewhere:
+        launch = other_node_launch(strategy, nproc, nnodes, node_rank, rdzv)
+        return launch, run_id, s.config.training.precision
+    stopped = s.get_run(run_id)
+    launch = resume_launch(
+        stopped.dir, strategy=strategy, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+        rdzv_endpoint=rdzv,
+    )  # fmt: skip
+    return launch, stopped.id, recorded_precision(stopped.dir)
 
 
 def _report(
@@ -194,34 +216,35 @@ def resume(
     why: Annotated[str | None, typer.Option(help="Why --other-platform (recorded).")] = None,
 ) -> None:
     """Continue an interrupted run from its latest checkpoint, to the same result (a
-    distributed run relaunches with its recorded --strategy and --nproc)."""
+    distributed run relaunches with its recorded --strategy and --nproc; on a node other than
+    0, whose copy holds no record of the run, give them)."""
     from tunelab.stages.train import resume_run
     from tunelab.stages.train.launch import (
         forward_options,
+        on_another_node,
         rank_strategy,
-        recorded_precision,
         relaunch,
-        resume_launch,
     )
 
     s = open_study(study, None)
-    stopped = s.get_run(run_id)
-    launch = resume_launch(
-        stopped.dir, strategy=strategy, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-    )  # fmt: skip
+    elsewhere = on_another_node(node_rank)
+    launch, run_ref, precision = _resume_launch(
+        s, run_id, elsewhere, strategy, nproc, nnodes, node_rank, rdzv_endpoint
+    )
     _require_why(other_platform, why)
     ranks_cmd = forward_options(study=s.root, json=json_out, other_platform=other_platform, why=why)
-    if relaunch(launch, s.root, ["resume", stopped.id, *ranks_cmd]):
+    if elsewhere:  # this node's ranks have no record to read the strategy from either
+        ranks_cmd += forward_options(strategy=launch.strategy)
+    if relaunch(launch, s.root, ["resume", run_ref, *ranks_cmd]):
         return
     with (
-        rank_strategy(launch, recorded_precision(stopped.dir)) as ranks,
+        rank_strategy(launch, precision) as ranks,
         ProgressBoard(enabled=not json_out) as board,
     ):
         progress = board.update
         run = resume_run(
             s,
-            stopped.id,
+            run_ref,
             progress=progress,
             strategy=ranks,
             platform_why=why if other_platform else None,

@@ -47,7 +47,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tunelab.core.record_base import Record, damaged, mapping_of
-from tunelab.core.record_export import ExportArtifact, ExportBase, ExportGuardrails, MergeCheck
+from tunelab.core.record_export import (
+    ExportArtifact,
+    ExportBase,
+    ExportEnvironment,
+    ExportGuardrails,
+    ExportHypothesis,
+    ExportResults,
+    ExportTask,
+    LimitationsDetail,
+    MergeCheck,
+)
 from tunelab.core.record_parts import (
     AdaptationSettings,
     CategoryMetrics,
@@ -166,6 +176,7 @@ class RunStatus(Record):
     train_seconds: float | None = None
     tokens_per_s: float | None = None
     final_checkpoint: str | None = None
+    update_check: dict[str, Any] | None = None  # core.record_smoke.UpdateCheck
 
     def summary(self) -> dict[str, Any]:
         """What the status adds to the common fields, as written (the `--json` summary)."""
@@ -198,6 +209,7 @@ class Evaluation(Record):
     warning: str | None = None
     data_snapshot: str | None = None
     hypothesis_version: int | None = None
+    template_sha256: str | None = None  # a generative evaluation's prompt template
 
     @property
     def per_category(self) -> dict[str, CategoryMetrics]:
@@ -341,6 +353,11 @@ class Sizing(Record):
     # `tunelab eval`'s worst batch: {settings {kind, batch_size, tokens, max_new_tokens},
     # status, predicted, measured, error_pct}
     evaluation_peak: dict[str, Any] | None = None
+    max_error_pct: float | None = None
+    rule_x4_max_error_pct: float | None = None
+    allocator: str | None = None
+    projection: list[Any] | None = None  # [{ranks, micro_batch, grad_accum, ddp, fsdp}]
+    load: list[Any] | None = None  # the load before the first step, each layout (sizing.load)
 
     @property
     def rows(self) -> list[SizingRow]:
@@ -451,6 +468,16 @@ class ExportManifest(Record):
     files: dict[str, Any] | None = None
     limitations: list[Any] | None = None
     hypothesis: dict[str, Any] | None = None  # the exported run's {version, sha256}
+    format: str | None = None
+    created_at: str | None = None
+    tunelab_version: str | None = None
+    study: str | None = None
+    tokenizer_dir: str | None = None
+    adaptation: dict[str, Any] | None = None  # the run's adaptation section, as the card says it
+    training: dict[str, Any] | None = None
+    data_snapshot: str | None = None
+    example: str | None = None  # example.json (None without a validation prediction)
+    manifest_sha256: str | None = None
 
     @property
     def identity(self) -> ModelIdentity:
@@ -468,9 +495,36 @@ class ExportManifest(Record):
         return self.part(ExportArtifact, "artifact")
 
     @property
-    def comparison(self) -> CompareEntry | None:
+    def comparison(self) -> ExportResults | None:
         """The exported run against the baseline (the manifest's `results`)."""
-        return self.part(CompareEntry, "results")
+        return self.part(ExportResults, "results")
+
+    @property
+    def adaptation_settings(self) -> AdaptationSettings:
+        """The `adaptation` section of the run's saved config (what its adapter must match)."""
+        section = (self.config or {}).get("adaptation") or {}
+        return AdaptationSettings.of(self.path, section, "config.adaptation")
+
+    @property
+    def task(self) -> ExportTask:
+        return self.part(ExportTask, "task") or ExportTask(self.path, {}, where="task")
+
+    @property
+    def tested(self) -> ExportHypothesis:
+        """The hypothesis the run tested (the manifest's `hypothesis`)."""
+        found = self.part(ExportHypothesis, "hypothesis")
+        return found or ExportHypothesis(self.path, {}, where="hypothesis")
+
+    @property
+    def environment(self) -> ExportEnvironment:
+        found = self.part(ExportEnvironment, "environment")
+        return found or ExportEnvironment(self.path, {}, where="environment")
+
+    @property
+    def detail(self) -> LimitationsDetail:
+        """The limitations as data (the manifest's `limitations_detail`)."""
+        found = self.part(LimitationsDetail, "limitations_detail")
+        return found or LimitationsDetail(self.path, {}, where="limitations_detail")
 
     @property
     def guardrail_check(self) -> ExportGuardrails | None:
@@ -482,9 +536,7 @@ class ExportManifest(Record):
 
     def check_parts(self) -> None:
         _ = self.identity, self.bound_base, self.contents, self.guardrail_check
-        _ = self.merge_check
-        if (entry := self.comparison) is not None:
-            entry.check_parts()
+        _ = self.merge_check, self.task, self.tested, self.environment, self.detail
 
     @property
     def hypothesis_version(self) -> int | None:

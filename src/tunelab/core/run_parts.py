@@ -140,6 +140,10 @@ class RunEnv(Record):
         return (self.tunelab_git or {}).get("commit")
 
     @property
+    def cpu_name(self) -> str | None:
+        return (self.cpu or {}).get("name")
+
+    @property
     def device_text(self) -> str | None:
         """Its GPUs' names, else its CPU's name."""
         return ", ".join(g.name or "" for g in self.devices) or (self.cpu or {}).get("name")
@@ -379,6 +383,8 @@ class AdaptationSettings(Record):
 
     method: str | None = None
     rank: int | None = None
+    alpha: float | None = None
+    target_modules: list[str] | str | None = None
     quantization: dict[str, Any] | None = None
 
     @property
@@ -519,6 +525,8 @@ class TrainStep(Record):
     val_loss: float | None = None
     lr: float | None = None
     elapsed_s: float | None = None  # since the run's start
+    tokens: float | None = None  # the step's input tokens
+    memory_bytes: int | None = None  # the device's peak so far
     seconds: float | None = None  # the step's own
 
 

@@ -125,6 +125,18 @@ def test_full_fine_tune_under_fsdp_on_several_nodes_needs_a_store(tmp_path, tiny
         assert code == 0, (more, err)
 
 
+def test_resume_on_another_node_needs_the_runs_layout(two_copies, capsys):
+    """Node 1's copy has no record of the run: `tunelab resume` there needs --strategy and
+    --nproc, and is refused without them before any work."""
+    _, node1 = two_copies
+    before = tree_hashes(node1)
+    nodes = ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1"]
+    for given in ([], ["--strategy", "fsdp"], ["--nproc", "1"]):
+        code, _, err = run_cli(capsys, "resume", "job", "-s", node1, *nodes, *given)
+        assert code == 2 and "--strategy and --nproc" in err and "node other than 0" in err
+    assert tree_hashes(node1) == before
+
+
 @pytest.mark.parametrize("kind", ["folder", "file", "memory"])
 def test_the_store_writes_and_reads_shards_in_a_folder_and_at_a_url(tmp_path, kind):
     import torch.distributed.checkpoint as dcp

@@ -67,6 +67,12 @@ def train(study: Path, *more: str, sets: tuple[str, ...] = ()) -> list[str]:
             *more]  # fmt: skip
 
 
+def resume(study: Path, *more: str) -> list[str]:
+    """`tunelab resume job` with the run's layout given: node 1's copy has no record of it."""
+    return [sys.executable, "-m", "tunelab", "resume", "job", "-s", str(study), "--nproc", "1",
+            "--strategy", "fsdp", "--json", *more]  # fmt: skip
+
+
 def hidden(other: Path, command: list[str]) -> list[str]:
     """`command` as a node of its own: in a mount namespace where `other` (the other node's
     folder) is an empty tmpfs, so nothing of it can be read or written, and in a PID namespace
@@ -77,12 +83,14 @@ def hidden(other: Path, command: list[str]) -> list[str]:
     return [*namespaces, "sh", "-c", script, str(other), *command]
 
 
-def two_nodes(copies: dict[str, Path], node1_env: dict[str, str], during=None, sets=()):
+def two_nodes(copies: dict[str, Path], node1_env: dict[str, str], during=None, sets=(), by=train):
+    """`by` (train or resume) on both nodes, each hidden from the other's copy."""
     endpoint = f"127.0.0.1:{free_port()}"
     n0, n1 = copies["node0"], copies["node1"]
+    more = {"sets": sets} if by is train else {}
     commands = [
-        hidden(n1.parent, train(n0, *node_options(0, 2, endpoint), sets=sets)),
-        hidden(n0.parent, train(n1, *node_options(1, 2, endpoint), sets=sets)),
+        hidden(n1.parent, by(n0, *node_options(0, 2, endpoint), **more)),
+        hidden(n0.parent, by(n1, *node_options(1, 2, endpoint), **more)),
     ]
     # a collective that waits 120 s for its peer fails (with its traceback) instead of hanging
     env = tunelab_env(TUNELAB_DIST_TIMEOUT_S="120")
@@ -101,9 +109,10 @@ def curve(run_dir: Path) -> list[tuple]:
     return [tuple(r.get(k) for k in keys) for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
-def killed_and_resumed(copies: dict[str, Path], sets: tuple[str, ...] = ()) -> Path:
+def killed_and_resumed(copies: dict[str, Path], sets: tuple[str, ...] = (), by=train) -> Path:
     """Node 1 held after step 2 and killed (its whole PID namespace), which leaves node 0's
-    record interrupted; then the same command on both nodes resumes the run. Its folder."""
+    record interrupted; then the same command on both nodes (`by`: train --resume-if-exists,
+    or resume) resumes the run. Its folder."""
 
     def kill_node1_after_checkpoint_2(nodes) -> None:
         wait_for(copies["node0"] / "records" / "runs", 120)
@@ -119,10 +128,10 @@ def killed_and_resumed(copies: dict[str, Path], sets: tuple[str, ...] = ()) -> P
     assert codes[0] != 0 and status["status"] == "interrupted", (status, said(outs))
     assert status["reason"].startswith("another node's rank stopped")
 
-    codes, outs, hung = two_nodes(copies, {}, sets=sets)
+    codes, outs, hung = two_nodes(copies, {}, sets=sets, by=by)
     assert not hung and codes == [0, 0], said(outs)
     resumed = json.loads(outs[0][0])
-    assert (resumed["action"], resumed["status"]) == ("resumed", "completed")
+    assert (resumed.get("action", "resumed"), resumed["status"]) == ("resumed", "completed")
     assert resumed["run_id"] == run_dir.name and outs[1][0].strip() == ""
     return run_dir
 
@@ -170,14 +179,15 @@ def test_a_full_fine_tune_on_two_nodes_keeps_its_shards_in_the_store_and_resumes
     full_copies,
 ):
     """FSDP full fine-tuning on two nodes: each rank's shards go to training.shard_store, node
-    0's checkpoint records where, and the run killed and resumed from the store gives one
-    process's loss curve (1 process x micro 4 = 2 ranks x micro 2)."""
+    0's checkpoint records where, and the run killed and resumed from the store (by `tunelab
+    resume` on both nodes) gives one process's loss curve (1 process x micro 4 = 2 ranks x
+    micro 2)."""
     from tunelab.core.study import Study
     from tunelab.stages.train import stage as train_stage
 
     store = full_copies["store"]
     sets = ("--set", "adaptation.method=full", "--set", f"training.shard_store={store}")
-    run_dir = killed_and_resumed(full_copies, sets)
+    run_dir = killed_and_resumed(full_copies, sets, by=resume)
     single = Study.open(full_copies["single"], ["adaptation.method=full",
                         "training.micro_batch_size=4", "training.packing=false"])  # fmt: skip
     reference = train_stage.run(single).dir

@@ -94,6 +94,16 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def progress_of(state):
+    """The progress a checkpoint's state.json keeps, as the trainer's saver writes it."""
+    return {
+        "position": state.position.to_dict(),
+        "tokens_seen": state.tokens_seen,
+        "loss_tokens_seen": state.loss_tokens_seen,
+        "last_loss": state.last_loss,
+    }
+
+
 @pytest.mark.parametrize("packing", [False, True])
 def test_accumulation_4x2_equals_8x1_causal(tiny_llama_dir, packing):
     examples = causal_examples(8)
@@ -338,7 +348,7 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
                 scheduler=s2,
                 scaler=None,
                 method="full",
-                state={"position": state.position.to_dict()},
+                state=progress_of(state),
             )
             raise Stop
 
@@ -349,7 +359,7 @@ def test_checkpoint_round_trip_is_bit_exact_with_dropout(tiny_llama_dir, tmp_pat
     path = ckpt.latest_checkpoint(tmp_path)
     assert path.name == "step-000003" and (path / "model" / "model.safetensors").exists()
     saved = ckpt.load_checkpoint(path, model=m3, optimizer=o3, scheduler=s3, method="full")
-    state = TrainState(step=saved["step"], position=Position.from_dict(saved["position"]))
+    state = TrainState(step=saved.step, position=Position.from_dict(saved.position))
     train_loop(loop3, state, [lambda s, r: resumed.append(r["loss"])])
     assert resumed == straight
     for (n, a), b in zip(model.named_parameters(), m3.parameters(), strict=True):
@@ -370,7 +380,7 @@ def test_checkpoint_files_verified_and_pruned(tiny_llama_dir, tmp_path):
             scheduler=sched,
             scaler=None,
             method="full",
-            state={},
+            state=progress_of(TrainState(step=step)),
         )
     (tmp_path / ".step-000004.tmp-dead").mkdir()  # a save cut by a kill
     ckpt.mark_final(tmp_path, 1)

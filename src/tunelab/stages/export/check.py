@@ -12,12 +12,16 @@ from typing import Any
 
 from tunelab.core.errors import ExportError, StudyError, preview
 from tunelab.core.hashing import sha256_file
+from tunelab.core.record_export import ExportBase, StoredExample
+from tunelab.core.record_types import ExportManifest
 from tunelab.core.records import read_json, safe_join
+from tunelab.core.run_parts import Prediction, Reproduced
 from tunelab.core.safetensors_header import safetensors_problems
 from tunelab.stages.export.manifest import (
     FORMAT,
     MANIFEST,
     READABLE_FORMATS,
+    as_manifest,
     manifest_sha256,
     pickle_files,
     tree_hashes,
@@ -31,6 +35,8 @@ class ExampleMismatch(ExportError):
 
 
 def _read_manifest(export_dir: Path) -> dict[str, Any]:
+    """The manifest as written: its format is known and its seal (`check_files`) is checked on
+    these bytes before it is read as a record."""
     path = export_dir / MANIFEST
     if not path.is_file():
         raise ExportError(
@@ -118,27 +124,27 @@ def check_files(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]
     return {"files_checked": len(listed), "manifest_sha256": manifest["manifest_sha256"]}
 
 
-def check_binding(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def check_binding(export_dir: Path, manifest: ExportManifest | Mapping[str, Any]) -> dict[str, Any]:
     """An adapter's own adapter_config.json must name the manifest's base and the adaptation
     its config records (target modules, rank, alpha): a resealed manifest cannot rebind it."""
-    art = manifest.get("artifact") or {}
-    if art.get("kind") != "adapter":
+    m = as_manifest(manifest)
+    art = m.contents
+    if art is None or art.kind != "adapter":
         return {"checked": False}
-    path = _safe(export_dir, art.get("dir", ".")) / "adapter_config.json"
+    path = _safe(export_dir, art.dir or ".") / "adapter_config.json"
     try:
-        adapter = read_json(path)
+        adapter = read_json(path)  # peft's own config file
     except StudyError as exc:
         raise ExportError(exc.message, hint="the adapter is damaged; export again") from None
-    adaptation = ((manifest.get("config") or {}).get("adaptation")) or {}
-    base_name = (manifest.get("base") or {}).get("name")
-    expected = {"base_model_name_or_path": base_name, "r": adaptation.get("rank")}
-    expected["lora_alpha"] = adaptation.get("alpha")
+    adaptation = m.adaptation_settings
+    expected = {"base_model_name_or_path": m.bound_base.name, "r": adaptation.rank}
+    expected["lora_alpha"] = adaptation.alpha
     problems = [
         f"{key} is {preview(adapter.get(key))}, the manifest says {preview(value)}"
         for key, value in expected.items()
         if value is not None and adapter.get(key) != value
     ]
-    targets = adaptation.get("target_modules")
+    targets = adaptation.target_modules
     own = adapter.get("target_modules")
     if isinstance(targets, list) and sorted(own or []) != sorted(targets):
         problems.append(f"target_modules are {preview(own)}, the manifest says {preview(targets)}")
@@ -151,30 +157,29 @@ def check_binding(export_dir: Path, manifest: Mapping[str, Any]) -> dict[str, An
     return {"checked": True, "base_model_name_or_path": adapter.get("base_model_name_or_path")}
 
 
-def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
+def resolve_base_arg(spec: Path | str, manifest: ExportManifest | Mapping[str, Any]) -> Path:
     """The base folder `--base` names: a folder, or a hub id `org/repo[@revision]` resolved
     through the hub cache (default revision: the commit the export was trained on). Refuses a
     hub base at another commit than the manifest's."""
     from tunelab.core.config import resolve_path
     from tunelab.core.config_sections import HUB_ID
 
+    base = as_manifest(manifest).bound_base
     text = str(spec)
     repo, _, rev = text.partition("@")
     if text.startswith("asset:"):
-        return _gguf_converted(resolve_path(text), manifest)
+        return _gguf_converted(resolve_path(text), base)
     if Path(text).expanduser().exists() or not HUB_ID.fullmatch(repo) or "/" not in repo:
-        return _gguf_converted(Path(text).expanduser(), manifest)
+        return _gguf_converted(Path(text).expanduser(), base)
     from tunelab.core.hub import download
 
-    base = manifest["base"]
-    hub = base.get("hub") or {}
-    trained = hub.get("commit") if hub.get("repo_id") == repo else None
-    source = base.get("source") or {}
-    patterns = [source["gguf_file"].rsplit("/", 1)[-1]] if source.get("gguf_file") else None
+    hub = base.hub
+    trained = hub.commit if hub is not None and hub.repo_id == repo else None
+    patterns = [base.gguf_file.rsplit("/", 1)[-1]] if base.gguf_file else None
     snap = download(
         repo,
         rev or trained or "main",
-        allow_patterns=patterns or base.get("patterns"),
+        allow_patterns=patterns or base.patterns,
         field="--base",
     )
     if trained and snap.commit != trained:
@@ -190,31 +195,31 @@ def resolve_base_arg(spec: Path | str, manifest: Mapping[str, Any]) -> Path:
     return snap.path
 
 
-def _gguf_converted(folder: Path, manifest: Mapping[str, Any]) -> Path:
+def _gguf_converted(folder: Path, base: ExportBase) -> Path:
     """For a base converted from GGUF, the folder the study named (the one holding the .gguf
     file) stands for its converted folder, once the GGUF's sha256 is the recorded one."""
-    source = (manifest.get("base") or {}).get("source") or {}
-    name = str(source.get("gguf_file") or "").rsplit("/", 1)[-1]
+    name = str(base.gguf_file or "").rsplit("/", 1)[-1]
     if not name or not (folder / name).is_file():
         return folder
     from tunelab.lib.models.gguf import convert_gguf, gguf_sha256
 
     digest = gguf_sha256(folder / name)
-    if digest != source.get("gguf_sha256"):
+    if digest != base.gguf_sha256:
         raise ExportError(
             f"refusing base {folder}: {name} has sha256 {digest[:16]}..., the export was trained "
-            f"on a conversion of a GGUF with sha256 {str(source.get('gguf_sha256'))[:16]}...",
+            f"on a conversion of a GGUF with sha256 {str(base.gguf_sha256)[:16]}...",
             hint="pass --base the folder holding the exact GGUF file the run trained on",
         )
     return convert_gguf(folder, name)
 
 
-def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+def check_base(base_path: Path, manifest: ExportManifest | Mapping[str, Any]) -> dict[str, Any]:
     """Every recorded base file (weights, tokenizer, config) must be in `base_path` with the
     recorded sha256, and no unrecorded weight file may be there."""
     from tunelab.lib.models.identity import WEIGHT_SUFFIXES, identity_files
 
-    base = manifest["base"]
+    base = as_manifest(manifest).bound_base
+    recorded = base.files or {}
     base_path = Path(base_path).resolve()
     if not base_path.is_dir():
         raise ExportError(
@@ -222,7 +227,7 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             hint="pass the base model folder (for a GGUF base, the folder holding the .gguf)",
         )
     problems = []
-    for name, digest in sorted((base.get("files") or {}).items()):
+    for name, digest in sorted(recorded.items()):
         if Path(name).is_absolute() or ".." in Path(name).parts:
             _safe(base_path, name)  # raises: a recorded name that leaves the folder
         f = base_path / name  # a hub snapshot's files are symlinks into its blobs/
@@ -234,26 +239,26 @@ def check_base(base_path: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
             problems.append(f"{name}: sha256 {got[:16]}..., expected {digest[:16]}...")
     extra = [
         n
-        for n in identity_files(base_path, base.get("patterns"))
-        if n.endswith(WEIGHT_SUFFIXES) and n not in (base.get("files") or {})
+        for n in identity_files(base_path, base.patterns)
+        if n.endswith(WEIGHT_SUFFIXES) and n not in recorded
     ]
     problems += [f"{n}: weight file not in the recorded base" for n in extra]
     if problems:
         raise ExportError(
             f"refusing base {base_path}: it is not the base this export was trained on "
-            f"({base.get('name')}, identity sha256 {str(base.get('sha256'))[:16]}...):\n"
+            f"({base.name}, identity sha256 {str(base.sha256)[:16]}...):\n"
             + "\n".join(f"  - {p}" for p in problems),
             hint="pass --base the exact folder the run trained on (every weight and tokenizer "
             "file must match byte for byte)",
         )
     return {
         "path": str(base_path),
-        "files_checked": len(base.get("files") or {}),
-        "hub": base.get("hub"),
+        "files_checked": len(recorded),
+        "hub": hub.raw if (hub := base.hub) is not None else None,
     }
 
 
-def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
+def load_export(export_dir: Path, base_path: Path, manifest: ExportManifest | Mapping[str, Any]):
     """(model, tokenizer) from an export: the base plus the adapter through plain
     `PeftModel.from_pretrained` (a QLoRA adapter onto the base loaded in 4 bits with the
     recorded settings, as it was trained and evaluated), or the exported whole model (a merged
@@ -267,26 +272,26 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
 
     from tunelab.lib.models._quiet import quiet_transformers
 
-    arch = manifest["base"]["architecture"]
-    cfg = manifest["config"]
-    art = manifest["artifact"]
-    dtype = getattr(torch, cfg["model"].get("dtype", "float32"))
-    if art.get("merged"):
+    m = as_manifest(manifest)
+    arch, art = m.bound_base.architecture, m.contents
+    # the saved study config's model section (core.config validated it when the run started)
+    dtype = getattr(torch, m.config["model"].get("dtype", "float32"))
+    if art.merged:
         from tunelab.stages.export.merge import MERGE_DTYPES
 
-        dtype = getattr(torch, MERGE_DTYPES[art["dtype"]])
-    remote = bool(manifest["base"].get("trust_remote_code"))
-    labels = manifest["task"].get("labels")
+        dtype = getattr(torch, MERGE_DTYPES[art.dtype])
+    remote = bool(m.bound_base.trust_remote_code)
+    labels = m.task.labels
     kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True, "trust_remote_code": remote}
     auto = AutoModelForSequenceClassification if arch == "encoder" else AutoModelForCausalLM
-    quantized = art["kind"] == "adapter" and art.get("method") == "qlora"
+    quantized = art.kind == "adapter" and art.method == "qlora"
     if quantized:
         from tunelab.core.config_training import QuantizationConfig
         from tunelab.lib.models.quantize import quantization_config
 
-        q = QuantizationConfig.model_validate(cfg["adaptation"]["quantization"])
+        q = QuantizationConfig.model_validate(m.adaptation_settings.quantization)
         kwargs["quantization_config"] = quantization_config(q, arch)
-    art_dir = _safe(export_dir, art["dir"])
+    art_dir = _safe(export_dir, art.dir)
     loader = AutoTokenizer
     if arch == "image":
         from transformers import AutoImageProcessor, AutoModelForImageClassification
@@ -294,9 +299,9 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
         auto, loader = AutoModelForImageClassification, AutoImageProcessor
     with quiet_transformers():
         tokenizer = loader.from_pretrained(
-            _safe(export_dir, manifest["tokenizer_dir"]), trust_remote_code=remote
+            _safe(export_dir, m.tokenizer_dir), trust_remote_code=remote
         )
-        if art["kind"] == "adapter":
+        if art.kind == "adapter":
             from peft import PeftModel
 
             if arch in ("encoder", "image"):
@@ -319,16 +324,19 @@ def load_export(export_dir: Path, base_path: Path, manifest: Mapping[str, Any]):
     return model, tokenizer
 
 
-def run_example(model: Any, tokenizer: Any, manifest: Mapping[str, Any], example: dict) -> dict:
+def run_example(
+    model: Any, tokenizer: Any, manifest: ExportManifest | Mapping[str, Any], example: dict
+) -> dict:
     """The recorded example through the exported model with the study's evaluation procedure."""
     from tunelab.core.config import validate_config
     from tunelab.lib.preprocess.text import Preprocessor
     from tunelab.lib.tasks import get_task
     from tunelab.stages.evaluate.predict import predict_rows
 
-    cfg = validate_config(manifest["config"], source=MANIFEST)
-    arch = manifest["base"]["architecture"]
-    task = get_task(cfg, manifest["task"].get("labels"))
+    m = as_manifest(manifest)
+    cfg = validate_config(m.config, source=MANIFEST)
+    arch = m.bound_base.architecture
+    task = get_task(cfg, m.task.labels)
     pre = Preprocessor(tokenizer, cfg, task, arch)
     import torch
 
@@ -344,59 +352,73 @@ def check_export(
 
     Raises ExportError for an edited export or a mismatched base. Returns {export, manifest
     summary, files, base, load_s, example: {id, gold, recorded, output, scores_max_diff,
-    matches_recorded}}.
+    matches_recorded}} (`core.record_export_check.ExportCheck` reads it).
     """
-    from tunelab.stages.verify.checks import compare_predictions
-
     export_dir = Path(export_dir).resolve()
-    manifest = _read_manifest(export_dir)
-    files = check_files(export_dir, manifest)
-    binding = check_binding(export_dir, manifest)
+    raw = _read_manifest(export_dir)
+    files = check_files(export_dir, raw)
+    m = ExportManifest.of(export_dir / MANIFEST, raw)  # sealed: read as its record
+    binding = check_binding(export_dir, m)
     given = str(base_path)
-    base_path = resolve_base_arg(base_path, manifest)
-    base = {**check_base(base_path, manifest), "given": given}
+    base_path = resolve_base_arg(base_path, m)
+    base = {**check_base(base_path, m), "given": given}
     started = time.perf_counter()
-    model, tokenizer = load_export(export_dir, base_path.resolve(), manifest)
+    model, tokenizer = load_export(export_dir, base_path.resolve(), m)
     load_s = time.perf_counter() - started
     result: dict[str, Any] = {
         "export": str(export_dir),
-        "run_id": manifest["run_id"],
-        "artifact": manifest["artifact"],
-        "base_name": manifest["base"].get("name"),
-        "base_sha256": manifest["base"].get("sha256"),
+        "run_id": m.run_id,
+        "artifact": m.contents.raw if m.contents is not None else None,
+        "base_name": m.bound_base.name,
+        "base_sha256": m.bound_base.sha256,
         "files": files,
         "binding": binding,
         "base": base,
         "load_s": round(load_s, 3),
         "example": None,
     }
-    if manifest.get("example"):
-        stored = read_json(_safe(export_dir, manifest["example"]))
-        if "image" in stored["example"]:  # the example's image file lies in the export
-            path = _safe(export_dir, stored["example"]["image_path"])
-            stored["example"]["image_path"] = str(path)
-        started = time.perf_counter()
-        fresh = run_example(model, tokenizer, manifest, stored["example"])
-        # a merged model is held to its own output at export (the run's is in manifest.merge)
-        recorded = stored.get("merged") or stored["recorded"]
-        cmp = compare_predictions([recorded], [fresh], atol=atol)
-        result["example"] = {
-            "id": fresh["id"],
-            "gold": fresh.get("gold"),
-            "recorded": recorded.get("prediction"),
-            "output": fresh.get("prediction"),
-            "raw_output": fresh.get("raw_output"),
-            "scores_max_diff": cmp["max_score_diff"],
-            "matches_recorded": cmp["ok"],
-            "seconds": round(time.perf_counter() - started, 3),
-        }
-    if manifest["base"]["architecture"] == "image":
-        result["processor"] = _processor_check(tokenizer, manifest, result["example"], export_dir)
+    stored = StoredExample.read(_safe(export_dir, m.example)) if m.example else None
+    if stored is not None:
+        result["example"] = _example_check(export_dir, m, stored, model, tokenizer, atol)
+    if m.bound_base.architecture == "image":
+        result["processor"] = _processor_check(tokenizer, m, stored, export_dir)
     return result
 
 
+def _example_check(
+    export_dir: Path,
+    m: ExportManifest,
+    stored: StoredExample,
+    model: Any,
+    tokenizer: Any,
+    atol: float,
+) -> dict[str, Any]:
+    """The stored example through the exported model, against the recorded prediction."""
+    from tunelab.stages.verify.checks import compare_predictions
+
+    row = stored.example  # a data row of the snapshot
+    if "image" in row:  # the example's image file lies in the export
+        row = {**row, "image_path": str(_safe(export_dir, row["image_path"]))}
+    started = time.perf_counter()
+    fresh = Prediction.of(stored.path, run_example(model, tokenizer, m, row), "fresh output")
+    # a merged model is held to its own output at export (the run's is in manifest.merge)
+    recorded = stored.merged or stored.recorded
+    cmp = compare_predictions([recorded.raw], [fresh.raw], atol=atol)
+    reproduced = Reproduced.of(stored.path, cmp, "against the fresh output")
+    return {
+        "id": fresh.id,
+        "gold": fresh.gold,
+        "recorded": recorded.prediction,
+        "output": fresh.prediction,
+        "raw_output": fresh.raw_output,
+        "scores_max_diff": reproduced.max_score_diff,
+        "matches_recorded": reproduced.ok,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
 def _processor_check(
-    processor: Any, manifest: Mapping[str, Any], example: Any, export_dir: Path
+    processor: Any, m: ExportManifest, stored: StoredExample | None, export_dir: Path
 ) -> dict[str, Any]:
     """The exported AutoImageProcessor against the study's chain (`processor_gap`), on the
     example's image when there is one."""
@@ -404,11 +426,9 @@ def _processor_check(
     from tunelab.lib.preprocess.decode import open_image
     from tunelab.lib.preprocess.images import processor_gap, resolve_chain
 
-    chain = resolve_chain(processor, validate_config(manifest["config"], source=MANIFEST))
+    chain = resolve_chain(processor, validate_config(m.config, source=MANIFEST))
     image = None
-    if example is not None:
-        stored = read_json(_safe(export_dir, manifest["example"]))["example"]
-        if "image_path" in stored:
-            data = _safe(export_dir, stored["image_path"]).read_bytes()
-            image = open_image(data, stored["image_path"])
+    if stored is not None and "image_path" in stored.example:
+        name = stored.example["image_path"]  # relative to the export
+        image = open_image(_safe(export_dir, name).read_bytes(), name)
     return processor_gap(processor, chain, image)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.hashing import sha256_file, sha256_json
+from tunelab.core.record_types import ExportManifest
 
 MANIFEST = "tunelab-manifest.json"
 # /2: the adapter (or whole model) at the top of the folder, so that plain
@@ -21,6 +22,12 @@ TOKENIZER_DIR = "tokenizer"
 EXAMPLE_FILE = "example.json"
 # Files of the export folder that are not listed in the manifest's file hashes.
 UNLISTED = {MANIFEST, "DONE"}
+
+
+def as_manifest(m: ExportManifest | Mapping[str, Any]) -> ExportManifest:
+    """A manifest read typed: one already read, or one built in memory (named as the file it
+    is written to)."""
+    return m if isinstance(m, ExportManifest) else ExportManifest.of(MANIFEST, m)
 
 
 def manifest_sha256(manifest: Mapping[str, Any]) -> str:

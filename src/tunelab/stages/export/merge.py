@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import ExportError
+from tunelab.core.record_export import ExportBase, MergeCheck
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,21 +34,21 @@ class MergeTolerance:
     greedy_agreement_min: float = 0.98
     prediction_agreement_min: float = 1.0
 
-    def problems(self, figures: dict[str, Any]) -> list[str]:
+    def problems(self, figures: MergeCheck) -> list[str]:
         """The figures outside the tolerance, as sentences (empty: within)."""
         out = []
-        if figures["logits_max_abs_diff"] > self.logits_max_abs_diff:
+        if figures.logits_max_abs_diff > self.logits_max_abs_diff:
             out.append(
-                f"largest logit difference {figures['logits_max_abs_diff']:.4g} > "
+                f"largest logit difference {figures.logits_max_abs_diff:.4g} > "
                 f"{self.logits_max_abs_diff:g}"
             )
-        if figures["greedy_agreement"] < self.greedy_agreement_min:
+        if figures.greedy_agreement < self.greedy_agreement_min:
             out.append(
-                f"greedy agreement {figures['greedy_agreement']:.4f} < {self.greedy_agreement_min:g}"
+                f"greedy agreement {figures.greedy_agreement:.4f} < {self.greedy_agreement_min:g}"
             )
-        if figures["prediction_agreement"] < self.prediction_agreement_min:
+        if figures.prediction_agreement < self.prediction_agreement_min:
             out.append(
-                f"prediction agreement {figures['prediction_agreement']:.4f} < "
+                f"prediction agreement {figures.prediction_agreement:.4f} < "
                 f"{self.prediction_agreement_min:g}"
             )
         return out
@@ -219,18 +220,22 @@ def merge_into(
     figures, example = compare_models(
         reference, merged, tokenizer, cfg, record.labels, base.architecture, rows
     )
-    problems = tolerance.problems(figures)
+    from tunelab.stages.export.manifest import MANIFEST
+
+    measured = MergeCheck.of(dst / MANIFEST, figures, "merge")  # as the manifest records them
+    problems = tolerance.problems(measured)
     if problems:
         raise ExportError(
             f"the merged model ({dtype}) is not close enough to run {run.id}'s adapted model "
-            f"on {figures['examples']} validation examples: " + "; ".join(problems),
-            hint=_refused_merge_hint(dtype, problems, figures),
+            f"on {measured.examples} validation examples: " + "; ".join(problems),
+            hint=_refused_merge_hint(dtype, problems, measured),
         )
-    quantization = (record.base_model or {}).get("quantization")
+    quantization = ExportBase.of(record.path, record.base_model or {}, "base_model").quantization
     merge = {
         "dtype": dtype,
         "from": method,
-        "dequantized_from": quantization,  # the 4-bit settings the adapter was trained on
+        # the 4-bit settings the adapter was trained on
+        "dequantized_from": quantization.raw if quantization is not None else None,
         "compared_on": "validation",
         "example_ids": [r["id"] for r in rows],
         **figures,
@@ -240,7 +245,7 @@ def merge_into(
     return merge, example
 
 
-def _refused_merge_hint(dtype: str, problems: list[str], figures: dict[str, Any]) -> str:
+def _refused_merge_hint(dtype: str, problems: list[str], figures: MergeCheck) -> str:
     """What is left to try once a merge in `dtype` was refused (fp32 is the closest merge)."""
     hint = "export the adapter without --merge (it loads onto the base as trained)"
     if dtype != "fp32":
@@ -248,6 +253,6 @@ def _refused_merge_hint(dtype: str, problems: list[str], figures: dict[str, Any]
     if len(problems) == 1 and problems[0].startswith("largest logit difference"):
         return (
             hint + "; fp32 is the closest merge: --merge-atol "
-            f"{figures['logits_max_abs_diff']:.3g} would accept this difference"
+            f"{figures.logits_max_abs_diff:.3g} would accept this difference"
         )
     return hint + "; fp32 is the closest merge"

@@ -12,7 +12,7 @@ import json
 import secrets
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +23,17 @@ from tunelab.core.config import StudyConfig
 from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
 from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
-from tunelab.core.record_types import RunConfig, Verify
+from tunelab.core.record_checks import FoundEvaluation
+from tunelab.core.record_export import ExportBase, ExportResults, PreprocessCounts
+from tunelab.core.record_parts import CompareEntry
+from tunelab.core.record_types import (
+    Compare,
+    Evaluation,
+    ExportManifest,
+    Hypothesis,
+    RunConfig,
+    Verify,
+)
 from tunelab.core.records import (
     dumps_json,
     publish_dir,
@@ -33,6 +43,7 @@ from tunelab.core.records import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from tunelab.core.run_parts import CheckpointCheck, Prediction, RunEnv
 from tunelab.lib.models import BaseModel, hub_source, resolve_recorded, verify_identity
 from tunelab.lib.models.identity import TOKENIZER_FILES
 from tunelab.stages.data import load_snapshot
@@ -118,12 +129,11 @@ def _truncation(
     encoding again, without loading the tokenizer. Runs recorded before it counted both splits
     are encoded again."""
     path = run.path("preprocess.json")
-    recorded = read_json(path) if path.exists() else {}
-    splits = {s: recorded.get(s) for s in ("train", "validation")}
-    if all(isinstance(v, dict) and "truncated" in v and "n" in v for v in splits.values()):
-        # length_stats' share_truncated, None for an empty split
+    recorded = PreprocessCounts.read(path) if path.exists() else PreprocessCounts(path, {})
+    splits = {s: recorded.split(s) for s in ("train", "validation")}
+    if all(v is not None and v.truncated is not None and v.n is not None for v in splits.values()):
         return {
-            s: {"n": v["n"], "truncated": v["truncated"], "share": v["share_truncated"] or 0.0}
+            s: {"n": v.n, "truncated": v.truncated, "share": v.share_truncated or 0.0}
             for s, v in splits.items()
         }
     from tunelab.lib.models import load_tokenizer
@@ -140,22 +150,27 @@ def _truncation(
     return out
 
 
-def _comparison(study: Study, run_id: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The run against the latest baseline on validation (compare's record row), or why not."""
+def _comparison(study: Study, run_id: str) -> tuple[ExportResults | None, str | None]:
+    """The run against the latest baseline on validation (compare's record row, as the
+    manifest's `results`), or why not."""
     from tunelab.stages.compare import stage as compare_stage
 
     try:
-        record = compare_stage.run(study, [run_id])
+        # not saved: read as the record it would be
+        record = Compare.of(study.records / "compare", compare_stage.run(study, [run_id]))
     except (EvaluationError, HypothesisError, RunError) as exc:
         return None, exc.message
-    entry = next((e for e in record["runs"] if e["run_id"] == run_id), None)
-    if entry is None or not entry.get("compared"):
-        return None, (entry or {}).get("not_compared_reason") or "no comparison row"
-    entry = dict(entry)
-    entry.pop("flips", None)  # example ids: in the compare records, not in the model card
-    entry["baseline"] = record["baseline"]
-    entry["bootstrap"] = record["bootstrap"]
-    return entry, None
+    entry = next((e for e in record.runs if e.run_id == run_id), None)
+    if entry is None or not entry.compared:
+        return None, (entry.not_compared_reason if entry else None) or "no comparison row"
+    return ExportResults.of(record.path, _results(entry, record), entry.where), None
+
+
+def _results(entry: CompareEntry, record: Compare) -> dict[str, Any]:
+    """The manifest's `results`: the run's row with the baseline and bootstrap it was set
+    against, without its flipped example ids (in the compare records, not in the model card)."""
+    row = {k: v for k, v in entry.raw.items() if k != "flips"}
+    return {**row, "baseline": record.baseline.raw, "bootstrap": record.bootstrap}
 
 
 def _latest_verify(run: Run) -> dict[str, Any] | None:
@@ -173,19 +188,19 @@ def _latest_verify(run: Run) -> dict[str, Any] | None:
     }
 
 
-def _env_summary(env: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not env:
+def _env_summary(env: RunEnv | None) -> dict[str, Any] | None:
+    if env is None or not env.raw:
         return None
     return {
-        "python": env.get("python"),
-        "torch": env.get("torch"),
-        "backend": env.get("backend"),
-        "cuda": env.get("cuda"),
-        "rocm": env.get("rocm"),
-        "gpus": [g.get("name") for g in env.get("gpus") or []],
-        "cpu": (env.get("cpu") or {}).get("name"),
-        "packages": env.get("packages"),
-        "tunelab_git": env.get("tunelab_git"),
+        "python": env.python,
+        "torch": env.torch,
+        "backend": env.backend,
+        "cuda": env.cuda,
+        "rocm": env.rocm,
+        "gpus": [g.name for g in env.devices],
+        "cpu": env.cpu_name,
+        "packages": env.packages,
+        "tunelab_git": env.tunelab_git,
     }
 
 
@@ -198,7 +213,8 @@ class _Source:
     cfg: StudyConfig
     ckpt: Path
     base: BaseModel
-    identity: dict[str, Any]  # the base identity recorded at training
+    identity: dict[str, Any]  # the base identity recorded at training, as written
+    bound: ExportBase  # the same, read typed
 
 
 @dataclass
@@ -207,12 +223,12 @@ class _Evidence:
 
     snapshot: Snapshot
     hypothesis: dict[str, Any] | None
-    comparison: dict[str, Any] | None
-    evaluation: dict[str, Any] | None
-    predictions: list[dict[str, Any]]
-    verdicts: list[dict[str, Any]]
+    comparison: ExportResults | None
+    evaluation: Evaluation | None  # the run's validation evaluation
+    predictions: list[Prediction]
+    verdicts: list[dict[str, Any]]  # the comparison's guardrail verdicts, as written
     detail: dict[str, Any]
-    run_env: dict[str, Any] | None
+    run_env: RunEnv | None
 
 
 def _check_exportable(row: RunRow) -> None:
@@ -250,11 +266,11 @@ def _open_source(study: Study, run: Run) -> _Source:
     ckpt = final_checkpoint(run.dir / "checkpoints")
     if ckpt is None:
         raise ExportError(f"run {row.id} has no final checkpoint", hint="the run is incomplete")
-    files_check = check_checkpoint_files(ckpt)
-    if not files_check["ok"]:
+    files_check = CheckpointCheck.of(ckpt, check_checkpoint_files(ckpt))
+    if not files_check.ok:
         raise ExportError(
             f"checkpoint {ckpt} does not match the sha256 recorded when it was written: "
-            + ", ".join(files_check["changed"] + files_check["missing"]),
+            + ", ".join((files_check.changed or []) + (files_check.missing or [])),
             hint=f"the checkpoint is damaged; `tunelab verify {row.id}` records the check",
         )
     base = resolve_recorded(cfg.model, study.root, record.base_model)
@@ -266,7 +282,8 @@ def _open_source(study: Study, run: Run) -> _Source:
             f"the base model changed since run {row.id} trained: {getattr(exc, 'message', exc)}",
             hint="restore the base the run was trained on, then export again",
         ) from None
-    return _Source(run, record, cfg, ckpt, base, identity)
+    bound = ExportBase.of(record.path, identity, "base_model")
+    return _Source(run, record, cfg, ckpt, base, identity, bound)
 
 
 def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evidence:
@@ -274,39 +291,57 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
     limitations, read from the study's records."""
     row = src.run.row
     snapshot = load_snapshot(study, row.data_snapshot)
-    hyp_all = latest_hypothesis(study.records)
-    hypothesis = None
-    if hyp_all:
-        hypothesis = {
-            "version": src.record.hypothesis_version,
-            "sha256": src.record.hypothesis_sha256,
-            "latest_version": hyp_all["version"],
-            **(hyp_all["content"]["hypothesis"] if hyp_all else {}),
-        }
+    hypothesis = _hypothesis(study, src.record)
     comparison, not_compared = _comparison(study, row.id)
-    evaluation = find_evaluation(study, row.id, "validation")
-    predictions = load_predictions(evaluation) if evaluation else []
-    verdicts = (comparison or {}).get("guardrails") or []
+    evaluation, predictions = _validation(study, row.id)
+    judged = comparison.guardrails if comparison is not None else []
     openings = study.ledger.test_openings()
     labels = src.record.labels
+    quantization = src.bound.quantization  # a QLoRA run's 4-bit base
     detail = {
         "not_compared": not_compared,
         "regressed": regressions(comparison),
-        "guardrails_failed": [v for v in verdicts if not v["pass"]],
+        "guardrails_failed": [v.raw for v in judged if not v.passed],
         "failure_kinds": failure_kinds(predictions),
         "truncation": _truncation(study, src.run, src.cfg, src.base, snapshot, labels),
         "test_openings": len(openings),
         "test_openings_log": [o.to_dict() for o in openings],
         "verify": _latest_verify(src.run),
         "notes": [n for n in notes if n and n.strip()],
-        "quantization": src.identity.get("quantization"),  # a QLoRA run's 4-bit base
+        "quantization": quantization.raw if quantization is not None else None,
         "merge": None,  # export.merge's figures, once merged
     }
     env_path = src.run.path("env.json")
-    run_env = read_json(env_path) if env_path.exists() else None
+    run_env = RunEnv.read(env_path) if env_path.exists() else None
+    verdicts = [v.raw for v in judged]
     return _Evidence(
         snapshot, hypothesis, comparison, evaluation, predictions, verdicts, detail, run_env
     )
+
+
+def _hypothesis(study: Study, record: RunConfig) -> dict[str, Any] | None:
+    """The manifest's `hypothesis`: the version the run tested, the latest one, and the
+    latest's statement (None when none is registered)."""
+    latest_hyp = latest_hypothesis(study.records)
+    if not latest_hyp:
+        return None
+    hyp = Hypothesis.of(study.records, latest_hyp)
+    return {
+        "version": record.hypothesis_version,
+        "sha256": record.hypothesis_sha256,
+        "latest_version": hyp.version,
+        **hyp.statement,
+    }
+
+
+def _validation(study: Study, run_id: str) -> tuple[Evaluation | None, list[Prediction]]:
+    """The run's evaluation on validation and its predictions (None, [] before any)."""
+    found = find_evaluation(study, run_id, "validation")
+    if found is None:
+        return None, []
+    evaluation = FoundEvaluation.of(found, "validation")
+    rows = load_predictions(found)
+    return evaluation.record, Prediction.rows(rows, evaluation.predictions_path)
 
 
 def _merge_rows(ev: _Evidence, first_id: str | None) -> list[dict[str, Any]]:
@@ -330,31 +365,33 @@ def _write_files(
     returns (the example or None without a validation prediction, the merge record or None)."""
     method = src.cfg.adaptation.method
     first = ev.predictions[0] if ev.predictions else None
-    merge, merged_predictions = None, {}
+    merge, merged = None, None
     if merge_dtype is not None:
         from tunelab.stages.export.merge import merge_into
 
-        rows = _merge_rows(ev, first["id"] if first else None)
+        rows = _merge_rows(ev, first.id if first else None)
         merge, predicted = merge_into(
             study, src.run, method, rows, tmp, dtype=merge_dtype, tolerance=tolerance
         )
-        merged_predictions = {predicted["id"]: predicted}
+        merged = Prediction.of(tmp / EXAMPLE_FILE, predicted, "merged")
     elif method in ("lora", "qlora"):
-        _write_adapter(src.ckpt, tmp, src.identity.get("name") or str(src.base.path))
+        _write_adapter(src.ckpt, tmp, src.bound.name or str(src.base.path))
     else:
         _write_full_model(study, src.run, src.ckpt, tmp, method)
-    tok_names = [n for n in src.identity["files"] if n in TOKENIZER_FILES]
+    tok_names = [n for n in src.bound.files or {} if n in TOKENIZER_FILES]
     _copy_files(src.base.path, tmp / TOKENIZER_DIR, tok_names)
-    example = None
+    example, row = None, None
     if first:
+        # the snapshot's data rows, by id
         rows = {r["id"]: r for r in ev.snapshot.rows("validation")}
-        if first["id"] in rows:
-            example = {"example": _with_example_image(rows[first["id"]], tmp), "recorded": first}
-            if first["id"] in merged_predictions:  # what check-export expects of the merged model
-                example["merged"] = merged_predictions[first["id"]]
+        if first.id in rows:
+            row = _with_example_image(rows[first.id], tmp)
+            example = {"example": row, "recorded": first.raw}
+            if merged is not None and merged.id == first.id:
+                example["merged"] = merged.raw  # what check-export expects of the merged model
             write_json_atomic(tmp / EXAMPLE_FILE, example)
     if src.base.architecture == "image":
-        ev.detail["processor"] = _image_processor(src, tmp, example)
+        ev.detail["processor"] = _image_processor(src, tmp, row)
     pickled = pickle_files(tmp)
     if pickled:
         raise ExportError(
@@ -363,7 +400,7 @@ def _write_files(
     return example, merge
 
 
-def _image_processor(src: _Source, tmp: Path, example: dict[str, Any] | None) -> dict[str, Any]:
+def _image_processor(src: _Source, tmp: Path, row: dict[str, Any] | None) -> dict[str, Any]:
     """The exported preprocessor_config.json set to the training chain (see
     `image_transforms.processor_config_for`), and how far AutoImageProcessor loaded from it is
     from the chain's pixel values (the model card and check-export say so)."""
@@ -379,18 +416,19 @@ def _image_processor(src: _Source, tmp: Path, example: dict[str, Any] | None) ->
     path.unlink()  # the base's copy, replaced inside the export's temporary folder
     write_json_atomic(path, config)
     image = None
-    if example and "image" in example["example"]:
+    if row and "image" in row:  # the exported example's data row
         from tunelab.lib.preprocess.decode import open_image
 
-        image = open_image((tmp / example["example"]["image_path"]).read_bytes(), "example")
+        image = open_image((tmp / row["image_path"]).read_bytes(), "example")
     with quiet_transformers():
         processor = AutoImageProcessor.from_pretrained(tmp / TOKENIZER_DIR)
     return processor_gap(processor, chain, image)
 
 
-def _artifact(method: str, merge: dict[str, Any] | None) -> dict[str, Any]:
-    """What the export holds, at its top (ARTIFACT_DIR): a peft adapter or a whole model."""
-    adapter = method in ("lora", "qlora") and merge is None
+def _artifact(method: str, merged_dtype: str | None) -> dict[str, Any]:
+    """What the export holds, at its top (ARTIFACT_DIR): a peft adapter or a whole model
+    (`merged_dtype`: the adapter merged into its base in that dtype)."""
+    adapter = method in ("lora", "qlora") and merged_dtype is None
     art = {
         "kind": "adapter" if adapter else "model",
         "dir": ARTIFACT_DIR,
@@ -398,8 +436,8 @@ def _artifact(method: str, merge: dict[str, Any] | None) -> dict[str, Any]:
         "format": "peft" if adapter else "transformers",
         "weights": "safetensors",
     }
-    if merge is not None:
-        art.update(merged=True, dtype=merge["dtype"])
+    if merged_dtype is not None:
+        art.update(merged=True, dtype=merged_dtype)
     return art
 
 
@@ -418,10 +456,11 @@ def _build_manifest(
     export_id: str,
     example: dict[str, Any] | None,
     merge: dict[str, Any] | None,
+    merged_dtype: str | None,
 ) -> dict[str, Any]:
     """The manifest without its file hashes and its own sha256 (added once the card is written)."""
     row, cfg, method = src.run.row, src.cfg, src.cfg.adaptation.method
-    comparison = ev.comparison
+    comparison, evaluation = ev.comparison, ev.evaluation
     return {
         "format": FORMAT,
         "export_id": export_id,
@@ -432,7 +471,7 @@ def _build_manifest(
         "run_name": row.name,
         "run_parent": row.parent,
         "run_why": row.why,
-        "artifact": _artifact(method, merge),
+        "artifact": _artifact(method, merged_dtype if merge is not None else None),
         "merge": merge,
         "tokenizer_dir": TOKENIZER_DIR,
         "base": {
@@ -450,17 +489,17 @@ def _build_manifest(
         "config_sha256": src.record.config_sha256,
         "adaptation": cfg.adaptation.model_dump(mode="json"),
         "training": cfg.training.model_dump(mode="json"),
-        "template_sha256": (ev.evaluation or {}).get("record", {}).get("template_sha256"),
+        "template_sha256": evaluation.template_sha256 if evaluation else None,
         "data_snapshot": row.data_snapshot,
         "hypothesis": ev.hypothesis,
         "environment": {
             "training": _env_summary(ev.run_env),
-            "export": _env_summary(capture_env()),
+            "export": _env_summary(RunEnv.of(MANIFEST, capture_env(), "environment.export")),
         },
-        "results": comparison,
-        "evaluation_run": (ev.evaluation or {}).get("eval_run"),
+        "results": comparison.raw if comparison is not None else None,
+        "evaluation_run": evaluation.path.parent.name if evaluation else None,
         "guardrails": {
-            "pass": None if comparison is None else comparison.get("guardrails_pass"),
+            "pass": None if comparison is None else comparison.guardrails_pass,
             "verdicts": ev.verdicts,
         },
         "limitations": limitation_lines(ev.detail),
@@ -498,8 +537,10 @@ def run(
     try:
         example, merge = _write_files(study, src, ev, tmp, merge_dtype, merge_tolerance)
         ev.detail["merge"] = merge
-        manifest = _build_manifest(src, ev, export_id if not out else final.name, example, merge)
-        (tmp / "README.md").write_text(model_card(manifest), encoding="utf-8")
+        export_id = export_id if not out else final.name
+        manifest = _build_manifest(src, ev, export_id, example, merge, merge_dtype)
+        card = model_card(ExportManifest.of(final / MANIFEST, manifest))
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         manifest["files"] = tree_hashes(tmp)
         manifest["manifest_sha256"] = manifest_sha256(manifest)
         write_bytes_atomic(tmp / MANIFEST, dumps_json(manifest).encode("utf-8"))
@@ -512,7 +553,7 @@ def run(
         run.row.id,
         "export",
         {
-            "export_id": manifest["export_id"],
+            "export_id": export_id,
             "path": str(path),
             "seconds": round(time.perf_counter() - started, 3),
         },

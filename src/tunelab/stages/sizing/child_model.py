@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tunelab.core.record_sizing import SizingSpec
+from tunelab.core.worker import SPEC
 from tunelab.stages.sizing.process_memory import trim_heap
 
 _OOM_WORDS = (
@@ -84,19 +86,20 @@ def build_for(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
     from tunelab.stages.sizing.facts import model_facts
     from tunelab.stages.train.build import build_model
 
-    raw = json.loads(json.dumps(spec["config"]))
-    t = raw.setdefault("training", {})
+    typed = spec_of(spec)
+    raw = json.loads(json.dumps(typed.config))
+    t = raw.setdefault("training", {})  # the study's config section, validated below
     t.update(
-        micro_batch_size=spec["micro_batch"],
-        grad_accum_steps=spec.get("grad_accum", 1),
-        precision=spec.get("precision", t.get("precision", "fp32")),
-        activation_checkpointing=bool(spec.get("checkpointing", False)),
-        packing=bool(spec.get("packing", t.get("packing", True))),
+        micro_batch_size=typed.micro_batch,
+        grad_accum_steps=1 if typed.grad_accum is None else typed.grad_accum,
+        precision=t.get("precision", "fp32") if typed.precision is None else typed.precision,
+        activation_checkpointing=bool(typed.checkpointing),
+        packing=bool(t.get("packing", True) if typed.packing is None else typed.packing),
     )
     cfg = validate_config(raw, source="sizing spec")
-    root = Path(spec["root"]) if spec.get("root") else None
+    root = Path(typed.root) if typed.root else None
     base = resolve_model(cfg.model, root=root)
-    model, _audit = build_model(base, cfg, spec.get("labels"), device)
+    model, _audit = build_model(base, cfg, typed.labels, device)
     lora = cfg.adaptation.method in ("lora", "qlora")
     facts = model_facts(
         model,
@@ -105,13 +108,18 @@ def build_for(spec: dict[str, Any], device: Any) -> tuple[Any, Any, Any, Any]:
         lora_dropout=cfg.adaptation.dropout if lora else 0.0,
     )
     if facts.conv:  # a conv net's "length" is the side of the images it is fed
-        facts = replace(facts, conv={**facts.conv, "image_size": int(spec["seq_len"])})
+        facts = replace(facts, conv={**facts.conv, "image_size": typed.seq_len})
     return cfg, base, model, facts
+
+
+def spec_of(spec: dict[str, Any]) -> SizingSpec:
+    """A configuration's spec (`configurations[i]` of the worker's spec.json), read as its kind."""
+    return SizingSpec.of(Path(SPEC), spec, "configuration")
 
 
 def image_side(spec: dict[str, Any], base: Any, facts: Any) -> int | None:
     """The side of the synthetic images: a conv net's length, else the ViT's config size."""
-    return int(spec["seq_len"]) if facts.conv else base.config.get("image_size")
+    return spec_of(spec).seq_len if facts.conv else base.config.get("image_size")
 
 
 def collect(cuda: bool) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tunelab.core.evidence import latest
 from tunelab.core.progress import Progress
+from tunelab.core.record_sizing import WRITING, SizingConfiguration, SizingMeasured
 from tunelab.core.record_types import Smoke
 from tunelab.core.study import Study
 from tunelab.stages.sizing.recommend import Option
@@ -125,16 +126,16 @@ def _remaining(
     done: list[tuple[Option, float]],
     left: list[Option],
     own: str,
-    first: Any,
+    first: SizingMeasured | None,
     shared: bool,
     images: bool,
 ) -> str:
     """How long the configurations `left` take, at the first measured step's time per token.
     Fresh processes: each as the measured ones took beyond their steps. One process: results
     come in once every memory is measured, so what is left is their timed part."""
-    if not left or not first or not first.get("step_s") or not first.get("tokens_per_step"):
+    if not left or not first or not first.step_s or not first.tokens_per_step:
         return ""
-    step_s, tokens = first["step_s"], first["tokens_per_step"]
+    step_s, tokens = first.step_s, first.tokens_per_step
     if shared:
         seconds = timing_seconds(left, own, step_s, tokens, CONFIG_BUILD_S, images)
         return f"{_clock_text(seconds)} left"
@@ -164,7 +165,7 @@ class RowProgress:
         self.images = images
         self.progress = progress
         self.done: list[tuple[Option, float]] = []
-        self.timed: list[dict[str, Any]] = []
+        self.timed: list[SizingMeasured] = []
         self.finished: set[int] = set()
         self.clock = time.perf_counter()
 
@@ -172,8 +173,9 @@ class RowProgress:
         now = time.perf_counter()
         self.done.append((self.planned[i], now - self.clock))
         self.clock = now
-        if (row.get("measured") or {}).get("step_s"):
-            self.timed.append(row["measured"])
+        measured = SizingConfiguration.of(WRITING, row, f"configurations[{i}]").measurement
+        if measured.step_s:
+            self.timed.append(measured)
         self.finished.add(i)
         left = [o for j, o in enumerate(self.planned) if j not in self.finished]
         if self.progress and left:

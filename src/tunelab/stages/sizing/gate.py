@@ -18,7 +18,14 @@ from typing import Any
 
 from tunelab.core.errors import RunError
 from tunelab.core.evidence import latest
-from tunelab.core.record_sizing import SizingPeak, peak_of, recommendation_of
+from tunelab.core.record_sizing import (
+    WRITING,
+    SizingLengths,
+    SizingPeak,
+    SizingWorstBatch,
+    peak_of,
+    recommendation_of,
+)
 from tunelab.core.record_types import Sizing
 from tunelab.core.study import Study
 from tunelab.stages.sizing.memory import estimate_memory
@@ -51,22 +58,23 @@ def _worst_total(
     steps = total_steps(cfg, int(counts.get("train") or 1))
     if peak.settings == worst_settings(cfg, steps, snapshot.id):
         return peak.total, f"sizing {sizing.id}"
-    lengths = representative_lengths(study)
+    lengths = SizingLengths.of(WRITING, representative_lengths(study), "lengths")
     facts = ModelFacts.from_dict(sizing.facts or {})
     t = cfg.training
-    order = lengths["order"]
+    order = lengths.order or []
     worst = find_worst_batch(order, t, facts.architecture, total_steps(cfg, len(order)))
     template = Case(
         seq_len=1, micro_batch=1, precision=resolve_precision(t.precision, sizing.device),
         checkpointing=t.activation_checkpointing, packing=t.packing,
-        loss_fraction=float(lengths.get("loss_fraction") or 1.0), optimizer=t.optimizer,
+        loss_fraction=float(lengths.loss_fraction or 1.0), optimizer=t.optimizer,
         device=sizing.device,
     )  # fmt: skip
     est = estimate_memory(facts, worst_case(template, worst))
     cuda = sizing.device == "cuda"
     step = (est.peak_total if cuda else est.peak_increase) * peak.scale
     idle = 0 if cuda else peak.idle_rss
-    where = f"predicted for step {worst['step']} from sizing {sizing.id}'s model facts"
+    step_of = SizingWorstBatch.of(WRITING, worst, "worst_batch_peak.batch").step
+    where = f"predicted for step {step_of} from sizing {sizing.id}'s model facts"
     return int(idle + step), where
 
 
@@ -77,7 +85,8 @@ def _evaluation_total(
     cfg = study.config
     facts = ModelFacts.from_dict(sizing.facts or {})
     recorded = peak.settings or {}
-    settings = evaluation_settings(cfg, facts.architecture, int(recorded.get("tokens") or 1))
+    known = peak.evaluation_settings
+    settings = evaluation_settings(cfg, facts.architecture, int((known and known.tokens) or 1))
     if settings == recorded:
         return peak.total, f"sizing {sizing.id}"
     precision = recommendation_of(sizing).precision or "fp32"

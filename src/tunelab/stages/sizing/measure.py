@@ -76,14 +76,17 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunelab.core.record_sizing import SizingResult, SizingSpec
 from tunelab.core.records import write_json_atomic
-from tunelab.core.worker import serve
+from tunelab.core.worker import SPEC, serve
 from tunelab.stages.sizing.child_model import (
     collect,
     is_oom,
+    spec_of,
 )
 from tunelab.stages.sizing.process_memory import (
     Watchdog,
@@ -98,12 +101,12 @@ from tunelab.stages.sizing.session import Session, Steps, build_session, marker
 from tunelab.stages.sizing.step_time import TimedBefore, measure_time
 
 
-def _child_device(spec: dict[str, Any]) -> Any:
+def _child_device(spec: SizingSpec) -> Any:
     import torch
 
     from tunelab.lib.models import compute_device
 
-    wanted = spec.get("device", "auto")
+    wanted = spec.device or "auto"
     return {  # CUDA with its index: the memory-fraction call refuses a bare "cuda"
         "auto": compute_device,
         "cuda": lambda: torch.device("cuda", torch.cuda.current_device()),
@@ -125,38 +128,49 @@ def _limit_memory(device: Any, budget: int | None) -> Watchdog | None:
     return None
 
 
-def _memory_steps(steps: Steps, warmup: int, measured: int, states: bool) -> dict[str, Any]:
+@dataclass
+class _Memory:
+    """What the memory steps found (bytes; `wall`: the measured steps' seconds)."""
+
+    warmup_steps: int
+    idle_rss: int | None = None
+    idle_rss_after_warmup: int | None = None
+    hwm_reset: bool = False
+    idle_allocated: int = 0
+    warmup_max_allocated: int = 0
+    wall: float = 0.0
+
+
+def _memory_steps(steps: Steps, warmup: int, measured: int, states: bool) -> _Memory:
     """The warm-up (optimizer states, lazy init): `warmup` steps, or with `states` the
     optimizer's states made by a step over zero gradients (`_make_states`); then the measured
     steps, with the memory before, between and after them (the module docstring says which)."""
     import torch
 
     cuda = steps.device.type == "cuda"
-    out: dict[str, Any] = {}
     collect(cuda)
+    idle_allocated = 0
     if cuda:
         torch.cuda.synchronize()
-        out["idle_allocated"] = torch.cuda.memory_allocated(steps.device)
+        idle_allocated = torch.cuda.memory_allocated(steps.device)
         torch.cuda.reset_peak_memory_stats(steps.device)
-    out["idle_rss"] = rss_bytes()
+    idle_rss = rss_bytes()
     if states:
         _make_states(steps.loop.optimizer)
         warmup = 0
     else:
         steps.run_to(warmup)
-    out["warmup_steps"] = warmup
     collect(cuda)
-    out["idle_rss_after_warmup"] = rss_bytes()
-    out["hwm_reset"] = reset_hwm()
+    out = _Memory(warmup, idle_rss, rss_bytes(), reset_hwm(), idle_allocated)
     if cuda:
         torch.cuda.synchronize()
-        out["warmup_max_allocated"] = torch.cuda.max_memory_allocated(steps.device)
+        out.warmup_max_allocated = torch.cuda.max_memory_allocated(steps.device)
         torch.cuda.reset_peak_memory_stats(steps.device)
     started = time.perf_counter()
     steps.run_to(warmup + measured)
     if cuda:
         torch.cuda.synchronize()
-    out["wall"] = time.perf_counter() - started
+    out.wall = time.perf_counter() - started
     return out
 
 
@@ -190,39 +204,42 @@ def run_configurations(specs: list[dict[str, Any]], out: Path) -> dict[str, Any]
     """
     import torch
 
-    first = specs[0]
-    if first.get("num_threads"):
-        torch.set_num_threads(int(first["num_threads"]))
+    typed = specs_of(specs, out / SPEC)
+    first = typed[0]
+    if first.num_threads:
+        torch.set_num_threads(first.num_threads)
     device = _child_device(first)
-    watchdog = _limit_memory(device, first.get("memory_budget_bytes"))
-    pinned = first.get("allocator", "pinned") == "pinned"
+    watchdog = _limit_memory(device, first.memory_budget_bytes)
+    pinned = first.pinned
     fitted: dict[int, dict[str, Any]] = {}
+    peaks: dict[int, int] = {}  # the fitted ones' peak bytes
     kept: Session | None = None
     for i, spec in enumerate(specs):
         kept = None
         settle(device, pinned=pinned)
         _phase(out, "memory", i)
-        result: dict[str, Any] = {"label": spec.get("label"), "device": device.type}
+        result: dict[str, Any] = {"label": typed[i].label, "device": device.type}
         if watchdog is not None:
             watchdog.aim(result_path(out, i, "memory"), result)
         measure = measure_memory
-        if spec.get("peak") == "evaluation":
+        if typed[i].peak == "evaluation":
             from tunelab.stages.sizing.measure_peaks import measure_evaluation as measure
         session, result = _guarded(result, measure, spec, device, result)
         if watchdog is not None:
             watchdog.pause()
-        write_json_atomic(result_path(out, i, "memory"), result, overwrite=True)
-        if spec.get("peak"):  # a peak is memory alone: its result is final
+        written = write_json_atomic(result_path(out, i, "memory"), result, overwrite=True)
+        found = SizingResult.of(written, result)
+        if typed[i].peak:  # a peak is memory alone: its result is final
             write_json_atomic(result_path(out, i), result, overwrite=True)
-        elif result["status"] == "ok":
-            fitted[i] = result
+        elif found.status == "ok":
+            fitted[i], peaks[i] = result, found.measurement.peak_total or 0
             kept = session
         session = None
     if device.type == "cpu" and pinned and fitted:
         release_mmap_threshold()
     before = TimedBefore()
     # the largest first: the heap its steps grow holds the later ones' steps
-    order = sorted(fitted, key=lambda i: -(fitted[i]["measured"].get("peak_total") or 0))
+    order = sorted(fitted, key=lambda i: -peaks[i])
     for i in order:
         session = kept if kept is not None and i == len(specs) - 1 else None
         kept = None
@@ -252,6 +269,11 @@ def _guarded(result: dict[str, Any], run: Callable[..., Any], *args: Any) -> tup
             "traceback": error["traceback"],
         }
     return out if isinstance(out, tuple) else (None, out)
+
+
+def specs_of(specs: list[dict[str, Any]], path: Path) -> list[SizingSpec]:
+    """The configurations of the worker spec at `path`, read as their kind."""
+    return [SizingSpec.of(path, s, f"configurations[{i}]") for i, s in enumerate(specs)]
 
 
 def _phase(out: Path, phase: str, index: int) -> None:
@@ -298,15 +320,15 @@ def measure_memory(
     mark("load")
     model, loop, t, arch = session.model, session.loop, session.training, session.arch
     result["facts"] = session.facts.to_dict()
-    warmup = int(spec.get("warmup_steps", 1))
-    measure_steps = int(spec.get("measure_steps", 1))
+    typed = spec_of(spec)
+    warmup, measure_steps, _ = typed.steps()
     model.train()  # dropout and checkpointing act only in training mode
-    count = spec.get("count_saved", True)
+    count = True if typed.count_saved is None else typed.count_saved
     saved = _prime(model, loop.source, arch, t.precision, device, count, loop.optimizer)
     mark("prime")
     steps = session.steps
     try:
-        memory = _memory_steps(steps, warmup, measure_steps, spec.get("warmup") == "states")
+        memory = _memory_steps(steps, warmup, measure_steps, typed.warmup == "states")
     except Exception as exc:  # noqa: BLE001
         if is_oom(exc):
             out = {**result, "status": "does_not_fit", "reason": f"{type(exc).__name__}: {exc}"}
@@ -315,29 +337,30 @@ def measure_memory(
             return None, out
         raise
     mark("memory_steps")
-    warmup = memory["warmup_steps"]
-    measured_rows = steps.metrics[warmup:]
-    peak = hwm_bytes() if device.type == "cpu" and memory["hwm_reset"] else None
+    warmup = memory.warmup_steps
+    rows = steps.metrics
+    measured_rows = rows[warmup:]
+    peak = hwm_bytes() if device.type == "cpu" and memory.hwm_reset else None
     measured: dict[str, Any] = {
-        "memory_step_s": [r["seconds"] for r in measured_rows],
-        "memory_wall_s": memory["wall"] / max(1, measure_steps),
-        "warmup_step_s": steps.metrics[0]["seconds"] if warmup and steps.metrics else None,
-        "warmup": "optimizer states" if memory["warmup_steps"] == 0 else "steps",
-        "tokens_per_step": measured_rows[0]["tokens"] if measured_rows else 0,
+        "memory_step_s": [r.seconds for r in measured_rows],
+        "memory_wall_s": memory.wall / max(1, measure_steps),
+        "warmup_step_s": rows[0].seconds if warmup and rows else None,
+        "warmup": "optimizer states" if memory.warmup_steps == 0 else "steps",
+        "tokens_per_step": measured_rows[0].tokens if measured_rows else 0,
         "examples_per_step": t.micro_batch_size * t.grad_accum_steps,
         "saved_activation_bytes": saved,
         "load_s": session.load_s,
-        "loss": measured_rows[-1]["loss"] if measured_rows else None,
+        "loss": measured_rows[-1].loss if measured_rows else None,
         "phase_s": phases,
     }
-    budget = spec.get("memory_budget_bytes")
+    budget = typed.memory_budget_bytes
     return session, _verdict(result, measured, memory, peak, device, budget)
 
 
 def _verdict(
     result: dict[str, Any],
     measured: dict[str, Any],
-    memory: dict[str, Any],
+    memory: _Memory,
     peak: int | None,
     device: Any,
     budget: int | None,
@@ -347,21 +370,22 @@ def _verdict(
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
+        max_allocated = torch.cuda.max_memory_allocated(device)
         measured.update(
-            idle_allocated=memory["idle_allocated"],
-            warmup_max_allocated=memory["warmup_max_allocated"],
-            max_allocated=torch.cuda.max_memory_allocated(device),
+            idle_allocated=memory.idle_allocated,
+            warmup_max_allocated=memory.warmup_max_allocated,
+            max_allocated=max_allocated,
             max_reserved=torch.cuda.max_memory_reserved(device),
             total_memory=props.total_memory,
             cuda_major=props.major,
         )
-        measured["peak_total"] = measured["max_allocated"]
-        measured["increase"] = measured["max_allocated"] - memory["idle_allocated"]
+        measured["peak_total"] = max_allocated
+        measured["increase"] = max_allocated - memory.idle_allocated
         return {**result, "status": "ok", "measured": measured}
-    idle = memory["idle_rss"]
+    idle = memory.idle_rss
     measured.update(
         idle_rss=idle,
-        idle_rss_after_warmup=memory["idle_rss_after_warmup"],
+        idle_rss_after_warmup=memory.idle_rss_after_warmup,
         peak_rss=peak,
         peak_total=peak,
         increase=(peak - idle) if peak is not None and idle is not None else None,

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunelab.core.record_base import damaged
 from tunelab.stages.sizing.child_model import (
     build_for,
     collect,
     image_side,
     is_oom,
+    spec_of,
     synthetic_examples,
 )
 from tunelab.stages.sizing.process_memory import hwm_bytes, reset_hwm, rss_bytes
@@ -72,15 +74,18 @@ def measure_evaluation(
     `evaluation {kind, batch_size, tokens, max_new_tokens}`."""
     import torch
 
-    ev = spec["evaluation"]
-    kind, rows, length = ev["kind"], int(ev["batch_size"]), int(ev["tokens"])
+    typed = spec_of(spec)
+    ev = typed.evaluation_settings
+    if ev is None:
+        raise damaged(typed.path, "configuration: field 'evaluation' is missing")
+    kind, rows, length = ev.kind, ev.batch_size, ev.tokens
     cfg, base, model, facts = build_for({**spec, "checkpointing": False}, device)
     result["facts"] = facts.to_dict()
     model.eval()
     cuda = device.type == "cuda"
     # the first call's one-time allocations, on a small batch
     first = 2 if base.architecture == "image" else min(length, 4)
-    _run(model, _inputs(spec, base, facts, 2, first), kind, min(2, ev["max_new_tokens"]), device)
+    _run(model, _inputs(spec, base, facts, 2, first), kind, min(2, ev.max_new_tokens), device)
     inputs = _inputs(spec, base, facts, rows, length)
     collect(cuda)
     if cuda:
@@ -91,7 +96,7 @@ def measure_evaluation(
         idle = rss_bytes()
     reset = reset_hwm()
     try:
-        _run(model, inputs, kind, int(ev["max_new_tokens"]), device)
+        _run(model, inputs, kind, ev.max_new_tokens, device)
     except Exception as exc:  # noqa: BLE001 - out of memory is a verdict, anything else raises
         if is_oom(exc):
             return None, {**result, "status": "does_not_fit", "reason": f"{exc}"[:500]}
@@ -107,7 +112,7 @@ def measure_evaluation(
         "increase": (peak - idle) if peak is not None and idle is not None else None,
         "what": "max_allocated" if cuda else "peak RSS",
     }
-    budget = spec.get("memory_budget_bytes")
+    budget = typed.memory_budget_bytes
     if budget and peak and peak > budget:
         reason = f"peak {peak / 2**20:.0f} MiB above the budget"
         return None, {**result, "status": "does_not_fit", "reason": reason, "measured": measured}

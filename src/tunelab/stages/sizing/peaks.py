@@ -24,11 +24,31 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import TunelabError
-from tunelab.core.record_sizing import SizingPeak, peak_of, recommendation_of
+from tunelab.core.record_sizing import (
+    WRITING,
+    SizingConfiguration,
+    SizingEvaluationSettings,
+    SizingLengths,
+    SizingPeak,
+    SizingResult,
+    SizingWorstBatch,
+    peak_of,
+    recommendation_of,
+)
 from tunelab.core.record_types import Sizing
 from tunelab.stages.sizing.terms import DTYPE_BYTES, Case, ModelFacts
 
 CLASSIFYING = ("classification", "image_classification")
+
+
+def _batch(worst: dict[str, Any]) -> SizingWorstBatch:
+    """`find_worst_batch`'s result, read as the record's piece."""
+    return SizingWorstBatch.of(WRITING, worst, "worst_batch_peak.batch")
+
+
+def _settings(settings: dict[str, Any]) -> SizingEvaluationSettings:
+    """`evaluation_settings`' result, read as the record's piece."""
+    return SizingEvaluationSettings.of(WRITING, settings, "evaluation_peak.settings")
 
 
 def find_worst_batch(
@@ -72,8 +92,9 @@ def find_worst_batch(
 def worst_case(template: Case, worst: dict[str, Any]) -> Case:
     """The analytic model's case of the worst micro-batch (one accumulation step: the batch
     alone): one packed row of its total tokens, or its rows padded to the longest."""
-    found = worst["lengths"]
-    if worst["packed"]:
+    batch = _batch(worst)
+    found = batch.lengths
+    if batch.packed:
         return replace(template, seq_len=sum(found), micro_batch=1, grad_accum=1, packing=True)
     return replace(
         template, seq_len=max(found), micro_batch=len(found), grad_accum=1, packing=False,
@@ -120,7 +141,8 @@ def evaluation_increase(
     if facts.conv:
         return None
     cd = _compute_bytes(facts, precision)
-    b, tokens = int(settings["batch_size"]), int(settings["tokens"])
+    st = _settings(settings)
+    b, tokens = st.batch_size, st.tokens
     hidden, inter = facts.hidden, facts.intermediate
     if facts.stages:  # Swin: its first stage has the most tokens
         first = facts.stages[0]
@@ -134,11 +156,11 @@ def evaluation_increase(
     # activation, up and their product
     mlp = n * (4 * hidden + 3 * inter) * cd
     block = max(attention, mlp)
-    if settings["kind"] != "generation":
+    if st.kind != "generation":
         vocab = facts.vocab if facts.architecture == "causal_lm" else max(1, facts.num_labels)
         logits = 2 * n * vocab * 4 if facts.architecture == "causal_lm" else b * vocab * 4
         return {"block": block, "logits": logits, "kv_cache": 0, "increase": block + logits}
-    total = tokens + int(settings["max_new_tokens"])
+    total = tokens + st.max_new_tokens
     per_token = 2 * facts.layers * kv_width * cd  # keys and values of every layer
     logits = 2 * b * facts.vocab * 4
     prefill = b * tokens * per_token + block + logits
@@ -193,9 +215,10 @@ def evaluation_refusal(
     fit."""
     if evaluation_bytes <= budget_bytes:
         return None
-    batch = f"evaluation.batch_size {settings['batch_size']} x {settings['tokens']} tokens"
-    if settings.get("kind") == "generation":
-        batch += f" + {settings['max_new_tokens']} new"
+    st = _settings(settings)
+    batch = f"evaluation.batch_size {st.batch_size} x {st.tokens} tokens"
+    if st.kind == "generation":
+        batch += f" + {st.max_new_tokens} new"
     fix = f"a {device} with more memory"
     if fixed_bytes + weights_bytes < budget_bytes:
         fix += ", or a smaller evaluation.batch_size or evaluation.max_new_tokens"
@@ -274,22 +297,22 @@ def peak_options(
     from tunelab.stages.train.schedule import total_steps
 
     out = []
-    order = lengths.get("order")
-    if order:
-        steps = total_steps(cfg, len(order))
-        worst = find_worst_batch(order, cfg.training, architecture, steps)
-        found = worst["lengths"]
+    known = SizingLengths.of(WRITING, lengths, "lengths")
+    if known.order:
+        steps = total_steps(cfg, len(known.order))
+        worst = find_worst_batch(known.order, cfg.training, architecture, steps)
+        found = _batch(worst).lengths
         o = replace(
             own, label=WORST_LABEL, seq_len=max(found), micro_batch=len(found), grad_accum=1
         )
-        settings = worst_settings(cfg, steps, lengths.get("snapshot"))
+        settings = worst_settings(cfg, steps, known.snapshot)
         out.append(
             (o, {"peak": "worst_batch", "lengths": found}, {"batch": worst, "settings": settings})
         )
-    tokens = int(lengths.get("evaluation_tokens") or own.seq_len)
+    tokens = int(known.evaluation_tokens or own.seq_len)
     settings = evaluation_settings(cfg, architecture, tokens)
     o = replace(
-        own, label=EVALUATION_LABEL, seq_len=tokens, micro_batch=settings["batch_size"],
+        own, label=EVALUATION_LABEL, seq_len=tokens, micro_batch=_settings(settings).batch_size,
         grad_accum=1, checkpointing=False,
     )  # fmt: skip
     out.append((o, {"peak": "evaluation", "evaluation": settings}, {"settings": settings}))
@@ -300,14 +323,22 @@ def _pct(pred: float | None, real: float | None) -> float | None:
     return round(100.0 * (pred - real) / real, 2) if pred and real else None
 
 
-def _measured(row: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    m = dict(row.get("measured") or {})
-    m["compared"] = m.get("peak_total") if cuda else m.get("increase")
-    return m
+def _measured(row: SizingConfiguration, cuda: bool) -> tuple[dict[str, Any], int | None]:
+    """The row's measurement as the peak keeps it, with the figure the prediction is set
+    against (`compared`), and that figure."""
+    found = row.measurement
+    compared = found.peak_total if cuda else found.increase
+    return {**(row.measured or {}), "compared": compared}, compared
+
+
+def _outcome(row: SizingConfiguration, predicted: int | None, measured: int | None) -> Any:
+    """A peak's status, reason and error (None where it was not measured)."""
+    error = _pct(predicted, measured) if row.status == "ok" else None
+    return row.status, row.reason, error
 
 
 def worst_record(
-    row: dict[str, Any],
+    row: SizingConfiguration,
     kept: dict[str, Any],
     facts: ModelFacts,
     template: Case,
@@ -319,10 +350,10 @@ def worst_record(
     from tunelab.stages.sizing.memory import estimate_memory
 
     cuda = device == "cuda"
-    case = worst_case(template, kept["batch"])
+    case = worst_case(template, SizingPeak.of(WRITING, kept, "worst_batch_peak").batch or {})
     est = estimate_memory(facts, case)
-    m = _measured(row, cuda)
-    idle = m.get("idle_rss") or idle_bytes
+    m, measured = _measured(row, cuda)
+    idle = row.measurement.idle_rss or idle_bytes
     compared = est.peak_total if cuda else est.peak_increase
     predicted = {
         "peak_total": est.peak_total,
@@ -331,19 +362,20 @@ def worst_record(
         "compared": compared,
         "total": est.peak_total if cuda else idle + compared,
     }
+    status, reason, error = _outcome(row, compared, measured)
     return {
         **kept,
-        "status": row["status"],
-        "reason": row.get("reason"),
+        "status": status,
+        "reason": reason,
         "case": {"seq_len": case.seq_len, "micro_batch": case.micro_batch, "packing": case.packing},
         "predicted": predicted,
         "measured": m,
-        "error_pct": _pct(compared, m.get("compared")) if row["status"] == "ok" else None,
+        "error_pct": error,
     }
 
 
 def evaluation_record(
-    row: dict[str, Any],
+    row: SizingConfiguration,
     kept: dict[str, Any],
     facts: ModelFacts,
     precision: str,
@@ -354,22 +386,24 @@ def evaluation_record(
     predicted increase (`evaluation_increase`) and the measured one (`idle_bytes`: the idle
     process where the evaluation's was not measured, e.g. stopped over the budget)."""
     cuda = device == "cuda"
-    found = evaluation_increase(facts, kept["settings"], precision)
-    m = _measured(row, cuda)
+    settings = SizingPeak.of(WRITING, kept, "evaluation_peak").settings or {}
+    found = evaluation_increase(facts, settings, precision)
+    m, measured = _measured(row, cuda)
     predicted: dict[str, Any] = {"modelled": found is not None}
+    compared = None
     if found is not None:
-        weights = facts.total_weight_bytes
-        compared = weights + found["increase"] if cuda else found["increase"]
-        total = compared if cuda else (m.get("idle") or idle_bytes) + compared
+        increase = found["increase"]  # evaluation_increase's own working figures
+        compared = facts.total_weight_bytes + increase if cuda else increase
+        total = compared if cuda else (row.measurement.idle or idle_bytes) + compared
         predicted.update(found, compared=compared, total=total)
-    compared = predicted.get("compared")
+    status, reason, error = _outcome(row, compared, measured)
     return {
         **kept,
-        "status": row["status"],
-        "reason": row.get("reason"),
+        "status": status,
+        "reason": reason,
         "predicted": predicted,
         "measured": m,
-        "error_pct": _pct(compared, m.get("compared")) if row["status"] == "ok" else None,
+        "error_pct": error,
     }
 
 
@@ -383,14 +417,15 @@ def refuse_unmeasured(rows: list[dict[str, Any]], facts: ModelFacts | None) -> N
     the user's way out (every configuration was over the memory)."""
     if facts is not None:
         return
-    errors = [r for r in rows if r["status"] == "error"]
+    found = [SizingResult.of(WRITING, r, f"configurations[{i}]") for i, r in enumerate(rows)]
+    errors = [r for r in found if r.status == "error"]
     if errors:
         first = errors[0]
         raise SizingInternalError(
             f"tunelab size could not measure {len(errors)} of {len(rows)} configurations: "
-            f"{first['label']}: {first.get('reason')}\n{first.get('traceback') or ''}"
+            f"{first.label}: {first.reason}\n{first.traceback or ''}"
         )
-    reasons = "; ".join(f"{r['label']}: {r['status']} {r.get('reason') or ''}" for r in rows)
+    reasons = "; ".join(f"{r.label}: {r.status} {r.reason or ''}" for r in found)
     raise TunelabError(
         f"no configuration could be measured: {reasons[:1500]}",
         hint="lower --micro-batch / --seq-len, or raise --memory-budget",
@@ -399,20 +434,20 @@ def refuse_unmeasured(rows: list[dict[str, Any]], facts: ModelFacts | None) -> N
 
 def peak_records(
     peaks: list[tuple[Any, dict[str, Any], dict[str, Any]]],
-    rows: dict[str, dict[str, Any]],
+    rows: dict[Any, SizingConfiguration],
     facts: ModelFacts,
     template: Case,
     device: str,
     idle_bytes: int = 0,
-) -> dict[str, Any]:
-    """`worst_batch_peak` and `evaluation_peak` (None where not measured); `idle_bytes`: the
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(`worst_batch_peak`, `evaluation_peak`), None where not measured; `idle_bytes`: the
     idle process of the configurations, for a peak whose own was not measured."""
-    out: dict[str, Any] = {"worst_batch_peak": None, "evaluation_peak": None}
+    worst = evaluation = None
     for o, _, kept in peaks:
         row, idle = rows[o.label], idle_bytes
         if o.label == WORST_LABEL:
-            out["worst_batch_peak"] = worst_record(row, kept, facts, template, device, idle)
+            worst = worst_record(row, kept, facts, template, device, idle)
         elif o.label == EVALUATION_LABEL:
             precision = template.precision
-            out["evaluation_peak"] = evaluation_record(row, kept, facts, precision, device, idle)
-    return out
+            evaluation = evaluation_record(row, kept, facts, precision, device, idle)
+    return worst, evaluation

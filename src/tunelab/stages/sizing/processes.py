@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tunelab.core.records import read_json
+from tunelab.core.record_sizing import WRITING, MeasurePhase, SizingResult
 from tunelab.core.worker import Outcome, Worker
-from tunelab.stages.sizing.measure import result_path
+from tunelab.stages.sizing.measure import result_path, specs_of
 from tunelab.stages.sizing.process_memory import MMAP_THRESHOLD
 
 OnResult = Callable[[int, dict[str, Any]], None]
@@ -51,7 +51,7 @@ def measure_configurations(
     """Every spec's result, in order; `on_result(index, result)` as each becomes known (not
     necessarily in order). `timeout_s` is per configuration. Each result carries `process`
     {index, position}: which child measured it, and its place among that child's specs."""
-    shared = shared and all(s.get("allocator", "pinned") == "pinned" for s in specs)
+    shared = shared and all(s.pinned for s in specs_of(specs, WRITING))
     # one process makes the optimizer's states without a warm-up step; fresh ones run one
     specs = [{"warmup": "states" if shared else "step", **s} for s in specs]
     results: dict[int, dict[str, Any]] = {}
@@ -80,7 +80,8 @@ def _run_child(
     error), and for the configuration it was on when it ended early, the verdict of its end.
     Configurations it did not reach or finish are left for the caller to give to a new child."""
     env = {"TOKENIZERS_PARALLELISM": "false"}
-    if specs[0].get("allocator", "pinned") == "pinned":
+    typed = specs_of(specs, WRITING)
+    if typed[0].pinned:
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     done: set[int] = set()
 
@@ -103,20 +104,22 @@ def _run_child(
         )
         collect()
         phase = worker.dir / "phase.json"
-        at = read_json(phase)["index"] if phase.exists() else 0
+        at = MeasurePhase.read(phase).index if phase.exists() else 0
     if at not in done and not (outcome.returncode == 0 and outcome.result):
         done.add(at)
-        seen(at, _ended(outcome, specs[at].get("label"), timeout_s))
+        seen(at, _ended(outcome, typed[at].label, timeout_s))
 
 
 def _final(folder: Any, j: int) -> dict[str, Any] | None:
+    """The child's result of configuration `j`, checked as its kind: the whole one, or the
+    memory phase's where that is final (None while neither is known)."""
     whole = result_path(folder, j)
     if whole.exists():
-        return read_json(whole)
+        return SizingResult.read(whole).raw
     memory = result_path(folder, j, "memory")
     if memory.exists():
-        result = read_json(memory)
-        return result if result.get("status") != "ok" else None
+        result = SizingResult.read(memory)
+        return result.raw if result.status != "ok" else None
     return None
 
 

@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from tunelab.core.config_training import TrainingConfig
 from tunelab.core.errors import ConfigError
+from tunelab.core.record_sizing import SizingConfiguration
 from tunelab.stages.sizing.memory import estimate_memory
 from tunelab.stages.sizing.terms import Case, ModelFacts
 
@@ -195,16 +196,10 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def calibration(rows: list[dict[str, Any]]) -> float:
+def calibration(rows: list[SizingConfiguration]) -> float:
     """max(1, measured / predicted) over the measured rows: predictions are only ever raised."""
-    ratios = [
-        r["measured"]["compared"] / r["predicted"]["compared"]
-        for r in rows
-        if r.get("status") == "ok"
-        and r.get("measured", {}).get("compared")
-        and r.get("predicted", {}).get("compared")
-    ]
-    return max([1.0, *ratios])
+    pairs = [(r.measurement.compared, r.prediction.compared) for r in rows if r.status == "ok"]
+    return max([1.0, *(m / p for m, p in pairs if m and p)])
 
 
 def recommend(

@@ -14,6 +14,15 @@ from typing import Any
 from tunelab.core.errors import StudyError
 from tunelab.core.evidence import latest, sizing_dir
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_sizing import (
+    WRITING,
+    SizingConfiguration,
+    SizingEnv,
+    SizingLengths,
+    SizingMeasured,
+    SizingRecommendation,
+    SizingThroughput,
+)
 from tunelab.core.record_types import Sizing
 from tunelab.core.records import write_json_atomic
 from tunelab.core.study import Study
@@ -40,14 +49,16 @@ def compare_row(
     """Predicted breakdown, the measured figure it is compared with, error %, the x4 rule's."""
     est = estimate_memory(facts, case)
     cuda = device == "cuda"
-    predicted = {**est.to_dict(), "compared": est.peak_total if cuda else est.peak_increase}
+    compared = est.peak_total if cuda else est.peak_increase
+    predicted = {**est.to_dict(), "compared": compared}
     # The rule says weights x 4 in all; over a process already holding the weights: x 3.
     rule = est.rule_x4 if cuda else est.rule_x4 - est.weights
-    real = (measured or {}).get("peak_total" if cuda else "increase")
+    found = SizingMeasured.of(WRITING, measured or {}, "measured")
+    real = found.peak_total if cuda else found.increase
     out = {
         "predicted": predicted,
         "rule_x4": {"bytes": rule, "error_pct": _pct(rule, real)},
-        "error_pct": _pct(predicted["compared"], real),
+        "error_pct": _pct(compared, real),
         "compared": "max_allocated" if cuda else "peak RSS - idle RSS",
     }
     if measured is not None:
@@ -57,7 +68,8 @@ def compare_row(
 
 def save_sizing(study: Study, record: dict[str, Any]) -> Path:
     """records/sizing/<id>.json, and its event in the ledger."""
-    path = write_json_atomic(sizing_dir(study) / f"{record['id']}.json", record)
+    sizing = Sizing.of(WRITING, record)  # checked as its kind before it is written
+    path = write_json_atomic(sizing_dir(study) / f"{sizing.id}.json", record)
     keys = ("id", "max_error_pct", "seconds")
     study.ledger.add_event(None, "sizing:recorded", {k: record[k] for k in keys})
     return path
@@ -83,15 +95,18 @@ def sizing_record(
     t = cfg.training
     effective = t.micro_batch_size * t.grad_accum_steps
     throughput = _throughput(rows, rec, sizes)
+    measured = as_configurations(rows)
+    rate = SizingThroughput.of(WRITING, throughput, "throughput")
     return {
         "id": new_sizing_id(),
         "kind": "sizing",
         "created_at": utc_now(),
         "seconds": None,
         "config_sha256": cfg.sha256(),
+        # require_hypothesis's summary of the locked record: {version, sha256, ...}
         "hypothesis_version": hypothesis["version"],
         "hypothesis_sha256": hypothesis["sha256"],
-        "data_snapshot": lengths.get("snapshot"),
+        "data_snapshot": SizingLengths.of(WRITING, lengths, "lengths").snapshot,
         "device": device,
         "env": _env_summary(capture_env()),
         "model": {"path": cfg.model.path, "architecture": facts.architecture},
@@ -116,25 +131,33 @@ def sizing_record(
         ),
         "facts": facts.to_dict(),
         "configurations": rows,
-        "max_error_pct": _max_abs(r.get("error_pct") for r in rows),
-        "rule_x4_max_error_pct": _max_abs(r["rule_x4"]["error_pct"] for r in rows),
+        "max_error_pct": _max_abs(r.error_pct for r in measured),
+        "rule_x4_max_error_pct": _max_abs(r.rule.error_pct for r in measured),
         "recommendation": rec,
         "projection": projection,
         "throughput": throughput,
-        "step_s": throughput.get("step_s"),
-        "tokens_per_s": throughput.get("tokens_per_s"),
+        "step_s": rate.step_s,
+        "tokens_per_s": rate.tokens_per_s,
     }
+
+
+def as_configurations(rows: list[dict[str, Any]]) -> list[SizingConfiguration]:
+    """The rows `tunelab size` is building, read as the record's configurations."""
+    return [
+        SizingConfiguration.of(WRITING, row, f"configurations[{i}]") for i, row in enumerate(rows)
+    ]
 
 
 def flatten_row(row: dict[str, Any]) -> None:
     """Flat copies of the figures a table shows (the report reads them)."""
-    m = row.get("measured") or {}
+    found = as_configurations([row])[0]
+    m = found.measurement
     row.update(
-        seq_len=row["options"]["seq_len"],
-        micro_batch=row["options"]["micro_batch"],
-        predicted_mb=round(row["predicted"]["compared"] / 2**20, 2),
-        measured_mb=round(m["compared"] / 2**20, 2) if m.get("compared") else None,
-        step_s=m.get("projected_step_s"),
+        seq_len=found.options.seq_len,
+        micro_batch=found.options.micro_batch,
+        predicted_mb=round((found.prediction.compared or 0) / 2**20, 2),
+        measured_mb=round(m.compared / 2**20, 2) if m.compared else None,
+        step_s=m.projected_step_s,
     )
 
 
@@ -143,20 +166,21 @@ def _throughput(
 ) -> dict[str, Any]:
     """The step time and tokens/s the planner uses: the study's own configuration at the most
     typical length measured (the first), and the recommended one's when it was measured."""
-    own = next((r for r in rows if r["label"] == own_label(sizes[0])), None)
+    own = next((r for r in as_configurations(rows) if r.label == own_label(sizes[0])), None)
     out: dict[str, Any] = {}
-    if own and own["status"] == "ok":
-        m = own["measured"]
+    if own and own.status == "ok":
+        m = own.measurement
         out = {
-            "row": own["label"],
-            "seq_len": own["options"]["seq_len"],
-            "step_s": m.get("projected_step_s"),
-            "micro_step_s": m.get("micro_step_s"),
-            "tokens_per_s": m.get("tokens_per_s"),
-            "examples_per_s": m.get("examples_per_s"),
+            "row": own.label,
+            "seq_len": own.options.seq_len,
+            "step_s": m.projected_step_s,
+            "micro_step_s": m.micro_step_s,
+            "tokens_per_s": m.tokens_per_s,
+            "examples_per_s": m.examples_per_s,
         }
-    if rec.get("tokens_per_s"):
-        out["recommended_tokens_per_s"] = rec["tokens_per_s"]
+    recommended = SizingRecommendation.of(WRITING, rec, "recommendation").tokens_per_s
+    if recommended:
+        out["recommended_tokens_per_s"] = recommended
     return out
 
 
@@ -167,13 +191,15 @@ def _max_abs(values: Any) -> float | None:
 
 
 def _env_summary(env: dict[str, Any]) -> dict[str, Any]:
+    """The machine in short (`core.env.capture_env`'s, read as the record's `env`)."""
+    found = SizingEnv.of(WRITING, env, "env")
     return {
-        "torch": env.get("torch"),
-        "backend": env.get("backend"),
-        "cpu": env.get("cpu"),
-        "gpus": env.get("gpus"),
+        "torch": found.torch,
+        "backend": found.backend,
+        "cpu": found.cpu,
+        "gpus": found.gpus,
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "packages": env.get("packages"),
+        "packages": found.packages,
     }
 
 

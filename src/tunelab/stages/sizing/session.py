@@ -9,26 +9,35 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from tunelab.stages.sizing.child_model import build_for, image_side, synthetic_examples
+from tunelab.core.run_parts import TrainStep
+from tunelab.stages.sizing.child_model import build_for, image_side, spec_of, synthetic_examples
+
+# the measured steps' metrics rows are checked as lines of a run's metrics.jsonl
+STEPS = Path("the measured steps' metrics")
 
 
 @dataclass
 class Steps:
-    """The loop of the measurement and every step's metrics row so far."""
+    """The loop of the measurement and every step's metrics row so far (each read as a line
+    of a run's metrics.jsonl)."""
 
     loop: Any
     device: Any
     state: Any = None
-    metrics: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[TrainStep] = field(default_factory=list)
 
     def run_to(self, total_steps: int) -> None:
         from tunelab.stages.train.loop import TrainState, train_loop
 
         self.loop.total_steps = total_steps
         state = self.state or TrainState()
-        self.state = train_loop(self.loop, state, [lambda _s, row: self.metrics.append(row)])
+        self.state = train_loop(self.loop, state, [self._keep])
+
+    def _keep(self, _state: Any, row: dict[str, Any]) -> None:
+        self.metrics.append(TrainStep.of(STEPS, row, f"step {len(self.metrics) + 1}"))
 
 
 def marker(phases: dict[str, float]) -> Callable[[str], None]:
@@ -60,6 +69,7 @@ def build_session(spec: dict[str, Any], device: Any) -> Session:
     from tunelab.stages.train.build import build_loop
 
     started = time.perf_counter()
+    typed = spec_of(spec)
     cfg, base, model, facts = build_for(spec, device)
     t, arch = cfg.training, base.architecture
     per_step = t.micro_batch_size * t.grad_accum_steps
@@ -71,18 +81,18 @@ def build_session(spec: dict[str, Any], device: Any) -> Session:
             arch,
             vocab=facts.vocab,
             num_labels=max(2, facts.num_labels),
-            loss_fraction=float(spec.get("loss_fraction", 1.0)),
+            loss_fraction=float(1.0 if typed.loss_fraction is None else typed.loss_fraction),
             seed=seed,
             image_size=image_side(spec, base, facts) if arch == "image" else None,
         )
 
-    if spec.get("lengths"):  # the worst batch: one example of each length, one micro-batch
-        encoded = [examples(1, int(n), t.seed + j)[0] for j, n in enumerate(spec["lengths"])]
+    if typed.lengths:  # the worst batch: one example of each length, one micro-batch
+        encoded = [examples(1, int(n), t.seed + j)[0] for j, n in enumerate(typed.lengths)]
     else:
-        encoded = examples(per_step, int(spec["seq_len"]), t.seed)
+        encoded = examples(per_step, typed.seq_len, t.seed)
     # the schedule leaves room for every step the measurement may take
-    total = int(spec.get("warmup_steps", 1)) + int(spec.get("measure_steps", 1))
-    total += 1 + int(spec.get("time_steps", 3))
+    warmup, measured, timed = typed.steps()
+    total = warmup + measured + 1 + timed
     loop = build_loop(model, t, encoded, architecture=arch, pad_id=0, total_steps=total)
     load_s = time.perf_counter() - started
     return Session(model, loop, Steps(loop, device), facts, arch, t, load_s)

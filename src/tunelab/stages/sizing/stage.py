@@ -61,6 +61,14 @@ from typing import Any
 
 from tunelab.core.config_training import TrainingConfig
 from tunelab.core.progress import Progress
+from tunelab.core.record_sizing import (
+    WRITING,
+    SizingConfiguration,
+    SizingLengths,
+    SizingOptions,
+    SizingRecommendation,
+    SizingResult,
+)
 from tunelab.core.study import Study
 from tunelab.stages.sizing.forecast import PLANNED_TIME_STEPS, RowProgress, sizing_forecast
 from tunelab.stages.sizing.lengths import (
@@ -80,10 +88,17 @@ from tunelab.stages.sizing.recommend import (
     own_label,
     recommend,
 )
-from tunelab.stages.sizing.record import compare_row, flatten_row, save_sizing, sizing_record
+from tunelab.stages.sizing.record import (
+    as_configurations,
+    compare_row,
+    flatten_row,
+    save_sizing,
+    sizing_record,
+)
 from tunelab.stages.sizing.terms import Case, ModelFacts
 
 DEFAULT_RANKS = (2, 4, 8)
+MEASURED_ACCUM = 2  # micro-steps a measured step runs at most: the time of one scales to the rest
 
 
 def device_memory_bytes(device: str) -> int:
@@ -111,12 +126,13 @@ class _Measurer:
         self,
         base_spec: dict[str, Any],
         own: str,
+        method: str,
         total: int,
         timeout_s: float,
         progress: Progress | None,
         shared: bool = True,
     ):
-        self.base_spec, self.own, self.total = base_spec, own, total
+        self.base_spec, self.own, self.method, self.total = base_spec, own, method, total
         self.timeout_s, self.progress, self.shared = timeout_s, progress, shared
         self.rows: list[dict[str, Any]] = []
         self.facts: ModelFacts | None = None
@@ -131,7 +147,7 @@ class _Measurer:
             "label": o.label,
             "seq_len": o.seq_len,
             "micro_batch": o.micro_batch,
-            "grad_accum": min(o.grad_accum, 2),
+            "grad_accum": min(o.grad_accum, MEASURED_ACCUM),
             "precision": o.precision,
             "checkpointing": o.checkpointing,
             "packing": o.packing,
@@ -162,6 +178,10 @@ class _Measurer:
         )
         self.rows += [rows[i] for i in range(len(queue))]
 
+    def configurations(self) -> list[SizingConfiguration]:
+        """The rows measured so far, read as the record's configurations."""
+        return as_configurations(self.rows)
+
     def measure(self, o: Option, method: str | None = None, note: str = "") -> dict[str, Any]:
         """Measure option `o` alone (its own process); `note` follows its label on the
         progress line."""
@@ -175,30 +195,31 @@ class _Measurer:
     def _row(
         self, o: Option, method: str | None, spec: dict[str, Any], result: dict[str, Any]
     ) -> dict[str, Any]:
-        if result.get("facts") and method is not None:
-            self.facts_of[o.label] = ModelFacts.from_dict(result["facts"])
-        elif result.get("facts"):
-            self.facts = self.facts or ModelFacts.from_dict(result["facts"])
-        measured_accum = spec["grad_accum"]
+        found = SizingResult.of(WRITING, result, f"the measurement of {o.label!r}")
+        if found.facts and method is not None:
+            self.facts_of[o.label] = ModelFacts.from_dict(found.facts)
+        elif found.facts:
+            self.facts = self.facts or ModelFacts.from_dict(found.facts)
+        measured_accum = min(o.grad_accum, MEASURED_ACCUM)
         row: dict[str, Any] = {
             "label": o.label,
             "options": {**o.to_dict(), "measured_accum": measured_accum},
-            "method": method or spec["config"]["adaptation"]["method"],
-            "status": result.get("status"),
-            "reason": result.get("reason"),
-            "measured": result.get("measured"),
-            "process": result.get("process"),
+            "method": method or self.method,
+            "status": found.status,
+            "reason": found.reason,
+            "measured": found.measured,
+            "process": found.process,
         }
-        m = row["measured"]
-        if m and m.get("step_s"):
-            micro_s = m["step_s"] / measured_accum
-            m["micro_step_s"] = micro_s
-            m["projected_step_s"] = micro_s * o.grad_accum
+        step_s = found.measurement.step_s
+        if found.measured and step_s:
+            micro_s = step_s / measured_accum
+            found.measured["micro_step_s"] = micro_s
+            found.measured["projected_step_s"] = micro_s * o.grad_accum
         return row
 
 
 def _case_of(
-    opts: dict[str, Any],
+    opts: SizingOptions,
     facts: ModelFacts,
     t: TrainingConfig,
     *,
@@ -208,13 +229,14 @@ def _case_of(
     accum: int | None = None,
 ) -> Case:
     """The analytic model's case for a row's options (the accumulation measured, or `accum`)."""
+    measured_accum = opts.grad_accum if opts.measured_accum is None else opts.measured_accum
     return Case(
-        seq_len=opts["seq_len"],
-        micro_batch=opts["micro_batch"],
-        grad_accum=accum or opts.get("measured_accum", opts["grad_accum"]),
-        precision=opts["precision"],
-        checkpointing=opts["checkpointing"],
-        packing=bool(opts["packing"] and facts.architecture == "causal_lm"),
+        seq_len=opts.seq_len,
+        micro_batch=opts.micro_batch,
+        grad_accum=accum or measured_accum,
+        precision=opts.precision or "fp32",
+        checkpointing=bool(opts.checkpointing),
+        packing=bool(opts.packing and facts.architecture == "causal_lm"),
         loss_fraction=loss_fraction,
         optimizer=t.optimizer,
         device=device,
@@ -235,10 +257,10 @@ def _recommendation(
     can_checkpoint: bool = True,
 ) -> dict[str, Any]:
     """The largest micro-batch that fits at the longest length, measured when no row has it."""
-    facts, rows = measurer.facts, measurer.rows
+    facts, rows = measurer.facts, measurer.configurations()
     assert facts is not None
-    ok = [r for r in rows if r["status"] == "ok"]
-    idle = [r["measured"].get("idle_rss") for r in ok if r["measured"].get("idle_rss")]
+    ok = [r.measurement for r in rows if r.status == "ok"]
+    idle = [m.idle_rss for m in ok if m.idle_rss]
     rec = recommend(
         facts,
         template,
@@ -249,43 +271,43 @@ def _recommendation(
         scale=calibration(rows),
         can_checkpoint=can_checkpoint,
     )
-    if not rec["fits"]:
+    found = SizingRecommendation.of(WRITING, rec, "recommendation")
+    if not found.fits:
         return rec
-    match = next(
-        (
-            r
-            for r in rows
-            if r["options"]["seq_len"] == largest
-            and r["options"]["micro_batch"] == rec["micro_batch"]
-            and r["options"]["checkpointing"] == rec["checkpointing"]
-            and r["options"]["precision"] == rec["precision"]
-        ),
-        None,
-    )
+    shape = (largest, found.micro_batch, found.checkpointing, found.precision)
+    match = next((r for r in rows if _shape(r.options) == shape), None)
     if match is None:
         o = Option(
             "recommended",
             largest,
-            rec["micro_batch"],
-            rec["grad_accum"],
-            rec["precision"],
-            rec["checkpointing"],
+            found.micro_batch,
+            found.grad_accum,
+            found.precision,
+            found.checkpointing,
             packing,
         )
-        match = measurer.measure(o)
-        match.update(compare_row(facts, case(match["options"]), match["measured"], device))
-        flatten_row(match)
-    rec["row"] = match["label"]
-    rec["measured_status"] = match["status"]
-    if match["status"] == "ok":
-        m = match["measured"]
+        row = measurer.measure(o)
+        first = as_configurations([row])[0]
+        row.update(compare_row(facts, case(first.options), first.measured, device))
+        flatten_row(row)
+        match = as_configurations([row])[0]
+    rec["row"] = match.label
+    rec["measured_status"] = match.status
+    if match.status == "ok":
+        m = match.measurement
         rec.update(
-            tokens_per_s=m.get("tokens_per_s"),
-            step_s=m.get("projected_step_s"),
-            micro_step_s=m.get("micro_step_s"),
-            measured_peak_bytes=m.get("peak_total"),
+            tokens_per_s=m.tokens_per_s,
+            step_s=m.projected_step_s,
+            micro_step_s=m.micro_step_s,
+            measured_peak_bytes=m.peak_total,
         )
     return rec
+
+
+def _shape(o: SizingOptions) -> tuple[Any, ...]:
+    """What a recommendation names of a configuration: length, micro-batch, checkpointing and
+    precision."""
+    return (o.seq_len, o.micro_batch, o.checkpointing, o.precision)
 
 
 def _other_methods(
@@ -299,11 +321,11 @@ def _other_methods(
     """For each method measured beside the study's (`--methods`): its own recommendation at
     the longest length, so that a method that fits where the study's does not is proposed."""
     out = []
-    for row in measurer.rows:
-        facts = measurer.facts_of.get(row["label"])
+    for row in measurer.configurations():
+        facts = measurer.facts_of.get(row.label or "")
         if facts is None:
             continue
-        idle = (row["measured"] or {}).get("idle_rss") or 0
+        idle = row.measurement.idle_rss or 0
         rec = recommend(
             facts,
             template,
@@ -314,26 +336,26 @@ def _other_methods(
             can_checkpoint=can_checkpoint,
         )
         keys = ("fits", "micro_batch", "grad_accum", "checkpointing", "predicted_peak_bytes")
-        out.append({"method": row["method"], **{k: rec.get(k) for k in keys}})
+        out.append({"method": row.method, **{k: rec.get(k) for k in keys}})
     return out
 
 
 def _projection(
     facts: ModelFacts,
     template: Case,
-    rec: dict[str, Any],
+    rec: SizingRecommendation,
     effective: int,
     ranks: tuple[int, ...],
 ) -> list[dict[str, Any]]:
     """Per-rank memory under DDP and FSDP over `ranks` processes, at the recommendation."""
-    if not rec.get("fits"):
+    if not rec.fits or rec.micro_batch is None:
         return []
-    per_rank = replace(template, micro_batch=rec["micro_batch"], checkpointing=rec["checkpointing"])
+    per_rank = replace(template, micro_batch=rec.micro_batch, checkpointing=rec.checkpointing)
     projection = []
     for n in ranks:
         # the effective batch stays: each rank takes micro-batches of at most the recommended
         # size, the accumulation shrinks with the rank count
-        micro = max(1, min(rec["micro_batch"], effective // n))
+        micro = max(1, min(rec.micro_batch, effective // n))
         accum = max(1, -(-effective // (micro * n)))
         case = replace(per_rank, micro_batch=micro, grad_accum=accum)
         projection.append(
@@ -393,7 +415,7 @@ def _setup(
         can_checkpoint=can_checkpoint,
     )
     budget = memory_budget or device_memory_bytes(device)
-    loss_fraction = float(lengths.get("loss_fraction") or 1.0)
+    loss_fraction = float(SizingLengths.of(WRITING, lengths, "lengths").loss_fraction or 1.0)
     base_spec = {
         "config": cfg.to_dict(),
         "root": str(study.root),
@@ -419,7 +441,7 @@ def _measure_rows(
     timeout_s: float,
     progress: Progress | None,
     shared: bool,
-) -> tuple[_Measurer, list[Any], dict[str, dict[str, Any]]]:
+) -> tuple[_Measurer, list[Any], dict[Any, SizingConfiguration]]:
     """Every configuration, each other method and the peaks measured: (the measurer with the
     configurations' rows, the peaks' options, the peaks' rows by label)."""
     options, cfg = setup.options, study.config
@@ -427,7 +449,8 @@ def _measure_rows(
     # + the recommended configuration, when not measured yet
     total = len(options) + len(setup.others) + len(peaks) + 1
     own = own_label(setup.sizes[0])
-    measurer = _Measurer(setup.base_spec, own, total, timeout_s, progress, shared)
+    method = cfg.adaptation.method
+    measurer = _Measurer(setup.base_spec, own, method, total, timeout_s, progress, shared)
     measurer.extras = {o.label: extra for o, extra, _ in peaks}
     queue = [(o, None) for o in options]
     queue += [(replace(options[0], label=f"method {m}"), m) for m in setup.others]
@@ -439,8 +462,9 @@ def _measure_rows(
     images = cfg.task.kind == "image_classification"
     on_row = RowProgress(planned, own, total, shared, progress, images)
     measurer.measure_all(queue, on_row)
-    peak_rows = {r["label"]: r for r in measurer.rows if r["label"] in measurer.extras}
-    measurer.rows = [r for r in measurer.rows if r["label"] not in measurer.extras]
+    measured = measurer.configurations()
+    peak_rows = {r.label: r for r in measured if r.label in measurer.extras}
+    measurer.rows = [r.raw for r in measured if r.label not in measurer.extras]
     refuse_unmeasured(measurer.rows, measurer.facts)
     return measurer, peaks, peak_rows
 
@@ -481,12 +505,13 @@ def run(
     )  # fmt: skip
     measurer, peaks, peak_rows = _measure_rows(study, setup, timeout_s, progress, shared)
     record, template = _judge(study, hypothesis, setup, measurer, allocator, ranks)
-    facts, rows, device = measurer.facts, measurer.rows, setup.device
+    facts, rows, device = measurer.facts, measurer.configurations(), setup.device
     assert facts is not None
-    idle = 0 if device == "cuda" else max((r["measured"] or {}).get("idle_rss") or 0 for r in rows)
-    record.update(peak_records(peaks, peak_rows, facts, template, device, idle))
+    idle = 0 if device == "cuda" else max(r.measurement.idle_rss or 0 for r in rows)
+    worst, evaluation = peak_records(peaks, peak_rows, facts, template, device, idle)
+    record.update(worst_batch_peak=worst, evaluation_peak=evaluation)
     # the load before the first step, and the evaluation on one device, for each layout
-    record["load"] = load_table(facts, ranks, setup.budget, device, record["evaluation_peak"])
+    record["load"] = load_table(facts, ranks, setup.budget, device, evaluation)
     record["seconds"] = round(time.perf_counter() - started, 3)
     record["processes"] = "shared" if shared and allocator == "pinned" else "fresh"
     return record, save_sizing(study, record)
@@ -502,26 +527,25 @@ def _judge(
 ) -> tuple[dict[str, Any], Case]:
     """Each row's prediction set beside its measurement, the recommendation, the other methods'
     and the per-rank projection: (the record, the case the recommendation was sized at)."""
-    rows, facts, device = measurer.rows, measurer.facts, setup.device
+    rows, facts, device = measurer.configurations(), measurer.facts, setup.device
     assert facts is not None
     t = study.config.training
-    cuda_major = next(
-        (r["measured"]["cuda_major"] for r in rows if (r["measured"] or {}).get("cuda_major")), 9
-    )
+    cuda_major = next((r.measurement.cuda_major for r in rows if r.measurement.cuda_major), 9)
 
-    def case(opts: dict[str, Any], accum: int | None = None) -> Case:
+    def case(opts: SizingOptions, accum: int | None = None) -> Case:
         return _case_of(
             opts, facts, t, loss_fraction=setup.loss_fraction, device=device,
             cuda_major=cuda_major, accum=accum,
         )  # fmt: skip
 
     for row in rows:
-        own = measurer.facts_of.get(row["label"], facts)
-        row.update(compare_row(own, case(row["options"]), row["measured"], device))
-        flatten_row(row)
+        own = measurer.facts_of.get(row.label or "", facts)
+        row.raw.update(compare_row(own, case(row.options), row.measured, device))
+        flatten_row(row.raw)
     # the recommendation, sized at the longest length with the study's precision and packing
     sizes, effective, budget = setup.sizes, setup.effective, setup.budget
-    template = case({**setup.options[0].to_dict(), "seq_len": sizes[-1]}, accum=1)
+    longest = replace(setup.options[0], seq_len=sizes[-1])
+    template = case(SizingOptions.of(WRITING, longest.to_dict()), accum=1)
     template = replace(template, checkpointing=t.activation_checkpointing)
     rec = _recommendation(
         measurer, case, template, largest=sizes[-1], effective=effective, budget=budget,
@@ -530,8 +554,9 @@ def _judge(
     rec["other_methods"] = _other_methods(
         measurer, template, effective, budget, device, setup.can_checkpoint
     )
+    recommended = SizingRecommendation.of(WRITING, rec, "recommendation")
     record = sizing_record(
-        study, hypothesis, setup.lengths, sizes, device, budget, allocator, facts, rows, rec,
-        _projection(facts, template, rec, effective, ranks),
+        study, hypothesis, setup.lengths, sizes, device, budget, allocator, facts, measurer.rows,
+        rec, _projection(facts, template, recommended, effective, ranks),
     )  # fmt: skip
     return record, template

@@ -11,8 +11,11 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from tunelab.core.record_sizing import SizingResult
+from tunelab.stages.sizing.child_model import spec_of
 from tunelab.stages.sizing.process_memory import release_mmap_threshold
 from tunelab.stages.sizing.session import Session, Steps, build_session, marker
 
@@ -57,7 +60,7 @@ def _timed_steps(
     first = len(steps.metrics)
     while len(steps.metrics) - first < timed:
         steps.run_to(len(steps.metrics) + 1)
-        if stable_times([r["seconds"] for r in steps.metrics[first:]]):
+        if stable_times([r.seconds for r in steps.metrics[first:]]):
             break
     timed = len(steps.metrics) - first
     share = cpu_share(
@@ -66,7 +69,7 @@ def _timed_steps(
         torch.get_num_threads(),
         steps.device,
     )
-    return [r["seconds"] for r in steps.metrics[-timed:]], allocator, share
+    return [r.seconds for r in steps.metrics[-timed:]], allocator, share
 
 
 @dataclass
@@ -102,15 +105,17 @@ def measure_time(
     before = before if before is not None else TimedBefore()
     started = time.perf_counter()
     session = session or build_session(spec, device)
-    measured = dict(result["measured"])
-    phases = measured["phase_s"] = dict(measured["phase_s"])
+    found = SizingResult.of(Path("memory-<i>.json"), result).measurement
+    typed = spec_of(spec)
+    measured = dict(found.raw)
+    phases = measured["phase_s"] = dict(found.phase_s or {})
     phases["timing_load"] = round(time.perf_counter() - started, 3)
     mark = marker(phases)
-    budget = spec.get("memory_budget_bytes")
-    timed = int(spec.get("time_steps", 3)) if measured["memory_step_s"] else 0
-    if budget and (measured.get("peak_rss") or 0) > 0.8 * budget:
+    budget = typed.memory_budget_bytes
+    timed = typed.steps()[2] if found.memory_step_s else 0
+    if budget and (found.peak_rss or 0) > 0.8 * budget:
         timed = 0  # a heap that keeps freed memory could cross the budget: time as measured
-    peak = measured.get("peak_total") or 0
+    peak = found.peak_total or 0
     grown = 0 < peak <= before.heap_peak
     seconds, allocator, timed_cpu = (
         _timed_steps(session.steps, timed, grow=not grown) if timed else ([], "as measured", None)
@@ -118,18 +123,18 @@ def measure_time(
     if allocator == "released":
         before.heap_peak = max(before.heap_peak, peak)
     mark("timed_steps")
-    seconds = seconds or measured["memory_step_s"]
+    seconds = seconds or found.memory_step_s
     key = _forward_key(spec)
     if key not in before.forwards:
         t, warmed = session.training, bool(before.forwards)
         forward_s = _time_forward(
             session.model, session.loop.source, session.arch, t.precision, device, not warmed
         )
-        before.forwards[key] = (forward_s, spec.get("label"))
+        before.forwards[key] = (forward_s, typed.label)
     forward_s, forward_of = before.forwards[key]
     mark("forward")
-    step_s = statistics.median(seconds) if seconds else measured["memory_wall_s"]
-    tokens, examples = measured["tokens_per_step"], measured["examples_per_step"]
+    step_s = statistics.median(seconds) if seconds else found.memory_wall_s
+    tokens, examples = found.tokens_per_step, found.examples_per_step
     measured.update(
         step_s=step_s,
         step_s_all=seconds,

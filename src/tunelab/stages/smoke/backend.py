@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import TunelabError
+from tunelab.core.records import dumps_json
+from tunelab.core.run_parts import RunEnv
 
 if TYPE_CHECKING:
     import torch
@@ -67,16 +71,15 @@ def _device_name(device: torch.device) -> str:
     return f"{props.name} (compute capability {props.major}.{props.minor})"
 
 
-def _backend_line(env: dict[str, Any], device: torch.device) -> Check:
+def _backend_line(env: RunEnv, device: torch.device) -> Check:
     if device.type == "cpu":
-        cpu = env["cpu"]
-        why = f"cpu: {cpu['name']}, {cpu['logical_cores']} cores"
-        if env["backend"] != "cpu":
-            why += f" (TUNELAB_DEVICE=cpu; this machine has {env['backend']})"
+        why = f"cpu: {(env.cpu or {}).get('name')}, {env.logical_cores} cores"
+        if env.backend != "cpu":
+            why += f" (TUNELAB_DEVICE=cpu; this machine has {env.backend})"
     else:
-        version = f"ROCm {env['rocm']}" if env["rocm"] else f"CUDA {env['cuda']}"
-        why = f"{env['backend']}: {_device_name(device)}, {version}, driver {env['driver'] or '?'}"
-    return Check("backend", PASS, f"{why}; torch {env['torch']}")
+        version = f"ROCm {env.rocm}" if env.rocm else f"CUDA {env.cuda}"
+        why = f"{env.backend}: {_device_name(device)}, {version}, driver {env.driver or '?'}"
+    return Check("backend", PASS, f"{why}; torch {env.torch}")
 
 
 # ------------------------------------------------------------------ the model
@@ -288,6 +291,11 @@ def _liger_line(device: torch.device, arch: str | None) -> Check:
                  f"forward and backward on {_device_name(device)}", needed=used)  # fmt: skip
 
 
+def _this_env(env: dict[str, Any]) -> RunEnv:
+    """This machine's environment read as a run's env.json reads (its JSON, as written)."""
+    return RunEnv.of(Path("this machine's environment"), json.loads(dumps_json(env)))
+
+
 def backend_checks(study: Study) -> list[Check]:
     """The checks of `study` on this machine, in the order a run meets them."""
     from tunelab.core.env import capture_env
@@ -298,7 +306,7 @@ def backend_checks(study: Study) -> list[Check]:
     model_line, model, arch = _model_line(study)
     precision_line, precision = _precision_line(cfg, device)
     lines = [
-        _backend_line(capture_env(), device),
+        _backend_line(_this_env(capture_env()), device),
         model_line,
         _adaptation_line(cfg, model),
         _optimizer_line(cfg, device),

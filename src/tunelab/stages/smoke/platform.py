@@ -21,6 +21,7 @@ from typing import Any
 
 from tunelab.core.env import capture_env, describe_platform, platform_of
 from tunelab.core.errors import RunError
+from tunelab.core.record_types import Smoke
 from tunelab.core.records import read_json
 from tunelab.core.study import Study
 
@@ -62,7 +63,7 @@ def passed_platforms(study: Study, kind: str) -> list[dict[str, Any]]:
             r
             for r in entry["runs"]
             if (study.runs_dir / r / "smoke.json").is_file()
-            and read_json(study.runs_dir / r / "smoke.json").get("passed")
+            and Smoke.read(study.runs_dir / r / "smoke.json").passed
         ]
         if runs:
             passed.append({**entry, "runs": runs})

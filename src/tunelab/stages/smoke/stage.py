@@ -43,7 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import RunError, TunelabError
+from tunelab.core.record_checks import FreshOutcome
+from tunelab.core.record_smoke import SmokeCheck, UpdateCheck, update_check_of
+from tunelab.core.record_types import Evaluation, RunStatus
 from tunelab.core.records import read_json, read_jsonl, write_json_atomic
+from tunelab.core.run_parts import CheckpointCheck, Prediction, Reproduced, TrainStep
 from tunelab.lib.probes import AdapterPass, adapter_time_ratio
 
 if TYPE_CHECKING:
@@ -150,25 +154,29 @@ def _run_settings(cfg: Any, prep: Prepared) -> dict[str, Any]:
     }
 
 
-def _record(study: Study, run: Run, record: dict[str, Any]) -> None:
+def _record(study: Study, run: Run, record: dict[str, Any], checks: list[dict[str, Any]]) -> None:
     """Judge the checks, write smoke.json, and fail the run when a check failed."""
-    record["passed"], record["reason"] = _verdict(record["checks"])
-    path = write_json_atomic(run.path("smoke.json"), record)
+    path = run.path("smoke.json")
+    passed, reason = _verdict(
+        [SmokeCheck.of(path, c, f"checks[{i}]") for i, c in enumerate(checks)]
+    )
+    record["passed"], record["reason"] = passed, reason
+    write_json_atomic(path, record)
     record["path"] = str(path)
-    if run.row.status == "completed" and not record["passed"]:
-        run.set_status("failed", f"smoke: {record['reason']}"[:500])
+    if run.row.status == "completed" and not passed:
+        run.set_status("failed", f"smoke: {reason}"[:500])
     elif run.row.status == "running":
-        run.set_status("failed", f"smoke: {record['reason']}"[:500])
-    study.ledger.add_event(run.id, "smoke", {"passed": record["passed"], "path": str(path)})
+        run.set_status("failed", f"smoke: {reason}"[:500])
+    study.ledger.add_event(run.id, "smoke", {"passed": passed, "path": str(path)})
 
 
-def _verdict(checks: list[dict[str, Any]]) -> tuple[bool, str]:
+def _verdict(checks: list[SmokeCheck]) -> tuple[bool, str]:
     """(passed, reason): passed when there are checks and none failed."""
-    failed = [c for c in checks if c["ok"] is False]
+    failed = [c for c in checks if c.ok is False]
     passed = bool(checks) and not failed
     if passed:
         return True, "every check passed"
-    return False, "; ".join(f"{c['check']}: {c['detail']}" for c in failed)[:1000]
+    return False, "; ".join(f"{c.check}: {c.detail}" for c in failed)[:1000]
 
 
 def run(
@@ -247,7 +255,7 @@ def run(
     record["checks"] = checks
     record.update(timings)
     record["total_s"] = round(time.perf_counter() - started, 3)
-    _record(study, run, record)
+    _record(study, run, record, checks)
     return run, record
 
 
@@ -263,12 +271,14 @@ def _adapter_pass(
     cfg = study.config
     task = get_task(cfg, _task_labels(study, labels))
     if task.kind == "classification":
-        return AdapterPass(
-            model,
-            evaluation_s=lambda: evaluate_model(
+
+        def evaluation_s() -> float | None:
+            found, _ = evaluate_model(
                 model, tokenizer, base, study, rows, "validation", labels=labels
-            )[0]["seconds"],
-        )
+            )
+            return _timed_evaluation(found).seconds
+
+        return AdapterPass(model, evaluation_s=evaluation_s)
     ev = cfg.evaluation
     pre = Preprocessor(tokenizer, cfg, task, base.architecture)
     prompts = [pre.prompt_ids(r, generate=ev.max_new_tokens) for r in rows[: ev.batch_size]]
@@ -313,7 +323,7 @@ def _smoke_body(
 
 def _train_pass(
     study: Study, run: Run, prep: Prepared, found: _Findings, progress: Progress | None
-) -> dict[str, Any]:
+) -> RunStatus:
     """The real run code for the smoke's steps and its checkpoint; the steps, loss and update
     checks (recorded even when training raises); returns the run's status."""
     from tunelab.stages.train import stage as train_stage
@@ -325,27 +335,24 @@ def _train_pass(
         train_stage.execute_run(study, run, prep, resume=None, progress=progress, strategy=None)
     finally:
         timings["train_s"] = round(time.perf_counter() - train_started, 3)
-        rows = read_jsonl(run.path("metrics.jsonl")) if run.path("metrics.jsonl").exists() else []
-        steps = [r for r in rows if "loss" in r]
-        found.record["losses"] = [r["loss"] for r in steps]
+        steps = _steps(run)
+        found.record["losses"] = [r.loss for r in steps]
         found.check(
             "steps ran",
             len(steps) == steps_wanted,
             f"{len(steps)} of {steps_wanted} optimizer steps",
         )
-        finite = bool(steps) and all(math.isfinite(r["loss"]) for r in steps)
-        found.check(
-            "loss finite", finite, ", ".join(f"{r['loss']:.4f}" for r in steps) or "no step"
-        )
+        finite = bool(steps) and all(math.isfinite(r.loss) for r in steps)
+        found.check("loss finite", finite, ", ".join(f"{r.loss:.4f}" for r in steps) or "no step")
         if steps:
-            later = [r["seconds"] for r in steps[1:]] or [steps[0]["seconds"]]
-            timings["first_step_s"] = round(steps[0]["seconds"], 4)
+            later = [r.seconds or 0.0 for r in steps[1:]] or [steps[0].seconds or 0.0]
+            timings["first_step_s"] = round(steps[0].seconds or 0.0, 4)
             timings["step_s"] = round(sum(later) / len(later), 4)
-            timings["tokens_per_step"] = round(sum(r["tokens"] for r in steps) / len(steps), 1)
-            timings["peak_memory_bytes"] = max(r.get("memory_bytes") or 0 for r in steps)
-    status = run.status()
-    check = status.get("update_check") or {}
-    violations = check.get("violations")
+            timings["tokens_per_step"] = round(sum(r.tokens or 0 for r in steps) / len(steps), 1)
+            timings["peak_memory_bytes"] = max(r.memory_bytes or 0 for r in steps)
+    status = RunStatus.of(run.path("status.json"), run.status())
+    check = update_check_of(status)
+    violations = check.violations
     found.check(
         "update check",
         violations == [] if violations is not None else None,
@@ -356,17 +363,24 @@ def _train_pass(
     return status
 
 
-def _update_detail(check: dict[str, Any]) -> str:
+def _steps(run: Run) -> list[TrainStep]:
+    """The optimizer steps of the run's metrics.jsonl (its lines with a loss)."""
+    path = run.path("metrics.jsonl")
+    rows = read_jsonl(path) if path.exists() else []
+    return [TrainStep.of(path, r, f"line {i + 1}") for i, r in enumerate(rows) if "loss" in r]
+
+
+def _update_detail(check: UpdateCheck) -> str:
     detail = "every trainable tensor moved, every frozen one stayed"
-    unused = check.get("unused") or []
+    unused = check.unused or []
     if unused:
         detail += (
-            f" (but {len(unused)} tensor(s), {check.get('unused_parameters', 0):,} parameters, got "
+            f" (but {len(unused)} tensor(s), {check.unused_parameters or 0:,} parameters, got "
             "no gradient: the forward does not use them, not counted as trained): "
             + ", ".join(unused[:3])
         )
-    if check.get("unrouted_experts"):
-        detail += f"; {len(check['unrouted_experts'])} expert tensor(s) no token was routed to"
+    if check.unrouted_experts:
+        detail += f"; {len(check.unrouted_experts)} expert tensor(s) no token was routed to"
     return detail
 
 
@@ -377,15 +391,17 @@ def _check_checkpoint(run: Run, found: _Findings) -> None:
 
     timings = found.timings
     ckpt = final_checkpoint(run.dir / "checkpoints")
-    files = check_checkpoint_files(ckpt) if ckpt else {"ok": False, "files_checked": 0}
+    files = CheckpointCheck.of(
+        ckpt or run.dir, check_checkpoint_files(ckpt) if ckpt else {"ok": False, "files_checked": 0}
+    )
     timings["checkpoint_save_s"] = _checkpoint_save_s(run, ckpt) if ckpt else None
-    timings["checkpoint_bytes"] = _bytes(ckpt) if ckpt else None
+    size = timings["checkpoint_bytes"] = _bytes(ckpt) if ckpt else None
     found.check(
         "checkpoint written",
-        bool(files["ok"]),
-        f"{ckpt.relative_to(run.dir)}: {files['files_checked']} files, sha256 as recorded, "
-        f"{timings['checkpoint_bytes'] / 1e6:.1f} MB"
-        if ckpt and files["ok"]
+        bool(files.ok),
+        f"{ckpt.relative_to(run.dir)}: {files.files_checked} files, sha256 as recorded, "
+        f"{(size or 0) / 1e6:.1f} MB"
+        if ckpt and files.ok
         else "no complete final checkpoint",
     )
 
@@ -412,11 +428,12 @@ def _evaluation_pass(
     eval_record["data_snapshot"] = prep.snapshot.id
     eval_record["base_identity_sha256"] = base.identity.get("sha256")
     record_evaluation(run, eval_record, predictions)
-    n = eval_record["n"]
-    timings["eval_s"] = eval_record["seconds"]
-    timings["eval_s_per_example"] = round(eval_record["seconds"] / n, 5) if n else None
+    evaluation = Evaluation.of(run.path("metrics-validation.json"), eval_record)
+    n, seconds = evaluation.n, evaluation.seconds or 0.0
+    timings["eval_s"] = evaluation.seconds
+    timings["eval_s_per_example"] = round(seconds / n, 5) if n else None
     primary = study.config.hypothesis.primary_metric
-    value = eval_record["metrics"].get(primary)
+    value = evaluation.metrics.get(primary)
     found.check(
         "eval ran",
         n == len(eval_ids),
@@ -438,7 +455,7 @@ def _fresh_process_checks(
     eval_ids: list[Any],
     predictions: list[dict[str, Any]],
     live_logits: Any,
-    status: dict[str, Any],
+    status: RunStatus,
     found: _Findings,
 ) -> None:
     """A new process reloads the checkpoint from disk: the same predictions, logits and
@@ -452,32 +469,34 @@ def _fresh_process_checks(
     from tunelab.stages.verify.stage import LOGIT_ATOL, SCORE_ATOL, recorded_copy
 
     timings, record = found.timings, found.record
-    fresh = fresh_evaluate(
+    recorded = run.path("metrics-validation.json")
+    raw = fresh_evaluate(
         study,
         run.id,
         snapshot=prep.snapshot.id,
         split="validation",
-        ids=[p["id"] for p in predictions],
+        ids=[p.id for p in _predictions(run, predictions)],
         labels=prep.labels,
         probe_ids=eval_ids,
         val_loss_ids=eval_ids,
         num_threads=torch.get_num_threads(),
-        merge=recorded_copy(read_json(run.path("metrics-validation.json"))),
+        merge=recorded_copy(Evaluation.read(recorded)),
     )
-    timings["reload_s"] = fresh["load_s"]
-    timings["fresh_eval_s"] = fresh["eval_s"]
-    timings["fresh_process_s"] = fresh["process_s"]
-    timings["fresh_checks_s"] = fresh.get("checks_s")
+    fresh = FreshOutcome.of(run.path("smoke.json"), raw, "the fresh process")
+    timings["reload_s"] = fresh.load_s
+    timings["fresh_eval_s"] = fresh.eval_s
+    timings["fresh_process_s"] = fresh.process_s
+    timings["fresh_checks_s"] = fresh.checks_s
     precision = resolve_precision(study.config.training.precision, device_kind())
-    cmp = compare_predictions(predictions, fresh["predictions"], atol=SCORE_ATOL[precision])
-    record["reload_predictions"] = cmp
+    raw_cmp = compare_predictions(predictions, fresh.predictions, atol=SCORE_ATOL[precision])
+    record["reload_predictions"] = raw_cmp
+    cmp = Reproduced.of(run.path("smoke.json"), raw_cmp, "reload_predictions")
     found.check(
         "fresh-process predictions",
-        cmp["ok"],
-        f"{cmp['matched']} of {cmp['n']} identical (max score diff "
-        f"{(cmp['max_score_diff'] or 0):.2g})",
+        cmp.ok,
+        f"{cmp.matched} of {cmp.n} identical (max score diff {(cmp.max_score_diff or 0):.2g})",
     )
-    fresh_logits = fresh["probe_logits"]
+    fresh_logits = raw["probe_logits"]  # a tensor (or None): no JSON field of FreshOutcome
     atol = LOGIT_ATOL[precision]
     diff = (
         float((live_logits - fresh_logits).abs().max())
@@ -490,7 +509,7 @@ def _fresh_process_checks(
         diff <= atol,
         f"max |diff| {diff:.2e} over {tuple(live_logits.shape)} (atol {atol:g})",
     )
-    live_val, fresh_val = status.get("val_loss"), fresh.get("val_loss")
+    live_val, fresh_val = status.val_loss, fresh.val_loss
     rtol = VAL_LOSS_RTOL[precision]
     if live_val is None or fresh_val is None:
         found.check("fresh-process val loss", None, "no validation loss recorded")
@@ -502,3 +521,14 @@ def _fresh_process_checks(
         rel <= rtol,
         f"live model {live_val:.6f}, reloaded {fresh_val:.6f} (rel diff {rel:.1e}, rtol {rtol:g})",
     )
+
+
+def _timed_evaluation(raw: dict[str, Any]) -> Evaluation:
+    """An evaluation `evaluate_model` returned to be timed (not written), read as its kind."""
+    return Evaluation.of(Path("the adapter's timed evaluation"), raw)
+
+
+def _predictions(run: Run, predictions: list[dict[str, Any]]) -> list[Prediction]:
+    """The live model's predictions, read as the lines of the predictions it recorded."""
+    path = run.path("predictions-validation.jsonl")
+    return [Prediction.of(path, p, f"line {i + 1}") for i, p in enumerate(predictions)]

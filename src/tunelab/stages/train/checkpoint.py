@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from tunelab.core.errors import CheckpointError, StudyError
 from tunelab.core.hashing import sha256_file
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_train import CheckpointState
 from tunelab.core.records import (
     publish_dir,
     read_json,
@@ -267,7 +268,7 @@ def check_checkpoint_files(path: Path) -> dict[str, Any]:
     return {**out, "files_checked": len(files), "ok": ok}
 
 
-def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
+def read_checkpoint_state(path: Path, verify: bool = True) -> CheckpointState:
     """state.json of a complete checkpoint, its files checked (`check_checkpoint_files`).
 
     Raises CheckpointError on an incomplete checkpoint, a state.json without its list of files,
@@ -279,9 +280,13 @@ def read_checkpoint_state(path: Path, verify: bool = True) -> dict[str, Any]:
             hint="resume uses the latest complete checkpoint; this one was cut by a kill",
         )
     damaged_hint = "the checkpoint is damaged; resume from an earlier one or start a new run"
-    state = read_json(path / STATE)
-    if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
+    raw = read_json(path / STATE)
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict):
         raise CheckpointError(f"{path / STATE}: no list of files with their sha256", damaged_hint)
+    try:
+        state = CheckpointState.of(path / STATE, raw)
+    except StudyError as e:
+        raise CheckpointError(e.message, damaged_hint) from None
     if not verify:
         return state
     found = check_checkpoint_files(path)
@@ -393,8 +398,8 @@ def _read_for_resume(
     checkpoint or one written by another strategy or number of processes."""
     state = read_checkpoint_state(path)
     if optimizer is not None:
-        require_resume_state(path, state)
-    saved = (state.get("strategy", "single"), int(state.get("world_size", 1)))
+        require_resume_state(path, state.raw)
+    saved = state.launched
     if saved != (strategy.name, strategy.world_size):
         raise CheckpointError(
             f"{path} was written by --strategy {saved[0]} on {saved[1]} process(es), not "
@@ -443,13 +448,13 @@ def load_checkpoint(
         share_replica(strategy, model, optimizer)
     if scheduler is not None:
         scheduler.load_state_dict(found["scheduler"])
-    if scaler is not None and state.get("grad_scaler"):
-        scaler.load_state_dict(state["grad_scaler"])
+    if scaler is not None and state.grad_scaler:
+        scaler.load_state_dict(state.grad_scaler)
     if restore_rng_state:
         if strategy.is_main:
-            restore_rng(load_file(str(path / RNG)), state["rng"])
+            restore_rng(load_file(str(path / RNG)), state.rng)
         else:
-            decode_rng(state["rank_rng"][strategy.rank - 1])
+            decode_rng((state.rank_rng or [])[strategy.rank - 1])
     return state
 
 

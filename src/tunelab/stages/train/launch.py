@@ -378,6 +378,32 @@ def recorded_precision(run_dir: Path) -> str:
     return RunConfig.read(run_dir / "config.json").training.precision
 
 
+def on_another_node(node_rank: int | None) -> bool:
+    """Whether this launcher (--node-rank) or rank (torchrun's GROUP_RANK) is on a node other
+    than 0, whose study copy holds no run: node 0's records do."""
+    if under_torchrun():
+        return int(os.environ.get("GROUP_RANK", "0")) > 0
+    return bool(node_rank)
+
+
+def other_node_launch(
+    strategy: str | None, nproc: int | None, nnodes: int, node_rank: int | None, rdzv: str | None
+) -> Launch:
+    """The launch of a resume on a node other than 0: its --strategy and --nproc as given (this
+    copy has no record of them; rank 0 checks them against the run's checkpoint)."""
+    if under_torchrun():
+        nproc = nproc or 1  # the ranks already exist
+    if strategy is None or nproc is None:
+        raise RunError(
+            "`tunelab resume` on a node other than 0 needs --strategy and --nproc: this node's "
+            "copy of the study holds no run to read them from",
+            hint="give the strategy and processes per node the run was started with (node 0's "
+            "`tunelab runs` shows them), or use `tunelab train --name NAME --resume-if-exists` "
+            "on every node",
+        )
+    return Launch(nproc, strategy, nnodes, node_rank, rdzv)
+
+
 def resume_launch(
     run_dir: Path,
     *,

@@ -72,6 +72,10 @@ class Distributed:
         )
         self.precision = resolve_precision(precision, self.device)
 
+    def use_precision(self, precision: str) -> None:
+        """Compute in `precision` (training.precision) from now on: before the model is wrapped."""
+        self.precision = resolve_precision(precision, self.device)
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0

@@ -71,6 +71,8 @@ def resume_run(
     strategy = strategy or SingleProcess()
     found = from_main(strategy, lambda: resumable(study, run_id))
     resumed = Study.open(study.root, found.overrides)
+    # a node other than 0 joined with its copy's precision; the run's own comes from node 0
+    strategy.use_precision(resumed.config.training.precision)
     prep = prepare_run(resumed, found.data_snapshot)
     require_same_copies(strategy, copy_fingerprint(prep))
     start = from_main(strategy, lambda: starting_point(resumed, found.run_id, prep, platform_why))
@@ -144,8 +146,8 @@ def starting_point(study: Study, run_id: str, prep: Prepared, platform_why: str 
     latest = ckpt.latest_checkpoint(root)
     if latest is not None:
         state = ckpt.read_checkpoint_state(latest)
-        require_resume_state(latest, state)
-        if (state["config_sha256"], state["data_snapshot"]) != (
+        require_resume_state(latest, state.raw)
+        if (state.config_sha256, state.data_snapshot) != (
             record.config_sha256,
             record.data_snapshot,
         ):

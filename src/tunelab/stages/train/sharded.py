@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from tunelab.core.errors import RunError
+from tunelab.core.record_train import CheckpointState
 from tunelab.stages.train import shard_store
 from tunelab.stages.train.gathered import load_gathered, save_gathered
 
@@ -142,10 +143,10 @@ class ShardedCheckpoint:
         else:
             load_sharded(shards, model, optimizer)
 
-    def shards_of(self, folder: Path, state: dict[str, Any]) -> str | None:
+    def shards_of(self, folder: Path, state: CheckpointState) -> str | None:
         """Rank 0: where the checkpoint `folder` (its state.json `state`) keeps its shards:
         the store location it recorded, its `dcp/` folder, or None (gathered)."""
-        if state.get("shards"):
-            return state["shards"]
+        if state.shards:
+            return state.shards
         dcp_dir = folder / DCP_DIR
         return str(dcp_dir) if (dcp_dir / ".metadata").exists() else None

@@ -322,13 +322,13 @@ def _restore(loop: Loop, resume: Path | None, method: str) -> tuple[TrainState, 
         strategy=loop.strategy,
     )
     state = TrainState(
-        step=saved["step"],
-        position=Position.from_dict(saved["position"]),
-        tokens_seen=saved["tokens_seen"],
-        loss_tokens_seen=saved["loss_tokens_seen"],
-        last_loss=saved["last_loss"],
+        step=saved.step,
+        position=Position.from_dict(saved.position),
+        tokens_seen=saved.tokens_seen,
+        loss_tokens_seen=saved.loss_tokens_seen,
+        last_loss=saved.last_loss,
     )
-    return state, saved.get("elapsed_s", 0.0)
+    return state, saved.elapsed_s or 0.0
 
 
 def _train(

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tunelab.core.record_train import CheckpointState
+
 if TYPE_CHECKING:  # torch stays unimported for the commands that only read checkpoints
     import torch
 
@@ -51,7 +53,7 @@ class ShardWriter(Protocol):
         shards: str | None = None,
     ) -> None: ...
 
-    def shards_of(self, folder: Path, state: dict[str, Any]) -> str | None:
+    def shards_of(self, folder: Path, state: CheckpointState) -> str | None:
         """Rank 0: where checkpoint `folder` keeps its shards (None: gathered in it)."""
         ...
 
@@ -84,6 +86,10 @@ class Strategy(Protocol):
         ...
 
     def barrier(self) -> None: ...
+
+    def use_precision(self, precision: str) -> None:
+        """Compute in `precision` from now on (a resume takes the run's own, before wrapping)."""
+        ...
 
     def describe(self) -> dict[str, Any] | None:
         """The `distributed` entry of env.json (None for a single process); a collective."""
@@ -126,6 +132,9 @@ class SingleProcess:
 
     def barrier(self) -> None:
         pass
+
+    def use_precision(self, precision: str) -> None:
+        pass  # one process reads training.precision where it computes
 
     def describe(self) -> dict[str, Any] | None:
         return None

@@ -5,32 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunelab.core.record_plan import PlanPhase
-from tunelab.stages.plan.review import RESOLUTION_S, far_off_remark, repeat_verdict, review_plan
+from tunelab.core.record_plan import PlanPhase, PlanReviewRow
+from tunelab.stages.plan.review import RESOLUTION_S, far_off_remark, plan_review, repeat_verdict
 from tunelab.stages.report.document import Section
 from tunelab.stages.report.sections.context import Dossier
 from tunelab.stages.report.units import percent, seconds
 
 
-def _plan_row(ph: PlanPhase, review: dict[str, dict[str, Any]]) -> list[Any]:
+def _plan_row(ph: PlanPhase, r: PlanReviewRow | None) -> list[Any]:
     """A plan phase against the review row of the same phase (planned, margin, actual); the
-    review's rows are `stages.plan.review.review_plan`'s."""
-    r = review.get(ph.phase, {})
+    review's rows are `stages.plan.review.plan_review`'s."""
     within = ""
-    if r.get("within_margin") is not None:
-        within = ("yes" if r["within_margin"] else "no") + (
-            f" (under {RESOLUTION_S:g} s)" if r.get("below_resolution") else ""
+    if r is not None and r.within_margin is not None:
+        within = ("yes" if r.within_margin else "no") + (
+            f" (under {RESOLUTION_S:g} s)" if r.below_resolution else ""
         )
-        if r.get("far_off"):
+        if r.far_off:
             within += ", but far off"
-
     return [
         ph.phase,
-        seconds(r.get("planned_s", ph.total_s)),
+        seconds(ph.total_s if r is None else r.planned_s),
         percent(ph.margin_pct),
-        seconds(r.get("actual_s")),
-        percent(r.get("error_pct"), signed=True),
-        percent(r.get("error_at_run_speed_pct"), signed=True),
+        seconds(None if r is None else r.actual_s),
+        percent(None if r is None else r.error_pct, signed=True),
+        percent(None if r is None else r.error_at_run_speed_pct, signed=True),
         within,
     ]
 
@@ -51,19 +49,19 @@ def plan_section(d: Dossier) -> Section:
         )
         # against the ledger as it is now: a plan made after the initial check has no actual
         # experiments in the review it stored
-        reviewed = review_plan(d.study, p.raw)
-        review = {r.get("phase"): r for r in reviewed["rows"]}
+        reviewed = plan_review(d.study, p.raw)
+        review = {r.phase: r for r in reviewed.rows}
         sec.table(
             ["phase", "planned", "margin", "actual", "error", "error at the runs' speed"]
             + ["within margin"],
-            [_plan_row(ph, review) for ph in p.phases],
+            [_plan_row(ph, review.get(ph.phase)) for ph in p.phases],
         )
         for r in review.values():
             if (verdict := repeat_verdict(r)) is not None:
                 sec.text(verdict[0].upper() + verdict[1:] + ".")
             if (remark := far_off_remark(r)) is not None:
                 sec.text("Far off: " + remark + ".")
-        for note in reviewed["notes"]:
+        for note in reviewed.notes or []:
             sec.text(f"Note: {note}.")
         if p.gantt_png:
             sec.image(Path(p.gantt_png), "rental plan")
