@@ -159,11 +159,7 @@ def compare_evaluations(
     )
     notes += [note] if note else []
     paths = list(paths or fields)
-    b_overall, b_cat, b_field = example_stats(kind, base, labels, fields, paths)
-    v_overall, v_cat, v_field = example_stats(kind, var, labels, fields, paths)
-    pairs = {m: (b_overall[m], v_overall[m]) for m in b_overall if m in v_overall}
-    pairs |= {f"per_category.{m}": (b_cat[m], v_cat[m]) for m in b_cat}
-    pairs |= {f"per_field.{m}": (b_field[m], v_field[m]) for m in b_field}
+    pairs = _stat_pairs(kind, base, var, labels, fields, paths)
     tests = tests or DecisionTests()
     point, draws = paired_draws(
         pairs | value_pairs(guardrails, pairs), len(ids), samples=samples, seed=seed
@@ -176,8 +172,6 @@ def compare_evaluations(
         metrics[primary_metric] = _unpaired_metric(primary_metric, b_inner, v_inner)
     per_category = _per_item(boot, "per_category", labels, b_inner, v_inner, CATEGORY_KEYS)
     per_field = _per_item(boot, "per_field", paths, b_inner, v_inner, FIELD_KEYS)
-    base_ok = [bool(r.correct) for r in base]
-    var_ok = [bool(r.correct) for r in var]
     estimate_of = estimates(point, draws, labels=labels, paths=paths, n=len(ids), tests=tests)
     primary = _primary(metrics, primary_metric, min_improvement, estimate_of, tests, len(ids))
     verdicts = judge_guardrails(
@@ -192,15 +186,13 @@ def compare_evaluations(
     decision, reasons = run_decision(
         Primary.of("the comparison", primary, "primary"), judged, guards
     )
-    changed = flips(ids, base_ok, var_ok)
-    if kind in CLASSIFYING_KINDS:
-        changed["by_category"] = flips_by_category(base, base_ok, var_ok, labels)
+    changed, changes_test = _flips(kind, ids, base, var, labels)
     return {
         "n_paired": len(ids),
         "notes": notes,
         "primary": primary,
         "metrics": metrics,
-        "mcnemar": mcnemar(base_ok, var_ok),
+        "mcnemar": changes_test,
         "per_category": per_category,
         "per_field": per_field,
         "guardrails": verdicts,
@@ -210,6 +202,32 @@ def compare_evaluations(
         "decision_reasons": reasons,
         "flips": changed,
     }
+
+
+def _stat_pairs(
+    kind: str, base: Sequence[Prediction], var: Sequence[Prediction], labels: Sequence[str],
+    fields: Sequence[str], paths: Sequence[str],
+) -> dict[str, tuple[Any, Any]]:  # fmt: skip
+    """{statistic: (the baseline's, the variant's)} per example, overall, per category and per
+    field, for the paired bootstrap."""
+    b_overall, b_cat, b_field = example_stats(kind, base, labels, fields, paths)
+    v_overall, v_cat, v_field = example_stats(kind, var, labels, fields, paths)
+    pairs = {m: (b_overall[m], v_overall[m]) for m in b_overall if m in v_overall}
+    pairs |= {f"per_category.{m}": (b_cat[m], v_cat[m]) for m in b_cat}
+    return pairs | {f"per_field.{m}": (b_field[m], v_field[m]) for m in b_field}
+
+
+def _flips(
+    kind: str, ids: Sequence[str], base: Sequence[Prediction], var: Sequence[Prediction],
+    labels: Sequence[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The paired examples that flipped (by category for a classifier) and McNemar's test."""
+    base_ok = [bool(r.correct) for r in base]
+    var_ok = [bool(r.correct) for r in var]
+    changed = flips(ids, base_ok, var_ok)
+    if kind in CLASSIFYING_KINDS:
+        changed["by_category"] = flips_by_category(base, base_ok, var_ok, labels)
+    return changed, mcnemar(base_ok, var_ok)
 
 
 def _primary(
