@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunelab.core.errors import HypothesisError
 from tunelab.core.hashing import sha256_json
+from tunelab.core.record_types import Hypothesis
 from tunelab.core.records import read_json
 
 if TYPE_CHECKING:
@@ -221,7 +222,7 @@ def _versions(records: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def read_hypothesis(path: Path) -> dict[str, Any]:
+def read_hypothesis(path: Path) -> Hypothesis:
     """A hypothesis record, refused when its locked content no longer matches its sha256."""
     record = read_json(path)
     if not isinstance(record, dict) or sha256_json(record.get("content")) != record.get("sha256"):
@@ -230,26 +231,27 @@ def read_hypothesis(path: Path) -> dict[str, Any]:
             hint="restore the file from a copy; to change the hypothesis, edit study.yaml and run "
             "`tunelab register` (a new version)",
         )
-    return record
+    return Hypothesis.of(path, record)
 
 
-def latest_hypothesis(records: Path) -> dict[str, Any] | None:
+def latest_hypothesis(records: Path) -> Hypothesis | None:
     """The latest registered hypothesis (module rule), checked against its sha256, or None."""
     path = latest_numbered(records, "hypothesis-v")
     return read_hypothesis(path) if path else None
 
 
-def all_hypotheses(records: Path) -> list[dict[str, Any]]:
+def all_hypotheses(records: Path) -> list[Hypothesis]:
     return [read_hypothesis(p) for _, p in _versions(records)]
 
 
 def pins_of(study_root: Path) -> dict[str, dict[str, Any]]:
     """The pins of the latest registered hypothesis ({} when none)."""
     latest = latest_hypothesis(Path(study_root) / "records")
-    return dict((latest or {}).get("content", {}).get("pins") or {})
+    return {key: pin.raw for key, pin in latest.pins.items()} if latest else {}
 
 
 def pinned_commit(study_root: Path, key: str, repo_id: str) -> str | None:
     """The commit pinned for `key` ("model" | "data") when it pins `repo_id`, else None."""
-    pin = pins_of(study_root).get(key)
-    return pin["commit"] if pin and pin.get("repo_id") == repo_id else None
+    latest = latest_hypothesis(Path(study_root) / "records")
+    pin = latest.pins.get(key) if latest else None
+    return pin.commit if pin and pin.repo_id == repo_id else None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.record_base import Record
-from tunelab.core.record_types import Evaluation, Hypothesis
+from tunelab.core.record_types import Evaluation
 
 __all__ = [
     "ExampleVerdicts",
@@ -38,7 +38,6 @@ __all__ = [
     "SyncCounts",
     "SyncRow",
     "TrackerSync",
-    "locked_hypothesis",
 ]
 
 
@@ -89,12 +88,6 @@ class FoundEvaluation:
     @property
     def predictions_path(self) -> Path:
         return self.dir / f"predictions-{self.record.split}.jsonl"
-
-
-def locked_hypothesis(records: Path, raw: Mapping[str, Any]) -> Hypothesis:
-    """A hypothesis record as `core.evidence` reads it (checked against its sha256), typed and
-    named by its file."""
-    return Hypothesis.of(records / f"hypothesis-v{raw.get('version')}.json", raw)
 
 
 @dataclass(frozen=True)

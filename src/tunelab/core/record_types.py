@@ -552,6 +552,7 @@ class Hypothesis(Record):
     version: int = 0
     sha256: str = ""
     registered_at: str | None = None
+    evaluation_spec_sha256: str | None = None
     content: dict[str, Any] = field(default_factory=dict, repr=False)
     diff: list[dict[str, Any]] | None = None
 

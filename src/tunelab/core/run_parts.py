@@ -461,6 +461,7 @@ class Pin(Record):
     """A hub repository a hypothesis pinned: what a revision meant when it was locked."""
 
     repo_id: str | None = None
+    repo_type: str | None = None
     revision: str | None = None
     commit: str | None = None
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tunelab.core.record_checks import FoundEvaluation, locked_hypothesis
+from tunelab.core.evidence import all_hypotheses, latest_hypothesis
+from tunelab.core.record_checks import FoundEvaluation
 from tunelab.core.record_parts import CompareEntry, ConfigDiff, Delta
 from tunelab.core.record_types import Compare, Evaluation, Hypothesis
 from tunelab.core.run_parts import Prediction
@@ -65,21 +66,12 @@ class _Baseline:
     paths: list[str]
 
 
-def _latest_hypothesis(study: Study) -> Hypothesis | None:
-    """The latest registered hypothesis (`core.evidence.latest_hypothesis`), typed."""
-    from tunelab.core.evidence import latest_hypothesis
-
-    raw = latest_hypothesis(study.records)
-    return None if raw is None else locked_hypothesis(study.records, raw)
-
-
 def _locked_task(hyp: Hypothesis, record: Evaluation, study: Any) -> Any:
     """The task of the hypothesis version an evaluation names (else the latest's)."""
     from tunelab.core.config_sections import TaskConfig
-    from tunelab.core.evidence import all_hypotheses
     from tunelab.lib.tasks import task_for
 
-    versions = [locked_hypothesis(study.records, h) for h in all_hypotheses(study.records)]
+    versions = all_hypotheses(study.records)
     found = next((h for h in versions if h.version == record.hypothesis_version), hyp)
     spec = TaskConfig.model_validate(found.locked.task)
     return task_for(spec, record.labels)
@@ -277,7 +269,7 @@ def run(
     from tunelab.core.errors import HypothesisError
     from tunelab.core.evidence import EVAL_KIND
 
-    hyp = _latest_hypothesis(study)
+    hyp = latest_hypothesis(study.records)
     if hyp is None:
         raise HypothesisError(
             "no hypothesis is registered for this study",

@@ -30,7 +30,6 @@ from tunelab.core.record_types import (
     Compare,
     Evaluation,
     ExportManifest,
-    Hypothesis,
     RunConfig,
     Verify,
 )
@@ -322,10 +321,9 @@ def _gather_evidence(study: Study, src: _Source, notes: Sequence[str]) -> _Evide
 def _hypothesis(study: Study, record: RunConfig) -> dict[str, Any] | None:
     """The manifest's `hypothesis`: the version the run tested, the latest one, and the
     latest's statement (None when none is registered)."""
-    latest_hyp = latest_hypothesis(study.records)
-    if not latest_hyp:
+    hyp = latest_hypothesis(study.records)
+    if hyp is None:
         return None
-    hyp = Hypothesis.of(study.records, latest_hyp)
     return {
         "version": record.hypothesis_version,
         "sha256": record.hypothesis_sha256,

@@ -25,6 +25,7 @@ from tunelab.core.errors import HypothesisError
 from tunelab.core.evidence import latest_hypothesis
 from tunelab.core.hashing import sha256_json
 from tunelab.core.ledger import utc_now
+from tunelab.core.record_types import Hypothesis
 from tunelab.core.records import write_json_atomic
 from tunelab.lib.metrics import study_metric_problems
 
@@ -104,17 +105,17 @@ def run(
         content["pins"] = pins
     sha = sha256_json(content)
     previous = latest_hypothesis(records)
-    if previous and previous["sha256"] == sha:
-        return previous, False
-    version = (previous["version"] + 1) if previous else 1
+    if previous and previous.sha256 == sha:
+        return previous.raw, False
+    version = (previous.version + 1) if previous else 1
     record = {
         "version": version,
         "sha256": sha,
         "registered_at": utc_now(),
         "evaluation_spec_sha256": sha256_json(content["evaluation_spec"]),
         "content": content,
-        "amends": previous and {"version": previous["version"], "sha256": previous["sha256"]},
-        "diff": diff_dicts(previous["content"], content) if previous else [],
+        "amends": previous and {"version": previous.version, "sha256": previous.sha256},
+        "diff": diff_dicts(previous.content, content) if previous else [],
     }
     if power is not None:
         record |= {"detectable_effect": power.get("detectable_effect"), "power": power}
@@ -132,31 +133,32 @@ def require_hypothesis(study_root: Path, cfg: StudyConfig) -> dict[str, Any]:
             hint="write hypothesis and guardrails in study.yaml, then run `tunelab register`",
         )
     current = locked_content(cfg)
-    locked = {k: v for k, v in latest["content"].items() if k != "pins"}
+    locked = {k: v for k, v in latest.content.items() if k != "pins"}
     if sha256_json(current) != sha256_json(locked):
         changed = ", ".join(d["path"] for d in diff_dicts(locked, current)[:6])
         raise HypothesisError(
-            f"study.yaml changed what hypothesis v{latest['version']} locked ({changed})",
+            f"study.yaml changed what hypothesis v{latest.version} locked ({changed})",
             hint="run `tunelab register` to record the amendment as a new version, or undo the edit",
         )
     _check_pins(cfg, latest)
     return {
-        "version": latest["version"],
-        "sha256": latest["sha256"],
-        "evaluation_spec_sha256": latest["evaluation_spec_sha256"],
+        "version": latest.version,
+        "sha256": latest.sha256,
+        "evaluation_spec_sha256": latest.evaluation_spec_sha256,
     }
 
 
-def _check_pins(cfg: StudyConfig, latest: dict[str, Any]) -> None:
+def _check_pins(cfg: StudyConfig, latest: Hypothesis) -> None:
     """Every hub repo study.yaml names must be the one (and the revision) the record pinned."""
-    pins = latest["content"].get("pins") or {}
     for key, ref in cfg.hub_refs().items():
-        pin = pins.get(key) or {}
-        if all(pin.get(k) == ref[k] for k in ("repo_id", "repo_type", "revision")):
+        pin = latest.pins.get(key)
+        if pin and (pin.repo_id, pin.repo_type, pin.revision) == (
+            ref["repo_id"], ref["repo_type"], ref["revision"]
+        ):  # fmt: skip
             continue
-        was = f"{pin['repo_id']}@{pin['revision']}" if pin else "nothing"
+        was = f"{pin.repo_id}@{pin.revision}" if pin else "nothing"
         raise HypothesisError(
             f"study.yaml names {key} {ref['repo_id']}@{ref['revision']}, hypothesis "
-            f"v{latest['version']} pinned {was}",
+            f"v{latest.version} pinned {was}",
             hint="run `tunelab register` to pin it (a new version), or undo the edit",
         )

@@ -204,10 +204,7 @@ def collect(study: Study) -> Collected:
         study=study.config.name,
         root=str(study.root),
         config=study.config.to_dict(),
-        hypotheses=[
-            Hypothesis.of(rec / f"hypothesis-v{h.get('version')}.json", h)
-            for h in all_hypotheses(rec)
-        ],
+        hypotheses=all_hypotheses(rec),
         data=_data_snapshots(rec / "data", read),
         inspections=read.typed_in(Inspection, rec / "inspect"),
         sizing=read.typed_in(Sizing, rec / "sizing"),

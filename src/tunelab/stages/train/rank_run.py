@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tunelab.core.errors import RunError
-from tunelab.core.records import read_json
+from tunelab.core.run_parts import RunEnv
 from tunelab.core.study import Run, Study
 from tunelab.stages.train.launch_dir import announce_run
 from tunelab.stages.train.strategy import SingleProcess, Strategy
@@ -73,9 +73,10 @@ def _held(strategy: Strategy, run: Run) -> Run:
 
 def recorded_strategy(run_dir: Path) -> tuple[str, int]:
     """The strategy and world size a run was started with (from its env.json)."""
-    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
-    d = env.get("distributed") or {}
-    return d.get("strategy", SINGLE), int(d.get("world_size", 1))
+    if not (run_dir / "env.json").exists():
+        return SINGLE, 1
+    d = RunEnv.read(run_dir / "env.json").parallel
+    return d.strategy or SINGLE, d.world_size or 1
 
 
 def follow(strategy: Strategy | None, run: Run) -> Run:
