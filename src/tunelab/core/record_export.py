@@ -32,11 +32,9 @@ __all__ = [
     "FailureKinds",
     "LimitationsDetail",
     "MergeCheck",
-    "PreprocessCounts",
     "ProcessorGap",
     "Quantization",
     "Regression",
-    "SplitLengths",
     "StoredExample",
     "Truncation",
     "VerifySummary",
@@ -337,26 +335,3 @@ class StoredExample(Record):
 
     def check_parts(self) -> None:
         _ = self.recorded, self.merged
-
-
-@dataclass(frozen=True)
-class SplitLengths(Record):
-    """One split's lengths as its run encoded it: the examples, and those max_seq_len cut."""
-
-    n: int | None = None
-    truncated: int | None = None
-    share_truncated: float | None = None  # None for an empty split
-
-
-@dataclass(frozen=True)
-class PreprocessCounts(Record):
-    """runs/<run>/preprocess.json (stages.train) as an export reads it: each split's counts
-    (older runs counted the train split only, or none)."""
-
-    template_sha256: str | None = None
-
-    def split(self, name: str) -> SplitLengths | None:
-        return self.part(SplitLengths, name)
-
-    def check_parts(self) -> None:
-        _ = self.split("train"), self.split("validation")

@@ -1,4 +1,5 @@
-"""The typed kind of a training checkpoint's state.json (see `core/record_base.py`)."""
+"""The typed kinds of a training run's own files: a checkpoint's state.json and the run's
+preprocess.json (see `core/record_base.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from tunelab.core.record_base import Record
 
-__all__ = ["CheckpointState"]
+__all__ = ["CheckpointState", "RunPreprocess", "SplitLengths"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,27 @@ class CheckpointState(Record):
     def launched(self) -> tuple[str, int]:
         """(strategy, number of processes) the checkpoint was written by."""
         return self.strategy or "single", self.world_size or 1
+
+
+@dataclass(frozen=True)
+class SplitLengths(Record):
+    """One split's lengths as its run encoded it: the examples, and those max_seq_len cut."""
+
+    n: int | None = None
+    truncated: int | None = None
+    share_truncated: float | None = None  # None for an empty split
+
+
+@dataclass(frozen=True)
+class RunPreprocess(Record):
+    """runs/<run>/preprocess.json (stages.train): the chat template's sha256 the run trained
+    with, which evaluation and export check, and each split's counts (older runs counted the
+    train split only, or none)."""
+
+    template_sha256: str | None = None
+
+    def split(self, name: str) -> SplitLengths | None:
+        return self.part(SplitLengths, name)
+
+    def check_parts(self) -> None:
+        _ = self.split("train"), self.split("validation")

@@ -58,7 +58,8 @@ from tunelab.core.errors import EvaluationError, RunError
 from tunelab.core.evidence import BASELINE_KIND, EVAL_KIND
 from tunelab.core.hashing import sha256_json
 from tunelab.core.progress import Progress
-from tunelab.core.records import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic
+from tunelab.core.record_train import RunPreprocess
+from tunelab.core.records import read_jsonl, write_json_atomic, write_jsonl_atomic
 from tunelab.lib import metrics as M
 from tunelab.lib.inference.eval_copy import EvalModels
 from tunelab.lib.inference.generation import (  # noqa: F401  (pad helpers and generate_outputs: public here)
@@ -440,7 +441,8 @@ def _evaluate_run(
         model, tokenizer, base = _load_evaluated(study, target, labels)
         load_s = time.perf_counter() - started
         trained_with = target.path("preprocess.json")
-        template = read_json(trained_with).get("template_sha256") if trained_with.exists() else None
+        trained = RunPreprocess.read(trained_with) if trained_with.exists() else None
+        template = trained.template_sha256 if trained else None
         record, predictions = evaluate_model(
             model, tokenizer, base, study, examples, split, labels=labels, progress=progress,
             expect_template_sha256=template,

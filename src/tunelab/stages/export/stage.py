@@ -24,8 +24,9 @@ from tunelab.core.env import capture_env
 from tunelab.core.errors import EvaluationError, ExportError, HypothesisError, RunError
 from tunelab.core.evidence import find_evaluation, latest, latest_hypothesis
 from tunelab.core.record_checks import FoundEvaluation
-from tunelab.core.record_export import ExportBase, ExportResults, PreprocessCounts
+from tunelab.core.record_export import ExportBase, ExportResults
 from tunelab.core.record_parts import CompareEntry
+from tunelab.core.record_train import RunPreprocess
 from tunelab.core.record_types import (
     Compare,
     Evaluation,
@@ -128,7 +129,7 @@ def _truncation(
     encoding again, without loading the tokenizer. Runs recorded before it counted both splits
     are encoded again."""
     path = run.path("preprocess.json")
-    recorded = PreprocessCounts.read(path) if path.exists() else PreprocessCounts(path, {})
+    recorded = RunPreprocess.read(path) if path.exists() else RunPreprocess(path, {})
     splits = {s: recorded.split(s) for s in ("train", "validation")}
     if all(v is not None and v.truncated is not None and v.n is not None for v in splits.values()):
         return {
